@@ -1,0 +1,75 @@
+"""The one clock that due times and deadlines are compared against.
+
+Producers and consumers on different hosts must agree on "now", so the default clock is the
+Redis server's: it reads ``TIME`` once, keeps the offset to the local clock and re-reads it
+now and then. Tests inject a :class:`ManualClock`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Milliseconds since the epoch, on the shared clock."""
+        ...
+
+
+class SystemClock:
+    """The local wall clock (for a single host, or when Redis time is not wanted)."""
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+
+class RedisClock:
+    """Redis server time, read with ``TIME`` and kept as an offset to the local clock."""
+
+    def __init__(self, client: Any, resync_seconds: float = 60.0) -> None:
+        self._client = client
+        self._resync_seconds = resync_seconds
+        self._offset_ms: float | None = None
+        self._synced_at = 0.0
+        self._lock = threading.Lock()
+
+    def sync(self) -> None:
+        """Measure the offset, correcting for half the round trip."""
+        before = time.time()
+        seconds, micros = self._client.time()
+        after = time.time()
+        server_ms = int(seconds) * 1000 + int(micros) / 1000
+        local_ms = (before + after) / 2 * 1000
+        with self._lock:
+            self._offset_ms = server_ms - local_ms
+            self._synced_at = time.monotonic()
+
+    def now_ms(self) -> int:
+        if self._offset_ms is None or time.monotonic() - self._synced_at > self._resync_seconds:
+            try:
+                self.sync()
+            except Exception:
+                # Redis is down: keep the last offset (or none) rather than fail a read of
+                # the time; the Redis call that follows reports the outage properly.
+                if self._offset_ms is None:
+                    return int(time.time() * 1000)
+        return int(time.time() * 1000 + (self._offset_ms or 0))
+
+
+class ManualClock:
+    """A clock that only moves when told to (for tests)."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self._now = int(start_ms)
+
+    def now_ms(self) -> int:
+        return self._now
+
+    def set(self, ms: int) -> None:
+        self._now = int(ms)
+
+    def advance(self, seconds: float = 0.0, ms: int = 0) -> int:
+        self._now += int(seconds * 1000) + int(ms)
+        return self._now

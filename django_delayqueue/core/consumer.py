@@ -1,0 +1,407 @@
+"""The consumer loop: promote, claim, dispatch, acknowledge; sleep until the next due time.
+
+One loop thread talks to Redis; handlers run on a small pool of daemon threads. Each step
+sends one pipeline per round: the outcomes of the previous batch (ack, nack, journal), then per
+queue promote + claim (+ reap and heartbeat now and then). Between steps with nothing due the
+loop waits on the queues' wake channel until the earliest due time, so it is on time to the
+millisecond without polling Redis while idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .envelope import Message, to_str
+from .errors import DelayQueueError, RedisUnavailable
+from .outcome import ACK, GARBAGE, Outcome, journal_entry, run_handler
+from .pool import Batch, Extender, HandlerPool
+from .queue import Queue
+from .scripts import LuaScript, ScriptBatch, redis_errors
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Any]
+
+
+class Consumer:
+    """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`)."""
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        handler: Handler | None = None,
+        *,
+        concurrency: int = 1,
+        burst: bool = False,
+        max_messages: int | None = None,
+        grace_seconds: float = 30.0,
+        idle_seconds: float = 2.0,
+        maintenance_seconds: float = 5.0,
+        journal_maxlen: int = 100_000,
+        name: str | None = None,
+    ) -> None:
+        if not queues:
+            raise DelayQueueError("a consumer needs at least one queue")
+        self.queues = list(queues)
+        self.client = self.queues[0].client
+        self.clock = self.queues[0].clock
+        self.handler = handler
+        self.concurrency = max(1, concurrency)
+        self.burst = burst
+        self.max_messages = max_messages
+        self.grace_seconds = grace_seconds
+        self.idle_seconds = idle_seconds
+        self.maintenance_seconds = maintenance_seconds
+        self.journal_maxlen = journal_maxlen
+        self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
+        self.delivered = 0
+        self._stop_requests = 0
+        self._stop_event = threading.Event()
+        self._outcomes: list[Outcome] = []
+        self._next_wake: dict[str, int | None] = {}
+        self._next_maintenance = 0.0
+        self._pubsub: Any = None
+        self._pool: HandlerPool | None = None
+        self._current: Batch | None = None
+
+    # --- hooks for subclasses (the Django worker) ---------------------------------------------
+
+    def handle(self, message: Message) -> Any:
+        """Deliver one message; return to acknowledge, raise to retry (see errors.Retry/Reject)."""
+        if self.handler is None:
+            raise NotImplementedError("pass handler= or override handle()")
+        return self.handler(message)
+
+    def refresh(self) -> None:
+        """Called every ``maintenance_seconds``: a subclass reloads queue settings here."""
+
+    def around_handler(self, message: Message) -> Outcome:
+        return run_handler(self.handle, message, self.clock.now_ms())
+
+    # --- stopping -------------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requests > 0
+
+    def request_stop(self) -> None:
+        """First call: finish in-flight handlers and stop. Second call: stop at once."""
+        self._stop_requests += 1
+        self._stop_event.set()
+        if self._stop_requests == 1:
+            logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
+        else:
+            logger.warning("stopping at once; unfinished messages come back after their timeout")
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT ask the loop to stop (from the main thread only)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.request_stop())
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or, in burst mode, until nothing is due). Returns an exit code."""
+        self._pool = HandlerPool(self.concurrency, self.around_handler, lambda: self.stopping)
+        extender = Extender(self._extend_interval(), self._in_flight, self._extend)
+        failures = 0
+        logger.info(
+            "%s consuming %s with %d thread(s)",
+            self.name,
+            ", ".join(q.name for q in self.queues),
+            self.concurrency,
+        )
+        try:
+            while not self.stopping:
+                try:
+                    delivered = self.step()
+                    failures = 0
+                except (RedisUnavailable, DelayQueueError) as e:
+                    failures += 1
+                    pause = min(10.0, 0.1 * 2 ** min(failures, 7))
+                    logger.warning("%s; trying again in %.1fs", e, pause)
+                    self._reset_pubsub()
+                    self._stop_event.wait(pause)
+                    continue
+                if self._limit_reached():
+                    break
+                if delivered == 0:
+                    if self.burst and not self._due_now():
+                        break
+                    self._wait(self._wake_at())
+            return self._shutdown()
+        finally:
+            extender.stop()
+            self._reset_pubsub()
+
+    def step(self, now_ms: int | None = None) -> int:
+        """One round: flush outcomes, promote, claim and deliver. Returns messages delivered."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        if time.monotonic() >= self._next_maintenance:
+            self.refresh()
+        batch = ScriptBatch()
+        flush = self._add_outcomes(batch, now)
+        plan = self._add_queue_calls(batch, now)
+        results = batch.run(self.client, raise_errors=False)
+        self._check_flush(results[: len(flush)], flush)
+        messages = self._read_queue_results(plan, results, now)
+        if not messages:
+            return 0
+        self._deliver(messages)
+        self.delivered += len(messages)
+        return len(messages)
+
+    def _add_queue_calls(self, batch: ScriptBatch, now: int) -> list[tuple[Queue, str, int]]:
+        plan = []
+        maintenance = time.monotonic() >= self._next_maintenance
+        if maintenance:
+            self._next_maintenance = time.monotonic() + self.maintenance_seconds
+        room = self._room()
+        for q in self.queues:
+            plan.append((q, "promote", batch.add(*q.promote_call(now))))
+            if not q.settings.paused and not self.stopping and room > 0:
+                count = min(q.settings.claim_batch, room)
+                plan.append((q, "claim", batch.add(*q.claim_call(now, count))))
+            if maintenance:
+                plan.append((q, "reap", batch.add(*q.reap_call(now))))
+        if maintenance:
+            self._heartbeat(now)
+        return plan
+
+    def _read_queue_results(
+        self, plan: list[tuple[Queue, str, int]], results: list[Any], now: int
+    ) -> list[Message]:
+        messages: list[Message] = []
+        for q, kind, index in plan:
+            raw = results[index]
+            if isinstance(raw, Exception):
+                logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                continue
+            if kind == "promote":
+                promoted = q.promote_result(raw)
+                self._next_wake[q.name] = now if promoted.more else promoted.next_due_ms
+            elif kind == "claim":
+                messages.extend(q.claimed(raw, now))
+            elif kind == "reap":
+                reaped = q.reap_result(raw)
+                if reaped.retried or reaped.buried:
+                    logger.warning(
+                        "queue %s: %d delivery(ies) timed out (%d to retry, %d to garbage)",
+                        q.name,
+                        reaped.retried + reaped.buried,
+                        reaped.retried,
+                        reaped.buried,
+                    )
+                if reaped.more:
+                    self._next_maintenance = 0.0
+        return messages
+
+    # --- delivering ----------------------------------------------------------------------------
+
+    def _deliver(self, messages: list[Message]) -> None:
+        assert self._pool is not None, "run() starts the handler pool"
+        batch = Batch(messages)
+        self._current = batch
+        self._pool.submit(batch)
+        grace_deadline: float | None = None
+        while not batch.done.wait(0.05):
+            if self._stop_requests > 1:
+                break
+            if self.stopping:
+                grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
+                if time.monotonic() >= grace_deadline:
+                    logger.warning("grace period over: giving back unfinished messages")
+                    break
+        self._current = None
+        unstarted = batch.unstarted()
+        if unstarted:
+            self._release(unstarted)
+        with batch.lock:
+            self._outcomes.extend(batch.outcomes)
+        if not batch.done.is_set():
+            # Handlers still running past the grace period: their messages stay in unack and
+            # come back after the visibility timeout; give back the ones we can.
+            self._release(batch.in_flight())
+
+    def _release(self, messages: list[Message]) -> None:
+        by_queue = self._group(messages)
+        try:
+            for q, group in by_queue:
+                q.release(*group)
+        except DelayQueueError as e:
+            logger.warning("could not give back %d message(s): %s", len(messages), e)
+
+    def _in_flight(self) -> list[Message]:
+        batch = self._current
+        return batch.in_flight() if batch else []
+
+    def _extend(self, messages: list[Message]) -> None:
+        for q, group in self._group(messages):
+            q.extend(*group)
+
+    def _extend_interval(self) -> float:
+        shortest = min(q.settings.visibility_timeout for q in self.queues)
+        return max(0.2, shortest / 3)
+
+    # --- outcomes -------------------------------------------------------------------------------
+
+    def _add_outcomes(self, batch: ScriptBatch, now: int) -> list[tuple[Queue, list[Outcome]]]:
+        """Queue the acks, nacks and journal entry of finished deliveries on ``batch``."""
+        groups: list[tuple[Queue, list[Outcome]]] = []
+        if not self._outcomes:
+            return groups
+        by_name = {q.name: q for q in self.queues}
+        grouped: dict[str, list[Outcome]] = {}
+        for outcome in self._outcomes:
+            grouped.setdefault(outcome.message.queue, []).append(outcome)
+        for name, outcomes in grouped.items():
+            q = by_name[name]
+            acks = [o.message for o in outcomes if o.status == ACK]
+            failures = [o for o in outcomes if o.status != ACK]
+            if acks:
+                batch.add(*q.ack_call(acks))
+                groups.append((q, []))
+            retry = [(o.message, o.delay, o.reason) for o in failures if o.status != GARBAGE]
+            bury = [(o.message, None, o.reason) for o in failures if o.status == GARBAGE]
+            if retry:
+                batch.add(*q.nack_call(retry, now))
+                groups.append((q, [o for o in failures if o.status != GARBAGE]))
+            if bury:
+                batch.add(*q.nack_call(bury, now, bury=True))
+                groups.append((q, [o for o in failures if o.status == GARBAGE]))
+            if self.journal_maxlen:
+                batch.add(*self._journal_call(q, outcomes))
+                groups.append((q, []))
+        return groups
+
+    def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> tuple[Any, list, list]:
+        fields = _flatten(journal_entry(outcomes))
+        return LuaScript.named("journal"), [q.keys.journal], [self.journal_maxlen, *fields]
+
+    def _check_flush(self, results: list[Any], groups: list[tuple[Queue, list[Outcome]]]) -> None:
+        """Forget flushed outcomes; keep them when a script failed, to try again next step."""
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            logger.error("could not record %d outcome(s): %s", len(self._outcomes), failed[0])
+            return
+        for (q, outcomes), result in zip(groups, results, strict=False):
+            if outcomes and isinstance(result, list):
+                for outcome, code in zip(outcomes, result, strict=False):
+                    if int(code) == 2 and outcome.status != GARBAGE:
+                        logger.warning(
+                            "queue %s: message %s used its last attempt: %s",
+                            q.name,
+                            outcome.message.id,
+                            outcome.reason,
+                        )
+        self._outcomes = []
+
+    def _shutdown(self) -> int:
+        """Flush what finished; a forced stop gives it a short try only."""
+        deadline = time.monotonic() + (1.0 if self._stop_requests > 1 else 10.0)
+        while self._outcomes and time.monotonic() < deadline:
+            batch = ScriptBatch()
+            groups = self._add_outcomes(batch, self.clock.now_ms())
+            try:
+                self._check_flush(batch.run(self.client, raise_errors=False), groups)
+            except DelayQueueError as e:
+                logger.warning("could not record outcomes on shutdown: %s", e)
+                time.sleep(0.2)
+        if self._outcomes:
+            logger.warning(
+                "%d outcome(s) not recorded: those messages will be delivered again",
+                len(self._outcomes),
+            )
+        logger.info("%s stopped after %d message(s)", self.name, self.delivered)
+        return 0
+
+    # --- waiting ---------------------------------------------------------------------------------
+
+    def _room(self) -> int:
+        if self.max_messages is None:
+            return 1 << 30
+        return max(0, self.max_messages - self.delivered)
+
+    def _limit_reached(self) -> bool:
+        return self.max_messages is not None and self.delivered >= self.max_messages
+
+    def _due_now(self) -> bool:
+        now = self.clock.now_ms()
+        return any(t is not None and t <= now for t in self._next_wake.values())
+
+    def _wake_at(self) -> int:
+        candidates = [t for t in self._next_wake.values() if t is not None]
+        idle_until = self.clock.now_ms() + int(self.idle_seconds * 1000)
+        maintenance_at = self.clock.now_ms() + int(
+            max(0.0, self._next_maintenance - time.monotonic()) * 1000
+        )
+        return min([idle_until, maintenance_at, *candidates])
+
+    def _wait(self, wake_ms: int) -> None:
+        """Sleep until ``wake_ms`` on the shared clock, or until a producer announces earlier."""
+        while not self.stopping:
+            remaining = (wake_ms - self.clock.now_ms()) / 1000
+            if remaining <= 0:
+                return
+            # Short slices keep signals responsive; they cost no Redis commands.
+            announced = self._listen(min(remaining, 0.25))
+            if announced is not None and announced < wake_ms:
+                wake_ms = announced
+
+    def _listen(self, timeout: float) -> int | None:
+        try:
+            with redis_errors("wake channel"):
+                if self._pubsub is None:
+                    self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                    self._pubsub.subscribe(*(q.keys.wake_channel for q in self.queues))
+                message = self._pubsub.get_message(timeout=timeout)
+        except RedisUnavailable:
+            self._reset_pubsub()
+            self._stop_event.wait(timeout)
+            return None
+        if not message or message.get("type") != "message":
+            return None
+        try:
+            return int(float(to_str(message["data"])))
+        except ValueError:
+            return self.clock.now_ms()
+
+    def _reset_pubsub(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                self._pubsub.close()
+            self._pubsub = None
+
+    def _heartbeat(self, now: int) -> None:
+        """Record that this consumer is alive (read by the health check)."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for q in self.queues:
+                pipe.zadd(q.keys.heartbeats, {self.name: now})
+                # Forget consumers silent for a day so the set stays small.
+                pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
+            with redis_errors("heartbeat"):
+                pipe.execute()
+        except RedisUnavailable as e:
+            logger.debug("heartbeat skipped: %s", e)
+
+    def _group(self, messages: list[Message]) -> list[tuple[Queue, list[Message]]]:
+        by_name = {q.name: q for q in self.queues}
+        grouped: dict[str, list[Message]] = {}
+        for m in messages:
+            grouped.setdefault(m.queue, []).append(m)
+        return [(by_name[name], group) for name, group in grouped.items()]
+
+
+def _flatten(fields: dict[str, str]) -> list[str]:
+    out: list[str] = []
+    for key, value in fields.items():
+        out += (key, value)
+    return out

@@ -1,0 +1,122 @@
+"""Every Redis key of a queue, spelled in one place.
+
+All keys of one queue share the hash tag ``{<prefix>:<queue>}`` so that Redis Cluster keeps
+them in one slot and every Lua script can touch them atomically.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+
+# Braces would break the hash tag, whitespace and control characters make keys unreadable.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+
+STATES = ("pending", "ready", "unack", "retry", "garbage")
+
+
+def validate_name(value: str, what: str) -> str:
+    """Return ``value`` if it is a valid queue name or key prefix, else raise."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ConfigurationError(
+            f"invalid {what} {value!r}: use 1-100 characters from A-Z a-z 0-9 . _ : - "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The key names of one queue."""
+
+    prefix: str
+    queue: str
+
+    def __post_init__(self) -> None:
+        validate_name(self.prefix, "key prefix")
+        validate_name(self.queue, "queue name")
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.prefix}:{self.queue}}}"
+
+    def _key(self, suffix: str) -> str:
+        return f"{self.tag}:{suffix}"
+
+    # The five states of a message.
+    @property
+    def pending(self) -> str:  # zset: id -> due time (ms)
+        return self._key("pending")
+
+    @property
+    def ready(self) -> str:  # list of ids, oldest first
+        return self._key("ready")
+
+    @property
+    def unack(self) -> str:  # zset: id -> visibility deadline (ms)
+        return self._key("unack")
+
+    @property
+    def retry(self) -> str:  # zset: id -> retry-at (ms)
+        return self._key("retry")
+
+    @property
+    def garbage(self) -> str:  # zset: id -> time it died (ms)
+        return self._key("garbage")
+
+    # Data about messages, keyed by id.
+    @property
+    def messages(self) -> str:  # hash: id -> JSON envelope
+        return self._key("messages")
+
+    @property
+    def attempts(self) -> str:  # hash: id -> deliveries so far
+        return self._key("attempts")
+
+    @property
+    def tokens(self) -> str:  # hash: id -> token of the delivery allowed to ack/nack
+        return self._key("tokens")
+
+    @property
+    def reasons(self) -> str:  # hash: id -> why it died (garbage) or last error (retry)
+        return self._key("reasons")
+
+    @property
+    def seq(self) -> str:  # counter handing out delivery tokens
+        return self._key("seq")
+
+    @property
+    def journal(self) -> str:  # capped stream of delivery outcomes
+        return self._key("journal")
+
+    @property
+    def config(self) -> str:  # hash: effective queue settings published by the Django layer
+        return self._key("config")
+
+    @property
+    def heartbeats(self) -> str:  # zset: consumer name -> last seen (ms)
+        return self._key("consumers")
+
+    @property
+    def wake_channel(self) -> str:
+        """Pub/sub channel on which producers wake sleeping consumers (not a key)."""
+        return self._key("wake")
+
+    def all_keys(self) -> list[str]:
+        return [
+            self.pending,
+            self.ready,
+            self.unack,
+            self.retry,
+            self.garbage,
+            self.messages,
+            self.attempts,
+            self.tokens,
+            self.reasons,
+            self.seq,
+            self.journal,
+            self.config,
+            self.heartbeats,
+        ]

@@ -1,0 +1,23 @@
+-- counts: the size of every state, and what is needed to tell how overdue the queue is.
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] unack zset   KEYS[4] retry zset
+-- KEYS[5] garbage zset   KEYS[6] messages hash
+-- returns: {pending, ready, unack, retry, garbage, earliest pending due or -1,
+--           earliest retry-at or -1, due time of the oldest ready message or -1}
+local function first_score(key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2]) or -1
+end
+local ready_due = -1
+local head = redis.call('LINDEX', KEYS[2], 0)
+if head then
+  local envelope = redis.call('HGET', KEYS[6], head)
+  if envelope then
+    local ok, data = pcall(cjson.decode, envelope)
+    if ok and type(data) == 'table' and tonumber(data['d']) then ready_due = tonumber(data['d']) end
+  end
+end
+return {
+  redis.call('ZCARD', KEYS[1]), redis.call('LLEN', KEYS[2]), redis.call('ZCARD', KEYS[3]),
+  redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5]),
+  first_score(KEYS[1]), first_score(KEYS[4]), ready_due,
+}

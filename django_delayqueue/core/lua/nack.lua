@@ -1,0 +1,29 @@
+-- nack: a delivery failed; unack -> retry at a given time, or -> garbage when no attempts are
+-- left (or the caller asks for it with retry-at -1).
+-- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
+-- KEYS[5] tokens hash   KEYS[6] reasons hash
+-- ARGV[1] now (ms)   ARGV[2] max attempts
+-- ARGV[3..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
+-- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
+local now, max_attempts = ARGV[1], tonumber(ARGV[2])
+local results = {}
+for i = 3, #ARGV, 4 do
+  local id, retry_at, reason = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local result = 0
+  if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZREM', KEYS[1], id) == 1 then
+    local attempts = tonumber(redis.call('HGET', KEYS[4], id) or '0')
+    if retry_at < 0 or attempts >= max_attempts then
+      if retry_at >= 0 then
+        reason = 'no attempts left (' .. attempts .. ' of ' .. max_attempts .. '): ' .. reason
+      end
+      redis.call('ZADD', KEYS[3], now, id)
+      result = 2
+    else
+      redis.call('ZADD', KEYS[2], retry_at, id)
+      result = 1
+    end
+    redis.call('HSET', KEYS[6], id, reason)
+  end
+  results[#results + 1] = result
+end
+return results

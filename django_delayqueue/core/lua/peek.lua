@@ -1,0 +1,31 @@
+-- peek: one page of messages in one state, with their envelopes, attempts and reasons.
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] unack zset   KEYS[4] retry zset
+-- KEYS[5] garbage zset   KEYS[6] messages hash   KEYS[7] attempts hash   KEYS[8] reasons hash
+-- ARGV[1] state name   ARGV[2] offset   ARGV[3] limit
+-- returns: {total, then quintuples: id, score ('' for ready), envelope or '', attempts, reason}
+local states = {pending = 1, ready = 2, unack = 3, retry = 4, garbage = 5}
+local index = states[ARGV[1]]
+if not index then return redis.error_reply('unknown state ' .. ARGV[1]) end
+local first, last = tonumber(ARGV[2]), tonumber(ARGV[2]) + tonumber(ARGV[3]) - 1
+local key = KEYS[index]
+local total, rows = 0, {}
+if index == 2 then
+  total = redis.call('LLEN', key)
+  for _, id in ipairs(redis.call('LRANGE', key, first, last)) do
+    rows[#rows + 1] = id
+    rows[#rows + 1] = ''
+  end
+else
+  total = redis.call('ZCARD', key)
+  rows = redis.call('ZRANGE', key, first, last, 'WITHSCORES')
+end
+local out = {total}
+for i = 1, #rows, 2 do
+  local id = rows[i]
+  out[#out + 1] = id
+  out[#out + 1] = rows[i + 1]
+  out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
+  out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
+  out[#out + 1] = redis.call('HGET', KEYS[8], id) or ''
+end
+return out

@@ -1,0 +1,31 @@
+-- reap: deliveries whose visibility deadline passed (their consumer died or hung) -> retry,
+-- or -> garbage when that was the last attempt. Bounded per call.
+-- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
+-- KEYS[5] reasons hash
+-- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] max attempts
+-- ARGV[4] backoff base (ms)   ARGV[5] backoff max (ms)
+-- returns: {retried, buried, more (1 when more deadlines have passed), next deadline or -1}
+-- Tokens are kept: a late ack of the reaped delivery is still accepted until it is redelivered.
+local now, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+local retried, buried = 0, 0
+for _, id in ipairs(ids) do
+  local attempts = tonumber(redis.call('HGET', KEYS[4], id) or '0')
+  redis.call('ZREM', KEYS[1], id)
+  if attempts >= max_attempts then
+    redis.call('ZADD', KEYS[3], now, id)
+    redis.call('HSET', KEYS[5], id, 'visibility timeout passed on the last attempt (' ..
+      attempts .. ' of ' .. max_attempts .. '): the consumer died or hung')
+    buried = buried + 1
+  else
+    local delay = math.min(cap, base * 2 ^ math.max(0, attempts - 1))
+    redis.call('ZADD', KEYS[2], now + delay, id)
+    redis.call('HSET', KEYS[5], id, 'visibility timeout passed on attempt ' .. attempts)
+    retried = retried + 1
+  end
+end
+local more = (#ids == limit) and 1 or 0
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local next_deadline = first[2] and tonumber(first[2]) or -1
+return {retried, buried, more, next_deadline}

@@ -1,0 +1,23 @@
+-- requeue: dead letters (garbage) -> ready, with a fresh set of attempts.
+-- KEYS[1] garbage zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
+-- KEYS[5] reasons hash
+-- ARGV[1] limit   ARGV[2] wake channel   ARGV[3..] ids (none: the oldest `limit` dead letters)
+-- returns: {requeued, dead letters left}
+local ids = {}
+if #ARGV > 2 then
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+else
+  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+end
+local n = 0
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', KEYS[1], id) == 1 then
+    redis.call('RPUSH', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id)
+    n = n + 1
+  end
+end
+if n > 0 then redis.call('PUBLISH', ARGV[2], '0') end
+return {n, redis.call('ZCARD', KEYS[1])}

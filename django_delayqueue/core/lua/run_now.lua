@@ -1,0 +1,15 @@
+-- run_now: waiting messages (pending or retry) -> ready, ahead of their due time.
+-- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
+-- ARGV[1] wake channel   ARGV[2..] ids
+-- returns: number of messages moved
+local n = 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
+    redis.call('RPUSH', KEYS[3], id)
+    redis.call('HDEL', KEYS[4], id)
+    n = n + 1
+  end
+end
+if n > 0 then redis.call('PUBLISH', ARGV[1], '0') end
+return n

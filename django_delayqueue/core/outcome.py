@@ -1,0 +1,75 @@
+"""What happened to one delivery, and how that becomes an ack, a nack or a journal entry."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .envelope import Message
+from .errors import Reject, Retry
+
+ACK, RETRY, GARBAGE = "ack", "retry", "garbage"
+
+# Journal stream entries hold one consumer batch each (one XADD per batch, pipelined with
+# the acks, is what keeps the journal cheap). Field "o" is a JSON list of rows in this order:
+JOURNAL_FIELDS = (
+    "id",
+    "scheduled_ms",
+    "due_ms",
+    "delivered_ms",
+    "finished_ms",
+    "attempt",
+    "outcome",
+    "error",
+)
+
+
+@dataclass
+class Outcome:
+    message: Message
+    status: str  # ack | retry | garbage
+    started_ms: int
+    finished_ms: int
+    delay: float | None = None  # retry delay the handler asked for (None: backoff)
+    reason: str = ""
+    error: str = ""  # exception class, for the journal
+
+    def journal_row(self) -> list[Any]:
+        m = self.message
+        return [
+            m.id,
+            m.scheduled_ms,
+            m.due_ms,
+            self.started_ms,
+            self.finished_ms,
+            m.attempt,
+            self.status,
+            self.error,
+        ]
+
+
+def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int) -> Outcome:
+    """Call ``handler`` and turn what it did into an :class:`Outcome` (never raises)."""
+    started = now_ms
+    t0 = time.perf_counter()
+    try:
+        handler(message)
+    except Retry as e:
+        status, delay, reason, error = RETRY, e.delay, e.reason or "retry requested", "Retry"
+    except Reject as e:
+        status, delay, reason, error = GARBAGE, None, e.reason, "Reject"
+    except Exception as e:  # a handler's failure is data, never a crash of the loop
+        status, delay, error = RETRY, None, type(e).__name__
+        reason = f"{error}: {e}"[:2000]
+    else:
+        status, delay, reason, error = ACK, None, "", ""
+    finished = started + int((time.perf_counter() - t0) * 1000)
+    return Outcome(message, status, started, finished, delay, reason, error)
+
+
+def journal_entry(outcomes: list[Outcome]) -> dict[str, str]:
+    rows = [o.journal_row() for o in outcomes]
+    return {"n": str(len(rows)), "o": json.dumps(rows, separators=(",", ":"))}

@@ -1,0 +1,540 @@
+"""One delayed-message queue on Redis: every state change is one Lua script."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .clock import Clock, RedisClock
+from .envelope import (
+    Message,
+    decode_envelope,
+    encode_envelope,
+    encode_payload,
+    new_id,
+    to_str,
+    validate_id,
+)
+from .errors import ConfigurationError, CorruptEnvelope, PayloadError
+from .keys import STATES, QueueKeys
+from .scripts import LuaScript, ScriptBatch
+from .settings import QueueSettings
+
+logger = logging.getLogger(__name__)
+
+Delay = float | int | timedelta
+DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    id: str
+    created: bool  # False: a message with this id was already waiting; nothing changed
+    due_ms: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    index: int
+    id: str | None
+    reason: str
+
+
+@dataclass
+class BulkResult:
+    scheduled: int = 0
+    duplicates: int = 0
+    rejected: list[Rejected] = field(default_factory=list)
+
+    def merge(self, other: BulkResult) -> None:
+        self.scheduled += other.scheduled
+        self.duplicates += other.duplicates
+        self.rejected.extend(other.rejected)
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    moved: int
+    more: bool
+    next_due_ms: int | None
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    retried: int
+    buried: int
+    more: bool
+    next_deadline_ms: int | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Counts per state plus how late the oldest due message is."""
+
+    queue: str
+    counts: dict[str, int]
+    oldest_overdue_ms: int | None  # None: nothing due is waiting
+    next_due_ms: int | None
+
+
+@dataclass(frozen=True)
+class PeekedMessage:
+    id: str
+    state: str
+    score_ms: int | None  # due time, deadline, retry-at or time of death; None for ready
+    envelope: str  # raw JSON as stored ('' when missing)
+    attempts: int
+    reason: str
+
+    @property
+    def payload(self) -> Any:
+        try:
+            return decode_envelope(self.envelope)[2]
+        except CorruptEnvelope:
+            return None
+
+    @property
+    def due_ms(self) -> int | None:
+        try:
+            return decode_envelope(self.envelope)[0]
+        except CorruptEnvelope:
+            return None
+
+
+@dataclass(frozen=True)
+class Page:
+    total: int
+    messages: list[PeekedMessage]
+
+
+def _ms(delay: Delay) -> int:
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        raise PayloadError(f"delay must be zero or more seconds, not {delay!r}")
+    return round(seconds * 1000)
+
+
+def _at_ms(at: datetime | int | float) -> int:
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise PayloadError(
+                "at= needs a timezone-aware datetime (naive datetimes are ambiguous)"
+            )
+        return int(at.timestamp() * 1000)
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        return int(at)  # epoch milliseconds
+    raise PayloadError(f"at= must be an aware datetime or epoch milliseconds, not {at!r}")
+
+
+class Queue:
+    """A named queue. Thread-safe as far as the redis-py client is (a pool per client)."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        prefix: str = "dq",
+        settings: QueueSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.keys = QueueKeys(prefix, name)
+        self.settings = settings or QueueSettings()
+        self.clock = clock or RedisClock(client)
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} {self.keys.tag}>"
+
+    # --- scheduling -------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        payload: Any,
+        *,
+        delay: Delay | None = None,
+        at: datetime | int | float | None = None,
+        id: str | None = None,
+        now_ms: int | None = None,
+    ) -> tuple[str, int, str]:
+        """Validate one message and return ``(id, due_ms, envelope)``; raise PayloadError."""
+        if delay is not None and at is not None:
+            raise PayloadError("give delay= or at=, not both")
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        due = now + _ms(delay) if delay is not None else _at_ms(at) if at is not None else now
+        message_id = new_id() if id is None else validate_id(id)
+        payload_json = encode_payload(payload, self.settings.max_payload_bytes)
+        return message_id, due, encode_envelope(payload_json, due, now)
+
+    def schedule(
+        self,
+        payload: Any,
+        *,
+        delay: Delay | None = None,
+        at: datetime | int | float | None = None,
+        id: str | None = None,
+    ) -> ScheduleResult:
+        """Schedule one message; a message already waiting under ``id`` is left as it is."""
+        now = self.clock.now_ms()
+        message_id, due, envelope = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+        (created,) = LuaScript.named("schedule")(
+            self.client,
+            [self.keys.pending, self.keys.ready, self.keys.messages],
+            [now, self.keys.wake_channel, message_id, due, envelope],
+        )
+        return ScheduleResult(message_id, bool(created), due)
+
+    def schedule_many(
+        self, items: Iterable[Mapping[str, Any]], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> BulkResult:
+        """Schedule many messages in pipelined chunks; invalid ones are reported, not raised.
+
+        Each item is a mapping with ``payload`` and optional ``id``, ``delay`` or ``at``.
+        A pipeline holds several chunks so a batch costs few round trips.
+        """
+        total = BulkResult()
+        now = self.clock.now_ms()
+        pending: list[tuple[str, int, str]] = []
+        for index, item in enumerate(items):
+            try:
+                pending.append(
+                    self.prepare(
+                        item.get("payload"),
+                        delay=item.get("delay"),
+                        at=item.get("at"),
+                        id=item.get("id"),
+                        now_ms=now,
+                    )
+                )
+            except PayloadError as e:
+                total.rejected.append(Rejected(index, _safe_id(item), str(e)))
+            if len(pending) >= chunk_size * 8:
+                total.merge(self._send_prepared(pending, now, chunk_size))
+                pending = []
+        total.merge(self._send_prepared(pending, now, chunk_size))
+        return total
+
+    def schedule_prepared(
+        self, prepared: Sequence[tuple[str, int, str]], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> BulkResult:
+        """Schedule messages already validated by :meth:`prepare` (used by the Spark job)."""
+        return self._send_prepared(prepared, self.clock.now_ms(), chunk_size)
+
+    def _send_prepared(
+        self, prepared: Sequence[tuple[str, int, str]], now: int, chunk_size: int
+    ) -> BulkResult:
+        result = BulkResult()
+        if not prepared:
+            return result
+        batch = ScriptBatch()
+        script = LuaScript.named("schedule")
+        keys = [self.keys.pending, self.keys.ready, self.keys.messages]
+        for chunk in _chunks(prepared, chunk_size):
+            args: list[Any] = [now, self.keys.wake_channel]
+            for message_id, due, envelope in chunk:
+                args += (message_id, due, envelope)
+            batch.add(script, keys, args)
+        for flags in batch.run(self.client):
+            created = sum(flags)
+            result.scheduled += created
+            result.duplicates += len(flags) - created
+        return result
+
+    def cancel(self, *ids: str) -> int:
+        """Remove waiting messages (pending, retry or ready); returns how many were removed."""
+        if not ids:
+            return 0
+        k = self.keys
+        return LuaScript.named("cancel")(
+            self.client,
+            [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons],
+            list(ids),
+        )
+
+    def run_now(self, *ids: str) -> int:
+        """Move waiting messages (pending or retry) to ready, ahead of their due time."""
+        if not ids:
+            return 0
+        k = self.keys
+        return LuaScript.named("run_now")(
+            self.client, [k.pending, k.retry, k.ready, k.tokens], [k.wake_channel, *ids]
+        )
+
+    # --- the consumer's transitions ---------------------------------------------------------
+
+    def promote_call(self, now_ms: int, limit: int | None = None) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        return (
+            LuaScript.named("promote"),
+            [k.pending, k.retry, k.ready, k.tokens],
+            [now_ms, limit or self.settings.promote_batch],
+        )
+
+    def promote(self, now_ms: int | None = None, limit: int | None = None) -> PromoteResult:
+        """Move due pending and retry messages to ready (at most ``limit`` from each)."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        script, keys, args = self.promote_call(now, limit)
+        return self.promote_result(script(self.client, keys, args))
+
+    @staticmethod
+    def promote_result(raw: Sequence[Any]) -> PromoteResult:
+        moved, more, next_due = (int(x) for x in raw)
+        return PromoteResult(moved, bool(more), None if next_due < 0 else next_due)
+
+    def claim_call(self, now_ms: int, count: int | None = None) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        deadline = now_ms + int(self.settings.visibility_timeout * 1000)
+        return (
+            LuaScript.named("claim"),
+            [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq],
+            [deadline, count or self.settings.claim_batch],
+        )
+
+    def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
+        """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        script, keys, args = self.claim_call(now, count)
+        return self.claimed(script(self.client, keys, args), now)
+
+    def claimed(self, raw: Sequence[Any], now_ms: int) -> list[Message]:
+        """Turn a claim script's reply into messages, burying the corrupt ones."""
+        messages: list[Message] = []
+        corrupt: list[tuple[Message, str]] = []
+        for i in range(0, len(raw), 4):
+            message_id, token = to_str(raw[i]), to_str(raw[i + 3])
+            attempt = int(raw[i + 2])
+            try:
+                due, scheduled, payload = decode_envelope(raw[i + 1])
+            except CorruptEnvelope as e:
+                stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
+                corrupt.append((stub, str(e)))
+                continue
+            messages.append(
+                Message(message_id, self.name, payload, due, scheduled, attempt, token, now_ms)
+            )
+        if corrupt:
+            logger.warning(
+                "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
+            )
+            self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
+        return messages
+
+    def ack_call(self, messages: Iterable[Message]) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        args: list[str] = []
+        for m in messages:
+            args += (m.id, m.token)
+        return (
+            LuaScript.named("ack"),
+            [k.unack, k.retry, k.garbage, k.messages, k.attempts, k.tokens, k.reasons],
+            args,
+        )
+
+    def ack(self, *messages: Message) -> int:
+        """Acknowledge deliveries; returns how many were current (stale tokens are ignored)."""
+        if not messages:
+            return 0
+        script, keys, args = self.ack_call(messages)
+        return script(self.client, keys, args)
+
+    def nack_call(
+        self,
+        failures: Iterable[tuple[Message, float | None, str]],
+        now_ms: int,
+        bury: bool = False,
+    ) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        args: list[Any] = [now_ms, self.settings.max_attempts]
+        for message, delay, reason in failures:
+            if bury:
+                retry_at = -1
+            else:
+                seconds = self.settings.backoff(message.attempt) if delay is None else delay
+                retry_at = now_ms + max(0, int(seconds * 1000))
+            args += (message.id, message.token, retry_at, reason[:2000])
+        return (
+            LuaScript.named("nack"),
+            [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons],
+            args,
+        )
+
+    def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
+        """A delivery failed: retry after ``delay`` seconds (default: backoff with jitter).
+
+        Returns 1 (will retry), 2 (no attempts left: now in garbage) or 0 (stale token).
+        """
+        return self.nack_many([(message, delay, reason)])[0]
+
+    def nack_many(
+        self, failures: Sequence[tuple[Message, float | None, str]], *, bury: bool = False
+    ) -> list[int]:
+        if not failures:
+            return []
+        script, keys, args = self.nack_call(failures, self.clock.now_ms(), bury)
+        return [int(x) for x in script(self.client, keys, args)]
+
+    def bury(self, message: Message, reason: str) -> bool:
+        """Send an in-flight message straight to garbage with ``reason``."""
+        return self.nack_many([(message, None, reason)], bury=True)[0] == 2
+
+    def reap_call(self, now_ms: int, limit: int | None = None) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        s = self.settings
+        return (
+            LuaScript.named("reap"),
+            [k.unack, k.retry, k.garbage, k.attempts, k.reasons],
+            [
+                now_ms,
+                limit or s.promote_batch,
+                s.max_attempts,
+                int(s.backoff_base * 1000),
+                int(s.backoff_max * 1000),
+            ],
+        )
+
+    def reap(self, now_ms: int | None = None, limit: int | None = None) -> ReapResult:
+        """Deliveries past their deadline go to retry, or to garbage on their last attempt."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        script, keys, args = self.reap_call(now, limit)
+        return self.reap_result(script(self.client, keys, args))
+
+    @staticmethod
+    def reap_result(raw: Sequence[Any]) -> ReapResult:
+        retried, buried, more, next_deadline = (int(x) for x in raw)
+        return ReapResult(retried, buried, bool(more), None if next_deadline < 0 else next_deadline)
+
+    def release(self, *messages: Message) -> int:
+        """Give back claimed deliveries that never started, without using up an attempt."""
+        if not messages:
+            return 0
+        args: list[str] = []
+        for m in messages:
+            args += (m.id, m.token)
+        k = self.keys
+        return LuaScript.named("release")(
+            self.client, [k.unack, k.ready, k.attempts, k.tokens], args
+        )
+
+    def extend(self, *messages: Message, seconds: float | None = None) -> int:
+        """Push the deadline of running deliveries out by ``seconds`` (default: visibility)."""
+        if not messages:
+            return 0
+        deadline = self.clock.now_ms() + int((seconds or self.settings.visibility_timeout) * 1000)
+        args: list[Any] = [deadline]
+        for m in messages:
+            args += (m.id, m.token)
+        return LuaScript.named("extend")(self.client, [self.keys.unack, self.keys.tokens], args)
+
+    # --- dead letters -------------------------------------------------------------------------
+
+    def requeue(self, *ids: str, limit: int = 1000) -> int:
+        """Dead letters back to ready with fresh attempts (all of them when no ids are given)."""
+        k = self.keys
+        script = LuaScript.named("requeue")
+        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons]
+        if ids:
+            return int(script(self.client, keys, [limit, k.wake_channel, *ids])[0])
+        return sum(self._drain(lambda: script(self.client, keys, [limit, k.wake_channel])))
+
+    def purge(self, *ids: str, limit: int = 1000) -> int:
+        """Delete dead letters for good (all of them when no ids are given)."""
+        k = self.keys
+        script = LuaScript.named("purge")
+        keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons]
+        if ids:
+            return int(script(self.client, keys, [limit, *ids])[0])
+        return sum(self._drain(lambda: script(self.client, keys, [limit])))
+
+    @staticmethod
+    def _drain(call: Any) -> Iterator[int]:
+        """Repeat a bounded script call until it reports nothing left (or no progress)."""
+        while True:
+            done, left = (int(x) for x in call())
+            yield done
+            if done == 0 or left == 0:
+                return
+
+    # --- looking -------------------------------------------------------------------------------
+
+    def counts_call(self) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        return (
+            LuaScript.named("counts"),
+            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages],
+            [],
+        )
+
+    def counts(self) -> dict[str, int]:
+        """How many messages are in each state."""
+        return self.snapshot().counts
+
+    def snapshot(self, now_ms: int | None = None) -> Snapshot:
+        script, keys, args = self.counts_call()
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        return self.snapshot_result(script(self.client, keys, args), now)
+
+    def snapshot_result(self, raw: Sequence[Any], now_ms: int) -> Snapshot:
+        values = [int(x) for x in raw]
+        counts = dict(zip(STATES, values[:5], strict=False))
+        first_pending, first_retry, ready_due = values[5:8]
+        overdue = [t for t in (first_pending, first_retry, ready_due) if 0 <= t <= now_ms]
+        upcoming = [t for t in (first_pending, first_retry) if t >= 0]
+        return Snapshot(
+            self.name,
+            counts,
+            now_ms - min(overdue) if overdue else None,
+            min(upcoming) if upcoming else None,
+        )
+
+    def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
+        """One page of messages in ``state`` (pending, ready, unack, retry or garbage)."""
+        if state not in STATES:
+            raise ConfigurationError(f"unknown state {state!r}; use one of {', '.join(STATES)}")
+        if not (offset >= 0 and 1 <= limit <= 1000):
+            raise ConfigurationError("peek needs offset >= 0 and 1 <= limit <= 1000")
+        k = self.keys
+        raw = LuaScript.named("peek")(
+            self.client,
+            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts, k.reasons],
+            [state, offset, limit],
+        )
+        rows = [
+            PeekedMessage(
+                id=to_str(raw[i]),
+                state=state,
+                score_ms=int(float(raw[i + 1])) if raw[i + 1] not in (b"", "") else None,
+                envelope=to_str(raw[i + 2]),
+                attempts=int(raw[i + 3]),
+                reason=to_str(raw[i + 4]),
+            )
+            for i in range(1, len(raw), 5)
+        ]
+        return Page(int(raw[0]), rows)
+
+
+def snapshots(queues: Sequence[Queue], now_ms: int | None = None) -> list[Snapshot]:
+    """Snapshots of many queues in one round trip (they must share one client)."""
+    if not queues:
+        return []
+    batch = ScriptBatch()
+    for q in queues:
+        batch.add(*q.counts_call())
+    now = queues[0].clock.now_ms() if now_ms is None else now_ms
+    return [
+        q.snapshot_result(raw, now)
+        for q, raw in zip(queues, batch.run(queues[0].client), strict=False)
+    ]
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _safe_id(item: Mapping[str, Any]) -> str | None:
+    value = item.get("id") if isinstance(item, Mapping) else None
+    return value if isinstance(value, str) else None

@@ -1,0 +1,105 @@
+"""Loading the ``.lua`` files once and running them with EVALSHA.
+
+Why not ``redis.Script`` in pipelines: redis-py sends ``SCRIPT EXISTS`` before every pipeline
+that holds a script, which doubles the round trips of the consumer's hot path. Here a pipeline
+sends EVALSHA only; the rare NOSCRIPT (after ``SCRIPT FLUSH`` or a restart) loads the script and
+re-runs just the calls that failed, which is safe because a call that got NOSCRIPT did nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+
+from .errors import RedisUnavailable, ScriptFailed
+
+_NOSCRIPT = "NOSCRIPT"
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    @cache
+    def named(cls, name: str) -> LuaScript:
+        source = resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run the script now, loading it if Redis does not know it."""
+        with redis_errors(self.name):
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                client.script_load(self.source)
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+@dataclass
+class ScriptBatch:
+    """Several script calls sent in one pipeline (one round trip)."""
+
+    calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]] = field(default_factory=list)
+
+    def add(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> int:
+        self.calls.append((script, keys, args))
+        return len(self.calls) - 1
+
+    def run(self, client: Any, raise_errors: bool = True) -> list[Any]:
+        """Send every call in one pipeline; script errors are raised, or returned in place."""
+        if not self.calls:
+            return []
+        with redis_errors("pipeline"):
+            results = _send(client, self.calls)
+            missing = [i for i, r in enumerate(results) if _is_noscript(r)]
+            if missing:
+                for script in {self.calls[i][0] for i in missing}:
+                    client.script_load(script.source)
+                retried = _send(client, [self.calls[i] for i in missing])
+                for i, result in zip(missing, retried, strict=False):
+                    results[i] = result
+        for (script, _, _), result in zip(self.calls, results, strict=False):
+            if isinstance(result, Exception) and raise_errors:
+                raise ScriptFailed(f"{script.name}.lua failed: {result}") from result
+        return results
+
+
+def _send(client: Any, calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    return pipe.execute(raise_on_error=False)
+
+
+def _is_noscript(result: Any) -> bool:
+    return isinstance(result, redis.exceptions.NoScriptError) or (
+        isinstance(result, redis.exceptions.ResponseError) and str(result).startswith(_NOSCRIPT)
+    )
+
+
+class redis_errors:
+    """Context manager mapping redis-py errors onto this library's exceptions."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, redis.exceptions.RedisError):
+            return False
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+            raise RedisUnavailable(f"Redis unavailable during {self.what}: {exc}") from exc
+        if isinstance(exc, redis.exceptions.BusyLoadingError):
+            raise RedisUnavailable(f"Redis is loading its data during {self.what}") from exc
+        raise ScriptFailed(f"{self.what} failed: {exc}") from exc

@@ -1,0 +1,68 @@
+"""Per-queue settings the engine needs (the Django layer fills them from ``DELAYQUEUE``)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    max_attempts: int = 5
+    backoff_base: float = 1.0  # seconds before the first retry
+    backoff_max: float = 3600.0  # cap on the exponential backoff, seconds
+    visibility_timeout: float = 60.0  # seconds a claimed message stays invisible
+    claim_batch: int = 100  # messages claimed per round trip
+    concurrency: int = 1  # hint for runqueue's thread count
+    paused: bool = False
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    promote_batch: int = 1000  # bound on ids moved per promote/reap call
+
+    def __post_init__(self) -> None:
+        for problem in self.problems():
+            raise ConfigurationError(problem)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.max_attempts < 1:
+            out.append("max_attempts must be at least 1")
+        if self.backoff_base < 0 or self.backoff_max < self.backoff_base:
+            out.append("backoff_base must be >= 0 and backoff_max >= backoff_base")
+        if self.visibility_timeout < 1:
+            out.append("visibility_timeout must be at least 1 second")
+        if not 1 <= self.claim_batch <= 10_000:
+            out.append("claim_batch must be between 1 and 10000")
+        if not 1 <= self.concurrency <= 1024:
+            out.append("concurrency must be between 1 and 1024")
+        if not 1 <= self.max_payload_bytes <= 64 * 1024 * 1024:
+            out.append("max_payload_bytes must be between 1 and 64 MiB")
+        if not 1 <= self.promote_batch <= 100_000:
+            out.append("promote_batch must be between 1 and 100000")
+        return out
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retrying after failed ``attempt`` (1-based), with jitter.
+
+        Full exponential backoff, then a random 50-100% of it so that messages that failed
+        together do not all come back together.
+        """
+        delay = min(self.backoff_max, self.backoff_base * (2 ** max(0, attempt - 1)))
+        return delay * (0.5 + random.random() / 2)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> QueueSettings:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigurationError(f"unknown queue settings: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def replace(self, **changes: Any) -> QueueSettings:
+        return replace(self, **changes)
