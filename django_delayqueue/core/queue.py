@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +19,16 @@ from .envelope import (
 )
 from .errors import ConfigurationError, CorruptEnvelope, PayloadError
 from .keys import STATES, QueueKeys
+from .results import (
+    BulkResult,
+    Page,
+    PeekedMessage,
+    PromoteResult,
+    ReapResult,
+    Rejected,
+    ScheduleResult,
+    Snapshot,
+)
 from .scripts import LuaScript, ScriptBatch
 from .settings import QueueSettings
 
@@ -27,87 +36,6 @@ logger = logging.getLogger(__name__)
 
 Delay = float | int | timedelta
 DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
-
-
-@dataclass(frozen=True)
-class ScheduleResult:
-    id: str
-    created: bool  # False: a message with this id was already waiting; nothing changed
-    due_ms: int
-
-
-@dataclass(frozen=True)
-class Rejected:
-    index: int
-    id: str | None
-    reason: str
-
-
-@dataclass
-class BulkResult:
-    scheduled: int = 0
-    duplicates: int = 0
-    rejected: list[Rejected] = field(default_factory=list)
-
-    def merge(self, other: BulkResult) -> None:
-        self.scheduled += other.scheduled
-        self.duplicates += other.duplicates
-        self.rejected.extend(other.rejected)
-
-
-@dataclass(frozen=True)
-class PromoteResult:
-    moved: int
-    more: bool
-    next_due_ms: int | None
-
-
-@dataclass(frozen=True)
-class ReapResult:
-    retried: int
-    buried: int
-    more: bool
-    next_deadline_ms: int | None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Counts per state plus how late the oldest due message is."""
-
-    queue: str
-    counts: dict[str, int]
-    oldest_overdue_ms: int | None  # None: nothing due is waiting
-    next_due_ms: int | None
-
-
-@dataclass(frozen=True)
-class PeekedMessage:
-    id: str
-    state: str
-    score_ms: int | None  # due time, deadline, retry-at or time of death; None for ready
-    envelope: str  # raw JSON as stored ('' when missing)
-    attempts: int
-    reason: str
-
-    @property
-    def payload(self) -> Any:
-        try:
-            return decode_envelope(self.envelope)[2]
-        except CorruptEnvelope:
-            return None
-
-    @property
-    def due_ms(self) -> int | None:
-        try:
-            return decode_envelope(self.envelope)[0]
-        except CorruptEnvelope:
-            return None
-
-
-@dataclass(frozen=True)
-class Page:
-    total: int
-    messages: list[PeekedMessage]
 
 
 def _ms(delay: Delay) -> int:

@@ -1,0 +1,20 @@
+from django.contrib import admin
+
+from .models import Order, Product, Store
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    list_display = ["id", "amount", "status", "created"]
+    list_filter = ["status"]
+
+
+class ProductInline(admin.TabularInline):
+    model = Product
+    extra = 0
+
+
+@admin.register(Store)
+class StoreAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "phone", "created"]
+    inlines = [ProductInline]

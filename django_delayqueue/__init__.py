@@ -1,0 +1,1 @@
+"""django-delayqueue: a reliable delayed-message queue on Redis for Django."""

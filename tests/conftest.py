@@ -1,0 +1,79 @@
+"""Shared fixtures. Redis: one private redis-server per test session, flushed around each test.
+
+The server starts in ``pytest_configure`` rather than lazily in its fixture so that every
+test, Django settings included, sees one URL. pytest-django imports demo_project.settings
+before any conftest is loaded, so exporting ``REDIS_URL`` here is too late for settings.py to
+read it: we export it (for child processes such as ``runqueue``, which load settings afresh)
+and also override the loaded settings, which sends ``setting_changed`` to cached readers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from django_delayqueue.redis_server import RedisServerProcess
+
+_SERVER = pytest.StashKey[RedisServerProcess]()
+_UNDO = pytest.StashKey[list[Callable[[], object]]]()  # run at unconfigure, last first
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    server = RedisServerProcess().start()
+    config.stash[_SERVER] = server
+    undo: list[Callable[[], object]] = [server.stop]
+    config.stash[_UNDO] = undo
+
+    previous = os.environ.get("REDIS_URL")
+    os.environ["REDIS_URL"] = server.url
+    undo.append(lambda: _restore_env("REDIS_URL", previous))
+
+    from django.conf import settings
+
+    if settings.configured:  # not under `-p no:django`
+        from django.test.utils import override_settings
+
+        delayqueue = {**getattr(settings, "DELAYQUEUE", {}), "REDIS_URL": server.url}
+        override = override_settings(REDIS_URL=server.url, DELAYQUEUE=delayqueue)
+        override.enable()
+        undo.append(override.disable)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for step in reversed(config.stash.get(_UNDO, [])):
+        step()
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def redis_server(pytestconfig: pytest.Config) -> RedisServerProcess:
+    """The session's private redis-server; ``REDIS_URL`` and settings already point at it.
+
+    Tests that kill or restart a server should start their own ``RedisServerProcess``.
+    """
+    return pytestconfig.stash[_SERVER]
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServerProcess) -> Iterator[redis.Redis]:
+    """A bytes client on the private server, FLUSHALLed before and after the test.
+
+    ``flushall`` refuses any server whose port and PID are not the fixture's, so a
+    misconfigured run can never wipe a shared Redis such as the one on 6379.
+    """
+    client = redis.Redis.from_url(redis_server.url, decode_responses=False)
+    redis_server.flushall(client)
+    try:
+        yield client
+    finally:
+        redis_server.flushall(client)
+        client.close()
