@@ -78,9 +78,19 @@ DELAYQUEUE = {
     "PREFIX": "dq",
     "QUEUES": {
         "order-close": {"max_attempts": 5},
-        "activation-sms": {"max_attempts": 3},
+        "activation-sms": {"max_attempts": 3, "backoff_base": 5.0},
     },
 }
+if os.environ.get("DEMO_SLOW_QUEUE") == "1":
+    # Only for the SIGTERM test (tests/test_runqueue.py): a queue whose handler sleeps.
+    DELAYQUEUE["QUEUES"]["demo-slow"] = {"visibility_timeout": 60, "backoff_base": 0.1}
+    DELAYQUEUE["SETTINGS_REFRESH_SECONDS"] = 0.5
+
+# The shop's delays, in seconds: short so the demo shows messages flowing within a minute.
+ORDER_CLOSE_DELAY = float(os.environ.get("ORDER_CLOSE_DELAY", "30"))
+ACTIVATION_SMS_DELAY = float(os.environ.get("ACTIVATION_SMS_DELAY", "45"))
+# Dotted path of the SMS backend class (see shop/sms.py); the default records, never sends.
+SHOP_SMS_BACKEND = os.environ.get("SHOP_SMS_BACKEND", "demo_project.shop.sms.DatabaseBackend")
 
 LOGGING = {
     "version": 1,

@@ -1,1 +1,59 @@
-"""django-delayqueue: a reliable delayed-message queue on Redis for Django."""
+"""django-delayqueue: a reliable delayed-message queue on Redis for Django.
+
+    import django_delayqueue as dq
+    dq.schedule("order-close", {"order_id": 42}, delay=1800)
+
+Importing the package does not import Django: the Django-facing names (``schedule``,
+``cancel``, ``get_queue``, ``topic``) load on first use, so the Django-free ``core`` stays
+importable by a Spark executor or a plain script.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .core.envelope import Message
+from .core.errors import (
+    ConfigurationError,
+    DelayQueueError,
+    PayloadError,
+    RedisUnavailable,
+    Reject,
+    Retry,
+)
+
+if TYPE_CHECKING:
+    from .api import cancel, get_queue, schedule
+    from .registry import topic
+
+_LAZY = {
+    "schedule": "api",
+    "cancel": "api",
+    "get_queue": "api",
+    "topic": "registry",
+}
+
+__all__ = [
+    "ConfigurationError",
+    "DelayQueueError",
+    "Message",
+    "PayloadError",
+    "RedisUnavailable",
+    "Reject",
+    "Retry",
+    "cancel",
+    "get_queue",
+    "schedule",
+    "topic",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,3 +1,7 @@
+from __future__ import annotations
+
+import logging
+
 from django.apps import AppConfig
 
 
@@ -5,3 +9,25 @@ class DelayQueueConfig(AppConfig):
     name = "django_delayqueue"
     verbose_name = "Delay queues"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_migrate, post_save
+        from django.utils.module_loading import autodiscover_modules
+
+        from . import checks, mirror
+        from .models import QueueConfig
+
+        checks.register_checks()
+        post_migrate.connect(mirror.sync_after_migrate, sender=self, dispatch_uid="dq-sync")
+        post_save.connect(mirror.on_config_saved, sender=QueueConfig, dispatch_uid="dq-publish")
+        # Retry and Reject are how handlers steer a delivery, not errors of send_robust.
+        logging.getLogger("django.dispatch").addFilter(_hide_handler_verdicts)
+        # Each installed app's handlers.py registers its receivers on the queue signals.
+        autodiscover_modules("handlers")
+
+
+def _hide_handler_verdicts(record: logging.LogRecord) -> bool:
+    from .core.errors import Reject, Retry
+
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, (Retry, Reject))

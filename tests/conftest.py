@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from django_delayqueue.core import ManualClock, Queue, QueueSettings
 from django_delayqueue.redis_server import RedisServerProcess
 
 _SERVER = pytest.StashKey[RedisServerProcess]()
@@ -77,3 +78,48 @@ def redis_client(redis_server: RedisServerProcess) -> Iterator[redis.Redis]:
     finally:
         redis_server.flushall(client)
         client.close()
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    """A :class:`ManualClock` at a fixed start, for deterministic due times and deadlines."""
+    return ManualClock(1_700_000_000_000)
+
+
+@pytest.fixture
+def make_queue(redis_client: redis.Redis, manual_clock: ManualClock) -> Callable[..., Queue]:
+    """Factory of core ``Queue`` objects on the private server, on ``manual_clock`` by default.
+
+    ``make_queue("name", clock=None, prefix="dq", **QueueSettings fields)``.
+    """
+
+    def make(
+        name: str = "q", clock: object = None, prefix: str = "dq", **settings: object
+    ) -> Queue:
+        return Queue(
+            redis_client,
+            name,
+            prefix=prefix,
+            settings=QueueSettings(**settings),  # type: ignore[arg-type]
+            clock=manual_clock if clock is None else clock,  # type: ignore[arg-type]
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession (``local[2]``, UI off) for the whole run: Spark starts slowly.
+
+    pyspark is imported here, not at the top, so the rest of the suite runs without it.
+    """
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from django_delayqueue.spark.session import get_spark
+
+    session = get_spark(
+        "django-delayqueue-tests",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+    )
+    yield session
+    session.stop()

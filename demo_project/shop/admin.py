@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Order, Product, Store
+from .models import Order, Product, SentSms, Store
 
 
 @admin.register(Order)
@@ -18,3 +18,9 @@ class ProductInline(admin.TabularInline):
 class StoreAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "phone", "created"]
     inlines = [ProductInline]
+
+
+@admin.register(SentSms)
+class SentSmsAdmin(admin.ModelAdmin):
+    list_display = ["sent_at", "phone", "kind", "store", "text"]
+    list_filter = ["kind"]

@@ -40,3 +40,23 @@ class Product(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class SentSms(models.Model):
+    """What the default SMS backend "sent" (see sms.py)."""
+
+    phone = models.CharField(max_length=32)
+    text = models.TextField()
+    kind = models.CharField(max_length=32, blank=True)
+    store = models.ForeignKey(
+        Store, null=True, blank=True, on_delete=models.SET_NULL, related_name="sms"
+    )
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-sent_at", "-id"]
+        verbose_name = "sent SMS"
+        verbose_name_plural = "sent SMS"
+
+    def __str__(self) -> str:
+        return f"SMS to {self.phone}"

@@ -28,6 +28,7 @@ from .scripts import LuaScript, ScriptBatch, redis_errors
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Any]
+QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
 
 
 class Consumer:
@@ -123,10 +124,13 @@ class Consumer:
                 try:
                     delivered = self.step()
                     failures = 0
-                except (RedisUnavailable, DelayQueueError) as e:
+                except Exception as e:  # Redis down, a broken refresh(): wait, never crash-loop
                     failures += 1
                     pause = min(10.0, 0.1 * 2 ** min(failures, 7))
-                    logger.warning("%s; trying again in %.1fs", e, pause)
+                    if isinstance(e, DelayQueueError):
+                        logger.warning("%s; trying again in %.1fs", e, pause)
+                    else:
+                        logger.exception("consumer step failed; trying again in %.1fs", pause)
                     self._reset_pubsub()
                     self._stop_event.wait(pause)
                     continue
@@ -182,7 +186,10 @@ class Consumer:
         for q, kind, index in plan:
             raw = results[index]
             if isinstance(raw, Exception):
+                # A broken queue (e.g. a key of the wrong type) must not stop the others or
+                # make the loop spin: log it and look at that queue again a little later.
                 logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS
                 continue
             if kind == "promote":
                 promoted = q.promote_result(raw)
@@ -215,6 +222,14 @@ class Consumer:
             if self._stop_requests > 1:
                 break
             if self.stopping:
+                # Nothing more starts now: give the unstarted back at once (another consumer
+                # may take them) and stop waiting as soon as the running handlers are done,
+                # rather than at the end of the grace period.
+                unstarted = batch.unstarted()
+                if unstarted:
+                    self._release(unstarted)
+                if not batch.running():
+                    break
                 grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
                 if time.monotonic() >= grace_deadline:
                     logger.warning("grace period over: giving back unfinished messages")
@@ -226,9 +241,10 @@ class Consumer:
         with batch.lock:
             self._outcomes.extend(batch.outcomes)
         if not batch.done.is_set():
-            # Handlers still running past the grace period: their messages stay in unack and
-            # come back after the visibility timeout; give back the ones we can.
-            self._release(batch.in_flight())
+            # Handlers still running when we must stop: they started, so the attempt counts;
+            # hand them back for an immediate retry (if Redis is unreachable they stay in unack
+            # and the visibility timeout brings them back).
+            self._give_back(batch.running())
 
     def _release(self, messages: list[Message]) -> None:
         by_queue = self._group(messages)
@@ -237,6 +253,14 @@ class Consumer:
                 q.release(*group)
         except DelayQueueError as e:
             logger.warning("could not give back %d message(s): %s", len(messages), e)
+
+    def _give_back(self, messages: list[Message]) -> None:
+        reason = "consumer stopped before the handler finished"
+        try:
+            for q, group in self._group(messages):
+                q.nack_many([(m, 0.0, reason) for m in group])
+        except DelayQueueError as e:
+            logger.warning("could not give back %d running message(s): %s", len(messages), e)
 
     def _in_flight(self) -> list[Message]:
         batch = self._current

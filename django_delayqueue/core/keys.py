@@ -92,6 +92,10 @@ class QueueKeys:
         return self._key("journal")
 
     @property
+    def tally(self) -> str:  # hash: journal cursor + deliveries per outcome (stats.lua)
+        return self._key("tally")
+
+    @property
     def config(self) -> str:  # hash: effective queue settings published by the Django layer
         return self._key("config")
 
@@ -117,6 +121,7 @@ class QueueKeys:
             self.reasons,
             self.seq,
             self.journal,
+            self.tally,
             self.config,
             self.heartbeats,
         ]

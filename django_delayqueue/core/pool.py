@@ -24,7 +24,7 @@ class Batch:
     def __init__(self, messages: Iterable[Message]) -> None:
         self.todo: deque[Message] = deque(messages)
         self.size = len(self.todo)
-        self.running: dict[str, Message] = {}  # token -> message
+        self.running_by_token: dict[str, Message] = {}
         self.outcomes: list[Outcome] = []
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -36,12 +36,12 @@ class Batch:
             if stopping or not self.todo:
                 return None
             message = self.todo.popleft()
-            self.running[message.token] = message
+            self.running_by_token[message.token] = message
             return message
 
     def finish(self, outcome: Outcome) -> None:
         with self.lock:
-            self.running.pop(outcome.message.token, None)
+            self.running_by_token.pop(outcome.message.token, None)
             self.outcomes.append(outcome)
             if len(self.outcomes) == self.size:
                 self.done.set()
@@ -52,9 +52,13 @@ class Batch:
             self.todo.clear()
             return left
 
+    def running(self) -> list[Message]:
+        with self.lock:
+            return list(self.running_by_token.values())
+
     def in_flight(self) -> list[Message]:
         with self.lock:
-            return list(self.todo) + list(self.running.values())
+            return list(self.todo) + list(self.running_by_token.values())
 
 
 class HandlerPool:

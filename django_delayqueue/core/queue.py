@@ -68,12 +68,14 @@ class Queue:
         prefix: str = "dq",
         settings: QueueSettings | None = None,
         clock: Clock | None = None,
+        journal_maxlen: int = 100_000,
     ) -> None:
         self.client = client
         self.name = name
         self.keys = QueueKeys(prefix, name)
         self.settings = settings or QueueSettings()
         self.clock = clock or RedisClock(client)
+        self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} {self.keys.tag}>"
@@ -173,14 +175,17 @@ class Queue:
         return result
 
     def cancel(self, *ids: str) -> int:
-        """Remove waiting messages (pending, retry or ready); returns how many were removed."""
+        """Remove waiting messages (pending, retry or ready); returns how many were removed.
+
+        The cancelled ones are recorded in the journal with the outcome ``cancel``.
+        """
         if not ids:
             return 0
         k = self.keys
         return LuaScript.named("cancel")(
             self.client,
-            [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons],
-            list(ids),
+            [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons, k.journal],
+            [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids],
         )
 
     def run_now(self, *ids: str) -> int:

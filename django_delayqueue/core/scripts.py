@@ -9,6 +9,8 @@ re-runs just the calls that failed, which is safe because a call that got NOSCRI
 from __future__ import annotations
 
 import hashlib
+import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -21,6 +23,33 @@ from .errors import RedisUnavailable, ScriptFailed
 
 _NOSCRIPT = "NOSCRIPT"
 
+# "-- KEYS[3] ready list" in a script's header: the Redis type each key must have.
+_KEY_TYPE = re.compile(r"KEYS\[(\d+)\]\s+\S+\s+(zset|list|hash|counter|stream)\b")
+_REDIS_TYPE = {"counter": "string"}
+
+# Redis does not roll a script back when a command fails half-way: a claim whose unack key
+# had been overwritten by a string would have popped ids from ready and lost them. So every
+# script first checks the types its header declares and changes nothing if one is wrong.
+_GUARD = """local expected_types = {%s}
+for i, expected in pairs(expected_types) do
+  local actual = redis.call('TYPE', KEYS[i])['ok']
+  if actual ~= 'none' and actual ~= expected then
+    return redis.error_reply('WRONGTYPE key ' .. KEYS[i] .. ' holds a ' .. actual ..
+      ', not a ' .. expected .. ': nothing was changed')
+  end
+end
+"""
+
+
+def guarded(source: str) -> str:
+    """``source`` preceded by a check of the key types declared in its header."""
+    header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
+    types = {int(n): _REDIS_TYPE.get(t, t) for n, t in _KEY_TYPE.findall(header)}
+    if not types:
+        return source
+    table = ", ".join(f"[{n}] = '{t}'" for n, t in sorted(types.items()))
+    return _GUARD % table + source
+
 
 @dataclass(frozen=True)
 class LuaScript:
@@ -31,7 +60,8 @@ class LuaScript:
     @classmethod
     @cache
     def named(cls, name: str) -> LuaScript:
-        source = resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
+        raw = resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
+        source = guarded(raw)
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -59,6 +89,7 @@ class ScriptBatch:
         if not self.calls:
             return []
         with redis_errors("pipeline"):
+            _load_once(client, {script for script, _, _ in self.calls})
             results = _send(client, self.calls)
             missing = [i for i, r in enumerate(results) if _is_noscript(r)]
             if missing:
@@ -73,10 +104,29 @@ class ScriptBatch:
         return results
 
 
+# Scripts already loaded through each client. Loading before the first pipelined use keeps
+# the calls of a pipeline in order: a NOSCRIPT re-run would run after the calls that followed
+# it. After a SCRIPT FLUSH or a restart the re-run below is the (rare, still safe) fallback.
+_loaded: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _load_once(client: Any, scripts: set[LuaScript]) -> None:
+    try:
+        known = _loaded.setdefault(client, set())
+    except TypeError:  # a client that cannot be weakly referenced: rely on the fallback
+        return
+    for script in scripts:
+        if script.sha not in known:
+            client.script_load(script.source)
+            known.add(script.sha)
+
+
 def _send(client: Any, calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]]) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        # Not pipe.evalsha(): redis-py's cluster pipeline refuses that method, but routes the
+        # plain command by its first key (all keys of a queue share one slot).
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     return pipe.execute(raise_on_error=False)
 
 

@@ -15,7 +15,10 @@ local function move(src, clear_tokens)
     if clear_tokens then redis.call('HDEL', KEYS[4], unpack(chunk)) end
   end
   moved = moved + #ids
-  if #ids == limit then more = 1 end
+  -- Ask again only if due ids are left: a batch that was exactly `limit` may have emptied it.
+  if #ids == limit and #redis.call('ZRANGEBYSCORE', src, '-inf', now, 'LIMIT', 0, 1) > 0 then
+    more = 1
+  end
 end
 move(KEYS[1], false)
 move(KEYS[2], true)

@@ -25,7 +25,8 @@ for _, id in ipairs(ids) do
     retried = retried + 1
   end
 end
-local more = (#ids == limit) and 1 or 0
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_deadline = first[2] and tonumber(first[2]) or -1
+-- Only when a passed deadline is left: a batch of exactly `limit` may have taken the last.
+local more = (next_deadline ~= -1 and next_deadline <= now) and 1 or 0
 return {retried, buried, more, next_deadline}

@@ -1,0 +1,97 @@
+"""The admin: the "Delay queues" monitoring pages and the queue settings rows.
+
+The monitoring pages hang off ``QueueMessage``, a model without a table that exists for its
+permissions (the django-rq way): its changelist is the overview of every queue, and
+:meth:`QueueMessageAdmin.get_urls` adds a page per queue and the POST-only actions.
+
+Permissions: the pages need ``view_queuemessage`` (or ``change_queuemessage``, which implies
+view everywhere in the admin); requeue, cancel and run-now need ``change_queuemessage``;
+deleting dead letters needs ``delete_queuemessage``; pause/resume needs
+``change_queueconfig``. ``admin_site.admin_view`` sends anonymous and non-staff users to the
+login page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+
+from . import admin_views
+from .models import QueueConfig, QueueMessage
+
+
+@admin.register(QueueMessage)
+class QueueMessageAdmin(admin.ModelAdmin):
+    """Monitoring pages: an overview of all queues, then one page per queue."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        # Only our pages: the default add/change/delete views make no sense without a table.
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            path(
+                "<str:queue>/",
+                wrap(self.queue_view),
+                name="{}_{}_queue".format(*info),
+            ),
+            path(
+                "<str:queue>/<slug:action>/",
+                wrap(self.action_view),
+                name="{}_{}_action".format(*info),
+            ),
+        ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return admin_views.overview(self, request)
+
+    def queue_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        return admin_views.queue_page(self, request, queue)
+
+    def action_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
+        return admin_views.queue_action(self, request, queue, action)
+
+
+@admin.register(QueueConfig)
+class QueueConfigAdmin(admin.ModelAdmin):
+    """The queue settings staff may tune; a save is published to running processes."""
+
+    list_display = [
+        "name",
+        "paused",
+        "max_attempts",
+        "backoff_base",
+        "backoff_max",
+        "visibility_timeout",
+        "claim_batch",
+        "concurrency",
+        "updated_at",
+    ]
+    list_editable = ["paused", "max_attempts"]
+    readonly_fields = ["name", "updated_at"]
+    fields = [
+        "name",
+        "paused",
+        "max_attempts",
+        ("backoff_base", "backoff_max"),
+        "visibility_timeout",
+        "claim_batch",
+        "concurrency",
+        "updated_at",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Rows follow DELAYQUEUE["QUEUES"] (mirror.sync_queue_configs); a row for a queue the
+        # settings do not declare would configure nothing.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,229 @@
+"""System checks (``manage.py check``): bad configuration is reported here, with a hint.
+
+==================  ================================================================
+delayqueue.E001     Redis unreachable (``check --deploy [--tag delayqueue]``)
+delayqueue.E002     unknown key in ``DELAYQUEUE``, its ``DEFAULTS`` or a queue
+delayqueue.E003     invalid per-queue settings values
+delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix, names)
+delayqueue.W001     a configured queue has no handler
+delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
+delayqueue.W003     handlers registered for a queue that is not configured
+==================  ================================================================
+
+Only E001 does I/O, so it runs with the deployment checks (and on demand): a Redis that is
+down must not stop ``migrate`` or ``runqueue``, which waits for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+from .conf import (
+    DEFAULTS,
+    QUEUE_KEYS,
+    dq_settings,
+    file_queue_settings,
+    handler_time_limit,
+    queue_names,
+    raw_queue_options,
+    settings_problems,
+)
+from .core.errors import ConfigurationError
+from .core.keys import validate_name
+from .registry import topics
+
+TAG = "delayqueue"
+PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
+_DOC = "See DELAYQUEUE in the django-delayqueue README."
+
+
+def register_checks() -> None:
+    register(check_settings, TAG)
+    register(check_handlers, TAG)
+    register(check_redis, TAG, deploy=True)
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """E002, E003, E004 and W002: the DELAYQUEUE dict itself."""
+    raw = getattr(settings, "DELAYQUEUE", None)
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        return [Error("DELAYQUEUE must be a dict.", hint=_DOC, id="delayqueue.E004")]
+    out = [
+        Error(
+            f"Unknown DELAYQUEUE setting {key!r}.",
+            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+            id="delayqueue.E002",
+        )
+        for key in dq_settings.unknown_keys()
+    ]
+    out += _connection_errors()
+    queues = dq_settings.QUEUES
+    if not isinstance(queues, dict) or not isinstance(dq_settings.DEFAULTS or {}, dict):
+        out.append(
+            Error(
+                "DELAYQUEUE['QUEUES'] and DELAYQUEUE['DEFAULTS'] must be dicts.",
+                hint='e.g. "QUEUES": {"order-close": {"max_attempts": 5}}',
+                id="delayqueue.E004",
+            )
+        )
+        return out
+    out += _unknown_queue_keys("DELAYQUEUE['DEFAULTS']", dq_settings.DEFAULTS or {})
+    for name in queues:
+        out += _queue_errors(name)
+    return out
+
+
+def _connection_errors() -> list[Any]:
+    out = []
+    url, alias = dq_settings.REDIS_URL, dq_settings.CACHE_ALIAS
+    if url and alias:
+        out.append(
+            Error(
+                "DELAYQUEUE sets both REDIS_URL and CACHE_ALIAS.",
+                hint="Use one: CACHE_ALIAS borrows a django-redis cache's connection.",
+                id="delayqueue.E004",
+            )
+        )
+    if alias and alias not in getattr(settings, "CACHES", {}):
+        out.append(
+            Error(
+                f"DELAYQUEUE['CACHE_ALIAS'] {alias!r} is not in CACHES.",
+                hint="Name a django-redis cache, or use REDIS_URL.",
+                id="delayqueue.E004",
+            )
+        )
+    if url and not (isinstance(url, str) and url.startswith(("redis://", "rediss://", "unix://"))):
+        out.append(
+            Error(
+                f"DELAYQUEUE['REDIS_URL'] {url!r} is not a Redis URL.",
+                hint="e.g. redis://localhost:6379/0 or rediss://user:password@host:6380/0",
+                id="delayqueue.E004",
+            )
+        )
+    if dq_settings.CLOCK not in ("redis", "system"):
+        out.append(
+            Error(
+                f"DELAYQUEUE['CLOCK'] must be 'redis' or 'system', not {dq_settings.CLOCK!r}.",
+                hint="'redis' (the default) keeps hosts with different clocks in agreement.",
+                id="delayqueue.E004",
+            )
+        )
+    try:
+        validate_name(dq_settings.PREFIX, "key prefix")
+    except ConfigurationError as e:
+        out.append(Error(f"DELAYQUEUE['PREFIX']: {e}.", id="delayqueue.E004"))
+    return out
+
+
+def _unknown_queue_keys(where: str, options: dict[str, Any]) -> list[Any]:
+    return [
+        Error(
+            f"Unknown queue setting {key!r} in {where}.",
+            hint=f"Known queue settings: {', '.join(sorted(QUEUE_KEYS))}.",
+            id="delayqueue.E002",
+        )
+        for key in sorted(set(options) - QUEUE_KEYS)
+    ]
+
+
+def _queue_errors(name: Any) -> list[Any]:
+    where = f"DELAYQUEUE['QUEUES'][{name!r}]"
+    try:
+        validate_name(name, "queue name")
+    except ConfigurationError as e:
+        return [Error(f"{where}: {e}.", id="delayqueue.E004")]
+    own = dq_settings.QUEUES[name]
+    if own is not None and not isinstance(own, dict):
+        return [Error(f"{where} must be a dict of queue settings.", id="delayqueue.E003")]
+    out = _unknown_queue_keys(where, own or {})
+    options = raw_queue_options(name)
+    values = {k: v for k, v in options.items() if k in QUEUE_KEYS and k != "handler_time_limit"}
+    problems = settings_problems(values)
+    limit = options.get("handler_time_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+        problems.append(f"handler_time_limit must be a number of seconds, not {limit!r}")
+    out += [
+        Error(f"{where}: {p}.", hint="Fix the value in settings.", id="delayqueue.E003")
+        for p in problems
+    ]
+    if not problems and limit is not None:
+        out += _visibility_warning(name, where)
+    return out
+
+
+def _visibility_warning(name: str, where: str) -> list[Any]:
+    visibility = file_queue_settings(name).visibility_timeout
+    limit = handler_time_limit(name)
+    if limit is None or visibility >= limit:
+        return []
+    return [
+        Warning(
+            f"{where}: visibility_timeout ({visibility:g}s) is shorter than "
+            f"handler_time_limit ({limit:g}s).",
+            hint="A consumer that dies mid-handler leaves its messages invisible for "
+            "visibility_timeout; running handlers are extended, but set "
+            "visibility_timeout >= handler_time_limit so a stuck handler is not delivered "
+            "twice at once.",
+            id="delayqueue.W002",
+        )
+    ]
+
+
+def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """W001 and W003: queues without receivers, receivers without a queue."""
+    if not isinstance(getattr(settings, "DELAYQUEUE", {}), dict):
+        return []  # E004
+    if not isinstance(dq_settings.QUEUES, dict):
+        return []
+    configured = set(queue_names())
+    signals = topics()
+    out = [
+        Warning(
+            f"Queue {name!r} has no handler.",
+            hint=f"Connect one with @receiver(dq.topic({name!r})) in an installed app's "
+            "handlers.py; until then its messages go to garbage ('no handler').",
+            id="delayqueue.W001",
+        )
+        for name in sorted(configured)
+        if name not in signals or not signals[name].has_listeners()
+    ]
+    out += [
+        Warning(
+            f"Handlers are registered for queue {name!r}, which is not configured.",
+            hint="Add it to DELAYQUEUE['QUEUES'] or fix the name in dq.topic(...).",
+            id="delayqueue.W003",
+        )
+        for name, signal in sorted(signals.items())
+        if name not in configured and signal.has_listeners()
+    ]
+    return out
+
+
+def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """E001: PING Redis with a short timeout."""
+    from .connection import make_client
+
+    try:
+        client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
+    except ConfigurationError:
+        return []  # reported by E004
+    try:
+        client.ping()
+    except Exception as e:  # any failure to talk to Redis is the finding
+        return [
+            Error(
+                f"Redis is unreachable: {e}",
+                hint="Check DELAYQUEUE['REDIS_URL'] (or CACHE_ALIAS), credentials and "
+                "network; runqueue waits and retries, but nothing is delivered meanwhile.",
+                id="delayqueue.E001",
+            )
+        ]
+    finally:
+        if not dq_settings.CACHE_ALIAS:  # a borrowed cache connection is not ours to close
+            client.close()
+    return []

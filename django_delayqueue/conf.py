@@ -1,0 +1,169 @@
+"""The ``DELAYQUEUE`` settings dict, read lazily over defaults (the DRF way).
+
+    DELAYQUEUE = {
+        "REDIS_URL": "rediss://user:password@redis.example.com:6380/0",  # or "CACHE_ALIAS"
+        "PREFIX": "dq",
+        "DEFAULTS": {"max_attempts": 5},            # per-queue defaults
+        "QUEUES": {"order-close": {"visibility_timeout": 120}},
+    }
+
+``dq_settings`` is reloaded when ``override_settings`` (or anything sending ``setting_changed``)
+changes ``DELAYQUEUE``. :func:`queue_settings` gives the *effective* settings of a queue: the
+settings file merged with the overrides staff published from the admin (see ``mirror``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import fields
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+
+from .core.errors import ConfigurationError
+from .core.settings import QueueSettings
+
+SETTING_NAME = "DELAYQUEUE"
+
+DEFAULTS: dict[str, Any] = {
+    "REDIS_URL": None,  # None (and no CACHE_ALIAS): redis://127.0.0.1:6379/0
+    "CACHE_ALIAS": None,  # a django-redis cache alias to borrow the connection of
+    "REDIS_OPTIONS": {},  # extra keyword arguments for redis.Redis.from_url
+    "PREFIX": "dq",
+    "QUEUES": {},
+    "DEFAULTS": {},
+    "ON_COMMIT": True,
+    "JOURNAL_MAXLEN": 100_000,
+    "CLOCK": "redis",  # "redis" (shared server time) | "system" (local wall clock)
+    "HEALTH_MAX_OVERDUE_SECONDS": 60,
+    "HEALTH_CONSUMER_SECONDS": 30,  # a consumer is alive if it beat within this many seconds
+    "SETTINGS_REFRESH_SECONDS": 2,
+}
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+# Per-queue keys: the engine's settings, plus what only the system checks read.
+QUEUE_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSettings))
+CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("handler_time_limit",)
+QUEUE_KEYS: frozenset[str] = frozenset(QUEUE_SETTING_NAMES + CHECK_ONLY_QUEUE_KEYS)
+
+
+class DelayQueueSettings:
+    """Attribute access to ``settings.DELAYQUEUE`` over :data:`DEFAULTS`, read on first use."""
+
+    def __init__(self) -> None:
+        self._cached: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(django_settings, SETTING_NAME, None) or {}
+        if not isinstance(value, dict):
+            raise ConfigurationError(f"settings.{SETTING_NAME} must be a dict")
+        return value
+
+    def _merged(self) -> dict[str, Any]:
+        cached = self._cached
+        if cached is None:
+            with self._lock:
+                cached = {**DEFAULTS, **self.user_settings}
+                self._cached = cached
+        return cached
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(f"invalid {SETTING_NAME} setting: {name!r}")
+        return self._merged()[name]
+
+    def unknown_keys(self) -> list[str]:
+        return sorted(set(self.user_settings) - set(DEFAULTS))
+
+    def reload(self) -> None:
+        with self._lock:
+            self._cached = None
+
+
+dq_settings = DelayQueueSettings()
+
+
+def queue_names() -> list[str]:
+    """The configured queue names, in settings order."""
+    return [str(name) for name in dq_settings.QUEUES or {}]
+
+
+def raw_queue_options(name: str) -> dict[str, Any]:
+    """``DEFAULTS`` merged with the queue's own dict, unknown keys included (for the checks)."""
+    queues = dq_settings.QUEUES or {}
+    if name not in queues:
+        raise unknown_queue(name)
+    return {**(dq_settings.DEFAULTS or {}), **(queues[name] or {})}
+
+
+def unknown_queue(name: str) -> ConfigurationError:
+    configured = ", ".join(queue_names()) or "none"
+    return ConfigurationError(
+        f"unknown queue {name!r}; configured: {configured} (add it to DELAYQUEUE['QUEUES'])"
+    )
+
+
+def file_queue_settings(name: str) -> QueueSettings:
+    """The queue's settings as the settings file declares them (no admin overrides).
+
+    Keys QueueSettings does not know are ignored here; the system checks report them.
+    """
+    options = raw_queue_options(name)
+    known = {k: v for k, v in options.items() if k in QUEUE_SETTING_NAMES}
+    try:
+        return QueueSettings(**known)
+    except (TypeError, ConfigurationError) as e:
+        raise ConfigurationError(f"DELAYQUEUE['QUEUES'][{name!r}]: {e}") from e
+
+
+def settings_problems(values: dict[str, Any]) -> list[str]:
+    """Every problem with queue settings ``values`` (types, then ranges), without raising."""
+    defaults = QueueSettings().to_mapping()
+    values = {k: v for k, v in values.items() if v is not None}  # missing: the default
+    problems = []
+    for name, value in values.items():
+        expected = type(defaults.get(name))
+        if name not in defaults:
+            continue
+        if expected is bool and not isinstance(value, bool):
+            problems.append(f"{name} must be True or False, not {value!r}")
+        elif expected in (int, float) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
+            problems.append(f"{name} must be a number, not {value!r}")
+        elif expected is int and isinstance(value, float) and not value.is_integer():
+            problems.append(f"{name} must be a whole number, not {value!r}")
+    if problems:
+        return problems
+    # Skip __post_init__ (which raises on the first problem) to list them all.
+    obj = object.__new__(QueueSettings)
+    for name, value in {**defaults, **values}.items():
+        object.__setattr__(obj, name, value)
+    return obj.problems()
+
+
+def handler_time_limit(name: str) -> float | None:
+    value = raw_queue_options(name).get("handler_time_limit")
+    return None if value is None else float(value)
+
+
+def queue_settings(name: str) -> QueueSettings:
+    """Effective settings of ``name``: the file merged with the published admin overrides.
+
+    Read from Redis at most every ``SETTINGS_REFRESH_SECONDS`` per process; when Redis is down
+    the last known (or the file's) settings are used.
+    """
+    from .mirror import effective_settings  # mirror needs the connection; keep conf light
+
+    return effective_settings(name)
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        dq_settings.reload()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayqueue.conf")

@@ -1,0 +1,91 @@
+"""A readiness probe: Redis reachable, consumers alive, nothing overdue beyond a threshold.
+
+``GET <mount>/health/`` answers 200 with a JSON report when every check passes, 503 with the
+same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
+
+- ``HEALTH_MAX_OVERDUE_SECONDS`` (60): a running queue whose oldest due message has waited
+  longer fails the ``overdue`` check. ``None`` turns the check off.
+- ``HEALTH_CONSUMER_SECONDS`` (30): a running queue with no consumer heartbeat this recent
+  fails the ``consumers`` check. ``None`` turns the check off (say, for the web pods' probe,
+  which should not fail when the workers do).
+
+Paused queues are expected to have a backlog and may have no consumer: they are not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_safe
+
+from .stats import DEFAULT_ALIVE_SECONDS, QueueStats, collect, format_seconds, setting
+
+DEFAULT_MAX_OVERDUE_SECONDS = 60.0
+
+
+def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str, Any]]:
+    """Run the checks on ``stats`` (default: :func:`collect` now); ``(healthy, report)``."""
+    max_overdue = setting("HEALTH_MAX_OVERDUE_SECONDS", DEFAULT_MAX_OVERDUE_SECONDS)
+    consumer_seconds = setting("HEALTH_CONSUMER_SECONDS", DEFAULT_ALIVE_SECONDS)
+    all_stats = collect() if stats is None else stats
+    redis_errors = sorted({e for s in all_stats for e in s.errors})
+    if not all_stats:
+        redis_errors = _ping()
+    checks: dict[str, dict[str, Any]] = {
+        "redis": {"ok": not redis_errors, **({"errors": redis_errors} if redis_errors else {})}
+    }
+    running = [s for s in all_stats if not s.paused]
+    if consumer_seconds is not None:
+        failing = {
+            s.queue: f"no consumer heartbeat in the last {format_seconds(consumer_seconds)}"
+            for s in running
+            if not s.consumers_alive  # 0, or None when it could not be read
+        }
+        checks["consumers"] = _check(failing, within_seconds=consumer_seconds)
+    if max_overdue is not None:
+        failing = {
+            s.queue: f"oldest due message waiting {format_seconds(s.oldest_overdue_seconds)}"
+            for s in running
+            if s.oldest_overdue_seconds is not None and s.oldest_overdue_seconds > max_overdue
+        }
+        checks["overdue"] = _check(failing, max_seconds=max_overdue)
+    healthy = all(c["ok"] for c in checks.values())
+    report = {
+        "status": "ok" if healthy else "fail",
+        "checks": checks,
+        "queues": {
+            s.queue: {
+                "paused": s.paused,
+                "consumers_alive": s.consumers_alive,
+                "oldest_overdue_seconds": s.oldest_overdue_seconds,
+                "counts": s.counts,
+            }
+            for s in all_stats
+        },
+    }
+    return healthy, report
+
+
+def _check(failing: dict[str, str], **limits: float) -> dict[str, Any]:
+    return {"ok": not failing, **limits, **({"failing": failing} if failing else {})}
+
+
+def _ping() -> list[str]:
+    """With no queue configured there are no stats: ask Redis directly."""
+    from .connection import get_client
+
+    try:
+        get_client().ping()
+    except Exception as e:  # any failure to answer is "not reachable"
+        return [f"Redis unreachable: {e}"]
+    return []
+
+
+@require_safe
+def health_view(request: HttpRequest) -> JsonResponse:
+    """200 and ``{"status": "ok", ...}`` when healthy, 503 and the failing checks otherwise."""
+    healthy, report = check_health()
+    response = JsonResponse(report, status=200 if healthy else 503)
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,125 @@
+"""An optional Prometheus endpoint over :func:`django_delayqueue.stats.collect`.
+
+Needs ``prometheus-client`` (``pip install 'django-delayqueue[metrics]'``); without it the view
+answers 501 saying so. The numbers are read from Redis at scrape time by a custom collector (one
+round trip for every queue), so every web process serves the same values and nothing is
+counted in process memory. Series of a value that could not be read are left out, and
+``delayqueue_up`` says whether a queue's stats were read.
+
+Mount it with ``path("delayqueue/", include("django_delayqueue.urls"))`` and keep it off the
+public internet (a proxy rule, or a network policy): it names every queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
+
+from .core import STATES
+from .stats import QueueStats, collect
+
+logger = logging.getLogger(__name__)
+
+MISSING = (
+    "prometheus-client is not installed: pip install 'django-delayqueue[metrics]' "
+    "to serve the delay queue metrics.\n"
+)
+
+
+class StatsCollector:
+    """A prometheus-client collector: one ``stats.collect()`` per scrape."""
+
+    def describe(self) -> list[Any]:
+        # Registering must not touch Redis; the families are only known at scrape time.
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        all_stats = collect()
+        up = GaugeMetricFamily(
+            "delayqueue_up", "1 if the queue's stats could be read from Redis.", labels=["queue"]
+        )
+        messages = GaugeMetricFamily(
+            "delayqueue_messages", "Messages in each state.", labels=["queue", "state"]
+        )
+        overdue = GaugeMetricFamily(
+            "delayqueue_oldest_overdue_seconds",
+            "How long the oldest due message has been waiting to be delivered (0: none).",
+            labels=["queue"],
+        )
+        consumers = GaugeMetricFamily(
+            "delayqueue_consumers_alive",
+            "Consumers whose last heartbeat is recent.",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "delayqueue_paused", "1 if the queue is paused.", labels=["queue"]
+        )
+        deliveries = CounterMetricFamily(
+            "delayqueue_deliveries",
+            "Handler runs recorded in the queue's journal.",
+            labels=["queue"],
+        )
+        failures = CounterMetricFamily(
+            "delayqueue_failures",
+            "Handler runs that did not acknowledge (retried or sent to garbage).",
+            labels=["queue"],
+        )
+        outcomes = CounterMetricFamily(
+            "delayqueue_outcomes",
+            "Handler runs by outcome (ack, retry, garbage).",
+            labels=["queue", "outcome"],
+        )
+        for s in all_stats:
+            _add(s, up, messages, overdue, consumers, paused, deliveries, failures, outcomes)
+        yield from (up, messages, overdue, consumers, paused, deliveries, failures, outcomes)
+
+
+def _add(
+    s: QueueStats,
+    up: Any,
+    messages: Any,
+    overdue: Any,
+    consumers: Any,
+    paused: Any,
+    deliveries: Any,
+    failures: Any,
+    outcomes: Any,
+) -> None:
+    q = s.queue
+    up.add_metric([q], 1 if s.ok else 0)
+    for state in STATES:
+        if s.counts[state] is not None:
+            messages.add_metric([q, state], s.counts[state])
+    if s.counts["pending"] is not None:
+        overdue.add_metric([q], s.oldest_overdue_seconds or 0.0)
+    if s.consumers_alive is not None:
+        consumers.add_metric([q], s.consumers_alive)
+    if s.paused is not None:
+        paused.add_metric([q], 1 if s.paused else 0)
+    if s.outcomes is not None:
+        deliveries.add_metric([q], s.deliveries)
+        failures.add_metric([q], s.failures)
+        for outcome, value in s.outcomes.items():
+            outcomes.add_metric([q, outcome], value)
+
+
+@require_safe
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The Prometheus text exposition of every queue's stats (501 without prometheus-client)."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    except ImportError:
+        return HttpResponse(MISSING, status=501, content_type="text/plain; charset=utf-8")
+    # A private registry: the process's default one may hold the site's own metrics, and
+    # registering there twice (tests, reloads) would raise.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector())
+    response = HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    response["Cache-Control"] = "no-store"
+    return response

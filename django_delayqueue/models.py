@@ -1,0 +1,81 @@
+"""Rows that mirror the queue settings, so staff can tune a queue in the admin.
+
+Consumers and producers never read these rows per message: a saved row is published to the
+queue's ``config`` hash in Redis (see ``mirror``), which processes re-read every few seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from .conf import settings_problems
+from .core.settings import QueueSettings
+
+# The queue settings staff may change; the rest (payload limit, promote batch) stay in code.
+MIRRORED_FIELDS: tuple[str, ...] = (
+    "max_attempts",
+    "backoff_base",
+    "backoff_max",
+    "visibility_timeout",
+    "claim_batch",
+    "concurrency",
+    "paused",
+)
+_D = QueueSettings()
+
+
+class QueueConfig(models.Model):
+    """The settings of one configured queue, as staff last left them."""
+
+    name = models.CharField(max_length=100, unique=True)
+    max_attempts = models.PositiveIntegerField(default=_D.max_attempts)
+    backoff_base = models.FloatField(
+        default=_D.backoff_base, help_text="Seconds before the first retry."
+    )
+    backoff_max = models.FloatField(
+        default=_D.backoff_max, help_text="Cap on the exponential backoff, in seconds."
+    )
+    visibility_timeout = models.FloatField(
+        default=_D.visibility_timeout,
+        help_text="Seconds a claimed message stays invisible before it is retried.",
+    )
+    claim_batch = models.PositiveIntegerField(default=_D.claim_batch)
+    concurrency = models.PositiveIntegerField(
+        default=_D.concurrency, help_text="Hint for runqueue's thread count (read at start)."
+    )
+    paused = models.BooleanField(
+        default=_D.paused, help_text="Paused queues keep scheduling but deliver nothing."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    # What the settings file said at the last sync: a field whose file value changed since
+    # is taken from the file, one that staff changed is kept (see mirror.sync_queue_configs).
+    from_settings = models.JSONField(default=dict, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "queue settings"
+        verbose_name_plural = "queue settings"
+
+    def __str__(self) -> str:
+        return f"{self.name}{' (paused)' if self.paused else ''}"
+
+    def mirrored_values(self) -> dict[str, Any]:
+        """The row's settings, as a dict of :data:`MIRRORED_FIELDS`."""
+        return {f: getattr(self, f) for f in MIRRORED_FIELDS}
+
+    def clean(self) -> None:
+        problems = settings_problems(self.mirrored_values())
+        if problems:
+            raise ValidationError(problems)
+
+
+class QueueMessage(models.Model):
+    """No table: gives the admin's message pages their view/change/delete permissions."""
+
+    class Meta:
+        managed = False
+        default_permissions = ("view", "change", "delete")
+        verbose_name = "queued message"

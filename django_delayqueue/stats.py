@@ -1,0 +1,239 @@
+"""The one stats function behind the admin page, ``queuestats``, the metrics and the health check.
+
+:func:`collect` reads every configured queue in one Redis round trip: per queue the core's
+``counts.lua`` (the size of each state, how late the oldest due message is) and ``stats.lua``
+(live consumers from the heartbeat zset, the settings published to Redis, and delivery totals).
+
+Delivery totals come from the journal stream the consumers append to: ``stats.lua`` tallies
+the entries added since the last call into a small hash (a cursor plus one counter per
+outcome), so a call reads only the new entries, at most ``JOURNAL_BATCH`` of them (the rest
+next time), and every process sees the same monotonic totals. Entries trimmed from the capped
+journal before any call tallied them are not counted; with the default cap (100,000 batches)
+that takes a long time without a scrape, the admin page or ``queuestats``.
+
+Nothing here raises because Redis is down: values that could not be read are ``None`` and
+``error`` says why, so a page or a probe can still render.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
+from .core.envelope import ms_to_datetime, to_str
+from .core.scripts import LuaScript, ScriptBatch
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("ack", "retry", "garbage")
+JOURNAL_BATCH = 2000  # journal entries (consumer batches) tallied per queue per call
+MAX_CONSUMERS_LISTED = 50
+DEFAULT_ALIVE_SECONDS = 30.0  # consumers heartbeat every ~5 s
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """What one queue looks like right now. ``None`` means "could not be read"."""
+
+    queue: str
+    now_ms: int
+    counts: dict[str, int | None]
+    oldest_overdue_ms: int | None = None  # how late the oldest due message is; None: none is
+    next_due_ms: int | None = None  # earliest pending/retry time still to come (or overdue)
+    paused: bool | None = None
+    consumers_alive: int | None = None
+    consumers: list[tuple[str, int]] = field(default_factory=list)  # (name, last seen ms)
+    outcomes: dict[str, int] | None = None  # deliveries per outcome since the tally began
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def error(self) -> str:
+        return "; ".join(self.errors)
+
+    @property
+    def oldest_overdue_seconds(self) -> float | None:
+        return None if self.oldest_overdue_ms is None else self.oldest_overdue_ms / 1000
+
+    @property
+    def next_due_at(self) -> datetime | None:
+        return None if self.next_due_ms is None else ms_to_datetime(self.next_due_ms)
+
+    @property
+    def deliveries(self) -> int | None:
+        """Handler runs counted in the journal (every outcome)."""
+        return None if self.outcomes is None else sum(self.outcomes.values())
+
+    @property
+    def failures(self) -> int | None:
+        """Handler runs that did not acknowledge (retried or sent to garbage)."""
+        return None if self.outcomes is None else self.outcomes["retry"] + self.outcomes["garbage"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (``queuestats --json``, the health check)."""
+        return {
+            "queue": self.queue,
+            "counts": dict(self.counts),
+            "oldest_overdue_seconds": self.oldest_overdue_seconds,
+            "next_due_at": self.next_due_at.isoformat() if self.next_due_at else None,
+            "paused": self.paused,
+            "consumers_alive": self.consumers_alive,
+            "consumers": [
+                {"name": name, "last_seen_seconds_ago": max(0, self.now_ms - seen) / 1000}
+                for name, seen in self.consumers
+            ],
+            "deliveries": self.deliveries,
+            "failures": self.failures,
+            "outcomes": dict(self.outcomes) if self.outcomes is not None else None,
+            "errors": list(self.errors),
+        }
+
+
+def gather(
+    queues: Sequence[Queue],
+    *,
+    now_ms: int | None = None,
+    alive_seconds: float = DEFAULT_ALIVE_SECONDS,
+    journal_batch: int = JOURNAL_BATCH,
+) -> list[QueueStats]:
+    """Stats of ``queues`` (which share one client) in one pipeline. Django-free; never raises
+    for Redis errors."""
+    if not queues:
+        return []
+    now = queues[0].clock.now_ms() if now_ms is None else now_ms
+    alive_since = now - int(alive_seconds * 1000)
+    batch = ScriptBatch()
+    script = LuaScript.named("stats")
+    for q in queues:
+        batch.add(*q.counts_call())
+        k = q.keys
+        batch.add(
+            script,
+            [k.journal, k.tally, k.heartbeats, k.config],
+            [journal_batch, alive_since, MAX_CONSUMERS_LISTED],
+        )
+    try:
+        results = batch.run(queues[0].client, raise_errors=False)
+    except DelayQueueError as e:
+        logger.warning("queue stats unavailable: %s", e)
+        return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
+    return [_read(q, results[2 * i], results[2 * i + 1], now) for i, q in enumerate(queues)]
+
+
+def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:
+    return QueueStats(name, now, dict.fromkeys(STATES), paused=paused, errors=[error])
+
+
+def _read(q: Queue, counts_raw: Any, stats_raw: Any, now: int) -> QueueStats:
+    values: dict[str, Any] = {"counts": dict.fromkeys(STATES), "paused": q.settings.paused}
+    errors: list[str] = []
+    if isinstance(counts_raw, Exception):
+        errors.append(f"counts: {counts_raw}")
+    else:
+        snapshot = q.snapshot_result(counts_raw, now)
+        values.update(
+            counts=snapshot.counts,
+            oldest_overdue_ms=snapshot.oldest_overdue_ms,
+            next_due_ms=snapshot.next_due_ms,
+        )
+    if isinstance(stats_raw, Exception):
+        errors.append(f"stats: {stats_raw}")
+    else:
+        ack, retry, garbage, more, alive, consumers, config = stats_raw
+        if int(more):
+            logger.info("queue %s: journal tally is catching up", q.name)
+        pairs = [
+            (to_str(consumers[i]), int(float(consumers[i + 1])))
+            for i in range(0, len(consumers), 2)
+        ]
+        published = {to_str(config[i]): to_str(config[i + 1]) for i in range(0, len(config), 2)}
+        paused = published_paused(published)
+        values.update(
+            outcomes=dict(zip(OUTCOMES, (int(ack), int(retry), int(garbage)), strict=True)),
+            consumers_alive=int(alive),
+            consumers=pairs,
+            paused=q.settings.paused if paused is None else paused,
+        )
+    return QueueStats(q.name, now, errors=errors, **values)
+
+
+def published_paused(config: dict[str, str]) -> bool | None:
+    """The paused flag in a queue's published settings hash, or None when it has none."""
+    value = config.get("paused")
+    if value is None:
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
+    """Stats of the configured queues (or of ``queue_names``), in settings order.
+
+    Raises :class:`~django_delayqueue.core.ConfigurationError` for a name that is not a
+    configured queue; Redis errors never raise (see :class:`QueueStats`).
+    """
+    from .conf import dq_settings, file_queue_settings, unknown_queue
+    from .conf import queue_names as configured
+    from .connection import get_client, get_clock
+
+    known = configured()
+    names = known if queue_names is None else list(queue_names)
+    for name in names:
+        if name not in known:
+            raise unknown_queue(name)
+    client, clock = get_client(), get_clock()
+    queues = []
+    for name in names:
+        # Not api.get_queue: it re-reads each queue's published settings (a round trip per
+        # queue); stats.lua reads them in the one pipeline. The file settings are only the
+        # fallback for the paused flag when nothing is published.
+        try:
+            settings = file_queue_settings(name)
+        except ConfigurationError:  # reported by the system checks
+            settings = QueueSettings()
+        queues.append(
+            Queue(client, name, prefix=dq_settings.PREFIX, settings=settings, clock=clock)
+        )
+    return gather(queues, alive_seconds=consumer_alive_seconds())
+
+
+def consumer_alive_seconds() -> float:
+    """How recent a heartbeat must be for its consumer to count as alive."""
+    value = setting("HEALTH_CONSUMER_SECONDS", DEFAULT_ALIVE_SECONDS)
+    return DEFAULT_ALIVE_SECONDS if value is None else value
+
+
+def setting(name: str, default: float | None) -> float | None:
+    """A numeric ``DELAYQUEUE`` setting of the monitoring side (None: turned off)."""
+    from .conf import dq_settings
+
+    try:
+        value = getattr(dq_settings, name)
+    except AttributeError:  # a key conf.DEFAULTS does not list
+        value = dq_settings.user_settings.get(name, default)
+    return None if value is None else float(value)
+
+
+def format_seconds(seconds: float | None) -> str:
+    """A short human duration ("950 ms", "42 s", "3 min 12 s", "2 h 5 min", "3 d 4 h")."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    whole = int(seconds)
+    for unit, size, sub_unit, sub_size in (
+        ("d", 86_400, "h", 3600),
+        ("h", 3600, "min", 60),
+        ("min", 60, "s", 1),
+    ):
+        if whole >= size:
+            major, rest = divmod(whole, size)
+            minor = rest // sub_size
+            return f"{major} {unit} {minor} {sub_unit}" if minor else f"{major} {unit}"
+    return f"{whole} s"

@@ -1,0 +1,19 @@
+"""Monitoring endpoints: ``path("delayqueue/", include("django_delayqueue.urls"))``.
+
+- ``metrics/``: Prometheus text format (needs the ``metrics`` extra; 501 without it).
+- ``health/``: readiness probe, 200 or 503 with a JSON report.
+
+Neither needs a login (scrapers and probes have none): expose them on an internal network only.
+"""
+
+from django.urls import path
+
+from .health import health_view
+from .metrics import metrics_view
+
+app_name = "delayqueue"
+
+urlpatterns = [
+    path("metrics/", metrics_view, name="metrics"),
+    path("health/", health_view, name="health"),
+]

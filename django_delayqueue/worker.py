@@ -1,0 +1,135 @@
+"""The Django consumer: dispatches each message to its queue's signal receivers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections
+
+from .conf import dq_settings, file_queue_settings, queue_names, unknown_queue
+from .connection import get_client, get_clock
+from .core.consumer import Consumer
+from .core.envelope import Message
+from .core.errors import ConfigurationError, DelayQueueError, Reject, Retry
+from .core.queue import Queue
+from .mirror import load_published, merge, publish_from_db, sync_queue_configs
+from .registry import topic
+
+logger = logging.getLogger(__name__)
+
+
+class Worker(Consumer):
+    """Delivers the due messages of some configured queues to their Django handlers.
+
+    Every ``SETTINGS_REFRESH_SECONDS`` it re-reads the settings staff published from the admin
+    (one Redis round trip for all its queues), so a pause stops it within seconds.
+    """
+
+    def __init__(self, queues: Sequence[Queue], **kwargs: Any) -> None:
+        kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
+        kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
+        super().__init__(queues, **kwargs)
+        self._needs_publish = False
+
+    @classmethod
+    def for_queues(cls, names: Sequence[str] | None = None, **kwargs: Any) -> Worker:
+        """A worker for ``names`` (default: every configured queue), with fresh Queue objects.
+
+        Raises ConfigurationError for a name that is not configured.
+        """
+        configured = queue_names()
+        chosen = list(names) if names else configured
+        if not chosen:
+            raise ConfigurationError("no queues configured in DELAYQUEUE['QUEUES']")
+        for name in chosen:
+            if name not in configured:
+                raise unknown_queue(name)
+        client, clock = get_client(), get_clock()
+        queues = [
+            Queue(
+                client,
+                name,
+                prefix=dq_settings.PREFIX,
+                settings=file_queue_settings(name),
+                clock=clock,
+            )
+            for name in dict.fromkeys(chosen)
+        ]
+        return cls(queues, **kwargs)
+
+    def sync_settings(self) -> None:
+        """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
+        try:
+            sync_queue_configs()
+        except DatabaseError as e:
+            logger.warning("queue settings rows not synced (database unavailable?): %s", e)
+        finally:
+            close_old_connections()
+
+    # --- Consumer hooks ----------------------------------------------------------------------
+
+    def handle(self, message: Message) -> Any:
+        """Send the message to its queue's receivers; re-raise what one of them raised."""
+        signal = topic(message.queue)
+        close_old_connections()
+        try:
+            responses = signal.send_robust(sender=message.queue, message=message)
+        finally:
+            close_old_connections()
+        if not responses:
+            raise Reject(f"no handler for queue {message.queue!r}")
+        for receiver, result in responses:
+            if isinstance(result, BaseException):
+                if not isinstance(result, (Retry, Reject)):
+                    logger.warning(
+                        "queue %s: handler %s failed on message %s (attempt %d)",
+                        message.queue,
+                        getattr(receiver, "__qualname__", receiver),
+                        message.id,
+                        message.attempt,
+                        exc_info=result,
+                    )
+                raise result
+        return responses
+
+    def refresh(self) -> None:
+        """Reload the published settings of every queue (and republish them if missing)."""
+        names = [q.name for q in self.queues]
+        try:
+            published = load_published(names)
+        except DelayQueueError as e:
+            logger.debug("settings refresh skipped: %s", e)
+            return
+        for q in self.queues:
+            try:
+                base = file_queue_settings(q.name)
+            except ConfigurationError:
+                continue  # settings became invalid under override_settings; keep the last
+            new = merge(base, published[q.name])
+            if new != q.settings:
+                logger.info("queue %s: settings now %s", q.name, _diff(q.settings, new))
+                q.settings = new
+        missing = [name for name, values in published.items() if values is None]
+        if missing or self._needs_publish:
+            self._republish(missing)
+
+    def _republish(self, names: list[str]) -> None:
+        # Redis lost the config hashes (restart without persistence, FLUSHALL): put the rows
+        # back. One DB query per refresh at most, and only in that case.
+        try:
+            count = publish_from_db(names)
+            self._needs_publish = False
+            if count:
+                logger.info("republished settings of %s", ", ".join(names))
+        except (DatabaseError, DelayQueueError) as e:
+            self._needs_publish = True
+            logger.debug("settings not republished: %s", e)
+        finally:
+            close_old_connections()
+
+
+def _diff(old: Any, new: Any) -> str:
+    a, b = old.to_mapping(), new.to_mapping()
+    return ", ".join(f"{k}={b[k]!r}" for k in b if a.get(k) != b[k]) or "unchanged"

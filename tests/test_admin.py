@@ -1,0 +1,307 @@
+"""The "Delay queues" admin pages and actions, with the test client.
+
+Messages are created with the core ``Queue`` on the same prefix as the settings ("dq"); the
+permission matrix is in test_admin_permissions.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from admin_support import OVERVIEW, QUEUE, action_url, bury, page, where
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_delayqueue.core import Queue
+from django_delayqueue.models import QueueConfig
+from django_delayqueue.redis_server import free_port
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def q(redis_client) -> Queue:
+    return Queue(redis_client, QUEUE, prefix="dq")
+
+
+# --- pages ---------------------------------------------------------------------------------
+
+
+def test_overview_lists_every_queue_with_its_counts(admin_client, q, redis_client):
+    q.schedule({"order_id": 1}, delay=600)
+    q.schedule({"order_id": 2}, delay=600)
+    bury(q, "dead-1")
+    redis_client.zadd(q.keys.heartbeats, {"worker-a": q.clock.now_ms()})
+    response = admin_client.get(OVERVIEW)
+    assert response.status_code == 200
+    assert [r["name"] for r in response.context["rows"]] == ["order-close", "activation-sms"]
+    row = response.context["rows"][0]
+    assert {c["state"]: c["value"] for c in row["counts"]} == {
+        "pending": 2,
+        "ready": 0,
+        "unack": 0,
+        "retry": 0,
+        "garbage": 1,
+    }
+    assert row["consumers_alive"] == 1 and row["paused"] is False
+    html = response.content.decode()
+    assert 'td class="dq-num dq-count" data-state="garbage"' in html
+    assert page(QUEUE, "garbage") in html  # the count links to the state's page
+    assert "admin/base_site.html" in [t.name for t in response.templates]
+
+
+def test_overview_is_listed_in_the_admin_index(admin_client):
+    html = admin_client.get("/admin/").content.decode()
+    assert OVERVIEW in html and "Queued messages" in html
+
+
+def test_queue_page_shows_messages_of_one_state(admin_client, q):
+    long_payload = {"text": "x" * 500}
+    q.schedule(long_payload, delay=600, id="long-one")
+    bury(q, "dead-1", reason="card declined")
+    response = admin_client.get(page(state="pending"))
+    assert response.status_code == 200
+    (row,) = response.context["rows"]
+    assert row["id"] == "long-one"
+    assert len(row["preview"]) == 120 and row["preview"].endswith("…")
+    assert row["due_at"] is not None and row["attempts"] == 0
+    assert [a["action"] for a in response.context["row_actions"]] == ["run-now", "cancel"]
+
+    response = admin_client.get(page(state="garbage"))
+    (row,) = response.context["rows"]
+    assert row["id"] == "dead-1" and row["reason"] == "card declined" and row["attempts"] == 1
+    assert [a["action"] for a in response.context["row_actions"]] == ["requeue", "purge"]
+    assert "card declined" in response.content.decode()
+
+
+def test_queue_page_without_state_shows_pending(admin_client, q):
+    q.schedule({"a": 1}, delay=60, id="p1")
+    response = admin_client.get(page())
+    assert response.context["state"] == "pending"
+    assert [r["id"] for r in response.context["rows"]] == ["p1"]
+
+
+def test_queue_page_pages_through_messages(admin_client, q):
+    q.schedule_many({"payload": i, "id": f"m{i:03}", "delay": 60 + i} for i in range(120))
+    first = admin_client.get(page(state="pending"))
+    assert len(first.context["rows"]) == 50 and first.context["pages"] == 3
+    assert first.context["previous_url"] is None and first.context["next_url"]
+    third = admin_client.get(page(state="pending", p=3))
+    assert [r["id"] for r in third.context["rows"]] == [f"m{i:03}" for i in range(100, 120)]
+    assert third.context["next_url"] is None
+    beyond = admin_client.get(page(state="pending", p=99))  # clamps to the last page
+    assert beyond.context["page"] == 3 and len(beyond.context["rows"]) == 20
+    assert admin_client.get(page(state="pending", p="x")).context["page"] == 1
+
+
+def test_corrupt_envelope_is_shown_as_stored(admin_client, q, redis_client):
+    q.schedule({"ok": True}, delay=60, id="bad")
+    redis_client.hset(q.keys.messages, "bad", "{not json")
+    response = admin_client.get(page(state="pending"))
+    (row,) = response.context["rows"]
+    assert row["corrupt"] and row["preview"] == "{not json"
+    assert "corrupt:" in response.content.decode()
+
+
+def test_unknown_queue_and_state_are_404(admin_client):
+    assert admin_client.get(page("no-such-queue")).status_code == 404
+    assert admin_client.get(page(state="sideways")).status_code == 404
+    assert admin_client.post(action_url("requeue", "no-such-queue")).status_code == 404
+    assert admin_client.post(action_url("explode")).status_code == 404
+
+
+def test_pages_render_when_redis_is_down(admin_client):
+    dead = {
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "REDIS_OPTIONS": {"socket_connect_timeout": 0.5},
+        "PREFIX": "dq",
+        "QUEUES": {"order-close": {}, "activation-sms": {}},
+    }
+    with override_settings(DELAYQUEUE=dead):
+        overview = admin_client.get(OVERVIEW)
+        assert overview.status_code == 200
+        assert all(c["value"] is None for c in overview.context["rows"][0]["counts"])
+        assert overview.context["errors"] and "errornote" in overview.content.decode()
+        queue = admin_client.get(page(state="garbage"))
+        assert queue.status_code == 200 and queue.context["rows"] == []
+        assert any("messages:" in e for e in queue.context["errors"])
+        response = admin_client.post(action_url("requeue"), {"id": "x"}, follow=True)
+        assert response.status_code == 200
+        (message,) = response.context["messages"]
+        assert "Requeue failed" in str(message)
+
+
+# --- actions -------------------------------------------------------------------------------
+
+
+def test_requeue_one_selected_and_all(admin_client, q):
+    bury(q, "a", "b", "c", "d")
+    response = admin_client.post(
+        action_url("requeue"), {"id": "a", "ids": ["b"], "state": "garbage"}
+    )
+    assert response.status_code == 302 and response["Location"] == page(state="garbage")
+    assert where(q, "a") == "ready" and where(q, "b") == "garbage"  # the button's id only
+
+    admin_client.post(action_url("requeue"), {"ids": ["b", "c", "gone"], "state": "garbage"})
+    assert where(q, "b") == where(q, "c") == "ready"
+    response = admin_client.get(page(state="garbage"))
+    texts = [str(m) for m in response.context["messages"]]
+    assert texts[-1] == (
+        "Requeued 2 message(s) to ready. 1 was no longer in a state this action applies to."
+    )
+
+    # "all" asks first, and changes nothing until confirmed.
+    confirm = admin_client.post(action_url("requeue"), {"all": "1", "state": "garbage"})
+    assert confirm.status_code == 200 and confirm.context["count"] == 1
+    assert "Are you sure" in confirm.content.decode() and where(q, "d") == "garbage"
+    admin_client.post(action_url("requeue"), {"all": "1", "confirm": "yes", "state": "garbage"})
+    assert where(q, "d") == "ready" and q.counts()["garbage"] == 0
+
+
+def test_delete_one_selected_and_all_dead_letters(admin_client, q):
+    bury(q, "a", "b", "c", "d", "e")
+    admin_client.post(action_url("purge"), {"id": "a"})
+    assert where(q, "a") is None and q.client.hget(q.keys.messages, "a") is None
+    admin_client.post(action_url("purge"), {"ids": ["b", "c"]})
+    assert where(q, "b") is None and where(q, "c") is None
+    confirm = admin_client.post(action_url("purge"), {"all": "1"})
+    assert confirm.status_code == 200 and "deleted for good" in confirm.content.decode()
+    assert q.counts()["garbage"] == 2
+    admin_client.post(action_url("purge"), {"all": "1", "confirm": "yes"})
+    assert q.counts()["garbage"] == 0 and q.client.hlen(q.keys.messages) == 0
+
+
+def test_cancel_and_run_now(admin_client, q):
+    for i in range(3):
+        q.schedule({"i": i}, delay=600, id=f"p{i}")
+    admin_client.post(action_url("run-now"), {"id": "p0", "state": "pending"})
+    assert where(q, "p0") == "ready"
+    admin_client.post(action_url("cancel"), {"ids": ["p1", "p0"], "state": "pending"})
+    assert where(q, "p1") is None and where(q, "p0") is None  # ready messages cancel too
+    assert where(q, "p2") == "pending"
+
+
+def test_run_now_and_cancel_act_on_retrying_messages(admin_client, q):
+    q.schedule({"x": 1}, id="r1")
+    q.schedule({"x": 2}, id="r2")
+    for message in q.claim(2):
+        q.nack(message, delay=600, reason="flaky")
+    assert where(q, "r1") == "retry"
+    page_ = admin_client.get(page(state="retry"))
+    assert {r["reason"] for r in page_.context["rows"]} == {"flaky"}
+    admin_client.post(action_url("run-now"), {"id": "r1", "state": "retry"})
+    admin_client.post(action_url("cancel"), {"id": "r2", "state": "retry"})
+    assert where(q, "r1") == "ready" and where(q, "r2") is None
+
+
+def test_nothing_selected_does_nothing(admin_client, q):
+    bury(q, "a")
+    response = admin_client.post(action_url("purge"), {"state": "garbage"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == [
+        "No messages selected: nothing was done."
+    ]
+    assert where(q, "a") == "garbage"
+
+
+def test_all_is_only_for_dead_letters(admin_client, q):
+    q.schedule({"x": 1}, delay=60, id="p1")
+    response = admin_client.post(action_url("cancel"), {"all": "1", "confirm": "yes"}, follow=True)
+    (message,) = response.context["messages"]
+    assert "selected messages only" in str(message)
+    assert where(q, "p1") == "pending"
+
+
+def test_get_on_an_action_does_nothing(admin_client, q):
+    bury(q, "a")
+    for action in ("requeue", "purge", "cancel", "run-now", "pause", "resume"):
+        response = admin_client.get(action_url(action) + "?id=a&all=1&confirm=yes")
+        assert response.status_code == 405
+    assert where(q, "a") == "garbage"
+    assert not QueueConfig.objects.filter(name=QUEUE, paused=True).exists()
+    assert admin_client.post(page(state="garbage"), {"id": "a"}).status_code == 405
+
+
+def test_pause_and_resume_publish_to_redis(
+    admin_client, q, redis_client, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(action_url("pause"), {"state": "garbage"})
+    assert response.status_code == 302 and response["Location"] == page(state="garbage")
+    assert QueueConfig.objects.get(name=QUEUE).paused is True
+    assert json.loads(redis_client.hget(q.keys.config, "paused")) is True
+    overview = admin_client.get(OVERVIEW)
+    assert overview.context["rows"][0]["paused"] is True
+    assert "dq-paused" in overview.content.decode()
+    queue_page = admin_client.get(page())
+    assert queue_page.context["pause_action"]["action"] == "resume"
+    row = QueueConfig.objects.get(name=QUEUE)
+    change = reverse("admin:django_delayqueue_queueconfig_change", args=[row.pk])
+    assert queue_page.context["settings_url"] == change
+
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client.post(action_url("resume"))
+    assert QueueConfig.objects.get(name=QUEUE).paused is False
+    assert json.loads(redis_client.hget(q.keys.config, "paused")) is False
+    assert admin_client.get(page()).context["pause_action"]["action"] == "pause"
+
+
+def test_csrf_is_enforced_on_actions(admin_user, q):
+    bury(q, "a")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    assert client.post(action_url("purge"), {"id": "a"}).status_code == 403
+    assert client.post(action_url("pause")).status_code == 403
+    assert where(q, "a") == "garbage"
+    client.get(page(state="garbage"))  # sets the CSRF cookie
+    token = client.cookies["csrftoken"].value
+    response = client.post(action_url("purge"), {"id": "a", "csrfmiddlewaretoken": token})
+    assert response.status_code == 302 and where(q, "a") is None
+
+
+def test_queue_config_admin_edits_and_publishes(
+    admin_client, redis_client, django_capture_on_commit_callbacks
+):
+    row = QueueConfig.objects.get(name=QUEUE)
+    changelist = reverse("admin:django_delayqueue_queueconfig_changelist")
+    response = admin_client.get(changelist)
+    assert response.status_code == 200 and QUEUE in response.content.decode()
+    assert reverse("admin:django_delayqueue_queueconfig_add") not in response.content.decode()
+    change = reverse("admin:django_delayqueue_queueconfig_change", args=[row.pk])
+    data = {
+        "paused": "on",
+        "max_attempts": 9,
+        "backoff_base": 2,
+        "backoff_max": 60,
+        "visibility_timeout": 30,
+        "claim_batch": 10,
+        "concurrency": 2,
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(change, data)
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert row.paused and row.max_attempts == 9
+    config = Queue(redis_client, QUEUE, prefix="dq").keys.config
+    assert json.loads(redis_client.hget(config, "max_attempts")) == 9
+    bad = admin_client.post(change, {**data, "backoff_max": 1})  # below backoff_base
+    assert bad.status_code == 200 and "backoff_max" in bad.content.decode()
+
+
+def test_queue_config_list_editable_pauses(
+    admin_client, redis_client, django_capture_on_commit_callbacks
+):
+    rows = list(QueueConfig.objects.order_by("name"))
+    data = {"form-TOTAL_FORMS": len(rows), "form-INITIAL_FORMS": len(rows), "_save": "Save"}
+    for i, row in enumerate(rows):
+        data[f"form-{i}-id"] = row.pk
+        data[f"form-{i}-max_attempts"] = row.max_attempts
+        if row.name == QUEUE:
+            data[f"form-{i}-paused"] = "on"
+    changelist = reverse("admin:django_delayqueue_queueconfig_changelist")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(changelist, data)
+    assert response.status_code == 302
+    assert QueueConfig.objects.get(name=QUEUE).paused
+    assert not QueueConfig.objects.get(name="activation-sms").paused
+    assert admin_client.get(OVERVIEW).context["rows"][0]["paused"] is True

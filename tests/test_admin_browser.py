@@ -1,0 +1,174 @@
+"""The "Delay queues" admin in a real browser: Debian's headless Chromium driven by Selenium.
+
+Logs in, watches the counts move when messages are scheduled, and requeues a dead letter.
+CI installs chromium and chromium-driver (.ci/install-system-deps); without them this skips.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_delayqueue.core import Queue
+
+CHROMIUM = os.environ.get("DELAYQUEUE_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("DELAYQUEUE_CHROMEDRIVER", "/usr/bin/chromedriver")
+WAIT_SECONDS = 15  # upper bound for a page to load on a busy CI machine, not a timing check
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1400,1000",
+)
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+
+
+def _missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not (os.path.exists(path) or shutil.which(path)):
+            return f"{path} not found: apt-get install chromium chromium-driver"
+    return None
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="dq-chromium-")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait_for(driver: Any, css: str) -> Any:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_SECONDS).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, css))
+    )
+
+
+def _count(driver: Any, queue: str, state: str) -> str:
+    cell = _wait_for(driver, f'tr[data-queue="{queue}"] td[data-state="{state}"]')
+    return cell.text.strip()
+
+
+def _open(driver: Any, url: str, css: str) -> None:
+    driver.get(url)
+    _wait_for(driver, css)
+
+
+def _screenshot(driver: Any, name: str) -> None:
+    """Save a screenshot when DELAYQUEUE_SCREENSHOTS names a directory (for looking at)."""
+    folder = os.environ.get("DELAYQUEUE_SCREENSHOTS")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        driver.save_screenshot(os.path.join(folder, f"{name}.png"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_login_watch_counts_and_requeue_a_dead_letter(
+    browser, live_server, redis_client, django_user_model
+):
+    from selenium.webdriver.common.by import By
+
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "s3cret-pass")
+    q = Queue(redis_client, "order-close", prefix="dq")
+    overview = f"{live_server.url}/admin/django_delayqueue/queuemessage/"
+
+    # Anonymous: the admin's login page, then back to the overview.
+    browser.get(overview)
+    _wait_for(browser, "#login-form")
+    browser.find_element(By.NAME, "username").send_keys("boss")
+    browser.find_element(By.NAME, "password").send_keys("s3cret-pass")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    _wait_for(browser, 'tr[data-queue="order-close"]')
+    assert _count(browser, "order-close", "pending") == "0"
+    assert _count(browser, "order-close", "garbage") == "0"
+
+    # Schedule: the counts move on the next load.
+    for i in range(3):
+        q.schedule({"order_id": i}, delay=3600, id=f"order-{i}")
+    q.schedule({"order_id": 99}, id="order-99")
+    (dead,) = q.claim(1)
+    assert q.bury(dead, "card declined: do not retry")
+    _open(browser, overview, 'tr[data-queue="order-close"]')
+    assert _count(browser, "order-close", "pending") == "3"
+    assert _count(browser, "order-close", "garbage") == "1"
+    assert _count(browser, "order-close", "ready") == "0"
+    _screenshot(browser, "overview")
+
+    # The queue's garbage page shows the dead letter and its reason; requeue it.
+    browser.find_element(
+        By.CSS_SELECTOR, 'tr[data-queue="order-close"] td[data-state="garbage"] a'
+    ).click()
+    row = _wait_for(browser, 'tr[data-id="order-99"]')
+    assert "card declined: do not retry" in row.text
+    assert '"order_id": 99' in row.text
+    _screenshot(browser, "queue-garbage")
+    row.find_element(By.CSS_SELECTOR, 'button[data-action="requeue"]').click()
+    message = _wait_for(browser, "ul.messagelist li")
+    assert "Requeued 1 message" in message.text
+    assert browser.find_elements(By.CSS_SELECTOR, 'tr[data-id="order-99"]') == []
+    garbage_tab = browser.find_element(By.CSS_SELECTOR, '.dq-tabs a[data-state="garbage"]')
+    assert "(0)" in garbage_tab.text
+
+    # It left the garbage count and is ready again, in Redis and on the overview.
+    assert q.counts()["garbage"] == 0 and q.counts()["ready"] == 1
+    _open(browser, overview, 'tr[data-queue="order-close"]')
+    assert _count(browser, "order-close", "garbage") == "0"
+    assert _count(browser, "order-close", "ready") == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pending_page_selects_and_cancels_with_the_toggle(
+    browser, live_server, redis_client, django_user_model
+):
+    from selenium.webdriver.common.by import By
+
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "s3cret-pass")
+    q = Queue(redis_client, "activation-sms", prefix="dq")
+    for i in range(3):
+        q.schedule({"store_id": i}, delay=3600, id=f"store-{i}")
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    _wait_for(browser, "#login-form")
+    browser.find_element(By.NAME, "username").send_keys("boss")
+    browser.find_element(By.NAME, "password").send_keys("s3cret-pass")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    _wait_for(browser, "#content-main")
+
+    page = f"{live_server.url}/admin/django_delayqueue/queuemessage/activation-sms/?state=pending"
+    _open(browser, page, 'tr[data-id="store-2"]')
+    _screenshot(browser, "queue-pending")
+    browser.find_element(By.ID, "dq-toggle").click()  # the select-all script
+    boxes = browser.find_elements(By.CSS_SELECTOR, "input.action-select")
+    assert len(boxes) == 3 and all(b.is_selected() for b in boxes)
+    browser.find_element(By.CSS_SELECTOR, 'button[data-action="cancel-selected"]').click()
+    message = _wait_for(browser, "ul.messagelist li")
+    assert "Cancelled 3 message" in message.text
+    assert q.counts()["pending"] == 0

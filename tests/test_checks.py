@@ -1,0 +1,145 @@
+"""django_delayqueue.checks: ids, hints, and never a crash (Redis down included)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core import checks as django_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+import django_delayqueue as dq
+from django_delayqueue.checks import check_handlers, check_redis, check_settings
+from django_delayqueue.redis_server import free_port
+
+
+def delayqueue(**changes: Any) -> dict[str, Any]:
+    return {**settings.DELAYQUEUE, **changes}
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+@pytest.fixture
+def dead_redis_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def test_the_demo_settings_pass() -> None:
+    assert check_settings() == []
+    assert check_handlers() == []  # the shop's handlers.py was autodiscovered
+
+
+def test_e002_unknown_keys_everywhere() -> None:
+    config = delayqueue(
+        REDIS_ULR="typo",
+        DEFAULTS={"max_attempt": 3},
+        QUEUES={"a": {"visibility": 5}},
+    )
+    with override_settings(DELAYQUEUE=config):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.E002"] * 3
+    text = " ".join(m.msg for m in found)
+    assert "'REDIS_ULR'" in text and "'max_attempt'" in text and "'visibility'" in text
+    assert all(m.hint for m in found)
+
+
+def test_e003_invalid_values_are_each_reported() -> None:
+    config = delayqueue(
+        QUEUES={
+            "a": {"max_attempts": 0, "visibility_timeout": 0},
+            "b": {"paused": "yes"},
+            "c": {"handler_time_limit": "long"},
+            "d": ["not", "a", "dict"],
+        }
+    )
+    with override_settings(DELAYQUEUE=config):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.E003"] * 5
+    assert "QUEUES']['a']" in found[0].msg
+
+
+def test_e004_connection_settings() -> None:
+    config = delayqueue(REDIS_URL="http://nope", CLOCK="sundial", PREFIX="bad prefix")
+    with override_settings(DELAYQUEUE=config):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.E004"] * 3
+    with override_settings(DELAYQUEUE=delayqueue(CACHE_ALIAS="missing")):
+        messages = [m.msg for m in check_settings()]
+    assert any("both REDIS_URL and CACHE_ALIAS" in m for m in messages)
+    assert any("'missing' is not in CACHES" in m for m in messages)
+
+
+def test_e004_invalid_queue_name() -> None:
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES={"has space": {}})):
+        assert ids(check_settings()) == ["delayqueue.E004"]
+
+
+def test_w001_queue_without_handler() -> None:
+    queues = {**settings.DELAYQUEUE["QUEUES"], "lonely": {}}
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        found = check_handlers()
+    assert ids(found) == ["delayqueue.W001"]
+    assert "'lonely'" in found[0].msg and "handlers.py" in found[0].hint
+
+
+def test_w002_visibility_shorter_than_handler_time_limit() -> None:
+    queues = {
+        "short": {"visibility_timeout": 30, "handler_time_limit": 120},
+        "fine": {"visibility_timeout": 300, "handler_time_limit": 120},
+    }
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.W002"]
+    assert "'short'" in found[0].msg
+
+
+@pytest.fixture
+def ghost_receiver() -> Iterator[None]:
+    def receiver(**kwargs: Any) -> None:
+        pass
+
+    dq.topic("ghost").connect(receiver)
+    yield
+    dq.topic("ghost").disconnect(receiver)
+
+
+def test_w003_handlers_for_a_queue_that_is_not_configured(ghost_receiver: None) -> None:
+    found = check_handlers()
+    assert ids(found) == ["delayqueue.W003"]
+    assert "'ghost'" in found[0].msg
+
+
+def test_e001_redis_unreachable(dead_redis_url: str) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(REDIS_URL=dead_redis_url)):
+        found = check_redis()
+    assert ids(found) == ["delayqueue.E001"]
+    assert "REDIS_URL" in found[0].hint
+
+
+def test_e001_silent_when_redis_answers(redis_client: Any) -> None:
+    assert check_redis() == []
+
+
+def test_redis_check_runs_with_deploy_only(dead_redis_url: str) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(REDIS_URL=dead_redis_url)):
+        everyday = django_checks.run_checks(tags=["delayqueue"])
+        assert "delayqueue.E001" not in ids(everyday)
+        deploy = django_checks.run_checks(tags=["delayqueue"], include_deployment_checks=True)
+        assert "delayqueue.E001" in ids(deploy)
+        with pytest.raises(SystemCheckError, match=r"delayqueue\.E001"):
+            call_command("check", "--deploy", "--tag", "delayqueue")
+
+
+def test_checks_do_not_crash_on_nonsense() -> None:
+    with override_settings(DELAYQUEUE={"QUEUES": ["a"], "DEFAULTS": 3}):
+        assert ids(check_settings()) == ["delayqueue.E004"]
+        assert check_handlers() == []
+    with override_settings(DELAYQUEUE="redis://"):
+        assert ids(check_settings()) == ["delayqueue.E004"]
+        assert check_handlers() == []

@@ -1,0 +1,116 @@
+"""The readiness probe: Redis reachable, consumers alive, nothing overdue beyond a threshold."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_delayqueue.core import Queue
+from django_delayqueue.redis_server import free_port
+
+URL = "/delayqueue/health/"
+QUEUES = ("order-close", "activation-sms")
+
+
+def delayqueue(**extra):
+    return override_settings(DELAYQUEUE={**settings.DELAYQUEUE, **extra})
+
+
+@pytest.fixture
+def queues(redis_client) -> dict[str, Queue]:
+    return {name: Queue(redis_client, name, prefix="dq") for name in QUEUES}
+
+
+def beat(q: Queue, seconds_ago: float = 0) -> None:
+    q.client.zadd(q.keys.heartbeats, {"worker": q.clock.now_ms() - int(seconds_ago * 1000)})
+
+
+def test_healthy(client, queues):
+    for q in queues.values():
+        beat(q)
+    response = client.get(URL)
+    assert response.status_code == 200
+    report = response.json()
+    assert report["status"] == "ok"
+    assert {name: c["ok"] for name, c in report["checks"].items()} == {
+        "redis": True,
+        "consumers": True,
+        "overdue": True,
+    }
+    assert report["queues"]["order-close"]["consumers_alive"] == 1
+    assert response["Cache-Control"] == "no-store"
+
+
+def test_a_queue_without_a_live_consumer_fails(client, queues):
+    beat(queues["order-close"])
+    beat(queues["activation-sms"], seconds_ago=120)  # stale: the worker died
+    response = client.get(URL)
+    assert response.status_code == 503
+    report = response.json()
+    assert report["status"] == "fail"
+    assert report["checks"]["consumers"]["failing"] == {
+        "activation-sms": "no consumer heartbeat in the last 30 s"
+    }
+    assert report["checks"]["redis"]["ok"] and report["checks"]["overdue"]["ok"]
+
+
+def test_consumer_window_and_switch_off(client, queues):
+    for q in queues.values():
+        beat(q, seconds_ago=120)
+    with delayqueue(HEALTH_CONSUMER_SECONDS=300):
+        assert client.get(URL).status_code == 200
+    with delayqueue(HEALTH_CONSUMER_SECONDS=None):
+        response = client.get(URL)
+    assert response.status_code == 200 and "consumers" not in response.json()["checks"]
+
+
+def test_paused_queues_are_not_checked(client, queues, redis_client):
+    beat(queues["order-close"])
+    sms = queues["activation-sms"]
+    redis_client.hset(sms.keys.config, "paused", "true")  # as the settings mirror publishes
+    sms.schedule({"late": 1}, at=sms.clock.now_ms() - 3_600_000)  # an hour overdue, paused
+    assert client.get(URL).status_code == 200
+
+
+def test_overdue_beyond_the_threshold_fails(client, queues):
+    for q in queues.values():
+        beat(q)
+    q = queues["order-close"]
+    q.schedule({"late": 1}, at=q.clock.now_ms() - 120_000)  # due 2 min ago, not delivered
+    response = client.get(URL)
+    assert response.status_code == 503
+    overdue = response.json()["checks"]["overdue"]
+    assert overdue["max_seconds"] == 60
+    assert list(overdue["failing"]) == ["order-close"]
+    assert overdue["failing"]["order-close"].startswith("oldest due message waiting 2 min")
+    with delayqueue(HEALTH_MAX_OVERDUE_SECONDS=600):
+        assert client.get(URL).status_code == 200
+    with delayqueue(HEALTH_MAX_OVERDUE_SECONDS=None):
+        assert client.get(URL).status_code == 200
+
+
+def test_redis_down_fails(client):
+    dead = {
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "REDIS_OPTIONS": {"socket_connect_timeout": 0.5},
+        "QUEUES": {"order-close": {}},
+    }
+    with override_settings(DELAYQUEUE=dead):
+        response = client.get(URL)
+    assert response.status_code == 503
+    redis = response.json()["checks"]["redis"]
+    assert redis["ok"] is False and "unavailable" in redis["errors"][0].lower()
+
+
+def test_no_queues_configured_pings_redis(client, redis_client):
+    with delayqueue(QUEUES={}):
+        assert client.get(URL).status_code == 200
+    dead = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "QUEUES": {}}
+    with override_settings(DELAYQUEUE=dead):
+        response = client.get(URL)
+    assert response.status_code == 503 and response.json()["checks"]["redis"]["ok"] is False
+
+
+def test_post_is_refused(client, redis_client):
+    assert client.post(URL).status_code == 405

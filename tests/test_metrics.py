@@ -1,0 +1,96 @@
+"""The Prometheus endpoint: gauges per state, overdue age, consumers, counters, 501, Redis down."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from django.test import override_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_delayqueue.core import Queue
+from django_delayqueue.redis_server import free_port
+
+URL = "/delayqueue/metrics/"
+
+
+def scrape(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get(URL)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def journal(q: Queue, *outcomes: str) -> None:
+    rows = [[f"m{i}", 0, 0, 0, 0, 1, o, ""] for i, o in enumerate(outcomes)]
+    q.client.xadd(q.keys.journal, {"n": str(len(rows)), "o": json.dumps(rows)})
+
+
+@pytest.fixture
+def q(redis_client) -> Queue:
+    return Queue(redis_client, "order-close", prefix="dq")
+
+
+def test_gauges_per_queue_and_state(client, q, redis_client):
+    now = q.clock.now_ms()
+    q.schedule({"a": 1}, delay=600)
+    q.schedule({"late": True}, at=now - 5000)  # already due 5 s ago: ready, waiting
+    redis_client.zadd(q.keys.heartbeats, {"w1": now, "w2": now})
+    redis_client.hset(q.keys.config, "paused", "true")
+    m = scrape(client)
+    oc = (("queue", "order-close"),)
+    assert m[("delayqueue_messages", (*oc, ("state", "pending")))] == 1
+    assert m[("delayqueue_messages", (*oc, ("state", "ready")))] == 1
+    assert m[("delayqueue_messages", (*oc, ("state", "garbage")))] == 0
+    assert m[("delayqueue_oldest_overdue_seconds", oc)] >= 5
+    assert m[("delayqueue_consumers_alive", oc)] == 2
+    assert m[("delayqueue_paused", oc)] == 1
+    assert m[("delayqueue_up", oc)] == 1
+    sms = (("queue", "activation-sms"),)
+    assert m[("delayqueue_oldest_overdue_seconds", sms)] == 0
+    assert m[("delayqueue_paused", sms)] == 0
+
+
+def test_delivery_counters_only_grow(client, q):
+    journal(q, "ack", "ack", "retry")
+    oc = (("queue", "order-close"),)
+    first = scrape(client)
+    assert first[("delayqueue_deliveries_total", oc)] == 3
+    assert first[("delayqueue_failures_total", oc)] == 1
+    assert first[("delayqueue_outcomes_total", (("outcome", "retry"), *oc))] == 1
+    assert scrape(client)[("delayqueue_deliveries_total", oc)] == 3  # read twice, counted once
+    journal(q, "garbage")
+    third = scrape(client)
+    assert third[("delayqueue_deliveries_total", oc)] == 4
+    assert third[("delayqueue_failures_total", oc)] == 2
+    assert third[("delayqueue_outcomes_total", (("outcome", "garbage"), *oc))] == 1
+
+
+def test_redis_down_reports_up_0_and_no_values(client):
+    dead = {
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "REDIS_OPTIONS": {"socket_connect_timeout": 0.5},
+        "QUEUES": {"order-close": {}},
+    }
+    with override_settings(DELAYQUEUE=dead):
+        m = scrape(client)
+    assert m[("delayqueue_up", (("queue", "order-close"),))] == 0
+    assert not any(name == "delayqueue_messages" for name, _ in m)
+    assert not any(name == "delayqueue_deliveries_total" for name, _ in m)
+
+
+def test_without_prometheus_client_it_says_how_to_get_it(client, monkeypatch, redis_client):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    response = client.get(URL)
+    assert response.status_code == 501
+    assert "pip install 'django-delayqueue[metrics]'" in response.content.decode()
+
+
+def test_only_get_and_head(client, redis_client):
+    assert client.post(URL).status_code == 405
+    assert client.head(URL).status_code == 200

@@ -1,0 +1,100 @@
+"""``manage.py queuestats``: table, JSON, queue selection, watch mode, Redis down."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from django_delayqueue.core import Queue
+from django_delayqueue.redis_server import free_port
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("queuestats", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def q(redis_client) -> Queue:
+    queue = Queue(redis_client, "order-close", prefix="dq")
+    queue.schedule({"order_id": 1}, delay=600)
+    queue.schedule({"order_id": 2}, delay=600)
+    queue.schedule({"order_id": 3})
+    (message,) = queue.claim(1)
+    queue.bury(message, "poison")
+    redis_client.zadd(queue.keys.heartbeats, {"worker-1": queue.clock.now_ms()})
+    return queue
+
+
+def test_table_has_a_row_per_configured_queue(q):
+    out, err = run()
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "QUEUE",
+        "PENDING",
+        "READY",
+        "UNACK",
+        "RETRY",
+        "GARBAGE",
+        "OVERDUE",
+        "CONSUMERS",
+        "PAUSED",
+        "DELIVERED",
+        "FAILED",
+    ]
+    assert lines[1].split() == ["order-close", "2", "0", "0", "0", "1", "0", "1", "no", "0", "0"]
+    assert lines[2].split()[0] == "activation-sms"
+    assert err == ""
+
+
+def test_json_and_queue_selection(q):
+    out, _ = run("order-close", "--json")
+    document = json.loads(out)
+    (stats,) = document["queues"]
+    assert stats["queue"] == "order-close"
+    assert stats["counts"] == {"pending": 2, "ready": 0, "unack": 0, "retry": 0, "garbage": 1}
+    assert stats["consumers_alive"] == 1 and stats["consumers"][0]["name"] == "worker-1"
+    assert stats["paused"] is False and stats["errors"] == []
+    assert "time" in document
+
+
+def test_unknown_queue_is_a_command_error(redis_client):
+    with pytest.raises(CommandError, match="unknown queue 'nope'"):
+        run("nope")
+
+
+def test_watch_refreshes_count_times_as_json_lines(q):
+    out, _ = run("--json", "--watch", "0.01", "--count", "3")
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert len(documents) == 3
+    assert all(d["queues"][0]["counts"]["garbage"] == 1 for d in documents)
+
+
+def test_watch_table_prints_a_timestamp_per_refresh(q):
+    out, _ = run("order-close", "--watch", "0.01", "--count", "2")
+    assert out.count("QUEUE") == 2 and out.count("order-close") == 2
+
+
+def test_watch_needs_a_positive_interval(redis_client):
+    with pytest.raises(CommandError):
+        run("--watch", "0")
+
+
+def test_redis_down_prints_dashes_and_fails():
+    dead = {
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "REDIS_OPTIONS": {"socket_connect_timeout": 0.5},
+        "QUEUES": {"order-close": {}},
+    }
+    out, err = StringIO(), StringIO()
+    with override_settings(DELAYQUEUE=dead), pytest.raises(CommandError, match="could not read"):
+        call_command("queuestats", stdout=out, stderr=err)
+    row = out.getvalue().splitlines()[1].split()
+    # Everything read from Redis is "-"; paused falls back to the settings file.
+    assert row == ["order-close", *["-"] * 7, "no", "-", "-"]
+    assert "error:" in err.getvalue()
