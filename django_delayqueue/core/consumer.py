@@ -386,7 +386,8 @@ class Consumer:
                     self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
                     self._pubsub.subscribe(*(q.keys.wake_channel for q in self.queues))
                 message = self._pubsub.get_message(timeout=timeout)
-        except RedisUnavailable:
+        except Exception as e:  # an outage, or a pub/sub connection in a bad state
+            logger.debug("wake channel unavailable: %s", e)
             self._reset_pubsub()
             self._stop_event.wait(timeout)
             return None

@@ -1,0 +1,177 @@
+"""The core Consumer over time: stopping, sleeping and waking, the extender, a Redis outage.
+
+Every run is bounded: consumers run on threads and are stopped with ``request_stop()``, and
+waits poll Redis until a generous deadline instead of sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from core_consumer_support import EMPTY, TIMEOUT, Recorder, Started, wait_until
+
+from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
+from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.redis_server import RedisServerProcess
+
+
+@pytest.fixture
+def running() -> Iterator[Started]:
+    """``running(consumer)`` starts ``consumer.run()`` on a thread, stopped after the test."""
+    started = Started()
+    yield started
+    started.stop_all()
+
+
+# --- stopping -------------------------------------------------------------------------------------
+
+
+def test_graceful_stop_finishes_in_flight_and_releases_unstarted(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    q = make_queue(claim_batch=10)
+    q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(4)])
+    started, proceed = threading.Event(), threading.Event()
+
+    def slow_first(m: Message) -> None:
+        started.set()
+        assert proceed.wait(TIMEOUT)
+
+    handler = Recorder(slow_first)
+    consumer = Consumer([q], handler, grace_seconds=600, idle_seconds=0.1)
+    r = running(consumer)
+    assert started.wait(TIMEOUT)
+    consumer.request_stop()
+    proceed.set()
+    # Stops once the running handler is done, well before the 600 s grace period.
+    assert r.join() == 0
+    assert handler.payloads == [0]
+    assert redis_client.lrange(q.keys.ready, 0, -1) == [b"m1", b"m2", b"m3"]
+    assert q.counts() == {**EMPTY, "ready": 3}  # m0 acknowledged, nothing left in flight
+    assert not redis_client.hexists(q.keys.messages, "m0")
+    assert [(m.id, m.attempt) for m in q.claim(10)] == [("m1", 1), ("m2", 1), ("m3", 1)]
+
+
+def test_second_stop_request_gives_back_a_stuck_delivery(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    q = make_queue()
+    q.schedule("stuck", id="stuck")
+    started, proceed = threading.Event(), threading.Event()
+
+    def stuck(m: Message) -> None:
+        started.set()
+        proceed.wait(TIMEOUT)
+
+    consumer = Consumer([q], stuck, grace_seconds=600, idle_seconds=0.1)
+    r = running(consumer)
+    assert started.wait(TIMEOUT)
+    consumer.request_stop()
+    consumer.request_stop()
+    try:
+        assert r.join() == 0
+        # Not left in flight until its visibility timeout: handed back to be delivered again.
+        assert q.counts()["unack"] == 0
+        q.promote()
+        assert [m.id for m in q.claim()] == ["stuck"]
+    finally:
+        proceed.set()
+
+
+# --- waiting and waking ---------------------------------------------------------------------------
+
+
+def test_sleeping_consumer_wakes_for_a_new_message(make_queue: Any, running: Any) -> None:
+    q = make_queue(clock=SystemClock())
+    handler = Recorder()
+    # Idle and maintenance far beyond the bounded wait below: only the wake message can help.
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: consumer._pubsub is not None)  # subscribed and sleeping
+    q.schedule("hello")
+    wait_until(lambda: handler.payloads == ["hello"])
+
+
+def test_sleeping_consumer_wakes_at_the_due_time(make_queue: Any, running: Any) -> None:
+    q = make_queue(clock=SystemClock())
+    q.schedule("later", delay=0.3)
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: handler.calls)
+    assert handler.calls[0].claimed_ms >= handler.calls[0].due_ms
+
+
+# --- the deadline extender ------------------------------------------------------------------------
+
+
+def test_extender_keeps_a_slow_handler_from_being_redelivered(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    # visibility_timeout=1 s and a 2.5 s handler: without the extender the deadline passes, a
+    # reap moves the message to retry and the second consumer delivers it again.
+    q = make_queue(clock=SystemClock(), visibility_timeout=1, backoff_base=0, backoff_max=0)
+    q.schedule("slow", id="slow")
+    handler = Recorder(lambda m: time.sleep(2.5))
+    slow = Consumer([q], handler, maintenance_seconds=0.1, idle_seconds=0.1)
+    reaper = Consumer([q], handler, maintenance_seconds=0.1, idle_seconds=0.1)
+    running(slow)
+    wait_until(lambda: handler.calls)
+    running(reaper)
+    wait_until(lambda: q.counts() == EMPTY, timeout=TIMEOUT)
+    assert [m.attempt for m in handler.calls] == [1]
+    assert not redis_client.exists(q.keys.reasons)  # never reaped
+    rows = [json.loads(f[b"o"]) for _, f in redis_client.xrange(q.keys.journal)]
+    assert [row[6] for batch in rows for row in batch] == ["ack"]  # acknowledged once
+
+
+# --- a Redis outage -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServerProcess]:
+    server = RedisServerProcess().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_consumer_survives_a_redis_outage(own_server: RedisServerProcess, running: Any) -> None:
+    client = redis.Redis.from_url(own_server.url, socket_timeout=2, socket_connect_timeout=1)
+    settings = QueueSettings(visibility_timeout=5)
+    q = Queue(client, "q", settings=settings, clock=SystemClock())
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=0.2, maintenance_seconds=0.2)
+    r = running(consumer)
+    q.schedule("before")
+    wait_until(lambda: handler.payloads == ["before"])
+
+    own_server.kill()
+    time.sleep(1.0)  # let the consumer hit the outage a few times
+    assert r.thread.is_alive()
+    own_server.restart()
+    assert own_server.running
+
+    wait_until(lambda: _try(lambda: q.schedule("after", id="after")))
+    wait_until(lambda: "after" in handler.payloads)
+    assert r.thread.is_alive()
+    wait_until(lambda: q.counts() == EMPTY)
+    r.stop()
+    assert r.result == 0
+    client.close()
+
+
+def _try(call: Callable[[], Any]) -> bool:
+    """True when ``call`` worked; the client may need a moment to reconnect."""
+    try:
+        call()
+    except Exception:
+        return False
+    return True

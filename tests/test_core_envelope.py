@@ -1,0 +1,147 @@
+"""django_delayqueue.core.envelope: JSON-only payloads, the stored envelope, message ids."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+
+from django_delayqueue.core import CorruptEnvelope, Message, PayloadError
+from django_delayqueue.core.envelope import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ID_LENGTH,
+    decode_envelope,
+    encode_envelope,
+    encode_payload,
+    new_id,
+    to_str,
+    validate_id,
+)
+
+
+def test_default_payload_limit_is_512_kib() -> None:
+    assert DEFAULT_MAX_PAYLOAD_BYTES == 512 * 1024
+
+
+@pytest.mark.parametrize(
+    "payload", [None, 1, 1.5, "text", [1, "a"], {"order": 42, "tags": ["x"], "nested": {"a": None}}]
+)
+def test_json_payloads_round_trip(payload: object) -> None:
+    text = encode_payload(payload)
+    assert json.loads(text) == payload
+    envelope = encode_envelope(text, 2_000, 1_000)
+    assert decode_envelope(envelope) == (2_000, 1_000, payload)
+    assert decode_envelope(envelope.encode()) == (2_000, 1_000, payload)
+
+
+def test_envelope_is_compact_json() -> None:
+    envelope = encode_envelope(encode_payload({"a": 1}), 5, 3)
+    assert envelope == '{"d":5,"s":3,"p":{"a":1}}'
+
+
+def test_non_ascii_is_kept_as_is() -> None:
+    assert encode_payload("café") == '"café"'
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [object(), {1, 2}, b"bytes", Decimal("1.5"), datetime.now(tz=timezone.utc), {"k": object()}],
+)
+def test_non_json_payload_is_refused_naming_the_problem(payload: object) -> None:
+    with pytest.raises(PayloadError, match="payload is not JSON-serialisable") as info:
+        encode_payload(payload)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinity_are_refused(value: float) -> None:
+    # Python's json would write NaN/Infinity, which is not JSON and other readers reject.
+    with pytest.raises(PayloadError, match="JSON-serialisable"):
+        encode_payload({"x": value})
+
+
+def test_payload_at_the_limit_is_accepted_and_one_byte_more_is_refused() -> None:
+    limit = 100
+    fits = "x" * (limit - 2)  # two quote characters
+    assert len(encode_payload(fits, limit)) == limit
+    with pytest.raises(PayloadError) as info:
+        encode_payload(fits + "x", limit)
+    message = str(info.value)
+    assert "101 bytes" in message and "100-byte limit" in message
+    assert "max_payload_bytes" in message
+
+
+def test_default_limit_refuses_a_payload_over_512_kib() -> None:
+    with pytest.raises(PayloadError, match="524288-byte limit"):
+        encode_payload("x" * DEFAULT_MAX_PAYLOAD_BYTES)
+
+
+def test_size_is_counted_in_utf8_bytes_not_characters() -> None:
+    text = "é" * 60  # 60 characters, 120 bytes, plus two quotes
+    with pytest.raises(PayloadError, match="122 bytes"):
+        encode_payload(text, 100)
+
+
+@pytest.mark.parametrize(
+    "raw,problem",
+    [
+        (None, "missing"),
+        (b"", "missing"),
+        ("", "missing"),
+        (b"{not json", "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (b"[1, 2]", "not an object with a payload"),
+        (b'"a string"', "not an object with a payload"),
+        (b'{"d": 1, "s": 1}', "not an object with a payload"),
+        (b'{"p": 1}', "not integers"),
+        (b'{"d": "soon", "s": 1, "p": 1}', "not integers"),
+        (b'{"d": 1.5, "s": 1, "p": 1}', "not integers"),
+    ],
+)
+def test_corrupt_envelopes_are_reported(raw: bytes | str | None, problem: str) -> None:
+    with pytest.raises(CorruptEnvelope) as info:
+        decode_envelope(raw)
+    assert str(info.value).startswith("corrupt")
+    assert problem in str(info.value)
+
+
+def test_new_ids_are_short_and_unique() -> None:
+    ids = {new_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(len(i) == 16 and validate_id(i) == i for i in ids)
+
+
+@pytest.mark.parametrize("good", ["order-42", "a", "x" * MAX_ID_LENGTH, "spaces inside ok"])
+def test_valid_ids_are_returned(good: str) -> None:
+    assert validate_id(good) == good
+
+
+@pytest.mark.parametrize(
+    "bad,problem",
+    [
+        ("", "non-empty string"),
+        (42, "non-empty string"),
+        (None, "non-empty string"),
+        ("x" * (MAX_ID_LENGTH + 1), "over 200"),
+        ("tab\there", "control characters"),
+        (" edge", "edge spaces"),
+        ("edge ", "edge spaces"),
+    ],
+)
+def test_invalid_ids_are_refused(bad: object, problem: str) -> None:
+    with pytest.raises(PayloadError, match=problem):
+        validate_id(bad)
+
+
+def test_message_exposes_times_as_aware_datetimes() -> None:
+    m = Message("id", "q", {"a": 1}, due_ms=1_700_000_000_500, scheduled_ms=0, attempt=1)
+    assert m.due_at == datetime(2023, 11, 14, 22, 13, 20, 500_000, tzinfo=timezone.utc)
+    assert m.scheduled_at == datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def test_to_str_decodes_bytes_and_keeps_str() -> None:
+    assert to_str(b"abc") == "abc"
+    assert to_str("abc") == "abc"
+    assert to_str(b"\xff") == "\ufffd"
