@@ -39,6 +39,7 @@ def get_queue(name: str) -> Queue:
                     prefix=dq_settings.PREFIX,
                     settings=queue_settings(name),
                     clock=get_clock(),
+                    journal_maxlen=dq_settings.JOURNAL_MAXLEN,
                 )
                 _queues[name] = q
                 return q

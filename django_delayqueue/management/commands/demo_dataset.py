@@ -1,0 +1,52 @@
+"""``manage.py demo_dataset``: write demo orders and stores for the bulk job (Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from ._spark import add_spark_arguments, spark_session
+
+FORMATS = ("parquet", "csv", "json")
+
+
+class Command(BaseCommand):
+    help = (
+        "Generate a realistic demo dataset (orders and stores of the demo shop) with Spark, "
+        "e.g. a million orders to try schedule_bulk on: OUT/orders and OUT/stores."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--orders", type=int, default=100_000, help="default 100000")
+        parser.add_argument("--stores", type=int, default=1_000, help="default 1000")
+        parser.add_argument("--out", required=True, help="directory to write")
+        parser.add_argument("--format", choices=FORMATS, default="parquet")
+        parser.add_argument("--partitions", type=int, help="files per dataset (default: cores)")
+        parser.add_argument("--seed", type=int, default=42)
+        add_spark_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        spark = spark_session("demo_dataset", options["master"], options["verbosity"])
+        from django_delayqueue.spark.demo import demo_orders, demo_stores, write_dataset
+
+        out, fmt, seed = Path(options["out"]), options["format"], options["seed"]
+        orders = demo_orders(
+            spark,
+            options["orders"],
+            options["stores"],
+            seed=seed,
+            partitions=options["partitions"],
+        )
+        write_dataset(orders, str(out / "orders"), fmt)
+        write_dataset(demo_stores(spark, options["stores"], seed=seed), str(out / "stores"), fmt)
+        self.stdout.write(
+            f"wrote {options['orders']} orders to {out / 'orders'} and {options['stores']} "
+            f"stores to {out / 'stores'} ({fmt})"
+        )
+        self.stdout.write(
+            f"try: manage.py schedule_bulk --input {out / 'orders'} --format {fmt} "
+            "--queue order-close --id-column order_ref --due-column close_at "
+            "--payload-columns order_id,store_id,amount"
+        )

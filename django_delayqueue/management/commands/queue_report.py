@@ -1,0 +1,42 @@
+"""``manage.py queue_report``: figures and charts from an exported journal (Spark)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ._spark import add_spark_arguments, spark_session
+
+
+class Command(BaseCommand):
+    help = (
+        "Compute per queue and per hour: outcomes, lateness p50/p95/p99/max, attempts, "
+        "dead-letter rate, top errors and throughput from a journal written by export_journal. "
+        "Writes Parquet, CSV, summary.json and PNG charts to --out and prints a summary table."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--journal", required=True, help="directory from export_journal")
+        parser.add_argument("--out", required=True, help="report directory (local)")
+        parser.add_argument("--top-errors", type=int, default=5, help="error classes per hour")
+        add_spark_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        spark = spark_session("queue_report", options["master"], options["verbosity"])
+        from pyspark.errors import AnalysisException
+
+        from django_delayqueue.spark.journal import read_journal
+        from django_delayqueue.spark.output import format_table, write_report
+        from django_delayqueue.spark.report import compute_report
+
+        try:
+            journal = read_journal(spark, options["journal"])
+            result = write_report(compute_report(journal, options["top_errors"]), options["out"])
+        except AnalysisException as e:
+            raise CommandError(f"cannot read the journal at {options['journal']}: {e}") from e
+        if not result.summary:
+            self.stdout.write("the journal is empty: nothing to report")
+        else:
+            self.stdout.write(format_table(result.summary))
+        self.stdout.write(f"report written to {result.out} ({len(result.files)} files)")

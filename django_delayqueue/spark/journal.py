@@ -1,0 +1,180 @@
+"""The delivery journal: read from the queues' Redis streams, exported as partitioned Parquet.
+
+Each queue's capped stream (``QueueKeys.journal``) holds one entry per consumer batch (and one
+per ``cancel`` call) with fields ``n`` (row count) and ``o`` (a JSON list of rows laid out as
+:data:`~django_delayqueue.core.outcome.JOURNAL_FIELDS`). An export is incremental: it appends
+the entries newer than the newest one already exported for each queue, so exporting often
+keeps the history that the stream's cap would otherwise drop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import redis
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..core.keys import QueueKeys
+from ..core.outcome import JOURNAL_FIELDS
+
+logger = logging.getLogger(__name__)
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("queue", pa.string()),
+        ("entry_id", pa.string()),
+        ("entry_ms", pa.int64()),
+        ("entry_seq", pa.int64()),
+        ("id", pa.string()),
+        ("scheduled_ms", pa.int64()),
+        ("due_ms", pa.int64()),
+        ("delivered_ms", pa.int64()),
+        ("finished_ms", pa.int64()),
+        ("attempt", pa.int32()),
+        ("outcome", pa.string()),
+        ("error", pa.string()),
+        ("day", pa.string()),  # UTC day of the outcome, the second partition level
+    ]
+)
+COLUMNS = tuple(ARROW_SCHEMA.names)
+_SPARK_TYPES = {pa.string(): "string", pa.int64(): "long", pa.int32(): "int"}
+SPARK_SCHEMA = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA)
+ROWS_PER_WRITE = 200_000  # rows held on the driver before they are written
+PAGE = 1000  # stream entries per XRANGE
+
+
+def discover_queues(client: Any, prefix: str) -> list[str]:
+    """Names of the queues that have a journal stream under ``prefix``."""
+    marker = f"{{{prefix}:"
+    names = set()
+    for key in client.scan_iter(match=f"{{{prefix}:*}}:journal", count=1000):
+        text = key.decode() if isinstance(key, bytes) else key
+        if text.startswith(marker) and text.endswith("}:journal"):
+            names.add(text[len(marker) : -len("}:journal")])
+    return sorted(names)
+
+
+def read_entries(
+    client: Any, stream: str, after: str | None = None, page: int = PAGE
+) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    """Entries of ``stream`` newer than entry id ``after`` (all when ``None``), oldest first."""
+    start = f"({after}" if after else "-"
+    while True:
+        entries = client.xrange(stream, min=start, max="+", count=page)
+        for entry_id, fields in entries:
+            yield _text(entry_id), fields
+        if len(entries) < page:
+            return
+        start = f"({_text(entries[-1][0])}"
+
+
+def journal_rows(
+    client: Any, prefix: str, queue: str, after: str | None = None
+) -> Iterator[tuple[Any, ...]]:
+    """Rows (in :data:`COLUMNS` order) of ``queue``'s journal after entry id ``after``."""
+    stream = QueueKeys(prefix, queue).journal
+    width = len(JOURNAL_FIELDS)
+    for entry_id, fields in read_entries(client, stream, after):
+        ms, seq = (int(x) for x in entry_id.split("-"))
+        try:
+            rows = json.loads(fields.get(b"o") or fields.get("o") or "[]")
+        except ValueError:
+            logger.warning("journal %s: entry %s is not JSON; skipped", stream, entry_id)
+            continue
+        for row in rows:
+            if not isinstance(row, list) or len(row) != width:
+                logger.warning("journal %s: malformed row in entry %s; skipped", stream, entry_id)
+                continue
+            message_id, scheduled, due, delivered, finished, attempt, outcome, error = row
+            when = finished if finished is not None else delivered if delivered is not None else ms
+            day = time.strftime("%Y-%m-%d", time.gmtime(when / 1000))
+            times = [_int(scheduled), _int(due), _int(delivered), _int(finished)]
+            yield (queue, entry_id, ms, seq, str(message_id), *times, _int(attempt),
+                   str(outcome), str(error or ""), day)  # fmt: skip
+
+
+def rows_to_arrow(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
+    """A pyarrow Table of journal rows (in :data:`COLUMNS` order)."""
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in COLUMNS]
+    return pa.Table.from_arrays(
+        [pa.array(list(col), type=f.type) for col, f in zip(columns, ARROW_SCHEMA, strict=True)],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def exported_cursors(spark: SparkSession, path: str) -> dict[str, str]:
+    """The newest entry id already exported per queue (empty when nothing was)."""
+    try:
+        df = read_journal(spark, path)
+    except AnalysisException:  # no such path yet
+        return {}
+    newest = df.groupBy("queue").agg(F.max(F.struct("entry_ms", "entry_seq")).alias("last"))
+    return {
+        r["queue"]: f"{r['last']['entry_ms']}-{r['last']['entry_seq']}" for r in newest.collect()
+    }
+
+
+def export_journal(
+    spark: SparkSession,
+    redis_url: str,
+    prefix: str,
+    out: str,
+    queues: Iterable[str] | None = None,
+    *,
+    full: bool = False,
+) -> dict[str, int]:
+    """Append new journal rows to Parquet at ``out``, partitioned by queue and day.
+
+    ``queues`` defaults to every queue with a journal. ``full`` rewrites ``out`` from what the
+    streams hold now instead of appending. Returns the rows written per queue.
+    """
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=10, socket_timeout=60)
+    try:
+        names = sorted(set(queues) if queues is not None else discover_queues(client, prefix))
+        cursors = {} if full else exported_cursors(spark, out)
+        mode = "overwrite" if full else "append"
+        written: dict[str, int] = {}
+        buffer: list[tuple[Any, ...]] = []
+        for queue in names:
+            written[queue] = 0
+            for row in journal_rows(client, prefix, queue, cursors.get(queue)):
+                buffer.append(row)
+                written[queue] += 1
+                if len(buffer) >= ROWS_PER_WRITE:
+                    _write(spark, buffer, out, mode)
+                    buffer, mode = [], "append"
+        if buffer or mode == "overwrite":
+            _write(spark, buffer, out, mode)
+    finally:
+        client.close()
+    logger.info("journal export to %s: %s", out, written)
+    return written
+
+
+def read_journal(spark: SparkSession, path: str) -> DataFrame:
+    """The exported journal (queue and day come back from the partition directories).
+
+    The schema is given so that partition values keep their types (a queue named ``2024``
+    stays a string, days stay ``YYYY-MM-DD`` strings).
+    """
+    return spark.read.schema(SPARK_SCHEMA).parquet(path)
+
+
+def _write(spark: SparkSession, rows: list[tuple[Any, ...]], out: str, mode: str) -> None:
+    frame = spark.createDataFrame(rows_to_arrow(rows))
+    frame.write.mode(mode).partitionBy("queue", "day").parquet(out)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

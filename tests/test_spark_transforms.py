@@ -1,0 +1,131 @@
+"""django_delayqueue.spark.transforms: ids, due times, payloads and reasons, on tiny frames."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.spark import transforms as t
+from django_delayqueue.spark.transforms import MessageSpec, prepare, split
+
+NOW = 1_700_000_000_000
+
+
+def rows(spark: Any, schema: str, data: list[tuple]) -> Any:
+    return spark.createDataFrame(data, schema)
+
+
+def prepared(df: Any, spec: MessageSpec) -> dict[Any, dict[str, Any]]:
+    return {r[t.ID]: r.asDict() for r in prepare(df, spec, NOW).collect()}
+
+
+def test_ids_from_a_column_and_due_times_from_timestamps_dates_and_epoch_ms(spark: Any) -> None:
+    at = datetime(2024, 5, 1, 12, 30, tzinfo=timezone.utc)
+    df = rows(spark, "key long, at timestamp", [(1, at), (2, None)])
+    out = prepared(df, MessageSpec(id_column="key", due_column="at"))
+    assert out["1"][t.DUE] == int(at.timestamp() * 1000)
+    assert out["1"][t.REASON] is None
+    assert out["2"][t.REASON] == t.MISSING_DUE
+
+    epoch = rows(spark, "key string, due long", [("a", 1_800_000_000_123)])
+    assert prepared(epoch, MessageSpec(id_column="key", due_column="due"))["a"][t.DUE] == (
+        1_800_000_000_123
+    )
+    text = rows(spark, "key string, due string", [("a", "2024-05-01 12:30:00"), ("b", "soon")])
+    out = prepared(text, MessageSpec(id_column="key", due_column="due"))
+    assert out["a"][t.DUE] == int(at.timestamp() * 1000)  # the session time zone is UTC
+    assert out["b"][t.REASON] == t.BAD_DUE
+
+
+def test_delays_are_seconds_from_now_and_bad_ones_are_refused(spark: Any) -> None:
+    df = rows(
+        spark,
+        "key string, delay double",
+        [("ok", 1.5), ("zero", 0.0), ("none", None), ("neg", -1.0), ("nan", float("nan"))],
+    )
+    out = prepared(df, MessageSpec(id_column="key", delay_column="delay"))
+    assert out["ok"][t.DUE] == NOW + 1500
+    assert out["zero"][t.DUE] == NOW and out["zero"][t.REASON] is None
+    assert out["none"][t.REASON] == t.MISSING_DELAY
+    assert out["neg"][t.REASON] == t.BAD_DELAY
+    assert out["nan"][t.REASON] == t.BAD_DELAY
+
+
+def test_derived_ids_are_sha1_of_the_values_and_stable(spark: Any) -> None:
+    df = rows(spark, "store long, day string", [(7, "2024-05-01"), (7, "2024-05-02"), (None, "x")])
+    spec = MessageSpec(id_from=("store", "day"))
+    first = prepare(df, spec, NOW).collect()
+    again = prepare(df, spec, NOW + 99).collect()
+    assert [r[t.ID] for r in first] == [r[t.ID] for r in again]
+    expected = hashlib.sha1(b"7\x1f2024-05-01").hexdigest()
+    assert first[0][t.ID] == expected
+    assert first[0][t.ID] != first[1][t.ID]
+    assert first[2][t.ID] is None and first[2][t.REASON] == t.MISSING_ID
+
+
+def test_bad_ids_get_a_reason(spark: Any) -> None:
+    data = [("",), (None,), ("x" * 201,), ("tab\there",), (" edge",), ("fine-id:1",)]
+    df = rows(spark, "key string", data)
+    reasons = [r[t.REASON] for r in prepare(df, MessageSpec(id_column="key"), NOW).collect()]
+    assert reasons == [
+        t.MISSING_ID,
+        t.MISSING_ID,
+        t.ID_TOO_LONG,
+        t.BAD_ID_CHARS,
+        t.BAD_ID_CHARS,
+        None,
+    ]
+
+
+def test_payload_is_json_of_the_chosen_columns_with_nulls_kept(spark: Any) -> None:
+    df = rows(
+        spark, "key string, amount double, note string, secret string", [("a", 2.5, None, "s")]
+    )
+    spec = MessageSpec(id_column="key", payload_columns=("key", "amount", "note"))
+    payload = prepared(df, spec)["a"][t.PAYLOAD]
+    assert json.loads(payload) == {"key": "a", "amount": 2.5, "note": None}
+
+
+def test_nan_payloads_and_oversized_payloads_are_refused(spark: Any) -> None:
+    df = rows(
+        spark,
+        "key string, x double, text string",
+        [("nan", float("nan"), "a"), ("inf", float("inf"), "a"), ("big", 1.0, "y" * 100)],
+    )
+    out = prepared(df, MessageSpec(id_column="key", max_payload_bytes=60))
+    assert out["nan"][t.REASON] == t.NOT_JSON + "x"
+    assert out["inf"][t.REASON] == t.NOT_JSON + "x"
+    assert out["big"][t.REASON] == t.TOO_LARGE + "60"
+
+
+def test_split_keeps_the_input_row_with_its_reason(spark: Any) -> None:
+    df = rows(spark, "key string, delay int", [("a", 5), ("b", None)])
+    good, rejects = split(prepare(df, MessageSpec(id_column="key", delay_column="delay"), NOW))
+    assert [(r[t.ID], r[t.DUE]) for r in good.collect()] == [("a", NOW + 5000)]
+    assert good.columns == [t.ID, t.DUE, t.PAYLOAD]
+    rejected = [r.asDict() for r in rejects.collect()]
+    assert rejected == [{"key": "b", "delay": None, t.ID: "b", t.REASON: t.MISSING_DELAY}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (MessageSpec(), "id column"),
+        (MessageSpec(id_column="key", id_from=("key",)), "id column"),
+        (MessageSpec(id_column="nope"), "no such column"),
+        (MessageSpec(id_column="key", due_column="d", delay_column="d"), "not both"),
+    ],
+)
+def test_a_spec_that_does_not_fit_is_a_configuration_error(
+    spark: Any, spec: MessageSpec, message: str
+) -> None:
+    df = rows(spark, "key string, d long", [("a", 1)])
+    with pytest.raises(ConfigurationError, match=message):
+        prepare(df, spec, NOW)
