@@ -42,6 +42,11 @@ class QueueMessageAdmin(admin.ModelAdmin):
                 name="{}_{}_queue".format(*info),
             ),
             path(
+                "<str:queue>/charts/<slug:kind>.png",
+                wrap(self.chart_view),
+                name="{}_{}_chart".format(*info),
+            ),
+            path(
                 "<str:queue>/<slug:action>/",
                 wrap(self.action_view),
                 name="{}_{}_action".format(*info),
@@ -55,6 +60,9 @@ class QueueMessageAdmin(admin.ModelAdmin):
 
     def queue_view(self, request: HttpRequest, queue: str) -> HttpResponse:
         return admin_views.queue_page(self, request, queue)
+
+    def chart_view(self, request: HttpRequest, queue: str, kind: str) -> HttpResponse:
+        return admin_views.chart(self, request, queue, kind)
 
     def action_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
         return admin_views.queue_action(self, request, queue, action)

@@ -17,19 +17,26 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+)
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.text import Truncator
 
 from .api import get_queue
-from .conf import queue_names
+from .conf import dq_settings, queue_names
 from .core import STATES, DelayQueueError, PeekedMessage
 from .core.envelope import decode_envelope, ms_to_datetime
 from .core.errors import CorruptEnvelope
 from .mirror import set_paused
 from .models import QueueConfig
+from .report_files import CHART_KINDS, chart_path
 from .stats import QueueStats, collect, format_seconds
 
 logger = logging.getLogger(__name__)
@@ -155,9 +162,32 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "next_url": _queue_url(site, queue, state, page + 1) if page < pages else None,
         "pause_action": _pause_button(site, request, queue, stats),
         "settings_url": _settings_url(site, request, queue),
+        "charts": _chart_urls(site, queue),
         "errors": errors,
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
+
+
+def chart(model_admin: ModelAdmin, request: HttpRequest, queue: str, kind: str) -> HttpResponse:
+    """A PNG chart of the last ``queue_report`` (``DELAYQUEUE["REPORT_DIR"]``), for viewers."""
+    _require_view(model_admin, request)
+    _require_queue(queue)
+    report_dir = dq_settings.REPORT_DIR
+    path = chart_path(report_dir, queue, kind) if report_dir else None
+    if path is None:
+        raise Http404("no such chart: run queue_report --out REPORT_DIR")
+    return FileResponse(path.open("rb"), content_type="image/png")
+
+
+def _chart_urls(site: str, queue: str) -> list[dict[str, str]]:
+    report_dir = dq_settings.REPORT_DIR
+    if not report_dir:
+        return []
+    return [
+        {"kind": kind, "url": reverse(f"{site}:{APP}_queuemessage_chart", args=[queue, kind])}
+        for kind in CHART_KINDS
+        if chart_path(report_dir, queue, kind)
+    ]
 
 
 # --- actions ---------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_MAX_OVERDUE_SECONDS": 60,
     "HEALTH_CONSUMER_SECONDS": 30,  # a consumer is alive if it beat within this many seconds
     "SETTINGS_REFRESH_SECONDS": 2,
+    "REPORT_DIR": None,  # queue_report's --out directory; the admin shows its charts
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

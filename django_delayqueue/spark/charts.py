@@ -14,12 +14,11 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..report_files import chart_names
+
+__all__ = ["chart_names", "lateness_chart", "outcomes_chart"]
+
 COLOURS = {"ack": "#2e7d32", "retry": "#f9a825", "garbage": "#c62828", "cancel": "#78909c"}
-
-
-def chart_names(queue: str) -> dict[str, str]:
-    """Chart file names of ``queue``, relative to the report's ``charts/`` directory."""
-    return {"lateness": f"{queue}-lateness.png", "outcomes": f"{queue}-outcomes.png"}
 
 
 def lateness_chart(

@@ -6,6 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_delayqueue.conf import dq_settings
+
 from ._spark import add_spark_arguments, spark_session
 
 
@@ -18,11 +20,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--journal", required=True, help="directory from export_journal")
-        parser.add_argument("--out", required=True, help="report directory (local)")
+        parser.add_argument(
+            "--out",
+            help="report directory (local); default DELAYQUEUE['REPORT_DIR'], whose charts "
+            "the admin's queue pages show",
+        )
         parser.add_argument("--top-errors", type=int, default=5, help="error classes per hour")
         add_spark_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        options["out"] = options["out"] or dq_settings.REPORT_DIR
+        if not options["out"]:
+            raise CommandError("give --out DIR (or set DELAYQUEUE['REPORT_DIR'])")
         spark = spark_session("queue_report", options["master"], options["verbosity"])
         from pyspark.errors import AnalysisException
 
