@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Any]
 QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
+# Claim the next batch while the handlers work on this one only if the last batch took less:
+# then round trips are a real share of the time. With slower handlers they are not, and a
+# batch waiting its turn would only keep its messages from other consumers.
+PREFETCH_UNDER_SECONDS = 0.05
 
 
 class Consumer:
@@ -71,6 +75,9 @@ class Consumer:
         self._pubsub: Any = None
         self._pool: HandlerPool | None = None
         self._current: Batch | None = None
+        self._prefetched: list[Message] = []
+        self._prefetching = False  # only inside run(): a bare step() claims exactly once
+        self._last_batch_seconds = float("inf")
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
 
@@ -111,6 +118,7 @@ class Consumer:
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until nothing is due). Returns an exit code."""
         self._pool = HandlerPool(self.concurrency, self.around_handler, lambda: self.stopping)
+        self._prefetching = True
         extender = Extender(self._extend_interval(), self._in_flight, self._extend)
         failures = 0
         logger.info(
@@ -142,11 +150,22 @@ class Consumer:
                     self._wait(self._wake_at())
             return self._shutdown()
         finally:
+            self._prefetching = False
             extender.stop()
             self._reset_pubsub()
 
     def step(self, now_ms: int | None = None) -> int:
         """One round: flush outcomes, promote, claim and deliver. Returns messages delivered."""
+        messages = self._prefetched or self._fetch(now_ms)
+        self._prefetched = []
+        if not messages:
+            return 0
+        self._deliver(messages)
+        self.delivered += len(messages)
+        return len(messages)
+
+    def _fetch(self, now_ms: int | None = None) -> list[Message]:
+        """One round trip: flush outcomes, promote, claim. Returns the claimed messages."""
         now = self.clock.now_ms() if now_ms is None else now_ms
         if time.monotonic() >= self._next_maintenance:
             self.refresh()
@@ -155,12 +174,7 @@ class Consumer:
         plan = self._add_queue_calls(batch, now)
         results = batch.run(self.client, raise_errors=False)
         self._check_flush(results[: len(flush)], flush)
-        messages = self._read_queue_results(plan, results, now)
-        if not messages:
-            return 0
-        self._deliver(messages)
-        self.delivered += len(messages)
-        return len(messages)
+        return self._read_queue_results(plan, results, now)
 
     def _add_queue_calls(self, batch: ScriptBatch, now: int) -> list[tuple[Queue, str, int]]:
         plan = []
@@ -217,6 +231,9 @@ class Consumer:
         batch = Batch(messages)
         self._current = batch
         self._pool.submit(batch)
+        started = time.monotonic()
+        if self._prefetching and self._last_batch_seconds < PREFETCH_UNDER_SECONDS:
+            self._prefetch()
         grace_deadline: float | None = None
         while not batch.done.wait(0.05):
             if self._stop_requests > 1:
@@ -235,6 +252,7 @@ class Consumer:
                     logger.warning("grace period over: giving back unfinished messages")
                     break
         self._current = None
+        self._last_batch_seconds = time.monotonic() - started
         unstarted = batch.unstarted()
         if unstarted:
             self._release(unstarted)
@@ -245,6 +263,13 @@ class Consumer:
             # hand them back for an immediate retry (if Redis is unreachable they stay in unack
             # and the visibility timeout brings them back).
             self._give_back(batch.running())
+
+    def _prefetch(self) -> None:
+        """Claim the next batch now, so Redis works while the handlers do, not in turns."""
+        try:
+            self._prefetched = self._fetch()
+        except Exception as e:  # the next step() meets the same problem and handles it
+            logger.debug("prefetch failed: %s", e)
 
     def _release(self, messages: list[Message]) -> None:
         by_queue = self._group(messages)
@@ -264,7 +289,7 @@ class Consumer:
 
     def _in_flight(self) -> list[Message]:
         batch = self._current
-        return batch.in_flight() if batch else []
+        return (batch.in_flight() if batch else []) + self._prefetched
 
     def _extend(self, messages: list[Message]) -> None:
         for q, group in self._group(messages):
@@ -329,6 +354,9 @@ class Consumer:
 
     def _shutdown(self) -> int:
         """Flush what finished; a forced stop gives it a short try only."""
+        if self._prefetched:  # claimed, never started: give them back without using an attempt
+            self._release(self._prefetched)
+            self._prefetched = []
         deadline = time.monotonic() + (1.0 if self._stop_requests > 1 else 10.0)
         while self._outcomes and time.monotonic() < deadline:
             batch = ScriptBatch()
@@ -351,7 +379,8 @@ class Consumer:
     def _room(self) -> int:
         if self.max_messages is None:
             return 1 << 30
-        return max(0, self.max_messages - self.delivered)
+        current = self._current.size if self._current else 0  # a prefetch claims beside it
+        return max(0, self.max_messages - self.delivered - current)
 
     def _limit_reached(self) -> bool:
         return self.max_messages is not None and self.delivered >= self.max_messages

@@ -35,6 +35,7 @@ from .settings import QueueSettings
 logger = logging.getLogger(__name__)
 
 Delay = float | int | timedelta
+MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
 DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
 
 
@@ -75,6 +76,9 @@ class Queue:
         self.keys = QueueKeys(prefix, name)
         self.settings = settings or QueueSettings()
         self.clock = clock or RedisClock(client)
+        # Spelled once: schedule() is the hot path of every producer.
+        self._schedule_keys = [self.keys.pending, self.keys.ready, self.keys.messages]
+        self._wake = self.keys.wake_channel
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 
     def __repr__(self) -> str:
@@ -111,10 +115,8 @@ class Queue:
         """Schedule one message; a message already waiting under ``id`` is left as it is."""
         now = self.clock.now_ms()
         message_id, due, envelope = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        (created,) = LuaScript.named("schedule")(
-            self.client,
-            [self.keys.pending, self.keys.ready, self.keys.messages],
-            [now, self.keys.wake_channel, message_id, due, envelope],
+        created = LuaScript.named("schedule")(
+            self.client, self._schedule_keys, [now, self._wake, message_id, due, envelope]
         )
         return ScheduleResult(message_id, bool(created), due)
 
@@ -162,16 +164,16 @@ class Queue:
             return result
         batch = ScriptBatch()
         script = LuaScript.named("schedule")
-        keys = [self.keys.pending, self.keys.ready, self.keys.messages]
+        sizes = []
         for chunk in _chunks(prepared, chunk_size):
-            args: list[Any] = [now, self.keys.wake_channel]
+            args: list[Any] = [now, self._wake]
             for message_id, due, envelope in chunk:
                 args += (message_id, due, envelope)
-            batch.add(script, keys, args)
-        for flags in batch.run(self.client):
-            created = sum(flags)
-            result.scheduled += created
-            result.duplicates += len(flags) - created
+            batch.add(script, self._schedule_keys, args)
+            sizes.append(len(chunk))
+        for size, created in zip(sizes, batch.run(self.client), strict=True):
+            result.scheduled += int(created)
+            result.duplicates += size - int(created)
         return result
 
     def cancel(self, *ids: str) -> int:
@@ -221,10 +223,14 @@ class Queue:
     def claim_call(self, now_ms: int, count: int | None = None) -> tuple[LuaScript, list, list]:
         k = self.keys
         deadline = now_ms + int(self.settings.visibility_timeout * 1000)
+        count = count or self.settings.claim_batch
+        # The same bound as the claim_batch setting: one claim is one bounded script call.
+        if not 1 <= count <= MAX_CLAIM:
+            raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         return (
             LuaScript.named("claim"),
             [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq],
-            [deadline, count or self.settings.claim_batch],
+            [deadline, count],
         )
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:

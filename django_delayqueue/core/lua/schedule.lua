@@ -2,14 +2,14 @@
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash
 -- ARGV[1] now (ms)   ARGV[2] wake channel
 -- ARGV[3..] triples: id, due (ms), envelope JSON
--- returns: one integer per message: 1 scheduled, 0 id already present (nothing changed)
+-- returns: how many messages were scheduled; the others' ids were already present (unchanged)
 -- Publishes the earliest new due time on the wake channel when it beats every pending one,
 -- so a sleeping consumer wakes for it (once per call, not once per message).
 local now = tonumber(ARGV[1])
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local earliest = first[2] and tonumber(first[2]) or nil
 local wake = nil
-local results = {}
+local created = 0
 for i = 3, #ARGV, 3 do
   local id, due = ARGV[i], tonumber(ARGV[i + 1])
   if redis.call('HSETNX', KEYS[3], id, ARGV[i + 2]) == 1 then
@@ -23,10 +23,8 @@ for i = 3, #ARGV, 3 do
         if wake == nil or due < wake then wake = due end
       end
     end
-    results[#results + 1] = 1
-  else
-    results[#results + 1] = 0
+    created = created + 1
   end
 end
 if wake ~= nil then redis.call('PUBLISH', ARGV[2], tostring(wake)) end
-return results
+return created

@@ -1,0 +1,1 @@
+"""Benchmarks of django-delayqueue against raw Redis and huey: ``python -m bench``."""

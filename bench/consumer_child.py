@@ -1,0 +1,80 @@
+"""One core :class:`Consumer` in a process of its own, with a no-op handler that takes notes.
+
+Run by the delivery, lateness, idle and backlog sections as ``python -m bench.consumer_child``.
+It prints one JSON line when it stops (after ``--count`` messages, or on SIGTERM).
+
+Lateness is ``handler start - due time``. The due time was computed by the producer on the
+queue's clock (Redis server time, kept as an offset to the local clock). The bench runs Redis,
+producer and consumer on one host, so Redis' ``TIME`` reads the same kernel clock as
+``time.time()`` and the offset is only the error of its measurement (half a round trip, tens of
+microseconds): the handler can read the local clock directly and stay sub-millisecond exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import redis
+
+from django_delayqueue.core import Message, Queue, QueueSettings
+from django_delayqueue.core.consumer import Consumer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--count", type=int, default=None, help="stop after this many")
+    parser.add_argument("--claim-batch", type=int, default=QueueSettings().claim_batch)
+    parser.add_argument("--lateness", action="store_true", help="record handler lateness")
+    parser.add_argument("--profile", default="", help="write a pyinstrument profile here")
+    args = parser.parse_args(argv)
+
+    client = redis.Redis.from_url(args.url)
+    queue = Queue(client, args.queue, settings=QueueSettings(claim_batch=args.claim_batch))
+    late_ms: list[float] = []
+    handled = [0]
+
+    def handler(message: Message) -> None:
+        if args.lateness:
+            late_ms.append(time.time() * 1000 - message.due_ms)
+        handled[0] += 1
+
+    consumer = Consumer(
+        [queue],
+        handler,
+        concurrency=args.concurrency,
+        max_messages=args.count,
+        journal_maxlen=100_000,
+        name="bench-consumer",
+    )
+    consumer.install_signal_handlers()
+    profiler = None
+    if args.profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+    started = time.perf_counter_ns()
+    consumer.run()
+    elapsed_ns = time.perf_counter_ns() - started
+    if profiler is not None:
+        profiler.stop()
+        with open(args.profile, "w") as f:
+            f.write(profiler.output_text(unicode=False, color=False))
+    report = {
+        "delivered": consumer.delivered,
+        "handled": handled[0],
+        "elapsed_ns": elapsed_ns,
+        "lateness_ms": late_ms,
+    }
+    sys.stdout.write(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""Delivery rows: throughput, lateness and idle cost of one consumer process."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+from django_delayqueue.core import Queue
+
+from .harness import Bench, Child, Row, at_least, at_most, percentile, timed, wait_until
+from .raw import Raw
+from .sizes import Sizes
+
+CHILD = ["-m", "bench.consumer_child"]
+
+
+def start_consumer(bench: Bench, queue: Queue, *extra: str) -> Child:
+    """A consumer child on ``queue``, returned once it listens on the wake channel."""
+    child = Child([*CHILD, "--url", bench.url, "--queue", queue.name, *extra])
+    channel = queue.keys.wake_channel
+
+    def listening() -> bool:
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"consumer child exited early:\n{child.proc.stderr.read()}")
+        return bench.client.pubsub_numsub(channel)[0][1] > 0
+
+    if not wait_until(listening, timeout=30):
+        child.kill()
+        raise RuntimeError("consumer child did not subscribe within 30 s")
+    return child
+
+
+def report_of(out: str) -> dict[str, Any]:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def raw_evalsha_rate(bench: Bench, seconds: float = 1.0) -> float:
+    """One-at-a-time EVALSHA rate right now (a short burst: the machine is noisy)."""
+    raw = Raw(bench.client)
+    count = max(200, int(seconds * 10_000))
+    rate = timed(lambda: raw.evalsha_one(count)(0))
+    raw.clear()
+    return rate
+
+
+def schedule_due_at_once(queue: Queue, count: int, payload: Any) -> int:
+    """Schedule ``count`` messages all due at one moment after the last is written; wait for it.
+
+    They are written as pending (not straight to ready) so that the consumer also promotes.
+    """
+    lead_ms = 2000 + count // 20  # schedule_many does well over 20k/s: all are pending in time
+    due = queue.clock.now_ms() + lead_ms
+    for start in range(0, count, 10_000):
+        queue.schedule_many(
+            [{"payload": payload, "at": due} for _ in range(min(10_000, count - start))]
+        )
+    while queue.clock.now_ms() <= due:
+        time.sleep(0.005)
+    return due
+
+
+def throughput(bench: Bench, sizes: Sizes) -> list[Row]:
+    rows = []
+    for concurrency in sizes.concurrencies:
+        queue = Queue(bench.client, f"bench-deliver-{concurrency}")
+        schedule_due_at_once(queue, sizes.delivery, {"order": 1})
+        before = raw_evalsha_rate(bench)
+        child = Child(
+            [
+                *CHILD,
+                "--url",
+                bench.url,
+                "--queue",
+                queue.name,
+                "--concurrency",
+                str(concurrency),
+                "--count",
+                str(sizes.delivery),
+            ]
+        )
+        report = report_of(child.wait(sizes.timeout)[0])
+        after = raw_evalsha_rate(bench)
+        left = queue.counts()
+        baseline = (before + after) / 2
+        ours = sizes.delivery / (report["elapsed_ns"] / 1e9)
+        ratio = ours / baseline
+        rows.append(
+            Row(
+                f"deliver.c{concurrency}",
+                f"delivery, {sizes.delivery:,} due at once, concurrency {concurrency}, no-op",
+                ours,
+                "msg/s",
+                baseline,
+                "raw EVALSHA one at a time (before/after)",
+                ratio,
+                ">= 2.0x raw",
+                at_least(ratio, 2.0) if not any(left.values()) else False,
+                note="" if not any(left.values()) else f"left in Redis: {left}",
+                extra={"delivered": report["delivered"], "left": left},
+            )
+        )
+        bench.flush()
+    return rows
+
+
+def lateness(bench: Bench, sizes: Sizes) -> list[Row]:
+    """Messages due uniformly over a window; half written ahead, half while it runs.
+
+    The ones written while it runs have short delays (10-500 ms), so most of them are due
+    before anything already pending: they test the producer's wake-up of a sleeping consumer.
+    """
+    queue = Queue(bench.client, "bench-lateness")
+    rng = random.Random(3)
+    count, window_ms = sizes.lateness, int(sizes.lateness_seconds * 1000)
+    child = start_consumer(bench, queue, "--lateness", "--count", str(count))
+    try:
+        start = queue.clock.now_ms() + 500
+        dues = sorted(start + rng.randrange(window_ms) for _ in range(count))
+        ahead, live = dues[0::2], dues[1::2]
+        queue.schedule_many([{"payload": {"n": i}, "at": due} for i, due in enumerate(ahead)])
+        plan = sorted((due - rng.randint(10, 500), due) for due in live)
+        for write_at, due in plan:
+            pause = (write_at - queue.clock.now_ms()) / 1000
+            if pause > 0:
+                time.sleep(pause)
+            queue.schedule({"n": due}, at=due)
+        report = report_of(child.wait(sizes.timeout + sizes.lateness_seconds)[0])
+    finally:
+        child.kill()
+    late = report["lateness_ms"]
+    p50, p99, worst = percentile(late, 50), percentile(late, 99), max(late)
+    early = sum(1 for x in late if x < 0)
+    bench.flush()
+    spec = f"{count:,} messages over {sizes.lateness_seconds:g} s"
+    common = {"samples": len(late), "early": early, "min_ms": min(late)}
+    return [
+        Row("lateness.p50", f"lateness p50 ({spec})", p50, "ms", target="<= 1 ms",
+            ok=at_most(p50, 1.0) and early == 0, extra=common),
+        Row("lateness.p99", f"lateness p99 ({spec})", p99, "ms", target="<= 5 ms",
+            ok=at_most(p99, 5.0) and early == 0),
+        Row("lateness.max", f"lateness max ({spec})", worst, "ms", target="<= 20 ms",
+            ok=at_most(worst, 20.0) and early == 0),
+    ]  # fmt: skip
+
+
+def idle(bench: Bench, sizes: Sizes) -> list[Row]:
+    """Commands/s one idle consumer costs Redis (calls made inside scripts included)."""
+    queue = Queue(bench.client, "bench-idle")
+    child = start_consumer(bench, queue)
+    try:
+        time.sleep(0.5)  # past the first step and the first maintenance round
+        before = bench.command_calls()
+        time.sleep(sizes.idle_seconds)
+        after = bench.command_calls()
+    finally:
+        child.stop()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta["info"] = delta.get("info", 0) - 1  # our own INFO between the two snapshots
+    delta = {k: v for k, v in delta.items() if v > 0}
+    per_s = sum(delta.values()) / sizes.idle_seconds
+    scripts_per_s = delta.get("evalsha", 0) / sizes.idle_seconds
+    guards_per_s = delta.get("type", 0) / sizes.idle_seconds
+    bench.flush()
+    return [
+        Row(
+            "idle.commands",
+            f"idle consumer, {sizes.idle_seconds:g} s",
+            per_s,
+            "cmd/s",
+            target="<= 5 cmd/s",
+            ok=at_most(per_s, 5.0),
+            note=f"{scripts_per_s:.1f} script calls/s, whose key-type guards make "
+            f"{guards_per_s:.1f} TYPE/s; the rest are the scripts' own calls and heartbeats",
+            extra={"commands": delta},
+        )
+    ]

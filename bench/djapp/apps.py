@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from django.apps import AppConfig
+
+
+class BenchConfig(AppConfig):
+    name = "bench.djapp"
+    label = "bench_djapp"
+
+    def ready(self) -> None:
+        import django_delayqueue as dq
+
+        from .settings import QUEUE
+
+        dq.topic(QUEUE).connect(on_message, dispatch_uid="bench-e2e")
+
+
+_seen = [0]
+
+
+def on_message(sender: str, message: Any, **kwargs: Any) -> None:
+    """The handler: when the last expected message arrives, note the time in Redis (once)."""
+    _seen[0] += 1
+    if _seen[0] == int(os.environ.get("BENCH_E2E_COUNT", "0")):
+        from django_delayqueue.api import get_queue
+
+        get_queue(sender).client.set("bench:e2e:done", repr(time.time()))

@@ -1,0 +1,108 @@
+"""Helpers shared by the fault drills: consumer subprocesses we own, and bounded waiting."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from django_delayqueue.core import Queue, QueueSettings
+
+HERE = Path(__file__).resolve().parent
+FAULT_CONSUMER = HERE / "fault_consumer.py"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll ``predicate`` until it is truthy; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+class Consumers:
+    """Starts ``fault_consumer.py`` processes and makes sure every one of them ends."""
+
+    def __init__(self, url: str, queue: str | list[str], workdir: Path, **defaults: Any) -> None:
+        self.url = url
+        self.queues = [queue] if isinstance(queue, str) else list(queue)
+        self.workdir = workdir
+        self.defaults = defaults
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, **options: Any) -> subprocess.Popen[bytes]:
+        opts = {**self.defaults, **options}
+        cmd = [sys.executable, str(FAULT_CONSUMER), "--url", opts.pop("url", self.url)]
+        for q in self.queues:
+            cmd += ["--queue", q]
+        for key, value in opts.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                cmd.append(flag)
+            elif value is not None and value is not False:
+                cmd += [flag, str(value)]
+        log = open(self.workdir / f"consumer-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        """:func:`wait_for`, with the consumers' logs in the failure message."""
+        try:
+            return wait_for(predicate, timeout, what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- consumer logs ---\n{self.logs()[-4000:]}") from None
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.workdir.glob("consumer-*.log")))
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
+        """SIGTERM (graceful) and wait; SIGKILL if it does not end in time."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"consumer {proc.pid} ignored SIGTERM for {timeout}s") from None
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()  # only PIDs this object started
+                proc.wait()
+
+
+@contextmanager
+def consumers(
+    url: str, queue: str | list[str], workdir: Path, **defaults: Any
+) -> Iterator[Consumers]:
+    group = Consumers(url, queue, workdir, **defaults)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def producer(url: str, name: str, prefix: str = "dq", **settings: Any) -> Queue:
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    return Queue(client, name, prefix=prefix, settings=QueueSettings(**settings))
+
+
+def settled(queue: Queue) -> bool:
+    """Nothing waiting or in flight (garbage may hold dead letters)."""
+    counts = queue.counts()
+    return all(counts[s] == 0 for s in ("pending", "ready", "unack", "retry"))

@@ -1,0 +1,37 @@
+"""Django settings for ``runqueue`` fault drills: the demo project plus ``drill_app``.
+
+Everything that varies comes from the environment set by the test (Redis URL, ledger, the
+drill queue's timeouts); the database is a file that is never migrated (the worker logs that
+the settings rows could not be synced and goes on).
+"""
+
+import os
+
+from demo_project.settings import *  # noqa: F403
+from demo_project.settings import DELAYQUEUE, INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "drill_app"]
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DRILL_DB"]},
+}
+DELAYQUEUE = {
+    **DELAYQUEUE,
+    "REDIS_URL": os.environ["REDIS_URL"],
+    "QUEUES": {
+        **DELAYQUEUE["QUEUES"],
+        "drill": {
+            "visibility_timeout": float(os.environ.get("DRILL_VISIBILITY", "2")),
+            "max_attempts": int(os.environ.get("DRILL_MAX_ATTEMPTS", "3")),
+            "backoff_base": 0.05,
+            "backoff_max": 0.5,
+            "concurrency": int(os.environ.get("DRILL_CONCURRENCY", "2")),
+            "claim_batch": int(os.environ.get("DRILL_CLAIM_BATCH", "10")),
+        },
+    },
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_delayqueue": {"handlers": ["console"], "level": "INFO"}},
+}

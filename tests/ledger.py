@@ -1,0 +1,180 @@
+"""An exact delivery ledger for fault drills: what was delivered, when, to whom, and why twice.
+
+Handlers append one line per delivery *before* doing anything else, with ``O_APPEND`` (so lines
+from many processes never interleave) and ``fsync`` (so a delivery is on disk even if the
+process is killed a microsecond later). A line records the message id, the wall time of the
+delivery, the due time, the attempt, the pid and what the handler is about to do with it
+(``ok``, ``raise``, ``exit``, ``sleep``).
+
+:func:`check` then proves the delivery guarantees against the set of scheduled ids:
+
+- every scheduled id was delivered at least once (nothing lost);
+- nothing was delivered that was never scheduled;
+- nothing was delivered before its due time (1 ms allowed for rounding);
+- every extra delivery has a recorded cause: the previous delivery of that id raised or killed
+  its process on purpose, ran in a consumer the test killed, ran past its deadline on purpose,
+  or overlapped a Redis outage the test caused. Anything else is an *unexplained* duplicate.
+
+Also imported by ``bench/soak.py`` (it puts this directory on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+EARLY_TOLERANCE_MS = 1  # wall clock vs the Redis clock of the producer: rounding only
+
+# What a handler did with a delivery; all but "ok" explain a redelivery by themselves.
+OK, RAISE, EXIT, SLOW = "ok", "raise", "exit", "slow"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    id: str
+    delivered_ms: int
+    due_ms: int
+    attempt: int
+    pid: int
+    action: str = OK
+
+
+class Ledger:
+    """Append-only file of deliveries, safe to share between processes."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.fsync = fsync
+        self._fd: int | None = None
+
+    def record(self, message_id: str, due_ms: int, attempt: int, action: str = OK) -> None:
+        """Append one delivery (called by the handler first thing)."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        row = [message_id, int(time.time() * 1000), int(due_ms), int(attempt), os.getpid(), action]
+        # One write() of a short line with O_APPEND is atomic between processes.
+        os.write(self._fd, (json.dumps(row, separators=(",", ":")) + "\n").encode())
+        if self.fsync:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self) -> list[Delivery]:
+        return read(self.path)
+
+
+def read(path: str | os.PathLike[str]) -> list[Delivery]:
+    """Every delivery in the file; a torn last line (process killed mid-write) is skipped."""
+    out: list[Delivery] = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        out.append(Delivery(*row))
+    return out
+
+
+@dataclass
+class Causes:
+    """What the test did that may legitimately cause a second delivery."""
+
+    killed_pids: set[int] = field(default_factory=set)  # consumers killed (or force-stopped)
+    outages: list[tuple[int, int]] = field(default_factory=list)  # Redis down/paused, wall ms
+    outage_margin_ms: int = 0  # e.g. the visibility timeout: deadlines that ran out meanwhile
+
+    def explain(self, previous: Delivery) -> str | None:
+        """Why a delivery after ``previous`` is expected, or None if it should not happen."""
+        if previous.action == RAISE:
+            return "handler raised (retry)"
+        if previous.action == EXIT:
+            return "handler killed its process"
+        if previous.action == SLOW:
+            return "handler ran past its deadline on purpose"
+        if previous.pid in self.killed_pids:
+            return "consumer killed mid-handler"
+        for start, end in self.outages:
+            if (
+                start - self.outage_margin_ms
+                <= previous.delivered_ms
+                <= end + self.outage_margin_ms
+            ):
+                return "ack lost or late during a Redis outage"
+        return None
+
+
+@dataclass
+class Report:
+    scheduled: int
+    delivered: int
+    distinct: int
+    lost: list[str]
+    unknown: list[str]
+    early: list[Delivery]
+    duplicates: Counter[str]  # cause -> extra deliveries
+    unexplained: list[tuple[Delivery, Delivery]]  # (previous, again)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.unknown or self.early or self.unexplained)
+
+    def summary(self) -> str:
+        return (
+            f"scheduled={self.scheduled} delivered={self.delivered} distinct={self.distinct} "
+            f"lost={len(self.lost)} unknown={len(self.unknown)} early={len(self.early)} "
+            f"duplicates={dict(self.duplicates)} unexplained={len(self.unexplained)} "
+            f"(first lost: {self.lost[:3]}, first early: {self.early[:2]}, "
+            f"first unexplained: {self.unexplained[:2]})"
+        )
+
+
+def check(
+    scheduled: Mapping[str, int] | Iterable[str],
+    deliveries: Iterable[Delivery],
+    causes: Causes | None = None,
+) -> Report:
+    """Compare deliveries with what was scheduled (id -> due ms, or just ids: no early check)."""
+    causes = causes or Causes()
+    due = dict(scheduled) if isinstance(scheduled, Mapping) else dict.fromkeys(scheduled, -1)
+    by_id: dict[str, list[Delivery]] = {}
+    for d in deliveries:
+        by_id.setdefault(d.id, []).append(d)
+    early = []
+    duplicates: Counter[str] = Counter()
+    unexplained = []
+    total = 0
+    for message_id, rows in by_id.items():
+        rows.sort(key=lambda d: (d.delivered_ms, d.attempt))
+        total += len(rows)
+        expected_due = due.get(message_id, -1)
+        for d in rows:
+            if d.delivered_ms + EARLY_TOLERANCE_MS < max(d.due_ms, expected_due):
+                early.append(d)
+        for previous, again in pairwise(rows):
+            cause = causes.explain(previous)
+            if cause is None:
+                unexplained.append((previous, again))
+            else:
+                duplicates[cause] += 1
+    return Report(
+        scheduled=len(due),
+        delivered=total,
+        distinct=len(by_id),
+        lost=sorted(set(due) - set(by_id)),
+        unknown=sorted(set(by_id) - set(due)),
+        early=early,
+        duplicates=duplicates,
+        unexplained=unexplained,
+    )

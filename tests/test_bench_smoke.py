@@ -1,0 +1,79 @@
+"""The benchmark harness runs end to end at tiny sizes and reports every row.
+
+No performance assertions here (the machine is shared): only that each measurement ran and
+produced a number, so a broken section cannot hide until someone runs the full benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXPECTED_ROWS = {
+    "schedule.one",
+    "schedule.many",
+    "deliver.c1",
+    "deliver.c8",
+    "lateness.p50",
+    "lateness.p99",
+    "lateness.max",
+    "idle.commands",
+    "memory.per_message",
+    "backlog.schedule",
+    "backlog.counts",
+    "backlog.promote",
+    "django.requests",
+    "django.e2e",
+    "peer.huey.schedule",
+    "peer.huey.deliver",
+    "peer.huey.lateness.p50",
+    "peer.huey.lateness.p99",
+    "peer.huey.lateness.max",
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--peers", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"json": json.loads(out.read_text()), "stdout": proc.stdout}
+
+
+def test_quick_run_reports_every_row(quick_run: dict) -> None:
+    rows = {row["key"]: row for row in quick_run["json"]["rows"]}
+    assert set(rows) == EXPECTED_ROWS
+    for key, row in rows.items():
+        assert isinstance(row["value"], (int, float)), f"{key} has no figure: {row}"
+    assert quick_run["json"]["quick"] is True
+
+
+def test_rows_with_a_baseline_carry_their_ratio(quick_run: dict) -> None:
+    for row in quick_run["json"]["rows"]:
+        if row["baseline"] is not None:
+            assert row["baseline"] > 0 and row["ratio"] > 0, row
+            assert row["baseline_what"], row
+
+
+def test_every_delivery_was_acknowledged(quick_run: dict) -> None:
+    rows = {row["key"]: row for row in quick_run["json"]["rows"]}
+    for key in ("deliver.c1", "deliver.c8"):
+        assert not any(rows[key]["extra"]["left"].values()), rows[key]
+    assert rows["lateness.p50"]["extra"]["samples"] == 200  # every message reached the handler
+
+
+def test_table_is_printed(quick_run: dict) -> None:
+    assert "schedule_many()" in quick_run["stdout"]
+    assert "huey" in quick_run["stdout"]

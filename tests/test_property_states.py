@@ -1,0 +1,298 @@
+"""A Hypothesis state machine drives the real Lua scripts against a small reference model.
+
+Every rule calls the real :class:`Queue` (so the real ``.lua`` files run on the session's
+redis-server) and applies the same transition to a plain-Python model of the five states.
+After every step the invariants read the queue's keys directly: every message is in exactly
+one state, Redis and the model agree on the members (and the order of the ready list), and the
+messages hash holds exactly the ids that are in some state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings
+
+IDS = st.sampled_from([f"m{i}" for i in range(6)])
+MAX_ATTEMPTS = 3
+VISIBILITY_MS = 1000
+
+
+@dataclass
+class Model:
+    """The states as the design describes them; zsets as id -> score."""
+
+    pending: dict[str, int] = field(default_factory=dict)
+    ready: list[str] = field(default_factory=list)
+    unack: dict[str, int] = field(default_factory=dict)
+    retry: dict[str, int] = field(default_factory=dict)
+    garbage: dict[str, int] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    seq: int = 0
+
+    def state_of(self, message_id: str) -> str | None:
+        for name in ("pending", "unack", "retry", "garbage"):
+            if message_id in getattr(self, name):
+                return name
+        return "ready" if message_id in self.ready else None
+
+    def forget(self, message_id: str) -> None:
+        for zset in (self.pending, self.unack, self.retry, self.garbage):
+            zset.pop(message_id, None)
+        if message_id in self.ready:
+            self.ready.remove(message_id)
+        self.attempts.pop(message_id, None)
+        self.tokens.pop(message_id, None)
+
+
+def _zorder(zset: dict[str, int]) -> list[str]:
+    """Redis zset order: by score, then by member bytes."""
+    return [k for k, _ in sorted(zset.items(), key=lambda kv: (kv[1], kv[0].encode()))]
+
+
+class QueueMachine(RuleBasedStateMachine):
+    client: redis.Redis  # set by the test before the machine runs
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.queue = Queue(
+            self.client,
+            "prop",
+            prefix="hyp",
+            clock=self.clock,
+            settings=QueueSettings(
+                max_attempts=MAX_ATTEMPTS, visibility_timeout=VISIBILITY_MS / 1000
+            ),
+        )
+        self.client.delete(*self.queue.keys.all_keys())
+        self.model = Model()
+        self.deliveries: list[Message] = []  # every claimed delivery, stale ones included
+
+    # --- rules -------------------------------------------------------------------------------
+
+    @rule(message_id=st.one_of(st.none(), IDS), delay_ms=st.integers(0, 3000))
+    def schedule(self, message_id: str | None, delay_ms: int) -> None:
+        now = self.clock.now_ms()
+        result = self.queue.schedule({"n": 1}, delay=delay_ms / 1000, id=message_id)
+        m = self.model
+        exists = m.state_of(result.id) is not None
+        assert result.created is (not exists)
+        if exists:
+            return
+        if result.due_ms <= now:
+            m.ready.append(result.id)
+        else:
+            m.pending[result.id] = result.due_ms
+
+    @rule(ms=st.integers(0, 2500))
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms=ms)
+
+    @rule(limit=st.integers(1, 4))
+    def promote(self, limit: int) -> None:
+        now = self.clock.now_ms()
+        result = self.queue.promote(now_ms=now, limit=limit)
+        m = self.model
+        moved = 0
+        for zset, clears_token in ((m.pending, False), (m.retry, True)):
+            due = [i for i in _zorder(zset) if zset[i] <= now][:limit]
+            for message_id in due:
+                del zset[message_id]
+                m.ready.append(message_id)
+                if clears_token:
+                    m.tokens.pop(message_id, None)
+            moved += len(due)
+        assert result.moved == moved
+
+    @rule(count=st.integers(1, 3))
+    def claim(self, count: int) -> None:
+        now = self.clock.now_ms()
+        claimed = self.queue.claim(count, now_ms=now)
+        m = self.model
+        expected = m.ready[:count]
+        del m.ready[:count]
+        assert [c.id for c in claimed] == expected
+        for message in claimed:
+            m.seq += 1
+            m.attempts[message.id] = m.attempts.get(message.id, 0) + 1
+            m.tokens[message.id] = str(m.seq)
+            m.unack[message.id] = now + VISIBILITY_MS
+            assert message.token == str(m.seq)
+            assert message.attempt == m.attempts[message.id]
+        self.deliveries.extend(claimed)
+
+    @precondition(lambda self: self.deliveries)
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        delivery = data.draw(st.sampled_from(self.deliveries))
+        current = self.model.tokens.get(delivery.id) == delivery.token
+        assert self.queue.ack(delivery) == int(current)
+        if current:
+            self.model.forget(delivery.id)
+
+    @precondition(lambda self: self.deliveries)
+    @rule(data=st.data(), bury=st.booleans(), delay_ms=st.integers(0, 2000))
+    def nack(self, data: st.DataObject, bury: bool, delay_ms: int) -> None:
+        delivery = data.draw(st.sampled_from(self.deliveries))
+        now = self.clock.now_ms()
+        m = self.model
+        if bury:
+            code = self.queue.nack_many([(delivery, None, "buried")], bury=True)[0]
+        else:
+            code = self.queue.nack(delivery, delay=delay_ms / 1000, reason="failed")
+        expected = 0
+        if m.tokens.get(delivery.id) == delivery.token and delivery.id in m.unack:
+            del m.unack[delivery.id]
+            if bury or m.attempts.get(delivery.id, 0) >= MAX_ATTEMPTS:
+                m.garbage[delivery.id] = now
+                expected = 2
+                event("nack: to garbage")
+            else:
+                m.retry[delivery.id] = now + delay_ms
+                expected = 1
+        assert code == expected
+
+    @precondition(lambda self: self.deliveries)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        delivery = data.draw(st.sampled_from(self.deliveries))
+        m = self.model
+        expected = int(m.tokens.get(delivery.id) == delivery.token and delivery.id in m.unack)
+        assert self.queue.release(delivery) == expected
+        if expected:
+            del m.unack[delivery.id]
+            m.ready.insert(0, delivery.id)
+            m.attempts[delivery.id] -= 1
+            if m.attempts[delivery.id] <= 0:
+                del m.attempts[delivery.id]
+            del m.tokens[delivery.id]
+
+    @rule()
+    def reap(self) -> None:
+        now = self.clock.now_ms()
+        result = self.queue.reap(now_ms=now)
+        m = self.model
+        retried = buried = 0
+        for message_id in [i for i in _zorder(m.unack) if m.unack[i] <= now]:
+            del m.unack[message_id]
+            attempts = m.attempts.get(message_id, 0)
+            if attempts >= MAX_ATTEMPTS:
+                m.garbage[message_id] = now
+                buried += 1
+                event("reap: last attempt to garbage")
+            else:
+                # reap.lua's backoff: base (1 s default) doubled per attempt, no jitter.
+                m.retry[message_id] = now + min(3_600_000, 1000 * 2 ** max(0, attempts - 1))
+                retried += 1
+        assert (result.retried, result.buried) == (retried, buried)
+
+    @rule()
+    def time_out_and_redeliver(self) -> None:
+        """A shortcut through reap -> retry -> ready -> unack, so last attempts happen often."""
+        self.advance(5000)
+        self.reap()
+        self.promote(limit=6)
+        self.claim(count=3)
+
+    @rule(message_id=IDS)
+    def cancel(self, message_id: str) -> None:
+        m = self.model
+        waiting = m.state_of(message_id) in ("pending", "retry", "ready")
+        assert self.queue.cancel(message_id) == int(waiting)
+        if waiting:
+            m.forget(message_id)
+
+    @rule(message_id=IDS)
+    def run_now(self, message_id: str) -> None:
+        m = self.model
+        source = m.state_of(message_id)
+        moved = source in ("pending", "retry")
+        assert self.queue.run_now(message_id) == int(moved)
+        if moved:
+            getattr(m, source).pop(message_id)
+            m.ready.append(message_id)
+            m.tokens.pop(message_id, None)
+
+    @rule(message_id=st.one_of(st.none(), IDS))
+    def requeue(self, message_id: str | None) -> None:
+        m = self.model
+        ids = [message_id] if message_id is not None else _zorder(m.garbage)
+        ids = [i for i in ids if i in m.garbage]
+        got = self.queue.requeue(message_id) if message_id else self.queue.requeue()
+        assert got == len(ids)
+        for i in ids:
+            del m.garbage[i]
+            m.ready.append(i)
+            m.attempts.pop(i, None)
+            m.tokens.pop(i, None)
+
+    @rule(message_id=st.one_of(st.none(), IDS))
+    def purge(self, message_id: str | None) -> None:
+        m = self.model
+        ids = [message_id] if message_id is not None else list(m.garbage)
+        ids = [i for i in ids if i in m.garbage]
+        got = self.queue.purge(message_id) if message_id else self.queue.purge()
+        assert got == len(ids)
+        for i in ids:
+            m.forget(i)
+
+    # --- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def every_message_in_exactly_one_state(self) -> None:
+        k, c, m = self.queue.keys, self.client, self.model
+        zsets = {
+            name: {i.decode(): int(s) for i, s in c.zrange(key, 0, -1, withscores=True)}
+            for name, key in (
+                ("pending", k.pending),
+                ("unack", k.unack),
+                ("retry", k.retry),
+                ("garbage", k.garbage),
+            )
+        }
+        ready = [i.decode() for i in c.lrange(k.ready, 0, -1)]
+        seen: dict[str, list[str]] = {}
+        for name, members in zsets.items():
+            for i in members:
+                seen.setdefault(i, []).append(name)
+        for i in ready:
+            seen.setdefault(i, []).append("ready")
+        multiple = {i: states for i, states in seen.items() if len(states) != 1}
+        assert not multiple, f"ids in more than one state: {multiple}"
+
+        assert ready == m.ready
+        for name, members in zsets.items():
+            assert members == getattr(m, name), name
+        stored = {i.decode() for i in c.hkeys(k.messages)}
+        assert stored == set(seen), "messages hash must hold exactly the ids in some state"
+        attempts = {i.decode(): int(v) for i, v in c.hgetall(k.attempts).items()}
+        assert attempts == {i: n for i, n in m.attempts.items() if n}
+
+
+@pytest.mark.slow
+def test_lua_scripts_match_the_reference_model(redis_client: redis.Redis) -> None:
+    QueueMachine.client = redis_client
+    run_state_machine_as_test(
+        QueueMachine,
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=50,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
