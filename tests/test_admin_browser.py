@@ -160,7 +160,9 @@ def test_pending_page_selects_and_cancels_with_the_toggle(
     browser.find_element(By.NAME, "username").send_keys("boss")
     browser.find_element(By.NAME, "password").send_keys("s3cret-pass")
     browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    _wait_for(browser, "#content-main")
+    # The login page has #content-main too: wait for what only a logged-in page shows, or the
+    # next get() can be overtaken by the login redirect.
+    _wait_for(browser, "#logout-form")
 
     page = f"{live_server.url}/admin/django_delayqueue/queuemessage/activation-sms/?state=pending"
     _open(browser, page, 'tr[data-id="store-2"]')
