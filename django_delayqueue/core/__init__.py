@@ -12,8 +12,10 @@ from .errors import (
     Retry,
     ScriptFailed,
 )
+from .inspection import snapshots
 from .keys import STATES, QueueKeys
-from .queue import BulkResult, Page, PeekedMessage, Queue, ScheduleResult, Snapshot, snapshots
+from .queue import Queue
+from .results import BulkResult, Page, PeekedMessage, ScheduleResult, Snapshot
 from .settings import QueueSettings
 
 __all__ = [

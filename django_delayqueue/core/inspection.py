@@ -1,0 +1,97 @@
+"""The read-only side of a queue: counts, how overdue it is, and pages of messages.
+
+A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
+``keys`` and ``clock``), kept apart because it changes nothing in Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .envelope import to_str
+from .errors import ConfigurationError
+from .keys import STATES, QueueKeys
+from .results import Page, PeekedMessage, Snapshot
+from .scripts import LuaScript, ScriptBatch
+
+if TYPE_CHECKING:
+    from .clock import Clock
+
+MAX_PAGE = 1000  # most messages one peek may return
+
+
+class Inspection:
+    client: Any
+    name: str
+    keys: QueueKeys
+    clock: Clock
+
+    def counts_call(self) -> tuple[LuaScript, list, list]:
+        k = self.keys
+        return (
+            LuaScript.named("counts"),
+            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages],
+            [],
+        )
+
+    def counts(self) -> dict[str, int]:
+        """How many messages are in each state."""
+        return self.snapshot().counts
+
+    def snapshot(self, now_ms: int | None = None) -> Snapshot:
+        script, keys, args = self.counts_call()
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        return self.snapshot_result(script(self.client, keys, args), now)
+
+    def snapshot_result(self, raw: Sequence[Any], now_ms: int) -> Snapshot:
+        values = [int(x) for x in raw]
+        counts = dict(zip(STATES, values[:5], strict=False))
+        first_pending, first_retry, ready_due = values[5:8]
+        overdue = [t for t in (first_pending, first_retry, ready_due) if 0 <= t <= now_ms]
+        upcoming = [t for t in (first_pending, first_retry) if t >= 0]
+        return Snapshot(
+            self.name,
+            counts,
+            now_ms - min(overdue) if overdue else None,
+            min(upcoming) if upcoming else None,
+        )
+
+    def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
+        """One page of messages in ``state`` (pending, ready, unack, retry or garbage)."""
+        if state not in STATES:
+            raise ConfigurationError(f"unknown state {state!r}; use one of {', '.join(STATES)}")
+        if not (offset >= 0 and 1 <= limit <= MAX_PAGE):
+            raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
+        k = self.keys
+        raw = LuaScript.named("peek")(
+            self.client,
+            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts, k.reasons],
+            [state, offset, limit],
+        )
+        rows = [
+            PeekedMessage(
+                id=to_str(raw[i]),
+                state=state,
+                score_ms=int(float(raw[i + 1])) if raw[i + 1] not in (b"", "") else None,
+                envelope=to_str(raw[i + 2]),
+                attempts=int(raw[i + 3]),
+                reason=to_str(raw[i + 4]),
+            )
+            for i in range(1, len(raw), 5)
+        ]
+        return Page(int(raw[0]), rows)
+
+
+def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[Snapshot]:
+    """Snapshots of many queues in one round trip (they must share one client)."""
+    if not queues:
+        return []
+    batch = ScriptBatch()
+    for q in queues:
+        batch.add(*q.counts_call())
+    now = queues[0].clock.now_ms() if now_ms is None else now_ms
+    return [
+        q.snapshot_result(raw, now)
+        for q, raw in zip(queues, batch.run(queues[0].client), strict=False)
+    ]
