@@ -71,7 +71,7 @@ def schedule(
     message_id = prepared[0]
 
     def send() -> None:
-        q.schedule_prepared([prepared])
+        q.send_prepared(prepared)
         logger.debug("scheduled %s on %s", message_id, q.name)
 
     if dq_settings.ON_COMMIT if on_commit is None else on_commit:

@@ -112,7 +112,18 @@ class Queue(Inspection):
     ) -> ScheduleResult:
         """Schedule one message; a message already waiting under ``id`` is left as it is."""
         now = self.clock.now_ms()
-        message_id, due, envelope = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+        return self.send_prepared(prepared, now_ms=now)
+
+    def send_prepared(
+        self, prepared: tuple[str, int, str], *, now_ms: int | None = None
+    ) -> ScheduleResult:
+        """Send one message validated by :meth:`prepare`, in one script call (no pipeline).
+
+        ``dq.schedule`` prepares at call time and sends on commit through this.
+        """
+        message_id, due, envelope = prepared
+        now = self.clock.now_ms() if now_ms is None else now_ms
         created = LuaScript.named("schedule")(
             self.client, self._schedule_keys, [now, self._wake, message_id, due, envelope]
         )
