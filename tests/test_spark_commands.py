@@ -7,17 +7,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from core_consumer_support import burst as run_burst
 from django.core.management import CommandError, call_command
 
 from django_delayqueue.core import Message, Queue, QueueSettings
-from django_delayqueue.core.consumer import Consumer
 
 QUEUE = "order-close"  # configured in demo_project.settings
 
@@ -77,21 +76,13 @@ def test_demo_dataset_feeds_schedule_bulk(
     assert counts["pending"] + counts["ready"] == 500
 
 
-def burst(queue: Queue) -> int:
-    def handler(message: Message) -> None:
-        if message.payload.get("fail"):
-            raise KeyError("missing")
+def _fail_on_request(message: Message) -> None:
+    if message.payload.get("fail"):
+        raise KeyError("missing")
 
-    consumer = Consumer([queue], handler, burst=True, idle_seconds=0.2)
-    thread = threading.Thread(target=consumer.run, daemon=True)
-    thread.start()
-    thread.join(20)
-    if thread.is_alive():
-        consumer.request_stop()
-        consumer.request_stop()
-        thread.join(20)
-        pytest.fail("burst consumer did not finish")
-    return consumer.delivered
+
+def burst(queue: Queue) -> int:
+    return run_burst([queue], _fail_on_request, idle_seconds=0.2).delivered
 
 
 def test_export_journal_then_queue_report(

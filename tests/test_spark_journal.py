@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
+from core_consumer_support import burst as run_burst
 
 from django_delayqueue.core import Message, Queue, QueueSettings, Reject
-from django_delayqueue.core.consumer import Consumer
 from django_delayqueue.redis_server import RedisServerProcess
 
 T0 = 1_700_000_000_000  # the manual_clock fixture's start
@@ -50,16 +48,7 @@ def handler(message: Message) -> None:
 
 
 def burst(queue: Queue) -> int:
-    consumer = Consumer([queue], handler, burst=True, idle_seconds=0.2)
-    thread = threading.Thread(target=consumer.run, daemon=True)
-    thread.start()
-    thread.join(20)
-    if thread.is_alive():
-        consumer.request_stop()
-        consumer.request_stop()
-        thread.join(20)
-        pytest.fail("burst consumer did not finish")
-    return consumer.delivered
+    return run_burst([queue], handler, idle_seconds=0.2).delivered
 
 
 def test_export_writes_every_outcome_once_partitioned_by_queue_and_day(
