@@ -18,6 +18,7 @@ from core_consumer_support import EMPTY, TIMEOUT, Recorder, Started, wait_until
 
 from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
 from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.envelope import encode_envelope
 from django_delayqueue.redis_server import RedisServerProcess
 
 
@@ -106,6 +107,66 @@ def test_sleeping_consumer_wakes_at_the_due_time(make_queue: Any, running: Any) 
     running(consumer)
     wait_until(lambda: handler.calls)
     assert handler.calls[0].claimed_ms >= handler.calls[0].due_ms
+
+
+class CountingQueue(Queue):
+    """A real queue that counts the promote and claim calls a consumer plans with it."""
+
+    promotes = 0
+    claims = 0
+
+    def promote_call(self, *args: Any, **kwargs: Any) -> Any:
+        self.promotes += 1
+        return super().promote_call(*args, **kwargs)
+
+    def claim_call(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return super().claim_call(*args, **kwargs)
+
+
+def test_idle_safety_polls_promote_but_do_not_claim(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    q = CountingQueue(redis_client, "idle", clock=SystemClock())
+    consumer = Consumer([q], Recorder(), idle_seconds=0.05, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: q.promotes >= 6)
+    # The first round claims (nothing was known yet); the safety polls after it only promote.
+    assert q.claims == 1
+
+
+def test_an_unannounced_ready_message_is_claimed_after_one_safety_poll(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    q = CountingQueue(redis_client, "idle", clock=SystemClock())
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=0.05, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: q.promotes >= 3)
+    # Written straight into ready, as an operator's script might: nobody announces it.
+    redis_client.hset(q.keys.messages, "quiet", encode_envelope('"quiet"', 1, 1))
+    redis_client.rpush(q.keys.ready, "quiet")
+    wait_until(lambda: handler.payloads == ["quiet"])
+
+
+def test_released_messages_are_announced_to_sleeping_consumers(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    q.schedule("given back")
+    [message] = q.claim(1)
+    listener = redis_client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(q.keys.wake_channel)
+    try:
+        wait_until(lambda: listener.get_message(timeout=0.1) is None and listener.subscribed)
+        assert q.release(message) == 1
+        deadline = time.monotonic() + TIMEOUT
+        announcement = None
+        while announcement is None and time.monotonic() < deadline:
+            announcement = listener.get_message(timeout=0.1)
+        assert announcement is not None and announcement["type"] == "message"
+    finally:
+        listener.close()
 
 
 # --- the deadline extender ------------------------------------------------------------------------

@@ -33,6 +33,7 @@ QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
 # then round trips are a real share of the time. With slower handlers they are not, and a
 # batch waiting its turn would only keep its messages from other consumers.
 PREFETCH_UNDER_SECONDS = 0.05
+HEARTBEAT_PRUNE_MS = 3_600_000
 
 
 class Consumer:
@@ -71,6 +72,13 @@ class Consumer:
         self._stop_event = threading.Event()
         self._outcomes: list[Outcome] = []
         self._next_wake: dict[str, int | None] = {}
+        # Ready-list lengths seen by the last promote (less what the same round claimed), and
+        # whether the coming round is only the idle safety poll: such a round claims only from
+        # queues with something to claim, so an idle consumer costs Redis a few reads a second.
+        self._ready_seen: dict[str, int] = {}
+        self._polling = False
+        self._claim_skipped: set[str] = set()
+        self._heartbeats_pruned_at = 0
         self._next_maintenance = 0.0
         self._pubsub: Any = None
         self._pool: HandlerPool | None = None
@@ -147,7 +155,8 @@ class Consumer:
                 if delivered == 0:
                     if self.burst and not self._due_now():
                         break
-                    self._wait(self._wake_at())
+                    announced = self._wait(self._wake_at())
+                    self._polling = not announced and not self._due_now()
             return self._shutdown()
         finally:
             self._prefetching = False
@@ -182,16 +191,31 @@ class Consumer:
         if maintenance:
             self._next_maintenance = time.monotonic() + self.maintenance_seconds
         room = self._room()
+        self._claim_skipped = set()
         for q in self.queues:
             plan.append((q, "promote", batch.add(*q.promote_call(now))))
             if not q.settings.paused and not self.stopping and room > 0:
-                count = min(q.settings.claim_batch, room)
-                plan.append((q, "claim", batch.add(*q.claim_call(now, count))))
+                if self._nothing_to_claim(q, now):
+                    self._claim_skipped.add(q.name)
+                else:
+                    count = min(q.settings.claim_batch, room)
+                    plan.append((q, "claim", batch.add(*q.claim_call(now, count))))
             if maintenance:
                 plan.append((q, "reap", batch.add(*q.reap_call(now))))
+        self._polling = False
         if maintenance:
             self._heartbeat(now)
         return plan
+
+    def _nothing_to_claim(self, q: Queue, now: int) -> bool:
+        """On a safety poll, a queue last seen with an empty ready list and nothing due.
+
+        Every other path into ready announces itself on the wake channel (schedule of a due
+        message, requeue, run now) or is seen by the promote of this round (see
+        _read_queue_results), so skipping the claim here delays nothing.
+        """
+        due = self._next_wake.get(q.name)
+        return self._polling and self._ready_seen.get(q.name, 1) == 0 and (due is None or due > now)
 
     def _read_queue_results(
         self, plan: list[tuple[Queue, str, int]], results: list[Any], now: int
@@ -207,8 +231,14 @@ class Consumer:
                 continue
             if kind == "promote":
                 promoted = q.promote_result(raw)
-                self._next_wake[q.name] = now if promoted.more else promoted.next_due_ms
+                self._ready_seen[q.name] = promoted.ready
+                # Something reached ready without an announcement (say, released by a
+                # consumer shutting down) while this round skipped the claim: claim next round.
+                late = promoted.ready > 0 and q.name in self._claim_skipped
+                self._next_wake[q.name] = now if promoted.more or late else promoted.next_due_ms
             elif kind == "claim":
+                left = self._ready_seen.get(q.name, 0) - len(raw) // 4
+                self._ready_seen[q.name] = max(0, left)
                 messages.extend(q.claimed(raw, now))
             elif kind == "reap":
                 reaped = q.reap_result(raw)
@@ -397,16 +427,22 @@ class Consumer:
         )
         return min([idle_until, maintenance_at, *candidates])
 
-    def _wait(self, wake_ms: int) -> None:
-        """Sleep until ``wake_ms`` on the shared clock, or until a producer announces earlier."""
+    def _wait(self, wake_ms: int) -> bool:
+        """Sleep until ``wake_ms`` on the shared clock, or until a producer announces earlier.
+
+        Returns whether a producer's announcement ended the wait.
+        """
+        announced_any = False
         while not self.stopping:
             remaining = (wake_ms - self.clock.now_ms()) / 1000
             if remaining <= 0:
-                return
+                return announced_any
             # Short slices keep signals responsive; they cost no Redis commands.
             announced = self._listen(min(remaining, 0.25))
             if announced is not None and announced < wake_ms:
                 wake_ms = announced
+                announced_any = True
+        return announced_any
 
     def _listen(self, timeout: float) -> int | None:
         try:
@@ -437,12 +473,16 @@ class Consumer:
         """Record that this consumer is alive (read by the health check)."""
         try:
             pipe = self.client.pipeline(transaction=False)
+            # Forget consumers silent for a day so the set stays small (hourly is plenty).
+            prune = now - self._heartbeats_pruned_at > HEARTBEAT_PRUNE_MS
             for q in self.queues:
                 pipe.zadd(q.keys.heartbeats, {self.name: now})
-                # Forget consumers silent for a day so the set stays small.
-                pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
+                if prune:
+                    pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
             with redis_errors("heartbeat"):
                 pipe.execute()
+            if prune:
+                self._heartbeats_pruned_at = now
         except RedisUnavailable as e:
             logger.debug("heartbeat skipped: %s", e)
 

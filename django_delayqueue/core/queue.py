@@ -226,8 +226,8 @@ class Queue(Inspection):
 
     @staticmethod
     def promote_result(raw: Sequence[Any]) -> PromoteResult:
-        moved, more, next_due = (int(x) for x in raw)
-        return PromoteResult(moved, bool(more), None if next_due < 0 else next_due)
+        moved, more, next_due, ready = (int(x) for x in raw)
+        return PromoteResult(moved, bool(more), None if next_due < 0 else next_due, ready)
 
     def claim_call(self, now_ms: int, count: int | None = None) -> tuple[LuaScript, list, list]:
         k = self.keys
@@ -359,10 +359,10 @@ class Queue(Inspection):
         """Give back claimed deliveries that never started, without using up an attempt."""
         if not messages:
             return 0
-        args: list[str] = []
+        k = self.keys
+        args: list[str] = [k.wake_channel]
         for m in messages:
             args += (m.id, m.token)
-        k = self.keys
         return LuaScript.named("release")(
             self.client, [k.unack, k.ready, k.attempts, k.tokens], args
         )

@@ -40,6 +40,7 @@ class PromoteResult:
     moved: int
     more: bool
     next_due_ms: int | None
+    ready: int = 0  # length of the ready list afterwards: 0 lets a consumer skip its claim
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@
 -- back in ready or claimed again the token differs and the ack is ignored.
 -- Tokens are read with one HMGET and the messages deleted with one variadic call per key (per
 -- chunk of 1000, under Lua's unpack limit): a batch costs Redis little more than one message.
+guard()
 local n = 0
 for i = 1, #ARGV, 2000 do
   local last = math.min(i + 1999, #ARGV)

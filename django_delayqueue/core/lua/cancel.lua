@@ -7,6 +7,7 @@
 -- returns: number of messages cancelled
 -- The cancelled messages are journalled as one entry (fields n, o) like a consumer batch: rows
 -- [id, scheduled, due, delivered (null), finished (now), attempts so far, 'cancel', ''].
+guard()
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
 for i = 3, #ARGV do

@@ -5,8 +5,10 @@
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
 -- hundred costs Redis little more than one message. Chunks keep unpack() under Lua's limit.
+-- An empty ready list costs one read; otherwise every key written after the LPOP is checked.
+if redis.call('LLEN', KEYS[1]) == 0 then return {} end
+guard()
 local ids = redis.call('LPOP', KEYS[1], tonumber(ARGV[2]))
-if not ids then return {} end
 local first = redis.call('INCRBY', KEYS[6], #ids) - #ids + 1
 local out = {}
 for i = 1, #ids, 1000 do

@@ -5,6 +5,7 @@
 -- ARGV[1] now (ms)   ARGV[2] max attempts
 -- ARGV[3..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
+guard()
 local now, max_attempts = ARGV[1], tonumber(ARGV[2])
 local results = {}
 for i = 3, #ARGV, 4 do

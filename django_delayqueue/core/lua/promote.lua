@@ -1,25 +1,31 @@
 -- promote: due pending and due retry messages -> ready, in bounded batches.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
 -- ARGV[1] now (ms)   ARGV[2] limit: most ids moved from each zset in this call
--- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1}
+-- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1,
+--           length of the ready list afterwards}
 -- A retry id loses its delivery token here: a late ack of the old delivery must not delete a
 -- message that is back in the ready list.
--- Each zset's head tells whether anything is due, so an idle queue costs one ZRANGE per zset.
+-- An idle queue costs three reads: the heads of both zsets tell whether anything is due, and
+-- the ready length lets the caller skip its claim. Those reads also prove the three keys'
+-- types before anything is written; tokens is checked only when a retry is due.
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
-local moved, more, next_due = 0, 0, -1
 local function head(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2]) or nil
 end
-local function move(src, clear_tokens)
-  local first = head(src)
+local heads = {head(KEYS[1]), head(KEYS[2])}
+local ready = redis.call('LLEN', KEYS[3])
+if heads[2] and heads[2] <= now then guard(4) end
+local moved, more, next_due = 0, 0, -1
+for index = 1, 2 do
+  local src, first = KEYS[index], heads[index]
   if first and first <= now then
     local ids = redis.call('ZRANGEBYSCORE', src, '-inf', ARGV[1], 'LIMIT', 0, limit)
     for i = 1, #ids, 500 do
       local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
       redis.call('ZREM', src, unpack(chunk))
       redis.call('RPUSH', KEYS[3], unpack(chunk))
-      if clear_tokens then redis.call('HDEL', KEYS[4], unpack(chunk)) end
+      if index == 2 then redis.call('HDEL', KEYS[4], unpack(chunk)) end
     end
     moved = moved + #ids
     first = head(src)
@@ -28,6 +34,4 @@ local function move(src, clear_tokens)
   end
   if first and (next_due == -1 or first < next_due) then next_due = first end
 end
-move(KEYS[1], false)
-move(KEYS[2], true)
-return {moved, more, next_due}
+return {moved, more, next_due, ready + moved}

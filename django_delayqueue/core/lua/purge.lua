@@ -3,6 +3,7 @@
 -- KEYS[5] reasons hash
 -- ARGV[1] limit   ARGV[2..] ids (none: the oldest `limit` dead letters)
 -- returns: {purged, dead letters left}
+guard()
 local ids = {}
 if #ARGV > 1 then
   for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end

@@ -8,6 +8,14 @@
 -- Tokens are kept: a late ack of the reaped delivery is still accepted until it is redelivered.
 local now, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local function head()
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2]) or -1
+end
+-- Nothing past its deadline (the usual case) costs one read.
+local next_deadline = head()
+if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadline} end
+guard()
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local retried, buried = 0, 0
 for _, id in ipairs(ids) do
@@ -25,8 +33,7 @@ for _, id in ipairs(ids) do
     retried = retried + 1
   end
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local next_deadline = first[2] and tonumber(first[2]) or -1
+next_deadline = head()
 -- Only when a passed deadline is left: a batch of exactly `limit` may have taken the last.
 local more = (next_deadline ~= -1 and next_deadline <= now) and 1 or 0
 return {retried, buried, more, next_deadline}

@@ -3,6 +3,7 @@
 -- KEYS[5] reasons hash
 -- ARGV[1] limit   ARGV[2] wake channel   ARGV[3..] ids (none: the oldest `limit` dead letters)
 -- returns: {requeued, dead letters left}
+guard()
 local ids = {}
 if #ARGV > 2 then
   for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end

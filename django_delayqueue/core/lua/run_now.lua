@@ -2,6 +2,7 @@
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
 -- ARGV[1] wake channel   ARGV[2..] ids
 -- returns: number of messages moved
+guard()
 local n = 0
 for i = 2, #ARGV do
   local id = ARGV[i]

@@ -6,7 +6,15 @@
 -- Publishes the earliest new due time on the wake channel when it beats every pending one,
 -- so a sleeping consumer wakes for it (once per call, not once per message).
 local now = tonumber(ARGV[1])
+-- Types: this read proves pending's and the first HSETNX (the first write) proves messages';
+-- ready is written after a HSETNX, so it is checked first, and only when something is due.
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+for i = 4, #ARGV, 3 do
+  if tonumber(ARGV[i]) <= now then
+    guard(2)
+    break
+  end
+end
 local earliest = first[2] and tonumber(first[2]) or nil
 local wake = nil
 local created = 0
