@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -17,6 +16,7 @@ from django.test import override_settings
 
 import django_delayqueue as dq
 from django_delayqueue.core import ConfigurationError, PayloadError, QueueKeys
+from django_delayqueue.core.envelope import decode_envelope
 
 KEYS = QueueKeys("dq", "order-close")
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +38,7 @@ def test_schedule_with_a_delay_returns_the_id(redis_client: redis.Redis) -> None
     assert isinstance(message_id, str) and message_id
     due = redis_client.zscore(KEYS.pending, message_id)
     assert due is not None and before + 1_799_000 <= due <= now_ms(redis_client) + 1_800_000
-    envelope = json.loads(redis_client.hget(KEYS.messages, message_id))
-    assert envelope["p"] == {"order_id": 42}
+    assert decode_envelope(redis_client.hget(KEYS.messages, message_id))[2] == {"order_id": 42}
 
 
 def test_schedule_accepts_timedelta_and_aware_datetime(redis_client: redis.Redis) -> None:
@@ -60,7 +59,7 @@ def test_schedule_is_idempotent_on_id(redis_client: redis.Redis) -> None:
     second = dq.schedule("order-close", {"v": 2}, delay=60, id="order-42", on_commit=False)
     assert first == second == "order-42"
     assert redis_client.zcard(KEYS.pending) == 1
-    assert json.loads(redis_client.hget(KEYS.messages, "order-42"))["p"] == {"v": 1}
+    assert decode_envelope(redis_client.hget(KEYS.messages, "order-42"))[2] == {"v": 1}
 
 
 @pytest.mark.django_db(transaction=True)

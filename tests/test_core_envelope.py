@@ -36,9 +36,28 @@ def test_json_payloads_round_trip(payload: object) -> None:
     assert decode_envelope(envelope.encode()) == (2_000, 1_000, payload)
 
 
-def test_envelope_is_compact_json() -> None:
-    envelope = encode_envelope(encode_payload({"a": 1}), 5, 3)
-    assert envelope == '{"d":5,"s":3,"p":{"a":1}}'
+def test_envelope_is_hex_due_and_lead_then_the_payload() -> None:
+    envelope = encode_envelope(encode_payload({"a": 1}), 1_700_000_030_000, 1_700_000_000_000)
+    assert envelope == '18bcfe5dd30,7530,{"a":1}'  # due, 30 000 ms lead, payload
+    assert decode_envelope(envelope) == (1_700_000_030_000, 1_700_000_000_000, {"a": 1})
+
+
+def test_envelope_of_a_100_byte_payload_fits_jemallocs_128_byte_class() -> None:
+    # 3 bytes of sds header and a terminating NUL besides the text: 124 characters at most.
+    payload = encode_payload("x" * 98)
+    assert len(payload) == 100
+    day_ms = 86_400_000
+    envelope = encode_envelope(payload, 1_800_000_000_000 + 3 * day_ms, 1_800_000_000_000)
+    assert len(envelope) <= 124
+
+
+def test_due_before_scheduled_and_negative_times_round_trip() -> None:
+    for due, scheduled in [(1_000, 5_000), (-20, 10), (0, 0)]:
+        assert decode_envelope(encode_envelope("null", due, scheduled)) == (due, scheduled, None)
+
+
+def test_envelopes_of_earlier_versions_are_still_read() -> None:
+    assert decode_envelope(b'{"d":5,"s":3,"p":{"a":1}}') == (5, 3, {"a": 1})
 
 
 def test_non_ascii_is_kept_as_is() -> None:
@@ -90,10 +109,13 @@ def test_size_is_counted_in_utf8_bytes_not_characters() -> None:
         (None, "missing"),
         (b"", "missing"),
         ("", "missing"),
-        (b"{not json", "not JSON"),
-        (b"\xff\xfe", "not JSON"),
-        (b"[1, 2]", "not an object with a payload"),
-        (b'"a string"', "not an object with a payload"),
+        (b"\xff\xfe", "does not start with hex due and lead times"),
+        (b"[1, 2]", "does not start with hex due and lead times"),
+        (b'"a string"', "does not start with hex due and lead times"),
+        (b"soon,1,{}", "does not start with hex due and lead times"),
+        (b"1f,1,", "payload is not JSON"),
+        (b"1f,1,{oops", "payload is not JSON"),
+        (b"{not json", "not JSON"),  # the JSON object form of earlier versions
         (b'{"d": 1, "s": 1}', "not an object with a payload"),
         (b'{"p": 1}', "not integers"),
         (b'{"d": "soon", "s": 1, "p": 1}', "not integers"),
@@ -110,7 +132,7 @@ def test_corrupt_envelopes_are_reported(raw: bytes | str | None, problem: str) -
 def test_new_ids_are_short_and_unique() -> None:
     ids = {new_id() for _ in range(1000)}
     assert len(ids) == 1000
-    assert all(len(i) == 16 and validate_id(i) == i for i in ids)
+    assert all(len(i) == 12 and validate_id(i) == i for i in ids)
 
 
 @pytest.mark.parametrize("good", ["order-42", "a", "x" * MAX_ID_LENGTH, "spaces inside ok"])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 import redis
 
 from django_delayqueue.core import STATES, ConfigurationError, snapshots
+from django_delayqueue.core.envelope import decode_envelope
 
 T0 = 1_700_000_000_000
 EMPTY = dict.fromkeys(STATES, 0)
@@ -226,7 +226,7 @@ def test_peek_every_state(make_queue: Any) -> None:
         assert (row.id, row.state, row.score_ms) == (state, state, score)
         assert (row.attempts, row.reason) == (attempts, reason)
         assert row.payload == {"state": state}
-        assert json.loads(row.envelope)["p"] == {"state": state}
+        assert decode_envelope(row.envelope)[2] == {"state": state}
 
 
 def test_peek_pages_in_order(make_queue: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -10,14 +9,17 @@ import pytest
 import redis
 
 from django_delayqueue.core import PayloadError, Queue, ScheduleResult
+from django_delayqueue.core.envelope import decode_envelope
 
 T0 = 1_700_000_000_000
 
 
 def envelope(client: redis.Redis, q: Queue, message_id: str) -> dict[str, Any]:
+    """The stored envelope of ``message_id`` as ``{"d": due, "s": scheduled, "p": payload}``."""
     raw = client.hget(q.keys.messages, message_id)
     assert raw is not None, f"no envelope for {message_id}"
-    return json.loads(raw)
+    due, scheduled, payload = decode_envelope(raw)
+    return {"d": due, "s": scheduled, "p": payload}
 
 
 def ready_ids(client: redis.Redis, q: Queue) -> list[str]:

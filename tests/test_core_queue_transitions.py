@@ -74,7 +74,7 @@ def test_corrupt_envelopes_go_to_garbage_and_claim_returns_the_good_ones(
     assert all(reasons[i].startswith("corrupt") for i in dead)
     assert "not JSON" in reasons["bad-json"]
     assert "missing" in reasons["missing"]
-    assert "not an object" in reasons["shape"]
+    assert "does not start with hex due and lead times" in reasons["shape"]
     assert q.counts() == {**EMPTY, "unack": 2, "garbage": 3}
     # The bad ones are no longer in flight: a reap later does not bring them back.
     assert q.ack(*claimed) == 2

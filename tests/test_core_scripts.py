@@ -20,7 +20,7 @@ NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries connection errors by defaul
 LUA_NAMES = sorted(
     p.name.removesuffix(".lua")
     for p in resources.files("django_delayqueue.core.lua").iterdir()
-    if p.name.endswith(".lua")
+    if p.name.endswith(".lua") and not p.name.startswith("_")  # _shared.lua: functions only
 )
 
 ECHO_KEYS = """-- test script

@@ -86,7 +86,7 @@ def test_a_pickled_blob_in_redis_goes_to_garbage_unexecuted(
     assert consumer.run() == 0
     assert handled == [] and not marker.exists()
     (dead,) = q.peek("garbage").messages
-    assert dead.id == "evil" and dead.reason.startswith("corrupt: envelope is not JSON")
+    assert dead.id == "evil" and dead.reason.startswith("corrupt: envelope does not start with hex")
     assert dead.payload is None and not marker.exists()  # looking at it is safe too
 
 

@@ -64,6 +64,30 @@ def guarded(source: str) -> str:
     return _GUARD % table + source
 
 
+# A function in lua/_shared.lua: from "local function name(" to the first unindented "end".
+_SHARED_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end$", re.MULTILINE | re.DOTALL)
+
+
+def _read_lua(name: str) -> str:
+    return resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
+
+
+@cache
+def _shared_functions() -> dict[str, str]:
+    return {m[1]: m[0] for m in _SHARED_FUNCTION.finditer(_read_lua("_shared"))}
+
+
+def with_shared_functions(source: str) -> str:
+    """``source`` preceded by the functions of ``_shared.lua`` that it calls.
+
+    Redis runs each script on its own (no ``require``), so a function two scripts need is kept
+    once in ``_shared.lua`` and copied in front of each script that calls it.
+    """
+    body = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
+    used = [text for name, text in _shared_functions().items() if f"{name}(" in body]
+    return "\n".join([*used, source]) if used else source
+
+
 @dataclass(frozen=True)
 class LuaScript:
     name: str
@@ -73,8 +97,7 @@ class LuaScript:
     @classmethod
     @cache
     def named(cls, name: str) -> LuaScript:
-        raw = resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
-        source = guarded(raw)
+        source = guarded(with_shared_functions(_read_lua(name)))
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:

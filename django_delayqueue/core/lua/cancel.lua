@@ -14,12 +14,8 @@ for i = 3, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1
       or redis.call('LREM', KEYS[3], 1, id) == 1 then
-    local scheduled, due = cjson.null, cjson.null
-    local ok, envelope = pcall(cjson.decode, redis.call('HGET', KEYS[4], id) or '')
-    if ok and type(envelope) == 'table' then
-      scheduled = tonumber(envelope['s']) or cjson.null
-      due = tonumber(envelope['d']) or cjson.null
-    end
+    local due, scheduled = envelope_times(redis.call('HGET', KEYS[4], id))
+    if not due then due, scheduled = cjson.null, cjson.null end
     local attempt = tonumber(redis.call('HGET', KEYS[5], id) or '0')
     rows[#rows + 1] = {id, scheduled, due, cjson.null, now, attempt, 'cancel', ''}
     redis.call('HDEL', KEYS[4], id)

@@ -10,11 +10,7 @@ end
 local ready_due = -1
 local head = redis.call('LINDEX', KEYS[2], 0)
 if head then
-  local envelope = redis.call('HGET', KEYS[6], head)
-  if envelope then
-    local ok, data = pcall(cjson.decode, envelope)
-    if ok and type(data) == 'table' and tonumber(data['d']) then ready_due = tonumber(data['d']) end
-  end
+  ready_due = envelope_times(redis.call('HGET', KEYS[6], head)) or -1
 end
 return {
   redis.call('ZCARD', KEYS[1]), redis.call('LLEN', KEYS[2]), redis.call('ZCARD', KEYS[3]),

@@ -1,0 +1,21 @@
+-- _shared: Lua functions several scripts use, put before a script that calls one of them.
+-- Each function starts at a line "local function <name>(" and ends at the next line "end".
+
+-- envelope_times(raw): due and scheduled time (ms) of an envelope "<due>,<due - scheduled>,
+-- <payload JSON>" with both numbers in hex (or of the JSON object form of earlier versions);
+-- nil, nil when they cannot be read. Mirrors decode_envelope() in envelope.py.
+local function envelope_times(raw)
+  if not raw then return nil, nil end
+  local due, lead = string.match(raw, '^(%-?%x+),(%-?%x+),')
+  if due then
+    local function signed_hex(text)
+      if string.sub(text, 1, 1) == '-' then return -tonumber(string.sub(text, 2), 16) end
+      return tonumber(text, 16)
+    end
+    due = signed_hex(due)
+    return due, due - signed_hex(lead)
+  end
+  local ok, data = pcall(cjson.decode, raw)
+  if ok and type(data) == 'table' then return tonumber(data['d']), tonumber(data['s']) end
+  return nil, nil
+end
