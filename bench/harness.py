@@ -88,10 +88,14 @@ def interleave(rounds: int, *workloads: Callable[[int], int]) -> Interleaved:
 
     The first two are compared: the ratio is the median of the per-round ratios, so a burst
     of load from a neighbour hits both sides of one comparison rather than only one of them.
+    Every other round runs the workloads in reverse order, so that neither side always runs
+    first (on a warmer or a colder machine).
     """
     per_round: list[list[float]] = []
     for i in range(rounds):
-        per_round.append([timed(lambda w=w, i=i: w(i)) for w in workloads])
+        order = range(len(workloads)) if i % 2 == 0 else range(len(workloads) - 1, -1, -1)
+        rates = {j: timed(lambda j=j, i=i: workloads[j](i)) for j in order}
+        per_round.append([rates[j] for j in range(len(workloads))])
     rates = [statistics.median(r[j] for r in per_round) for j in range(len(workloads))]
     ratio = statistics.median(r[0] / r[1] for r in per_round) if len(workloads) > 1 else 1.0
     return Interleaved(rates, ratio, per_round)

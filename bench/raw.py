@@ -10,6 +10,9 @@ from collections.abc import Callable
 
 import redis
 
+from django_delayqueue.core.bound import BoundScript
+from django_delayqueue.core.scripts import LuaScript
+
 # The "one-line script": store one id at one score, the least a delayed queue must do.
 ONE_LINE_SCRIPT = "return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])"
 
@@ -34,6 +37,19 @@ class Raw:
             evalsha, sha = self.client.evalsha, self.sha
             for i in self._ids(count):
                 evalsha(sha, 1, "raw:evalsha", 1_700_000_000_000 + i, f"m{i}")
+            return count
+
+        return work
+
+    def evalsha_bound(self, count: int) -> Callable[[int], int]:
+        """``count`` calls of the one-line script through :class:`BoundScript` (schedule()'s
+        way of sending: encoded once, on a pooled connection, no ``execute_command``)."""
+        script = LuaScript("raw", ONE_LINE_SCRIPT, self.sha)
+        bound = BoundScript(script, self.client, ["raw:bound"], [])
+
+        def work(_round: int) -> int:
+            for i in self._ids(count):
+                bound(1_700_000_000_000 + i, f"m{i}")
             return count
 
         return work
@@ -64,4 +80,4 @@ class Raw:
         return work
 
     def clear(self) -> None:
-        self.client.delete("raw:evalsha", "raw:zadd", "raw:pipelined")
+        self.client.delete("raw:evalsha", "raw:zadd", "raw:pipelined", "raw:bound")

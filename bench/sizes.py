@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class Sizes:
     rounds: int = 5  # interleaved rounds per ratio (median of the per-round ratios)
+    # schedule() rows: many short rounds, so machine noise (seconds long) hits both sides alike
+    schedule_rounds: int = 25
     schedule_one: int = 50_000  # one schedule() call per message
     schedule_many: int = 200_000
     schedule_many_batch: int = 1000
@@ -31,6 +33,7 @@ FULL = Sizes()
 
 QUICK = Sizes(
     rounds=3,
+    schedule_rounds=3,
     schedule_one=1500,
     schedule_many=6000,
     delivery=3000,

@@ -19,6 +19,7 @@ from core_consumer_support import EMPTY, TIMEOUT, Recorder, Started, wait_until
 from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
 from django_delayqueue.core.consumer import Consumer
 from django_delayqueue.core.envelope import encode_envelope
+from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
 from django_delayqueue.redis_server import RedisServerProcess
 
 
@@ -93,10 +94,26 @@ def test_sleeping_consumer_wakes_for_a_new_message(make_queue: Any, running: Any
     handler = Recorder()
     # Idle and maintenance far beyond the bounded wait below: only the wake message can help.
     consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    consumer.announce_within_ms = 3_600_000  # no poll within the wait either
     running(consumer)
     wait_until(lambda: consumer._pubsub is not None)  # subscribed and sleeping
     q.schedule("hello")
     wait_until(lambda: handler.payloads == ["hello"])
+
+
+def test_a_long_idle_consumer_still_finds_a_message_too_far_off_to_be_announced(
+    make_queue: Any, running: Any
+) -> None:
+    q = make_queue(clock=SystemClock())
+    handler = Recorder()
+    # However long idle_seconds is, the consumer reads the pending head within the producers'
+    # announce horizon: a message due after it is not announced, yet delivered.
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: consumer._pubsub is not None)  # subscribed and sleeping
+    q.schedule("unannounced", delay=ANNOUNCE_WITHIN_MS / 1000 + 0.5)
+    wait_until(lambda: handler.payloads == ["unannounced"])
+    assert handler.calls[0].claimed_ms >= handler.calls[0].due_ms
 
 
 def test_sleeping_consumer_wakes_at_the_due_time(make_queue: Any, running: Any) -> None:

@@ -10,6 +10,7 @@ import redis
 
 from django_delayqueue.core import PayloadError, Queue, ScheduleResult
 from django_delayqueue.core.envelope import decode_envelope
+from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
 
 T0 = 1_700_000_000_000
 
@@ -168,36 +169,47 @@ def wake(redis_client: redis.Redis, make_queue: Any) -> Any:
 def test_schedule_wakes_consumers_for_an_earlier_message_only(wake: Any) -> None:
     q, next_wake = wake
     assert next_wake(0.1) is None
-    q.schedule("a", delay=60)
-    assert next_wake(5) == str(T0 + 60_000)  # first pending message: earliest by definition
-    q.schedule("b", delay=30)
-    assert next_wake(5) == str(T0 + 30_000)
-    q.schedule("c", delay=45)  # later than 30 s: a sleeping consumer already wakes in time
+    q.schedule("a", delay=1.5)
+    assert next_wake(5) == str(T0 + 1_500)  # first pending message: earliest by definition
+    q.schedule("b", delay=1.0)
+    assert next_wake(5) == str(T0 + 1_000)
+    q.schedule("c", delay=1.2)  # later than b: a sleeping consumer already wakes in time
     assert next_wake(0.3) is None
-    q.schedule("d", delay=30)
+    q.schedule("d", delay=1.0)
     assert next_wake(0.3) is None  # equal, not earlier
+
+
+def test_a_message_due_beyond_the_announce_horizon_is_not_announced(wake: Any) -> None:
+    # Consumers read the pending head at least every ANNOUNCE_WITHIN_MS: no need to wake them.
+    q, next_wake = wake
+    q.schedule("far", delay=ANNOUNCE_WITHIN_MS / 1000 + 0.001)
+    assert next_wake(0.3) is None
+    q.schedule("near", delay=ANNOUNCE_WITHIN_MS / 1000)
+    assert next_wake(5) == str(T0 + ANNOUNCE_WITHIN_MS)
 
 
 def test_due_now_message_wakes_consumers(wake: Any) -> None:
     q, next_wake = wake
-    q.schedule("a", delay=10)
-    assert next_wake(5) == str(T0 + 10_000)
+    q.schedule("a", delay=1)
+    assert next_wake(5) == str(T0 + 1_000)
     q.schedule("now")
     assert next_wake(5) == str(T0)
 
 
 def test_duplicate_schedule_does_not_wake(wake: Any) -> None:
     q, next_wake = wake
-    q.schedule("a", delay=10, id="a")
-    assert next_wake(5) is not None
     q.schedule("a", delay=1, id="a")
+    assert next_wake(5) is not None
+    q.schedule("a", delay=0.5, id="a")
     assert next_wake(0.3) is None
 
 
 def test_schedule_many_publishes_once_per_call_with_the_earliest(wake: Any) -> None:
     q, next_wake = wake
-    q.schedule_many([{"payload": 1, "delay": 20}, {"payload": 2, "delay": 5}])
-    assert next_wake(5) == str(T0 + 5_000)
+    q.schedule_many(
+        [{"payload": 1, "delay": 1.5}, {"payload": 2, "delay": 0.5}, {"payload": 3, "delay": 60}]
+    )
+    assert next_wake(5) == str(T0 + 500)
     assert next_wake(0.3) is None
 
 

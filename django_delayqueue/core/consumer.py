@@ -22,7 +22,7 @@ from .envelope import Message, to_str
 from .errors import DelayQueueError, RedisUnavailable
 from .outcome import ACK, GARBAGE, Outcome, journal_entry, run_handler
 from .pool import Batch, Extender, HandlerPool
-from .queue import Queue
+from .queue import ANNOUNCE_WITHIN_MS, Queue
 from .scripts import LuaScript, ScriptBatch, redis_errors
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ HEARTBEAT_PRUNE_MS = 3_600_000
 
 class Consumer:
     """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`)."""
+
+    announce_within_ms = ANNOUNCE_WITHIN_MS  # longest sleep without reading the pending heads
 
     def __init__(
         self,
@@ -421,7 +423,10 @@ class Consumer:
 
     def _wake_at(self) -> int:
         candidates = [t for t in self._next_wake.values() if t is not None]
-        idle_until = self.clock.now_ms() + int(self.idle_seconds * 1000)
+        # Never past the producers' announce horizon: a message due later than that is not
+        # announced, and is found by reading the pending head at this poll.
+        idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
+        idle_until = self.clock.now_ms() + idle_ms
         maintenance_at = self.clock.now_ms() + int(
             max(0.0, self._next_maintenance - time.monotonic()) * 1000
         )

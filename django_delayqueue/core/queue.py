@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from .bound import BoundScript
 from .clock import Clock, RedisClock
 from .envelope import (
     Message,
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 Delay = float | int | timedelta
 MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
 DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
+# Producers announce a new message on the wake channel only when it is due within this long
+# (and earlier than every pending one); consumers never sleep longer than this without reading
+# the pending head, so later messages are found without an announcement (see schedule.lua).
+ANNOUNCE_WITHIN_MS = 2000
 
 
 def _ms(delay: Delay) -> int:
@@ -76,7 +81,10 @@ class Queue(Inspection):
         self.clock = clock or RedisClock(client)
         # Spelled once: schedule() is the hot path of every producer.
         self._schedule_keys = [self.keys.pending, self.keys.ready, self.keys.messages]
-        self._wake = self.keys.wake_channel
+        self._schedule_head = [ANNOUNCE_WITHIN_MS, self.keys.wake_channel]
+        self._schedule_one = BoundScript(
+            LuaScript.named("schedule"), client, self._schedule_keys, self._schedule_head
+        )
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 
     def __repr__(self) -> str:
@@ -124,9 +132,7 @@ class Queue(Inspection):
         """
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
-        created = LuaScript.named("schedule")(
-            self.client, self._schedule_keys, [now, self._wake, message_id, due, envelope]
-        )
+        created = self._schedule_one(now, message_id, due, envelope)
         return ScheduleResult(message_id, bool(created), due)
 
     def schedule_many(
@@ -175,7 +181,7 @@ class Queue(Inspection):
         script = LuaScript.named("schedule")
         sizes = []
         for chunk in _chunks(prepared, chunk_size):
-            args: list[Any] = [now, self._wake]
+            args: list[Any] = [*self._schedule_head, now]
             for message_id, due, envelope in chunk:
                 args += (message_id, due, envelope)
             batch.add(script, self._schedule_keys, args)

@@ -33,8 +33,8 @@ _REDIS_TYPE = {"counter": "string"}
 # nothing if one holds the wrong type. A key whose type an earlier command of the script already
 # proved (a read, or the first write itself) needs no check: that is what keeps an idle poll at
 # a couple of commands. tests/test_core_key_types.py breaks every key under every operation.
-_GUARD = """local declared_types = {%s}
-local function guard(...)
+_GUARD = """local function guard(...)
+  local declared_types = {%s}
   local indexes = {...}
   if #indexes == 0 then
     for i in pairs(declared_types) do indexes[#indexes + 1] = i end
@@ -58,7 +58,7 @@ def guarded(source: str) -> str:
     """
     header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
     types = {int(n): _REDIS_TYPE.get(t, t) for n, t in _KEY_TYPE.findall(header)}
-    if not types:
+    if not types or not re.search(r"^\s*guard\(|[^\w.]guard\(", source, re.MULTILINE):
         return source
     table = ", ".join(f"[{n}] = '{t}'" for n, t in sorted(types.items()))
     return _GUARD % table + source
@@ -104,10 +104,10 @@ class LuaScript:
         """Run the script now, loading it if Redis does not know it."""
         with redis_errors(self.name):
             try:
-                return client.evalsha(self.sha, len(keys), *keys, *args)
+                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
                 client.script_load(self.source)
-                return client.evalsha(self.sha, len(keys), *keys, *args)
+                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 @dataclass

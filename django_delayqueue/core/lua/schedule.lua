@@ -1,35 +1,51 @@
 -- schedule: new messages -> pending (or ready when already due), idempotent on id.
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash
--- ARGV[1] now (ms)   ARGV[2] wake channel
--- ARGV[3..] triples: id, due (ms), envelope JSON
+-- ARGV[1] announce horizon (ms)   ARGV[2] wake channel   ARGV[3] now (ms)
+-- ARGV[4..] triples: id, due (ms), envelope
 -- returns: how many messages were scheduled; the others' ids were already present (unchanged)
--- Publishes the earliest new due time on the wake channel when it beats every pending one,
--- so a sleeping consumer wakes for it (once per call, not once per message).
-local now = tonumber(ARGV[1])
--- Types: this read proves pending's and the first HSETNX (the first write) proves messages';
--- ready is written after a HSETNX, so it is checked first, and only when something is due.
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-for i = 4, #ARGV, 3 do
-  if tonumber(ARGV[i]) <= now then
-    guard(2)
-    break
+-- A sleeping consumer is woken (one PUBLISH per call) for a message already due, or due within
+-- the horizon and earlier than every pending one. A consumer never sleeps longer than the
+-- horizon without reading the pending head itself, so a later message needs no announcement,
+-- and scheduling it does not read the head at all.
+local now = tonumber(ARGV[3])
+local horizon = now + tonumber(ARGV[1])
+-- Types: ready and pending are written after a HSETNX (the first write, which proves the
+-- messages hash), so each is checked first if this call will write it. Checked inline rather
+-- than with guard(): this runs once per message scheduled one at a time.
+local write_ready, write_pending = false, false
+for i = 5, #ARGV, 3 do
+  if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
+end
+local function check(key, expected)
+  local actual = redis.call('TYPE', KEYS[key])['ok']
+  if actual ~= 'none' and actual ~= expected then
+    error({err = 'WRONGTYPE key ' .. KEYS[key] .. ' holds a ' .. actual .. ', not a ' ..
+      expected .. ': nothing was changed'})
   end
 end
-local earliest = first[2] and tonumber(first[2]) or nil
-local wake = nil
+if write_pending then check(1, 'zset') end
+if write_ready then check(2, 'list') end
+local earliest, head_read, wake = nil, false, nil
 local created = 0
-for i = 3, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   local id, due = ARGV[i], tonumber(ARGV[i + 1])
   if redis.call('HSETNX', KEYS[3], id, ARGV[i + 2]) == 1 then
     if due <= now then
       redis.call('RPUSH', KEYS[2], id)
       wake = now
     else
-      redis.call('ZADD', KEYS[1], due, id)
-      if earliest == nil or due < earliest then
-        earliest = due
-        if wake == nil or due < wake then wake = due end
+      if due <= horizon then
+        if not head_read then
+          local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+          earliest = first[2] and tonumber(first[2]) or nil
+          head_read = true
+        end
+        if earliest == nil or due < earliest then
+          earliest = due
+          if wake == nil or due < wake then wake = due end
+        end
       end
+      redis.call('ZADD', KEYS[1], due, id)
     end
     created = created + 1
   end
