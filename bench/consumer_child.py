@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if profiler is not None:
         profiler.stop()
         with open(args.profile, "w") as f:
-            f.write(profiler.output_text(unicode=False, color=False))
+            f.write(profiler.output_text(unicode=False, color=False, show_all=True))
     report = {
         "delivered": consumer.delivered,
         "handled": handled[0],

@@ -143,5 +143,9 @@ def test_unreachable_redis_raises_redis_unavailable() -> None:
     with pytest.raises(RedisUnavailable, match="schedule") as info:
         q.schedule("x")
     assert isinstance(info.value.__cause__, redis.ConnectionError)
-    with pytest.raises(RedisUnavailable, match="pipeline"):
+    with pytest.raises(RedisUnavailable, match="schedule"):
         q.schedule_many([{"payload": 1}])
+    with pytest.raises(RedisUnavailable, match="pipeline"):
+        batch = ScriptBatch()
+        batch.add(LuaScript.named("counts"), q.keys.all_keys()[:6], [])
+        batch.run(client)

@@ -17,7 +17,8 @@ from typing import Any
 
 import redis
 
-from .scripts import LuaScript, redis_errors
+from .errors import ScriptFailed
+from .scripts import LuaScript, ScriptBatch, is_noscript, redis_errors
 
 _BROKEN_CONNECTION = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -50,32 +51,67 @@ class BoundScript:
         """Run the script with the bound arguments followed by ``args``."""
         if not self._direct:
             return self.script(self.client, self.keys, [*self.fixed, *args])
-        command = b"*%d\r\n%b%b" % (
-            self._head_count + len(args),
-            self._head,
-            encode_arguments(args),
-        )
+        command = self._encode(args)
         with redis_errors(self.script.name):
-            try:
-                reply = self._send(command)
-            except redis.exceptions.NoScriptError:
-                self.client.script_load(self.script.source)
-                reply = self._send(command)
-        if reply is _BROKEN:
-            return self.script(self.client, self.keys, [*self.fixed, *args])
-        return reply
+            replies = self._send([command])
+        if replies is not None and not isinstance(replies[0], redis.exceptions.ResponseError):
+            return replies[0]  # the usual case; call_many handles NOSCRIPT and errors
+        return self.call_many([args])[0]
 
-    def _send(self, command: bytes) -> Any:
+    def call_many(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
+        """One call per argument list, all sent in one round trip; a script error raises.
+
+        After a ``SCRIPT FLUSH`` only the calls that got NOSCRIPT (which did nothing) are sent
+        again, so no call runs twice.
+        """
+        if not arg_lists:
+            return []
+        if not self._direct:
+            return self._through_redis_py(arg_lists)
+        commands = [self._encode(args) for args in arg_lists]
+        with redis_errors(self.script.name):
+            replies = self._send(commands)
+            if replies is None:
+                return self._through_redis_py(arg_lists)
+            missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
+            if missing:
+                self.client.script_load(self.script.source)
+                again = self._send([commands[i] for i in missing])
+                if again is None:
+                    return self._through_redis_py([arg_lists[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise ScriptFailed(f"{self.script.name}.lua failed: {reply}") from reply
+        return replies
+
+    def _encode(self, args: Sequence[Any]) -> bytes:
+        count = self._head_count + len(args)
+        return b"*%d\r\n%b%b" % (count, self._head, encode_arguments(args))
+
+    def _send(self, commands: list[bytes]) -> list[Any] | None:
+        """The replies (errors in place), or None when the connection broke."""
         pool = self.client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_packed_command([command])
-            return connection.read_response()
+            connection.send_packed_command(commands)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except redis.exceptions.ResponseError as e:  # this call failed, not the others
+                    replies.append(e)
+            return replies
         except _BROKEN_CONNECTION:
             connection.disconnect()
-            return _BROKEN
+            return None
         finally:
             pool.release(connection)
 
-
-_BROKEN = object()  # _send's reply when the connection broke: send again through redis-py
+    def _through_redis_py(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
+        """The same calls through redis-py (a retry policy, any kind of client)."""
+        batch = ScriptBatch()
+        for args in arg_lists:
+            batch.add(self.script, self.keys, [*self.fixed, *args])
+        return batch.run(self.client)

@@ -28,7 +28,7 @@ from .results import (
     Rejected,
     ScheduleResult,
 )
-from .scripts import LuaScript, ScriptBatch
+from .scripts import LuaScript
 from .settings import QueueSettings
 
 logger = logging.getLogger(__name__)
@@ -177,16 +177,14 @@ class Queue(Inspection):
         result = BulkResult()
         if not prepared:
             return result
-        batch = ScriptBatch()
-        script = LuaScript.named("schedule")
-        sizes = []
+        calls, sizes = [], []
         for chunk in _chunks(prepared, chunk_size):
-            args: list[Any] = [*self._schedule_head, now]
+            args: list[Any] = [now]
             for message_id, due, envelope in chunk:
                 args += (message_id, due, envelope)
-            batch.add(script, self._schedule_keys, args)
+            calls.append(args)
             sizes.append(len(chunk))
-        for size, created in zip(sizes, batch.run(self.client), strict=True):
+        for size, created in zip(sizes, self._schedule_one.call_many(calls), strict=True):
             result.scheduled += int(created)
             result.duplicates += size - int(created)
         return result

@@ -127,7 +127,7 @@ class ScriptBatch:
         with redis_errors("pipeline"):
             _load_once(client, {script for script, _, _ in self.calls})
             results = _send(client, self.calls)
-            missing = [i for i, r in enumerate(results) if _is_noscript(r)]
+            missing = [i for i, r in enumerate(results) if is_noscript(r)]
             if missing:
                 for script in {self.calls[i][0] for i in missing}:
                     client.script_load(script.source)
@@ -166,7 +166,7 @@ def _send(client: Any, calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]
     return pipe.execute(raise_on_error=False)
 
 
-def _is_noscript(result: Any) -> bool:
+def is_noscript(result: Any) -> bool:
     return isinstance(result, redis.exceptions.NoScriptError) or (
         isinstance(result, redis.exceptions.ResponseError) and str(result).startswith(_NOSCRIPT)
     )
