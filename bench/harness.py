@@ -123,7 +123,12 @@ class Bench:
         return redis.Redis.from_url(self.url)
 
     def flush(self) -> None:
-        self.server.flushall(self.client)
+        # Its own client: emptying millions of keys outlasts redis-py's default socket timeout.
+        client = redis.Redis.from_url(self.url, socket_timeout=600)
+        try:
+            self.server.flushall(client)
+        finally:
+            client.close()
 
     def used_memory(self) -> int:
         return int(self.client.info("memory")["used_memory"])
