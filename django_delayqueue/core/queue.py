@@ -80,10 +80,11 @@ class Queue(Inspection):
         self.settings = settings or QueueSettings()
         self.clock = clock or RedisClock(client)
         # Spelled once: schedule() is the hot path of every producer.
-        self._schedule_keys = [self.keys.pending, self.keys.ready, self.keys.messages]
-        self._schedule_head = [ANNOUNCE_WITHIN_MS, self.keys.wake_channel]
         self._schedule_one = BoundScript(
-            LuaScript.named("schedule"), client, self._schedule_keys, self._schedule_head
+            LuaScript.named("schedule"),
+            client,
+            [self.keys.pending, self.keys.ready, self.keys.messages],
+            [ANNOUNCE_WITHIN_MS, self.keys.wake_channel],
         )
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 

@@ -10,21 +10,13 @@
 local now = tonumber(ARGV[3])
 local horizon = now + tonumber(ARGV[1])
 -- Types: ready and pending are written after a HSETNX (the first write, which proves the
--- messages hash), so each is checked first if this call will write it. Checked inline rather
--- than with guard(): this runs once per message scheduled one at a time.
+-- messages hash), so each is checked first, and only if this call will write it.
 local write_ready, write_pending = false, false
 for i = 5, #ARGV, 3 do
   if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
 end
-local function check(key, expected)
-  local actual = redis.call('TYPE', KEYS[key])['ok']
-  if actual ~= 'none' and actual ~= expected then
-    error({err = 'WRONGTYPE key ' .. KEYS[key] .. ' holds a ' .. actual .. ', not a ' ..
-      expected .. ': nothing was changed'})
-  end
-end
-if write_pending then check(1, 'zset') end
-if write_ready then check(2, 'list') end
+if write_pending then guard(1) end
+if write_ready then guard(2) end
 local earliest, head_read, wake = nil, false, nil
 local created = 0
 for i = 4, #ARGV, 3 do
