@@ -76,10 +76,12 @@ class Recorder:
     def __init__(self, behaviour: Callable[[Message], Any] | None = None) -> None:
         self.behaviour = behaviour
         self.calls: list[Message] = []
+        self.started_ms: list[float] = []  # local wall clock (= a SystemClock queue's clock)
         self.lock = threading.Lock()
 
     def __call__(self, message: Message) -> Any:
         with self.lock:
+            self.started_ms.append(time.time() * 1000)
             self.calls.append(message)
         if self.behaviour:
             return self.behaviour(message)

@@ -20,6 +20,7 @@ from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
 from django_delayqueue.core.consumer import Consumer
 from django_delayqueue.core.envelope import encode_envelope
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
+from django_delayqueue.core.waiter import Wake
 from django_delayqueue.redis_server import RedisServerProcess
 
 
@@ -96,7 +97,7 @@ def test_sleeping_consumer_wakes_for_a_new_message(make_queue: Any, running: Any
     consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
     consumer.announce_within_ms = 3_600_000  # no poll within the wait either
     running(consumer)
-    wait_until(lambda: consumer._pubsub is not None)  # subscribed and sleeping
+    wait_until(lambda: consumer._waiter.subscribed)  # subscribed and sleeping
     q.schedule("hello")
     wait_until(lambda: handler.payloads == ["hello"])
 
@@ -110,10 +111,10 @@ def test_a_long_idle_consumer_still_finds_a_message_too_far_off_to_be_announced(
     # announce horizon: a message due after it is not announced, yet delivered.
     consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
     running(consumer)
-    wait_until(lambda: consumer._pubsub is not None)  # subscribed and sleeping
+    wait_until(lambda: consumer._waiter.subscribed)  # subscribed and sleeping
     q.schedule("unannounced", delay=ANNOUNCE_WITHIN_MS / 1000 + 0.5)
     wait_until(lambda: handler.payloads == ["unannounced"])
-    assert handler.calls[0].claimed_ms >= handler.calls[0].due_ms
+    assert handler.started_ms[0] >= handler.calls[0].due_ms
 
 
 def test_sleeping_consumer_wakes_at_the_due_time(make_queue: Any, running: Any) -> None:
@@ -123,7 +124,53 @@ def test_sleeping_consumer_wakes_at_the_due_time(make_queue: Any, running: Any) 
     consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
     running(consumer)
     wait_until(lambda: handler.calls)
-    assert handler.calls[0].claimed_ms >= handler.calls[0].due_ms
+    assert handler.started_ms[0] >= handler.calls[0].due_ms
+
+
+def test_handlers_never_start_before_their_due_time(make_queue: Any, running: Any) -> None:
+    # The consumer claims up to one claim lead before a due time: without the handler thread
+    # waiting out the rest, the handlers of these messages would start a little early.
+    q = make_queue(clock=SystemClock())
+    start = q.clock.now_ms() + 200
+    q.schedule_many([{"payload": i, "at": start + 7 * i} for i in range(60)])
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: len(handler.calls) == 60)
+    starts = zip(handler.calls, handler.started_ms, strict=True)
+    early = [(m.payload, m.due_ms - started) for m, started in starts if started < m.due_ms]
+    assert early == []
+
+
+def test_a_fetch_after_an_early_wake_claims_what_is_due_by_the_time_aimed_at(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    now = manual_clock.now_ms()
+    q.schedule("at the target", at=now + 3)
+    q.schedule("after it", at=now + 4)
+    consumer = Consumer([q], Recorder())
+    consumer._aim = Wake(target_ms=now + 3, planned_ms=now + 0.5, announced=False)
+    claimed = consumer._fetch()
+    assert [m.payload for m in claimed] == ["at the target"]
+    assert claimed[0].claimed_ms == now  # the time it was really claimed
+    # The aim is used once: the next fetch claims only what is due by the clock.
+    manual_clock.set(now + 3)
+    assert consumer._fetch() == []
+
+
+def test_a_wake_far_from_its_target_claims_nothing_early(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    now = manual_clock.now_ms()
+    q.schedule("an hour off", at=now + 3_600_000)
+    consumer = Consumer([q], Recorder())
+    # Only a target within the claim lead's bound moves the claim forward (a stop can end a
+    # wait long before its target).
+    consumer._aim = Wake(target_ms=now + 3_600_000, planned_ms=now, announced=False)
+    assert consumer._fetch() == []
+    assert q.counts()["pending"] == 1
 
 
 class CountingQueue(Queue):

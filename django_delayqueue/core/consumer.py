@@ -9,7 +9,6 @@ millisecond without polling Redis while idle.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
@@ -18,12 +17,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .envelope import Message, to_str
+from .clock import exact_now_ms
+from .envelope import Message
 from .errors import DelayQueueError, RedisUnavailable
 from .outcome import ACK, GARBAGE, Outcome, journal_entry, run_handler
 from .pool import Batch, Extender, HandlerPool
 from .queue import ANNOUNCE_WITHIN_MS, Queue
 from .scripts import LuaScript, ScriptBatch, redis_errors
+from .waiter import Waiter, Wake, sleep_until_due
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,14 @@ class Consumer:
         self._claim_skipped: set[str] = set()
         self._heartbeats_pruned_at = 0
         self._next_maintenance = 0.0
-        self._pubsub: Any = None
+        self._waiter = Waiter(
+            self.client,
+            [q.keys.wake_channel for q in self.queues],
+            self.clock,
+            lambda: self.stopping,
+            self._stop_event,
+        )
+        self._aim: Wake | None = None  # the wait that ended just before the next fetch
         self._pool: HandlerPool | None = None
         self._current: Batch | None = None
         self._prefetched: list[Message] = []
@@ -102,6 +110,11 @@ class Consumer:
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
+
+    def _start_when_due(self, message: Message) -> Outcome:
+        # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
+        sleep_until_due(self.clock, message.due_ms, self._waiter.lead.cap_ms)
+        return self.around_handler(message)
 
     # --- stopping -------------------------------------------------------------------------------
 
@@ -127,7 +140,7 @@ class Consumer:
 
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until nothing is due). Returns an exit code."""
-        self._pool = HandlerPool(self.concurrency, self.around_handler, lambda: self.stopping)
+        self._pool = HandlerPool(self.concurrency, self._start_when_due, lambda: self.stopping)
         self._prefetching = True
         extender = Extender(self._extend_interval(), self._in_flight, self._extend)
         failures = 0
@@ -149,7 +162,7 @@ class Consumer:
                         logger.warning("%s; trying again in %.1fs", e, pause)
                     else:
                         logger.exception("consumer step failed; trying again in %.1fs", pause)
-                    self._reset_pubsub()
+                    self._waiter.close()
                     self._stop_event.wait(pause)
                     continue
                 if self._limit_reached():
@@ -157,13 +170,15 @@ class Consumer:
                 if delivered == 0:
                     if self.burst and not self._due_now():
                         break
-                    announced = self._wait(self._wake_at())
-                    self._polling = not announced and not self._due_now()
+                    self._aim = self._waiter.wait(self._wake_at())
+                    self._polling = not self._aim.announced and not self._due_now(
+                        self._aim.target_ms
+                    )
             return self._shutdown()
         finally:
             self._prefetching = False
             extender.stop()
-            self._reset_pubsub()
+            self._waiter.close()
 
     def step(self, now_ms: int | None = None) -> int:
         """One round: flush outcomes, promote, claim and deliver. Returns messages delivered."""
@@ -176,37 +191,53 @@ class Consumer:
         return len(messages)
 
     def _fetch(self, now_ms: int | None = None) -> list[Message]:
-        """One round trip: flush outcomes, promote, claim. Returns the claimed messages."""
+        """One round trip: flush outcomes, promote, claim. Returns the claimed messages.
+
+        After a wait that ended one claim lead early, it claims what is due by the time the
+        wait aimed at; the handler threads hold those messages until they are due.
+        """
+        aim, self._aim = self._aim, None
         now = self.clock.now_ms() if now_ms is None else now_ms
-        if time.monotonic() >= self._next_maintenance:
+        claim_until = now  # promote and claim what is due by then; everything else uses now
+        if (
+            aim is not None
+            and now_ms is None
+            and 0 < aim.target_ms - now <= self._waiter.lead.cap_ms
+        ):
+            claim_until = aim.target_ms
+        maintenance = time.monotonic() >= self._next_maintenance
+        if maintenance:
             self.refresh()
+            self._next_maintenance = time.monotonic() + self.maintenance_seconds
         batch = ScriptBatch()
         flush = self._add_outcomes(batch, now)
-        plan = self._add_queue_calls(batch, now)
+        plan = self._add_queue_calls(batch, claim_until, now if maintenance else None)
         results = batch.run(self.client, raise_errors=False)
+        if aim is not None:
+            self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
+        if maintenance:  # after the claim, so that it never delays a delivery
+            self._heartbeat(now)
         self._check_flush(results[: len(flush)], flush)
         return self._read_queue_results(plan, results, now)
 
-    def _add_queue_calls(self, batch: ScriptBatch, now: int) -> list[tuple[Queue, str, int]]:
+    def _add_queue_calls(
+        self, batch: ScriptBatch, claim_until: int, reap_at: int | None
+    ) -> list[tuple[Queue, str, int]]:
+        """Promote and claim what is due by ``claim_until``; reap too when ``reap_at`` is set."""
         plan = []
-        maintenance = time.monotonic() >= self._next_maintenance
-        if maintenance:
-            self._next_maintenance = time.monotonic() + self.maintenance_seconds
         room = self._room()
         self._claim_skipped = set()
         for q in self.queues:
-            plan.append((q, "promote", batch.add(*q.promote_call(now))))
+            plan.append((q, "promote", batch.add(*q.promote_call(claim_until))))
             if not q.settings.paused and not self.stopping and room > 0:
-                if self._nothing_to_claim(q, now):
+                if self._nothing_to_claim(q, claim_until):
                     self._claim_skipped.add(q.name)
                 else:
                     count = min(q.settings.claim_batch, room)
-                    plan.append((q, "claim", batch.add(*q.claim_call(now, count))))
-            if maintenance:
-                plan.append((q, "reap", batch.add(*q.reap_call(now))))
+                    plan.append((q, "claim", batch.add(*q.claim_call(claim_until, count))))
+            if reap_at is not None:
+                plan.append((q, "reap", batch.add(*q.reap_call(reap_at))))
         self._polling = False
-        if maintenance:
-            self._heartbeat(now)
         return plan
 
     def _nothing_to_claim(self, q: Queue, now: int) -> bool:
@@ -417,8 +448,8 @@ class Consumer:
     def _limit_reached(self) -> bool:
         return self.max_messages is not None and self.delivered >= self.max_messages
 
-    def _due_now(self) -> bool:
-        now = self.clock.now_ms()
+    def _due_now(self, now: int | None = None) -> bool:
+        now = self.clock.now_ms() if now is None else now
         return any(t is not None and t <= now for t in self._next_wake.values())
 
     def _wake_at(self) -> int:
@@ -431,48 +462,6 @@ class Consumer:
             max(0.0, self._next_maintenance - time.monotonic()) * 1000
         )
         return min([idle_until, maintenance_at, *candidates])
-
-    def _wait(self, wake_ms: int) -> bool:
-        """Sleep until ``wake_ms`` on the shared clock, or until a producer announces earlier.
-
-        Returns whether a producer's announcement ended the wait.
-        """
-        announced_any = False
-        while not self.stopping:
-            remaining = (wake_ms - self.clock.now_ms()) / 1000
-            if remaining <= 0:
-                return announced_any
-            # Short slices keep signals responsive; they cost no Redis commands.
-            announced = self._listen(min(remaining, 0.25))
-            if announced is not None and announced < wake_ms:
-                wake_ms = announced
-                announced_any = True
-        return announced_any
-
-    def _listen(self, timeout: float) -> int | None:
-        try:
-            with redis_errors("wake channel"):
-                if self._pubsub is None:
-                    self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                    self._pubsub.subscribe(*(q.keys.wake_channel for q in self.queues))
-                message = self._pubsub.get_message(timeout=timeout)
-        except Exception as e:  # an outage, or a pub/sub connection in a bad state
-            logger.debug("wake channel unavailable: %s", e)
-            self._reset_pubsub()
-            self._stop_event.wait(timeout)
-            return None
-        if not message or message.get("type") != "message":
-            return None
-        try:
-            return int(float(to_str(message["data"])))
-        except ValueError:
-            return self.clock.now_ms()
-
-    def _reset_pubsub(self) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                self._pubsub.close()
-            self._pubsub = None
 
     def _heartbeat(self, now: int) -> None:
         """Record that this consumer is alive (read by the health check)."""

@@ -1,0 +1,112 @@
+"""The consumer's waits: the claim lead, holding an early-claimed handler, the wake channel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+
+from django_delayqueue.core import ManualClock, SystemClock
+from django_delayqueue.core.clock import exact_now_ms
+from django_delayqueue.core.waiter import (
+    CLAIM_LEAD_MARGIN_MS,
+    FIRST_CLAIM_LEAD_MS,
+    MAX_CLAIM_LEAD_MS,
+    ClaimLead,
+    Waiter,
+    sleep_until_due,
+)
+
+# --- the claim lead -------------------------------------------------------------------------------
+
+
+def test_claim_lead_starts_from_a_guess_and_follows_the_slowest_recent_round() -> None:
+    lead = ClaimLead(window=4)
+    assert lead.ms == FIRST_CLAIM_LEAD_MS + CLAIM_LEAD_MARGIN_MS
+    for cost in (0.2, 2.0, 0.3, 0.4):
+        lead.observe(cost)
+    assert lead.ms == 2.0 + CLAIM_LEAD_MARGIN_MS
+    for cost in (0.3, 0.3, 0.3, 0.3):  # the slow round leaves the window
+        lead.observe(cost)
+    assert lead.ms == 0.3 + CLAIM_LEAD_MARGIN_MS
+
+
+def test_claim_lead_is_capped() -> None:
+    lead = ClaimLead()
+    lead.observe(250.0)  # a stalled round must not make claims arrive a quarter second early
+    assert lead.ms == MAX_CLAIM_LEAD_MS
+
+
+# --- holding a handler until its due time ---------------------------------------------------------
+
+
+def test_sleep_until_due_returns_at_the_due_time_not_before() -> None:
+    clock = SystemClock()
+    for ahead_ms in (0.5, 2.0, 4.0):
+        due = int(exact_now_ms(clock) + ahead_ms) + 1
+        sleep_until_due(clock, due)
+        assert exact_now_ms(clock) >= due
+
+
+def test_sleep_until_due_does_not_hold_a_message_made_ready_long_before_its_due_time() -> None:
+    clock = SystemClock()
+    due = clock.now_ms() + 60_000  # "run now" in the admin on a message due in a minute
+    sleep_until_due(clock, due)
+    assert clock.now_ms() < due
+
+
+def test_sleep_until_due_gives_up_after_longest_ms_on_a_clock_that_does_not_move() -> None:
+    clock = ManualClock()
+    sleep_until_due(clock, clock.now_ms() + 3, longest_ms=5)  # returns: no hang
+    assert clock.now_ms() == ManualClock().now_ms()
+
+
+# --- waiting on the wake channel ------------------------------------------------------------------
+
+
+def make_waiter(client: redis.Redis, clock: Any, channel: str = "wake") -> Waiter:
+    return Waiter(client, [channel], clock, lambda: False, threading.Event())
+
+
+def test_wait_ends_one_claim_lead_before_its_target(redis_client: redis.Redis) -> None:
+    clock = SystemClock()
+    waiter = make_waiter(redis_client, clock)
+    try:
+        target = clock.now_ms() + 100
+        wake = waiter.wait(target)
+        assert wake.target_ms == target and not wake.announced
+        assert wake.planned_ms == target - waiter.lead.ms
+        assert exact_now_ms(clock) >= wake.planned_ms
+    finally:
+        waiter.close()
+
+
+def test_an_announcement_moves_the_target_earlier(redis_client: redis.Redis) -> None:
+    clock = SystemClock()
+    waiter = make_waiter(redis_client, clock)
+    try:
+        waiter.wait(clock.now_ms() + 20)  # subscribes (a wait that ends at once would not)
+        assert waiter.subscribed
+        soon = clock.now_ms() + 50
+        redis_client.publish("wake", str(soon))
+        wake = waiter.wait(clock.now_ms() + 3_600_000)
+        assert wake.announced and wake.target_ms == soon
+    finally:
+        waiter.close()
+    assert not waiter.subscribed
+
+
+def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
+    stop = threading.Event()
+    clock = SystemClock()
+    waiter = Waiter(redis_client, ["wake"], clock, stop.is_set, stop)
+    threading.Timer(0.1, stop.set).start()
+    started = time.monotonic()
+    try:
+        wake = waiter.wait(clock.now_ms() + 3_600_000)
+    finally:
+        waiter.close()
+    assert not wake.announced
+    assert time.monotonic() - started < 60  # not the hour it aimed at
