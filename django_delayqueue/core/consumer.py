@@ -20,10 +20,11 @@ from typing import Any
 from .clock import exact_now_ms
 from .envelope import Message
 from .errors import DelayQueueError, RedisUnavailable
-from .outcome import ACK, GARBAGE, Outcome, journal_entry, run_handler
+from .outcome import Outcome, run_handler
 from .pool import Batch, Extender, HandlerPool
 from .queue import ANNOUNCE_WITHIN_MS, Queue
-from .scripts import LuaScript, ScriptBatch, redis_errors
+from .scripts import ScriptBatch, redis_errors
+from .unrecorded import UnrecordedOutcomes
 from .waiter import Waiter, Wake, sleep_until_due
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Consumer:
         self.delivered = 0
         self._stop_requests = 0
         self._stop_event = threading.Event()
-        self._outcomes: list[Outcome] = []
+        self._unrecorded = UnrecordedOutcomes(self.queues, journal_maxlen)
         self._next_wake: dict[str, int | None] = {}
         # Ready-list lengths seen by the last promote (less what the same round claimed), and
         # whether the coming round is only the idle safety poll: such a round claims only from
@@ -210,14 +211,14 @@ class Consumer:
             self.refresh()
             self._next_maintenance = time.monotonic() + self.maintenance_seconds
         batch = ScriptBatch()
-        flush = self._add_outcomes(batch, now)
+        flush = self._unrecorded.add_to(batch, now)
         plan = self._add_queue_calls(batch, claim_until, now if maintenance else None)
         results = batch.run(self.client, raise_errors=False)
         if aim is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
         if maintenance:  # after the claim, so that it never delays a delivery
             self._heartbeat(now)
-        self._check_flush(results[: len(flush)], flush)
+        self._unrecorded.settle(flush, results[: len(flush)])
         return self._read_queue_results(plan, results, now)
 
     def _add_queue_calls(
@@ -320,7 +321,7 @@ class Consumer:
         if unstarted:
             self._release(unstarted)
         with batch.lock:
-            self._outcomes.extend(batch.outcomes)
+            self._unrecorded.extend(batch.outcomes)
         if not batch.done.is_set():
             # Handlers still running when we must stop: they started, so the attempt counts;
             # hand them back for an immediate retry (if Redis is unreachable they stay in unack
@@ -364,75 +365,24 @@ class Consumer:
 
     # --- outcomes -------------------------------------------------------------------------------
 
-    def _add_outcomes(self, batch: ScriptBatch, now: int) -> list[tuple[Queue, list[Outcome]]]:
-        """Queue the acks, nacks and journal entry of finished deliveries on ``batch``."""
-        groups: list[tuple[Queue, list[Outcome]]] = []
-        if not self._outcomes:
-            return groups
-        by_name = {q.name: q for q in self.queues}
-        grouped: dict[str, list[Outcome]] = {}
-        for outcome in self._outcomes:
-            grouped.setdefault(outcome.message.queue, []).append(outcome)
-        for name, outcomes in grouped.items():
-            q = by_name[name]
-            acks = [o.message for o in outcomes if o.status == ACK]
-            failures = [o for o in outcomes if o.status != ACK]
-            if acks:
-                batch.add(*q.ack_call(acks))
-                groups.append((q, []))
-            retry = [(o.message, o.delay, o.reason) for o in failures if o.status != GARBAGE]
-            bury = [(o.message, None, o.reason) for o in failures if o.status == GARBAGE]
-            if retry:
-                batch.add(*q.nack_call(retry, now))
-                groups.append((q, [o for o in failures if o.status != GARBAGE]))
-            if bury:
-                batch.add(*q.nack_call(bury, now, bury=True))
-                groups.append((q, [o for o in failures if o.status == GARBAGE]))
-            if self.journal_maxlen:
-                batch.add(*self._journal_call(q, outcomes))
-                groups.append((q, []))
-        return groups
-
-    def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> tuple[Any, list, list]:
-        fields = _flatten(journal_entry(outcomes))
-        return LuaScript.named("journal"), [q.keys.journal], [self.journal_maxlen, *fields]
-
-    def _check_flush(self, results: list[Any], groups: list[tuple[Queue, list[Outcome]]]) -> None:
-        """Forget flushed outcomes; keep them when a script failed, to try again next step."""
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:
-            logger.error("could not record %d outcome(s): %s", len(self._outcomes), failed[0])
-            return
-        for (q, outcomes), result in zip(groups, results, strict=False):
-            if outcomes and isinstance(result, list):
-                for outcome, code in zip(outcomes, result, strict=False):
-                    if int(code) == 2 and outcome.status != GARBAGE:
-                        logger.warning(
-                            "queue %s: message %s used its last attempt: %s",
-                            q.name,
-                            outcome.message.id,
-                            outcome.reason,
-                        )
-        self._outcomes = []
-
     def _shutdown(self) -> int:
         """Flush what finished; a forced stop gives it a short try only."""
         if self._prefetched:  # claimed, never started: give them back without using an attempt
             self._release(self._prefetched)
             self._prefetched = []
         deadline = time.monotonic() + (1.0 if self._stop_requests > 1 else 10.0)
-        while self._outcomes and time.monotonic() < deadline:
+        while self._unrecorded and time.monotonic() < deadline:
             batch = ScriptBatch()
-            groups = self._add_outcomes(batch, self.clock.now_ms())
+            flush = self._unrecorded.add_to(batch, self.clock.now_ms())
             try:
-                self._check_flush(batch.run(self.client, raise_errors=False), groups)
+                self._unrecorded.settle(flush, batch.run(self.client, raise_errors=False))
             except DelayQueueError as e:
                 logger.warning("could not record outcomes on shutdown: %s", e)
                 time.sleep(0.2)
-        if self._outcomes:
+        if self._unrecorded:
             logger.warning(
                 "%d outcome(s) not recorded: those messages will be delivered again",
-                len(self._outcomes),
+                len(self._unrecorded),
             )
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
@@ -486,10 +436,3 @@ class Consumer:
         for m in messages:
             grouped.setdefault(m.queue, []).append(m)
         return [(by_name[name], group) for name, group in grouped.items()]
-
-
-def _flatten(fields: dict[str, str]) -> list[str]:
-    out: list[str] = []
-    for key, value in fields.items():
-        out += (key, value)
-    return out
