@@ -37,11 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     client = redis.Redis.from_url(args.url)
     queue = Queue(client, args.queue, settings=QueueSettings(claim_batch=args.claim_batch))
     late_ms: list[float] = []
+    late_ids: list[str] = []  # late_ms[i] is the lateness of message late_ids[i]
     handled = [0]
 
     def handler(message: Message) -> None:
         if args.lateness:
             late_ms.append(time.time() * 1000 - message.due_ms)
+            late_ids.append(message.id)
         handled[0] += 1
 
     consumer = Consumer(
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "handled": handled[0],
         "elapsed_ns": elapsed_ns,
         "lateness_ms": late_ms,
+        "lateness_ids": late_ids,
     }
     sys.stdout.write(json.dumps(report) + "\n")
     return 0

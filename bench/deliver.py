@@ -110,6 +110,9 @@ def lateness(bench: Bench, sizes: Sizes) -> list[Row]:
 
     The ones written while it runs have short delays (10-500 ms), so most of them are due
     before anything already pending: they test the producer's wake-up of a sleeping consumer.
+    A message this producer only got into Redis after its due time (its process was not
+    scheduled in time on this shared host) says nothing about the consumer: those are counted
+    and reported apart, and left out of the percentiles.
     """
     queue = Queue(bench.client, "bench-lateness")
     rng = random.Random(3)
@@ -121,23 +124,34 @@ def lateness(bench: Bench, sizes: Sizes) -> list[Row]:
         ahead, live = dues[0::2], dues[1::2]
         queue.schedule_many([{"payload": {"n": i}, "at": due} for i, due in enumerate(ahead)])
         plan = sorted((due - rng.randint(10, 500), due) for due in live)
+        written_late: set[str] = set()
         for write_at, due in plan:
             pause = (write_at - queue.clock.now_ms()) / 1000
             if pause > 0:
                 time.sleep(pause)
-            queue.schedule({"n": due}, at=due)
+            result = queue.schedule({"n": due}, at=due)
+            if queue.clock.now_ms() >= due:
+                written_late.add(result.id)
         report = report_of(child.wait(sizes.timeout + sizes.lateness_seconds)[0])
     finally:
         child.kill()
-    late = report["lateness_ms"]
+    pairs = zip(report["lateness_ids"], report["lateness_ms"], strict=True)
+    late = [ms for message_id, ms in pairs if message_id not in written_late]
     p50, p99, worst = percentile(late, 50), percentile(late, 99), max(late)
-    early = sum(1 for x in late if x < 0)
+    early = sum(1 for x in report["lateness_ms"] if x < 0)
     bench.flush()
     spec = f"{count:,} messages over {sizes.lateness_seconds:g} s"
-    common = {"samples": len(late), "early": early, "min_ms": min(late)}
+    common = {
+        "samples": len(late),
+        "early": early,
+        "min_ms": min(late),
+        "written_after_due": len(written_late),
+    }
     return [
         Row("lateness.p50", f"lateness p50 ({spec})", p50, "ms", target="<= 1 ms",
-            ok=at_most(p50, 1.0) and early == 0, extra=common),
+            ok=at_most(p50, 1.0) and early == 0, extra=common,
+            note=f"{early} started early; {len(written_late)} the producer wrote only after "
+            "their due time, left out"),
         Row("lateness.p99", f"lateness p99 ({spec})", p99, "ms", target="<= 5 ms",
             ok=at_most(p99, 5.0) and early == 0),
         Row("lateness.max", f"lateness max ({spec})", worst, "ms", target="<= 20 ms",

@@ -150,7 +150,7 @@ def test_a_fetch_after_an_early_wake_claims_what_is_due_by_the_time_aimed_at(
     q.schedule("at the target", at=now + 3)
     q.schedule("after it", at=now + 4)
     consumer = Consumer([q], Recorder())
-    consumer._aim = Wake(target_ms=now + 3, planned_ms=now + 0.5, announced=False)
+    consumer._aim = Wake(due_ms=now + 3, planned_ms=now + 0.5, announced=False)
     claimed = consumer._fetch()
     assert [m.payload for m in claimed] == ["at the target"]
     assert claimed[0].claimed_ms == now  # the time it was really claimed
@@ -168,7 +168,7 @@ def test_a_wake_far_from_its_target_claims_nothing_early(
     consumer = Consumer([q], Recorder())
     # Only a target within the claim lead's bound moves the claim forward (a stop can end a
     # wait long before its target).
-    consumer._aim = Wake(target_ms=now + 3_600_000, planned_ms=now, announced=False)
+    consumer._aim = Wake(due_ms=now + 3_600_000, planned_ms=now, announced=False)
     assert consumer._fetch() == []
     assert q.counts()["pending"] == 1
 
@@ -197,6 +197,20 @@ def test_idle_safety_polls_promote_but_do_not_claim(
     wait_until(lambda: q.promotes >= 6)
     # The first round claims (nothing was known yet); the safety polls after it only promote.
     assert q.claims == 1
+
+
+def test_an_idle_consumer_makes_one_round_per_maintenance_not_a_burst_around_it(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    q = CountingQueue(redis_client, "idle", clock=SystemClock())
+    consumer = Consumer([q], Recorder(), idle_seconds=3600, maintenance_seconds=0.2)
+    started = time.monotonic()
+    r = running(consumer)
+    time.sleep(1.0)
+    r.stop()
+    maintenance_rounds = (time.monotonic() - started) / 0.2
+    # A slow host makes fewer rounds, never more: one per maintenance round and the first.
+    assert 1 <= q.promotes <= maintenance_rounds + 2
 
 
 def test_an_unannounced_ready_message_is_claimed_after_one_safety_poll(

@@ -70,32 +70,60 @@ def make_waiter(client: redis.Redis, clock: Any, channel: str = "wake") -> Waite
     return Waiter(client, [channel], clock, lambda: False, threading.Event())
 
 
-def test_wait_ends_one_claim_lead_before_its_target(redis_client: redis.Redis) -> None:
+def test_wait_ends_one_claim_lead_before_a_due_time(redis_client: redis.Redis) -> None:
     clock = SystemClock()
     waiter = make_waiter(redis_client, clock)
     try:
-        target = clock.now_ms() + 100
-        wake = waiter.wait(target)
-        assert wake.target_ms == target and not wake.announced
-        assert wake.planned_ms == target - waiter.lead.ms
+        due = clock.now_ms() + 100
+        wake = waiter.wait(due, poll_ms=due + 60_000)
+        assert wake.due_ms == due and not wake.announced
+        assert wake.planned_ms == due - waiter.lead.ms
         assert exact_now_ms(clock) >= wake.planned_ms
     finally:
         waiter.close()
 
 
-def test_an_announcement_moves_the_target_earlier(redis_client: redis.Redis) -> None:
+def test_a_poll_is_not_woken_for_early(redis_client: redis.Redis) -> None:
     clock = SystemClock()
     waiter = make_waiter(redis_client, clock)
     try:
-        waiter.wait(clock.now_ms() + 20)  # subscribes (a wait that ends at once would not)
+        poll = clock.now_ms() + 50
+        wake = waiter.wait(None, poll_ms=poll)
+        assert wake.due_ms is None and exact_now_ms(clock) >= poll
+        # A due time after the poll: the wait ends at the poll, aiming at no due time.
+        poll = clock.now_ms() + 50
+        wake = waiter.wait(poll + 1_000, poll_ms=poll)
+        assert wake.due_ms is None and exact_now_ms(clock) >= poll
+    finally:
+        waiter.close()
+
+
+def test_an_announcement_moves_the_due_time_earlier(redis_client: redis.Redis) -> None:
+    clock = SystemClock()
+    waiter = make_waiter(redis_client, clock)
+    hour = 3_600_000
+    try:
+        waiter.wait(None, clock.now_ms() + 20)  # subscribes (a wait that ends at once would not)
         assert waiter.subscribed
         soon = clock.now_ms() + 50
         redis_client.publish("wake", str(soon))
-        wake = waiter.wait(clock.now_ms() + 3_600_000)
-        assert wake.announced and wake.target_ms == soon
+        wake = waiter.wait(clock.now_ms() + hour, poll_ms=clock.now_ms() + hour)
+        assert wake.announced and wake.due_ms == soon
     finally:
         waiter.close()
     assert not waiter.subscribed
+
+
+def test_a_due_time_learnt_too_late_to_wake_early_is_not_counted_as_lead(
+    redis_client: redis.Redis,
+) -> None:
+    clock = SystemClock()
+    waiter = make_waiter(redis_client, clock)
+    before = exact_now_ms(clock)
+    wake = waiter.wait(clock.now_ms() - 10, poll_ms=clock.now_ms() + 1_000)  # already due
+    # Measured from when it was known, not from a planned wake that lay in the past: else
+    # every such round would count the lead itself as cost and push the lead up.
+    assert wake.planned_ms >= before
 
 
 def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
@@ -105,7 +133,7 @@ def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
     threading.Timer(0.1, stop.set).start()
     started = time.monotonic()
     try:
-        wake = waiter.wait(clock.now_ms() + 3_600_000)
+        wake = waiter.wait(None, clock.now_ms() + 3_600_000)
     finally:
         waiter.close()
     assert not wake.announced

@@ -10,6 +10,7 @@ millisecond without polling Redis while idle.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -171,10 +172,8 @@ class Consumer:
                 if delivered == 0:
                     if self.burst and not self._due_now():
                         break
-                    self._aim = self._waiter.wait(self._wake_at())
-                    self._polling = not self._aim.announced and not self._due_now(
-                        self._aim.target_ms
-                    )
+                    self._aim = self._waiter.wait(self._next_due(), self._poll_at())
+                    self._polling = not self._aim.announced and not self._due_now(self._aim.due_ms)
             return self._shutdown()
         finally:
             self._prefetching = False
@@ -198,14 +197,12 @@ class Consumer:
         wait aimed at; the handler threads hold those messages until they are due.
         """
         aim, self._aim = self._aim, None
+        if now_ms is not None or aim is None or aim.due_ms is None:
+            aim = None  # a step at a given time, or after a wait that was only a poll
         now = self.clock.now_ms() if now_ms is None else now_ms
         claim_until = now  # promote and claim what is due by then; everything else uses now
-        if (
-            aim is not None
-            and now_ms is None
-            and 0 < aim.target_ms - now <= self._waiter.lead.cap_ms
-        ):
-            claim_until = aim.target_ms
+        if aim is not None and 0 < aim.due_ms - now <= self._waiter.lead.cap_ms:
+            claim_until = aim.due_ms
         maintenance = time.monotonic() >= self._next_maintenance
         if maintenance:
             self.refresh()
@@ -402,16 +399,19 @@ class Consumer:
         now = self.clock.now_ms() if now is None else now
         return any(t is not None and t <= now for t in self._next_wake.values())
 
-    def _wake_at(self) -> int:
-        candidates = [t for t in self._next_wake.values() if t is not None]
+    def _next_due(self) -> int | None:
+        """The earliest due time (or retry time, or "now") known on any queue."""
+        return min((t for t in self._next_wake.values() if t is not None), default=None)
+
+    def _poll_at(self) -> int:
+        """When to look again even if nothing is known to be due: a poll or maintenance."""
         # Never past the producers' announce horizon: a message due later than that is not
         # announced, and is found by reading the pending head at this poll.
         idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
-        idle_until = self.clock.now_ms() + idle_ms
-        maintenance_at = self.clock.now_ms() + int(
-            max(0.0, self._next_maintenance - time.monotonic()) * 1000
-        )
-        return min([idle_until, maintenance_at, *candidates])
+        # Rounded up: a wait that ended before the (monotonic) maintenance time would find
+        # no maintenance due, and wait again for a fraction of a millisecond.
+        maintenance_in = math.ceil(max(0.0, self._next_maintenance - time.monotonic()) * 1000)
+        return self.clock.now_ms() + min(idle_ms, maintenance_in + 1)
 
     def _heartbeat(self, now: int) -> None:
         """Record that this consumer is alive (read by the health check)."""

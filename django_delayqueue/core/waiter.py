@@ -54,9 +54,9 @@ class ClaimLead:
 class Wake(NamedTuple):
     """Why and when a wait ended."""
 
-    target_ms: int  # the time the consumer aims its next claim at
-    planned_ms: float  # when the wait meant to end (target less the claim lead)
-    announced: bool  # whether a producer's announcement moved the target earlier
+    due_ms: int | None  # the due time the next claim aims at; None: woken for a poll
+    planned_ms: float  # when the wait meant to end (due time less the claim lead)
+    announced: bool  # whether a producer's announcement brought the due time forward
 
 
 class Waiter:
@@ -82,23 +82,30 @@ class Waiter:
     def subscribed(self) -> bool:
         return self._pubsub is not None
 
-    def wait(self, target_ms: int) -> Wake:
-        """Sleep until ``target_ms`` less the claim lead, or less before an earlier announcement.
+    def wait(self, due_ms: int | None, poll_ms: int) -> Wake:
+        """Sleep until one claim lead before ``due_ms`` or until ``poll_ms``, whichever is first.
 
-        A producer that schedules a message due before ``target_ms`` announces its due time
-        on the wake channel; the target moves to it.
+        A producer that schedules a message due before ``due_ms`` announces its due time on
+        the wake channel; the wait then aims at that. A poll (the idle safety poll, the
+        maintenance round) is not a due time and is not woken for early.
         """
-        announced_any = False
         lead = self.lead.ms
+        announced_any = False
+        known_since = exact_now_ms(self.clock)  # when the due time aimed at became known
         while not self._stopping():
-            remaining = (target_ms - lead - exact_now_ms(self.clock)) / 1000
+            end_ms = poll_ms if due_ms is None else min(poll_ms, due_ms - lead)
+            remaining = (end_ms - exact_now_ms(self.clock)) / 1000
             if remaining <= 0:
                 break
             announced = self._listen(min(remaining, WAIT_SLICE_SECONDS))
-            if announced is not None and announced < target_ms:
-                target_ms = announced
-                announced_any = True
-        return Wake(target_ms, target_ms - lead, announced_any)
+            if announced is not None and (due_ms is None or announced < due_ms):
+                due_ms, announced_any = announced, True
+                known_since = exact_now_ms(self.clock)
+        if due_ms is None or due_ms - lead > poll_ms:
+            return Wake(None, poll_ms, announced_any)
+        # A due time learnt less than one lead ahead could not be woken for earlier: the round
+        # trip's cost counts from when it was learnt, or the lead would feed on itself.
+        return Wake(due_ms, max(due_ms - lead, known_since), announced_any)
 
     def close(self) -> None:
         """Drop the pub/sub connection (after an outage, and when the consumer stops)."""
