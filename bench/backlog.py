@@ -116,8 +116,13 @@ def backlog(bench: Bench, sizes: Sizes) -> list[Row]:
             "ms",
             target="<= 20 ms",
             ok=at_most(longest_ms, 20.0),
-            note=f"promoted in {promote_seconds:.1f} s; {len(slow)} calls over 0.5 ms",
-            extra={"slow_calls_us": sorted(slow)[-20:], "promote_seconds": promote_seconds},
+            note=f"promoted in {promote_seconds:.1f} s; {len(slow)} calls over 0.5 ms; slowest: "
+            + ", ".join(f"{name} {us / 1000:.1f} ms" for us, name in bench.slow_names[:3]),
+            extra={
+                "slow_calls_us": sorted(slow)[-20:],
+                "slowest_calls": bench.slow_names,
+                "promote_seconds": promote_seconds,
+            },
         ),
     ]
 

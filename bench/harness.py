@@ -16,12 +16,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.scripts import LuaScript
 from django_delayqueue.redis_server import RedisServerProcess
+
+# Our scripts by name, to name the slow ones in SLOWLOG (which shows only their SHA).
+LUA_NAMES = sorted(
+    f.name.removesuffix(".lua")
+    for f in resources.files("django_delayqueue.core.lua").iterdir()
+    if f.name.endswith(".lua") and not f.name.startswith("_")
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +128,7 @@ class Bench:
         self.server = server
         self.url = server.url
         self.client = redis.Redis.from_url(self.url)
+        self.slow_names: list[tuple[int, str]] = []  # set by slowlog(): (µs, command)
 
     def new_client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)
@@ -142,7 +153,8 @@ class Bench:
     def slowlog(self, threshold_us: int = 1000, max_len: int = 100_000) -> Iterator[list[int]]:
         """Collect the durations (µs) of every command slower than ``threshold_us``.
 
-        A script is one command to Redis, so its whole run time is one entry.
+        A script is one command to Redis, so its whole run time is one entry. The names of
+        the slow commands (a script's by its SHA) land in ``self.slow_names``, slowest first.
         """
         durations: list[int] = []
         old = self.client.config_get("slowlog-*")
@@ -154,8 +166,20 @@ class Bench:
         finally:
             entries = self.client.slowlog_get(max_len)
             durations.extend(int(e["duration"]) for e in entries)
+            slowest = sorted(entries, key=lambda e: -int(e["duration"]))[:20]
+            self.slow_names = [(int(e["duration"]), _command_name(e)) for e in slowest]
             for name, value in old.items():
                 self.client.config_set(name, value)
+
+
+def _command_name(entry: dict[str, Any]) -> str:
+    """``claim.lua`` for an EVALSHA of our claim script, else the command's name."""
+    words = entry["command"].split()
+    name = to_str(words[0]).lower() if words else "?"
+    if name == "evalsha" and len(words) > 1:
+        sha = to_str(words[1])
+        return next((f"{s}.lua" for s in LUA_NAMES if LuaScript.named(s).sha == sha), "a script")
+    return name
 
 
 @contextmanager
