@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
+
 import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, ScriptFailed
-from django_delayqueue.core.bound import BoundScript, encode_arguments
+from django_delayqueue.core.bound import BoundScript, _KeptConnection, encode_arguments
 from django_delayqueue.core.scripts import LuaScript
 from django_delayqueue.redis_server import RedisServerProcess
 
@@ -61,7 +65,8 @@ def test_a_killed_pooled_connection_is_replaced_and_nothing_is_lost_or_doubled(
     producer = redis.Redis.from_url(redis_server.url)
     q = Queue(producer, "q", clock=ManualClock())
     assert q.schedule("first").created
-    redis_client.client_kill_filter(_id=producer.client_id())  # the pool's only connection
+    # Every connection but the test's own: the one schedule() keeps checked out among them.
+    redis_client.client_kill_filter(_type="normal", skipme=True)
     assert q.schedule("second", id="second").created
     assert q.counts()["ready"] == 2 and redis_client.hlen(q.keys.messages) == 2
     producer.close()
@@ -79,3 +84,99 @@ def test_other_clients_go_through_redis_py(redis_client: redis.Redis) -> None:
     q = Queue(client, "q", clock=ManualClock())
     assert q.schedule("through redis-py").created
     assert "EVALSHA" in Instrumented.sent
+
+
+# --- the connection a bound script keeps checked out ----------------------------------------------
+
+
+def test_queues_on_one_client_keep_one_connection_between_them(
+    redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    pool = client.connection_pool
+    for name in ("a", "b", "c"):
+        q = Queue(client, name, clock=ManualClock())
+        for n in range(3):
+            q.schedule(n)
+    assert len(pool._in_use_connections) == 1  # kept between calls, shared by the queues
+    assert q.counts()["ready"] == 3
+    client.close()
+
+
+@pytest.mark.parametrize("kind", ["blocking", "small"])
+def test_a_small_or_blocking_pool_is_left_whole(
+    redis_server: RedisServerProcess, redis_client: redis.Redis, kind: str
+) -> None:
+    if kind == "blocking":
+        pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=1, timeout=2)
+    else:
+        pool = redis.ConnectionPool.from_url(redis_server.url, max_connections=1)
+    client = redis.Redis(connection_pool=pool)
+    q = Queue(client, "q", clock=ManualClock())
+    q.schedule("first")
+    # Had schedule() kept the pool's only connection, this would wait and fail ("blocking") or
+    # fail at once with "Too many connections" ("small").
+    assert q.counts()["ready"] == 1
+    client.close()
+
+
+def test_a_forked_process_takes_a_connection_of_its_own(
+    redis_server: RedisServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = redis.ConnectionPool.from_url(redis_server.url)
+    kept = _KeptConnection()
+    parents = kept.get(pool)
+    assert kept.get(pool) is parents
+    monkeypatch.setattr(os, "getpid", lambda: -1)  # as seen from a forked child
+    assert kept.get(pool) is not parents
+    pool.disconnect()
+
+
+def test_threads_that_find_the_kept_connection_busy_use_the_pool(
+    redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    q = Queue(client, "q", clock=ManualClock())
+    errors: list[BaseException] = []
+
+    def produce(t: int) -> None:
+        try:
+            for n in range(200):
+                assert q.schedule(n, id=f"t{t}-{n}").created
+        except BaseException as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert q.counts()["ready"] == 1600
+    client.close()
+
+
+def _schedule_in_child(url: str) -> None:
+    q = Queue(_FORKED["client"], "q", clock=ManualClock())
+    raise SystemExit(0 if q.schedule("from the child", id="child").created else 1)
+
+
+_FORKED: dict[str, redis.Redis] = {}
+
+
+def test_a_forked_child_does_not_share_the_kept_connection(
+    redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    _FORKED["client"] = client
+    q = Queue(client, "q", clock=ManualClock())
+    assert q.schedule("before the fork", id="before").created  # keeps a connection
+    child = multiprocessing.get_context("fork").Process(
+        target=_schedule_in_child, args=(redis_server.url,)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert q.schedule("after the fork", id="after").created
+    assert sorted(client.hkeys(q.keys.messages)) == [b"after", b"before", b"child"]
+    client.close()

@@ -8,10 +8,21 @@ arguments that change and sends the result on a pooled connection. On a broken c
 sends the call again through redis-py, which applies the client's own retry policy. Clients
 other than a plain ``redis.Redis`` (a cluster client, a single-connection client, a subclass
 that may wrap commands) always go through redis-py.
+
+Taking a connection from redis-py's pool and giving it back costs a third of a ``schedule()``
+(a lock, a ``select()`` to check that the socket is clean, bookkeeping), so each pool keeps one
+connection checked out for the bound calls of whichever thread finds it free; a thread that
+finds it busy takes one from the pool as before. Only a plain ``ConnectionPool`` with room for
+many connections keeps one (a small or blocking pool is left whole); a forked child takes its
+own. A call interrupted half-way drops the connection's socket, so no unread reply is ever
+left on it.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +32,38 @@ from .errors import ScriptFailed
 from .scripts import LuaScript, ScriptBatch, is_noscript, redis_errors
 
 _BROKEN_CONNECTION = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# Keep a connection checked out only from a pool this large (redis-py's default is 100): one
+# connection less must not make another command wait for, or fail to get, a free one.
+KEEP_FROM_POOLS_OF_AT_LEAST = 50
+
+
+class _KeptConnection:
+    """The one connection of a pool kept checked out for bound calls (use with ``lock``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._connection: Any = None
+        self._pid = 0
+
+    def get(self, pool: Any) -> Any:
+        if self._connection is None or self._pid != os.getpid():
+            # After a fork the parent's connection (and socket) is not ours to use.
+            self._connection, self._pid = pool.get_connection(), os.getpid()
+        return self._connection
+
+
+_kept_by_pool: weakref.WeakKeyDictionary[Any, _KeptConnection] = weakref.WeakKeyDictionary()
+_kept_by_pool_lock = threading.Lock()
+
+
+def _kept_connection(pool: Any) -> _KeptConnection | None:
+    """The kept connection of ``pool``, or None for a pool that must be left whole."""
+    if type(pool) is not redis.ConnectionPool:
+        return None
+    if pool.max_connections < KEEP_FROM_POOLS_OF_AT_LEAST:
+        return None
+    with _kept_by_pool_lock:
+        return _kept_by_pool.setdefault(pool, _KeptConnection())
 
 
 def encode_arguments(args: Sequence[Any]) -> bytes:
@@ -43,6 +86,7 @@ class BoundScript:
         self.keys = list(keys)
         self.fixed = list(fixed)
         self._direct = type(client) is redis.Redis and client.connection is None
+        self._kept = _kept_connection(client.connection_pool) if self._direct else None
         head = ["EVALSHA", script.sha, len(self.keys), *self.keys, *self.fixed]
         self._head_count = len(head)
         self._head = encode_arguments(head)
@@ -93,25 +137,42 @@ class BoundScript:
     def _send(self, commands: list[bytes]) -> list[Any] | None:
         """The replies (errors in place), or None when the connection broke."""
         pool = self.client.connection_pool
+        kept = self._kept
+        if kept is not None and kept.lock.acquire(blocking=False):
+            try:
+                return _exchange(kept.get(pool), commands)
+            finally:
+                kept.lock.release()
         connection = pool.get_connection()
         try:
-            connection.send_packed_command(commands)
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(connection.read_response())
-                except redis.exceptions.ResponseError as e:  # this call failed, not the others
-                    replies.append(e)
-            return replies
-        except _BROKEN_CONNECTION:
-            connection.disconnect()
-            return None
+            return _exchange(connection, commands)
         finally:
             pool.release(connection)
 
     def _through_redis_py(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
         """The same calls through redis-py (a retry policy, any kind of client)."""
+        if len(arg_lists) == 1:  # an outage is then reported as "during <script name>"
+            return [self.script(self.client, self.keys, [*self.fixed, *arg_lists[0]])]
         batch = ScriptBatch()
         for args in arg_lists:
             batch.add(self.script, self.keys, [*self.fixed, *args])
         return batch.run(self.client)
+
+
+def _exchange(connection: Any, commands: list[bytes]) -> list[Any] | None:
+    """Send ``commands``, read one reply each (errors in place); None if the connection broke."""
+    try:
+        connection.send_packed_command(commands)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(connection.read_response())
+            except redis.exceptions.ResponseError as e:  # this call failed, not the others
+                replies.append(e)
+        return replies
+    except _BROKEN_CONNECTION:
+        connection.disconnect()
+        return None
+    except BaseException:
+        connection.disconnect()  # interrupted between a command and its reply: drop both
+        raise
