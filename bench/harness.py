@@ -128,7 +128,6 @@ class Bench:
         self.server = server
         self.url = server.url
         self.client = redis.Redis.from_url(self.url)
-        self.slow_names: list[tuple[int, str]] = []  # set by slowlog(): (µs, command)
 
     def new_client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)
@@ -150,24 +149,26 @@ class Bench:
         return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
     @contextmanager
-    def slowlog(self, threshold_us: int = 1000, max_len: int = 100_000) -> Iterator[list[int]]:
-        """Collect the durations (µs) of every command slower than ``threshold_us``.
+    def slowlog(
+        self, threshold_us: int = 1000, max_len: int = 100_000
+    ) -> Iterator[list[tuple[int, str]]]:
+        """Collect ``(µs, command name)`` of every command slower than ``threshold_us``.
 
-        A script is one command to Redis, so its whole run time is one entry. The names of
-        the slow commands (a script's by its SHA) land in ``self.slow_names``, slowest first.
+        A script is one command to Redis, so its whole run time is one entry; it is named by
+        its SHA (``claim.lua``). The list is filled when the block ends, slowest first.
         """
-        durations: list[int] = []
+        slow: list[tuple[int, str]] = []
         old = self.client.config_get("slowlog-*")
         self.client.config_set("slowlog-log-slower-than", threshold_us)
         self.client.config_set("slowlog-max-len", max_len)
         self.client.slowlog_reset()
         try:
-            yield durations
+            yield slow
         finally:
             entries = self.client.slowlog_get(max_len)
-            durations.extend(int(e["duration"]) for e in entries)
-            slowest = sorted(entries, key=lambda e: -int(e["duration"]))[:20]
-            self.slow_names = [(int(e["duration"]), _command_name(e)) for e in slowest]
+            slow.extend(
+                sorted(((int(e["duration"]), _command_name(e)) for e in entries), reverse=True)
+            )
             for name, value in old.items():
                 self.client.config_set(name, value)
 
