@@ -31,7 +31,6 @@ class Worker(Consumer):
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         super().__init__(queues, **kwargs)
-        self._needs_publish = False
 
     @classmethod
     def for_queues(cls, names: Sequence[str] | None = None, **kwargs: Any) -> Worker:
@@ -112,7 +111,7 @@ class Worker(Consumer):
                 logger.info("queue %s: settings now %s", q.name, _diff(q.settings, new))
                 q.settings = new
         missing = [name for name, values in published.items() if values is None]
-        if missing or self._needs_publish:
+        if missing:  # recomputed every refresh, so a failed republish is tried again
             self._republish(missing)
 
     def _republish(self, names: list[str]) -> None:
@@ -120,14 +119,17 @@ class Worker(Consumer):
         # back. One DB query per refresh at most, and only in that case.
         try:
             count = publish_from_db(names)
-            self._needs_publish = False
-            if count:
-                logger.info("republished settings of %s", ", ".join(names))
         except (DatabaseError, DelayQueueError) as e:
-            self._needs_publish = True
             logger.debug("settings not republished: %s", e)
+            return
         finally:
             close_old_connections()
+        if count:
+            logger.info("republished settings of %s", ", ".join(names))
+        if count < len(names):
+            # No row yet (the database was down when this worker started and synced): create
+            # the rows from the settings file, which publishes them too.
+            self.sync_settings()
 
 
 def _diff(old: Any, new: Any) -> str:

@@ -199,3 +199,15 @@ def test_consumer_works_after_script_flush(redis_client: redis.Redis, make_queue
     burst([q], handler)
     assert sorted(handler.payloads) == [0, 1, 2]
     assert q.counts() == EMPTY
+
+
+def test_a_broken_heartbeats_key_loses_no_claimed_message(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    q.schedule_many([{"payload": i} for i in range(3)])
+    redis_client.set(q.keys.heartbeats, "not a sorted set")  # the heartbeat write fails
+    handler = Recorder()
+    burst([q], handler, maintenance_seconds=0)
+    assert sorted(handler.payloads) == [0, 1, 2]
+    assert q.counts() == EMPTY

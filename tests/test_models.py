@@ -215,6 +215,17 @@ def test_worker_starts_from_the_published_settings(redis_client: redis.Redis) ->
 
 
 @pytest.mark.django_db
+def test_worker_creates_rows_it_could_not_create_at_start(redis_client: redis.Redis) -> None:
+    # The database was down when this worker started (no row was synced), Redis has nothing:
+    # once the database answers, a refresh creates the row from the file and publishes it.
+    QueueConfig.objects.filter(name="order-close").delete()
+    worker = Worker.for_queues(["order-close"])
+    worker.refresh()
+    assert QueueConfig.objects.filter(name="order-close").exists()
+    assert published(redis_client)["max_attempts"] == "5"
+
+
+@pytest.mark.django_db
 def test_worker_republishes_rows_that_redis_lost(redis_client: redis.Redis) -> None:
     QueueConfig.objects.filter(name="order-close").update(max_attempts=6)
     assert published(redis_client) == {}  # FLUSHALLed, as after a restart without persistence

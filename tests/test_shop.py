@@ -108,8 +108,9 @@ def test_a_rolled_back_order_schedules_nothing(redis_client: redis.Redis) -> Non
     assert redis_client.hlen(ORDERS.messages) == 0
 
 
-def test_a_bad_amount_is_refused(client: Client, redis_client: redis.Redis) -> None:
-    response = post(client, reverse("shop:create_order"), {"amount": "lots"})
+@pytest.mark.parametrize("amount", ["lots", "nan", "inf", "1e30"])
+def test_a_bad_amount_is_refused(client: Client, redis_client: redis.Redis, amount: str) -> None:
+    response = post(client, reverse("shop:create_order"), {"amount": amount})
     assert response.status_code == 400
     assert not Order.objects.exists()
     assert redis_client.hlen(ORDERS.messages) == 0

@@ -6,6 +6,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
@@ -40,9 +41,14 @@ def index(request: HttpRequest) -> HttpResponse:
 @require_POST
 def create_order(request: HttpRequest) -> HttpResponse:
     try:
-        amount = Decimal(request.POST.get("amount", ""))
-    except InvalidOperation:
-        return HttpResponseBadRequest("amount must be a number")
+        # The model field's own check: "nan", "inf" or 1e30 parse as Decimal but do not fit.
+        amount = Order._meta.get_field("amount").clean(
+            Decimal(request.POST.get("amount", "")), None
+        )
+    except (InvalidOperation, ValidationError):
+        return HttpResponseBadRequest(
+            "amount must be a number with at most 8 digits before the point"
+        )
     with transaction.atomic():
         order = Order.objects.create(amount=amount)
         # Sent when the order commits; a rolled-back order schedules nothing.

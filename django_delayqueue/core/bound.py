@@ -98,9 +98,11 @@ class BoundScript:
         command = self._encode(args)
         with redis_errors(self.script.name):
             replies = self._send([command])
-        if replies is not None and not isinstance(replies[0], redis.exceptions.ResponseError):
-            return replies[0]  # the usual case; call_many handles NOSCRIPT and errors
-        return self.call_many([args])[0]
+        if replies is None:  # a broken connection: redis-py's retry policy decides
+            return self._through_redis_py([args])[0]
+        if is_noscript(replies[0]):  # after a SCRIPT FLUSH: load it and send again
+            return self.call_many([args])[0]
+        return _raise_script_errors(self.script, replies)[0]
 
     def call_many(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
         """One call per argument list, all sent in one round trip; a script error raises.
@@ -125,10 +127,7 @@ class BoundScript:
                     return self._through_redis_py([arg_lists[i] for i in missing])
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.ResponseError):
-                raise ScriptFailed(f"{self.script.name}.lua failed: {reply}") from reply
-        return replies
+        return _raise_script_errors(self.script, replies)
 
     def _encode(self, args: Sequence[Any]) -> bytes:
         count = self._head_count + len(args)
@@ -176,3 +175,11 @@ def _exchange(connection: Any, commands: list[bytes]) -> list[Any] | None:
     except BaseException:
         connection.disconnect()  # interrupted between a command and its reply: drop both
         raise
+
+
+def _raise_script_errors(script: LuaScript, replies: list[Any]) -> list[Any]:
+    """``replies``, or ScriptFailed for the first error among them (no call is sent again)."""
+    for reply in replies:
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise ScriptFailed(f"{script.name}.lua failed: {reply}") from reply
+    return replies

@@ -20,7 +20,7 @@ from typing import Any
 
 from .clock import exact_now_ms
 from .envelope import Message
-from .errors import DelayQueueError, RedisUnavailable
+from .errors import DelayQueueError
 from .outcome import Outcome, run_handler
 from .pool import Batch, Extender, HandlerPool
 from .queue import ANNOUNCE_WITHIN_MS, Queue
@@ -213,10 +213,11 @@ class Consumer:
         results = batch.run(self.client, raise_errors=False)
         if aim is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
-        if maintenance:  # after the claim, so that it never delays a delivery
-            self._heartbeat(now)
         self._unrecorded.settle(flush, results[: len(flush)])
-        return self._read_queue_results(plan, results, now)
+        messages = self._read_queue_results(plan, results, now)
+        if maintenance:  # last: it never delays a delivery, and its failure loses no claim
+            self._heartbeat(now)
+        return messages
 
     def _add_queue_calls(
         self, batch: ScriptBatch, claim_until: int, reap_at: int | None
@@ -317,13 +318,13 @@ class Consumer:
         unstarted = batch.unstarted()
         if unstarted:
             self._release(unstarted)
-        with batch.lock:
-            self._unrecorded.extend(batch.outcomes)
-        if not batch.done.is_set():
+        finished, running = batch.finished_and_running()
+        self._unrecorded.extend(finished)
+        if running:
             # Handlers still running when we must stop: they started, so the attempt counts;
             # hand them back for an immediate retry (if Redis is unreachable they stay in unack
             # and the visibility timeout brings them back).
-            self._give_back(batch.running())
+            self._give_back(running)
 
     def _prefetch(self) -> None:
         """Claim the next batch now, so Redis works while the handlers do, not in turns."""
@@ -427,7 +428,7 @@ class Consumer:
                 pipe.execute()
             if prune:
                 self._heartbeats_pruned_at = now
-        except RedisUnavailable as e:
+        except DelayQueueError as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
 
     def _group(self, messages: list[Message]) -> list[tuple[Queue, list[Message]]]:

@@ -52,6 +52,15 @@ class Batch:
             self.todo.clear()
             return left
 
+    def finished_and_running(self) -> tuple[list[Outcome], list[Message]]:
+        """The outcomes so far and the messages still running, read at one instant.
+
+        Read apart, a handler finishing in between would be in neither list: not recorded,
+        not given back.
+        """
+        with self.lock:
+            return list(self.outcomes), list(self.running_by_token.values())
+
     def running(self) -> list[Message]:
         with self.lock:
             return list(self.running_by_token.values())

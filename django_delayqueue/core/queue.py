@@ -18,7 +18,7 @@ from .envelope import (
     to_str,
     validate_id,
 )
-from .errors import ConfigurationError, CorruptEnvelope, PayloadError
+from .errors import ConfigurationError, CorruptEnvelope, DelayQueueError, PayloadError
 from .inspection import Inspection
 from .keys import QueueKeys
 from .results import (
@@ -273,7 +273,10 @@ class Queue(Inspection):
             logger.warning(
                 "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
             )
-            self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
+            try:
+                self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
+            except DelayQueueError as e:  # the good ones are claimed: deliver them anyway
+                logger.error("queue %s: could not bury corrupt envelopes: %s", self.name, e)
         return messages
 
     def ack_call(self, messages: Iterable[Message]) -> tuple[LuaScript, list, list]:
