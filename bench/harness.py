@@ -16,22 +16,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from django_delayqueue.core.envelope import to_str
-from django_delayqueue.core.scripts import LuaScript
+from django_delayqueue.core.scripts import LuaScript, script_names
 from django_delayqueue.redis_server import RedisServerProcess
-
-# Our scripts by name, to name the slow ones in SLOWLOG (which shows only their SHA).
-LUA_NAMES = sorted(
-    f.name.removesuffix(".lua")
-    for f in resources.files("django_delayqueue.core.lua").iterdir()
-    if f.name.endswith(".lua") and not f.name.startswith("_")
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,7 +171,9 @@ def _command_name(entry: dict[str, Any]) -> str:
     name = to_str(words[0]).lower() if words else "?"
     if name == "evalsha" and len(words) > 1:
         sha = to_str(words[1])
-        return next((f"{s}.lua" for s in LUA_NAMES if LuaScript.named(s).sha == sha), "a script")
+        return next(
+            (f"{s}.lua" for s in script_names() if LuaScript.named(s).sha == sha), "a script"
+        )
     return name
 
 

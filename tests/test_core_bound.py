@@ -5,12 +5,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from typing import Any
 
 import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, ScriptFailed
-from django_delayqueue.core.bound import BoundScript, _KeptConnection, encode_arguments
+from django_delayqueue.core.bound import (
+    BoundScript,
+    _kept_connection,
+    _KeptConnection,
+    encode_arguments,
+)
 from django_delayqueue.core.scripts import LuaScript
 from django_delayqueue.redis_server import RedisServerProcess
 
@@ -156,12 +162,15 @@ def test_threads_that_find_the_kept_connection_busy_use_the_pool(
     client.close()
 
 
-def _schedule_in_child(url: str) -> None:
-    q = Queue(_FORKED["client"], "q", clock=ManualClock())
-    raise SystemExit(0 if q.schedule("from the child", id="child").created else 1)
+def _schedule_in_child() -> None:
+    client, parents = _FORKED["client"], _FORKED["connection"]
+    q = Queue(client, "q", clock=ManualClock())
+    created = q.schedule("from the child", id="child").created
+    ours = _kept_connection(client.connection_pool)._connection  # type: ignore[union-attr]
+    raise SystemExit(0 if created and ours is not parents else 1)
 
 
-_FORKED: dict[str, redis.Redis] = {}
+_FORKED: dict[str, Any] = {}
 
 
 def test_a_forked_child_does_not_share_the_kept_connection(
@@ -171,9 +180,9 @@ def test_a_forked_child_does_not_share_the_kept_connection(
     _FORKED["client"] = client
     q = Queue(client, "q", clock=ManualClock())
     assert q.schedule("before the fork", id="before").created  # keeps a connection
-    child = multiprocessing.get_context("fork").Process(
-        target=_schedule_in_child, args=(redis_server.url,)
-    )
+    _FORKED["connection"] = _kept_connection(client.connection_pool)._connection  # type: ignore[union-attr]
+    assert _FORKED["connection"] is not None
+    child = multiprocessing.get_context("fork").Process(target=_schedule_in_child)
     child.start()
     child.join(60)
     assert child.exitcode == 0

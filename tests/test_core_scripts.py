@@ -12,16 +12,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_delayqueue.core import ManualClock, Queue, RedisUnavailable, ScriptFailed
-from django_delayqueue.core.scripts import LuaScript, ScriptBatch
+from django_delayqueue.core.scripts import LuaScript, ScriptBatch, script_names
 from django_delayqueue.redis_server import free_port
 
 NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries connection errors by default
 
-LUA_NAMES = sorted(
-    p.name.removesuffix(".lua")
-    for p in resources.files("django_delayqueue.core.lua").iterdir()
-    if p.name.endswith(".lua") and not p.name.startswith("_")  # _shared.lua: functions only
-)
+LUA_NAMES = script_names()
 
 ECHO_KEYS = """-- test script
 -- returns KEYS[1] and ARGV[1]"""

@@ -74,11 +74,13 @@ def test_wait_ends_one_claim_lead_before_a_due_time(redis_client: redis.Redis) -
     clock = SystemClock()
     waiter = make_waiter(redis_client, clock)
     try:
-        due = clock.now_ms() + 100
+        waiter.lead = ClaimLead(cap_ms=200)
+        waiter.lead.observe(200)  # a lead far longer than any wake-up overshoot
+        due = clock.now_ms() + 400
         wake = waiter.wait(due, poll_ms=due + 60_000)
         assert wake.due_ms == due and not wake.announced
         assert wake.planned_ms == due - waiter.lead.ms
-        assert exact_now_ms(clock) >= wake.planned_ms
+        assert wake.planned_ms <= exact_now_ms(clock) < due  # woke early, by the lead
     finally:
         waiter.close()
 

@@ -73,6 +73,15 @@ def _read_lua(name: str) -> str:
     return resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
 
 
+def script_names() -> list[str]:
+    """The names of every script, sorted (``_shared.lua`` holds functions only: not one)."""
+    return sorted(
+        f.name.removesuffix(".lua")
+        for f in resources.files("django_delayqueue.core.lua").iterdir()
+        if f.name.endswith(".lua") and not f.name.startswith("_")
+    )
+
+
 @cache
 def _shared_functions() -> dict[str, str]:
     return {m[1]: m[0] for m in _SHARED_FUNCTION.finditer(_read_lua("_shared"))}
