@@ -21,6 +21,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..core.envelope import to_str
 from ..core.keys import QueueKeys
 from ..core.outcome import JOURNAL_FIELDS
 
@@ -55,7 +56,7 @@ def discover_queues(client: Any, prefix: str) -> list[str]:
     marker = f"{{{prefix}:"
     names = set()
     for key in client.scan_iter(match=f"{{{prefix}:*}}:journal", count=1000):
-        text = key.decode() if isinstance(key, bytes) else key
+        text = to_str(key)
         if text.startswith(marker) and text.endswith("}:journal"):
             names.add(text[len(marker) : -len("}:journal")])
     return sorted(names)
@@ -69,10 +70,10 @@ def read_entries(
     while True:
         entries = client.xrange(stream, min=start, max="+", count=page)
         for entry_id, fields in entries:
-            yield _text(entry_id), fields
+            yield to_str(entry_id), fields
         if len(entries) < page:
             return
-        start = f"({_text(entries[-1][0])}"
+        start = f"({to_str(entries[-1][0])}"
 
 
 def journal_rows(
@@ -174,7 +175,3 @@ def _write(spark: SparkSession, rows: list[tuple[Any, ...]], out: str, mode: str
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -76,11 +76,8 @@ def configure_logging(verbosity: int) -> None:
     """``--verbosity`` onto the package logger, with a stderr handler if none would print."""
     logger = logging.getLogger("django_delayqueue")
     logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
-    current: logging.Logger | None = logger
-    while current is not None:
-        if current.handlers:
-            return
-        current = current.parent if current.propagate else None
+    if logger.hasHandlers():  # one here or on an ancestor it propagates to
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)

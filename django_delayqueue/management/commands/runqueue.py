@@ -77,19 +77,10 @@ def configure_logging(verbosity: int) -> None:
     """Map ``--verbosity`` onto the package logger; add a handler when nothing would print."""
     logger = logging.getLogger("django_delayqueue")
     logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
-    if not _has_handler(logger):
+    if not logger.hasHandlers():  # one here or on an ancestor it propagates to
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
-
-
-def _has_handler(logger: logging.Logger) -> bool:
-    current: logging.Logger | None = logger
-    while current is not None:
-        if current.handlers:
-            return True
-        current = current.parent if current.propagate else None
-    return False
 
 
 def _install_signal_handlers(worker: Worker) -> dict[int, Any]:
