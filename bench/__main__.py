@@ -28,6 +28,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "schedule_many": produce.schedule_many,
     "deliver": deliver.throughput,
     "lateness": deliver.lateness,
+    "lateness_slow": deliver.lateness_beside_slow,
     "idle": deliver.idle,
     "backlog": backlog.backlog,
     "django": django_path.django_path,

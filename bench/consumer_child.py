@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=None, help="stop after this many")
     parser.add_argument("--claim-batch", type=int, default=QueueSettings().claim_batch)
     parser.add_argument("--lateness", action="store_true", help="record handler lateness")
+    parser.add_argument(
+        "--slow-ms", type=float, default=0, help="handlers of {'slow': 1} payloads sleep this long"
+    )
     parser.add_argument("--profile", default="", help="write a pyinstrument profile here")
     args = parser.parse_args(argv)
 
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     handled = [0]
 
     def handler(message: Message) -> None:
+        if args.slow_ms and isinstance(message.payload, dict) and message.payload.get("slow"):
+            time.sleep(args.slow_ms / 1000)  # a slow API call: not measured
+            handled[0] += 1
+            return
         if args.lateness:
             late_ms.append(time.time() * 1000 - message.due_ms)
             late_ids.append(message.id)

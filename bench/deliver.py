@@ -114,15 +114,48 @@ def lateness(bench: Bench, sizes: Sizes) -> list[Row]:
     scheduled in time on this shared host) says nothing about the consumer: those are counted
     and reported apart, and left out of the percentiles.
     """
-    queue = Queue(bench.client, "bench-lateness")
+    spec = f"{sizes.lateness:,} messages over {sizes.lateness_seconds:g} s"
+    return _lateness_rows(bench, sizes, "lateness", spec, slow_lanes=0)
+
+
+SLOW_HANDLER_MS = 1000
+SLOW_CONCURRENCY = 8
+
+
+def lateness_beside_slow(bench: Bench, sizes: Sizes) -> list[Row]:
+    """The lateness row again, while slow handlers (1 s each) keep half the threads busy.
+
+    Half of the consumer's 8 threads run a 1-second handler at all times (a slow API, an SMS
+    gateway); the fast messages must still start on time on the other half. Only the fast
+    messages are measured, with the plain lateness row's targets.
+    """
+    lanes = SLOW_CONCURRENCY // 2
+    spec = (
+        f"{sizes.lateness:,} fast messages over {sizes.lateness_seconds:g} s beside "
+        f"{lanes} slow {SLOW_HANDLER_MS} ms handlers, concurrency {SLOW_CONCURRENCY}"
+    )
+    return _lateness_rows(bench, sizes, "lateness_slow", spec, slow_lanes=lanes)
+
+
+def _lateness_rows(bench: Bench, sizes: Sizes, key: str, spec: str, slow_lanes: int) -> list[Row]:
+    queue = Queue(bench.client, f"bench-{key}")
     rng = random.Random(3)
     count, window_ms = sizes.lateness, int(sizes.lateness_seconds * 1000)
-    child = start_consumer(bench, queue, "--lateness", "--count", str(count))
+    start = queue.clock.now_ms() + 500
+    # Back to back in each lane: `slow_lanes` slow handlers running through the whole window.
+    slow = [
+        {"payload": {"slow": 1}, "at": start + n * SLOW_HANDLER_MS}
+        for _ in range(slow_lanes)
+        for n in range(window_ms // SLOW_HANDLER_MS + 1)
+    ]
+    extra = ["--lateness", "--count", str(count + len(slow))]
+    if slow_lanes:
+        extra += ["--concurrency", str(SLOW_CONCURRENCY), "--slow-ms", str(SLOW_HANDLER_MS)]
+    child = start_consumer(bench, queue, *extra)
     try:
-        start = queue.clock.now_ms() + 500
         dues = sorted(start + rng.randrange(window_ms) for _ in range(count))
         ahead, live = dues[0::2], dues[1::2]
-        queue.schedule_many([{"payload": {"n": i}, "at": due} for i, due in enumerate(ahead)])
+        queue.schedule_many(slow + [{"payload": {"n": i}, "at": d} for i, d in enumerate(ahead)])
         plan = sorted((due - rng.randint(10, 500), due) for due in live)
         written_late: set[str] = set()
         for write_at, due in plan:
@@ -132,7 +165,7 @@ def lateness(bench: Bench, sizes: Sizes) -> list[Row]:
             result = queue.schedule({"n": due}, at=due)
             if queue.clock.now_ms() >= due:
                 written_late.add(result.id)
-        report = report_of(child.wait(sizes.timeout + sizes.lateness_seconds)[0])
+        report = report_of(child.wait(sizes.timeout + sizes.lateness_seconds + 2)[0])
     finally:
         child.kill()
     pairs = zip(report["lateness_ids"], report["lateness_ms"], strict=True)
@@ -140,21 +173,21 @@ def lateness(bench: Bench, sizes: Sizes) -> list[Row]:
     p50, p99, worst = percentile(late, 50), percentile(late, 99), max(late)
     early = sum(1 for x in report["lateness_ms"] if x < 0)
     bench.flush()
-    spec = f"{count:,} messages over {sizes.lateness_seconds:g} s"
     common = {
         "samples": len(late),
         "early": early,
         "min_ms": min(late),
         "written_after_due": len(written_late),
+        "slow_messages": len(slow),
     }
     return [
-        Row("lateness.p50", f"lateness p50 ({spec})", p50, "ms", target="<= 1 ms",
+        Row(f"{key}.p50", f"{key} p50 ({spec})", p50, "ms", target="<= 1 ms",
             ok=at_most(p50, 1.0) and early == 0, extra=common,
             note=f"{early} started early; {len(written_late)} the producer wrote only after "
             "their due time, left out"),
-        Row("lateness.p99", f"lateness p99 ({spec})", p99, "ms", target="<= 5 ms",
+        Row(f"{key}.p99", f"{key} p99 ({spec})", p99, "ms", target="<= 5 ms",
             ok=at_most(p99, 5.0) and early == 0),
-        Row("lateness.max", f"lateness max ({spec})", worst, "ms", target="<= 20 ms",
+        Row(f"{key}.max", f"{key} max ({spec})", worst, "ms", target="<= 20 ms",
             ok=at_most(worst, 20.0) and early == 0),
     ]  # fmt: skip
 

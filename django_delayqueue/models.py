@@ -44,7 +44,8 @@ class QueueConfig(models.Model):
     )
     claim_batch = models.PositiveIntegerField(default=_D.claim_batch)
     concurrency = models.PositiveIntegerField(
-        default=_D.concurrency, help_text="Hint for runqueue's thread count (read at start)."
+        default=_D.concurrency,
+        help_text="Handler threads per queue in each runqueue (unless --concurrency).",
     )
     paused = models.BooleanField(
         default=_D.paused, help_text="Paused queues keep scheduling but deliver nothing."

@@ -23,6 +23,9 @@ EXPECTED_ROWS = {
     "lateness.p50",
     "lateness.p99",
     "lateness.max",
+    "lateness_slow.p50",
+    "lateness_slow.p99",
+    "lateness_slow.max",
     "idle.commands",
     "memory.per_message",
     "backlog.schedule",
@@ -72,6 +75,9 @@ def test_every_delivery_was_acknowledged(quick_run: dict) -> None:
     for key in ("deliver.c1", "deliver.c8"):
         assert not any(rows[key]["extra"]["left"].values()), rows[key]
     assert rows["lateness.p50"]["extra"]["samples"] == 200  # every message reached the handler
+    # The fast messages beside the slow handlers all arrived too, and no slow one was measured.
+    assert rows["lateness_slow.p50"]["extra"]["samples"] == 200
+    assert rows["lateness_slow.p50"]["extra"]["slow_messages"] > 0
 
 
 def test_table_is_printed(quick_run: dict) -> None:

@@ -268,19 +268,31 @@ def test_released_messages_are_announced_to_sleeping_consumers(
 
 
 def test_extender_keeps_a_slow_handler_from_being_redelivered(
-    redis_client: redis.Redis, make_queue: Any, running: Any
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any, running: Any
 ) -> None:
-    # visibility_timeout=1 s and a 2.5 s handler: without the extender the deadline passes, a
-    # reap moves the message to retry and the second consumer delivers it again.
-    q = make_queue(clock=SystemClock(), visibility_timeout=1, backoff_base=0, backoff_max=0)
+    # Deterministic: the queue's clock only moves when the test says so, and the handler ends
+    # when the test lets it. Three visibility timeouts pass on that clock while it runs; each
+    # time the extender must have pushed the deadline out before a reap could take it.
+    q = make_queue(visibility_timeout=3)
     q.schedule("slow", id="slow")
-    handler = Recorder(lambda m: time.sleep(2.5))
-    slow = Consumer([q], handler, maintenance_seconds=0.1, idle_seconds=0.1)
-    reaper = Consumer([q], handler, maintenance_seconds=0.1, idle_seconds=0.1)
-    running(slow)
-    wait_until(lambda: handler.calls)
-    running(reaper)
-    wait_until(lambda: q.counts() == EMPTY, timeout=TIMEOUT)
+    started, finish = threading.Event(), threading.Event()
+
+    def slow(m: Message) -> None:
+        started.set()
+        assert finish.wait(TIMEOUT)
+
+    handler = Recorder(slow)
+    r = running(Consumer([q], handler, maintenance_seconds=0.1, idle_seconds=0.1))
+    assert started.wait(TIMEOUT)
+    for _ in range(3):
+        manual_clock.advance(seconds=2)  # the deadline (+3 s) has not passed yet...
+        extended = manual_clock.now_ms() + 3000
+        # ...and the extender (every 1 s of real time) moves it out again.
+        wait_until(lambda at=extended: redis_client.zscore(q.keys.unack, "slow") == at)
+        assert q.reap().retried == 0
+    finish.set()
+    wait_until(lambda: q.counts() == EMPTY)
+    r.stop()
     assert [m.attempt for m in handler.calls] == [1]
     assert not redis_client.exists(q.keys.reasons)  # never reaped
     rows = [json.loads(f[b"o"]) for _, f in redis_client.xrange(q.keys.journal)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -11,7 +12,7 @@ from core_consumer_support import T0
 
 from django_delayqueue.core.outcome import ACK, GARBAGE, RETRY, Outcome
 from django_delayqueue.core.scripts import ScriptBatch
-from django_delayqueue.core.unrecorded import UnrecordedOutcomes
+from django_delayqueue.core.unrecorded import JOURNAL_TRIES, UnrecordedOutcomes
 
 
 def claimed_outcomes(q: Any, statuses: list[str]) -> list[Outcome]:
@@ -25,9 +26,14 @@ def claimed_outcomes(q: Any, statuses: list[str]) -> list[Outcome]:
 
 
 def flush(client: redis.Redis, unrecorded: UnrecordedOutcomes, now: int = T0) -> None:
+    """One flush, as the consumer sends it; ``force`` skips a failed queue's pause."""
     batch = ScriptBatch()
-    calls = unrecorded.add_to(batch, now)
+    calls = unrecorded.add_to(batch, now, force=True)
     unrecorded.settle(calls, batch.run(client, raise_errors=False))
+
+
+def journal_rows(client: redis.Redis, q: Any) -> list[list[Any]]:
+    return [row for _, f in client.xrange(q.keys.journal) for row in json.loads(f[b"o"])]
 
 
 def test_one_flush_records_acks_retries_burials_and_a_journal_entry(
@@ -47,7 +53,7 @@ def test_one_flush_records_acks_retries_burials_and_a_journal_entry(
     assert fields[b"n"] == b"3"
 
 
-def test_outcomes_stay_until_a_flush_succeeds(
+def test_a_failed_journal_write_is_sent_again_alone(
     redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     q = make_queue()
@@ -56,13 +62,58 @@ def test_outcomes_stay_until_a_flush_succeeds(
     redis_client.set(q.keys.journal, "not a stream")  # the journal call fails
     with caplog.at_level(logging.ERROR):
         flush(redis_client, unrecorded)
-    assert len(unrecorded) == 2
-    assert "could not record 2 outcome(s)" in caplog.text
+    assert "queue q: could not record 2 outcome(s)" in caplog.text
+    assert len(unrecorded) == 2  # their journal rows are still owed...
+    assert q.counts()["unack"] == 0  # ...but the acks went through, and are not sent again
     redis_client.delete(q.keys.journal)
     flush(redis_client, unrecorded)
     assert len(unrecorded) == 0
+    assert sorted(row[0] for row in journal_rows(redis_client, q)) == ["m0", "m1"]
+    flush(redis_client, unrecorded)  # nothing left: no second copy of any row
+    assert len(journal_rows(redis_client, q)) == 2
+
+
+def test_one_broken_queue_does_not_hold_back_another(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    broken, healthy = make_queue("broken"), make_queue("healthy")
+    unrecorded = UnrecordedOutcomes([broken, healthy], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(broken, [ACK]))
+    unrecorded.extend(claimed_outcomes(healthy, [ACK, RETRY, ACK, ACK, ACK]))
+    redis_client.set(broken.keys.journal, "not a stream")
+    for _ in range(2):  # JOURNAL_TRIES is 3: the broken queue's row is still kept after two
+        flush(redis_client, unrecorded)
+    # Every outcome of the healthy queue recorded once: five rows, not five per round.
+    assert len(journal_rows(redis_client, healthy)) == 5
+    assert healthy.counts()["unack"] == 0
+    assert len(unrecorded) == 1  # only the broken queue's journal row is owed
+
+
+def test_a_journal_row_that_keeps_failing_is_dropped_with_an_error(
+    redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(q, [ACK]))
+    redis_client.set(q.keys.journal, "not a stream")
+    with caplog.at_level(logging.ERROR):
+        for _ in range(JOURNAL_TRIES):
+            flush(redis_client, unrecorded)
+    assert len(unrecorded) == 0  # memory does not grow for ever
+    assert "journal rows of 1 delivery(ies) dropped" in caplog.text and "m0" in caplog.text
     assert q.counts()["unack"] == 0
-    assert redis_client.xlen(q.keys.journal) == 1
+
+
+def test_a_failed_queue_waits_its_pause_before_the_next_try(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(q, [ACK]))
+    redis_client.set(q.keys.journal, "not a stream")
+    flush(redis_client, unrecorded)
+    # Without force, the next round leaves it alone (no error logged every round trip).
+    assert unrecorded.add_to(ScriptBatch(), T0) == []
 
 
 def test_a_retry_that_used_the_last_attempt_is_logged(

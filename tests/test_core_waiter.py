@@ -67,7 +67,7 @@ def test_sleep_until_due_gives_up_after_longest_ms_on_a_clock_that_does_not_move
 
 
 def make_waiter(client: redis.Redis, clock: Any, channel: str = "wake") -> Waiter:
-    return Waiter(client, [channel], clock, lambda: False, threading.Event())
+    return Waiter([(client, [channel])], clock, lambda: False, threading.Event())
 
 
 def test_wait_ends_one_claim_lead_before_a_due_time(redis_client: redis.Redis) -> None:
@@ -105,8 +105,7 @@ def test_an_announcement_moves_the_due_time_earlier(redis_client: redis.Redis) -
     waiter = make_waiter(redis_client, clock)
     hour = 3_600_000
     try:
-        waiter.wait(None, clock.now_ms() + 20)  # subscribes (a wait that ends at once would not)
-        assert waiter.subscribed
+        assert waiter.wait_subscribed(20.0)
         soon = clock.now_ms() + 50
         redis_client.publish("wake", str(soon))
         wake = waiter.wait(clock.now_ms() + hour, poll_ms=clock.now_ms() + hour)
@@ -131,7 +130,7 @@ def test_a_due_time_learnt_too_late_to_wake_early_is_not_counted_as_lead(
 def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
     stop = threading.Event()
     clock = SystemClock()
-    waiter = Waiter(redis_client, ["wake"], clock, stop.is_set, stop)
+    waiter = Waiter([(redis_client, ["wake"])], clock, stop.is_set, stop)
     threading.Timer(0.1, stop.set).start()
     started = time.monotonic()
     try:

@@ -107,9 +107,11 @@ def test_handler_slower_than_visibility_timeout_is_extended_not_redelivered(
     redis_server: RedisServerProcess, redis_client: redis.Redis, ledger_path: Path, tmp_path: Path
 ) -> None:
     q = producer(redis_server.url, "drill")
-    ids = [q.schedule({"do": "sleep:3.5"}).id for _ in range(2)]
+    # Two visibility timeouts of 3 s pass while the handlers run; the extender pushes the
+    # deadline out every second, so only a stall of two seconds could lapse one.
+    ids = [q.schedule({"do": "sleep:7"}).id for _ in range(2)]
     with consumers(
-        redis_server.url, "drill", tmp_path, ledger=ledger_path, visibility=1, maintenance=0.2
+        redis_server.url, "drill", tmp_path, ledger=ledger_path, visibility=3, maintenance=0.2
     ) as cs:
         # Two consumers: if a deadline ever lapsed, the idle one would reap and take it.
         busy = cs.start(concurrency=2, claim_batch=2)

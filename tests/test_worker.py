@@ -16,7 +16,7 @@ from django.dispatch import Signal
 from django.test import override_settings
 
 import django_delayqueue as dq
-from django_delayqueue.core import ConfigurationError, QueueKeys
+from django_delayqueue.core import ConfigurationError, ManualClock, Queue, QueueKeys, QueueSettings
 from django_delayqueue.worker import Worker
 
 QUEUE = "work"
@@ -221,38 +221,45 @@ def test_worker_takes_journal_and_refresh_settings() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_long_handler_keeps_its_message(redis_client: redis.Redis, receivers: Any) -> None:
-    """Visibility 1 s, handler 3 s: without extensions a second worker would take it again."""
+    """A handler outliving three visibility timeouts keeps its message (no second delivery).
+
+    The queue runs on a ManualClock that only the test moves, and the handler ends when the
+    test lets it: no sleep has to be long enough on a loaded machine.
+    """
     calls: list[int] = []
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def slow(message: dq.Message, **kwargs: Any) -> None:
         calls.append(message.attempt)
+        started.set()
         release.wait(WAIT)
 
     receivers(slow)
-    queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"visibility_timeout": 1}}
-    config = {**settings.DELAYQUEUE, "QUEUES": queues, "SETTINGS_REFRESH_SECONDS": 0.1}
-    with override_settings(DELAYQUEUE=config):
-        first = Worker.for_queues([QUEUE], idle_seconds=0.1)
-        second = Worker.for_queues([QUEUE], idle_seconds=0.1)  # reaps every 0.1 s
-        threads = [threading.Thread(target=w.run, daemon=True) for w in (first, second)]
-        message_id = dq.schedule(QUEUE, {}, on_commit=False)
-        for t in threads:
-            t.start()
-        try:
+    clock = ManualClock()
+    config = QueueSettings(visibility_timeout=3, max_attempts=3)
+    q = Queue(redis_client, QUEUE, settings=config, clock=clock)
+    worker = Worker([q], idle_seconds=0.1, maintenance_seconds=0.1)
+    worker.refresh = lambda: None  # keep the settings above (no published overrides)
+    message_id = q.schedule({}).id
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(WAIT)
+        for _ in range(3):
+            clock.advance(seconds=2)
+            extended = clock.now_ms() + 3000
             deadline = time.monotonic() + WAIT
-            while not calls and time.monotonic() < deadline:
+            while redis_client.zscore(KEYS.unack, message_id) != extended:
+                assert time.monotonic() < deadline, "the deadline was not extended"
                 time.sleep(0.02)
-            time.sleep(3)  # three visibility timeouts pass while the handler runs
-            release.set()
-            deadline = time.monotonic() + WAIT
-            while redis_client.hexists(KEYS.messages, message_id) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        finally:
-            release.set()
-            for w in (first, second):
-                w.request_stop()
-            for t in threads:
-                t.join(WAIT)
+            assert q.reap().retried == 0
+        release.set()
+        deadline = time.monotonic() + WAIT
+        while redis_client.hexists(KEYS.messages, message_id) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        release.set()
+        worker.request_stop()
+        thread.join(WAIT)
     assert calls == [1]
     assert not redis_client.hexists(KEYS.messages, message_id)  # acked

@@ -1,10 +1,13 @@
-"""The consumer loop: promote, claim, dispatch, acknowledge; sleep until the next due time.
+"""The consumer loop: promote, claim, dispatch, record; sleep until the next due time.
 
-One loop thread talks to Redis; handlers run on a small pool of daemon threads. Each step
-sends one pipeline per round: the outcomes of the previous batch (ack, nack, journal), then per
-queue promote + claim (+ reap and heartbeat now and then). Between steps with nothing due the
-loop waits on the queues' wake channel until the earliest due time, so it is on time to the
-millisecond without polling Redis while idle.
+A continuous pipeline. One loop thread talks to Redis; each queue has its own handler slots
+(:mod:`.slots`), so a queue with slow handlers never holds up another. A message is claimed as
+soon as a slot of its queue is free, and a finished handler nudges the loop, which records its
+outcome with the next round trip: one pipeline per Redis client per round, carrying the
+outcomes finished since the last one (acks, nacks, journal), then per queue promote + claim
+(+ reap and heartbeat now and then). With nothing due the loop waits on the queues' wake
+channels until the earliest due time, so it is on time to the millisecond without polling
+Redis while idle.
 """
 
 from __future__ import annotations
@@ -21,26 +24,28 @@ from typing import Any
 from .clock import exact_now_ms
 from .envelope import Message
 from .errors import DelayQueueError
+from .extender import Extender
 from .outcome import Outcome, run_handler
-from .pool import Batch, Extender, HandlerPool
 from .queue import ANNOUNCE_WITHIN_MS, Queue
-from .scripts import ScriptBatch, redis_errors
-from .unrecorded import UnrecordedOutcomes
-from .waiter import Waiter, Wake, sleep_until_due
+from .rounds import Rounds
+from .slots import QueueSlots
+from .waiter import Waiter, sleep_until_due
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Any]
-QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
-# Claim the next batch while the handlers work on this one only if the last batch took less:
-# then round trips are a real share of the time. With slower handlers they are not, and a
-# batch waiting its turn would only keep its messages from other consumers.
-PREFETCH_UNDER_SECONDS = 0.05
-HEARTBEAT_PRUNE_MS = 3_600_000
+SUBSCRIBE_WAIT_SECONDS = 2.0  # how long run() waits to be subscribed before its first round
+SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record outcomes
+FORCED_FLUSH_SECONDS = 1.0
+FLUSH_RETRY_PAUSE_SECONDS = 0.2
 
 
-class Consumer:
-    """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`)."""
+class Consumer(Rounds):
+    """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`).
+
+    ``concurrency`` is the number of handler slots *per queue*; None uses each queue's
+    ``settings.concurrency``, re-read when the settings change.
+    """
 
     announce_within_ms = ANNOUNCE_WITHIN_MS  # longest sleep without reading the pending heads
 
@@ -49,7 +54,7 @@ class Consumer:
         queues: Sequence[Queue],
         handler: Handler | None = None,
         *,
-        concurrency: int = 1,
+        concurrency: int | None = None,
         burst: bool = False,
         max_messages: int | None = None,
         grace_seconds: float = 30.0,
@@ -60,44 +65,26 @@ class Consumer:
     ) -> None:
         if not queues:
             raise DelayQueueError("a consumer needs at least one queue")
-        self.queues = list(queues)
-        self.client = self.queues[0].client
-        self.clock = self.queues[0].clock
+        names = [q.name for q in queues]
+        if len(set(names)) != len(names):
+            raise DelayQueueError(f"a queue may be consumed once per consumer: {names}")
+        super().__init__(list(queues), journal_maxlen)
         self.handler = handler
-        self.concurrency = max(1, concurrency)
+        self.concurrency = concurrency
         self.burst = burst
         self.max_messages = max_messages
         self.grace_seconds = grace_seconds
         self.idle_seconds = idle_seconds
         self.maintenance_seconds = maintenance_seconds
-        self.journal_maxlen = journal_maxlen
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
-        self.delivered = 0
         self._stop_requests = 0
         self._stop_event = threading.Event()
-        self._unrecorded = UnrecordedOutcomes(self.queues, journal_maxlen)
-        self._next_wake: dict[str, int | None] = {}
-        # Ready-list lengths seen by the last promote (less what the same round claimed), and
-        # whether the coming round is only the idle safety poll: such a round claims only from
-        # queues with something to claim, so an idle consumer costs Redis a few reads a second.
-        self._ready_seen: dict[str, int] = {}
-        self._polling = False
-        self._claim_skipped: set[str] = set()
-        self._heartbeats_pruned_at = 0
-        self._next_maintenance = 0.0
         self._waiter = Waiter(
-            self.client,
-            [q.keys.wake_channel for q in self.queues],
+            [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
             lambda: self.stopping,
             self._stop_event,
         )
-        self._aim: Wake | None = None  # the wait that ended just before the next fetch
-        self._pool: HandlerPool | None = None
-        self._current: Batch | None = None
-        self._prefetched: list[Message] = []
-        self._prefetching = False  # only inside run(): a bare step() claims exactly once
-        self._last_batch_seconds = float("inf")
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
 
@@ -125,13 +112,17 @@ class Consumer:
         return self._stop_requests > 0
 
     def request_stop(self) -> None:
-        """First call: finish in-flight handlers and stop. Second call: stop at once."""
+        """First call: finish in-flight handlers and stop. Second call: stop at once.
+
+        Safe from a signal handler: it only sets flags (and wakes the loop if it can).
+        """
         self._stop_requests += 1
         self._stop_event.set()
+        self._waiter.nudge(blocking=False)
         if self._stop_requests == 1:
             logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
         else:
-            logger.warning("stopping at once; unfinished messages come back after their timeout")
+            logger.warning("stopping at once; unfinished messages are given back")
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT ask the loop to stop (from the main thread only)."""
@@ -142,241 +133,149 @@ class Consumer:
 
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until nothing is due). Returns an exit code."""
-        self._pool = HandlerPool(self.concurrency, self._start_when_due, lambda: self.stopping)
-        self._prefetching = True
-        extender = Extender(self._extend_interval(), self._in_flight, self._extend)
-        failures = 0
+        self._start_slots()
+        # Subscribed before the first round: an announcement between that round's promote
+        # and the subscription would otherwise be missed until the next poll.
+        self._waiter.wait_subscribed(SUBSCRIBE_WAIT_SECONDS)
+        extender = Extender(self.queues, self._in_flight)
         logger.info(
-            "%s consuming %s with %d thread(s)",
+            "%s consuming %s",
             self.name,
-            ", ".join(q.name for q in self.queues),
-            self.concurrency,
+            ", ".join(f"{q.name} ({self._slots[q.name].size} slot(s))" for q in self.queues),
         )
         try:
-            while not self.stopping:
-                try:
-                    delivered = self.step()
-                    failures = 0
-                except Exception as e:  # Redis down, a broken refresh(): wait, never crash-loop
-                    failures += 1
-                    pause = min(10.0, 0.1 * 2 ** min(failures, 7))
-                    if isinstance(e, DelayQueueError):
-                        logger.warning("%s; trying again in %.1fs", e, pause)
-                    else:
-                        logger.exception("consumer step failed; trying again in %.1fs", pause)
-                    self._waiter.close()
-                    self._stop_event.wait(pause)
-                    continue
-                if self._limit_reached():
-                    break
-                if delivered == 0:
-                    if self.burst and not self._due_now():
-                        break
-                    self._aim = self._waiter.wait(self._next_due(), self._poll_at())
-                    self._polling = not self._aim.announced and not self._due_now(self._aim.due_ms)
+            self._loop()
             return self._shutdown()
         finally:
-            self._prefetching = False
             extender.stop()
             self._waiter.close()
+            for slots in self._slots.values():
+                slots.close()
+
+    def _loop(self) -> None:
+        failures = 0
+        grace_deadline: float | None = None
+        while self._stop_requests < 2:
+            if self.stopping:
+                grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
+                self._release_unstarted()
+                if not self._busy() or time.monotonic() >= grace_deadline:
+                    return
+            try:
+                self.step()
+                failures = 0
+            except Exception as e:  # Redis down, a broken refresh(): wait, never crash-loop
+                failures += 1
+                pause = min(10.0, 0.1 * 2 ** min(failures, 7))
+                if isinstance(e, DelayQueueError):
+                    logger.warning("%s; trying again in %.1fs", e, pause)
+                else:
+                    logger.exception("consumer step failed; trying again in %.1fs", pause)
+                self._stop_event.wait(pause)
+                continue
+            if self._limit_reached() and not self._busy():
+                return
+            if self.stopping:  # asked during this round, maybe: the top of the loop decides
+                grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
+                self._waiter.idle(min(1.0, max(0.0, grace_deadline - time.monotonic())))
+                continue
+            if self._due_now():
+                continue
+            if self.burst and not self._busy():
+                return
+            aim = self._waiter.wait(self._next_due(), self._poll_at())
+            self._aim = None if aim.nudged else aim
+            # A nudge (a handler finished) or a safety poll says nothing about new messages:
+            # the round after it claims only where something is known to be ready.
+            self._polling = aim.nudged or (not aim.announced and not self._due_now(aim.due_ms))
 
     def step(self, now_ms: int | None = None) -> int:
-        """One round: flush outcomes, promote, claim and deliver. Returns messages delivered."""
-        messages = self._prefetched or self._fetch(now_ms)
-        self._prefetched = []
-        if not messages:
-            return 0
-        self._deliver(messages)
-        self.delivered += len(messages)
+        """One round: record outcomes, promote, claim into the slots. Returns messages claimed."""
+        self._start_slots()
+        if time.monotonic() >= self._next_maintenance:
+            self.refresh()
+            for q in self.queues:
+                self._slots[q.name].resize(self._slot_count(q))
+            self._next_maintenance = time.monotonic() + self.maintenance_seconds
+            maintenance = True
+        else:
+            maintenance = False
+        for slots in self._slots.values():
+            finished = slots.take_finished()
+            self.delivered += len(finished)
+            self._unrecorded.extend(finished)
+        aim, self._aim = self._aim, None
+        messages = self._fetch(now_ms, aim=aim, maintenance=maintenance)
+        for q in self.queues:
+            mine = [m for m in messages if m.queue == q.name]
+            if mine:
+                self._slots[q.name].add(mine)
+        if aim is not None and aim.due_ms is not None:
+            self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
         return len(messages)
 
-    def _fetch(self, now_ms: int | None = None) -> list[Message]:
-        """One round trip: flush outcomes, promote, claim. Returns the claimed messages.
+    def _room(self, q: Queue) -> int:
+        slots = self._slots.get(q.name)
+        count = q.settings.claim_batch
+        if slots is not None:
+            count = min(count, slots.room(q.settings.claim_batch))
+        return count
 
-        After a wait that ended one claim lead early, it claims what is due by the time the
-        wait aimed at; the handler threads hold those messages until they are due.
-        """
-        aim, self._aim = self._aim, None
-        if now_ms is not None or aim is None or aim.due_ms is None:
-            aim = None  # a step at a given time, or after a wait that was only a poll
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        claim_until = now  # promote and claim what is due by then; everything else uses now
-        if aim is not None and 0 < aim.due_ms - now <= self._waiter.lead.cap_ms:
-            claim_until = aim.due_ms
-        maintenance = time.monotonic() >= self._next_maintenance
-        if maintenance:
-            self.refresh()
-            self._next_maintenance = time.monotonic() + self.maintenance_seconds
-        batch = ScriptBatch()
-        flush = self._unrecorded.add_to(batch, now)
-        plan = self._add_queue_calls(batch, claim_until, now if maintenance else None)
-        results = batch.run(self.client, raise_errors=False)
-        if aim is not None:
-            self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
-        self._unrecorded.settle(flush, results[: len(flush)])
-        messages = self._read_queue_results(plan, results, now)
-        if maintenance:  # last: it never delays a delivery, and its failure loses no claim
-            self._heartbeat(now)
-        return messages
+    # --- slots ------------------------------------------------------------------------------------
 
-    def _add_queue_calls(
-        self, batch: ScriptBatch, claim_until: int, reap_at: int | None
-    ) -> list[tuple[Queue, str, int]]:
-        """Promote and claim what is due by ``claim_until``; reap too when ``reap_at`` is set."""
-        plan = []
-        room = self._room()
-        self._claim_skipped = set()
+    def _slot_count(self, q: Queue) -> int:
+        return self.concurrency or q.settings.concurrency
+
+    def _start_slots(self) -> None:
         for q in self.queues:
-            plan.append((q, "promote", batch.add(*q.promote_call(claim_until))))
-            if not q.settings.paused and not self.stopping and room > 0:
-                if self._nothing_to_claim(q, claim_until):
-                    self._claim_skipped.add(q.name)
-                else:
-                    count = min(q.settings.claim_batch, room)
-                    plan.append((q, "claim", batch.add(*q.claim_call(claim_until, count))))
-            if reap_at is not None:
-                plan.append((q, "reap", batch.add(*q.reap_call(reap_at))))
-        self._polling = False
-        return plan
+            if q.name not in self._slots:
+                self._slots[q.name] = QueueSlots(
+                    q.name, self._slot_count(q), self._start_when_due, self._waiter.nudge
+                )
 
-    def _nothing_to_claim(self, q: Queue, now: int) -> bool:
-        """On a safety poll, a queue last seen with an empty ready list and nothing due.
+    def _busy(self) -> bool:
+        return bool(self._unrecorded) or any(s.busy for s in self._slots.values())
 
-        Every other path into ready announces itself on the wake channel (schedule of a due
-        message, requeue, run now) or is seen by the promote of this round (see
-        _read_queue_results), so skipping the claim here delays nothing.
-        """
-        due = self._next_wake.get(q.name)
-        return self._polling and self._ready_seen.get(q.name, 1) == 0 and (due is None or due > now)
+    def _in_flight(self, name: str) -> list[Message]:
+        slots = self._slots.get(name)
+        return slots.in_flight() if slots is not None else []
 
-    def _read_queue_results(
-        self, plan: list[tuple[Queue, str, int]], results: list[Any], now: int
-    ) -> list[Message]:
-        messages: list[Message] = []
-        for q, kind, index in plan:
-            raw = results[index]
-            if isinstance(raw, Exception):
-                # A broken queue (e.g. a key of the wrong type) must not stop the others or
-                # make the loop spin: log it and look at that queue again a little later.
-                logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
-                self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS
+    def _release_unstarted(self) -> None:
+        """Hold every slot and give back what was claimed but not started (no attempt used)."""
+        for q in self.queues:
+            slots = self._slots[q.name]
+            slots.hold()
+            unstarted = slots.take_unstarted()
+            if not unstarted:
                 continue
-            if kind == "promote":
-                promoted = q.promote_result(raw)
-                self._ready_seen[q.name] = promoted.ready
-                # Something reached ready without an announcement (say, released by a
-                # consumer shutting down) while this round skipped the claim: claim next round.
-                late = promoted.ready > 0 and q.name in self._claim_skipped
-                self._next_wake[q.name] = now if promoted.more or late else promoted.next_due_ms
-            elif kind == "claim":
-                left = self._ready_seen.get(q.name, 0) - len(raw) // 4
-                self._ready_seen[q.name] = max(0, left)
-                messages.extend(q.claimed(raw, now))
-            elif kind == "reap":
-                reaped = q.reap_result(raw)
-                if reaped.retried or reaped.buried:
-                    logger.warning(
-                        "queue %s: %d delivery(ies) timed out (%d to retry, %d to garbage)",
-                        q.name,
-                        reaped.retried + reaped.buried,
-                        reaped.retried,
-                        reaped.buried,
-                    )
-                if reaped.more:
-                    self._next_maintenance = 0.0
-        return messages
+            self._claimed_total -= len(unstarted)
+            try:
+                q.release(*unstarted)
+            except DelayQueueError as e:  # they come back after their visibility timeout
+                logger.warning(
+                    "queue %s: could not give back %d message(s): %s", q.name, len(unstarted), e
+                )
 
-    # --- delivering ----------------------------------------------------------------------------
-
-    def _deliver(self, messages: list[Message]) -> None:
-        assert self._pool is not None, "run() starts the handler pool"
-        batch = Batch(messages)
-        self._current = batch
-        self._pool.submit(batch)
-        started = time.monotonic()
-        if self._prefetching and self._last_batch_seconds < PREFETCH_UNDER_SECONDS:
-            self._prefetch()
-        grace_deadline: float | None = None
-        while not batch.done.wait(0.05):
-            if self._stop_requests > 1:
-                break
-            if self.stopping:
-                # Nothing more starts now: give the unstarted back at once (another consumer
-                # may take them) and stop waiting as soon as the running handlers are done,
-                # rather than at the end of the grace period.
-                unstarted = batch.unstarted()
-                if unstarted:
-                    self._release(unstarted)
-                if not batch.running():
-                    break
-                grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
-                if time.monotonic() >= grace_deadline:
-                    logger.warning("grace period over: giving back unfinished messages")
-                    break
-        self._current = None
-        self._last_batch_seconds = time.monotonic() - started
-        unstarted = batch.unstarted()
-        if unstarted:
-            self._release(unstarted)
-        finished, running = batch.finished_and_running()
-        self._unrecorded.extend(finished)
-        if running:
-            # Handlers still running when we must stop: they started, so the attempt counts;
-            # hand them back for an immediate retry (if Redis is unreachable they stay in unack
-            # and the visibility timeout brings them back).
-            self._give_back(running)
-
-    def _prefetch(self) -> None:
-        """Claim the next batch now, so Redis works while the handlers do, not in turns."""
-        try:
-            self._prefetched = self._fetch()
-        except Exception as e:  # the next step() meets the same problem and handles it
-            logger.debug("prefetch failed: %s", e)
-
-    def _release(self, messages: list[Message]) -> None:
-        by_queue = self._group(messages)
-        try:
-            for q, group in by_queue:
-                q.release(*group)
-        except DelayQueueError as e:
-            logger.warning("could not give back %d message(s): %s", len(messages), e)
-
-    def _give_back(self, messages: list[Message]) -> None:
-        reason = "consumer stopped before the handler finished"
-        try:
-            for q, group in self._group(messages):
-                q.nack_many([(m, 0.0, reason) for m in group])
-        except DelayQueueError as e:
-            logger.warning("could not give back %d running message(s): %s", len(messages), e)
-
-    def _in_flight(self) -> list[Message]:
-        batch = self._current
-        return (batch.in_flight() if batch else []) + self._prefetched
-
-    def _extend(self, messages: list[Message]) -> None:
-        for q, group in self._group(messages):
-            q.extend(*group)
-
-    def _extend_interval(self) -> float:
-        shortest = min(q.settings.visibility_timeout for q in self.queues)
-        return max(0.2, shortest / 3)
-
-    # --- outcomes -------------------------------------------------------------------------------
+    # --- shutdown ---------------------------------------------------------------------------------
 
     def _shutdown(self) -> int:
-        """Flush what finished; a forced stop gives it a short try only."""
-        if self._prefetched:  # claimed, never started: give them back without using an attempt
-            self._release(self._prefetched)
-            self._prefetched = []
-        deadline = time.monotonic() + (1.0 if self._stop_requests > 1 else 10.0)
+        """Give back what is left, record what finished; a forced stop gives it a short try."""
+        self._release_unstarted()
+        for q in self.queues:
+            finished, running = self._slots[q.name].finished_and_running()
+            self.delivered += len(finished)
+            self._unrecorded.extend(finished)
+            if running:
+                self._give_back(q, running)
+        seconds = FORCED_FLUSH_SECONDS if self._stop_requests > 1 else SHUTDOWN_FLUSH_SECONDS
+        deadline = time.monotonic() + seconds
         while self._unrecorded and time.monotonic() < deadline:
-            batch = ScriptBatch()
-            flush = self._unrecorded.add_to(batch, self.clock.now_ms())
             try:
-                self._unrecorded.settle(flush, batch.run(self.client, raise_errors=False))
+                self._flush_only(force=True)
             except DelayQueueError as e:
                 logger.warning("could not record outcomes on shutdown: %s", e)
-                time.sleep(0.2)
+            if self._unrecorded:
+                time.sleep(FLUSH_RETRY_PAUSE_SECONDS)
         if self._unrecorded:
             logger.warning(
                 "%d outcome(s) not recorded: those messages will be delivered again",
@@ -385,24 +284,24 @@ class Consumer:
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
 
-    # --- waiting ---------------------------------------------------------------------------------
+    def _give_back(self, q: Queue, running: list[Message]) -> None:
+        # Handlers still running when we must stop: they started, so the attempt counts; hand
+        # them back for an immediate retry (if Redis is unreachable they stay in unack and the
+        # visibility timeout brings them back). Their outcome, if they finish, is not recorded.
+        self._slots[q.name].forget_running(running)
+        reason = "consumer stopped before the handler finished"
+        logger.warning("queue %s: giving back %d running message(s)", q.name, len(running))
+        try:
+            q.nack_many([(m, 0.0, reason) for m in running])
+        except DelayQueueError as e:
+            logger.warning(
+                "queue %s: could not give back %d message(s): %s", q.name, len(running), e
+            )
 
-    def _room(self) -> int:
-        if self.max_messages is None:
-            return 1 << 30
-        current = self._current.size if self._current else 0  # a prefetch claims beside it
-        return max(0, self.max_messages - self.delivered - current)
+    # --- waiting ---------------------------------------------------------------------------------
 
     def _limit_reached(self) -> bool:
         return self.max_messages is not None and self.delivered >= self.max_messages
-
-    def _due_now(self, now: int | None = None) -> bool:
-        now = self.clock.now_ms() if now is None else now
-        return any(t is not None and t <= now for t in self._next_wake.values())
-
-    def _next_due(self) -> int | None:
-        """The earliest due time (or retry time, or "now") known on any queue."""
-        return min((t for t in self._next_wake.values() if t is not None), default=None)
 
     def _poll_at(self) -> int:
         """When to look again even if nothing is known to be due: a poll or maintenance."""
@@ -413,27 +312,3 @@ class Consumer:
         # no maintenance due, and wait again for a fraction of a millisecond.
         maintenance_in = math.ceil(max(0.0, self._next_maintenance - time.monotonic()) * 1000)
         return self.clock.now_ms() + min(idle_ms, maintenance_in + 1)
-
-    def _heartbeat(self, now: int) -> None:
-        """Record that this consumer is alive (read by the health check)."""
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            # Forget consumers silent for a day so the set stays small (hourly is plenty).
-            prune = now - self._heartbeats_pruned_at > HEARTBEAT_PRUNE_MS
-            for q in self.queues:
-                pipe.zadd(q.keys.heartbeats, {self.name: now})
-                if prune:
-                    pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
-            with redis_errors("heartbeat"):
-                pipe.execute()
-            if prune:
-                self._heartbeats_pruned_at = now
-        except DelayQueueError as e:  # down, or a heartbeats key of the wrong type
-            logger.debug("heartbeat skipped: %s", e)
-
-    def _group(self, messages: list[Message]) -> list[tuple[Queue, list[Message]]]:
-        by_name = {q.name: q for q in self.queues}
-        grouped: dict[str, list[Message]] = {}
-        for m in messages:
-            grouped.setdefault(m.queue, []).append(m)
-        return [(by_name[name], group) for name, group in grouped.items()]

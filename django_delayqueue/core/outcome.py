@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,16 +59,32 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
     try:
         handler(message)
     except Retry as e:
-        status, delay, reason, error = RETRY, e.delay, e.reason or "retry requested", "Retry"
+        status, reason, error = RETRY, e.reason or "retry requested", "Retry"
+        delay = _sane_delay(e.delay)
     except Reject as e:
         status, delay, reason, error = GARBAGE, None, e.reason, "Reject"
-    except Exception as e:  # a handler's failure is data, never a crash of the loop
+    except BaseException as e:  # SystemExit, CancelledError, ...: a failed attempt too
+        # A handler's failure is data, never a crash of the loop: even a BaseException only
+        # fails this attempt (retry with backoff, dead letters when attempts run out).
         status, delay, error = RETRY, None, type(e).__name__
         reason = f"{error}: {e}"[:2000]
     else:
         status, delay, reason, error = ACK, None, "", ""
     finished = started + int((time.perf_counter() - t0) * 1000)
     return Outcome(message, status, started, finished, delay, reason, error)
+
+
+def _sane_delay(delay: Any) -> float | None:
+    """A retry delay the nack can use, or None (backoff) for one that is not a finite number >= 0.
+
+    Retry() refuses such values when raised; this also covers one set on the exception
+    afterwards, so one bad value costs one message a backoff, never the consumer its loop.
+    """
+    try:
+        seconds = float(delay)
+    except (TypeError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def journal_entry(outcomes: list[Outcome]) -> dict[str, str]:

@@ -1,16 +1,25 @@
 """Outcomes of finished deliveries, waiting to be written to Redis with the next round trip.
 
 The consumer does not acknowledge each message as its handler returns: the acks, nacks and one
-journal entry of a whole batch ride on the pipeline of the next promote + claim, so recording
-costs no round trip of its own. Outcomes stay here until a flush succeeds, so an outage or a
-failing script loses none of them (they are tried again with the next round).
+journal entry per queue ride on the pipeline of the next promote + claim, so recording costs
+no round trip of its own. An outcome stays here until Redis has both its state change (ack,
+nack, burial) and its journal row, each tracked apart: when one call fails only what that call
+carried is sent again, so an ack is never repeated because a journal write failed, and one
+broken queue never holds back another's outcomes. A queue whose calls fail is tried again
+after a pause, not every round; a journal row that keeps failing on a script error (say, the
+journal key holds the wrong type) is dropped after a few tries, with an error naming the ids,
+rather than kept in memory for ever. An outage (the whole pipeline fails) keeps everything.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
 
 from .outcome import ACK, GARBAGE, Outcome, journal_entry
 from .queue import Queue
@@ -18,9 +27,22 @@ from .scripts import LuaScript, ScriptBatch
 
 logger = logging.getLogger(__name__)
 
-# One flushed call and the outcomes whose per-message result codes it returns (a nack's);
-# acks and journal entries return nothing per message worth reading.
-Flush = list[tuple[Queue, list[Outcome]]]
+FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again after this
+JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
+
+CallKind = Literal["ack", "retry", "bury", "journal"]
+
+
+@dataclass(eq=False)
+class _Entry:
+    outcome: Outcome
+    recorded: bool = False  # its ack/nack ran
+    journalled: bool = False  # its journal row was written (or there is no journal)
+    journal_failures: int = 0
+
+
+# One flushed call: the queue, what kind of call, and the entries it carries.
+Flush = list[tuple[Queue, CallKind, list[_Entry]]]
 
 
 class UnrecordedOutcomes:
@@ -29,57 +51,117 @@ class UnrecordedOutcomes:
     def __init__(self, queues: Sequence[Queue], journal_maxlen: int) -> None:
         self._by_name = {q.name: q for q in queues}
         self.journal_maxlen = journal_maxlen
-        self._outcomes: list[Outcome] = []
+        self._entries: dict[str, list[_Entry]] = {}
+        self._paused_until: dict[str, float] = {}
 
     def __len__(self) -> int:
-        return len(self._outcomes)
+        return sum(len(entries) for entries in self._entries.values())
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
-        self._outcomes.extend(outcomes)
+        journalled = not self.journal_maxlen
+        for outcome in outcomes:
+            entry = _Entry(outcome, journalled=journalled)
+            self._entries.setdefault(outcome.message.queue, []).append(entry)
 
-    def add_to(self, batch: ScriptBatch, now: int) -> Flush:
-        """Queue the acks, nacks and journal entry of every outcome on ``batch``."""
+    def add_to(
+        self,
+        batch: ScriptBatch,
+        now: int,
+        names: Collection[str] | None = None,
+        *,
+        force: bool = False,
+    ) -> Flush:
+        """Queue the acks, nacks and journal entry of the queues ``names`` (default: all).
+
+        A queue whose last calls failed waits out its pause, unless ``force`` (at shutdown).
+        """
         flush: Flush = []
-        grouped: dict[str, list[Outcome]] = {}
-        for outcome in self._outcomes:
-            grouped.setdefault(outcome.message.queue, []).append(outcome)
-        for name, outcomes in grouped.items():
+        clock = time.monotonic()
+        for name, entries in self._entries.items():
+            if names is not None and name not in names:
+                continue
+            if not force and self._paused_until.get(name, 0.0) > clock:
+                continue
             q = self._by_name[name]
-            acks = [o.message for o in outcomes if o.status == ACK]
-            retry = [o for o in outcomes if o.status not in (ACK, GARBAGE)]
-            bury = [o for o in outcomes if o.status == GARBAGE]
+            todo = [e for e in entries if not e.recorded]
+            acks = [e for e in todo if e.outcome.status == ACK]
+            retry = [e for e in todo if e.outcome.status not in (ACK, GARBAGE)]
+            bury = [e for e in todo if e.outcome.status == GARBAGE]
             if acks:
-                batch.add(*q.ack_call(acks))
-                flush.append((q, []))
+                batch.add(*q.ack_call([e.outcome.message for e in acks]))
+                flush.append((q, "ack", acks))
             if retry:
-                batch.add(*q.nack_call([(o.message, o.delay, o.reason) for o in retry], now))
-                flush.append((q, retry))
+                failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
+                batch.add(*q.nack_call(failures, now))
+                flush.append((q, "retry", retry))
             if bury:
-                nacks = [(o.message, None, o.reason) for o in bury]
-                batch.add(*q.nack_call(nacks, now, bury=True))
-                flush.append((q, bury))
-            if self.journal_maxlen:
-                batch.add(*self._journal_call(q, outcomes))
-                flush.append((q, []))
+                failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
+                batch.add(*q.nack_call(failures, now, bury=True))
+                flush.append((q, "bury", bury))
+            unjournalled = [e for e in entries if not e.journalled]
+            if unjournalled:
+                batch.add(*self._journal_call(q, [e.outcome for e in unjournalled]))
+                flush.append((q, "journal", unjournalled))
         return flush
 
     def settle(self, flush: Flush, results: Sequence[Any]) -> None:
-        """Forget the flushed outcomes; keep them all when a call failed, to try again."""
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:
-            logger.error("could not record %d outcome(s): %s", len(self), failed[0])
-            return
-        for (q, outcomes), result in zip(flush, results, strict=False):
-            if outcomes and isinstance(result, list):
-                for outcome, code in zip(outcomes, result, strict=False):
-                    if int(code) == 2 and outcome.status != GARBAGE:
-                        logger.warning(
-                            "queue %s: message %s used its last attempt: %s",
-                            q.name,
-                            outcome.message.id,
-                            outcome.reason,
-                        )
-        self._outcomes = []
+        """Mark what Redis now has; keep, per call, only what a failed call carried."""
+        failed: dict[str, Any] = {}
+        for (q, kind, entries), result in zip(flush, results, strict=True):
+            if isinstance(result, Exception):
+                failed.setdefault(q.name, result)
+                if kind == "journal":
+                    self._journal_failed(q, entries, result)
+                continue
+            if kind == "journal":
+                for e in entries:
+                    e.journalled = True
+                continue
+            for e in entries:
+                e.recorded = True
+            if kind == "retry" and isinstance(result, list):
+                self._warn_last_attempts(q, entries, result)
+        for name, error in failed.items():
+            left = sum(1 for e in self._entries.get(name, []) if not (e.recorded and e.journalled))
+            logger.error("queue %s: could not record %d outcome(s): %s", name, left, error)
+            self._paused_until[name] = time.monotonic() + FAILED_QUEUE_PAUSE_SECONDS
+        for name in list(self._entries):
+            kept = [e for e in self._entries[name] if not (e.recorded and e.journalled)]
+            if kept:
+                self._entries[name] = kept
+            else:
+                del self._entries[name]
+                self._paused_until.pop(name, None)
+
+    def _journal_failed(self, q: Queue, entries: list[_Entry], error: Any) -> None:
+        if not isinstance(error, redis.exceptions.ResponseError):
+            return  # not the script's fault: try again
+        for e in entries:
+            e.journal_failures += 1
+        dropped = [e for e in entries if e.journal_failures >= JOURNAL_TRIES]
+        for e in dropped:
+            e.journalled = True  # given up: the state change is what matters
+        if dropped:
+            logger.error(
+                "queue %s: journal rows of %d delivery(ies) dropped after %d failed writes "
+                "(ids %s): %s",
+                q.name,
+                len(dropped),
+                JOURNAL_TRIES,
+                ", ".join(e.outcome.message.id for e in dropped[:20]),
+                error,
+            )
+
+    @staticmethod
+    def _warn_last_attempts(q: Queue, entries: list[_Entry], codes: list[Any]) -> None:
+        for e, code in zip(entries, codes, strict=False):
+            if int(code) == 2:
+                logger.warning(
+                    "queue %s: message %s used its last attempt: %s",
+                    q.name,
+                    e.outcome.message.id,
+                    e.outcome.reason,
+                )
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> tuple[Any, list, list]:
         fields = [item for pair in journal_entry(outcomes).items() for item in pair]

@@ -22,7 +22,6 @@ from typing import Any, NamedTuple
 
 from .clock import Clock, exact_now_ms
 from .envelope import to_str
-from .scripts import redis_errors
 
 logger = logging.getLogger(__name__)
 
@@ -57,50 +56,165 @@ class Wake(NamedTuple):
     due_ms: int | None  # the due time the next claim aims at; None: woken for a poll
     planned_ms: float  # when the wait meant to end (due time less the claim lead)
     announced: bool  # whether a producer's announcement brought the due time forward
+    nudged: bool = False  # ended early by nudge(): a handler finished, or a resubscribe
+
+
+class _Listener:
+    """One pub/sub connection (per Redis client) on a thread of its own.
+
+    It reconnects by itself after an outage; after a reconnect it nudges the waiter, because
+    an announcement published while it was away is lost.
+    """
+
+    def __init__(self, waiter: Waiter, client: Any, channels: Sequence[str]) -> None:
+        self._waiter = waiter
+        self._client = client
+        self._channels = list(channels)
+        self.subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="delayqueue-wake", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * WAIT_SLICE_SECONDS + 1)
+
+    def _run(self) -> None:
+        failures, connected_before = 0, False
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self._client.pubsub()
+                pubsub.subscribe(*self._channels)
+                confirmed = 0
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=WAIT_SLICE_SECONDS)
+                    if not message:
+                        continue
+                    if message.get("type") == "subscribe":
+                        # redis-py may reconnect and subscribe again by itself: every full
+                        # set of confirmations after the first is a resubscribe.
+                        confirmed += 1
+                        if confirmed % len(self._channels) == 0:
+                            self.subscribed.set()
+                            failures = 0
+                            if connected_before:  # announcements may have been missed
+                                self._waiter.nudge()
+                            connected_before = True
+                    elif message.get("type") == "message":
+                        self._waiter.announce(_announced_ms(message["data"], self._waiter.clock))
+            except Exception as e:  # an outage, or a pub/sub connection in a bad state
+                logger.debug("wake channel unavailable: %s", e)
+                failures += 1
+            finally:
+                self.subscribed.clear()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+            self._stop.wait(min(2.0, 0.05 * 2 ** min(failures, 6)))
+
+
+def _announced_ms(data: Any, clock: Clock) -> int:
+    try:
+        return int(float(to_str(data)))
+    except ValueError:
+        return clock.now_ms()
 
 
 class Waiter:
-    """Sleeps on the queues' wake channel until a target time less the claim lead."""
+    """Sleeps until a target time less the claim lead, an announcement, or a nudge.
+
+    Producers announce due times on the queues' wake channels (one pub/sub listener per Redis
+    client); handler threads nudge when they finish, so their outcome is recorded and their
+    slot refilled at once.
+    """
 
     def __init__(
         self,
-        client: Any,
-        channels: Sequence[str],
+        subscriptions: Sequence[tuple[Any, Sequence[str]]],
         clock: Clock,
         stopping: Callable[[], bool],
         stop_event: threading.Event,
     ) -> None:
-        self.client = client
-        self.channels = list(channels)
+        self.subscriptions = [(client, list(channels)) for client, channels in subscriptions]
         self.clock = clock
         self.lead = ClaimLead()
         self._stopping = stopping
         self._stop_event = stop_event
-        self._pubsub: Any = None
+        self._listeners: list[_Listener] = []
+        self._cond = threading.Condition()
+        self._announced: int | None = None  # earliest due time announced since the last wait
+        self._nudged = False
 
     @property
     def subscribed(self) -> bool:
-        return self._pubsub is not None
+        return bool(self._listeners) and all(x.subscribed.is_set() for x in self._listeners)
+
+    def start(self) -> None:
+        """Subscribe (on threads of their own); :meth:`wait` starts them if not yet done."""
+        if not self._listeners:
+            self._listeners = [_Listener(self, c, chans) for c, chans in self.subscriptions]
+
+    def wait_subscribed(self, timeout: float) -> bool:
+        """Wait until every listener is subscribed (not past ``timeout``: Redis may be down)."""
+        self.start()
+        deadline = time.monotonic() + timeout
+        for listener in self._listeners:
+            left = deadline - time.monotonic()
+            if left <= 0 or not listener.subscribed.wait(left):
+                return False
+        return True
+
+    def announce(self, due_ms: int) -> None:
+        with self._cond:
+            if self._announced is None or due_ms < self._announced:
+                self._announced = due_ms
+            self._cond.notify_all()
+
+    def nudge(self, blocking: bool = True) -> None:
+        """End the current (or next) wait now. Non-blocking from a signal handler."""
+        if not self._cond.acquire(blocking=blocking):
+            return
+        try:
+            self._nudged = True
+            self._cond.notify_all()
+        finally:
+            self._cond.release()
+
+    def idle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a nudge, stopping or not (a graceful stop)."""
+        with self._cond:
+            if not self._nudged:
+                self._cond.wait(timeout)
+            self._nudged = False
 
     def wait(self, due_ms: int | None, poll_ms: int) -> Wake:
         """Sleep until one claim lead before ``due_ms`` or until ``poll_ms``, whichever is first.
 
         A producer that schedules a message due before ``due_ms`` announces its due time on
         the wake channel; the wait then aims at that. A poll (the idle safety poll, the
-        maintenance round) is not a due time and is not woken for early.
+        maintenance round) is not a due time and is not woken for early. A nudge ends the
+        wait at once.
         """
+        self.start()
         lead = self.lead.ms
         announced_any = False
         known_since = exact_now_ms(self.clock)  # when the due time aimed at became known
-        while not self._stopping():
-            end_ms = poll_ms if due_ms is None else min(poll_ms, due_ms - lead)
-            remaining = (end_ms - exact_now_ms(self.clock)) / 1000
-            if remaining <= 0:
-                break
-            announced = self._listen(min(remaining, WAIT_SLICE_SECONDS))
-            if announced is not None and (due_ms is None or announced < due_ms):
-                due_ms, announced_any = announced, True
-                known_since = exact_now_ms(self.clock)
+        with self._cond:
+            while not self._stopping():
+                if self._announced is not None:
+                    if due_ms is None or self._announced < due_ms:
+                        due_ms, announced_any = self._announced, True
+                        known_since = exact_now_ms(self.clock)
+                    self._announced = None
+                if self._nudged:
+                    self._nudged = False
+                    return Wake(None, exact_now_ms(self.clock), announced_any, nudged=True)
+                end_ms = poll_ms if due_ms is None else min(poll_ms, due_ms - lead)
+                remaining = (end_ms - exact_now_ms(self.clock)) / 1000
+                if remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, WAIT_SLICE_SECONDS))
         if due_ms is None or due_ms - lead > poll_ms:
             return Wake(None, poll_ms, announced_any)
         # A due time learnt less than one lead ahead could not be woken for earlier: the round
@@ -108,30 +222,10 @@ class Waiter:
         return Wake(due_ms, max(due_ms - lead, known_since), announced_any)
 
     def close(self) -> None:
-        """Drop the pub/sub connection (after an outage, and when the consumer stops)."""
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                self._pubsub.close()
-            self._pubsub = None
-
-    def _listen(self, timeout: float) -> int | None:
-        try:
-            with redis_errors("wake channel"):
-                if self._pubsub is None:
-                    self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                    self._pubsub.subscribe(*self.channels)
-                message = self._pubsub.get_message(timeout=timeout)
-        except Exception as e:  # an outage, or a pub/sub connection in a bad state
-            logger.debug("wake channel unavailable: %s", e)
-            self.close()
-            self._stop_event.wait(timeout)
-            return None
-        if not message or message.get("type") != "message":
-            return None
-        try:
-            return int(float(to_str(message["data"])))
-        except ValueError:
-            return self.clock.now_ms()
+        """Stop listening (when the consumer stops)."""
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.stop()
 
 
 def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = MAX_CLAIM_LEAD_MS) -> None:

@@ -30,7 +30,10 @@ class Command(BaseCommand):
             "--concurrency",
             type=_positive,
             metavar="N",
-            help="handler threads (default: the largest 'concurrency' of the queues)",
+            help=(
+                "handler threads per queue (default: each queue's 'concurrency' setting, "
+                "followed live when it is edited in the admin)"
+            ),
         )
         parser.add_argument(
             "--burst", action="store_true", help="deliver what is due now, then exit 0"
@@ -61,9 +64,8 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from e
         worker.sync_settings()
         worker.refresh()  # start with what staff published (a paused queue stays paused)
-        worker.concurrency = options["concurrency"] or max(
-            q.settings.concurrency for q in worker.queues
-        )
+        # None: each queue's own 'concurrency' setting, followed when staff edit it.
+        worker.concurrency = options["concurrency"]
         previous = _install_signal_handlers(worker)
         try:
             code = worker.run()

@@ -1,0 +1,70 @@
+"""Pushing out the visibility deadline of messages a consumer still holds.
+
+Each queue is extended on its own schedule, a third of its *current* visibility timeout (so a
+timeout lowered in the admin takes effect in a running consumer), through its own Redis client,
+and a queue whose extend fails never keeps another queue's messages from being extended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .envelope import Message
+from .queue import Queue
+
+logger = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.2  # how often the thread looks whether a queue is due (costs no Redis call)
+SHORTEST_INTERVAL_SECONDS = 0.2
+
+
+def extend_interval(q: Queue) -> float:
+    """Seconds between two extensions of ``q``'s messages: a third of its visibility timeout."""
+    return max(SHORTEST_INTERVAL_SECONDS, q.settings.visibility_timeout / 3)
+
+
+class Extender:
+    """A thread that extends the deadlines of ``in_flight(queue name)`` for every queue."""
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        in_flight: Callable[[str], list[Message]],
+        tick_seconds: float = TICK_SECONDS,
+    ) -> None:
+        self._queues = list(queues)
+        self._in_flight = in_flight
+        self._tick = tick_seconds
+        started = time.monotonic()
+        self._extended_at = {q.name: started for q in self._queues}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="delayqueue-extender", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            self.extend_due()
+
+    def extend_due(self) -> None:
+        """Extend every queue whose interval has passed since its last extension."""
+        for q in self._queues:
+            now = time.monotonic()
+            if now - self._extended_at[q.name] < extend_interval(q):
+                continue
+            self._extended_at[q.name] = now
+            messages = self._in_flight(q.name)
+            if not messages:
+                continue
+            try:
+                q.extend(*messages)
+            except Exception as e:  # Redis down, a broken key: the next interval tries again
+                logger.warning(
+                    "queue %s: could not extend %d deadline(s): %s", q.name, len(messages), e
+                )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self._tick + 5)

@@ -1,0 +1,204 @@
+"""One round of the consumer: a pipeline per Redis client that records, promotes and claims.
+
+Queues may live on different Redis servers (or cluster nodes): each client gets its own
+pipeline with its own queues' calls. A queue whose scripts fail is logged and left alone for a
+while; it never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .clock import Clock
+from .queue import Queue
+from .scripts import ScriptBatch, redis_errors
+from .slots import QueueSlots
+from .unrecorded import UnrecordedOutcomes
+from .waiter import MAX_CLAIM_LEAD_MS, Wake
+
+logger = logging.getLogger(__name__)
+
+QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
+HEARTBEAT_PRUNE_MS = 3_600_000
+
+Plan = list[tuple[Queue, str, int]]
+
+
+class Rounds:
+    """The Redis side of a consumer; :class:`~.consumer.Consumer` adds threads and waiting."""
+
+    stopping: bool
+    max_messages: int | None
+
+    def __init__(self, queues: list[Queue], journal_maxlen: int) -> None:
+        self.queues = queues
+        self.clock: Clock = queues[0].clock
+        self.journal_maxlen = journal_maxlen
+        self.delivered = 0  # handlers finished
+        self._claimed_total = 0  # claimed and not given back unstarted (for max_messages)
+        by_client: dict[int, tuple[Any, list[Queue]]] = {}
+        for q in queues:
+            by_client.setdefault(id(q.client), (q.client, []))[1].append(q)
+        self._clients = list(by_client.values())
+        self._slots: dict[str, QueueSlots] = {}
+        self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen)
+        self._next_wake: dict[str, int | None] = {}
+        # Ready-list lengths seen by the last promote (less what the same round claimed), and
+        # whether the coming round is only the idle safety poll: such a round claims only from
+        # queues with something to claim, so an idle consumer costs Redis a few reads a second.
+        self._ready_seen: dict[str, int] = {}
+        self._polling = False
+        self._claim_skipped: set[str] = set()
+        self._heartbeats_pruned_at: dict[int, int] = {}  # per client
+        self._next_maintenance = 0.0
+        self._aim: Wake | None = None  # the wait that ended just before the next fetch
+
+    def _room(self, q: Queue) -> int:
+        """How many messages of ``q`` this round may claim (the consumer's slots say)."""
+        return q.settings.claim_batch
+
+    def _fetch(
+        self, now_ms: int | None = None, *, aim: Wake | None = None, maintenance: bool = False
+    ) -> list[Any]:
+        """One round trip per client: record, promote, claim. Returns the claimed messages.
+
+        After a wait that ended one claim lead early (``aim``), it claims what is due by the
+        time the wait aimed at; the handler threads hold those messages until they are due.
+        """
+        if aim is None:
+            aim, self._aim = self._aim, None
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        claim_until = now  # promote and claim what is due by then; everything else uses now
+        aimed = None if now_ms is not None or aim is None else aim.due_ms
+        if aimed is not None and 0 < aimed - now <= MAX_CLAIM_LEAD_MS:
+            claim_until = aimed
+        room = None if self.max_messages is None else self.max_messages - self._claimed_total
+        self._claim_skipped = set()
+        messages: list[Any] = []
+        for client, queues in self._clients:
+            batch = ScriptBatch()
+            flush = self._unrecorded.add_to(batch, now, {q.name for q in queues})
+            plan: Plan = []
+            for q in queues:
+                room = self._plan_queue(batch, plan, q, claim_until, room)
+                if maintenance:
+                    plan.append((q, "reap", batch.add(*q.reap_call(now))))
+            results = batch.run(client, raise_errors=False)
+            self._unrecorded.settle(flush, results[: len(flush)])
+            claimed = self._read_queue_results(plan, results, now)
+            self._claimed_total += len(claimed)
+            messages.extend(claimed)
+            if maintenance:  # last: it never delays a delivery, and its failure loses no claim
+                self._heartbeat(client, queues, now)
+        self._polling = False
+        return messages
+
+    def _flush_only(self, force: bool = False) -> None:
+        """Record finished outcomes without promoting or claiming (shutting down)."""
+        now = self.clock.now_ms()
+        for client, queues in self._clients:
+            batch = ScriptBatch()
+            flush = self._unrecorded.add_to(batch, now, {q.name for q in queues}, force=force)
+            if flush:
+                self._unrecorded.settle(flush, batch.run(client, raise_errors=False))
+
+    def _plan_queue(
+        self, batch: ScriptBatch, plan: Plan, q: Queue, claim_until: int, room: int | None
+    ) -> int | None:
+        """Promote ``q`` and claim what its slots (and ``room``) allow; returns room left."""
+        plan.append((q, "promote", batch.add(*q.promote_call(claim_until))))
+        if q.settings.paused or self.stopping or (room is not None and room <= 0):
+            return room
+        count = self._room(q) if room is None else min(self._room(q), room)
+        if count <= 0:
+            return room
+        if self._nothing_to_claim(q, claim_until):
+            self._claim_skipped.add(q.name)
+            return room
+        plan.append((q, "claim", batch.add(*q.claim_call(claim_until, count))))
+        return None if room is None else room - count
+
+    def _nothing_to_claim(self, q: Queue, now: int) -> bool:
+        """On a safety poll, a queue last seen with an empty ready list and nothing due.
+
+        Every other path into ready announces itself on the wake channel (schedule of a due
+        message, requeue, run now) or is seen by the promote of this round (see
+        _read_queue_results), so skipping the claim here delays nothing.
+        """
+        due = self._next_wake.get(q.name)
+        return self._polling and self._ready_seen.get(q.name, 1) == 0 and (due is None or due > now)
+
+    def _read_queue_results(self, plan: Plan, results: list[Any], now: int) -> list[Any]:
+        messages: list[Any] = []
+        for q, kind, index in plan:
+            raw = results[index]
+            if isinstance(raw, Exception):
+                # A broken queue (e.g. a key of the wrong type) must not stop the others or
+                # make the loop spin: log it and look at that queue again a little later.
+                logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS
+                self._ready_seen[q.name] = 0
+                continue
+            if kind == "promote":
+                promoted = q.promote_result(raw)
+                self._ready_seen[q.name] = promoted.ready
+                # Something reached ready without an announcement (say, released by a
+                # consumer shutting down) while this round skipped the claim: claim next round.
+                late = promoted.ready > 0 and q.name in self._claim_skipped
+                self._next_wake[q.name] = now if promoted.more or late else promoted.next_due_ms
+            elif kind == "claim":
+                left = self._ready_seen.get(q.name, 0) - len(raw) // 4
+                self._ready_seen[q.name] = max(0, left)
+                messages.extend(q.claimed(raw, now))
+            elif kind == "reap":
+                self._log_reaped(q, raw)
+        return messages
+
+    def _log_reaped(self, q: Queue, raw: Any) -> None:
+        reaped = q.reap_result(raw)
+        if reaped.retried or reaped.buried:
+            logger.warning(
+                "queue %s: %d delivery(ies) timed out (%d to retry, %d to garbage)",
+                q.name,
+                reaped.retried + reaped.buried,
+                reaped.retried,
+                reaped.buried,
+            )
+        if reaped.more:
+            self._next_maintenance = 0.0
+
+    def _due_now(self, now: int | None = None) -> bool:
+        """Whether the next round has work now: something due, or ready and a free slot."""
+        now = self.clock.now_ms() if now is None else now
+        if any(t is not None and t <= now for t in self._next_wake.values()):
+            return True
+        if self.stopping:
+            return False
+        return any(
+            self._ready_seen.get(q.name, 0) > 0 and not q.settings.paused and self._room(q) > 0
+            for q in self.queues
+        ) and (self.max_messages is None or self._claimed_total < self.max_messages)
+
+    def _next_due(self) -> int | None:
+        """The earliest due time (or retry time, or "now") known on any queue."""
+        return min((t for t in self._next_wake.values() if t is not None), default=None)
+
+    def _heartbeat(self, client: Any, queues: Sequence[Queue], now: int) -> None:
+        """Record that this consumer is alive (read by the health check)."""
+        name = getattr(self, "name", "consumer")
+        try:
+            pipe = client.pipeline(transaction=False)
+            # Forget consumers silent for a day so the set stays small (hourly is plenty).
+            prune = now - self._heartbeats_pruned_at.get(id(client), 0) > HEARTBEAT_PRUNE_MS
+            for q in queues:
+                pipe.zadd(q.keys.heartbeats, {name: now})
+                if prune:
+                    pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
+            with redis_errors("heartbeat"):
+                pipe.execute()
+            if prune:
+                self._heartbeats_pruned_at[id(client)] = now
+        except Exception as e:  # down, or a heartbeats key of the wrong type
+            logger.debug("heartbeat skipped: %s", e)

@@ -1,0 +1,212 @@
+"""Each queue's handler slots: the threads that run its handlers, and what they hold.
+
+A consumer gives every queue its own slots (its ``concurrency``), so a queue whose handlers are
+slow keeps only its own messages waiting, never another queue's. The loop thread claims into a
+queue's slots only what they have room for (:meth:`QueueSlots.room`): the free slots, plus a
+bounded prefetch while that queue's handlers are quick (then round trips are a real share of
+the time; with slow handlers a prefetched message would only wait here instead of on another
+consumer's free thread).
+
+Messages are tracked by their delivery token: tokens come from a per-queue counter, and every
+``QueueSlots`` holds one queue's messages, so a token is unique within it (queue A's token "1"
+and queue B's token "1" live in different objects).
+
+Handlers run on daemon threads so that a forced exit is not held up by a stuck handler (whose
+message is given back, or brought back by its visibility timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from .envelope import Message
+from .outcome import RETRY, Outcome
+
+logger = logging.getLogger(__name__)
+
+# A queue whose recent handlers took less than this on average gets a prefetch of one claim
+# batch: claiming while its handlers work keeps them busy. Slower handlers get none.
+PREFETCH_UNDER_SECONDS = 0.05
+# How much one finished handler moves the average (an exponentially weighted mean).
+DURATION_WEIGHT = 0.2
+JOIN_SECONDS = 1.0  # how long stop() waits for each idle thread to end
+
+
+class QueueSlots:
+    """The handler threads of one queue and the messages claimed for them."""
+
+    def __init__(
+        self,
+        queue_name: str,
+        size: int,
+        work: Callable[[Message], Outcome],
+        on_finish: Callable[[], None],
+    ) -> None:
+        self.queue_name = queue_name
+        self._work = work
+        self._on_finish = on_finish
+        self._claimed: deque[Message] = deque()  # claimed, not started yet
+        self._running: dict[str, Message] = {}  # by token
+        self._finished: list[Outcome] = []  # not yet taken by the loop
+        self._abandoned: set[str] = set()  # tokens given back while their handler ran
+        self._cond = threading.Condition()
+        self._size = 0
+        self._threads: list[threading.Thread] = []
+        self._holding = False  # stopping: start nothing more
+        self._closed = False
+        self._mean_seconds: float | None = None
+        self._serial = 0
+        self.resize(size)
+
+    # --- the loop thread's side -----------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def resize(self, size: int) -> None:
+        """Use ``size`` slots from now on (a setting edited in the admin); threads follow."""
+        size = max(1, int(size))
+        with self._cond:
+            if self._closed or size == self._size:
+                return
+            self._size = size
+            alive = [t for t in self._threads if t.is_alive()]
+            for _ in range(size - len(alive)):
+                self._serial += 1
+                thread = threading.Thread(
+                    target=self._serve,
+                    name=f"delayqueue-{self.queue_name}-{self._serial}",
+                    daemon=True,
+                )
+                alive.append(thread)
+                thread.start()
+            self._threads = alive
+            self._cond.notify_all()  # threads beyond the new size see it and end
+
+    def room(self, claim_batch: int) -> int:
+        """How many more messages the loop may claim for these slots now."""
+        with self._cond:
+            if self._holding or self._closed:
+                return 0
+            quick = self._mean_seconds is not None and self._mean_seconds < PREFETCH_UNDER_SECONDS
+            capacity = self._size + (claim_batch if quick else 0)
+            held = len(self._claimed) + len(self._running)
+            free = capacity - held
+            # With a prefetch, claim in batches of at least half of one (or when the slots
+            # would otherwise run dry), not a message or two per round trip.
+            if quick and self._claimed and free < min(claim_batch, capacity) // 2:
+                return 0
+            return max(0, free)
+
+    def add(self, messages: list[Message]) -> None:
+        with self._cond:
+            self._claimed.extend(messages)
+            self._cond.notify(len(messages))
+
+    def take_finished(self) -> list[Outcome]:
+        with self._cond:
+            finished, self._finished = self._finished, []
+            return finished
+
+    def take_unstarted(self) -> list[Message]:
+        """Remove and return what was claimed but not started (to give it back)."""
+        with self._cond:
+            unstarted = list(self._claimed)
+            self._claimed.clear()
+            return unstarted
+
+    def hold(self) -> None:
+        """Start nothing more (a stop was asked for): running handlers go on."""
+        with self._cond:
+            self._holding = True
+            self._cond.notify_all()
+
+    def in_flight(self) -> list[Message]:
+        """Claimed and running messages: those whose visibility deadline must be pushed out."""
+        with self._cond:
+            return list(self._claimed) + list(self._running.values())
+
+    def finished_and_running(self) -> tuple[list[Outcome], list[Message]]:
+        """The untaken outcomes and the running messages, read at one instant.
+
+        Read apart, a handler finishing in between would be in neither list: not recorded,
+        not given back.
+        """
+        with self._cond:
+            finished, self._finished = self._finished, []
+            return finished, list(self._running.values())
+
+    def forget_running(self, messages: list[Message]) -> None:
+        """Stop tracking running messages that were given back; their outcomes are dropped."""
+        with self._cond:
+            for m in messages:
+                self._running.pop(m.token, None)
+                self._abandoned.add(m.token)
+
+    @property
+    def busy(self) -> bool:
+        """Anything claimed, running or finished and not yet taken."""
+        with self._cond:
+            return bool(self._claimed or self._running or self._finished)
+
+    @property
+    def running_count(self) -> int:
+        with self._cond:
+            return len(self._running)
+
+    def close(self) -> None:
+        """End the threads that are idle (waiting for a message); a running one ends after."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(JOIN_SECONDS)
+
+    # --- the handler threads' side --------------------------------------------------------------
+
+    def _next(self, me: threading.Thread) -> Message | None:
+        """The next message for thread ``me``, or None when ``me`` must end."""
+        with self._cond:
+            while True:
+                if self._closed or self._threads.index(me) >= self._size:
+                    self._threads.remove(me)
+                    return None
+                if self._claimed and not self._holding:
+                    message = self._claimed.popleft()
+                    self._running[message.token] = message
+                    return message
+                self._cond.wait()
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        while True:
+            message = self._next(me)
+            if message is None:
+                return
+            try:
+                outcome = self._work(message)
+            except BaseException as e:  # run_handler never raises; this guards the slot itself
+                logger.exception("handler slot failed on message %s", message.id)
+                outcome = Outcome(message, RETRY, 0, 0, None, f"handler slot failed: {e!r}")
+            self._finish(outcome)
+
+    def _finish(self, outcome: Outcome) -> None:
+        with self._cond:
+            token = outcome.message.token
+            if token in self._abandoned:  # given back at a forced stop: not ours to record
+                self._abandoned.discard(token)
+                return
+            self._running.pop(token, None)
+            self._finished.append(outcome)
+            seconds = max(0.0, (outcome.finished_ms - outcome.started_ms) / 1000)
+            mean = self._mean_seconds
+            self._mean_seconds = (
+                seconds if mean is None else mean + DURATION_WEIGHT * (seconds - mean)
+            )
+        self._on_finish()
