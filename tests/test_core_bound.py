@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -189,3 +190,39 @@ def test_a_forked_child_does_not_share_the_kept_connection(
     assert q.schedule("after the fork", id="after").created
     assert sorted(client.hkeys(q.keys.messages)) == [b"after", b"before", b"child"]
     client.close()
+
+
+# --- redis-py versions ------------------------------------------------------------------------
+
+
+class _CommandNamePool(redis.ConnectionPool):
+    """A pool whose get_connection() needs a command name, as in redis-py 5.0 to 5.2."""
+
+    def get_connection(self, command_name, *keys, **options):  # type: ignore[no-untyped-def,override]
+        # Not super().get_connection(command_name): that warns on redis-py 5.3 and later.
+        return super().get_connection()
+
+
+def test_a_pool_that_needs_a_command_name_gets_one(redis_server: RedisServerProcess) -> None:
+    # redis-py 5.0-5.2 (setup.cfg allows redis>=5.0) raised TypeError on get_connection().
+    pool = _CommandNamePool.from_url(redis_server.url)
+    client = redis.Redis(connection_pool=pool)
+    q = Queue(client, "q", clock=ManualClock())
+    assert q.schedule("first").created
+    result = q.schedule_many([{"payload": n} for n in range(3)])
+    assert result.scheduled == 3
+    client.close()
+
+
+def test_this_redis_py_gets_connections_without_a_deprecation_warning(
+    redis_server: RedisServerProcess,
+) -> None:
+    # redis-py 5.3+ deprecates the command name: no warning (ours are errors under pytest).
+    small = redis.Redis.from_url(redis_server.url, max_connections=2)  # a pool left whole
+    default = redis.Redis.from_url(redis_server.url)  # a pool that keeps one connection
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n, client in enumerate((small, default)):
+            assert Queue(client, "q", clock=ManualClock()).schedule(n, id=str(n)).created
+    small.close()
+    default.close()

@@ -20,6 +20,7 @@ left on it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import weakref
@@ -48,8 +49,33 @@ class _KeptConnection:
     def get(self, pool: Any) -> Any:
         if self._connection is None or self._pid != os.getpid():
             # After a fork the parent's connection (and socket) is not ours to use.
-            self._connection, self._pid = pool.get_connection(), os.getpid()
+            self._connection, self._pid = get_connection(pool), os.getpid()
         return self._connection
+
+
+def get_connection(pool: Any) -> Any:
+    """A connection from ``pool``, on every redis-py that setup.cfg allows.
+
+    redis-py 5.0 to 5.2 require a command name (only used by the cluster client); 5.3 made it
+    optional and warns when one is given. Which one a pool wants is read from its signature
+    once per pool class, not tried and caught: a TypeError from inside the pool is a real error.
+    """
+    if _needs_command_name(type(pool)):
+        return pool.get_connection("EVALSHA")
+    return pool.get_connection()
+
+
+_needs_name_by_class: dict[type, bool] = {}
+
+
+def _needs_command_name(pool_class: type) -> bool:
+    needs = _needs_name_by_class.get(pool_class)
+    if needs is None:
+        # inspect.signature follows the __wrapped__ of redis-py's @deprecated_args wrapper.
+        parameter = inspect.signature(pool_class.get_connection).parameters.get("command_name")
+        needs = parameter is not None and parameter.default is inspect.Parameter.empty
+        _needs_name_by_class[pool_class] = needs
+    return needs
 
 
 _kept_by_pool: weakref.WeakKeyDictionary[Any, _KeptConnection] = weakref.WeakKeyDictionary()
@@ -142,7 +168,7 @@ class BoundScript:
                 return _exchange(kept.get(pool), commands)
             finally:
                 kept.lock.release()
-        connection = pool.get_connection()
+        connection = get_connection(pool)
         try:
             return _exchange(connection, commands)
         finally:
