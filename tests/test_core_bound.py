@@ -16,6 +16,7 @@ from django_delayqueue.core.bound import (
     BoundScript,
     _kept_connection,
     _KeptConnection,
+    _needs_command_name,
     encode_arguments,
 )
 from django_delayqueue.core.scripts import LuaScript
@@ -199,7 +200,9 @@ class _CommandNamePool(redis.ConnectionPool):
     """A pool whose get_connection() needs a command name, as in redis-py 5.0 to 5.2."""
 
     def get_connection(self, command_name, *keys, **options):  # type: ignore[no-untyped-def,override]
-        # Not super().get_connection(command_name): that warns on redis-py 5.3 and later.
+        # Passed on only to a redis-py that wants it: 5.3 and later warn when given one.
+        if _needs_command_name(redis.ConnectionPool):
+            return super().get_connection(command_name)
         return super().get_connection()
 
 
