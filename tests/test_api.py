@@ -37,7 +37,9 @@ def test_schedule_with_a_delay_returns_the_id(redis_client: redis.Redis) -> None
     message_id = dq.schedule("order-close", {"order_id": 42}, delay=1800, on_commit=False)
     assert isinstance(message_id, str) and message_id
     due = redis_client.zscore(KEYS.pending, message_id)
-    assert due is not None and before + 1_799_000 <= due <= now_ms(redis_client) + 1_800_000
+    # Never early: at least 30 min after the server time read before the call. Above the time
+    # read after it by at most a rounding up and the clock's round-trip uncertainty.
+    assert due is not None and before + 1_800_000 <= due <= now_ms(redis_client) + 1_801_000
     assert decode_envelope(redis_client.hget(KEYS.messages, message_id))[2] == {"order_id": 42}
 
 

@@ -20,10 +20,12 @@ from django_delayqueue.core import (
     PayloadError,
     Queue,
     RedisClock,
+    Retry,
     SystemClock,
 )
 from django_delayqueue.core.consumer import Consumer
 from django_delayqueue.core.envelope import decode_envelope
+from django_delayqueue.core.outcome import RETRY, run_handler
 from django_delayqueue.core.queue import MAX_DUE_MS
 
 T0 = 1_700_000_000_000
@@ -230,3 +232,88 @@ def test_no_handler_starts_before_the_instant_the_caller_asked_for(
         thread.join(30)
     early = {n: asked[n] - started[n] for n in range(count) if started[n] < asked[n]}
     assert early == {}
+
+
+# --- retry delays: checked where they are raised, clamped where they are recorded -------------
+
+BAD_RETRY_DELAYS = [math.inf, -math.inf, math.nan, -1, 1e300, 10**400, "5", True, [1]]
+
+
+@pytest.mark.parametrize("delay", BAD_RETRY_DELAYS, ids=_short)
+def test_retry_refuses_a_delay_that_is_no_retry_time(delay: Any) -> None:
+    with pytest.raises(ValueError, match="Retry delay must be") as raised:
+        Retry(delay=delay)
+    assert repr(delay)[:10] in str(raised.value)  # names the bad value
+
+
+@pytest.mark.parametrize(
+    "delay,seconds",
+    [(None, None), (0, 0.0), (7.5, 7.5), (Decimal("2.5"), 2.5), (timedelta(minutes=2), 120.0)],
+)
+def test_retry_keeps_a_good_delay_in_seconds(delay: Any, seconds: float | None) -> None:
+    assert Retry(delay=delay).delay == seconds
+
+
+def test_a_handler_raising_a_bad_retry_fails_like_any_other_error() -> None:
+    def handler(message: Message) -> None:
+        raise Retry(delay=math.inf, reason="later")
+
+    message = Message("m", "q", None, T0, T0, 1, "token", T0)
+    outcome = run_handler(handler, message, T0)
+    # An ordinary failure: retried with the queue's backoff, the error in the journal.
+    assert (outcome.status, outcome.delay, outcome.error) == (RETRY, None, "ValueError")
+    assert "inf" in outcome.reason
+
+
+class UncheckedRetry(Retry):
+    """A Retry whose delay was not checked (a subclass, or one built before the check)."""
+
+    def __init__(self, delay: Any) -> None:
+        Exception.__init__(self, "unchecked")
+        self.delay, self.reason = delay, "unchecked"
+
+
+@pytest.mark.parametrize(
+    "delay,retry_in_ms",
+    [
+        (math.inf, 300_000),  # backoff_max
+        (math.nan, 300_000),
+        (1e300, 300_000),
+        (10**400, 300_000),
+        ("soon", 300_000),
+        (-5, 0),
+        (-math.inf, 0),
+        (2.5, 2_500),
+        (0.0015, 2),  # rounded up, as due times are
+        (3600.0, 3_600_000),  # longer than backoff_max: asked for, so kept
+    ],
+    ids=_short,
+)
+def test_nack_arguments_are_always_sane_integers(
+    redis_client: redis.Redis, make_queue: Any, delay: Any, retry_in_ms: int
+) -> None:
+    q = make_queue(backoff_max=300)
+    q.schedule("x", id="x")
+    (message,) = q.claim()
+    _, _, args = q.nack_call([(message, delay, "failed")], now_ms=T0)
+    assert args == [T0, 5, "x", message.token, T0 + retry_in_ms, "failed"]
+    # Before: inf raised OverflowError here, so the outcome could never be recorded.
+    assert q.nack(message, delay=delay, reason="failed") == 1
+    assert redis_client.zscore(q.keys.retry, "x") == T0 + retry_in_ms
+
+
+def test_a_consumer_survives_a_handler_outcome_with_an_unusable_delay(make_queue: Any) -> None:
+    q = make_queue(backoff_max=60)
+    for n in range(3):
+        q.schedule(n, id=f"m{n}")
+
+    def handler(message: Message) -> None:
+        if message.payload == 1:
+            raise UncheckedRetry(math.inf)
+
+    consumer = Consumer([q], handler, burst=True)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert q.counts()["retry"] == 1 and q.counts()["unack"] == 0  # the others acked

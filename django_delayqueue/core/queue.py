@@ -19,7 +19,13 @@ from .envelope import (
     to_str,
     validate_id,
 )
-from .errors import ConfigurationError, CorruptEnvelope, DelayQueueError, PayloadError
+from .errors import (
+    MAX_RETRY_DELAY_SECONDS,
+    ConfigurationError,
+    CorruptEnvelope,
+    DelayQueueError,
+    PayloadError,
+)
 from .inspection import Inspection
 from .keys import QueueKeys
 from .results import (
@@ -103,6 +109,27 @@ def _at_ms(at: datetime | int | float) -> int:
     if abs(due) > MAX_DUE_MS:
         raise PayloadError(f"at= {at!r} is beyond year 9999, where due times end")
     return due
+
+
+def _retry_ms(seconds: Any, backoff_max: float) -> int:
+    """A retry delay as whole milliseconds that nack.lua can store, whatever reached here.
+
+    Retry() checks its delay, but an outcome may come from elsewhere (a subclass, a custom
+    consumer, a setting). A nack whose arguments Redis refuses is never recorded, and the
+    consumer would try to record it forever: so a delay that is not a number, not finite or
+    too long becomes ``backoff_max``, a negative one 0. One bad value costs one message's
+    timing, never the consumer.
+    """
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if value < 0:
+        return 0
+    if not value <= MAX_RETRY_DELAY_SECONDS:  # nan, inf, 1e300
+        cap = float(backoff_max)
+        value = min(cap, MAX_RETRY_DELAY_SECONDS) if cap >= 0 else 0.0  # nan cap: at once
+    return _round_up_ms(value * 1000)
 
 
 class Queue(Inspection):
@@ -362,13 +389,19 @@ class Queue(Inspection):
         bury: bool = False,
     ) -> tuple[LuaScript, list, list]:
         k = self.keys
-        args: list[Any] = [now_ms, self.settings.max_attempts]
+        s = self.settings
+        args: list[Any] = [now_ms, s.max_attempts]
         for message, delay, reason in failures:
             if bury:
                 retry_at = -1
+            elif delay is None:
+                try:
+                    seconds = s.backoff(message.attempt)
+                except OverflowError:  # 2 ** attempt beyond a float: past the cap anyway
+                    seconds = s.backoff_max
+                retry_at = now_ms + _retry_ms(seconds, s.backoff_max)
             else:
-                seconds = self.settings.backoff(message.attempt) if delay is None else delay
-                retry_at = now_ms + max(0, int(seconds * 1000))
+                retry_at = now_ms + _retry_ms(delay, s.backoff_max)
             args += (message.id, message.token, retry_at, reason[:2000])
         return (
             LuaScript.named("nack"),
