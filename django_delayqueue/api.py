@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -12,6 +13,8 @@ from django.db import transaction
 
 from .conf import SETTING_NAME, dq_settings, queue_names, queue_settings, unknown_queue
 from .connection import get_client, get_clock
+from .core.envelope import decode_envelope
+from .core.errors import DelayQueueError
 from .core.queue import Queue
 
 logger = logging.getLogger(__name__)
@@ -69,17 +72,59 @@ def schedule(
     q = get_queue(queue)
     prepared = q.prepare(payload, delay=delay, at=at, id=id)
     message_id = prepared[0]
+    use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
+    # Django defers an on_commit callback exactly when an atomic block is open; otherwise it
+    # runs at once, in the caller's frame, and an error reaches the caller as it should.
+    after_commit = use_on_commit and transaction.get_connection(using).in_atomic_block
 
     def send() -> None:
-        q.send_prepared(prepared)
+        try:
+            q.send_prepared(prepared)
+        except DelayQueueError as e:
+            if not after_commit:
+                raise
+            # The database has committed: raising cannot undo that, it only skips the other
+            # on_commit callbacks. Until durable scheduling exists the message is lost, so
+            # the log must carry everything needed to send it again by hand.
+            _log_unsent(q.name, prepared, e)
+            return
         logger.debug("scheduled %s on %s", message_id, q.name)
 
-    if dq_settings.ON_COMMIT if on_commit is None else on_commit:
+    if use_on_commit:
         # Outside an atomic block Django runs the callback at once.
         transaction.on_commit(send, using=using)
     else:
         send()
     return message_id
+
+
+def _log_unsent(queue: str, prepared: tuple[str, int, str], error: Exception) -> None:
+    """Log at ERROR a message whose send after a commit failed: id, due time and payload."""
+    message_id, due_ms, envelope = prepared
+    payload = decode_envelope(envelope)[2]
+    payload_json = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    try:
+        due = datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):  # the very end of year 9999: keep logging
+        due = "beyond datetime"
+    logger.error(
+        "queue %s: message %s (due %s, %d ms) was not sent after the transaction committed "
+        "and is lost: %s; payload: %s",
+        queue,
+        message_id,
+        due,
+        due_ms,
+        error,
+        payload_json,
+        extra={
+            "delayqueue": {
+                "queue": queue,
+                "id": message_id,
+                "due_ms": due_ms,
+                "payload": payload_json,
+            }
+        },
+    )
 
 
 def cancel(queue: str, id: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -15,8 +16,9 @@ from django.db import transaction
 from django.test import override_settings
 
 import django_delayqueue as dq
-from django_delayqueue.core import ConfigurationError, PayloadError, QueueKeys
+from django_delayqueue.core import ConfigurationError, PayloadError, QueueKeys, RedisUnavailable
 from django_delayqueue.core.envelope import decode_envelope
+from django_delayqueue.redis_server import free_port
 
 KEYS = QueueKeys("dq", "order-close")
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +39,9 @@ def test_schedule_with_a_delay_returns_the_id(redis_client: redis.Redis) -> None
     message_id = dq.schedule("order-close", {"order_id": 42}, delay=1800, on_commit=False)
     assert isinstance(message_id, str) and message_id
     due = redis_client.zscore(KEYS.pending, message_id)
-    assert due is not None and before + 1_799_000 <= due <= now_ms(redis_client) + 1_800_000
+    # Never early: at least 30 min after the server time read before the call. Above the time
+    # read after it by at most a rounding up and the clock's round-trip uncertainty.
+    assert due is not None and before + 1_800_000 <= due <= now_ms(redis_client) + 1_801_000
     assert decode_envelope(redis_client.hget(KEYS.messages, message_id))[2] == {"order_id": 42}
 
 
@@ -103,6 +107,62 @@ def test_capture_on_commit_callbacks_runs_the_send(
         message_id = dq.schedule("order-close", {}, delay=60)
     assert len(callbacks) == 1
     assert waiting(redis_client) == {message_id.encode()}
+
+
+# --- Redis down when the message is sent ---------------------------------------------------------
+
+
+def redis_down() -> Any:
+    """Settings whose Redis refuses connections (a port nothing listens on): really unreachable."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    return override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "REDIS_URL": url})
+
+
+def lost_message_logs(caplog: pytest.LogCaptureFixture, message_id: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR
+        and r.name == "django_delayqueue.api"
+        and message_id in r.getMessage()
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_send_after_commit_that_finds_redis_down_is_logged_and_later_callbacks_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    later: list[str] = []
+    with redis_down(), transaction.atomic():
+        message_id = dq.schedule("order-close", {"order_id": 42}, delay=60, id="close-42")
+        transaction.on_commit(lambda: later.append("ran"))
+    # Before: RedisUnavailable escaped the commit (already done) and skipped this callback.
+    assert later == ["ran"]
+    (logged,) = lost_message_logs(caplog, message_id)
+    assert "order-close" in logged and '{"order_id":42}' in logged
+    assert "due" in logged and "not sent" in logged
+
+
+def test_a_captured_commit_that_finds_redis_down_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture, django_capture_on_commit_callbacks: Any, db: None
+) -> None:
+    with redis_down(), django_capture_on_commit_callbacks(execute=True) as callbacks:
+        message_id = dq.schedule("order-close", {"order_id": 7}, delay=60)
+    assert len(callbacks) == 1
+    assert len(lost_message_logs(caplog, message_id)) == 1
+
+
+@pytest.mark.parametrize("on_commit", [True, False])
+@pytest.mark.django_db(transaction=True)
+def test_a_send_in_the_callers_frame_that_finds_redis_down_raises(
+    caplog: pytest.LogCaptureFixture, on_commit: bool
+) -> None:
+    # No transaction (on_commit sends at once) or on_commit=False: the caller sees the error.
+    with redis_down(), pytest.raises(RedisUnavailable):
+        dq.schedule("order-close", {"order_id": 1}, delay=60, id="now", on_commit=on_commit)
+    assert lost_message_logs(caplog, "now") == []
+    with redis_down(), transaction.atomic(), pytest.raises(RedisUnavailable):
+        dq.schedule("order-close", {"order_id": 1}, delay=60, id="now", on_commit=False)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, RedisClock, SystemClock
+from django_delayqueue.core import clock as clock_module
+from django_delayqueue.core.clock import exact_now_ms, producer_now_ms
 
 HOUR_MS = 3_600_000
 
@@ -110,3 +112,99 @@ def test_queue_due_times_come_from_the_injected_clock(
 ) -> None:
     q = Queue(redis_client, "q", clock=ManualClock(1_000))
     assert q.schedule("x", delay=delay).due_ms == due
+
+
+# --- anchored to the monotonic clock, with a reading for consumers and one for producers -------
+
+
+class FakeTime:
+    """Stands in for the ``time`` module: real time passes only when a test says so.
+
+    ``wall_step`` is what an NTP step or a VM resume adds to the wall clock (``time.time()``)
+    without any real time passing; the monotonic clock never sees it.
+    """
+
+    def __init__(self) -> None:
+        self.real = 1_000.0  # seconds of real time
+        self.wall_step = 0.0
+
+    def time(self) -> float:
+        return 1_700_000_000.0 + self.real + self.wall_step
+
+    def monotonic(self) -> float:
+        return self.real
+
+
+class FakeServer:
+    """TIME from a server clock ``offset_ms`` ahead of real time (always right)."""
+
+    def __init__(self, fake: FakeTime, offset_ms: float = 0.0) -> None:
+        self.fake = fake
+        self.offset_ms = offset_ms
+
+    def server_ms(self) -> float:
+        return (1_700_000_000.0 + self.fake.real) * 1000 + self.offset_ms
+
+    def time(self) -> tuple[int, int]:
+        us = int(self.server_ms() * 1000)
+        return us // 1_000_000, us % 1_000_000
+
+
+@pytest.mark.parametrize("step", [3.0, -3.0])
+def test_a_wall_clock_step_does_not_move_the_redis_clock(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    fake = FakeTime()
+    monkeypatch.setattr(clock_module, "time", fake)
+    server = FakeServer(fake, offset_ms=HOUR_MS)
+    clock = RedisClock(server, resync_seconds=3600)
+    before = clock.now_exact_ms()
+    fake.wall_step += step  # the host's wall clock jumps; no real time passes
+    fake.real += 0.010  # then 10 ms of real time do
+    # Before: time.time() + offset jumped with the wall clock (a +3 s step: 3 s early).
+    assert clock.now_exact_ms() - before == pytest.approx(10, abs=0.01)
+    assert abs(clock.now_ms() - server.server_ms()) <= 1
+
+
+class SlowServer(FakeServer):
+    """A server whose TIME reply takes ``rtt_ms``; it reads its clock ``read_at`` of the way."""
+
+    def __init__(self, fake: FakeTime, rtt_ms: float, read_at: float) -> None:
+        super().__init__(fake, offset_ms=-5_000)
+        self.rtt_ms = rtt_ms
+        self.read_at = read_at
+
+    def time(self) -> tuple[int, int]:
+        self.fake.real += self.rtt_ms * self.read_at / 1000
+        reply = super().time()
+        self.fake.real += self.rtt_ms * (1 - self.read_at) / 1000
+        return reply
+
+
+@pytest.mark.parametrize("read_at", [0.0, 0.3, 1.0])
+def test_consumers_read_never_ahead_of_the_server_and_producers_never_behind(
+    read_at: float,
+) -> None:
+    fake = FakeTime()
+    server = SlowServer(fake, rtt_ms=2.0, read_at=read_at)
+    clock = RedisClock(server, resync_seconds=3600, monotonic=fake.monotonic)
+    clock.sync()
+    for _ in range(5):
+        fake.real += 0.0123
+        true = server.server_ms()
+        lower, upper = clock.now_exact_ms(), clock.now_upper_ms()
+        # Within a microsecond: a double holds epoch milliseconds to about 0.24 us.
+        assert lower <= true + 0.001 and clock.now_ms() <= true
+        assert upper >= true - 0.001
+        assert upper - lower == pytest.approx(2.0 + 0.001, abs=0.001)  # the round trip
+        assert producer_now_ms(clock) == pytest.approx(clock.now_upper_ms(), abs=0.001)
+
+
+def test_clocks_without_an_upper_reading_give_producers_their_exact_one() -> None:
+    clock = ManualClock(1_000.25)
+    assert clock.now_ms() == 1_000
+    assert exact_now_ms(clock) == producer_now_ms(clock) == 1_000.25
+    clock.advance(ms=2)
+    assert (clock.now_ms(), clock.now_exact_ms()) == (1_002, 1_002.25)
+    before = time.time() * 1000
+    assert before <= producer_now_ms(SystemClock()) <= time.time() * 1000

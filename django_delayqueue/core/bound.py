@@ -5,7 +5,8 @@ of its time: redis-py encodes every argument on every call, and its ``execute_co
 bookkeeping (retries, observability hooks) around each one. A :class:`BoundScript` encodes the
 constant part (script, keys, leading arguments) once in the Redis protocol, appends the few
 arguments that change and sends the result on a pooled connection. On a broken connection it
-sends the call again through redis-py, which applies the client's own retry policy. Clients
+sends the calls whose reply it had not read again through redis-py, which applies the client's
+own retry policy. Clients
 other than a plain ``redis.Redis`` (a cluster client, a single-connection client, a subclass
 that may wrap commands) always go through redis-py.
 
@@ -20,6 +21,7 @@ left on it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import weakref
@@ -48,8 +50,33 @@ class _KeptConnection:
     def get(self, pool: Any) -> Any:
         if self._connection is None or self._pid != os.getpid():
             # After a fork the parent's connection (and socket) is not ours to use.
-            self._connection, self._pid = pool.get_connection(), os.getpid()
+            self._connection, self._pid = get_connection(pool), os.getpid()
         return self._connection
+
+
+def get_connection(pool: Any) -> Any:
+    """A connection from ``pool``, on every redis-py that setup.cfg allows.
+
+    redis-py 5.0 to 5.2 require a command name (only used by the cluster client); 5.3 made it
+    optional and warns when one is given. Which one a pool wants is read from its signature
+    once per pool class, not tried and caught: a TypeError from inside the pool is a real error.
+    """
+    if _needs_command_name(type(pool)):
+        return pool.get_connection("EVALSHA")
+    return pool.get_connection()
+
+
+_needs_name_by_class: dict[type, bool] = {}
+
+
+def _needs_command_name(pool_class: type) -> bool:
+    needs = _needs_name_by_class.get(pool_class)
+    if needs is None:
+        # inspect.signature follows the __wrapped__ of redis-py's @deprecated_args wrapper.
+        parameter = inspect.signature(pool_class.get_connection).parameters.get("command_name")
+        needs = parameter is not None and parameter.default is inspect.Parameter.empty
+        _needs_name_by_class[pool_class] = needs
+    return needs
 
 
 _kept_by_pool: weakref.WeakKeyDictionary[Any, _KeptConnection] = weakref.WeakKeyDictionary()
@@ -98,7 +125,7 @@ class BoundScript:
         command = self._encode(args)
         with redis_errors(self.script.name):
             replies = self._send([command])
-        if replies is None:  # a broken connection: redis-py's retry policy decides
+        if not replies:  # a broken connection: redis-py's retry policy decides
             return self._through_redis_py([args])[0]
         if is_noscript(replies[0]):  # after a SCRIPT FLUSH: load it and send again
             return self.call_many([args])[0]
@@ -108,7 +135,10 @@ class BoundScript:
         """One call per argument list, all sent in one round trip; a script error raises.
 
         After a ``SCRIPT FLUSH`` only the calls that got NOSCRIPT (which did nothing) are sent
-        again, so no call runs twice.
+        again, so no call runs twice. A connection that breaks mid-batch keeps the replies
+        already read: only the calls without one are sent again (through redis-py and its retry
+        policy). Those may have run without their reply reaching us, which the scripts' own
+        idempotence covers (a schedule of an id already there is counted as a duplicate).
         """
         if not arg_lists:
             return []
@@ -117,14 +147,15 @@ class BoundScript:
         commands = [self._encode(args) for args in arg_lists]
         with redis_errors(self.script.name):
             replies = self._send(commands)
-            if replies is None:
-                return self._through_redis_py(arg_lists)
+            if len(replies) < len(commands):
+                replies += self._through_redis_py(arg_lists[len(replies) :])
             missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
             if missing:
                 self.client.script_load(self.script.source)
                 again = self._send([commands[i] for i in missing])
-                if again is None:
-                    return self._through_redis_py([arg_lists[i] for i in missing])
+                unanswered = missing[len(again) :]
+                if unanswered:
+                    again += self._through_redis_py([arg_lists[i] for i in unanswered])
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
         return _raise_script_errors(self.script, replies)
@@ -133,8 +164,9 @@ class BoundScript:
         count = self._head_count + len(args)
         return b"*%d\r\n%b%b" % (count, self._head, encode_arguments(args))
 
-    def _send(self, commands: list[bytes]) -> list[Any] | None:
-        """The replies (errors in place), or None when the connection broke."""
+    def _send(self, commands: list[bytes]) -> list[Any]:
+        """The replies read, in order (errors in place): fewer than ``commands`` when the
+        connection broke (then the first ones are still the replies of the first commands)."""
         pool = self.client.connection_pool
         kept = self._kept
         if kept is not None and kept.lock.acquire(blocking=False):
@@ -142,7 +174,7 @@ class BoundScript:
                 return _exchange(kept.get(pool), commands)
             finally:
                 kept.lock.release()
-        connection = pool.get_connection()
+        connection = get_connection(pool)
         try:
             return _exchange(connection, commands)
         finally:
@@ -158,11 +190,15 @@ class BoundScript:
         return batch.run(self.client)
 
 
-def _exchange(connection: Any, commands: list[bytes]) -> list[Any] | None:
-    """Send ``commands``, read one reply each (errors in place); None if the connection broke."""
+def _exchange(connection: Any, commands: list[bytes]) -> list[Any]:
+    """Send ``commands`` and read one reply each (errors in place).
+
+    When the connection breaks, the replies read so far are returned (and the connection
+    dropped): those calls ran exactly once, and must not be sent again.
+    """
+    replies: list[Any] = []
     try:
         connection.send_packed_command(commands)
-        replies: list[Any] = []
         for _ in commands:
             try:
                 replies.append(connection.read_response())
@@ -171,7 +207,7 @@ def _exchange(connection: Any, commands: list[bytes]) -> list[Any] | None:
         return replies
     except _BROKEN_CONNECTION:
         connection.disconnect()
-        return None
+        return replies
     except BaseException:
         connection.disconnect()  # interrupted between a command and its reply: drop both
         raise

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from datetime import timedelta
+from decimal import Decimal
+
 
 class DelayQueueError(Exception):
     """Base class of every error raised by django-delayqueue."""
@@ -27,13 +32,41 @@ class ScriptFailed(DelayQueueError):
     """A Lua script raised an error (for example a key holds the wrong type)."""
 
 
-class Retry(DelayQueueError):
-    """Raised by a handler to ask for another attempt after ``delay`` seconds."""
+# The longest retry delay a handler may ask for (100 years): far beyond any sane wait, and its
+# retry time stays well inside the milliseconds a double holds exactly.
+MAX_RETRY_DELAY_SECONDS = 3_155_760_000
 
-    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+
+class Retry(DelayQueueError):
+    """Raised by a handler to ask for another attempt after ``delay`` seconds.
+
+    ``delay`` (seconds or a timedelta; None: the queue's backoff) is checked here, so a bad
+    one (inf, nan, negative, 1e300, not a number) raises ValueError in the handler, which then
+    counts as an ordinary failure, instead of reaching the consumer as a retry time that can
+    never be recorded.
+    """
+
+    def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
         super().__init__(reason or "retry requested")
-        self.delay = delay
+        self.delay = None if delay is None else _retry_seconds(delay)
         self.reason = reason
+
+
+def _retry_seconds(delay: object) -> float:
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, (numbers.Real, Decimal)) and not isinstance(delay, bool):
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int beyond a float
+            seconds = math.inf
+    else:
+        raise ValueError(f"Retry delay must be seconds or a timedelta, not {delay!r}")
+    if not 0 <= seconds <= MAX_RETRY_DELAY_SECONDS:  # false for nan as well
+        raise ValueError(
+            f"Retry delay must be between 0 and {MAX_RETRY_DELAY_SECONDS} seconds, not {delay!r}"
+        )
+    return seconds
 
 
 class Reject(DelayQueueError):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .bound import BoundScript
-from .clock import Clock, RedisClock
+from .clock import Clock, RedisClock, producer_now_ms
 from .envelope import (
     Message,
     decode_envelope,
@@ -18,7 +19,13 @@ from .envelope import (
     to_str,
     validate_id,
 )
-from .errors import ConfigurationError, CorruptEnvelope, DelayQueueError, PayloadError
+from .errors import (
+    MAX_RETRY_DELAY_SECONDS,
+    ConfigurationError,
+    CorruptEnvelope,
+    DelayQueueError,
+    PayloadError,
+)
 from .inspection import Inspection
 from .keys import QueueKeys
 from .results import (
@@ -42,23 +49,87 @@ DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, nev
 ANNOUNCE_WITHIN_MS = 2000
 
 
-def _ms(delay: Delay) -> int:
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-    if seconds != seconds or seconds < 0:  # NaN or negative
+# Every due time lies before 10000-01-01T00:00:00Z: as far as a datetime goes, and well inside
+# the 2**53 ms a double (Lua's numbers, sorted-set scores) holds to the millisecond. A larger
+# value (an inf that slipped through, 1e300 seconds) would be stored rounded, or not at all.
+MAX_DUE_MS = 253_402_300_800_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _ms(delay: Delay) -> float:
+    """``delay`` in milliseconds, fraction kept; PayloadError unless finite, >= 0 and bounded.
+
+    Rounded to the nanosecond: float noise (0.29 * 1000 is 290.00000000000006) must not add a
+    whole millisecond when the due time is rounded up.
+    """
+    if isinstance(delay, timedelta):
+        ms = (delay // timedelta(microseconds=1)) / 1000  # whole microseconds: exact
+    else:
+        try:
+            seconds = float(delay)
+        except (TypeError, ValueError, OverflowError):
+            raise PayloadError(
+                f"delay must be a number of seconds or a timedelta, not {delay!r}"
+            ) from None
+        if not math.isfinite(seconds):
+            raise PayloadError(f"delay must be zero or more seconds and finite, not {delay!r}")
+        ms = round(seconds * 1000, 6)
+    if ms < 0:
         raise PayloadError(f"delay must be zero or more seconds, not {delay!r}")
-    return round(seconds * 1000)
+    if ms > MAX_DUE_MS:
+        raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
+    return ms
+
+
+def _round_up_ms(ms: float) -> int:
+    """``ms`` rounded up to a whole millisecond, float noise (below a nanosecond) ignored."""
+    return math.ceil(round(ms, 6))
 
 
 def _at_ms(at: datetime | int | float) -> int:
+    """``at`` in epoch milliseconds, rounded up (never before the instant asked for)."""
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise PayloadError(
                 "at= needs a timezone-aware datetime (naive datetimes are ambiguous)"
             )
-        return int(at.timestamp() * 1000)
-    if isinstance(at, (int, float)) and not isinstance(at, bool):
-        return int(at)  # epoch milliseconds
-    raise PayloadError(f"at= must be an aware datetime or epoch milliseconds, not {at!r}")
+        # Whole microseconds, exactly: at.timestamp() * 1000 is a float, off by noise.
+        micros = (at - _EPOCH) // timedelta(microseconds=1)
+        due = -(-micros // 1000)
+    elif isinstance(at, int) and not isinstance(at, bool):
+        due = at  # epoch milliseconds
+    elif isinstance(at, float):
+        if not math.isfinite(at):
+            raise PayloadError(f"at= must be finite epoch milliseconds, not {at!r}")
+        if abs(at) > MAX_DUE_MS:  # before rounding: ceil(1e300) is a 300-digit int
+            raise PayloadError(f"at= {at!r} is beyond year 9999 (epoch milliseconds)")
+        due = _round_up_ms(at)
+    else:
+        raise PayloadError(f"at= must be an aware datetime or epoch milliseconds, not {at!r}")
+    if abs(due) > MAX_DUE_MS:
+        raise PayloadError(f"at= {at!r} is beyond year 9999, where due times end")
+    return due
+
+
+def _retry_ms(seconds: Any, backoff_max: float) -> int:
+    """A retry delay as whole milliseconds that nack.lua can store, whatever reached here.
+
+    Retry() checks its delay, but an outcome may come from elsewhere (a subclass, a custom
+    consumer, a setting). A nack whose arguments Redis refuses is never recorded, and the
+    consumer would try to record it forever: so a delay that is not a number, not finite or
+    too long becomes ``backoff_max``, a negative one 0. One bad value costs one message's
+    timing, never the consumer.
+    """
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if value < 0:
+        return 0
+    if not value <= MAX_RETRY_DELAY_SECONDS:  # nan, inf, 1e300
+        cap = float(backoff_max)
+        value = min(cap, MAX_RETRY_DELAY_SECONDS) if cap >= 0 else 0.0  # nan cap: at once
+    return _round_up_ms(value * 1000)
 
 
 class Queue(Inspection):
@@ -102,11 +173,25 @@ class Queue(Inspection):
         id: str | None = None,
         now_ms: int | None = None,
     ) -> tuple[str, int, str]:
-        """Validate one message and return ``(id, due_ms, envelope)``; raise PayloadError."""
+        """Validate one message and return ``(id, due_ms, envelope)``; raise PayloadError.
+
+        Never early: the due time is the instant asked for rounded up to a whole millisecond,
+        a delay counted from the producer's reading of the clock (never behind the server's,
+        see :func:`~.clock.producer_now_ms`) or from ``now_ms`` if that is later. ``now_ms``
+        (default: the clock's ``now_ms``) is the envelope's scheduled time, and the due time
+        without a delay (or with a zero one): due at once, straight to ready.
+        """
         if delay is not None and at is not None:
             raise PayloadError("give delay= or at=, not both")
         now = self.clock.now_ms() if now_ms is None else now_ms
-        due = now + _ms(delay) if delay is not None else _at_ms(at) if at is not None else now
+        if at is not None:
+            due = _at_ms(at)
+        elif delay is None or (delay_ms := _ms(delay)) == 0:
+            due = now
+        else:
+            due = _round_up_ms(max(now, producer_now_ms(self.clock)) + delay_ms)
+            if due > MAX_DUE_MS:
+                raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
         return message_id, due, encode_envelope(payload_json, due, now)
@@ -304,13 +389,19 @@ class Queue(Inspection):
         bury: bool = False,
     ) -> tuple[LuaScript, list, list]:
         k = self.keys
-        args: list[Any] = [now_ms, self.settings.max_attempts]
+        s = self.settings
+        args: list[Any] = [now_ms, s.max_attempts]
         for message, delay, reason in failures:
             if bury:
                 retry_at = -1
+            elif delay is None:
+                try:
+                    seconds = s.backoff(message.attempt)
+                except OverflowError:  # 2 ** attempt beyond a float: past the cap anyway
+                    seconds = s.backoff_max
+                retry_at = now_ms + _retry_ms(seconds, s.backoff_max)
             else:
-                seconds = self.settings.backoff(message.attempt) if delay is None else delay
-                retry_at = now_ms + max(0, int(seconds * 1000))
+                retry_at = now_ms + _retry_ms(delay, s.backoff_max)
             args += (message.id, message.token, retry_at, reason[:2000])
         return (
             LuaScript.named("nack"),
