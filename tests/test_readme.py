@@ -73,6 +73,19 @@ DIRECTIVES = {"skip", "burst", "replace", "slow"}
 # A shell block must not start the suite or the demo from inside the suite.
 RECURSIVE = re.compile(r"\bmake\s+(test|demo)\b|\.ci/run\b|run_demo\.py")
 
+
+def runs_until_stopped(command: str) -> bool:
+    """Commands that would only end on Ctrl-C, so the test would wait for its timeout."""
+    words = command.split()
+    if re.search(r"manage\.py\s+runqueue\b", command):
+        return "--burst" not in words
+    if re.search(r"manage\.py\s+runserver\b", command):
+        return True
+    if re.search(r"manage\.py\s+queuestats\b", command) and "--watch" in words:
+        return "--count" not in words
+    return False
+
+
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 DIRECTIVE = re.compile(r"^\s*<!--\s*readme-test:(?P<body>.*?)-->\s*$")
 DIRECTIVE_BODY = re.compile(r"^\s*(?P<name>[a-z-]+)(?P<args>.*?)\s*(?:\((?P<reason>[^()]+)\))?\s*$")
@@ -266,6 +279,22 @@ def test_directives_parse(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("command", "forever"),
+    [
+        ("python manage.py runqueue order-close -c 8", True),
+        ("python manage.py runqueue --burst", False),
+        ("python manage.py runserver", True),
+        ("python manage.py queuestats --watch 2", True),
+        ("python manage.py queuestats --watch 2 --count 3", False),
+        ("python manage.py migrate", False),
+    ],
+)
+def test_commands_that_run_until_stopped_are_recognised(command: str, forever: bool) -> None:
+    assert runs_until_stopped(command) is forever
+    assert commands(f"{command} \\\n  -v 2  # comment\n\n") == [f"{command} -v 2"]
+
+
 def test_burst_goes_before_the_comment_and_after_continued_lines() -> None:
     script = (
         "python manage.py migrate   # rows\n"
@@ -298,6 +327,19 @@ def split_comment(line: str) -> tuple[str, str]:
             code = line[:i]
             return code.rstrip(), line[len(code.rstrip()) :]
     return line, ""
+
+
+def commands(script: str) -> list[str]:
+    """The logical lines of a script (continuations joined, blanks squeezed), no comments."""
+    out, command = [], ""
+    for line in script.splitlines():
+        code = split_comment(line)[0]
+        if code.endswith("\\"):
+            command += code[:-1] + " "
+            continue
+        out.append(command + code)
+        command = ""
+    return [" ".join(c.split()) for c in out if c.strip()]
 
 
 def add_burst(script: str) -> str:
@@ -389,6 +431,12 @@ def test_shell_block(
             "<!-- readme-test: skip (reason) --> instead"
         )
     script = prepare_shell(block, tmp_path)
+    forever = [c.strip() for c in commands(script) if runs_until_stopped(c)]
+    if forever:
+        pytest.fail(
+            f"{block.where}: {forever} would run until stopped: add --burst (runqueue) or "
+            "--count (queuestats --watch) with a readme-test directive, or skip it with a reason"
+        )
     before = set(os.listdir(ROOT))
     code, output = run_shell(block, script, shell_env)
     tail = "\n".join(output.splitlines()[-60:])
