@@ -12,8 +12,9 @@ delivery, the due time, the attempt, the pid and what the handler is about to do
 - nothing was delivered that was never scheduled;
 - nothing was delivered before its due time (1 ms allowed for rounding);
 - every extra delivery has a recorded cause: the previous delivery of that id raised or killed
-  its process on purpose, ran in a consumer the test killed, ran past its deadline on purpose,
-  or overlapped a Redis outage the test caused. Anything else is an *unexplained* duplicate.
+  its process on purpose, ran in a consumer the test killed (or stopped while the handler ran
+  past the grace period), ran past its deadline on purpose, or overlapped a Redis outage the
+  test caused. Anything else is an *unexplained* duplicate.
 
 Also imported by ``bench/soak.py`` (it puts this directory on ``sys.path``).
 """
@@ -94,6 +95,9 @@ class Causes:
     killed_pids: set[int] = field(default_factory=set)  # consumers killed (or force-stopped)
     outages: list[tuple[int, int]] = field(default_factory=list)  # Redis down/paused, wall ms
     outage_margin_ms: int = 0  # e.g. the visibility timeout: deadlines that ran out meanwhile
+    # consumers stopped by one SIGTERM while a handler ran past --grace (it was given back);
+    # last, so that positional arguments (bench/soak.py) keep their meaning
+    outgraced_pids: set[int] = field(default_factory=set)
 
     def explain(self, previous: Delivery) -> str | None:
         """Why a delivery after ``previous`` is expected, or None if it should not happen."""
@@ -105,6 +109,8 @@ class Causes:
             return "handler ran past its deadline on purpose"
         if previous.pid in self.killed_pids:
             return "consumer killed mid-handler"
+        if previous.pid in self.outgraced_pids:
+            return "handler outlived --grace and was given back"
         for start, end in self.outages:
             if (
                 start - self.outage_margin_ms

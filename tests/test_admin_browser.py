@@ -1,18 +1,21 @@
 """The "Delay queues" admin in a real browser: Debian's headless Chromium driven by Selenium.
 
 Logs in, watches the counts move when messages are scheduled, and requeues a dead letter.
-CI installs chromium and chromium-driver (.ci/install-system-deps); without them this skips.
+CI installs chromium and chromium-driver (.ci/install-system-deps); without them (or without
+selenium) this skips, and under CI=true fails.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from ci_support import skip_or_fail
 
 from django_delayqueue.core import Queue
 
@@ -31,21 +34,29 @@ FLAGS = (
     "--window-size=1400,1000",
 )
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-
 
 def _missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    try:
+        import selenium.webdriver  # noqa: F401
+    except ImportError:
+        return "selenium is not installed: pip install -e '.[test]'"
     for path in (CHROMIUM, CHROMEDRIVER):
         if not (os.path.exists(path) or shutil.which(path)):
             return f"{path} not found: apt-get install chromium chromium-driver"
     return None
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
+def _require_browser() -> None:
     reason = _missing()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    _require_browser()
+    from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -61,6 +72,19 @@ def browser() -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_missing_browser_skips_locally_and_fails_in_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, ci: str
+) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "CHROMEDRIVER", str(tmp_path / "no-chromedriver"))
+    monkeypatch.setenv("CI", ci)
+    reason = _missing()
+    assert reason and "no-chromedriver not found" in reason
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(expected, match="no-chromedriver not found"):
+        _require_browser()
 
 
 def _wait_for(driver: Any, css: str) -> Any:

@@ -133,6 +133,51 @@ def test_runqueue_sigterm_once_then_twice(
     assert report.ok, report.summary()
 
 
+def test_runqueue_gives_back_a_handler_that_outlives_grace(
+    runqueues: Runqueues, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """One SIGTERM, a handler that blocks for 10 minutes, --grace 1: exit 0 without waiting for
+    it, the message back in the queue with its attempt counted, nothing lost."""
+    q = producer(redis_server.url, "drill")
+    stuck = q.schedule({"do": ["sleep:600", "ok"]}).id  # first in the ready list: runs first
+    waiting = [q.schedule({"n": i}).id for i in range(3)]
+    proc = runqueues.start("--grace", "1", concurrency="1", claim_batch="10", visibility="10")
+    runqueues.wait(lambda: [d.id for d in read(runqueues.ledger)] == [stuck], 30, "stuck started")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        # A bound against hangs, not a timing check: waiting for the handler would take 600 s.
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("runqueue waited for the handler:\n" + runqueues.logs()) from None
+    assert code == 0, runqueues.logs()
+    assert "grace period over" in runqueues.logs()
+
+    # Given back: in retry at once, its attempt counted, with the reason; not in flight.
+    (back,) = q.peek("retry").messages
+    assert (back.id, back.attempts) == (stuck, 1)
+    assert back.reason == "consumer stopped before the handler finished"
+    # The three that never started are ready again, no attempt used.
+    ready = q.peek("ready").messages
+    assert [m.id for m in ready] == waiting and all(m.attempts == 0 for m in ready)
+    assert q.counts() == {"pending": 0, "ready": 3, "unack": 0, "retry": 1, "garbage": 0}
+    assert len(read(runqueues.ledger)) == 1  # nothing else started after the signal
+
+    # Nothing lost: the next consumer delivers all four, the stuck one on its second attempt.
+    rescuer = runqueues.start(concurrency="2")
+    runqueues.wait(lambda: settled(q), 60, "the queue to drain")
+    rescuer.send_signal(signal.SIGTERM)
+    assert rescuer.wait(60) == 0, runqueues.logs()
+    deliveries = read(runqueues.ledger)
+    report = check([stuck, *waiting], deliveries, Causes(outgraced_pids={proc.pid}))
+    assert report.ok, report.summary()
+    assert report.duplicates == {"handler outlived --grace and was given back": 1}
+    assert [(d.attempt, d.pid) for d in deliveries if d.id == stuck] == [
+        (1, proc.pid),
+        (2, rescuer.pid),
+    ]
+    assert q.counts()["garbage"] == 0
+
+
 def test_runqueue_reconnects_after_redis_kill_9(runqueues: Runqueues, tmp_path: Path) -> None:
     aof = ("--appendonly", "yes", "--appendfsync", "always")
     with RedisServerProcess(args=aof) as server:

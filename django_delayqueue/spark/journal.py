@@ -151,7 +151,9 @@ def export_journal(
                 if len(buffer) >= ROWS_PER_WRITE:
                     _write(spark, buffer, out, mode)
                     buffer, mode = [], "append"
-        if buffer or mode == "overwrite":
+        if buffer or mode == "overwrite" or not _journal_exists(spark, out):
+            # Even with no rows, leave a journal at ``out``: the report that reads it next
+            # then says it is empty rather than that there is no journal.
             _write(spark, buffer, out, mode)
     finally:
         client.close()
@@ -166,6 +168,14 @@ def read_journal(spark: SparkSession, path: str) -> DataFrame:
     stays a string, days stay ``YYYY-MM-DD`` strings).
     """
     return spark.read.schema(SPARK_SCHEMA).parquet(path)
+
+
+def _journal_exists(spark: SparkSession, path: str) -> bool:
+    try:
+        read_journal(spark, path)
+    except AnalysisException:  # no such path
+        return False
+    return True
 
 
 def _write(spark: SparkSession, rows: list[tuple[Any, ...]], out: str, mode: str) -> None:

@@ -1,5 +1,9 @@
 """The receiver of queue "drill": records each delivery in the ledger, then does what the
-payload asks (``{"do": "raise" | "exit" | "sleep:S"}``; default ``$DRILL_MODE`` or "ok")."""
+payload asks (``{"do": "raise" | "exit" | "sleep:S" | "ok"}``; default ``$DRILL_MODE`` or "ok").
+
+``do`` may also be a list, one action per attempt (the last one for every later attempt):
+``{"do": ["sleep:600", "ok"]}`` blocks on the first delivery and succeeds on the next.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ _ledger = Ledger(os.environ["DRILL_LEDGER"])
 def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
     payload = message.payload if isinstance(message.payload, dict) else {}
     action = payload.get("do") or os.environ.get("DRILL_MODE", "ok")
+    if isinstance(action, list):
+        action = action[min(message.attempt, len(action)) - 1]
     kind = {"raise": RAISE, "exit": EXIT}.get(action, OK)
     _ledger.record(message.id, message.due_ms, message.attempt, kind)
     if action == "raise":

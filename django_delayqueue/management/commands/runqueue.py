@@ -27,6 +27,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="*", metavar="QUEUE", help="default: all queues")
         parser.add_argument(
+            "-c",
             "--concurrency",
             type=_positive,
             metavar="N",
