@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import dq_settings, file_queue_settings, queue_names, unknown_queue
 from .connection import get_client, get_clock
@@ -92,6 +92,10 @@ class Worker(Consumer):
                     )
                 raise result
         return responses
+
+    def handler_thread_exit(self) -> None:
+        """A handler thread ends (fewer slots, or the worker stops): close its DB connections."""
+        connections.close_all()
 
     def refresh(self) -> None:
         """Reload the published settings of every queue (and republish them if missing)."""

@@ -183,6 +183,24 @@ def test_one_failing_receiver_fails_the_delivery(redis_client: redis.Redis, rece
 
 
 @pytest.mark.django_db(transaction=True)
+def test_handler_threads_close_their_database_connections_when_they_end(
+    redis_client: redis.Redis, receivers: Any
+) -> None:
+    handler_threads: set[str] = set()
+    closed_on: list[str] = []
+    receivers(lambda **kw: handler_threads.add(threading.current_thread().name))
+    dq.schedule(QUEUE, {}, on_commit=False)
+    worker = Worker.for_queues([QUEUE], burst=True)
+    with mock.patch(
+        "django_delayqueue.worker.connections.close_all",
+        lambda: closed_on.append(threading.current_thread().name),
+    ):
+        worker.run()
+    # Each handler thread closed its own connections as it ended (Django's are per thread).
+    assert handler_threads and handler_threads <= set(closed_on)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_stale_connections_are_closed_around_each_handler(
     redis_client: redis.Redis, receivers: Any
 ) -> None:

@@ -97,6 +97,9 @@ class Consumer(Rounds):
     def refresh(self) -> None:
         """Called every ``maintenance_seconds``: a subclass reloads queue settings here."""
 
+    def handler_thread_exit(self) -> None:
+        """Called on a handler thread as it ends: a subclass releases per-thread resources."""
+
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
 
@@ -230,7 +233,11 @@ class Consumer(Rounds):
         for q in self.queues:
             if q.name not in self._slots:
                 self._slots[q.name] = QueueSlots(
-                    q.name, self._slot_count(q), self._start_when_due, self._waiter.nudge
+                    q.name,
+                    self._slot_count(q),
+                    self._start_when_due,
+                    self._waiter.nudge,
+                    self.handler_thread_exit,
                 )
 
     def _busy(self) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -44,10 +45,12 @@ class QueueSlots:
         size: int,
         work: Callable[[Message], Outcome],
         on_finish: Callable[[], None],
+        on_thread_exit: Callable[[], None] | None = None,
     ) -> None:
         self.queue_name = queue_name
         self._work = work
         self._on_finish = on_finish
+        self._on_thread_exit = on_thread_exit
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._running: dict[str, Message] = {}  # by token
         self._finished: list[Outcome] = []  # not yet taken by the loop
@@ -164,9 +167,12 @@ class QueueSlots:
             self._closed = True
             self._cond.notify_all()
             threads = list(self._threads)
+        # One deadline for all: a thread stuck in a handler (a forced stop) must not cost
+        # JOIN_SECONDS each; it is a daemon and ends with its handler.
+        deadline = time.monotonic() + JOIN_SECONDS
         for t in threads:
             if t is not threading.current_thread():
-                t.join(JOIN_SECONDS)
+                t.join(max(0.0, deadline - time.monotonic()))
 
     # --- the handler threads' side --------------------------------------------------------------
 
@@ -188,6 +194,11 @@ class QueueSlots:
         while True:
             message = self._next(me)
             if message is None:
+                if self._on_thread_exit is not None:
+                    try:
+                        self._on_thread_exit()
+                    except Exception:
+                        logger.exception("handler slot cleanup failed")
                 return
             try:
                 outcome = self._work(message)
