@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 PREFETCH_UNDER_SECONDS = 0.05
 # How much one finished handler moves the average (an exponentially weighted mean).
 DURATION_WEIGHT = 0.2
-JOIN_SECONDS = 1.0  # how long stop() waits for each idle thread to end
+JOIN_SECONDS = 1.0
+# While claimed messages wait for a quick queue's slots, outcomes ride with the next claim;
+# none waits longer than this to be recorded.
+RECORD_WITHIN_SECONDS = 0.1  # how long stop() waits for each idle thread to end
 
 
 class QueueSlots:
@@ -61,6 +64,8 @@ class QueueSlots:
         self._holding = False  # stopping: start nothing more
         self._closed = False
         self._mean_seconds: float | None = None
+        self.claim_batch = 1  # the queue's claim_batch, as the loop last told room()
+        self._first_finished_at: float | None = None  # oldest outcome the loop has not taken
         self._serial = 0
         self.resize(size)
 
@@ -90,20 +95,25 @@ class QueueSlots:
             self._threads = alive
             self._cond.notify_all()  # threads beyond the new size see it and end
 
-    def room(self, claim_batch: int) -> int:
+    def room(self, claim_batch: int | None = None) -> int:
         """How many more messages the loop may claim for these slots now."""
         with self._cond:
-            if self._holding or self._closed:
-                return 0
-            quick = self._mean_seconds is not None and self._mean_seconds < PREFETCH_UNDER_SECONDS
-            capacity = self._size + (claim_batch if quick else 0)
-            held = len(self._claimed) + len(self._running)
-            free = capacity - held
-            # With a prefetch, claim in batches of at least half of one (or when the slots
-            # would otherwise run dry), not a message or two per round trip.
-            if quick and self._claimed and free < min(claim_batch, capacity) // 2:
-                return 0
-            return max(0, free)
+            if claim_batch is not None:
+                self.claim_batch = claim_batch
+            return self._room()
+
+    def _room(self) -> int:
+        if self._holding or self._closed:
+            return 0
+        quick = self._mean_seconds is not None and self._mean_seconds < PREFETCH_UNDER_SECONDS
+        capacity = self._size + (self.claim_batch if quick else 0)
+        held = len(self._claimed) + len(self._running)
+        free = capacity - held
+        # With a prefetch, claim in batches of at least half of one (or when the slots would
+        # otherwise run dry), not a message or two per round trip.
+        if quick and self._claimed and free < min(self.claim_batch, capacity) // 2:
+            return 0
+        return max(0, free)
 
     def add(self, messages: list[Message]) -> None:
         with self._cond:
@@ -113,6 +123,7 @@ class QueueSlots:
     def take_finished(self) -> list[Outcome]:
         with self._cond:
             finished, self._finished = self._finished, []
+            self._first_finished_at = None
             return finished
 
     def take_unstarted(self) -> list[Message]:
@@ -141,6 +152,7 @@ class QueueSlots:
         """
         with self._cond:
             finished, self._finished = self._finished, []
+            self._first_finished_at = None
             return finished, list(self._running.values())
 
     def forget_running(self, messages: list[Message]) -> None:
@@ -215,9 +227,21 @@ class QueueSlots:
                 return
             self._running.pop(token, None)
             self._finished.append(outcome)
+            now = time.monotonic()
+            if self._first_finished_at is None:
+                self._first_finished_at = now
             seconds = max(0.0, (outcome.finished_ms - outcome.started_ms) / 1000)
             mean = self._mean_seconds
             self._mean_seconds = (
                 seconds if mean is None else mean + DURATION_WEIGHT * (seconds - mean)
             )
-        self._on_finish()
+            # Wake the loop when a round trip is worth it: these slots may claim again, or ran
+            # dry, or an outcome has waited long enough. Not for every quick handler: a round
+            # per message would cost more than the handlers.
+            worth_a_round = (
+                not self._claimed
+                or self._room() > 0
+                or now - self._first_finished_at >= RECORD_WITHIN_SECONDS
+            )
+        if worth_a_round:
+            self._on_finish()

@@ -72,19 +72,27 @@ class _Listener:
         self._channels = list(channels)
         self.subscribed = threading.Event()
         self._stop = threading.Event()
+        self._pubsub: Any = None
         self._thread = threading.Thread(target=self._run, name="delayqueue-wake", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the thread to end, and cut its connection so it need not finish a wait slice."""
         self._stop.set()
-        self._thread.join(2 * WAIT_SLICE_SECONDS + 1)
+        pubsub = self._pubsub
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.connection.disconnect()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         failures, connected_before = 0, False
         while not self._stop.is_set():
             pubsub = None
             try:
-                pubsub = self._client.pubsub()
+                pubsub = self._pubsub = self._client.pubsub()
                 pubsub.subscribe(*self._channels)
                 confirmed = 0
                 while not self._stop.is_set():
@@ -108,6 +116,7 @@ class _Listener:
                 failures += 1
             finally:
                 self.subscribed.clear()
+                self._pubsub = None
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()
@@ -226,6 +235,9 @@ class Waiter:
         listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener.stop()
+        deadline = time.monotonic() + 2 * WAIT_SLICE_SECONDS + 1
+        for listener in listeners:
+            listener.join(max(0.0, deadline - time.monotonic()))
 
 
 def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = MAX_CLAIM_LEAD_MS) -> None:
