@@ -48,10 +48,20 @@ def test_delays_are_seconds_from_now_and_bad_ones_are_refused(spark: Any) -> Non
     df = rows(
         spark,
         "key string, delay double",
-        [("ok", 1.5), ("zero", 0.0), ("none", None), ("neg", -1.0), ("nan", float("nan"))],
+        [
+            ("ok", 1.5),
+            ("zero", 0.0),
+            ("none", None),
+            ("neg", -1.0),
+            ("nan", float("nan")),
+            ("sub-ms", 0.0012),
+            ("float noise", 0.29),
+        ],
     )
     out = prepared(df, MessageSpec(id_column="key", delay_column="delay"))
     assert out["ok"][t.DUE] == NOW + 1500
+    assert out["sub-ms"][t.DUE] == NOW + 2  # rounded up: never before the instant asked for
+    assert out["float noise"][t.DUE] == NOW + 290  # 0.29 * 1000 is 290.00000000000006
     assert out["zero"][t.DUE] == NOW and out["zero"][t.REASON] is None
     assert out["none"][t.REASON] == t.MISSING_DELAY
     assert out["neg"][t.REASON] == t.BAD_DELAY

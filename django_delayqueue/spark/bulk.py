@@ -13,6 +13,7 @@ transforms are written to a rejects output with their reason; no row is dropped 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,7 +109,8 @@ def schedule_dataframe(
     if now_ms is None:
         client = redis.Redis.from_url(redis_url, **CLIENT_OPTIONS)
         try:
-            now_ms = RedisClock(client).now_ms()
+            # The producers' reading: never behind the server, so no due time is early.
+            now_ms = math.ceil(RedisClock(client).now_upper_ms())
         finally:
             client.close()
     if partitions:

@@ -103,7 +103,9 @@ def due_ms(df: DataFrame, spec: MessageSpec, now_ms: int) -> tuple[Column, Colum
         seconds = raw.try_cast("double")
         bad = seconds.isNull() | F.isnan(seconds) | (seconds < 0) | (seconds > 1e13)
         reason = F.when(raw.isNull(), F.lit(MISSING_DELAY)).when(bad, F.lit(BAD_DELAY))
-        return now + F.round(seconds * 1000).try_cast("long"), reason
+        # Rounded up (never early), after rounding away float noise (0.29 * 1000 is
+        # 290.00000000000006, not 291 ms).
+        return now + F.ceil(F.round(seconds * 1000, 6)).try_cast("long"), reason
     if not spec.due_column:
         return now, F.lit(None).cast("string")
     raw = F.col(spec.due_column)
