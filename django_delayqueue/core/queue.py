@@ -243,8 +243,8 @@ class Queue(Inspection):
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         return (
             LuaScript.named("claim"),
-            [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq],
-            [deadline, count],
+            [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons],
+            [deadline, count, now_ms],
         )
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
@@ -368,11 +368,11 @@ class Queue(Inspection):
         if not messages:
             return 0
         k = self.keys
-        args: list[str] = [k.wake_channel]
+        args: list[Any] = [k.wake_channel, self.clock.now_ms()]
         for m in messages:
             args += (m.id, m.token)
         return LuaScript.named("release")(
-            self.client, [k.unack, k.ready, k.attempts, k.tokens], args
+            self.client, [k.unack, k.ready, k.attempts, k.tokens, k.garbage, k.reasons], args
         )
 
     def extend(self, *messages: Message, seconds: float | None = None) -> int:

@@ -5,18 +5,25 @@
 -- ARGV[1] now (ms)   ARGV[2] max attempts
 -- ARGV[3..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
+-- Each message is read before it is moved: an attempt count that is not a number sends it to
+-- garbage with a reason naming the value, instead of failing after it left unack.
 guard()
 local now, max_attempts = ARGV[1], tonumber(ARGV[2])
 local results = {}
 for i = 3, #ARGV, 4 do
   local id, retry_at, reason = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local result = 0
-  if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZREM', KEYS[1], id) == 1 then
-    local attempts = tonumber(redis.call('HGET', KEYS[4], id) or '0')
-    if retry_at < 0 or attempts >= max_attempts then
-      if retry_at >= 0 then
-        reason = 'no attempts left (' .. attempts .. ' of ' .. max_attempts .. '): ' .. reason
-      end
+  if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
+    local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
+    redis.call('ZREM', KEYS[1], id)
+    if bad then
+      reason = bad .. ': ' .. reason
+      retry_at = -1
+    elseif retry_at >= 0 and attempts >= max_attempts then
+      reason = 'no attempts left (' .. attempts .. ' of ' .. max_attempts .. '): ' .. reason
+      retry_at = -1
+    end
+    if retry_at < 0 then
       redis.call('ZADD', KEYS[3], now, id)
       result = 2
     else

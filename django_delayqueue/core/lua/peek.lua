@@ -3,6 +3,7 @@
 -- KEYS[5] garbage zset   KEYS[6] messages hash   KEYS[7] attempts hash   KEYS[8] reasons hash
 -- ARGV[1] state name   ARGV[2] offset   ARGV[3] limit
 -- returns: {total, then quintuples: id, score ('' for ready), envelope or '', attempts, reason}
+-- An attempt count that is not a number is shown as 0, with the bad value named in the reason.
 local states = {pending = 1, ready = 2, unack = 3, retry = 4, garbage = 5}
 local index = states[ARGV[1]]
 if not index then return redis.error_reply('unknown state ' .. ARGV[1]) end
@@ -25,7 +26,10 @@ for i = 1, #rows, 2 do
   out[#out + 1] = id
   out[#out + 1] = rows[i + 1]
   out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
-  out[#out + 1] = redis.call('HGET', KEYS[7], id) or '0'
-  out[#out + 1] = redis.call('HGET', KEYS[8], id) or ''
+  local attempts, bad = attempt_count(redis.call('HGET', KEYS[7], id))
+  local reason = redis.call('HGET', KEYS[8], id) or ''
+  if bad then reason = reason == '' and bad or bad .. '; ' .. reason end
+  out[#out + 1] = attempts or 0
+  out[#out + 1] = reason
 end
 return out

@@ -6,6 +6,8 @@
 -- ARGV[4] backoff base (ms)   ARGV[5] backoff max (ms)
 -- returns: {retried, buried, more (1 when more deadlines have passed), next deadline or -1}
 -- Tokens are kept: a late ack of the reaped delivery is still accepted until it is redelivered.
+-- An attempt count that is not a number sends the message to garbage with a reason naming the
+-- value (read before the message leaves unack: a script error then would lose it).
 local now, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local function head()
@@ -19,9 +21,13 @@ guard()
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local retried, buried = 0, 0
 for _, id in ipairs(ids) do
-  local attempts = tonumber(redis.call('HGET', KEYS[4], id) or '0')
+  local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
   redis.call('ZREM', KEYS[1], id)
-  if attempts >= max_attempts then
+  if bad then
+    redis.call('ZADD', KEYS[3], now, id)
+    redis.call('HSET', KEYS[5], id, bad .. ': visibility timeout passed')
+    buried = buried + 1
+  elseif attempts >= max_attempts then
     redis.call('ZADD', KEYS[3], now, id)
     redis.call('HSET', KEYS[5], id, 'visibility timeout passed on the last attempt (' ..
       attempts .. ' of ' .. max_attempts .. '): the consumer died or hung')
