@@ -4,7 +4,8 @@ Every rule calls the real :class:`Queue` (so the real ``.lua`` files run on the 
 redis-server) and applies the same transition to a plain-Python model of the five states.
 After every step the invariants read the queue's keys directly: every message is in exactly
 one state, Redis and the model agree on the members (and the order of the ready list), and the
-messages hash holds exactly the ids that are in some state.
+messages hash holds exactly the ids that are in some state. The ready list is read without the
+dead entries a cancel leaves in it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hypothesis.stateful import (
 )
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings
+from django_delayqueue.core.keys import TOMBSTONE_TOTAL
 
 IDS = st.sampled_from([f"m{i}" for i in range(6)])
 MAX_ATTEMPTS = 3
@@ -61,6 +63,20 @@ class Model:
 def _zorder(zset: dict[str, int]) -> list[str]:
     """Redis zset order: by score, then by member bytes."""
     return [k for k, _ in sorted(zset.items(), key=lambda kv: (kv[1], kv[0].encode()))]
+
+
+def live_ready(client: redis.Redis, ready: str, cancelled: str) -> list[str]:
+    """The ready list without the dead entries cancel leaves (an id's first n entries)."""
+    dead = {i.decode(): int(n) for i, n in client.hgetall(cancelled).items()}
+    assert dead.pop(TOMBSTONE_TOTAL, 0) == sum(dead.values()), "dead entry total is off"
+    live = []
+    for message_id in (i.decode() for i in client.lrange(ready, 0, -1)):
+        if dead.get(message_id, 0) > 0:
+            dead[message_id] -= 1
+        else:
+            live.append(message_id)
+    assert not any(dead.values()), f"dead entries counted but not in the list: {dead}"
+    return live
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -264,7 +280,7 @@ class QueueMachine(RuleBasedStateMachine):
                 ("garbage", k.garbage),
             )
         }
-        ready = [i.decode() for i in c.lrange(k.ready, 0, -1)]
+        ready = live_ready(c, k.ready, k.cancelled)
         seen: dict[str, list[str]] = {}
         for name, members in zsets.items():
             for i in members:
@@ -275,6 +291,14 @@ class QueueMachine(RuleBasedStateMachine):
         assert not multiple, f"ids in more than one state: {multiple}"
 
         assert ready == m.ready
+        assert self.queue.counts() == {
+            "pending": len(m.pending),
+            "ready": len(m.ready),
+            "unack": len(m.unack),
+            "retry": len(m.retry),
+            "garbage": len(m.garbage),
+        }
+        assert [p.id for p in self.queue.peek("ready").messages] == m.ready
         for name, members in zsets.items():
             assert members == getattr(m, name), name
         stored = {i.decode() for i in c.hkeys(k.messages)}

@@ -31,7 +31,7 @@ class Inspection:
         k = self.keys
         return (
             LuaScript.named("counts"),
-            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages],
+            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled],
             [],
         )
 
@@ -64,11 +64,9 @@ class Inspection:
         if not (offset >= 0 and 1 <= limit <= MAX_PAGE):
             raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
         k = self.keys
-        raw = LuaScript.named("peek")(
-            self.client,
-            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts, k.reasons],
-            [state, offset, limit],
-        )
+        keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts]
+        keys += (k.reasons, k.cancelled)
+        raw = LuaScript.named("peek")(self.client, keys, [state, offset, limit])
         rows = [
             PeekedMessage(
                 id=to_str(raw[i]),

@@ -193,15 +193,18 @@ class Queue(Inspection):
     def cancel(self, *ids: str) -> int:
         """Remove waiting messages (pending, retry or ready); returns how many were removed.
 
-        The cancelled ones are recorded in the journal with the outcome ``cancel``.
+        In-flight (unack) and dead (garbage) messages are left alone. Each id costs O(log n)
+        whatever the queue holds: a ready message's entry stays in the list, dead (see
+        :attr:`QueueKeys.cancelled`), unless it is at one end. The cancelled ones are recorded
+        in the journal with the outcome ``cancel``.
         """
         if not ids:
             return 0
         k = self.keys
+        keys = [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons]
+        keys += (k.journal, k.unack, k.garbage, k.cancelled)
         return LuaScript.named("cancel")(
-            self.client,
-            [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons, k.journal],
-            [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids],
+            self.client, keys, [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids]
         )
 
     def run_now(self, *ids: str) -> int:
@@ -241,11 +244,9 @@ class Queue(Inspection):
         # The same bound as the claim_batch setting: one claim is one bounded script call.
         if not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
-        return (
-            LuaScript.named("claim"),
-            [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons],
-            [deadline, count, now_ms],
-        )
+        keys = [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons]
+        keys.append(k.cancelled)
+        return LuaScript.named("claim"), keys, [deadline, count, now_ms]
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
         """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""

@@ -2,21 +2,51 @@
 -- (garbage) messages are not cancelled: the first may be running, the second is purged.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] journal stream
+-- KEYS[9] unack zset   KEYS[10] garbage zset   KEYS[11] cancelled hash
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
 -- ARGV[3..] ids
 -- returns: number of messages cancelled
+-- O(log n) per id whatever the queue holds: the state is told by a few lookups (pending and
+-- retry are left with ZREM; unack and garbage are left alone; an envelope with none of these
+-- is in ready). Removing an id from the middle of the ready list would scan it (LREM), so its
+-- entry stays there, counted dead in the cancelled hash, and its envelope goes: claim drops
+-- the entry, counts and peek skip it. An entry at either end of the list is popped instead.
 -- The cancelled messages are journalled as one entry (fields n, o) like a consumer batch: rows
 -- [id, scheduled, due, delivered (null), finished (now), attempts so far, 'cancel', ''].
 guard()
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
-local rows = {}
+local rows, dead = {}, 0
+
+local function leave_ready(id)
+  if redis.call('LINDEX', KEYS[3], -1) == id then
+    redis.call('RPOP', KEYS[3])  -- an id's last entry is its live one
+  elseif redis.call('LINDEX', KEYS[3], 0) == id and not redis.call('HGET', KEYS[11], id) then
+    redis.call('LPOP', KEYS[3])  -- its only entry
+  else
+    -- Not HINCRBY: it fails on a bad value, after this script wrote.
+    redis.call('HSET', KEYS[11], id, (tonumber(redis.call('HGET', KEYS[11], id)) or 0) + 1)
+    dead = dead + 1
+  end
+end
+
+local function waiting(id)
+  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
+    return true
+  end
+  if redis.call('ZSCORE', KEYS[9], id) or redis.call('ZSCORE', KEYS[10], id)
+      or redis.call('HEXISTS', KEYS[4], id) == 0 then
+    return false
+  end
+  leave_ready(id)
+  return true
+end
+
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1
-      or redis.call('LREM', KEYS[3], 1, id) == 1 then
+  if waiting(id) then
     local due, scheduled = envelope_times(redis.call('HGET', KEYS[4], id))
     if not due then due, scheduled = cjson.null, cjson.null end
-    local attempt = tonumber(redis.call('HGET', KEYS[5], id) or '0')
+    local attempt = attempt_count(redis.call('HGET', KEYS[5], id)) or cjson.null
     rows[#rows + 1] = {id, scheduled, due, cjson.null, now, attempt, 'cancel', ''}
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
@@ -24,6 +54,7 @@ for i = 3, #ARGV do
     redis.call('HDEL', KEYS[7], id)
   end
 end
+if dead > 0 then set_dead_in_ready(KEYS[11], dead_in_ready(KEYS[11]) + dead) end
 if #rows > 0 and maxlen > 0 then
   redis.call('XADD', KEYS[8], 'MAXLEN', '~', maxlen, '*', 'n', #rows, 'o', cjson.encode(rows))
 end

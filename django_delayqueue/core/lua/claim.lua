@@ -1,6 +1,7 @@
 -- claim: up to N ids from ready -> unack, each with a visibility deadline and a new token.
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
+-- KEYS[9] cancelled hash
 -- ARGV[1] deadline (ms)   ARGV[2] most ids to claim   ARGV[3] now (ms)
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
@@ -10,10 +11,19 @@
 -- integer: a bad value or a key of the wrong type fails the claim with nothing changed. The
 -- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
--- An empty ready list costs one read.
-local n = math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[2]))
-if n == 0 then return {} end
-local ids = redis.call('LRANGE', KEYS[1], 0, n - 1)
+-- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
+-- not count towards N. An empty ready list costs one read.
+local len = redis.call('LLEN', KEYS[1])
+if len == 0 then return {} end
+local want, dead_total = tonumber(ARGV[2]), dead_in_ready(KEYS[9])
+local ids, walked, dead, ndead
+if dead_total > 0 then
+  ids, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, want, 1000)
+else
+  walked, ndead = math.min(len, want), 0
+  ids = redis.call('LRANGE', KEYS[1], 0, walked - 1)
+end
+local n = #ids
 local envelopes, counts = {}, {}
 for i = 1, n, 1000 do
   local last = math.min(i + 999, n)
@@ -35,7 +45,22 @@ guard(2, 5)
 if #bad > 0 then guard(7, 8) end
 local first = 0
 if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end
-redis.call('LTRIM', KEYS[1], n, -1)
+redis.call('LTRIM', KEYS[1], walked, -1)
+if ndead > 0 then
+  if walked == len then
+    redis.call('DEL', KEYS[9])  -- the list is empty: no entry is left to be dead
+  else
+    for id, passed in pairs(dead) do
+      local left = (tonumber(redis.call('HGET', KEYS[9], id)) or 0) - passed
+      if left > 0 then
+        redis.call('HSET', KEYS[9], id, left)
+      else
+        redis.call('HDEL', KEYS[9], id)
+      end
+    end
+    set_dead_in_ready(KEYS[9], dead_total - ndead)
+  end
+end
 local out = {}
 for i = 1, #deliver, 1000 do
   local last = math.min(i + 999, #deliver)

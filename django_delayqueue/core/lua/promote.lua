@@ -2,7 +2,8 @@
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
 -- ARGV[1] now (ms)   ARGV[2] limit: most ids moved from each zset in this call
 -- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1,
---           length of the ready list afterwards}
+--           length of the ready list afterwards (dead entries of cancelled messages included:
+--           a claim drops them, so they only cost a claim that finds nothing)}
 -- A retry id loses its delivery token here: a late ack of the old delivery must not delete a
 -- message that is back in the ready list.
 -- An idle queue costs three reads: the heads of both zsets tell whether anything is due, and
