@@ -50,6 +50,8 @@ def populated(client: redis.Redis) -> Held:
     for n in range(3):
         q.schedule({"n": n}, id=f"r{n}")
     q.cancel("r1")  # a dead entry in the middle of ready
+    q.schedule({"n": "back"}, delay=10, id="back")
+    q.run_now("back")  # ready, with the time it came back
     q.schedule({"n": "later"}, delay=10, id="later")
     q.schedule({"n": "soon"}, delay=1, id="soon")
     clock.advance(2)  # "soon", the retry and the in-flight deadline are all due now
@@ -100,6 +102,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
+    "ready_since",
 ]  # fmt: skip
 
 

@@ -29,11 +29,9 @@ class Inspection:
 
     def counts_call(self) -> tuple[LuaScript, list, list]:
         k = self.keys
-        return (
-            LuaScript.named("counts"),
-            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled],
-            [],
-        )
+        keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled]
+        keys.append(k.ready_since)
+        return LuaScript.named("counts"), keys, []
 
     def counts(self) -> dict[str, int]:
         """How many messages are in each state."""

@@ -98,6 +98,16 @@ class QueueKeys:
         return self._key("cancelled")
 
     @property
+    def ready_since(self) -> str:
+        """Hash: id -> when (ms) a message came back to ready, if not at its envelope's due time.
+
+        Written by the rarer ways into ready (a retry promoted, run now, requeue, release of a
+        redelivery) and cleared when the message leaves ready, so that how overdue the ready
+        head is counts from then, not from a due time it was delivered at before.
+        """
+        return self._key("ready_since")
+
+    @property
     def seq(self) -> str:  # counter handing out delivery tokens
         return self._key("seq")
 
@@ -139,4 +149,5 @@ class QueueKeys:
             self.config,
             self.heartbeats,
             self.cancelled,
+            self.ready_since,
         ]

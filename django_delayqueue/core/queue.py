@@ -202,7 +202,7 @@ class Queue(Inspection):
             return 0
         k = self.keys
         keys = [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons]
-        keys += (k.journal, k.unack, k.garbage, k.cancelled)
+        keys += (k.journal, k.unack, k.garbage, k.cancelled, k.ready_since)
         return LuaScript.named("cancel")(
             self.client, keys, [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids]
         )
@@ -213,7 +213,9 @@ class Queue(Inspection):
             return 0
         k = self.keys
         return LuaScript.named("run_now")(
-            self.client, [k.pending, k.retry, k.ready, k.tokens], [k.wake_channel, *ids]
+            self.client,
+            [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
+            [k.wake_channel, self.clock.now_ms(), *ids],
         )
 
     # --- the consumer's transitions ---------------------------------------------------------
@@ -222,7 +224,7 @@ class Queue(Inspection):
         k = self.keys
         return (
             LuaScript.named("promote"),
-            [k.pending, k.retry, k.ready, k.tokens],
+            [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
             [now_ms, limit or self.settings.promote_batch],
         )
 
@@ -245,7 +247,7 @@ class Queue(Inspection):
         if not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         keys = [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons]
-        keys.append(k.cancelled)
+        keys += (k.cancelled, k.ready_since)
         return LuaScript.named("claim"), keys, [deadline, count, now_ms]
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
@@ -373,7 +375,9 @@ class Queue(Inspection):
         for m in messages:
             args += (m.id, m.token)
         return LuaScript.named("release")(
-            self.client, [k.unack, k.ready, k.attempts, k.tokens, k.garbage, k.reasons], args
+            self.client,
+            [k.unack, k.ready, k.attempts, k.tokens, k.garbage, k.reasons, k.ready_since],
+            args,
         )
 
     def extend(self, *messages: Message, seconds: float | None = None) -> int:
@@ -392,10 +396,15 @@ class Queue(Inspection):
         """Dead letters back to ready with fresh attempts (all of them when no ids are given)."""
         k = self.keys
         script = LuaScript.named("requeue")
-        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons]
+        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
         if ids:
-            return int(script(self.client, keys, [limit, k.wake_channel, *ids])[0])
-        return sum(self._drain(lambda: script(self.client, keys, [limit, k.wake_channel])))
+            args = [limit, k.wake_channel, self.clock.now_ms(), *ids]
+            return int(script(self.client, keys, args)[0])
+        return sum(
+            self._drain(
+                lambda: script(self.client, keys, [limit, k.wake_channel, self.clock.now_ms()])
+            )
+        )
 
     def purge(self, *ids: str, limit: int = 1000) -> int:
         """Delete dead letters for good (all of them when no ids are given)."""

@@ -3,6 +3,7 @@
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] journal stream
 -- KEYS[9] unack zset   KEYS[10] garbage zset   KEYS[11] cancelled hash
+-- KEYS[12] ready_since hash
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
 -- ARGV[3..] ids
 -- returns: number of messages cancelled
@@ -52,6 +53,7 @@ for i = 3, #ARGV do
     redis.call('HDEL', KEYS[5], id)
     redis.call('HDEL', KEYS[6], id)
     redis.call('HDEL', KEYS[7], id)
+    redis.call('HDEL', KEYS[12], id)
   end
 end
 if dead > 0 then set_dead_in_ready(KEYS[11], dead_in_ready(KEYS[11]) + dead) end

@@ -1,7 +1,7 @@
 -- claim: up to N ids from ready -> unack, each with a visibility deadline and a new token.
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
--- KEYS[9] cancelled hash
+-- KEYS[9] cancelled hash   KEYS[10] ready_since hash
 -- ARGV[1] deadline (ms)   ARGV[2] most ids to claim   ARGV[3] now (ms)
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
@@ -24,6 +24,7 @@ else
   ids = redis.call('LRANGE', KEYS[1], 0, walked - 1)
 end
 local n = #ids
+local since = n > 0 and redis.call('HLEN', KEYS[10]) > 0  -- rarely: a message came back
 local envelopes, counts = {}, {}
 for i = 1, n, 1000 do
   local last = math.min(i + 999, n)
@@ -80,6 +81,9 @@ for i = 1, #deliver, 1000 do
   redis.call('HSET', KEYS[4], unpack(attempt_args))
   redis.call('HSET', KEYS[5], unpack(token_args))
   redis.call('ZADD', KEYS[2], unpack(deadline_args))
+end
+if since then
+  for i = 1, n, 1000 do redis.call('HDEL', KEYS[10], unpack(ids, i, math.min(i + 999, n))) end
 end
 for _, dead in ipairs(bad) do
   redis.call('ZADD', KEYS[7], ARGV[3], dead[1])

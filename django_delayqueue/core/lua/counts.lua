@@ -1,8 +1,11 @@
 -- counts: the size of every state, and what is needed to tell how overdue the queue is.
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] unack zset   KEYS[4] retry zset
 -- KEYS[5] garbage zset   KEYS[6] messages hash   KEYS[7] cancelled hash
+-- KEYS[8] ready_since hash
 -- returns: {pending, ready, unack, retry, garbage, earliest pending due or -1,
---           earliest retry-at or -1, due time of the oldest ready message or -1}
+--           earliest retry-at or -1, since when the oldest ready message is due, or -1}
+-- A message back in ready (retried, requeued, run now, released) is due from when it came
+-- back (ready_since), not from the due time in its envelope, which it was delivered at before.
 -- The dead entries cancel left in the ready list are not counted, and the oldest ready message
 -- is the first live entry (looked for among the first 1000 dead ones: -1 past them).
 local function first_score(key)
@@ -18,7 +21,8 @@ else
 end
 local ready_due = -1
 if head then
-  ready_due = envelope_times(redis.call('HGET', KEYS[6], head)) or -1
+  ready_due = tonumber(redis.call('HGET', KEYS[8], head))
+    or envelope_times(redis.call('HGET', KEYS[6], head)) or -1
 end
 return {
   redis.call('ZCARD', KEYS[1]), math.max(0, redis.call('LLEN', KEYS[2]) - dead),

@@ -1,10 +1,11 @@
 -- release: claimed deliveries that never started (consumer shutting down) -> front of ready,
 -- without using up an attempt.
 -- KEYS[1] unack zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
--- KEYS[5] garbage zset   KEYS[6] reasons hash
+-- KEYS[5] garbage zset   KEYS[6] reasons hash   KEYS[7] ready_since hash
 -- ARGV[1] wake channel   ARGV[2] now (ms)   ARGV[3..] pairs: id, token
 -- returns: number of messages released (a stale token or a reaped message is skipped)
--- Announces them on the wake channel so an idle consumer claims them at once. A message whose
+-- Announces them on the wake channel so an idle consumer claims them at once. A redelivery is
+-- overdue from now (recorded in ready_since), not from the due time of its first delivery. A message whose
 -- attempt count is not a number cannot be given its attempt back: it goes to garbage with a
 -- reason naming the value (read before anything is written, unlike a failing HINCRBY).
 guard()
@@ -21,6 +22,7 @@ for i = #ARGV - 1, 3, -2 do
       redis.call('LPUSH', KEYS[2], id)
       if attempts > 1 then
         redis.call('HSET', KEYS[3], id, attempts - 1)
+        redis.call('HSET', KEYS[7], id, ARGV[2])
       else
         redis.call('HDEL', KEYS[3], id)
       end
