@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 )
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings
+from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.core.keys import TOMBSTONE_TOTAL
 
 IDS = st.sampled_from([f"m{i}" for i in range(6)])
@@ -43,6 +44,7 @@ class Model:
     garbage: dict[str, int] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
+    successors: dict[str, int] = field(default_factory=dict)  # id -> due of its successor
     seq: int = 0
 
     def state_of(self, message_id: str) -> str | None:
@@ -58,6 +60,18 @@ class Model:
             self.ready.remove(message_id)
         self.attempts.pop(message_id, None)
         self.tokens.pop(message_id, None)
+
+    def place(self, message_id: str, due: int, now: int) -> None:
+        if due <= now:
+            self.ready.append(message_id)
+        else:
+            self.pending[message_id] = due
+
+    def succeed(self, message_id: str, now: int) -> None:
+        """The finished or dead message is gone: its successor, if any, takes its place."""
+        self.forget(message_id)
+        if message_id in self.successors:
+            self.place(message_id, self.successors.pop(message_id), now)
 
 
 def _zorder(zset: dict[str, int]) -> list[str]:
@@ -105,14 +119,29 @@ class QueueMachine(RuleBasedStateMachine):
         now = self.clock.now_ms()
         result = self.queue.schedule({"n": 1}, delay=delay_ms / 1000, id=message_id)
         m = self.model
-        exists = m.state_of(result.id) is not None
-        assert result.created is (not exists)
-        if exists:
+        assert result.state == m.state_of(result.id)
+        assert result.created is (result.state is None)
+        if result.created:
+            m.place(result.id, result.due_ms, now)
+
+    @rule(message_id=IDS, delay_ms=st.integers(0, 3000))
+    def replace(self, message_id: str, delay_ms: int) -> None:
+        now = self.clock.now_ms()
+        result = self.queue.schedule({"n": 2}, delay=delay_ms / 1000, id=message_id, replace=True)
+        m = self.model
+        state = m.state_of(message_id)
+        assert (result.created, result.state) == (True, state)
+        if state == "unack":
+            m.successors[message_id] = result.due_ms
+            event("replace: successor")
             return
-        if result.due_ms <= now:
-            m.ready.append(result.id)
-        else:
-            m.pending[result.id] = result.due_ms
+        m.successors.pop(message_id, None)
+        if state == "ready" and result.due_ms <= now:
+            m.attempts.pop(message_id, None)  # a new message in the same place
+            m.tokens.pop(message_id, None)
+            return
+        m.forget(message_id)
+        m.place(message_id, result.due_ms, now)
 
     @rule(ms=st.integers(0, 2500))
     def advance(self, ms: int) -> None:
@@ -156,9 +185,10 @@ class QueueMachine(RuleBasedStateMachine):
     def ack(self, data: st.DataObject) -> None:
         delivery = data.draw(st.sampled_from(self.deliveries))
         current = self.model.tokens.get(delivery.id) == delivery.token
+        now = self.clock.now_ms()
         assert self.queue.ack(delivery) == int(current)
         if current:
-            self.model.forget(delivery.id)
+            self.model.succeed(delivery.id, now)
 
     @precondition(lambda self: self.deliveries)
     @rule(data=st.data(), bury=st.booleans(), delay_ms=st.integers(0, 2000))
@@ -174,9 +204,13 @@ class QueueMachine(RuleBasedStateMachine):
         if m.tokens.get(delivery.id) == delivery.token and delivery.id in m.unack:
             del m.unack[delivery.id]
             if bury or m.attempts.get(delivery.id, 0) >= MAX_ATTEMPTS:
-                m.garbage[delivery.id] = now
                 expected = 2
-                event("nack: to garbage")
+                if delivery.id in m.successors:
+                    m.succeed(delivery.id, now)
+                    event("nack: successor takes a dead delivery's place")
+                else:
+                    m.garbage[delivery.id] = now
+                    event("nack: to garbage")
             else:
                 m.retry[delivery.id] = now + delay_ms
                 expected = 1
@@ -207,7 +241,10 @@ class QueueMachine(RuleBasedStateMachine):
             del m.unack[message_id]
             attempts = m.attempts.get(message_id, 0)
             if attempts >= MAX_ATTEMPTS:
-                m.garbage[message_id] = now
+                if message_id in m.successors:
+                    m.succeed(message_id, now)
+                else:
+                    m.garbage[message_id] = now
                 buried += 1
                 event("reap: last attempt to garbage")
             else:
@@ -228,7 +265,8 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, message_id: str) -> None:
         m = self.model
         waiting = m.state_of(message_id) in ("pending", "retry", "ready")
-        assert self.queue.cancel(message_id) == int(waiting)
+        successor = m.successors.pop(message_id, None) is not None
+        assert self.queue.cancel(message_id) == int(waiting) + int(successor)
         if waiting:
             m.forget(message_id)
 
@@ -305,6 +343,8 @@ class QueueMachine(RuleBasedStateMachine):
         assert stored == set(seen), "messages hash must hold exactly the ids in some state"
         attempts = {i.decode(): int(v) for i, v in c.hgetall(k.attempts).items()}
         assert attempts == {i: n for i, n in m.attempts.items() if n}
+        successors = {i.decode(): decode_envelope(v)[0] for i, v in c.hgetall(k.successors).items()}
+        assert successors == m.successors
 
 
 @pytest.mark.slow

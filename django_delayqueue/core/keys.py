@@ -108,6 +108,16 @@ class QueueKeys:
         return self._key("ready_since")
 
     @property
+    def successors(self) -> str:
+        """Hash: id -> envelope of the message booked to follow the id's running delivery.
+
+        ``schedule(..., replace=True)`` of an id in flight stores the new message here; the
+        delivery's ack (or its death) makes it the id's message. Not a state of its own: it is
+        not counted, and cancel of the id removes it.
+        """
+        return self._key("successors")
+
+    @property
     def seq(self) -> str:  # counter handing out delivery tokens
         return self._key("seq")
 
@@ -150,4 +160,5 @@ class QueueKeys:
             self.heartbeats,
             self.cancelled,
             self.ready_since,
+            self.successors,
         ]

@@ -74,3 +74,60 @@ local function ready_walk(ready, cancelled, skip, want, max_dead)
   end
   return live, pos, dead, ndead
 end
+
+-- state_of(id, pending, unack, retry, garbage): the state of a message whose envelope is
+-- stored: the zset holding it, else 'ready'. A zset key of the wrong type is read as not holding
+-- it (pcall): naming the state must not fail a schedule call that already wrote.
+local function state_of(id, pending, unack, retry, garbage)
+  if type(redis.pcall('ZSCORE', pending, id)) == 'string' then return 'pending' end
+  if type(redis.pcall('ZSCORE', unack, id)) == 'string' then return 'unack' end
+  if type(redis.pcall('ZSCORE', retry, id)) == 'string' then return 'retry' end
+  if type(redis.pcall('ZSCORE', garbage, id)) == 'string' then return 'garbage' end
+  return 'ready'
+end
+
+-- drop_from_ready(ready, cancelled, id): take a ready message's live entry out of the list in
+-- O(1): pop it at either end, else leave it there dead (see QueueKeys.cancelled); an id's live
+-- entry is its last one. Not HINCRBY: it fails on a bad value, after the caller wrote.
+local function drop_from_ready(ready, cancelled, id)
+  if redis.call('LINDEX', ready, -1) == id then
+    redis.call('RPOP', ready)
+  elseif redis.call('LINDEX', ready, 0) == id and not redis.call('HGET', cancelled, id) then
+    redis.call('LPOP', ready)
+  else
+    redis.call('HSET', cancelled, id, (tonumber(redis.call('HGET', cancelled, id)) or 0) + 1)
+    redis.call('HSET', cancelled, ' total', dead_in_ready(cancelled) + 1)
+  end
+end
+
+-- place(pending, ready, id, due, now, horizon): a message whose envelope is stored -> ready if
+-- due, else pending. Returns the time to announce on the wake channel (due now, or within the
+-- announce horizon), or nil.
+local function place(pending, ready, id, due, now, horizon)
+  if due <= now then
+    redis.call('RPUSH', ready, id)
+    return now
+  end
+  redis.call('ZADD', pending, due, id)
+  if due <= horizon then return due end
+  return nil
+end
+
+-- succeed(successors, messages, pending, ready, id, now, horizon): the message booked to follow
+-- id's delivery (schedule with replace=True while it was in flight) takes its place: stored as
+-- id's envelope and placed by its due time. The caller has removed the finished message from
+-- its state and hashes. Returns whether there was one, and the time to announce (or nil).
+local function succeed(successors, messages, pending, ready, id, now, horizon)
+  local envelope = redis.call('HGET', successors, id)
+  if not envelope then return false, nil end
+  redis.call('HDEL', successors, id)
+  redis.call('HSET', messages, id, envelope)
+  local due = envelope_times(envelope) or now
+  return true, place(pending, ready, id, due, now, horizon)
+end
+
+-- earlier(a, b): the earlier of two announce times, either of which may be nil.
+local function earlier(a, b)
+  if a == nil or (b ~= nil and b < a) then return b end
+  return a
+end
