@@ -16,6 +16,7 @@ from .connection import get_client, get_clock
 from .core.envelope import decode_envelope
 from .core.errors import DelayQueueError
 from .core.queue import Queue
+from .core.results import ScheduleResult
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +61,15 @@ def schedule(
     id: str | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
+    replace: bool = False,
 ) -> str:
     """Schedule ``payload`` on ``queue`` after ``delay`` (seconds or timedelta) or ``at``.
 
-    Returns the message id (``id`` if given: scheduling an id that is still waiting does not
-    create a second message). The payload, id and due time are checked now, so a bad payload
+    Returns the message id (``id`` if given). Scheduling an id that a message still holds
+    (waiting, in flight, retrying or dead) creates nothing, and says so in the log (INFO, with
+    the state). With ``replace=True`` the new message replaces a waiting or dead one, or, if
+    that one is being delivered, is scheduled when its delivery is acknowledged (README,
+    "Re-scheduling an id"). The payload, id and due time are checked now, so a bad payload
     raises :class:`PayloadError` here. With ``on_commit`` (default ``DELAYQUEUE['ON_COMMIT']``,
     True) a call inside ``transaction.atomic`` sends the message only when the transaction
     commits, and not at all when it rolls back.
@@ -79,7 +84,7 @@ def schedule(
 
     def send() -> None:
         try:
-            q.send_prepared(prepared)
+            result = q.send_prepared(prepared, replace=replace)
         except DelayQueueError as e:
             if not after_commit:
                 raise
@@ -88,7 +93,7 @@ def schedule(
             # the log must carry everything needed to send it again by hand.
             _log_unsent(q.name, prepared, e)
             return
-        logger.debug("scheduled %s on %s", message_id, q.name)
+        _log_sent(result, q.name)
 
     if use_on_commit:
         # Outside an atomic block Django runs the callback at once.
@@ -127,13 +132,32 @@ def _log_unsent(queue: str, prepared: tuple[str, int, str], error: Exception) ->
     )
 
 
-def cancel(queue: str, id: str) -> bool:
-    """Remove a message that is still waiting; True if it was (False: delivered, gone, unknown).
+def _log_sent(result: ScheduleResult, queue: str) -> None:
+    """Never silent: a message that was not created is logged with what kept it out."""
+    if not result.created:
+        logger.info(
+            "not scheduled %s on %s: a message with this id is already %s "
+            "(replace=True replaces it)",
+            result.id,
+            queue,
+            result.state,
+        )
+    elif result.successor:
+        logger.debug("scheduled %s on %s after its delivery in flight", result.id, queue)
+    elif result.replaced:
+        logger.debug("scheduled %s on %s, replacing one %s", result.id, queue, result.state)
+    else:
+        logger.debug("scheduled %s on %s", result.id, queue)
 
-    Runs at once, not on commit: a handler that must not act on, say, a paid order checks the
-    order's state anyway (delivery is at least once).
+
+def cancel(queue: str, id: str) -> bool:
+    """Remove a message that is still waiting; True if one was (False: running, gone, unknown).
+
+    A message booked with ``replace=True`` to follow a running delivery of ``id`` is removed
+    too. Runs at once, not on commit: a handler that must not act on, say, a paid order checks
+    the order's state anyway (delivery is at least once).
     """
-    return get_queue(queue).cancel(id) == 1
+    return get_queue(queue).cancel(id) > 0
 
 
 def reset() -> None:

@@ -6,6 +6,11 @@ marked in flight: lost). The scripts check the types of the keys they are about 
 their first write. This test breaks every key of a queue in turn, runs every operation against
 a queue holding messages in every state, and requires that an operation either succeeds or
 fails having changed nothing at all.
+
+Bad values are broken too (a token counter that is not an integer, an attempt count that is not
+a number): an operation that meets one either fails having changed nothing, or succeeds and
+leaves every message in exactly one state (a message whose attempt count is unreadable goes to
+the dead letters with a reason naming the value).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, ScriptFailed
+from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.outcome import ACK, Outcome, journal_entry
 from django_delayqueue.core.scripts import LuaScript
 
@@ -41,6 +47,12 @@ def populated(client: redis.Redis) -> Held:
     q.nack(retrying, delay=0.5, reason="boom")
     q.bury(dead, "poison")
     q.schedule({"n": "ready"}, id="ready")
+    for n in range(3):
+        q.schedule({"n": n}, id=f"r{n}")
+    q.cancel("r1")  # a dead entry in the middle of ready
+    q.schedule({"n": "back"}, delay=10, id="back")
+    q.run_now("back")  # ready, with the time it came back
+    assert q.schedule({"n": "next"}, id=inflight.id, replace=True).successor
     q.schedule({"n": "later"}, delay=10, id="later")
     q.schedule({"n": "soon"}, delay=1, id="soon")
     clock.advance(2)  # "soon", the retry and the in-flight deadline are all due now
@@ -67,6 +79,10 @@ def _journal(h: Held) -> None:
 OPERATIONS: dict[str, Callable[[Held], object]] = {
     "schedule due now": lambda h: h.queue.schedule({"n": "new"}),
     "schedule later": lambda h: h.queue.schedule({"n": "new"}, delay=5),
+    "replace waiting": lambda h: h.queue.schedule({"n": "new"}, id=h.pending, replace=True),
+    "replace ready": lambda h: h.queue.schedule({"n": "new"}, delay=5, id="r2", replace=True),
+    "replace in flight": lambda h: h.queue.schedule({"n": 2}, id=h.inflight.id, replace=True),
+    "replace dead": lambda h: h.queue.schedule({"n": "new"}, id="x2", replace=True),
     "schedule_many": lambda h: h.queue.schedule_many(
         [{"payload": 1}, {"payload": 2, "delay": 5}, {"payload": 3, "delay": 0}]
     ),
@@ -90,12 +106,80 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
 
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
-    "reasons", "seq", "journal", "tally", "config", "heartbeats",
+    "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
+    "ready_since", "successors",
 ]  # fmt: skip
+
+
+BAD_VALUES = ["seq not an integer", "attempts not a number"]
 
 
 def dump_all(client: redis.Redis, keys: list[str]) -> dict[str, bytes | None]:
     return {key: client.dump(key) for key in keys}
+
+
+def damage(held: Held, how: str) -> None:
+    """Break one key's type (``how`` is a key name) or put a bad value in a key."""
+    client, keys = held.queue.client, held.queue.keys
+    if how == "seq not an integer":
+        client.set(keys.seq, "12x")
+    elif how == "attempts not a number":
+        # The in-flight, retrying, dead and a ready message: every path that reads a count.
+        for message_id in (held.inflight.id, held.retrying, "x2", "ready"):
+            client.hset(keys.attempts, message_id, "lots")
+    else:
+        break_key(client, getattr(keys, how))
+
+
+def _members(client: redis.Redis, key: str, kind: bytes) -> list[str] | None:
+    """The members of a zset or list key, or None when the key holds another type."""
+    actual = client.type(key)
+    if actual == b"none":
+        return []
+    if actual != kind:
+        return None
+    raw = client.zrange(key, 0, -1) if kind == b"zset" else client.lrange(key, 0, -1)
+    return [i.decode() for i in raw]
+
+
+def _live(client: redis.Redis, keys: QueueKeys, ready: list[str]) -> list[str]:
+    """The ready entries less the dead ones cancel left (an id's first n entries are dead)."""
+    if client.type(keys.cancelled) not in (b"hash", b"none"):
+        return ready
+    dead = {i.decode(): int(n) for i, n in client.hgetall(keys.cancelled).items()}
+    live = []
+    for message_id in ready:
+        if dead.get(message_id, 0) > 0:
+            dead[message_id] -= 1
+        else:
+            live.append(message_id)
+    return live
+
+
+def misplaced(held: Held) -> set[str]:
+    """Ids that are not in exactly one state with an envelope (lost or doubled messages).
+
+    A key of the wrong type is not read: the ids it held are misplaced already (the test broke
+    them), and an operation must only not add to them.
+    """
+    client, keys = held.queue.client, held.queue.keys
+    where: dict[str, list[str]] = {}
+    for state in ("pending", "unack", "retry", "garbage", "ready"):
+        members = _members(client, getattr(keys, state), b"list" if state == "ready" else b"zset")
+        if state == "ready" and members:
+            members = _live(client, keys, members)
+        for message_id in members or []:
+            where.setdefault(message_id, []).append(state)
+    envelopes = (
+        {i.decode() for i in client.hkeys(keys.messages)}
+        if client.type(keys.messages) in (b"hash", b"none")
+        else set(where)  # unreadable: judge by the states alone
+    )
+    return {
+        message_id
+        for message_id in set(where) | envelopes
+        if len(where.get(message_id, [])) != 1 or message_id not in envelopes
+    }
 
 
 def break_key(client: redis.Redis, key: str) -> None:
@@ -114,19 +198,76 @@ def test_every_key_of_a_queue_is_broken_by_this_test() -> None:
 
 
 @pytest.mark.parametrize("operation", sorted(OPERATIONS))
-@pytest.mark.parametrize("key_name", KEY_NAMES)
-def test_a_wrong_type_key_fails_an_operation_before_it_changes_anything(
-    redis_client: redis.Redis, operation: str, key_name: str
+@pytest.mark.parametrize("how", KEY_NAMES + BAD_VALUES)
+def test_a_broken_key_fails_an_operation_before_it_changes_anything_or_loses_nothing(
+    redis_client: redis.Redis, operation: str, how: str
 ) -> None:
+    """Either the operation fails having changed nothing, or it leaves no message misplaced."""
     held = populated(redis_client)
     all_keys = held.queue.keys.all_keys()
-    break_key(redis_client, getattr(held.queue.keys, key_name))
-    before = dump_all(redis_client, all_keys)
+    damage(held, how)
+    before, misplaced_before = dump_all(redis_client, all_keys), misplaced(held)
     try:
         OPERATIONS[operation](held)
     except ScriptFailed as e:
-        assert "WRONGTYPE" in str(e)
+        if how in KEY_NAMES:
+            assert "WRONGTYPE" in str(e)
         assert dump_all(redis_client, all_keys) == before, f"{operation} failed half-way"
+    else:
+        added = misplaced(held) - misplaced_before
+        assert not added, f"{operation} succeeded but lost or doubled {sorted(added)}"
+
+
+def test_a_non_integer_token_counter_fails_a_claim_before_it_pops_anything(
+    redis_client: redis.Redis,
+) -> None:
+    held = populated(redis_client)
+    damage(held, "seq not an integer")
+    k = held.queue.keys
+    before = dump_all(redis_client, k.all_keys())
+    with pytest.raises(ScriptFailed, match="not an integer"):
+        held.queue.claim(10)
+    assert dump_all(redis_client, k.all_keys()) == before
+
+
+def _dead_with_reason(held: Held, message_id: str) -> str:
+    client, k = held.queue.client, held.queue.keys
+    assert client.zscore(k.garbage, message_id) is not None, f"{message_id} is not dead"
+    for state in (k.pending, k.unack, k.retry):
+        assert client.zscore(state, message_id) is None
+    assert message_id.encode() not in client.lrange(k.ready, 0, -1)
+    assert client.hexists(k.messages, message_id)  # dead, not lost: requeueable
+    return client.hget(k.reasons, message_id).decode()
+
+
+@pytest.mark.parametrize("operation", ["nack", "bury", "reap"])
+def test_an_unreadable_attempt_count_sends_a_delivery_to_garbage_with_a_reason(
+    redis_client: redis.Redis, operation: str
+) -> None:
+    held = populated(redis_client)
+    damage(held, "attempts not a number")
+    # Without its successor, which would take the dead delivery's place (test_core_replace).
+    redis_client.delete(held.queue.keys.successors)
+    if operation == "reap":
+        held.clock.advance(60)  # every deadline has passed
+    results = OPERATIONS[operation](held)
+    assert "'lots'" in _dead_with_reason(held, held.inflight.id)
+    if operation != "reap":
+        assert results in (2, True)  # the delivery's fate, as for a burial
+    held.queue.requeue(held.inflight.id)  # the way out: a fresh count
+    (again,) = [m for m in held.queue.claim(10) if m.id == held.inflight.id]
+    assert again.attempt == 1
+
+
+def test_an_unreadable_attempt_count_sends_a_ready_message_to_garbage_at_claim(
+    redis_client: redis.Redis,
+) -> None:
+    held = populated(redis_client)
+    damage(held, "attempts not a number")
+    claimed = held.queue.claim(10)
+    assert "ready" not in [m.id for m in claimed]
+    assert "'lots'" in _dead_with_reason(held, "ready")
+    assert not misplaced(held)
 
 
 def test_the_operations_write_when_nothing_is_broken(redis_client: redis.Redis) -> None:

@@ -12,7 +12,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_delayqueue.core import ManualClock, Queue, RedisUnavailable, ScriptFailed
-from django_delayqueue.core.scripts import LuaScript, ScriptBatch, script_names
+from django_delayqueue.core.scripts import (
+    LuaScript,
+    ScriptBatch,
+    script_names,
+    with_shared_functions,
+)
 from django_delayqueue.redis_server import free_port
 
 NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries connection errors by default
@@ -29,6 +34,14 @@ def test_every_transition_ships_as_a_lua_file() -> None:
         "cancel", "run_now", "requeue", "purge", "counts", "peek", "journal",
     }  # fmt: skip
     assert expected <= set(LUA_NAMES)
+
+
+def test_a_script_gets_the_shared_functions_it_calls_in_turn_defined_first() -> None:
+    # ack.lua calls succeed(), which calls place() and envelope_times(): a local function is
+    # visible only after its definition, so those come first, and unused ones not at all.
+    source = with_shared_functions("-- t: test\nreturn succeed(KEYS[1], 1)")
+    defined = re.findall(r"^local function (\w+)\(", source, re.MULTILINE)
+    assert defined == ["envelope_times", "place", "succeed"]
 
 
 @pytest.mark.parametrize("name", LUA_NAMES)
@@ -56,7 +69,7 @@ def test_a_script_call_loads_the_script_when_redis_does_not_know_it(
     script = LuaScript.named("counts")
     redis_client.script_flush()
     assert redis_client.script_exists(script.sha) == [False]
-    keys = [f"{{t}}:{i}" for i in range(6)]
+    keys = [f"{{t}}:{i}" for i in range(8)]
     assert script(redis_client, keys, [])[:5] == [0, 0, 0, 0, 0]
     assert redis_client.script_exists(script.sha) == [True]
 

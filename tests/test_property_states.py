@@ -4,7 +4,8 @@ Every rule calls the real :class:`Queue` (so the real ``.lua`` files run on the 
 redis-server) and applies the same transition to a plain-Python model of the five states.
 After every step the invariants read the queue's keys directly: every message is in exactly
 one state, Redis and the model agree on the members (and the order of the ready list), and the
-messages hash holds exactly the ids that are in some state.
+messages hash holds exactly the ids that are in some state. The ready list is read without the
+dead entries a cancel leaves in it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from hypothesis.stateful import (
 )
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings
+from django_delayqueue.core.envelope import decode_envelope
+from django_delayqueue.core.keys import TOMBSTONE_TOTAL
 
 IDS = st.sampled_from([f"m{i}" for i in range(6)])
 MAX_ATTEMPTS = 3
@@ -41,6 +44,7 @@ class Model:
     garbage: dict[str, int] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
+    successors: dict[str, int] = field(default_factory=dict)  # id -> due of its successor
     seq: int = 0
 
     def state_of(self, message_id: str) -> str | None:
@@ -57,10 +61,36 @@ class Model:
         self.attempts.pop(message_id, None)
         self.tokens.pop(message_id, None)
 
+    def place(self, message_id: str, due: int, now: int) -> None:
+        if due <= now:
+            self.ready.append(message_id)
+        else:
+            self.pending[message_id] = due
+
+    def succeed(self, message_id: str, now: int) -> None:
+        """The finished or dead message is gone: its successor, if any, takes its place."""
+        self.forget(message_id)
+        if message_id in self.successors:
+            self.place(message_id, self.successors.pop(message_id), now)
+
 
 def _zorder(zset: dict[str, int]) -> list[str]:
     """Redis zset order: by score, then by member bytes."""
     return [k for k, _ in sorted(zset.items(), key=lambda kv: (kv[1], kv[0].encode()))]
+
+
+def live_ready(client: redis.Redis, ready: str, cancelled: str) -> list[str]:
+    """The ready list without the dead entries cancel leaves (an id's first n entries)."""
+    dead = {i.decode(): int(n) for i, n in client.hgetall(cancelled).items()}
+    assert dead.pop(TOMBSTONE_TOTAL, 0) == sum(dead.values()), "dead entry total is off"
+    live = []
+    for message_id in (i.decode() for i in client.lrange(ready, 0, -1)):
+        if dead.get(message_id, 0) > 0:
+            dead[message_id] -= 1
+        else:
+            live.append(message_id)
+    assert not any(dead.values()), f"dead entries counted but not in the list: {dead}"
+    return live
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -89,14 +119,29 @@ class QueueMachine(RuleBasedStateMachine):
         now = self.clock.now_ms()
         result = self.queue.schedule({"n": 1}, delay=delay_ms / 1000, id=message_id)
         m = self.model
-        exists = m.state_of(result.id) is not None
-        assert result.created is (not exists)
-        if exists:
+        assert result.state == m.state_of(result.id)
+        assert result.created is (result.state is None)
+        if result.created:
+            m.place(result.id, result.due_ms, now)
+
+    @rule(message_id=IDS, delay_ms=st.integers(0, 3000))
+    def replace(self, message_id: str, delay_ms: int) -> None:
+        now = self.clock.now_ms()
+        result = self.queue.schedule({"n": 2}, delay=delay_ms / 1000, id=message_id, replace=True)
+        m = self.model
+        state = m.state_of(message_id)
+        assert (result.created, result.state) == (True, state)
+        if state == "unack":
+            m.successors[message_id] = result.due_ms
+            event("replace: successor")
             return
-        if result.due_ms <= now:
-            m.ready.append(result.id)
-        else:
-            m.pending[result.id] = result.due_ms
+        m.successors.pop(message_id, None)
+        if state == "ready" and result.due_ms <= now:
+            m.attempts.pop(message_id, None)  # a new message in the same place
+            m.tokens.pop(message_id, None)
+            return
+        m.forget(message_id)
+        m.place(message_id, result.due_ms, now)
 
     @rule(ms=st.integers(0, 2500))
     def advance(self, ms: int) -> None:
@@ -140,12 +185,15 @@ class QueueMachine(RuleBasedStateMachine):
     def ack(self, data: st.DataObject) -> None:
         delivery = data.draw(st.sampled_from(self.deliveries))
         current = self.model.tokens.get(delivery.id) == delivery.token
+        now = self.clock.now_ms()
         assert self.queue.ack(delivery) == int(current)
         if current:
-            self.model.forget(delivery.id)
+            self.model.succeed(delivery.id, now)
 
     @precondition(lambda self: self.deliveries)
-    @rule(data=st.data(), bury=st.booleans(), delay_ms=st.integers(0, 2000))
+    # Multiples of 1/8 s: exact as float seconds, so no rounding choice of nack_call's
+    # seconds -> ms conversion (down, here, 1.005 s -> 1004 ms) can split model and queue.
+    @rule(data=st.data(), bury=st.booleans(), delay_ms=st.integers(0, 16).map(lambda n: n * 125))
     def nack(self, data: st.DataObject, bury: bool, delay_ms: int) -> None:
         delivery = data.draw(st.sampled_from(self.deliveries))
         now = self.clock.now_ms()
@@ -158,9 +206,13 @@ class QueueMachine(RuleBasedStateMachine):
         if m.tokens.get(delivery.id) == delivery.token and delivery.id in m.unack:
             del m.unack[delivery.id]
             if bury or m.attempts.get(delivery.id, 0) >= MAX_ATTEMPTS:
-                m.garbage[delivery.id] = now
                 expected = 2
-                event("nack: to garbage")
+                if delivery.id in m.successors:
+                    m.succeed(delivery.id, now)
+                    event("nack: successor takes a dead delivery's place")
+                else:
+                    m.garbage[delivery.id] = now
+                    event("nack: to garbage")
             else:
                 m.retry[delivery.id] = now + delay_ms
                 expected = 1
@@ -191,7 +243,10 @@ class QueueMachine(RuleBasedStateMachine):
             del m.unack[message_id]
             attempts = m.attempts.get(message_id, 0)
             if attempts >= MAX_ATTEMPTS:
-                m.garbage[message_id] = now
+                if message_id in m.successors:
+                    m.succeed(message_id, now)
+                else:
+                    m.garbage[message_id] = now
                 buried += 1
                 event("reap: last attempt to garbage")
             else:
@@ -212,7 +267,8 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, message_id: str) -> None:
         m = self.model
         waiting = m.state_of(message_id) in ("pending", "retry", "ready")
-        assert self.queue.cancel(message_id) == int(waiting)
+        successor = m.successors.pop(message_id, None) is not None
+        assert self.queue.cancel(message_id) == int(waiting) + int(successor)
         if waiting:
             m.forget(message_id)
 
@@ -264,7 +320,7 @@ class QueueMachine(RuleBasedStateMachine):
                 ("garbage", k.garbage),
             )
         }
-        ready = [i.decode() for i in c.lrange(k.ready, 0, -1)]
+        ready = live_ready(c, k.ready, k.cancelled)
         seen: dict[str, list[str]] = {}
         for name, members in zsets.items():
             for i in members:
@@ -275,12 +331,22 @@ class QueueMachine(RuleBasedStateMachine):
         assert not multiple, f"ids in more than one state: {multiple}"
 
         assert ready == m.ready
+        assert self.queue.counts() == {
+            "pending": len(m.pending),
+            "ready": len(m.ready),
+            "unack": len(m.unack),
+            "retry": len(m.retry),
+            "garbage": len(m.garbage),
+        }
+        assert [p.id for p in self.queue.peek("ready").messages] == m.ready
         for name, members in zsets.items():
             assert members == getattr(m, name), name
         stored = {i.decode() for i in c.hkeys(k.messages)}
         assert stored == set(seen), "messages hash must hold exactly the ids in some state"
         attempts = {i.decode(): int(v) for i, v in c.hgetall(k.attempts).items()}
         assert attempts == {i: n for i, n in m.attempts.items() if n}
+        successors = {i.decode(): decode_envelope(v)[0] for i, v in c.hgetall(k.successors).items()}
+        assert successors == m.successors
 
 
 @pytest.mark.slow

@@ -29,11 +29,9 @@ class Inspection:
 
     def counts_call(self) -> tuple[LuaScript, list, list]:
         k = self.keys
-        return (
-            LuaScript.named("counts"),
-            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages],
-            [],
-        )
+        keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled]
+        keys.append(k.ready_since)
+        return LuaScript.named("counts"), keys, []
 
     def counts(self) -> dict[str, int]:
         """How many messages are in each state."""
@@ -64,11 +62,9 @@ class Inspection:
         if not (offset >= 0 and 1 <= limit <= MAX_PAGE):
             raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
         k = self.keys
-        raw = LuaScript.named("peek")(
-            self.client,
-            [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts, k.reasons],
-            [state, offset, limit],
-        )
+        keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts]
+        keys += (k.reasons, k.cancelled)
+        raw = LuaScript.named("peek")(self.client, keys, [state, offset, limit])
         rows = [
             PeekedMessage(
                 id=to_str(raw[i]),

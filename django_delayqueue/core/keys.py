@@ -15,6 +15,8 @@ from .errors import ConfigurationError
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 STATES = ("pending", "ready", "unack", "retry", "garbage")
+# The field of the cancelled hash that sums its counts; never an id (ids have no edge spaces).
+TOMBSTONE_TOTAL = " total"
 
 
 def validate_name(value: str, what: str) -> str:
@@ -84,6 +86,38 @@ class QueueKeys:
         return self._key("reasons")
 
     @property
+    def cancelled(self) -> str:
+        """Hash: id -> how many of its entries in the ready list are dead (cancelled there).
+
+        Removing an id from the middle of a list is a scan of the list, so cancel leaves it in
+        place and counts it here; claim drops such an entry, and counts and peek skip it. A
+        dead entry of an id always comes before the id's live entry (anything entering ready
+        is pushed behind it), so the first ``n`` entries of an id from the head are its dead
+        ones. The field ``TOMBSTONE_TOTAL`` holds the sum, for the ready count.
+        """
+        return self._key("cancelled")
+
+    @property
+    def ready_since(self) -> str:
+        """Hash: id -> when (ms) a message came back to ready, if not at its envelope's due time.
+
+        Written by the rarer ways into ready (a retry promoted, run now, requeue, release of a
+        redelivery) and cleared when the message leaves ready, so that how overdue the ready
+        head is counts from then, not from a due time it was delivered at before.
+        """
+        return self._key("ready_since")
+
+    @property
+    def successors(self) -> str:
+        """Hash: id -> envelope of the message booked to follow the id's running delivery.
+
+        ``schedule(..., replace=True)`` of an id in flight stores the new message here; the
+        delivery's ack (or its death) makes it the id's message. Not a state of its own: it is
+        not counted, and cancel of the id removes it.
+        """
+        return self._key("successors")
+
+    @property
     def seq(self) -> str:  # counter handing out delivery tokens
         return self._key("seq")
 
@@ -124,4 +158,7 @@ class QueueKeys:
             self.tally,
             self.config,
             self.heartbeats,
+            self.cancelled,
+            self.ready_since,
+            self.successors,
         ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .bound import BoundScript
+from .bulk import DEFAULT_CHUNK as DEFAULT_CHUNK  # re-exported: the Spark job reads it here
+from .bulk import BulkScheduling
 from .clock import Clock, RedisClock, producer_now_ms
 from .envelope import (
     Message,
@@ -26,13 +28,12 @@ from .errors import (
     DelayQueueError,
     PayloadError,
 )
+from .housekeeping import Housekeeping
 from .inspection import Inspection
 from .keys import QueueKeys
 from .results import (
-    BulkResult,
     PromoteResult,
     ReapResult,
-    Rejected,
     ScheduleResult,
 )
 from .scripts import LuaScript
@@ -42,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 Delay = float | int | timedelta
 MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
-DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
 # Producers announce a new message on the wake channel only when it is due within this long
 # (and earlier than every pending one); consumers never sleep longer than this without reading
 # the pending head, so later messages are found without an announcement (see schedule.lua).
@@ -132,7 +132,7 @@ def _retry_ms(seconds: Any, backoff_max: float) -> int:
     return _round_up_ms(value * 1000)
 
 
-class Queue(Inspection):
+class Queue(Inspection, Housekeeping, BulkScheduling):
     """A named queue. Thread-safe as far as the redis-py client is (a pool per client)."""
 
     def __init__(
@@ -151,11 +151,21 @@ class Queue(Inspection):
         self.settings = settings or QueueSettings()
         self.clock = clock or RedisClock(client)
         # Spelled once: schedule() is the hot path of every producer.
+        k = self.keys
         self._schedule_one = BoundScript(
             LuaScript.named("schedule"),
             client,
-            [self.keys.pending, self.keys.ready, self.keys.messages],
-            [ANNOUNCE_WITHIN_MS, self.keys.wake_channel],
+            [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage],
+            [ANNOUNCE_WITHIN_MS, k.wake_channel],
+        )
+        # replace=True: a script of its own, so the hot path above stays as lean as it was.
+        replace_keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage]
+        replace_keys += (k.attempts, k.tokens)
+        self._replace_one = BoundScript(
+            LuaScript.named("replace"),
+            client,
+            [*replace_keys, k.reasons, k.successors, k.cancelled, k.ready_since],
+            [ANNOUNCE_WITHIN_MS, k.wake_channel],
         )
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 
@@ -203,14 +213,24 @@ class Queue(Inspection):
         delay: Delay | None = None,
         at: datetime | int | float | None = None,
         id: str | None = None,
+        replace: bool = False,
     ) -> ScheduleResult:
-        """Schedule one message; a message already waiting under ``id`` is left as it is."""
+        """Schedule one message.
+
+        A message already holding ``id`` is left as it is: nothing is created and the result
+        names its state. With ``replace=True`` the new message replaces a waiting or dead one
+        at once, or follows one in flight (scheduled by its ack): see :class:`ScheduleResult`.
+        """
         now = self.clock.now_ms()
         prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        return self.send_prepared(prepared, now_ms=now)
+        return self.send_prepared(prepared, now_ms=now, replace=replace)
 
     def send_prepared(
-        self, prepared: tuple[str, int, str], *, now_ms: int | None = None
+        self,
+        prepared: tuple[str, int, str],
+        *,
+        now_ms: int | None = None,
+        replace: bool = False,
     ) -> ScheduleResult:
         """Send one message validated by :meth:`prepare`, in one script call (no pipeline).
 
@@ -218,85 +238,10 @@ class Queue(Inspection):
         """
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
-        created = self._schedule_one(now, message_id, due, envelope)
-        return ScheduleResult(message_id, bool(created), due)
-
-    def schedule_many(
-        self, items: Iterable[Mapping[str, Any]], *, chunk_size: int = DEFAULT_CHUNK
-    ) -> BulkResult:
-        """Schedule many messages in pipelined chunks; invalid ones are reported, not raised.
-
-        Each item is a mapping with ``payload`` and optional ``id``, ``delay`` or ``at``.
-        A pipeline holds several chunks so a batch costs few round trips.
-        """
-        total = BulkResult()
-        now = self.clock.now_ms()
-        pending: list[tuple[str, int, str]] = []
-        for index, item in enumerate(items):
-            try:
-                pending.append(
-                    self.prepare(
-                        item.get("payload"),
-                        delay=item.get("delay"),
-                        at=item.get("at"),
-                        id=item.get("id"),
-                        now_ms=now,
-                    )
-                )
-            except PayloadError as e:
-                total.rejected.append(Rejected(index, _safe_id(item), str(e)))
-            if len(pending) >= chunk_size * 8:
-                total.merge(self._send_prepared(pending, now, chunk_size))
-                pending = []
-        total.merge(self._send_prepared(pending, now, chunk_size))
-        return total
-
-    def schedule_prepared(
-        self, prepared: Sequence[tuple[str, int, str]], *, chunk_size: int = DEFAULT_CHUNK
-    ) -> BulkResult:
-        """Schedule messages already validated by :meth:`prepare` (used by the Spark job)."""
-        return self._send_prepared(prepared, self.clock.now_ms(), chunk_size)
-
-    def _send_prepared(
-        self, prepared: Sequence[tuple[str, int, str]], now: int, chunk_size: int
-    ) -> BulkResult:
-        result = BulkResult()
-        if not prepared:
-            return result
-        calls, sizes = [], []
-        for chunk in _chunks(prepared, chunk_size):
-            args: list[Any] = [now]
-            for message_id, due, envelope in chunk:
-                args += (message_id, due, envelope)
-            calls.append(args)
-            sizes.append(len(chunk))
-        for size, created in zip(sizes, self._schedule_one.call_many(calls), strict=True):
-            result.scheduled += int(created)
-            result.duplicates += size - int(created)
-        return result
-
-    def cancel(self, *ids: str) -> int:
-        """Remove waiting messages (pending, retry or ready); returns how many were removed.
-
-        The cancelled ones are recorded in the journal with the outcome ``cancel``.
-        """
-        if not ids:
-            return 0
-        k = self.keys
-        return LuaScript.named("cancel")(
-            self.client,
-            [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons, k.journal],
-            [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids],
-        )
-
-    def run_now(self, *ids: str) -> int:
-        """Move waiting messages (pending or retry) to ready, ahead of their due time."""
-        if not ids:
-            return 0
-        k = self.keys
-        return LuaScript.named("run_now")(
-            self.client, [k.pending, k.retry, k.ready, k.tokens], [k.wake_channel, *ids]
-        )
+        script = self._replace_one if replace else self._schedule_one
+        reply = script(now, message_id, due, envelope)
+        state = to_str(reply[2]) if len(reply) > 1 else None
+        return ScheduleResult(message_id, bool(reply[0]), due, state)
 
     # --- the consumer's transitions ---------------------------------------------------------
 
@@ -304,7 +249,7 @@ class Queue(Inspection):
         k = self.keys
         return (
             LuaScript.named("promote"),
-            [k.pending, k.retry, k.ready, k.tokens],
+            [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
             [now_ms, limit or self.settings.promote_batch],
         )
 
@@ -326,11 +271,9 @@ class Queue(Inspection):
         # The same bound as the claim_batch setting: one claim is one bounded script call.
         if not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
-        return (
-            LuaScript.named("claim"),
-            [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq],
-            [deadline, count],
-        )
+        keys = [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons]
+        keys += (k.cancelled, k.ready_since)
+        return LuaScript.named("claim"), keys, [deadline, count, now_ms]
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
         """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""
@@ -366,14 +309,13 @@ class Queue(Inspection):
 
     def ack_call(self, messages: Iterable[Message]) -> tuple[LuaScript, list, list]:
         k = self.keys
-        args: list[str] = []
+        # The time decides where a successor goes (pending or ready): see ack.lua.
+        args: list[Any] = [self.clock.now_ms(), ANNOUNCE_WITHIN_MS, k.wake_channel]
         for m in messages:
             args += (m.id, m.token)
-        return (
-            LuaScript.named("ack"),
-            [k.unack, k.retry, k.garbage, k.messages, k.attempts, k.tokens, k.reasons],
-            args,
-        )
+        keys = [k.unack, k.retry, k.garbage, k.messages, k.attempts, k.tokens, k.reasons]
+        keys += (k.successors, k.pending, k.ready)
+        return LuaScript.named("ack"), keys, args
 
     def ack(self, *messages: Message) -> int:
         """Acknowledge deliveries; returns how many were current (stale tokens are ignored)."""
@@ -403,11 +345,9 @@ class Queue(Inspection):
             else:
                 retry_at = now_ms + _retry_ms(delay, s.backoff_max)
             args += (message.id, message.token, retry_at, reason[:2000])
-        return (
-            LuaScript.named("nack"),
-            [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons],
-            args,
-        )
+        keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
+        keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua
+        return LuaScript.named("nack"), keys, [*args, ANNOUNCE_WITHIN_MS, k.wake_channel]
 
     def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
         """A delivery failed: retry after ``delay`` seconds (default: backoff with jitter).
@@ -431,15 +371,19 @@ class Queue(Inspection):
     def reap_call(self, now_ms: int, limit: int | None = None) -> tuple[LuaScript, list, list]:
         k = self.keys
         s = self.settings
+        keys = [k.unack, k.retry, k.garbage, k.attempts, k.reasons, k.tokens, k.successors]
+        keys += (k.messages, k.pending, k.ready)  # where a successor goes: see reap.lua
         return (
             LuaScript.named("reap"),
-            [k.unack, k.retry, k.garbage, k.attempts, k.reasons],
+            keys,
             [
                 now_ms,
                 limit or s.promote_batch,
                 s.max_attempts,
                 int(s.backoff_base * 1000),
                 int(s.backoff_max * 1000),
+                ANNOUNCE_WITHIN_MS,
+                k.wake_channel,
             ],
         )
 
@@ -459,11 +403,13 @@ class Queue(Inspection):
         if not messages:
             return 0
         k = self.keys
-        args: list[str] = [k.wake_channel]
+        args: list[Any] = [k.wake_channel, self.clock.now_ms()]
         for m in messages:
             args += (m.id, m.token)
         return LuaScript.named("release")(
-            self.client, [k.unack, k.ready, k.attempts, k.tokens], args
+            self.client,
+            [k.unack, k.ready, k.attempts, k.tokens, k.garbage, k.reasons, k.ready_since],
+            args,
         )
 
     def extend(self, *messages: Message, seconds: float | None = None) -> int:
@@ -475,42 +421,3 @@ class Queue(Inspection):
         for m in messages:
             args += (m.id, m.token)
         return LuaScript.named("extend")(self.client, [self.keys.unack, self.keys.tokens], args)
-
-    # --- dead letters -------------------------------------------------------------------------
-
-    def requeue(self, *ids: str, limit: int = 1000) -> int:
-        """Dead letters back to ready with fresh attempts (all of them when no ids are given)."""
-        k = self.keys
-        script = LuaScript.named("requeue")
-        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons]
-        if ids:
-            return int(script(self.client, keys, [limit, k.wake_channel, *ids])[0])
-        return sum(self._drain(lambda: script(self.client, keys, [limit, k.wake_channel])))
-
-    def purge(self, *ids: str, limit: int = 1000) -> int:
-        """Delete dead letters for good (all of them when no ids are given)."""
-        k = self.keys
-        script = LuaScript.named("purge")
-        keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons]
-        if ids:
-            return int(script(self.client, keys, [limit, *ids])[0])
-        return sum(self._drain(lambda: script(self.client, keys, [limit])))
-
-    @staticmethod
-    def _drain(call: Any) -> Iterator[int]:
-        """Repeat a bounded script call until it reports nothing left (or no progress)."""
-        while True:
-            done, left = (int(x) for x in call())
-            yield done
-            if done == 0 or left == 0:
-                return
-
-
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _safe_id(item: Mapping[str, Any]) -> str | None:
-    value = item.get("id") if isinstance(item, Mapping) else None
-    return value if isinstance(value, str) else None

@@ -11,9 +11,29 @@ from .errors import CorruptEnvelope
 
 @dataclass(frozen=True)
 class ScheduleResult:
+    """What became of one scheduled message.
+
+    ``state`` is the state of the message that already held the id (``"pending"``,
+    ``"ready"``, ``"unack"``, ``"retry"`` or ``"garbage"``), None when the id was free. Without
+    ``replace`` a taken id means nothing was created (``created`` False); with ``replace=True``
+    the message is always stored: it replaced the one in ``state``, or, for ``"unack"``, became
+    the successor that the running delivery's ack schedules.
+    """
+
     id: str
-    created: bool  # False: a message with this id was already waiting; nothing changed
+    created: bool  # the message was stored (new, replacing, or as a successor)
     due_ms: int
+    state: str | None = None
+
+    @property
+    def replaced(self) -> bool:
+        """Stored over a message that held the id (or as its successor)."""
+        return self.created and self.state is not None
+
+    @property
+    def successor(self) -> bool:
+        """Stored to follow a delivery in flight: scheduled when that one is acknowledged."""
+        return self.created and self.state == "unack"
 
 
 @dataclass(frozen=True)
@@ -25,13 +45,15 @@ class Rejected:
 
 @dataclass
 class BulkResult:
-    scheduled: int = 0
-    duplicates: int = 0
+    scheduled: int = 0  # new messages under free ids
+    duplicates: int = 0  # not created: the id was taken and replace was not asked for
     rejected: list[Rejected] = field(default_factory=list)
+    replaced: int = 0  # stored with replace over a message holding the id (or as a successor)
 
     def merge(self, other: BulkResult) -> None:
         self.scheduled += other.scheduled
         self.duplicates += other.duplicates
+        self.replaced += other.replaced
         self.rejected.extend(other.rejected)
 
 

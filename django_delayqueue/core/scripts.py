@@ -91,11 +91,26 @@ def with_shared_functions(source: str) -> str:
     """``source`` preceded by the functions of ``_shared.lua`` that it calls.
 
     Redis runs each script on its own (no ``require``), so a function two scripts need is kept
-    once in ``_shared.lua`` and copied in front of each script that calls it.
+    once in ``_shared.lua`` and copied in front of each script that calls it, with the shared
+    functions it calls in turn. They keep the file's order: a local function must be defined
+    before the one that calls it.
     """
-    body = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
-    used = [text for name, text in _shared_functions().items() if f"{name}(" in body]
-    return "\n".join([*used, source]) if used else source
+    shared = _shared_functions()
+    text = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
+    used: set[str] = set()
+    while True:
+        calls = {name for name in shared if name not in used and _calls(text, name)}
+        if not calls:
+            break
+        used |= calls
+        text = "\n".join(shared[name] for name in calls)
+    ordered = [body for name, body in shared.items() if name in used]
+    return "\n".join([*ordered, source]) if ordered else source
+
+
+def _calls(text: str, name: str) -> bool:
+    """Whether Lua ``text`` calls ``name`` (not merely a longer name ending in it)."""
+    return re.search(rf"(?<![\w.]){name}\(", text) is not None
 
 
 @dataclass(frozen=True)

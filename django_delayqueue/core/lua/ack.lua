@@ -1,16 +1,26 @@
--- ack: deliveries finished; the messages are gone (envelope, attempts, token, reason).
+-- ack: deliveries finished; the messages are gone (envelope, attempts, token, reason), or
+-- replaced by their successor: a message scheduled under the same id with replace=True while
+-- the delivery ran, which now goes to pending (or ready, when due) as a new message.
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] messages hash
--- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash
--- ARGV pairs: id, token
+-- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] successors hash
+-- KEYS[9] pending zset   KEYS[10] ready list
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- ARGV[4..] pairs: id, token
 -- returns: number of messages acknowledged
 -- Only the delivery holding the current token may ack. A late ack (deadline passed, message
 -- reaped to retry or garbage) still counts while no newer delivery began; once the message is
 -- back in ready or claimed again the token differs and the ack is ignored.
 -- Tokens are read with one HMGET and the messages deleted with one variadic call per key (per
 -- chunk of 1000, under Lua's unpack limit): a batch costs Redis little more than one message.
-guard()
-local n = 0
-for i = 1, #ARGV, 2000 do
+-- Successors are looked for only when the queue has some (one EXISTS otherwise). A successor
+-- due now or within the horizon is announced on the wake channel, as schedule.lua does.
+guard(1, 2, 3, 4, 5, 6, 7)
+local now = tonumber(ARGV[1])
+local horizon = now + tonumber(ARGV[2])
+local successors = redis.call('EXISTS', KEYS[8]) == 1
+if successors then guard(8, 9, 10) end
+local n, wake = 0, nil
+for i = 4, #ARGV, 2000 do
   local last = math.min(i + 1999, #ARGV)
   local ids = {}
   for j = i, last, 2 do ids[#ids + 1] = ARGV[j] end
@@ -25,7 +35,14 @@ for i = 1, #ARGV, 2000 do
   if #done > 0 then
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
+    if successors then
+      for _, id in ipairs(done) do
+        local _, at = succeed(KEYS[8], KEYS[4], KEYS[9], KEYS[10], id, now, horizon)
+        wake = earlier(wake, at)
+      end
+    end
     n = n + #done
   end
 end
+if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
 return n

@@ -1,27 +1,55 @@
--- cancel: waiting messages (pending, retry or ready) -> gone. In-flight (unack) and dead
--- (garbage) messages are not cancelled: the first may be running, the second is purged.
+-- cancel: waiting messages (pending, retry or ready) -> gone, and successors (messages booked
+-- with replace=True to follow a delivery) -> gone, whatever the state of the message they
+-- follow. In-flight (unack) and dead (garbage) messages are not cancelled: the first may be
+-- running, the second is purged.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] journal stream
+-- KEYS[9] unack zset   KEYS[10] garbage zset   KEYS[11] cancelled hash
+-- KEYS[12] ready_since hash   KEYS[13] successors hash
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
 -- ARGV[3..] ids
--- returns: number of messages cancelled
+-- returns: number of messages cancelled (an id with a successor may count two)
+-- O(log n) per id whatever the queue holds: the state is told by a few lookups (pending and
+-- retry are left with ZREM; unack and garbage are left alone; an envelope with none of these
+-- is in ready). Removing an id from the middle of the ready list would scan it (LREM), so its
+-- entry stays there, counted dead in the cancelled hash, and its envelope goes: claim drops
+-- the entry, counts and peek skip it. An entry at either end of the list is popped instead.
 -- The cancelled messages are journalled as one entry (fields n, o) like a consumer batch: rows
 -- [id, scheduled, due, delivered (null), finished (now), attempts so far, 'cancel', ''].
 guard()
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
+
+local function journal(id, envelope, attempt)
+  local due, scheduled = envelope_times(envelope)
+  if not due then due, scheduled = cjson.null, cjson.null end
+  rows[#rows + 1] = {id, scheduled, due, cjson.null, now, attempt, 'cancel', ''}
+end
+
+local function waiting(id)
+  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
+    return true
+  end
+  if redis.call('ZSCORE', KEYS[9], id) or redis.call('ZSCORE', KEYS[10], id)
+      or redis.call('HEXISTS', KEYS[4], id) == 0 then
+    return false
+  end
+  drop_from_ready(KEYS[3], KEYS[11], id)
+  return true
+end
+
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1
-      or redis.call('LREM', KEYS[3], 1, id) == 1 then
-    local due, scheduled = envelope_times(redis.call('HGET', KEYS[4], id))
-    if not due then due, scheduled = cjson.null, cjson.null end
-    local attempt = tonumber(redis.call('HGET', KEYS[5], id) or '0')
-    rows[#rows + 1] = {id, scheduled, due, cjson.null, now, attempt, 'cancel', ''}
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('HDEL', KEYS[6], id)
-    redis.call('HDEL', KEYS[7], id)
+  local successor = redis.call('HGET', KEYS[13], id)
+  if successor then
+    redis.call('HDEL', KEYS[13], id)
+    journal(id, successor, 0)
+  end
+  if waiting(id) then
+    local attempt = attempt_count(redis.call('HGET', KEYS[5], id)) or cjson.null
+    journal(id, redis.call('HGET', KEYS[4], id), attempt)
+    for key = 4, 7 do redis.call('HDEL', KEYS[key], id) end
+    redis.call('HDEL', KEYS[12], id)
   end
 end
 if #rows > 0 and maxlen > 0 then

@@ -1,35 +1,92 @@
 -- claim: up to N ids from ready -> unack, each with a visibility deadline and a new token.
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
--- KEYS[5] tokens hash   KEYS[6] seq counter
--- ARGV[1] deadline (ms)   ARGV[2] most ids to claim
+-- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
+-- KEYS[9] cancelled hash   KEYS[10] ready_since hash
+-- ARGV[1] deadline (ms)   ARGV[2] most ids to claim   ARGV[3] now (ms)
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
 -- hundred costs Redis little more than one message. Chunks keep unpack() under Lua's limit.
--- An empty ready list costs one read; otherwise every key written after the LPOP is checked.
-if redis.call('LLEN', KEYS[1]) == 0 then return {} end
-guard()
-local ids = redis.call('LPOP', KEYS[1], tonumber(ARGV[2]))
-local first = redis.call('INCRBY', KEYS[6], #ids) - #ids + 1
+-- Redis does not roll a script back, so everything is read before the first write, and the
+-- first write is the INCRBY of the token counter, which fails on a counter that is not an
+-- integer: a bad value or a key of the wrong type fails the claim with nothing changed. The
+-- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
+-- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
+-- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
+-- not count towards N. An empty ready list costs one read.
+local len = redis.call('LLEN', KEYS[1])
+if len == 0 then return {} end
+local want, dead_total = tonumber(ARGV[2]), dead_in_ready(KEYS[9])
+local ids, walked, dead, ndead
+if dead_total > 0 then
+  ids, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, want, 1000)
+else
+  walked, ndead = math.min(len, want), 0
+  ids = redis.call('LRANGE', KEYS[1], 0, walked - 1)
+end
+local n = #ids
+local since = n > 0 and redis.call('HLEN', KEYS[10]) > 0  -- rarely: a message came back
+local envelopes, counts = {}, {}
+for i = 1, n, 1000 do
+  local last = math.min(i + 999, n)
+  local e = redis.call('HMGET', KEYS[3], unpack(ids, i, last))
+  local a = redis.call('HMGET', KEYS[4], unpack(ids, i, last))
+  for k = 1, last - i + 1 do envelopes[i + k - 1], counts[i + k - 1] = e[k], a[k] end
+end
+local deliver, bad = {}, {}
+for j = 1, n do
+  local attempts, why = attempt_count(counts[j])
+  if attempts then
+    deliver[#deliver + 1] = j
+    counts[j] = attempts + 1
+  else
+    bad[#bad + 1] = {ids[j], why}
+  end
+end
+guard(2, 5)
+if #bad > 0 then guard(7, 8) end
+local first = 0
+if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end
+redis.call('LTRIM', KEYS[1], walked, -1)
+if ndead > 0 then
+  if walked == len then
+    redis.call('DEL', KEYS[9])  -- the list is empty: no entry is left to be dead
+  else
+    for id, passed in pairs(dead) do
+      local left = (tonumber(redis.call('HGET', KEYS[9], id)) or 0) - passed
+      if left > 0 then
+        redis.call('HSET', KEYS[9], id, left)
+      else
+        redis.call('HDEL', KEYS[9], id)
+      end
+    end
+    set_dead_in_ready(KEYS[9], dead_total - ndead)
+  end
+end
 local out = {}
-for i = 1, #ids, 1000 do
-  local last = math.min(i + 999, #ids)
-  local envelopes = redis.call('HMGET', KEYS[3], unpack(ids, i, last))
-  local attempts = redis.call('HMGET', KEYS[4], unpack(ids, i, last))
+for i = 1, #deliver, 1000 do
+  local last = math.min(i + 999, #deliver)
   local attempt_args, token_args, deadline_args = {}, {}, {}
-  for j = i, last do
-    local id, k = ids[j], j - i + 1
-    local attempt = (tonumber(attempts[k]) or 0) + 1
-    attempt_args[2 * k - 1], attempt_args[2 * k] = id, attempt
-    local token = string.format('%d', first + j - 1)
+  for d = i, last do
+    local j, k = deliver[d], d - i + 1
+    local id = ids[j]
+    local token = string.format('%d', first + d - 1)
+    attempt_args[2 * k - 1], attempt_args[2 * k] = id, counts[j]
     token_args[2 * k - 1], token_args[2 * k] = id, token
     deadline_args[2 * k - 1], deadline_args[2 * k] = ARGV[1], id
     out[#out + 1] = id
-    out[#out + 1] = envelopes[k] or ''
-    out[#out + 1] = attempt
+    out[#out + 1] = envelopes[j] or ''
+    out[#out + 1] = counts[j]
     out[#out + 1] = token
   end
   redis.call('HSET', KEYS[4], unpack(attempt_args))
   redis.call('HSET', KEYS[5], unpack(token_args))
   redis.call('ZADD', KEYS[2], unpack(deadline_args))
+end
+if since then
+  for i = 1, n, 1000 do redis.call('HDEL', KEYS[10], unpack(ids, i, math.min(i + 999, n))) end
+end
+for _, dead in ipairs(bad) do
+  redis.call('ZADD', KEYS[7], ARGV[3], dead[1])
+  redis.call('HSET', KEYS[8], dead[1], dead[2])
 end
 return out

@@ -1,30 +1,50 @@
 -- nack: a delivery failed; unack -> retry at a given time, or -> garbage when no attempts are
 -- left (or the caller asks for it with retry-at -1).
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
--- KEYS[5] tokens hash   KEYS[6] reasons hash
+-- KEYS[5] tokens hash   KEYS[6] reasons hash   KEYS[7] successors hash   KEYS[8] messages hash
+-- KEYS[9] pending zset   KEYS[10] ready list
 -- ARGV[1] now (ms)   ARGV[2] max attempts
--- ARGV[3..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
+-- ARGV[3..n-2] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
+-- ARGV[n-1] announce horizon (ms)   ARGV[n] wake channel
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
+-- Each message is read before it is moved: an attempt count that is not a number sends it to
+-- garbage with a reason naming the value, instead of failing after it left unack.
+-- A message with a successor (scheduled with replace=True while it ran) keeps it through its
+-- retries; when it dies instead, the successor takes its place as a new message (what its
+-- caller asked for: replace=True replaces a dead message too), announced like schedule.lua's.
 guard()
-local now, max_attempts = ARGV[1], tonumber(ARGV[2])
-local results = {}
-for i = 3, #ARGV, 4 do
+local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
+local horizon = now + tonumber(ARGV[#ARGV - 1])
+local results, wake = {}, nil
+for i = 3, #ARGV - 2, 4 do
   local id, retry_at, reason = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local result = 0
-  if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZREM', KEYS[1], id) == 1 then
-    local attempts = tonumber(redis.call('HGET', KEYS[4], id) or '0')
-    if retry_at < 0 or attempts >= max_attempts then
-      if retry_at >= 0 then
-        reason = 'no attempts left (' .. attempts .. ' of ' .. max_attempts .. '): ' .. reason
-      end
-      redis.call('ZADD', KEYS[3], now, id)
+  if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
+    local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
+    redis.call('ZREM', KEYS[1], id)
+    if bad then
+      reason = bad .. ': ' .. reason
+      retry_at = -1
+    elseif retry_at >= 0 and attempts >= max_attempts then
+      reason = 'no attempts left (' .. attempts .. ' of ' .. max_attempts .. '): ' .. reason
+      retry_at = -1
+    end
+    if retry_at >= 0 then
+      redis.call('ZADD', KEYS[2], retry_at, id)
+      redis.call('HSET', KEYS[6], id, reason)
+      result = 1
+    elseif redis.call('HEXISTS', KEYS[7], id) == 1 then
+      for key = 4, 6 do redis.call('HDEL', KEYS[key], id) end
+      local _, at = succeed(KEYS[7], KEYS[8], KEYS[9], KEYS[10], id, now, horizon)
+      wake = earlier(wake, at)
       result = 2
     else
-      redis.call('ZADD', KEYS[2], retry_at, id)
-      result = 1
+      redis.call('ZADD', KEYS[3], now, id)
+      redis.call('HSET', KEYS[6], id, reason)
+      result = 2
     end
-    redis.call('HSET', KEYS[6], id, reason)
   end
   results[#results + 1] = result
 end
+if wake ~= nil then redis.call('PUBLISH', ARGV[#ARGV], tostring(wake)) end
 return results

@@ -1,13 +1,17 @@
 -- promote: due pending and due retry messages -> ready, in bounded batches.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
+-- KEYS[5] ready_since hash
 -- ARGV[1] now (ms)   ARGV[2] limit: most ids moved from each zset in this call
 -- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1,
---           length of the ready list afterwards}
+--           length of the ready list afterwards (dead entries of cancelled messages included:
+--           a claim drops them, so they only cost a claim that finds nothing)}
 -- A retry id loses its delivery token here: a late ack of the old delivery must not delete a
--- message that is back in the ready list.
+-- message that is back in the ready list. Its retry time is recorded in ready_since: it is
+-- overdue from then, not from the due time in its envelope.
 -- An idle queue costs three reads: the heads of both zsets tell whether anything is due, and
 -- the ready length lets the caller skip its claim. Those reads also prove the three keys'
--- types before anything is written; tokens is checked only when a retry is due.
+-- types before anything is written; tokens and ready_since are checked only when a retry is
+-- due.
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local function head(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -15,17 +19,30 @@ local function head(key)
 end
 local heads = {head(KEYS[1]), head(KEYS[2])}
 local ready = redis.call('LLEN', KEYS[3])
-if heads[2] and heads[2] <= now then guard(4) end
+if heads[2] and heads[2] <= now then guard(4, 5) end
 local moved, more, next_due = 0, 0, -1
 for index = 1, 2 do
   local src, first = KEYS[index], heads[index]
   if first and first <= now then
-    local ids = redis.call('ZRANGEBYSCORE', src, '-inf', ARGV[1], 'LIMIT', 0, limit)
+    local ids, since = {}, {}
+    if index == 1 then
+      ids = redis.call('ZRANGEBYSCORE', src, '-inf', ARGV[1], 'LIMIT', 0, limit)
+    else
+      local scored = redis.call('ZRANGEBYSCORE', src, '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0,
+        limit)
+      for i = 1, #scored, 2 do
+        ids[#ids + 1] = scored[i]
+        since[i], since[i + 1] = scored[i], scored[i + 1]
+      end
+    end
     for i = 1, #ids, 500 do
       local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
       redis.call('ZREM', src, unpack(chunk))
       redis.call('RPUSH', KEYS[3], unpack(chunk))
-      if index == 2 then redis.call('HDEL', KEYS[4], unpack(chunk)) end
+      if index == 2 then
+        redis.call('HDEL', KEYS[4], unpack(chunk))
+        redis.call('HSET', KEYS[5], unpack(since, 2 * i - 1, 2 * (i + #chunk - 1)))
+      end
     end
     moved = moved + #ids
     first = head(src)

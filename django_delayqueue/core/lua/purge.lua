@@ -1,8 +1,10 @@
 -- purge: dead letters (garbage) -> gone.
 -- KEYS[1] garbage zset   KEYS[2] messages hash   KEYS[3] attempts hash   KEYS[4] tokens hash
--- KEYS[5] reasons hash
+-- KEYS[5] reasons hash   KEYS[6] successors hash
 -- ARGV[1] limit   ARGV[2..] ids (none: the oldest `limit` dead letters)
 -- returns: {purged, dead letters left}
+-- A dead message keeps a successor only when a bad attempt count buried it at claim or release
+-- (nack and reap let the successor take its place): purging the id removes that too.
 guard()
 local ids = {}
 if #ARGV > 1 then
@@ -17,6 +19,7 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
     n = n + 1
   end
 end

@@ -1,11 +1,17 @@
 -- reap: deliveries whose visibility deadline passed (their consumer died or hung) -> retry,
 -- or -> garbage when that was the last attempt. Bounded per call.
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
--- KEYS[5] reasons hash
+-- KEYS[5] reasons hash   KEYS[6] tokens hash   KEYS[7] successors hash   KEYS[8] messages hash
+-- KEYS[9] pending zset   KEYS[10] ready list
 -- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] max attempts
 -- ARGV[4] backoff base (ms)   ARGV[5] backoff max (ms)
+-- ARGV[6] announce horizon (ms)   ARGV[7] wake channel
 -- returns: {retried, buried, more (1 when more deadlines have passed), next deadline or -1}
 -- Tokens are kept: a late ack of the reaped delivery is still accepted until it is redelivered.
+-- An attempt count that is not a number sends the message to garbage with a reason naming the
+-- value (read before the message leaves unack: a script error then would lose it).
+-- A message with a successor (see nack.lua) keeps it when retried; when it dies, the successor
+-- takes its place (and the dead delivery's token goes: its late ack must not touch the new one).
 local now, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local function head()
@@ -16,15 +22,30 @@ end
 local next_deadline = head()
 if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadline} end
 guard()
+local horizon, wake = now + tonumber(ARGV[6]), nil
+local function bury(id, reason)
+  if redis.call('HEXISTS', KEYS[7], id) == 1 then
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+    local _, at = succeed(KEYS[7], KEYS[8], KEYS[9], KEYS[10], id, now, horizon)
+    wake = earlier(wake, at)
+  else
+    redis.call('ZADD', KEYS[3], now, id)
+    redis.call('HSET', KEYS[5], id, reason)
+  end
+end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local retried, buried = 0, 0
 for _, id in ipairs(ids) do
-  local attempts = tonumber(redis.call('HGET', KEYS[4], id) or '0')
+  local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
   redis.call('ZREM', KEYS[1], id)
-  if attempts >= max_attempts then
-    redis.call('ZADD', KEYS[3], now, id)
-    redis.call('HSET', KEYS[5], id, 'visibility timeout passed on the last attempt (' ..
-      attempts .. ' of ' .. max_attempts .. '): the consumer died or hung')
+  if bad then
+    bury(id, bad .. ': visibility timeout passed')
+    buried = buried + 1
+  elseif attempts >= max_attempts then
+    bury(id, 'visibility timeout passed on the last attempt (' .. attempts .. ' of ' ..
+      max_attempts .. '): the consumer died or hung')
     buried = buried + 1
   else
     local delay = math.min(cap, base * 2 ^ math.max(0, attempts - 1))
@@ -33,6 +54,7 @@ for _, id in ipairs(ids) do
     retried = retried + 1
   end
 end
+if wake ~= nil then redis.call('PUBLISH', ARGV[7], tostring(wake)) end
 next_deadline = head()
 -- Only when a passed deadline is left: a batch of exactly `limit` may have taken the last.
 local more = (next_deadline ~= -1 and next_deadline <= now) and 1 or 0

@@ -1,18 +1,34 @@
 -- release: claimed deliveries that never started (consumer shutting down) -> front of ready,
 -- without using up an attempt.
 -- KEYS[1] unack zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
--- ARGV[1] wake channel   ARGV[2..] pairs: id, token
+-- KEYS[5] garbage zset   KEYS[6] reasons hash   KEYS[7] ready_since hash
+-- ARGV[1] wake channel   ARGV[2] now (ms)   ARGV[3..] pairs: id, token
 -- returns: number of messages released (a stale token or a reaped message is skipped)
--- Announces them on the wake channel so an idle consumer claims them at once.
+-- Announces them on the wake channel so an idle consumer claims them at once. A redelivery is
+-- overdue from now (recorded in ready_since), not from the due time of its first delivery. A message whose
+-- attempt count is not a number cannot be given its attempt back: it goes to garbage with a
+-- reason naming the value (read before anything is written, unlike a failing HINCRBY).
 guard()
 local n = 0
-for i = #ARGV - 1, 2, -2 do
+for i = #ARGV - 1, 3, -2 do
   local id = ARGV[i]
-  if redis.call('HGET', KEYS[4], id) == ARGV[i + 1] and redis.call('ZREM', KEYS[1], id) == 1 then
-    redis.call('LPUSH', KEYS[2], id)
-    if redis.call('HINCRBY', KEYS[3], id, -1) <= 0 then redis.call('HDEL', KEYS[3], id) end
-    redis.call('HDEL', KEYS[4], id)
-    n = n + 1
+  if redis.call('HGET', KEYS[4], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
+    local attempts, bad = attempt_count(redis.call('HGET', KEYS[3], id))
+    redis.call('ZREM', KEYS[1], id)
+    if bad then
+      redis.call('ZADD', KEYS[5], ARGV[2], id)
+      redis.call('HSET', KEYS[6], id, bad .. ': released unstarted')
+    else
+      redis.call('LPUSH', KEYS[2], id)
+      if attempts > 1 then
+        redis.call('HSET', KEYS[3], id, attempts - 1)
+        redis.call('HSET', KEYS[7], id, ARGV[2])
+      else
+        redis.call('HDEL', KEYS[3], id)
+      end
+      redis.call('HDEL', KEYS[4], id)
+      n = n + 1
+    end
   end
 end
 if n > 0 then redis.call('PUBLISH', ARGV[1], '0') end

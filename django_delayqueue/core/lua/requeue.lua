@@ -1,12 +1,14 @@
 -- requeue: dead letters (garbage) -> ready, with a fresh set of attempts.
 -- KEYS[1] garbage zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
--- KEYS[5] reasons hash
--- ARGV[1] limit   ARGV[2] wake channel   ARGV[3..] ids (none: the oldest `limit` dead letters)
+-- KEYS[5] reasons hash   KEYS[6] ready_since hash
+-- ARGV[1] limit   ARGV[2] wake channel   ARGV[3] now (ms)
+-- ARGV[4..] ids (none: the oldest `limit` dead letters)
 -- returns: {requeued, dead letters left}
+-- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
 guard()
 local ids = {}
-if #ARGV > 2 then
-  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+if #ARGV > 3 then
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 else
   ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 end
@@ -17,6 +19,7 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
+    redis.call('HSET', KEYS[6], id, ARGV[3])
     n = n + 1
   end
 end

@@ -1,14 +1,17 @@
 -- run_now: waiting messages (pending or retry) -> ready, ahead of their due time.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
--- ARGV[1] wake channel   ARGV[2..] ids
+-- KEYS[5] ready_since hash
+-- ARGV[1] wake channel   ARGV[2] now (ms)   ARGV[3..] ids
 -- returns: number of messages moved
+-- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
 guard()
 local n = 0
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
     redis.call('RPUSH', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
+    redis.call('HSET', KEYS[5], id, ARGV[2])
     n = n + 1
   end
 end

@@ -1,8 +1,12 @@
 -- schedule: new messages -> pending (or ready when already due), idempotent on id.
--- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset
 -- ARGV[1] announce horizon (ms)   ARGV[2] wake channel   ARGV[3] now (ms)
 -- ARGV[4..] triples: id, due (ms), envelope
--- returns: how many messages were scheduled; the others' ids were already present (unchanged)
+-- returns: {how many messages were scheduled, then for each message not scheduled because its
+--           id is taken (nothing of it changed): its position in this call (1-based) and the
+--           state of the message holding the id}
+-- Telling that state costs reads only when the id is taken (replace.lua replaces instead).
 -- A sleeping consumer is woken (one PUBLISH per call) for a message already due, or due within
 -- the horizon and earlier than every pending one. A consumer never sleeps longer than the
 -- horizon without reading the pending head itself, so a later message needs no announcement,
@@ -18,10 +22,13 @@ end
 if write_pending then guard(1) end
 if write_ready then guard(2) end
 local earliest, head_read, wake = nil, false, nil
-local created = 0
+local created, out = 0, {0}
 for i = 4, #ARGV, 3 do
   local id, due = ARGV[i], tonumber(ARGV[i + 1])
-  if redis.call('HSETNX', KEYS[3], id, ARGV[i + 2]) == 1 then
+  if redis.call('HSETNX', KEYS[3], id, ARGV[i + 2]) == 0 then
+    out[#out + 1] = (i - 1) / 3
+    out[#out + 1] = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+  else
     if due <= now then
       redis.call('RPUSH', KEYS[2], id)
       wake = now
@@ -43,4 +50,5 @@ for i = 4, #ARGV, 3 do
   end
 end
 if wake ~= nil then redis.call('PUBLISH', ARGV[2], tostring(wake)) end
-return created
+out[1] = created
+return out
