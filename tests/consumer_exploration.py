@@ -60,7 +60,8 @@ class Run:
 @dataclass
 class Ledger:
     runs: list[Run] = field(default_factory=list)
-    cancelled: Counter[str] = field(default_factory=Counter)  # per queue, cancel() said True
+    cancelled: Counter[str] = field(default_factory=Counter)  # per queue, what cancel() said
+    cancelled_ids: set[tuple[str, str]] = field(default_factory=set)
     purged: set[tuple[str, str]] = field(default_factory=set)
     scheduled: dict[tuple[str, str], int] = field(default_factory=dict)  # latest gen per id
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -139,15 +140,17 @@ class Exploration:
 
     # --- driving a run ---------------------------------------------------------------------------
 
-    def schedule(self, name: str, message_id: str) -> None:
+    def schedule(self, name: str, message_id: str, replace: bool = False) -> None:
         plan = self.rng.choices(ACTIONS, WEIGHTS, k=self.rng.randint(1, 4))
         gen = self.ledger.scheduled.get((name, message_id), -1) + 1
         payload = {"plan": plan, "gen": gen}
-        result = self.queues[name].schedule(
-            payload, delay=self.rng.choice([0, 0, 0.05, 0.2, 0.5]), id=message_id
-        )
-        if result.created:
+        delay = self.rng.choice([0, 0, 0.05, 0.2, 0.5])
+        result = self.queues[name].schedule(payload, delay=delay, id=message_id, replace=replace)
+        if result.created:  # a new message, a replacement or a successor: this gen must run
             self.ledger.scheduled[(name, message_id)] = gen
+        else:
+            assert not replace, f"seed {self.seed}: replace=True created nothing: {result}"
+            assert result.state, f"seed {self.seed}: refused without a state: {result}"
 
     def run(self, consumers: int = 2) -> None:
         workers = [
@@ -177,16 +180,20 @@ class Exploration:
         name, message_id = r.choice(ids)
         q = self.queues[name]
         kind = r.choices(
-            ["cancel", "reschedule", "requeue", "purge", "edit", "kill", "seq", "none"],
-            [10, 8, 5, 3, 6, 3, 1, 20],
+            ["cancel", "reschedule", "replace", "requeue", "purge", "edit", "kill", "seq", "none"],
+            [10, 6, 8, 5, 3, 6, 3, 1, 20],
         )[0]
         self.log.append(f"{kind} {name} {message_id}")
         if kind == "cancel":
-            if q.cancel(message_id):
+            removed = q.cancel(message_id)
+            if removed:
                 with self.ledger.lock:
-                    self.ledger.cancelled[name] += 1
+                    self.ledger.cancelled[name] += removed
+                    self.ledger.cancelled_ids.add((name, message_id))
         elif kind == "reschedule":
             self.schedule(name, message_id)
+        elif kind == "replace":
+            self.schedule(name, message_id, replace=True)
         elif kind == "requeue":
             q.requeue(message_id)
         elif kind == "purge":
@@ -246,6 +253,8 @@ class Exploration:
                 reason = self.client.hget(q.keys.reasons, message_id)
                 assert reason, f"{fail}: {name}: {message_id!r} dead without a reason"
             assert self.client.hlen(q.keys.messages) == q.counts()["garbage"], fail
+        for (name, message_id), gen in ledger.scheduled.items():
+            self._check_fate(name, message_id, gen)
         early = [r for r in ledger.runs if r.started_ms < r.due_ms]
         assert not early, f"{fail}: started before due: {early[:3]}"
         by_id: dict[tuple[str, str], list[Run]] = {}
@@ -255,6 +264,18 @@ class Exploration:
             runs.sort(key=lambda r: r.started_ms)
             for a, b in itertools.pairwise(runs):
                 assert b.started_ms >= a.finished_ms, f"{fail}: {key} ran twice at once: {a} {b}"
+
+    def _check_fate(self, name: str, message_id: str, gen: int) -> None:
+        """The latest message of an id was acknowledged, is dead, or was cancelled or purged."""
+        q, key = self.queues[name], (name, message_id)
+        runs = [r for r in self.ledger.runs if (r.queue, r.id, r.gen) == (name, message_id, gen)]
+        acked = any(r.status == "ack" for r in runs)
+        dead = self.client.zscore(q.keys.garbage, message_id) is not None
+        removed = key in self.ledger.cancelled_ids or key in self.ledger.purged
+        assert acked or dead or removed, (
+            f"seed {self.seed}: {name}/{message_id} generation {gen} lost: "
+            f"runs {[(r.attempt, r.status) for r in runs]}"
+        )
 
 
 class _Exploring(Consumer):
