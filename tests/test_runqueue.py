@@ -142,16 +142,19 @@ def test_concurrency_and_its_short_form_set_the_handler_threads(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, flag: str
 ) -> None:
     """``runqueue order-close -c 8`` (the README's example) sizes the handler pool."""
-    seen: list[int] = []
+    seen: list[list[int]] = []
 
     def run(worker: Worker) -> int:
-        seen.append(worker.concurrency)
+        worker._start_slots()
+        seen.append([worker._slots[q.name].size for q in worker.queues])
+        for slots in worker._slots.values():
+            slots.close()
         return 0
 
     monkeypatch.setattr(Worker, "run", run)
     call_command("runqueue", QUEUE, "--burst", flag, "8")
-    call_command("runqueue", QUEUE, "--burst")  # default: the queue's 'concurrency' hint (1)
-    assert seen == [8, 1]
+    call_command("runqueue", QUEUE, "--burst")  # default: the queue's 'concurrency' setting (1)
+    assert seen == [[8], [1]]
 
 
 # --- a real process -----------------------------------------------------------------------------

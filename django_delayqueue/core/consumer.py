@@ -162,7 +162,10 @@ class Consumer(Rounds):
             if self.stopping:
                 grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
                 self._release_unstarted()
-                if not self._busy() or time.monotonic() >= grace_deadline:
+                if not self._busy():
+                    return
+                if time.monotonic() >= grace_deadline:
+                    logger.warning("grace period over: giving back unfinished messages")
                     return
             try:
                 self.step()
