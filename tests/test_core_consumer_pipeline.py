@@ -315,3 +315,144 @@ def test_a_shutdown_flush_that_fails_is_retried_with_a_pause() -> None:
     assert 1 <= consumer.flushes <= 10
     for slots in consumer._slots.values():
         slots.close()
+
+
+# --- found by the review of this redesign -------------------------------------------------------
+
+
+def test_a_queue_on_a_server_that_is_down_does_not_strand_another_servers_messages(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    other = RedisServerProcess().start()
+    down = redis.Redis.from_url(other.url, socket_connect_timeout=0.2, socket_timeout=0.5)
+    other.stop()
+    try:
+        here = Queue(redis_client, "here", clock=SystemClock())
+        there = Queue(down, "there", clock=SystemClock())
+        here.schedule("h")
+        handler = Recorder()
+        running(Consumer([there, here], handler, idle_seconds=0.1))
+        # Claimed on the healthy server, then the other's round failed: still delivered.
+        wait_until(lambda: handler.payloads == ["h"])
+        wait_until(lambda: here.counts() == EMPTY)
+    finally:
+        down.close()
+
+
+class CountingSteps(Consumer):
+    steps = 0
+
+    def step(self, now_ms: int | None = None) -> int:
+        self.steps += 1
+        return super().step(now_ms)
+
+
+def test_a_graceful_stop_during_an_outage_does_not_spin(running: Any) -> None:
+    server = RedisServerProcess().start()
+    client = redis.Redis.from_url(server.url, socket_connect_timeout=0.2, socket_timeout=0.5)
+    try:
+        q = Queue(client, "q", clock=SystemClock())
+        q.schedule("held")
+        gate = Gate("held")
+        consumer = CountingSteps([q], Recorder(gate), idle_seconds=0.1, grace_seconds=600)
+        r = running(consumer)
+        wait_until(lambda: gate.waiting)
+        server.stop()
+        consumer.request_stop()
+        before = consumer.steps
+        time.sleep(1.0)
+        # Backing off between tries: a handful of steps, not tens of thousands.
+        assert consumer.steps - before < 20
+        gate.open.set()
+        consumer.request_stop()
+        r.join()
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_a_quick_outcome_is_recorded_while_a_slow_handler_holds_the_slot(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    q = make_queue(clock=SystemClock(), concurrency=1, claim_batch=10)
+    q.schedule_many([{"payload": f"warm{i}", "id": f"warm{i}"} for i in range(5)])
+    handler = Recorder(Gate("slow"))
+    # No poll and no maintenance in this test's time: only the record timer can flush.
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    consumer.announce_within_ms = 3_600_000
+    r = running(consumer)
+    wait_until(lambda: q.counts() == EMPTY)  # the queue is known to be quick now
+    gate = handler.behaviour
+    q.schedule_many(
+        [{"payload": "quick", "id": "quick"}, {"payload": "slow", "id": "slow"}]
+        + [{"payload": f"q{i}", "id": f"q{i}"} for i in range(8)]
+    )
+    wait_until(lambda: gate.waiting)
+    # "quick" finished before "slow" started: its ack must not wait for the slot to free.
+    wait_until(lambda: not redis_client.hexists(q.keys.messages, "quick"))
+    gate.open.set()
+    wait_until(lambda: q.counts() == EMPTY)
+    r.stop()
+
+
+def test_a_finished_but_unrecorded_message_is_still_extended() -> None:
+    from django_delayqueue.core.outcome import ACK, Outcome
+    from django_delayqueue.core.slots import QueueSlots
+
+    release = threading.Event()
+
+    def work(m: Message) -> Outcome:
+        if m.id == "second":
+            release.wait(TIMEOUT)
+        return Outcome(m, ACK, 0, 0)
+
+    slots = QueueSlots("q", 1, work, lambda: None)
+    try:
+        first = Message("first", "q", None, 0, 0, 1, "1", 0)
+        second = Message("second", "q", None, 0, 0, 1, "2", 0)
+        slots.add([first, second])
+        wait_until(lambda: [o.message.id for o in slots._finished] == ["first"])
+        assert {m.id for m in slots.in_flight()} == {"first", "second"}
+    finally:
+        release.set()
+        slots.close()
+
+
+def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
+    from django_delayqueue.core.outcome import ACK, Outcome
+    from django_delayqueue.core.slots import QueueSlots
+
+    release, started = threading.Event(), threading.Event()
+
+    def work(m: Message) -> Outcome:
+        if m.id == "stuck":
+            started.set()
+            release.wait(TIMEOUT)
+        return Outcome(m, ACK, 0, 0)
+
+    slots = QueueSlots("q", 2, work, lambda: None)
+    try:
+        slots.add([Message("done", "q", None, 0, 0, 1, "1", 0)])
+        wait_until(lambda: slots._finished)
+        slots.add([Message("stuck", "q", None, 0, 0, 1, "2", 0)])
+        assert started.wait(TIMEOUT)
+        finished, abandoned = slots.finished_and_abandoned()
+        assert [o.message.id for o in finished] == ["done"]
+        assert [m.id for m in abandoned] == ["stuck"]
+        release.set()
+        wait_until(lambda: not slots.busy)  # its late outcome is dropped: it was given back
+        assert slots.take_finished() == []
+    finally:
+        release.set()
+        slots.close()
+
+
+def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() -> None:
+    # Promoted one claim lead early by another consumer whose clock reads a little ahead.
+    from django_delayqueue.core.clock import exact_now_ms
+    from django_delayqueue.core.waiter import sleep_until_due
+
+    clock = SystemClock()
+    due = int(exact_now_ms(clock)) + 30
+    sleep_until_due(clock, due)
+    assert exact_now_ms(clock) >= due

@@ -78,7 +78,8 @@ class Consumer(Rounds):
         self.maintenance_seconds = maintenance_seconds
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self._stop_requests = 0
-        self._stop_event = threading.Event()
+        self._stop_event = threading.Event()  # set by the first stop request
+        self._stop_now = threading.Event()  # set by the second
         self._waiter = Waiter(
             [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
@@ -105,7 +106,7 @@ class Consumer(Rounds):
 
     def _start_when_due(self, message: Message) -> Outcome:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
-        sleep_until_due(self.clock, message.due_ms, self._waiter.lead.cap_ms)
+        sleep_until_due(self.clock, message.due_ms)
         return self.around_handler(message)
 
     # --- stopping -------------------------------------------------------------------------------
@@ -121,6 +122,8 @@ class Consumer(Rounds):
         """
         self._stop_requests += 1
         self._stop_event.set()
+        if self._stop_requests > 1:
+            self._stop_now.set()
         self._waiter.nudge(blocking=False)
         if self._stop_requests == 1:
             logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
@@ -177,7 +180,14 @@ class Consumer(Rounds):
                     logger.warning("%s; trying again in %.1fs", e, pause)
                 else:
                     logger.exception("consumer step failed; trying again in %.1fs", pause)
-                self._stop_event.wait(pause)
+                # Once stopping, _stop_event is set for good: wait on what only a second stop
+                # request (or the end of the grace period) ends, not spin against the outage.
+                if self.stopping:
+                    grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
+                    left = max(0.0, grace_deadline - time.monotonic())
+                    self._stop_now.wait(min(pause, left))
+                else:
+                    self._stop_event.wait(pause)
                 continue
             if self._limit_reached() and not self._busy():
                 return
@@ -247,8 +257,10 @@ class Consumer(Rounds):
         return bool(self._unrecorded) or any(s.busy for s in self._slots.values())
 
     def _in_flight(self, name: str) -> list[Message]:
+        """What this consumer holds in unack: claimed, running, or finished and unrecorded."""
         slots = self._slots.get(name)
-        return slots.in_flight() if slots is not None else []
+        held = slots.in_flight() if slots is not None else []
+        return held + self._unrecorded.unrecorded_messages(name)
 
     def _release_unstarted(self) -> None:
         """Hold every slot and give back what was claimed but not started (no attempt used)."""
@@ -272,7 +284,9 @@ class Consumer(Rounds):
         """Give back what is left, record what finished; a forced stop gives it a short try."""
         self._release_unstarted()
         for q in self.queues:
-            finished, running = self._slots[q.name].finished_and_running()
+            # One instant: a handler finishing now is either among the finished (recorded) or
+            # abandoned with the running (given back), never dropped in between.
+            finished, running = self._slots[q.name].finished_and_abandoned()
             self.delivered += len(finished)
             self._unrecorded.extend(finished)
             if running:
@@ -298,7 +312,6 @@ class Consumer(Rounds):
         # Handlers still running when we must stop: they started, so the attempt counts; hand
         # them back for an immediate retry (if Redis is unreachable they stay in unack and the
         # visibility timeout brings them back). Their outcome, if they finish, is not recorded.
-        self._slots[q.name].forget_running(running)
         reason = "consumer stopped before the handler finished"
         logger.warning("queue %s: giving back %d running message(s)", q.name, len(running))
         try:
@@ -321,4 +334,16 @@ class Consumer(Rounds):
         # Rounded up: a wait that ended before the (monotonic) maintenance time would find
         # no maintenance due, and wait again for a fraction of a millisecond.
         maintenance_in = math.ceil(max(0.0, self._next_maintenance - time.monotonic()) * 1000)
-        return self.clock.now_ms() + min(idle_ms, maintenance_in + 1)
+        # An outcome that no round trip was worth waking for (a quick queue with messages
+        # still claimed) is recorded within RECORD_WITHIN_SECONDS of its handler's end.
+        record_in = min(
+            (s.record_due_in() for s in self._slots.values()), default=None, key=_none_last
+        )
+        wait_ms = min(idle_ms, maintenance_in + 1)
+        if record_in is not None:
+            wait_ms = min(wait_ms, math.ceil(record_in * 1000))
+        return self.clock.now_ms() + wait_ms
+
+
+def _none_last(value: float | None) -> float:
+    return math.inf if value is None else value

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .clock import Clock
+from .errors import DelayQueueError
 from .queue import Queue
 from .scripts import ScriptBatch, redis_errors
 from .slots import QueueSlots
@@ -21,6 +22,7 @@ from .waiter import MAX_CLAIM_LEAD_MS, Wake
 logger = logging.getLogger(__name__)
 
 QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
+SERVER_DOWN_PAUSE_MS = 1000  # how long the queues of an unreachable server are left alone
 HEARTBEAT_PRUNE_MS = 3_600_000
 
 Plan = list[tuple[Queue, str, int]]
@@ -77,6 +79,7 @@ class Rounds:
         room = None if self.max_messages is None else self.max_messages - self._claimed_total
         self._claim_skipped = set()
         messages: list[Any] = []
+        failures: list[DelayQueueError] = []
         for client, queues in self._clients:
             batch = ScriptBatch()
             flush = self._unrecorded.add_to(batch, now, {q.name for q in queues})
@@ -85,7 +88,16 @@ class Rounds:
                 room = self._plan_queue(batch, plan, q, claim_until, room)
                 if maintenance:
                     plan.append((q, "reap", batch.add(*q.reap_call(now))))
-            results = batch.run(client, raise_errors=False)
+            try:
+                results = batch.run(client, raise_errors=False)
+            except DelayQueueError as e:
+                # This server is down: its queues wait, the others' round goes on (and what
+                # they claimed is delivered: raising here would strand it in unack).
+                failures.append(e)
+                for q in queues:
+                    self._next_wake[q.name] = now + SERVER_DOWN_PAUSE_MS
+                    self._ready_seen[q.name] = 0
+                continue
             self._unrecorded.settle(flush, results[: len(flush)])
             claimed = self._read_queue_results(plan, results, now)
             self._claimed_total += len(claimed)
@@ -93,16 +105,27 @@ class Rounds:
             if maintenance:  # last: it never delays a delivery, and its failure loses no claim
                 self._heartbeat(client, queues, now)
         self._polling = False
+        if failures and len(failures) == len(self._clients):
+            raise failures[0]  # every server is down: the loop backs off
+        for e in failures:
+            logger.warning("%s; its queues are tried again in %d ms", e, SERVER_DOWN_PAUSE_MS)
         return messages
 
     def _flush_only(self, force: bool = False) -> None:
         """Record finished outcomes without promoting or claiming (shutting down)."""
         now = self.clock.now_ms()
+        failure: DelayQueueError | None = None
         for client, queues in self._clients:
             batch = ScriptBatch()
             flush = self._unrecorded.add_to(batch, now, {q.name for q in queues}, force=force)
-            if flush:
+            if not flush:
+                continue
+            try:  # one server down must not keep the others' outcomes from being recorded
                 self._unrecorded.settle(flush, batch.run(client, raise_errors=False))
+            except DelayQueueError as e:
+                failure = e
+        if failure is not None:
+            raise failure
 
     def _plan_queue(
         self, batch: ScriptBatch, plan: Plan, q: Queue, claim_until: int, room: int | None
@@ -138,6 +161,8 @@ class Rounds:
                 # A broken queue (e.g. a key of the wrong type) must not stop the others or
                 # make the loop spin: log it and look at that queue again a little later.
                 logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                if kind == "reap":  # promote and claim worked: keep what they told
+                    continue
                 self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS
                 self._ready_seen[q.name] = 0
                 continue

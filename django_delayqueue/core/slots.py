@@ -140,27 +140,37 @@ class QueueSlots:
             self._cond.notify_all()
 
     def in_flight(self) -> list[Message]:
-        """Claimed and running messages: those whose visibility deadline must be pushed out."""
+        """Claimed, running and finished-but-untaken messages: their deadlines must move out.
+
+        A finished message stays in unack until its outcome is recorded; were it not extended
+        meanwhile, a reap could deliver a message whose handler succeeded a second time.
+        """
         with self._cond:
-            return list(self._claimed) + list(self._running.values())
+            finished = [o.message for o in self._finished]
+            return list(self._claimed) + list(self._running.values()) + finished
 
-    def finished_and_running(self) -> tuple[list[Outcome], list[Message]]:
-        """The untaken outcomes and the running messages, read at one instant.
+    def finished_and_abandoned(self) -> tuple[list[Outcome], list[Message]]:
+        """The untaken outcomes, and the running messages, given up on, at one instant.
 
-        Read apart, a handler finishing in between would be in neither list: not recorded,
-        not given back.
+        The running ones are to be given back: their outcomes, if their handlers ever finish,
+        are dropped. Read apart, a handler finishing in between would be in neither list.
         """
         with self._cond:
             finished, self._finished = self._finished, []
             self._first_finished_at = None
-            return finished, list(self._running.values())
-
-    def forget_running(self, messages: list[Message]) -> None:
-        """Stop tracking running messages that were given back; their outcomes are dropped."""
-        with self._cond:
-            for m in messages:
-                self._running.pop(m.token, None)
+            running = list(self._running.values())
+            for m in running:
                 self._abandoned.add(m.token)
+            self._running.clear()
+            return finished, running
+
+    def record_due_in(self) -> float | None:
+        """Seconds until the oldest untaken outcome must be recorded; None if there is none."""
+        with self._cond:
+            if self._first_finished_at is None:
+                return None
+            elapsed = time.monotonic() - self._first_finished_at
+            return max(0.0, RECORD_WITHIN_SECONDS - elapsed)
 
     @property
     def busy(self) -> bool:

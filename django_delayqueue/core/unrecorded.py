@@ -14,6 +14,7 @@ rather than kept in memory for ever. An outage (the whole pipeline fails) keeps 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 import redis
 
+from .envelope import Message
 from .outcome import ACK, GARBAGE, Outcome, journal_entry
 from .queue import Queue
 from .scripts import LuaScript, ScriptBatch
@@ -52,6 +54,7 @@ class UnrecordedOutcomes:
         self._by_name = {q.name: q for q in queues}
         self.journal_maxlen = journal_maxlen
         self._entries: dict[str, list[_Entry]] = {}
+        self._lock = threading.Lock()  # the extender reads unrecorded_messages() on its thread
         self._paused_until: dict[str, float] = {}
 
     def __len__(self) -> int:
@@ -59,9 +62,19 @@ class UnrecordedOutcomes:
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
         journalled = not self.journal_maxlen
-        for outcome in outcomes:
-            entry = _Entry(outcome, journalled=journalled)
-            self._entries.setdefault(outcome.message.queue, []).append(entry)
+        with self._lock:
+            for outcome in outcomes:
+                entry = _Entry(outcome, journalled=journalled)
+                self._entries.setdefault(outcome.message.queue, []).append(entry)
+
+    def unrecorded_messages(self, name: str) -> list[Message]:
+        """Messages of queue ``name`` whose state change Redis does not have yet.
+
+        They are still in unack: the extender keeps their deadlines moving (from its own
+        thread, hence the lock) so that no reap delivers them again meanwhile.
+        """
+        with self._lock:
+            return [e.outcome.message for e in self._entries.get(name, []) if not e.recorded]
 
     def add_to(
         self,
@@ -125,13 +138,14 @@ class UnrecordedOutcomes:
             left = sum(1 for e in self._entries.get(name, []) if not (e.recorded and e.journalled))
             logger.error("queue %s: could not record %d outcome(s): %s", name, left, error)
             self._paused_until[name] = time.monotonic() + FAILED_QUEUE_PAUSE_SECONDS
-        for name in list(self._entries):
-            kept = [e for e in self._entries[name] if not (e.recorded and e.journalled)]
-            if kept:
-                self._entries[name] = kept
-            else:
-                del self._entries[name]
-                self._paused_until.pop(name, None)
+        with self._lock:
+            for name in list(self._entries):
+                kept = [e for e in self._entries[name] if not (e.recorded and e.journalled)]
+                if kept:
+                    self._entries[name] = kept
+                else:
+                    del self._entries[name]
+                    self._paused_until.pop(name, None)
 
     def _journal_failed(self, q: Queue, entries: list[_Entry], error: Any) -> None:
         if not isinstance(error, redis.exceptions.ResponseError):

@@ -29,6 +29,12 @@ MAX_CLAIM_LEAD_MS = 5.0
 # Covers what the measured cost leaves out: handing the batch to a handler thread.
 CLAIM_LEAD_MARGIN_MS = 0.5
 FIRST_CLAIM_LEAD_MS = 1.5  # until a round has been measured
+# A message may reach ready up to one claim lead early on *another* consumer's clock, whose
+# never-ahead estimate of the server's can read a few milliseconds apart from ours: such a
+# message is held until its due time too. Only one due further off than the lead plus this
+# allowance was made ready early on purpose ("run now"), and runs at once.
+CLOCK_SKEW_ALLOWANCE_MS = 100.0
+HOLD_AT_MOST_MS = MAX_CLAIM_LEAD_MS + CLOCK_SKEW_ALLOWANCE_MS
 WAIT_SLICE_SECONDS = 0.25  # short slices keep signals responsive; they cost no Redis commands
 
 
@@ -240,12 +246,13 @@ class Waiter:
             listener.join(max(0.0, deadline - time.monotonic()))
 
 
-def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = MAX_CLAIM_LEAD_MS) -> None:
+def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_MS) -> None:
     """Hold a handler until ``due_ms`` on ``clock`` if that is at most ``longest_ms`` away.
 
-    A claim is at most one claim lead early, so an early-claimed message always waits. One
-    due further off was made ready ahead of its time on purpose ("run now" in the admin) and
-    runs at once; a clock that does not move (tests) holds a thread ``longest_ms`` at most.
+    A claim is at most one claim lead early (on the clock of whichever consumer promoted it),
+    so an early-claimed message always waits. One due further off was made ready ahead of its
+    time on purpose ("run now" in the admin) and runs at once; a clock that does not move
+    (tests) holds a thread ``longest_ms`` at most.
     """
     early_ms = due_ms - exact_now_ms(clock)
     if early_ms <= 0 or early_ms > longest_ms:

@@ -16,7 +16,14 @@ local function envelope_times(raw)
     return due, due - signed_hex(lead)
   end
   local ok, data = pcall(cjson.decode, raw)
-  if ok and type(data) == 'table' then return tonumber(data['d']), tonumber(data['s']) end
+  if ok and type(data) == 'table' then
+    local d, s = tonumber(data['d']), tonumber(data['s'])
+    -- Only finite numbers: a NaN or an infinity would make a later cjson.encode fail, after
+    -- the caller's writes (Redis does not roll a script back).
+    if d and s and d == d and s == s and math.abs(d) < 2 ^ 53 and math.abs(s) < 2 ^ 53 then
+      return d, s
+    end
+  end
   return nil, nil
 end
 
