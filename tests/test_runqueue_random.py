@@ -1,0 +1,43 @@
+"""Randomized runs of real ``runqueue`` processes over three queues (runqueue_exploration.py).
+
+CI runs a few fixed seeds (each run some seconds); ``DQ_EXPLORE_EXAMPLES=50`` explores with
+fresh random seeds for longer, and ``DQ_EXPLORE_SEED=<seed>`` replays one that failed. Every
+failure names its seed; a defect found this way becomes a named regression test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import redis
+from runqueue_exploration import Exploration
+
+from django_delayqueue.redis_server import RedisServerProcess
+
+pytestmark = pytest.mark.slow
+
+CI_SEEDS = [3, 17, 29, 101]
+
+
+def _seeds() -> list[int]:
+    if os.environ.get("DQ_EXPLORE_SEED"):
+        return [int(os.environ["DQ_EXPLORE_SEED"])]
+    if os.environ.get("DQ_EXPLORE_EXAMPLES"):
+        return [random.randrange(2**32) for _ in range(int(os.environ["DQ_EXPLORE_EXAMPLES"]))]
+    return CI_SEEDS
+
+
+@pytest.mark.parametrize("seed", _seeds())
+def test_runqueue_accounts_for_every_message(
+    redis_server: RedisServerProcess, redis_client: redis.Redis, tmp_path: Path, seed: int
+) -> None:
+    exploration = Exploration(redis_server.url, redis_client, tmp_path, seed)
+    print(exploration.describe())
+    try:
+        exploration.run()
+        print(exploration.check())
+    finally:
+        exploration.runqueues.close()
