@@ -11,7 +11,8 @@ One :class:`Exploration` draws everything from one seeded ``random.Random``: eac
 settings, one or two ``runqueue`` processes each serving several queues (all configured ones
 by default, or named ones), the messages and their plans, the cancels, re-schedules of the
 same id, requeues and purges of dead letters that race the deliveries, and maybe one SIGTERM
-of a runqueue (a random ``--grace``) followed by a restart. A failure names its seed, and
+of a runqueue (a random ``--grace``; mostly sent while a sleeping handler runs in it, so that a
+short grace gives that message back) followed by a restart. A failure names its seed, and
 ``DQ_EXPLORE_SEED=<seed>`` replays the same draws (the deliveries' timing is the machine's).
 
 :meth:`Exploration.check` then proves: every message ended acknowledged, cancelled, purged or
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from drill import Runqueues, producer, settled
+from drill import Runqueues, producer, settled, wait_for
 from ledger import EARLY_TOLERANCE_MS, Causes, Delivery, Run, read, read_runs
 
 from django_delayqueue.core import Queue
@@ -106,6 +107,9 @@ class Exploration:
         self.stop_step = r.randrange(STEPS) if r.random() < 0.5 else None
         self.stop_which = r.randrange(len(self.layouts))
         self.stop_grace = r.choice([0.5, 1.5, 30.0])
+        # Most stops wait for a sleeping handler on that runqueue first: with a short --grace
+        # it is given back (the case to prove), with 30 s it finishes before the exit.
+        self.stop_mid_handler = r.random() < 0.7
         self.count = r.randint(24, 40)
         self.slow_left = MAX_SLOW
         self.queues: dict[str, Queue] = {name: producer(url, name) for name in QUEUES}
@@ -128,7 +132,8 @@ class Exploration:
         stop = (
             "none"
             if self.stop_step is None
-            else f"step {self.stop_step}, --grace {self.stop_grace}"
+            else f"step {self.stop_step}, --grace {self.stop_grace}, mid-handler "
+            f"{self.stop_mid_handler}"
         )
         return (
             f"{self.fail}: {self.count} messages; settings {self.settings}; runqueues {layouts} "
@@ -188,11 +193,15 @@ class Exploration:
 
     # --- driving a run --------------------------------------------------------------------------
 
-    def schedule(self, name: str, message_id: str) -> None:
+    def schedule(
+        self, name: str, message_id: str, plan: list[str] | None = None, delay: float | None = None
+    ) -> None:
         key = (name, message_id)
         gen = self.tally.gen.get(key, -1) + 1
-        payload = {"do": self._plan(name), "gen": gen}
-        result = self.queues[name].schedule(payload, delay=self.rng.choice(DELAYS), id=message_id)
+        payload = {"do": plan or self._plan(name), "gen": gen}
+        if delay is None:
+            delay = self.rng.choice(DELAYS)
+        result = self.queues[name].schedule(payload, delay=delay, id=message_id)
         self.log.append(f"schedule {message_id} gen {gen}: {payload['do']} -> {result.created}")
         if result.created:
             self.tally.created[key] += 1
@@ -238,10 +247,27 @@ class Exploration:
     def _send_stop(self) -> None:
         (index, proc), *_ = [(i, p) for i, p in self.live if i == self.stop_which]
         self._wait_consuming(proc)
+        if self.stop_mid_handler:
+            name = self.rng.choice([q for q in QUEUES if q in (self.layouts[index] or QUEUES)])
+            seconds = self.settings[name]["visibility_timeout"] + SLOW_OVER_SECONDS
+            self.schedule(name, f"{name}-stop", [f"sleep:{seconds}", "ok"], delay=0)
+            # Bounded, and no failure if it never shows: the other runqueue may take it.
+            try:
+                wait_for(lambda: self._running_in(proc.pid), seconds + 5, "a handler to stop")
+            except AssertionError:
+                self.log.append(f"no handler running in {proc.pid} to stop")
         sent = int(time.time() * 1000)
         proc.send_signal(signal.SIGTERM)
         self.stops.append(Stop(proc.pid, sent, int(self.stop_grace * 1000)))
         self.log.append(f"SIGTERM runqueue {proc.pid} (layout {index})")
+
+    def _running_in(self, pid: int) -> bool:
+        """Whether the ledger shows a handler call in ``pid`` that has not ended yet."""
+        ended = {(r.id, r.attempt, r.started_ms) for r in read_runs(self.runqueues.ledger)}
+        return any(
+            d.pid == pid and (d.id, d.attempt, d.delivered_ms) not in ended
+            for d in read(self.runqueues.ledger)
+        )
 
     def _restart_if_stopped(self) -> bool:
         """Restart the stopped runqueue once it exited; True when there is none left to wait for."""
@@ -487,7 +513,7 @@ class Exploration:
 
     @staticmethod
     def _queue_of(message_id: str) -> str:
-        return message_id.rsplit("-m", 1)[0]
+        return message_id.partition("-")[0]  # ids are "<queue>-m<n>" and "<queue>-stop"
 
 
 @dataclass

@@ -19,7 +19,12 @@ from django_delayqueue.redis_server import RedisServerProcess
 
 pytestmark = pytest.mark.slow
 
-CI_SEEDS = [3, 17, 29, 101]
+# Chosen for what they draw (see Exploration.describe): 12 one runqueue on named queues (and
+# "order-close") SIGTERMed with --grace 0.5 mid-handler; 18 one runqueue on every queue, no
+# stop; 22 a SIGTERM with --grace 30 that waits for a sleeping handler; 150 two runqueues (every
+# queue, and named ones with --concurrency 2), one given a handler back; 181 two runqueues on
+# every queue, one SIGTERMed with --grace 0.5 mid-handler. About 30 s in all on 2 cores.
+CI_SEEDS = [12, 18, 22, 150, 181]
 
 
 def _seeds() -> list[int]:
