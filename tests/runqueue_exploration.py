@@ -125,7 +125,15 @@ class Exploration:
 
     @property
     def fail(self) -> str:
-        return f"seed {self.seed} (replay: DQ_EXPLORE_SEED={self.seed})"
+        return (
+            f"seed {self.seed} (replay: DQ_EXPLORE_SEED={self.seed}; ledger, runqueue logs and "
+            f"the test's actions in {self.runqueues.workdir})"
+        )
+
+    def close(self) -> None:
+        """Kill any runqueue still running and keep the test's actions next to the logs."""
+        self.runqueues.close()
+        (self.runqueues.workdir / "actions.log").write_text("\n".join(self.log) + "\n")
 
     def describe(self) -> str:
         layouts = [" ".join(names) or "(every queue)" for names in self.layouts]

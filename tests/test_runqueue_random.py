@@ -45,4 +45,4 @@ def test_runqueue_accounts_for_every_message(
         exploration.run()
         print(exploration.check())
     finally:
-        exploration.runqueues.close()
+        exploration.close()
