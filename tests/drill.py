@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,68 @@ def consumers(
         yield group
     finally:
         group.close()
+
+
+class Runqueues:
+    """``python -m django runqueue QUEUE...`` processes of the drill project (tests/drill_app).
+
+    Each one logs to ``workdir/runqueue-<n>.log``; every one still running is killed at
+    :meth:`close` (only the PIDs this object started).
+    """
+
+    def __init__(self, url: str, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.url = url
+        self.workdir = workdir
+        self.ledger = workdir / "ledger.jsonl"
+        self.env = dict(env or {})
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, *args: str, queues: Sequence[str] = ("drill",), **env: str
+    ) -> subprocess.Popen[bytes]:
+        """Start one ``runqueue`` for ``queues`` (empty: every configured queue).
+
+        ``env`` keys become ``DRILL_<KEY>`` variables (see drill_settings.py).
+        """
+        environ = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "drill_settings",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
+            "REDIS_URL": self.url,
+            "DRILL_LEDGER": str(self.ledger),
+            "DRILL_DB": str(self.workdir / "drill.sqlite3"),
+            **self.env,
+            **{f"DRILL_{k.upper()}": str(v) for k, v in env.items()},
+        }
+        log = open(self.workdir / f"runqueue-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        cmd = [sys.executable, "-m", "django", "runqueue", *queues, *args]
+        proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.workdir.glob("runqueue-*.log")))
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.workdir / f"runqueue-{self.procs.index(proc)}.log").read_text()
+
+    def consuming(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether ``proc`` has started its loop (and so handles SIGTERM: before that, Django
+        is still loading and a SIGTERM ends the process the default way, exit code -15)."""
+        return " consuming " in self.log(proc)
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        try:
+            return wait_for(predicate, timeout, what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- runqueue logs ---\n{self.logs()[-4000:]}") from None
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def producer(url: str, name: str, prefix: str = "dq", **settings: Any) -> Queue:

@@ -2,9 +2,12 @@
 
 Everything that varies comes from the environment set by the test (Redis URL, ledger, the
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
-the settings rows could not be synced and goes on).
+the settings rows could not be synced and goes on). Queues "drill2" and "drill3" (same
+receiver, other settings) let one ``runqueue`` serve several drill queues at once;
+``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings.
 """
 
+import json
 import os
 
 from demo_project.settings import *  # noqa: F403
@@ -27,8 +30,26 @@ DELAYQUEUE = {
             "concurrency": int(os.environ.get("DRILL_CONCURRENCY", "2")),
             "claim_batch": int(os.environ.get("DRILL_CLAIM_BATCH", "10")),
         },
+        "drill2": {
+            "visibility_timeout": 1,
+            "max_attempts": 2,
+            "backoff_base": 0.02,
+            "backoff_max": 0.2,
+            "concurrency": 3,
+            "claim_batch": 1,
+        },
+        "drill3": {
+            "visibility_timeout": 2,
+            "max_attempts": 4,
+            "backoff_base": 0.1,
+            "backoff_max": 1.0,
+            "concurrency": 1,
+            "claim_batch": 5,
+        },
     },
 }
+for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
+    DELAYQUEUE["QUEUES"][_name] = {**DELAYQUEUE["QUEUES"].get(_name, {}), **_overrides}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

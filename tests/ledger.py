@@ -6,6 +6,10 @@ process is killed a microsecond later). A line records the message id, the wall 
 delivery, the due time, the attempt, the pid and what the handler is about to do with it
 (``ok``, ``raise``, ``exit``, ``sleep``).
 
+A handler may also append a second line as it returns or raises (:meth:`Ledger.finish`): a
+JSON object (a :class:`Run`) with the start and end wall times of that call and the outcome the
+consumer's journal must show for it. :func:`read` skips those lines, :func:`read_runs` reads them.
+
 :func:`check` then proves the delivery guarantees against the set of scheduled ids:
 
 - every scheduled id was delivered at least once (nothing lost);
@@ -26,14 +30,15 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
 EARLY_TOLERANCE_MS = 1  # wall clock vs the Redis clock of the producer: rounding only
 
-# What a handler did with a delivery; all but "ok" explain a redelivery by themselves.
-OK, RAISE, EXIT, SLOW = "ok", "raise", "exit", "slow"
+# What a handler did with a delivery; all but "ok" and "reject" explain a redelivery by
+# themselves (a rejected message comes back only if someone requeues it).
+OK, RAISE, EXIT, SLOW, REJECT = "ok", "raise", "exit", "slow", "reject"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,22 @@ class Delivery:
     action: str = OK
 
 
+@dataclass(frozen=True)
+class Run:
+    """One handler call that returned or raised, as the handler saw it (wall ms)."""
+
+    id: str
+    queue: str
+    attempt: int
+    pid: int
+    started_ms: int
+    finished_ms: int
+    due_ms: int
+    action: str  # what the payload asked this attempt to do
+    outcome: str  # what the journal must record for it: ack, retry or garbage
+    gen: int | None = None  # the test's generation of this id (payload "gen"), if any
+
+
 class Ledger:
     """Append-only file of deliveries, safe to share between processes."""
 
@@ -54,11 +75,41 @@ class Ledger:
         self.fsync = fsync
         self._fd: int | None = None
 
-    def record(self, message_id: str, due_ms: int, attempt: int, action: str = OK) -> None:
-        """Append one delivery (called by the handler first thing)."""
+    def record(self, message_id: str, due_ms: int, attempt: int, action: str = OK) -> int:
+        """Append one delivery (called by the handler first thing); returns its wall ms."""
+        now = int(time.time() * 1000)
+        self._write([message_id, now, int(due_ms), int(attempt), os.getpid(), action])
+        return now
+
+    def finish(
+        self,
+        message_id: str,
+        queue: str,
+        attempt: int,
+        started_ms: int,
+        due_ms: int,
+        action: str,
+        outcome: str,
+        gen: int | None = None,
+    ) -> None:
+        """Append the end of a handler call (called by the handler last, in a ``finally``)."""
+        run = Run(
+            message_id,
+            queue,
+            int(attempt),
+            os.getpid(),
+            int(started_ms),
+            int(time.time() * 1000),
+            int(due_ms),
+            action,
+            outcome,
+            gen,
+        )
+        self._write(asdict(run))
+
+    def _write(self, row: object) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        row = [message_id, int(time.time() * 1000), int(due_ms), int(attempt), os.getpid(), action]
         # One write() of a short line with O_APPEND is atomic between processes.
         os.write(self._fd, (json.dumps(row, separators=(",", ":")) + "\n").encode())
         if self.fsync:
@@ -75,16 +126,24 @@ class Ledger:
 
 def read(path: str | os.PathLike[str]) -> list[Delivery]:
     """Every delivery in the file; a torn last line (process killed mid-write) is skipped."""
-    out: list[Delivery] = []
+    return [Delivery(*row) for row in _rows(path) if isinstance(row, list)]
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[Run]:
+    """Every finished handler call in the file (the lines :meth:`Ledger.finish` wrote)."""
+    return [Run(**row) for row in _rows(path) if isinstance(row, dict)]
+
+
+def _rows(path: str | os.PathLike[str]) -> list[object]:
     p = Path(path)
     if not p.exists():
-        return out
+        return []
+    out = []
     for line in p.read_text().splitlines():
         try:
-            row = json.loads(line)
+            out.append(json.loads(line))
         except ValueError:
             continue
-        out.append(Delivery(*row))
     return out
 
 
@@ -118,6 +177,19 @@ class Causes:
                 <= end + self.outage_margin_ms
             ):
                 return "ack lost or late during a Redis outage"
+        return None
+
+    def explain_overlap(self, previous: Delivery) -> str | None:
+        """Why a delivery may *start while* ``previous`` still runs, or None if it must not.
+
+        Only a consumer that let go of the message while its handler ran: killed, or stopped
+        by one SIGTERM with the handler past --grace (given back). A handler that raised or
+        ran long explains a later delivery, never a concurrent one.
+        """
+        if previous.pid in self.killed_pids:
+            return "consumer killed mid-handler"
+        if previous.pid in self.outgraced_pids:
+            return "handler outlived --grace and was given back"
         return None
 
 

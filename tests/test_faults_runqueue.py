@@ -1,74 +1,27 @@
 """Fault drills on real ``manage.py runqueue`` processes (the command users run).
 
-The processes load ``tests/drill_settings.py``: the demo project plus ``drill_app``, whose
-receiver for queue "drill" records every delivery in the ledger and then does what the test
-asked (sleep, raise, exit). Same guarantees as the core drills: nothing lost, every duplicate
-explained by what the test did.
+The processes (``drill.Runqueues``) load ``tests/drill_settings.py``: the demo project plus
+``drill_app``, whose receiver for queue "drill" records every delivery in the ledger and then
+does what the test asked (sleep, raise, exit). Same guarantees as the core drills: nothing
+lost, every duplicate explained by what the test did.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from drill import producer, settled, wait_for
+from drill import Runqueues, producer, settled
 from ledger import Causes, check, read
 
 from django_delayqueue.redis_server import RedisServerProcess
 
 pytestmark = pytest.mark.slow
-
-HERE = Path(__file__).resolve().parent
-
-
-class Runqueues:
-    """``python -m django runqueue drill`` processes; every one is ended at teardown."""
-
-    def __init__(self, url: str, workdir: Path) -> None:
-        self.url = url
-        self.workdir = workdir
-        self.ledger = workdir / "ledger.jsonl"
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        environ = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "drill_settings",
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
-            "REDIS_URL": self.url,
-            "DRILL_LEDGER": str(self.ledger),
-            "DRILL_DB": str(self.workdir / "drill.sqlite3"),
-            **{f"DRILL_{k.upper()}": str(v) for k, v in env.items()},
-        }
-        log = open(self.workdir / f"runqueue-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        cmd = [sys.executable, "-m", "django", "runqueue", "drill", *args]
-        proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text() for p in sorted(self.workdir.glob("runqueue-*.log")))
-
-    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-        try:
-            return wait_for(predicate, timeout, what)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n--- runqueue logs ---\n{self.logs()[-4000:]}") from None
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture

@@ -1,8 +1,17 @@
-"""The receiver of queue "drill": records each delivery in the ledger, then does what the
-payload asks (``{"do": "raise" | "exit" | "sleep:S" | "ok"}``; default ``$DRILL_MODE`` or "ok").
+"""The receiver of queues "drill", "drill2" and "drill3": records each delivery in the ledger,
+then does what the payload asks (``{"do": ACTION}``; default ``$DRILL_MODE`` or "ok").
 
 ``do`` may also be a list, one action per attempt (the last one for every later attempt):
 ``{"do": ["sleep:600", "ok"]}`` blocks on the first delivery and succeeds on the next.
+
+Actions: ``ok`` (return), ``raise`` (RuntimeError), ``exit`` (``os._exit(3)``: the process
+dies), ``sleep:S`` (sleep S seconds, then return), ``systemexit`` and ``baseexception`` (a
+BaseException, past any ``except Exception``), ``retry:D`` (``raise dq.Retry(delay=D)``),
+``badretry:X`` (a Retry whose ``delay`` was set to X after construction: inf, nan, -1, 1e300,
+values Retry itself refuses), ``reject`` (``raise dq.Reject``).
+
+As the handler returns or raises it appends the end of the call to the ledger too (start and
+end wall times, and the outcome the consumer's journal must show: ack, retry or garbage).
 """
 
 from __future__ import annotations
@@ -12,25 +21,73 @@ import time
 from typing import Any
 
 from django.dispatch import receiver
-from ledger import EXIT, OK, RAISE, Ledger
+from ledger import EXIT, OK, RAISE, REJECT, Ledger
 
+import django_delayqueue as dq
 from django_delayqueue.core import Message
 from django_delayqueue.registry import topic
 
+QUEUES = ("drill", "drill2", "drill3")
+
 _ledger = Ledger(os.environ["DRILL_LEDGER"])
 
+# Action name (before any ":") -> what the start line says, and what the journal must say.
+_KINDS = {
+    "raise": RAISE,
+    "exit": EXIT,
+    "systemexit": RAISE,
+    "baseexception": RAISE,
+    "retry": RAISE,
+    "badretry": RAISE,
+    "reject": REJECT,
+}
+# Every other action in _KINDS fails the attempt (retry); an unknown one does nothing (ack).
+_OUTCOMES = {"ok": "ack", "sleep": "ack", "reject": "garbage"}
 
-@receiver(topic("drill"))
+
+class DrillBaseException(BaseException):
+    """What a library might raise past ``except Exception``: a failed attempt all the same."""
+
+
+@receiver([topic(name) for name in QUEUES])
 def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
     payload = message.payload if isinstance(message.payload, dict) else {}
     action = payload.get("do") or os.environ.get("DRILL_MODE", "ok")
     if isinstance(action, list):
         action = action[min(message.attempt, len(action)) - 1]
-    kind = {"raise": RAISE, "exit": EXIT}.get(action, OK)
-    _ledger.record(message.id, message.due_ms, message.attempt, kind)
-    if action == "raise":
+    name, _, arg = action.partition(":")
+    started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
+    try:
+        _act(name, arg, message)
+    finally:
+        _ledger.finish(
+            message.id,
+            message.queue,
+            message.attempt,
+            started,
+            message.due_ms,
+            action,
+            _OUTCOMES.get(name, "retry" if name in _KINDS else "ack"),
+            payload.get("gen"),
+        )
+
+
+def _act(name: str, arg: str, message: Message) -> None:
+    if name == "raise":
         raise RuntimeError(f"drill: failing attempt {message.attempt}")
-    if action == "exit":
+    if name == "exit":
         os._exit(3)
-    if action.startswith("sleep:"):
-        time.sleep(float(action.split(":", 1)[1]))
+    if name == "sleep":
+        time.sleep(float(arg))
+    elif name == "systemexit":
+        raise SystemExit(f"drill: SystemExit on attempt {message.attempt}")
+    elif name == "baseexception":
+        raise DrillBaseException(f"drill: BaseException on attempt {message.attempt}")
+    elif name == "retry":
+        raise dq.Retry(delay=float(arg), reason=f"drill: retry in {arg}s")
+    elif name == "badretry":
+        error = dq.Retry(reason=f"drill: bad delay {arg}")
+        error.delay = float(arg)  # past Retry's own check: the consumer must still cope
+        raise error
+    elif name == "reject":
+        raise dq.Reject(f"drill: rejected on attempt {message.attempt}")
