@@ -251,6 +251,7 @@ class Consumer(Rounds):
                     self._start_when_due,
                     self._waiter.nudge,
                     self.handler_thread_exit,
+                    self._waiter.remind,
                 )
 
     def _busy(self) -> bool:

@@ -49,11 +49,13 @@ class QueueSlots:
         work: Callable[[Message], Outcome],
         on_finish: Callable[[], None],
         on_thread_exit: Callable[[], None] | None = None,
+        remind: Callable[[float], None] | None = None,
     ) -> None:
         self.queue_name = queue_name
         self._work = work
         self._on_finish = on_finish
         self._on_thread_exit = on_thread_exit
+        self._remind = remind  # remind(t): wake the loop at monotonic time t
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._running: dict[str, Message] = {}  # by token
         self._finished: list[Outcome] = []  # not yet taken by the loop
@@ -238,7 +240,8 @@ class QueueSlots:
             self._running.pop(token, None)
             self._finished.append(outcome)
             now = time.monotonic()
-            if self._first_finished_at is None:
+            first = self._first_finished_at is None
+            if first:
                 self._first_finished_at = now
             seconds = max(0.0, (outcome.finished_ms - outcome.started_ms) / 1000)
             mean = self._mean_seconds
@@ -255,3 +258,5 @@ class QueueSlots:
             )
         if worth_a_round:
             self._on_finish()
+        elif first and self._remind is not None:  # recorded with a claim, or by this time
+            self._remind(now + RECORD_WITHIN_SECONDS)

@@ -160,6 +160,7 @@ class Waiter:
         self._cond = threading.Condition()
         self._announced: int | None = None  # earliest due time announced since the last wait
         self._nudged = False
+        self._remind_at: float | None = None  # see remind()
 
     @property
     def subscribed(self) -> bool:
@@ -184,6 +185,13 @@ class Waiter:
         with self._cond:
             if self._announced is None or due_ms < self._announced:
                 self._announced = due_ms
+            self._cond.notify_all()
+
+    def remind(self, at_monotonic: float) -> None:
+        """End the current (or next) wait at ``at_monotonic`` at the latest, as a nudge."""
+        with self._cond:
+            if self._remind_at is None or at_monotonic < self._remind_at:
+                self._remind_at = at_monotonic
             self._cond.notify_all()
 
     def nudge(self, blocking: bool = True) -> None:
@@ -222,13 +230,16 @@ class Waiter:
                         due_ms, announced_any = self._announced, True
                         known_since = exact_now_ms(self.clock)
                     self._announced = None
-                if self._nudged:
-                    self._nudged = False
+                reminded = self._remind_at is not None and time.monotonic() >= self._remind_at
+                if self._nudged or reminded:
+                    self._nudged, self._remind_at = False, None
                     return Wake(None, exact_now_ms(self.clock), announced_any, nudged=True)
                 end_ms = poll_ms if due_ms is None else min(poll_ms, due_ms - lead)
                 remaining = (end_ms - exact_now_ms(self.clock)) / 1000
                 if remaining <= 0:
                     break
+                if self._remind_at is not None:
+                    remaining = min(remaining, max(0.0, self._remind_at - time.monotonic()))
                 self._cond.wait(min(remaining, WAIT_SLICE_SECONDS))
         if due_ms is None or due_ms - lead > poll_ms:
             return Wake(None, poll_ms, announced_any)
