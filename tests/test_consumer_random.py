@@ -7,25 +7,15 @@ failure names its seed; a defect found this way becomes a named regression test.
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 import redis
 from consumer_exploration import Exploration
+from exploration_seeds import seeds
 
 CI_SEEDS = [11, 23, 37, 41]
 
 
-def _seeds() -> list[int]:
-    if os.environ.get("DQ_EXPLORE_SEED"):
-        return [int(os.environ["DQ_EXPLORE_SEED"])]
-    if os.environ.get("DQ_EXPLORE_EXAMPLES"):
-        return [random.randrange(2**32) for _ in range(int(os.environ["DQ_EXPLORE_EXAMPLES"]))]
-    return CI_SEEDS
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", seeds(CI_SEEDS))
 def test_every_message_is_accounted_for(redis_client: redis.Redis, seed: int) -> None:
     exploration = Exploration(redis_client, seed)
     exploration.run()

@@ -7,12 +7,11 @@ failure names its seed; a defect found this way becomes a named regression test.
 
 from __future__ import annotations
 
-import os
-import random
 from pathlib import Path
 
 import pytest
 import redis
+from exploration_seeds import seeds
 from runqueue_exploration import Exploration
 
 from django_delayqueue.redis_server import RedisServerProcess
@@ -27,15 +26,7 @@ pytestmark = pytest.mark.slow
 CI_SEEDS = [12, 18, 22, 150, 181]
 
 
-def _seeds() -> list[int]:
-    if os.environ.get("DQ_EXPLORE_SEED"):
-        return [int(os.environ["DQ_EXPLORE_SEED"])]
-    if os.environ.get("DQ_EXPLORE_EXAMPLES"):
-        return [random.randrange(2**32) for _ in range(int(os.environ["DQ_EXPLORE_EXAMPLES"]))]
-    return CI_SEEDS
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", seeds(CI_SEEDS))
 def test_runqueue_accounts_for_every_message(
     redis_server: RedisServerProcess, redis_client: redis.Redis, tmp_path: Path, seed: int
 ) -> None:
