@@ -36,6 +36,14 @@ def payload(q: Queue, message_id: str) -> Any:
     return decode_envelope(q.client.hget(q.keys.messages, message_id))[2]
 
 
+def in_flight_with_a_successor(q: Any) -> Any:
+    """Message "first" under id "x" claimed, and "next" booked to follow it (due in 30 s)."""
+    q.schedule("first", id="x")
+    (m,) = q.claim()
+    q.schedule("next", delay=30, id="x", replace=True)
+    return m
+
+
 def where(q: Queue, message_id: str) -> list[str]:
     """Every state holding ``message_id`` (the ready list read without dead entries)."""
     found = [s for s in ("pending", "unack", "retry", "garbage") if _zscore(q, s, message_id)]
@@ -268,9 +276,7 @@ def test_a_successor_takes_the_place_of_a_delivery_that_dies(
     redis_client: redis.Redis, make_queue: Any, manual_clock: Any, how: str
 ) -> None:
     q = make_queue(max_attempts=1, visibility_timeout=10)
-    q.schedule("first", id="x")
-    (m,) = q.claim()
-    q.schedule("next", delay=30, id="x", replace=True)
+    m = in_flight_with_a_successor(q)
     if how == "bury":
         assert q.bury(m, "poison")
     elif how == "last attempt":
@@ -290,9 +296,7 @@ def test_a_late_ack_of_a_reaped_delivery_schedules_its_successor(
     make_queue: Any, manual_clock: Any
 ) -> None:
     q = make_queue(max_attempts=3, visibility_timeout=10)
-    q.schedule("first", id="x")
-    (m,) = q.claim()
-    q.schedule("next", delay=30, id="x", replace=True)
+    m = in_flight_with_a_successor(q)
     manual_clock.advance(10)
     assert q.reap().retried == 1
     assert q.ack(m) == 1  # finished after all, before its redelivery
@@ -303,9 +307,7 @@ def test_replace_of_a_waiting_message_drops_its_successor(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:
     q = make_queue()
-    q.schedule("first", id="x")
-    (m,) = q.claim()
-    q.schedule("next", delay=30, id="x", replace=True)
+    m = in_flight_with_a_successor(q)
     q.nack(m, delay=60)  # retrying, its successor waiting for the final ack
     q.schedule("newest", delay=5, id="x", replace=True)
     assert not redis_client.exists(q.keys.successors)
@@ -319,9 +321,7 @@ def test_cancel_of_an_id_in_flight_removes_its_successor(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:
     q = make_queue()
-    q.schedule("first", id="x")
-    (m,) = q.claim()
-    q.schedule("next", delay=30, id="x", replace=True)
+    m = in_flight_with_a_successor(q)
     assert q.cancel("x") == 1
     assert q.cancel("x") == 0
     assert not redis_client.exists(q.keys.successors)
@@ -335,9 +335,7 @@ def test_cancel_of_a_retrying_id_removes_it_and_its_successor(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:
     q = make_queue()
-    q.schedule("first", id="x")
-    (m,) = q.claim()
-    q.schedule("next", delay=30, id="x", replace=True)
+    m = in_flight_with_a_successor(q)
     q.nack(m, delay=60)
     assert q.cancel("x") == 2  # two messages: the retrying one and its successor
     assert q.counts() == EMPTY and not redis_client.exists(q.keys.successors)
@@ -348,9 +346,7 @@ def test_purge_of_a_dead_id_removes_a_successor_left_with_it(
 ) -> None:
     # Only a bad attempt count buries a message without its successor taking its place.
     q = make_queue()
-    q.schedule("first", id="x")
-    (m,) = q.claim()
-    q.schedule("next", delay=30, id="x", replace=True)
+    m = in_flight_with_a_successor(q)
     q.release(m)
     redis_client.hset(q.keys.attempts, "x", "lots")
     assert q.claim() == []

@@ -80,6 +80,7 @@ class Consumer(Rounds):
         self._stop_requests = 0
         self._stop_event = threading.Event()  # set by the first stop request
         self._stop_now = threading.Event()  # set by the second
+        self._grace_deadline = math.inf  # set by the first
         self._waiter = Waiter(
             [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
@@ -121,6 +122,8 @@ class Consumer(Rounds):
         Safe from a signal handler: it only sets flags (and wakes the loop if it can).
         """
         self._stop_requests += 1
+        if self._stop_requests == 1:
+            self._grace_deadline = time.monotonic() + self.grace_seconds
         self._stop_event.set()
         if self._stop_requests > 1:
             self._stop_now.set()
@@ -160,14 +163,12 @@ class Consumer(Rounds):
 
     def _loop(self) -> None:
         failures = 0
-        grace_deadline: float | None = None
         while self._stop_requests < 2:
             if self.stopping:
-                grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
                 self._release_unstarted()
                 if not self._busy():
                     return
-                if time.monotonic() >= grace_deadline:
+                if time.monotonic() >= self._grace_deadline:
                     logger.warning("grace period over: giving back unfinished messages")
                     return
             try:
@@ -183,17 +184,14 @@ class Consumer(Rounds):
                 # Once stopping, _stop_event is set for good: wait on what only a second stop
                 # request (or the end of the grace period) ends, not spin against the outage.
                 if self.stopping:
-                    grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
-                    left = max(0.0, grace_deadline - time.monotonic())
-                    self._stop_now.wait(min(pause, left))
+                    self._stop_now.wait(min(pause, self._grace_left()))
                 else:
                     self._stop_event.wait(pause)
                 continue
             if self._limit_reached() and not self._busy():
                 return
             if self.stopping:  # asked during this round, maybe: the top of the loop decides
-                grace_deadline = grace_deadline or time.monotonic() + self.grace_seconds
-                self._waiter.idle(min(1.0, max(0.0, grace_deadline - time.monotonic())))
+                self._waiter.idle(min(1.0, self._grace_left()))
                 continue
             if self._due_now():
                 continue
@@ -204,6 +202,9 @@ class Consumer(Rounds):
             # A nudge (a handler finished) or a safety poll says nothing about new messages:
             # the round after it claims only where something is known to be ready.
             self._polling = aim.nudged or (not aim.announced and not self._due_now(aim.due_ms))
+
+    def _grace_left(self) -> float:
+        return max(0.0, self._grace_deadline - time.monotonic())
 
     def step(self, now_ms: int | None = None) -> int:
         """One round: record outcomes, promote, claim into the slots. Returns messages claimed."""
@@ -220,15 +221,15 @@ class Consumer(Rounds):
             finished = slots.take_finished()
             self.delivered += len(finished)
             self._unrecorded.extend(finished)
-        aim, self._aim = self._aim, None
-        messages = self._fetch(now_ms, aim=aim, maintenance=maintenance)
-        for q in self.queues:
-            mine = [m for m in messages if m.queue == q.name]
-            if mine:
-                self._slots[q.name].add(mine)
+        aim = self._aim  # _fetch uses it up
+        by_queue: dict[str, list[Message]] = {}
+        for m in self._fetch(now_ms, maintenance=maintenance):
+            by_queue.setdefault(m.queue, []).append(m)
+        for name, messages in by_queue.items():
+            self._slots[name].add(messages)
         if aim is not None and aim.due_ms is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
-        return len(messages)
+        return sum(len(messages) for messages in by_queue.values())
 
     def _room(self, q: Queue) -> int:
         slots = self._slots.get(q.name)

@@ -31,6 +31,7 @@ Plan = list[tuple[Queue, str, int]]
 class Rounds:
     """The Redis side of a consumer; :class:`~.consumer.Consumer` adds threads and waiting."""
 
+    name: str
     stopping: bool
     max_messages: int | None
 
@@ -61,16 +62,13 @@ class Rounds:
         """How many messages of ``q`` this round may claim (the consumer's slots say)."""
         return q.settings.claim_batch
 
-    def _fetch(
-        self, now_ms: int | None = None, *, aim: Wake | None = None, maintenance: bool = False
-    ) -> list[Any]:
+    def _fetch(self, now_ms: int | None = None, *, maintenance: bool = False) -> list[Any]:
         """One round trip per client: record, promote, claim. Returns the claimed messages.
 
         After a wait that ended one claim lead early (``aim``), it claims what is due by the
         time the wait aimed at; the handler threads hold those messages until they are due.
         """
-        if aim is None:
-            aim, self._aim = self._aim, None
+        aim, self._aim = self._aim, None  # an aim is used once
         now = self.clock.now_ms() if now_ms is None else now_ms
         claim_until = now  # promote and claim what is due by then; everything else uses now
         aimed = None if now_ms is not None or aim is None else aim.due_ms
@@ -212,13 +210,12 @@ class Rounds:
 
     def _heartbeat(self, client: Any, queues: Sequence[Queue], now: int) -> None:
         """Record that this consumer is alive (read by the health check)."""
-        name = getattr(self, "name", "consumer")
         try:
             pipe = client.pipeline(transaction=False)
             # Forget consumers silent for a day so the set stays small (hourly is plenty).
             prune = now - self._heartbeats_pruned_at.get(id(client), 0) > HEARTBEAT_PRUNE_MS
             for q in queues:
-                pipe.zadd(q.keys.heartbeats, {name: now})
+                pipe.zadd(q.keys.heartbeats, {self.name: now})
                 if prune:
                     pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
             with redis_errors("heartbeat"):

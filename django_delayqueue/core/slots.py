@@ -180,11 +180,6 @@ class QueueSlots:
         with self._cond:
             return bool(self._claimed or self._running or self._finished)
 
-    @property
-    def running_count(self) -> int:
-        with self._cond:
-            return len(self._running)
-
     def close(self) -> None:
         """End the threads that are idle (waiting for a message); a running one ends after."""
         with self._cond:
