@@ -456,3 +456,50 @@ def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() ->
     due = int(exact_now_ms(clock)) + 30
     sleep_until_due(clock, due)
     assert exact_now_ms(clock) >= due
+
+
+# --- found by using it as a shop would -----------------------------------------------------------
+
+
+def test_a_base_exception_from_a_handler_is_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from django_delayqueue.core.outcome import run_handler
+
+    def handler(m: Message) -> None:
+        raise SystemExit(3)
+
+    message = Message("m", "q", None, 0, 0, 1, "1", 0)
+    with caplog.at_level("WARNING", logger="django_delayqueue"):
+        outcome = run_handler(handler, message, 0)
+    assert outcome.status == "retry"
+    # Past Django's send_robust (which catches Exception only): not silent until the last try.
+    [record] = [r for r in caplog.records if "SystemExit" in r.getMessage()]
+    assert "message m (attempt 1)" in record.getMessage() and record.exc_info
+
+
+def test_closing_slots_does_not_wait_for_a_handler_still_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_delayqueue.core import slots as slots_module
+    from django_delayqueue.core.outcome import ACK, Outcome
+    from django_delayqueue.core.slots import QueueSlots
+
+    monkeypatch.setattr(slots_module, "JOIN_SECONDS", 3600.0)  # waiting on it would hang
+    release, started = threading.Event(), threading.Event()
+
+    def work(m: Message) -> Outcome:
+        started.set()
+        release.wait(3 * TIMEOUT)  # longer than the test waits for close()
+        return Outcome(m, ACK, 0, 0)
+
+    slots = QueueSlots("q", 2, work, lambda: None)
+    slots.add([Message("stuck", "q", None, 0, 0, 1, "1", 0)])
+    assert started.wait(TIMEOUT)
+    closer = threading.Thread(target=slots.close, daemon=True)
+    closer.start()
+    closer.join(TIMEOUT)
+    try:
+        assert not closer.is_alive()  # the idle thread was joined, the stuck one not waited for
+    finally:
+        release.set()

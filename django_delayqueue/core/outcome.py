@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from typing import Any
 
 from .envelope import Message
 from .errors import Reject, Retry
+
+logger = logging.getLogger(__name__)
 
 ACK, RETRY, GARBAGE = "ack", "retry", "garbage"
 
@@ -67,6 +70,15 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
         # A handler's failure is data, never a crash of the loop: even a BaseException only
         # fails this attempt (retry with backoff, dead letters when attempts run out).
         status, delay, error = RETRY, None, type(e).__name__
+        if not isinstance(e, Exception):  # past every `except Exception`: say it here
+            logger.warning(
+                "queue %s: handler raised %s on message %s (attempt %d)",
+                message.queue,
+                error,
+                message.id,
+                message.attempt,
+                exc_info=e,
+            )
         reason = f"{error}: {e}"[:2000]
     else:
         status, delay, reason, error = ACK, None, "", ""

@@ -63,6 +63,7 @@ class QueueSlots:
         self._cond = threading.Condition()
         self._size = 0
         self._threads: list[threading.Thread] = []
+        self._working: set[threading.Thread] = set()  # threads inside a handler
         self._holding = False  # stopping: start nothing more
         self._closed = False
         self._mean_seconds: float | None = None
@@ -185,9 +186,9 @@ class QueueSlots:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            threads = list(self._threads)
-        # One deadline for all: a thread stuck in a handler (a forced stop) must not cost
-        # JOIN_SECONDS each; it is a daemon and ends with its handler.
+            # Not the threads still in a handler (given back at the end of the grace period):
+            # waiting for them would only delay the exit; they are daemons and end with it.
+            threads = [t for t in self._threads if t not in self._working]
         deadline = time.monotonic() + JOIN_SECONDS
         for t in threads:
             if t is not threading.current_thread():
@@ -205,6 +206,7 @@ class QueueSlots:
                 if self._claimed and not self._holding:
                     message = self._claimed.popleft()
                     self._running[message.token] = message
+                    self._working.add(me)
                     return message
                 self._cond.wait()
 
@@ -228,6 +230,7 @@ class QueueSlots:
 
     def _finish(self, outcome: Outcome) -> None:
         with self._cond:
+            self._working.discard(threading.current_thread())
             token = outcome.message.token
             if token in self._abandoned:  # given back at a forced stop: not ours to record
                 self._abandoned.discard(token)

@@ -118,6 +118,8 @@ class _Listener:
                     elif message.get("type") == "message":
                         self._waiter.announce(_announced_ms(message["data"], self._waiter.clock))
             except Exception as e:  # an outage, or a pub/sub connection in a bad state
+                if self._stop.is_set():  # stop() cut the connection: not an outage
+                    break
                 logger.debug("wake channel unavailable: %s", e)
                 failures += 1
             finally:
