@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from django_delayqueue.core import Queue
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 from .raw import Raw
 

@@ -20,7 +20,7 @@ import time
 import redis
 
 from django_delayqueue.core import Message, Queue, QueueSettings
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
 
 
 def main(argv: list[str] | None = None) -> int:

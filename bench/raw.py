@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import redis
 
-from django_delayqueue.core.bound import BoundScript
-from django_delayqueue.core.scripts import LuaScript
+from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.fast_path import BoundScript
 
 # The "one-line script": store one id at one score, the least a delayed queue must do.
 ONE_LINE_SCRIPT = "return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])"

@@ -41,7 +41,7 @@ from drill import Consumers, producer  # noqa: E402
 from ledger import Causes, Delivery, check, read  # noqa: E402
 
 from django_delayqueue.core import DelayQueueError  # noqa: E402
-from django_delayqueue.redis_server import RedisServerProcess  # noqa: E402
+from django_delayqueue.embedded import RedisServerProcess  # noqa: E402
 
 QUEUE = "soak"
 VISIBILITY = 3.0

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # even without the editable install.
 sys.path.insert(0, str(ROOT))
 
-from django_delayqueue.redis_server import ensure_redis_url  # noqa: E402
+from django_delayqueue.embedded import ensure_redis_url  # noqa: E402
 
 MANAGE = ROOT / "manage.py"
 RUNQUEUE = ROOT / "django_delayqueue" / "management" / "commands" / "runqueue.py"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .core.envelope import Message
-from .core.errors import (
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import (
     ConfigurationError,
     DelayQueueError,
     PayloadError,
@@ -23,14 +23,13 @@ from .core.errors import (
 )
 
 if TYPE_CHECKING:
-    from .api import cancel, get_queue, schedule
-    from .registry import topic
+    from django_delayqueue.api import cancel, get_queue, schedule, topic
 
 _LAZY = {
     "schedule": "api",
     "cancel": "api",
     "get_queue": "api",
-    "topic": "registry",
+    "topic": "api",
 }
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""What request code calls: ``schedule``, ``cancel``, ``get_queue``."""
+"""What request code calls: ``schedule``, ``cancel``, ``get_queue``, and ``topic`` for handlers."""
 
 from __future__ import annotations
 
@@ -8,48 +8,19 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django.core.signals import setting_changed
 from django.db import transaction
+from django.dispatch import Signal
 
-from .conf import SETTING_NAME, dq_settings, queue_names, queue_settings, unknown_queue
-from .connection import get_client, get_clock
-from .core.envelope import decode_envelope
-from .core.errors import DelayQueueError
-from .core.queue import Queue
-from .core.results import ScheduleResult
+from django_delayqueue.conf.queues import get_queue
+from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.core.envelope import decode_envelope
+from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.results import ScheduleResult
 
 logger = logging.getLogger(__name__)
 
-_queues: dict[str, Queue] = {}
-_lock = threading.Lock()
-
-
-def get_queue(name: str) -> Queue:
-    """The configured queue ``name`` (one object per name; its settings kept current).
-
-    Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a queue that is not
-    in ``DELAYQUEUE['QUEUES']``.
-    """
-    q = _queues.get(name)
-    if q is None:
-        if name not in queue_names():
-            raise unknown_queue(name)
-        with _lock:
-            q = _queues.get(name)
-            if q is None:
-                q = Queue(
-                    get_client(),
-                    name,
-                    prefix=dq_settings.PREFIX,
-                    settings=queue_settings(name),
-                    clock=get_clock(),
-                    journal_maxlen=dq_settings.JOURNAL_MAXLEN,
-                )
-                _queues[name] = q
-                return q
-    # Cheap: queue_settings reads Redis at most every SETTINGS_REFRESH_SECONDS.
-    q.settings = queue_settings(name)
-    return q
+__all__ = ["cancel", "get_queue", "schedule", "topic", "topics"]
 
 
 def schedule(
@@ -160,15 +131,26 @@ def cancel(queue: str, id: str) -> bool:
     return get_queue(queue).cancel(id) > 0
 
 
-def reset() -> None:
-    """Forget the cached queues (after the settings changed)."""
+# --- one Django signal per queue ------------------------------------------------------------
+
+_signals: dict[str, Signal] = {}
+_lock = threading.Lock()
+
+
+def topic(name: str) -> Signal:
+    """The signal of queue ``name`` (created on first use, then always the same object).
+
+    Receivers are called as ``receiver(sender=<queue name>, message=<Message>)``.
+    """
+    signal = _signals.get(name)
+    if signal is None:
+        validate_name(name, "queue name")
+        with _lock:
+            signal = _signals.setdefault(name, Signal())
+    return signal
+
+
+def topics() -> dict[str, Signal]:
+    """Every signal created so far, by queue name (for the checks)."""
     with _lock:
-        _queues.clear()
-
-
-def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTING_NAME:
-        reset()
-
-
-setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayqueue.api")
+        return dict(_signals)

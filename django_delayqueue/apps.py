@@ -14,12 +14,13 @@ class DelayQueueConfig(AppConfig):
         from django.db.models.signals import post_migrate, post_save
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks, mirror
-        from .models import QueueConfig
+        from django_delayqueue import checks
+        from django_delayqueue.conf import sync
+        from django_delayqueue.models import QueueConfig
 
         checks.register_checks()
-        post_migrate.connect(mirror.sync_after_migrate, sender=self, dispatch_uid="dq-sync")
-        post_save.connect(mirror.on_config_saved, sender=QueueConfig, dispatch_uid="dq-publish")
+        post_migrate.connect(sync.sync_after_migrate, sender=self, dispatch_uid="dq-sync")
+        post_save.connect(sync.on_config_saved, sender=QueueConfig, dispatch_uid="dq-publish")
         # Retry and Reject are how handlers steer a delivery, not errors of send_robust.
         logging.getLogger("django.dispatch").addFilter(_hide_handler_verdicts)
         # Each installed app's handlers.py registers its receivers on the queue signals.
@@ -27,7 +28,7 @@ class DelayQueueConfig(AppConfig):
 
 
 def _hide_handler_verdicts(record: logging.LogRecord) -> bool:
-    from .core.errors import Reject, Retry
+    from django_delayqueue.core.errors import Reject, Retry
 
     exc = record.exc_info[1] if record.exc_info else None
     return not isinstance(exc, (Retry, Reject))

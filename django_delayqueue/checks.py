@@ -21,7 +21,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from .conf import (
+from django_delayqueue.api import topics
+from django_delayqueue.conf.settings import (
     DEFAULTS,
     QUEUE_KEYS,
     dq_settings,
@@ -31,9 +32,8 @@ from .conf import (
     raw_queue_options,
     settings_problems,
 )
-from .core.errors import ConfigurationError
-from .core.keys import validate_name
-from .registry import topics
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.keys import validate_name
 
 TAG = "delayqueue"
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
@@ -206,7 +206,7 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """E001: PING Redis with a short timeout."""
-    from .connection import make_client
+    from django_delayqueue.conf.connection import make_client
 
     try:
         client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)

@@ -1,7 +1,8 @@
 """Rows that mirror the queue settings, so staff can tune a queue in the admin.
 
 Consumers and producers never read these rows per message: a saved row is published to the
-queue's ``config`` hash in Redis (see ``mirror``), which processes re-read every few seconds.
+queue's ``config`` hash in Redis (see ``conf.overrides``), which processes re-read every few
+seconds.
 """
 
 from __future__ import annotations
@@ -11,19 +12,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from .conf import settings_problems
-from .core.settings import QueueSettings
+from django_delayqueue.conf.settings import MIRRORED_FIELDS, settings_problems
+from django_delayqueue.core.settings import QueueSettings
 
-# The queue settings staff may change; the rest (payload limit, promote batch) stay in code.
-MIRRORED_FIELDS: tuple[str, ...] = (
-    "max_attempts",
-    "backoff_base",
-    "backoff_max",
-    "visibility_timeout",
-    "claim_batch",
-    "concurrency",
-    "paused",
-)
 _D = QueueSettings()
 
 
@@ -52,7 +43,7 @@ class QueueConfig(models.Model):
     )
     updated_at = models.DateTimeField(auto_now=True)
     # What the settings file said at the last sync: a field whose file value changed since
-    # is taken from the file, one that staff changed is kept (see mirror.sync_queue_configs).
+    # is taken from the file, one that staff changed is kept (see conf.sync.sync_queue_configs).
     from_settings = models.JSONField(default=dict, editable=False)
 
     class Meta:

@@ -8,8 +8,8 @@ Neither needs a login (scrapers and probes have none): expose them on an interna
 
 from django.urls import path
 
-from .health import health_view
-from .metrics import metrics_view
+from django_delayqueue.monitoring.health import health_view
+from django_delayqueue.monitoring.metrics import metrics_view
 
 app_name = "delayqueue"
 

@@ -8,14 +8,15 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from .conf import dq_settings, file_queue_settings, queue_names, unknown_queue
-from .connection import get_client, get_clock
-from .core.consumer import Consumer
-from .core.envelope import Message
-from .core.errors import ConfigurationError, DelayQueueError, Reject, Retry
-from .core.queue import Queue
-from .mirror import load_published, merge, publish_from_db, sync_queue_configs
-from .registry import topic
+from django_delayqueue.api import topic
+from django_delayqueue.conf.overrides import load_published, merge
+from django_delayqueue.conf.queues import build_queue, configured
+from django_delayqueue.conf.settings import dq_settings, file_queue_settings
+from django_delayqueue.conf.sync import publish_from_db, sync_queue_configs
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
+from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
 
@@ -38,24 +39,10 @@ class Worker(Consumer):
 
         Raises ConfigurationError for a name that is not configured.
         """
-        configured = queue_names()
-        chosen = list(names) if names else configured
+        chosen = configured(names or None)
         if not chosen:
             raise ConfigurationError("no queues configured in DELAYQUEUE['QUEUES']")
-        for name in chosen:
-            if name not in configured:
-                raise unknown_queue(name)
-        client, clock = get_client(), get_clock()
-        queues = [
-            Queue(
-                client,
-                name,
-                prefix=dq_settings.PREFIX,
-                settings=file_queue_settings(name),
-                clock=clock,
-            )
-            for name in dict.fromkeys(chosen)
-        ]
+        queues = [build_queue(name) for name in chosen]
         return cls(queues, **kwargs)
 
     def sync_settings(self) -> None:

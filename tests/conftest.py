@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 _SERVER = pytest.StashKey[RedisServerProcess]()
 _UNDO = pytest.StashKey[list[Callable[[], object]]]()  # run at unconfigure, last first

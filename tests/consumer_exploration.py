@@ -30,7 +30,7 @@ from typing import Any
 import redis
 
 from django_delayqueue.core import Message, Queue, QueueSettings, Reject, Retry, SystemClock
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
 
 QUEUES = ("alpha", "beta", "gamma")
 ACTIONS = ("return", "raise", "base", "retry", "retry_bad", "reject", "slow")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from django_delayqueue.core import STATES, Message, Queue
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
 
 T0 = 1_700_000_000_000  # the manual_clock fixture's start
 EMPTY = dict.fromkeys(STATES, 0)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `ledger` when ru
 from ledger import EXIT, OK, RAISE, Ledger
 
 from django_delayqueue.core import Message, Queue, QueueSettings
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
 
 # The Django layer's defaults (connection.py), so the drills exercise the same client setup.
 CLIENT_OPTIONS: dict[str, Any] = {

@@ -14,8 +14,8 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_delayqueue.core import Queue
+from django_delayqueue.embedded import free_port
 from django_delayqueue.models import QueueConfig
-from django_delayqueue.redis_server import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from admin_support import OVERVIEW, QUEUE, client_for, make_user, page
 from django.conf import settings
 from django.test import override_settings
 
-from django_delayqueue.report_files import chart_names
+from django_delayqueue.spark.chart_files import chart_names
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from django.test import override_settings
 import django_delayqueue as dq
 from django_delayqueue.core import ConfigurationError, PayloadError, QueueKeys, RedisUnavailable
 from django_delayqueue.core.envelope import decode_envelope
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 KEYS = QueueKeys("dq", "order-close")
 ROOT = Path(__file__).resolve().parent.parent

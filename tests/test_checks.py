@@ -14,7 +14,7 @@ from django.test import override_settings
 
 import django_delayqueue as dq
 from django_delayqueue.checks import check_handlers, check_redis, check_settings
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 
 def delayqueue(**changes: Any) -> dict[str, Any]:

@@ -9,16 +9,16 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from django_delayqueue import conf, mirror
-from django_delayqueue.conf import (
+from django_delayqueue.conf import overrides
+from django_delayqueue.conf.queues import queue_settings
+from django_delayqueue.conf.settings import (
     dq_settings,
     file_queue_settings,
     queue_names,
-    queue_settings,
     settings_problems,
 )
 from django_delayqueue.core import ConfigurationError, QueueKeys
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 
 def delayqueue(**changes: Any) -> dict[str, Any]:
@@ -90,9 +90,9 @@ def test_settings_problems_lists_types_then_ranges() -> None:
 
 
 def test_queue_settings_apply_published_overrides(redis_client: redis.Redis) -> None:
-    mirror.forget()
+    overrides.forget()
     assert queue_settings("order-close").max_attempts == 5
-    mirror.publish({"order-close": {"max_attempts": 11, "paused": True}})
+    overrides.publish({"order-close": {"max_attempts": 11, "paused": True}})
     effective = queue_settings("order-close")
     assert (effective.max_attempts, effective.paused) == (11, True)
     # Settings that are not mirrored come from the file still.
@@ -105,12 +105,12 @@ def test_queue_settings_read_redis_at_most_once_per_refresh(redis_client: redis.
         assert queue_settings("order-close").max_attempts == 5
         redis_client.hset(key, "max_attempts", "7")  # another process published
         assert queue_settings("order-close").max_attempts == 5  # cached
-        mirror.forget(["order-close"])
+        overrides.forget(["order-close"])
         assert queue_settings("order-close").max_attempts == 7
 
 
 def test_invalid_published_values_are_ignored(redis_client: redis.Redis) -> None:
-    mirror.forget()
+    overrides.forget()
     redis_client.hset(QueueKeys("dq", "order-close").config, "max_attempts", "0")
     assert queue_settings("order-close").max_attempts == 5
 
@@ -121,6 +121,15 @@ def test_queue_settings_fall_back_to_the_file_when_redis_is_down() -> None:
         assert queue_settings("activation-sms") == file_queue_settings("activation-sms")
 
 
-def test_conf_module_exposes_the_contract() -> None:
-    for name in ("dq_settings", "queue_names", "queue_settings", "file_queue_settings"):
-        assert callable(getattr(conf, name)) or name == "dq_settings"
+def test_one_setting_changed_receiver_resets_every_cache(redis_client: redis.Redis) -> None:
+    from django_delayqueue.conf import connection, queues
+
+    before = (connection.get_client(), queues.get_queue("order-close"))
+    overrides.effective_settings("order-close")
+    assert "order-close" in overrides._cache
+    with override_settings(DELAYQUEUE=delayqueue(PREFIX="other")):
+        assert "order-close" not in overrides._cache
+        assert connection.get_client() is not before[0]
+        q = queues.get_queue("order-close")
+        assert q is not before[1] and q.keys.prefix == "other"
+    assert queues.get_queue("order-close").keys.prefix == "dq"

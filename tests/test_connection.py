@@ -1,4 +1,4 @@
-"""django_delayqueue.connection: one cached client from a URL or a django-redis cache alias."""
+"""django_delayqueue.conf.connection: one cached client from a URL or a django-redis cache alias."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from django_delayqueue.connection import get_client, get_clock, make_client
+from django_delayqueue.conf.connection import get_client, get_clock, make_client
 from django_delayqueue.core import ConfigurationError, RedisClock, SystemClock
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 
 def delayqueue(**changes: Any) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import redis
 from core_consumer_support import EMPTY, T0, Recorder, Started, burst
 
 from django_delayqueue.core import Message, Reject, Retry
-from django_delayqueue.core.consumer import Consumer
-from django_delayqueue.core.outcome import JOURNAL_FIELDS
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.journal import JOURNAL_FIELDS
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ import redis
 from core_consumer_support import EMPTY, TIMEOUT, Recorder, Started, wait_until
 
 from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.waiter import Wake
 from django_delayqueue.core.envelope import encode_envelope
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
-from django_delayqueue.core.waiter import Wake
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 
 @pytest.fixture

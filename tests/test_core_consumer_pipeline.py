@@ -19,9 +19,9 @@ import redis
 from core_consumer_support import EMPTY, TIMEOUT, Recorder, Started, burst, wait_until
 
 from django_delayqueue.core import Message, Queue, QueueSettings, Retry, SystemClock
-from django_delayqueue.core.consumer import Consumer
-from django_delayqueue.core.extender import Extender
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.embedded import RedisServerProcess
 
 
 @pytest.fixture
@@ -306,7 +306,7 @@ def test_a_shutdown_flush_that_fails_is_retried_with_a_pause() -> None:
     consumer = CountingFlushes([q], Recorder())
     consumer._start_slots()
     message = Message("m", "q", None, 0, 0, 1, "1", 0)
-    from django_delayqueue.core.outcome import ACK, Outcome
+    from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     consumer._unrecorded.extend([Outcome(message, ACK, 0, 0)])
     consumer._stop_requests = 2  # a forced stop: one second of tries
@@ -396,8 +396,8 @@ def test_a_quick_outcome_is_recorded_while_a_slow_handler_holds_the_slot(
 
 
 def test_a_finished_but_unrecorded_message_is_still_extended() -> None:
-    from django_delayqueue.core.outcome import ACK, Outcome
-    from django_delayqueue.core.slots import QueueSlots
+    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     release = threading.Event()
 
@@ -406,7 +406,7 @@ def test_a_finished_but_unrecorded_message_is_still_extended() -> None:
             release.wait(TIMEOUT)
         return Outcome(m, ACK, 0, 0)
 
-    slots = QueueSlots("q", 1, work, lambda: None)
+    slots = HandlerThreads("q", 1, work, lambda: None)
     try:
         first = Message("first", "q", None, 0, 0, 1, "1", 0)
         second = Message("second", "q", None, 0, 0, 1, "2", 0)
@@ -419,8 +419,8 @@ def test_a_finished_but_unrecorded_message_is_still_extended() -> None:
 
 
 def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
-    from django_delayqueue.core.outcome import ACK, Outcome
-    from django_delayqueue.core.slots import QueueSlots
+    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     release, started = threading.Event(), threading.Event()
 
@@ -430,7 +430,7 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
             release.wait(TIMEOUT)
         return Outcome(m, ACK, 0, 0)
 
-    slots = QueueSlots("q", 2, work, lambda: None)
+    slots = HandlerThreads("q", 2, work, lambda: None)
     try:
         slots.add([Message("done", "q", None, 0, 0, 1, "1", 0)])
         wait_until(lambda: slots._finished)
@@ -450,7 +450,7 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
 def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() -> None:
     # Promoted one claim lead early by another consumer whose clock reads a little ahead.
     from django_delayqueue.core.clock import exact_now_ms
-    from django_delayqueue.core.waiter import sleep_until_due
+    from django_delayqueue.core.consumer.waiter import sleep_until_due
 
     clock = SystemClock()
     due = int(exact_now_ms(clock)) + 30
@@ -464,7 +464,7 @@ def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() ->
 def test_a_base_exception_from_a_handler_is_logged_with_its_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from django_delayqueue.core.outcome import run_handler
+    from django_delayqueue.core.consumer.outcomes import run_handler
 
     def handler(m: Message) -> None:
         raise SystemExit(3)
@@ -481,9 +481,9 @@ def test_a_base_exception_from_a_handler_is_logged_with_its_traceback(
 def test_closing_slots_does_not_wait_for_a_handler_still_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from django_delayqueue.core import slots as slots_module
-    from django_delayqueue.core.outcome import ACK, Outcome
-    from django_delayqueue.core.slots import QueueSlots
+    from django_delayqueue.core.consumer import handler_threads as slots_module
+    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     monkeypatch.setattr(slots_module, "JOIN_SECONDS", 3600.0)  # waiting on it would hang
     release, started = threading.Event(), threading.Event()
@@ -493,7 +493,7 @@ def test_closing_slots_does_not_wait_for_a_handler_still_running(
         release.wait(3 * TIMEOUT)  # longer than the test waits for close()
         return Outcome(m, ACK, 0, 0)
 
-    slots = QueueSlots("q", 2, work, lambda: None)
+    slots = HandlerThreads("q", 2, work, lambda: None)
     slots.add([Message("stuck", "q", None, 0, 0, 1, "1", 0)])
     assert started.wait(TIMEOUT)
     closer = threading.Thread(target=slots.close, daemon=True)

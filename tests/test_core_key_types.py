@@ -22,9 +22,9 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, ScriptFailed
+from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.outcome import ACK, Outcome, journal_entry
-from django_delayqueue.core.scripts import LuaScript
+from django_delayqueue.core.scripts.calls import LuaScript
 
 
 @dataclass

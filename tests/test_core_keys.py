@@ -17,7 +17,7 @@ from django_delayqueue.core import (
     QueueSettings,
     snapshots,
 )
-from django_delayqueue.redis_server import RedisServerProcess, free_port
+from django_delayqueue.embedded import RedisServerProcess, free_port
 
 
 def _key_properties() -> list[str]:

@@ -14,7 +14,7 @@ import redis
 
 from django_delayqueue.core import STATES
 from django_delayqueue.core.keys import TOMBSTONE_TOTAL
-from django_delayqueue.core.scripts import _read_lua
+from django_delayqueue.core.scripts.calls import _read_lua
 
 T0 = 1_700_000_000_000
 EMPTY = dict.fromkeys(STATES, 0)

@@ -23,9 +23,9 @@ from django_delayqueue.core import (
     Retry,
     SystemClock,
 )
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.outcomes import RETRY, run_handler
 from django_delayqueue.core.envelope import decode_envelope
-from django_delayqueue.core.outcome import RETRY, run_handler
 from django_delayqueue.core.queue import MAX_DUE_MS
 
 T0 = 1_700_000_000_000

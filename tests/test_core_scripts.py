@@ -1,4 +1,4 @@
-"""django_delayqueue.core.scripts: .lua files loaded once, EVALSHA, NOSCRIPT recovery, errors."""
+"""core.scripts: .lua files loaded once, EVALSHA, NOSCRIPT recovery, errors."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_delayqueue.core import ManualClock, Queue, RedisUnavailable, ScriptFailed
-from django_delayqueue.core.scripts import (
+from django_delayqueue.core.scripts.calls import (
     LuaScript,
     ScriptBatch,
     script_names,
     with_shared_functions,
 )
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries connection errors by default
 
@@ -46,7 +46,9 @@ def test_a_script_gets_the_shared_functions_it_calls_in_turn_defined_first() -> 
 
 @pytest.mark.parametrize("name", LUA_NAMES)
 def test_every_script_opens_with_its_contract(name: str) -> None:
-    source = resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
+    source = (
+        resources.files("django_delayqueue.core.scripts.lua").joinpath(f"{name}.lua").read_text()
+    )
     header = [line for line in source.splitlines() if line.startswith("--")]
     text = "\n".join(header)
     assert source.startswith(f"-- {name}:")

@@ -14,8 +14,8 @@ from ledger import check, read
 from redis.cluster import RedisCluster
 
 from django_delayqueue.core import Queue, QueueSettings, snapshots
-from django_delayqueue.redis_server import RedisServerProcess, free_port
-from django_delayqueue.stats import gather
+from django_delayqueue.embedded import RedisServerProcess, free_port
+from django_delayqueue.monitoring.stats import gather
 
 pytestmark = pytest.mark.slow
 

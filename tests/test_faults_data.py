@@ -22,7 +22,7 @@ from drill import consumers, producer, settled
 from ledger import check, read
 
 from django_delayqueue.core import DelayQueueError, ScriptFailed
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from drill import consumers, producer, settled
 
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 pytestmark = pytest.mark.slow
 

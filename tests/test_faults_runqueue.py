@@ -19,7 +19,7 @@ import redis
 from drill import Runqueues, producer, settled
 from ledger import Causes, check, read
 
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_delayqueue.core import Queue
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 URL = "/delayqueue/health/"
 QUEUES = ("order-close", "activation-sms")

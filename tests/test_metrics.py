@@ -10,7 +10,7 @@ from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_delayqueue.core import Queue
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 URL = "/delayqueue/metrics/"
 

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.test import override_settings
 
 import django_delayqueue as dq
-from django_delayqueue import mirror
+from django_delayqueue.conf import overrides, sync
 from django_delayqueue.core import QueueKeys
 from django_delayqueue.models import MIRRORED_FIELDS, QueueConfig, QueueMessage
 from django_delayqueue.worker import Worker
@@ -78,13 +78,13 @@ def test_sync_keeps_staff_edits_and_takes_settings_changes(redis_client: redis.R
     row.save()
     queues = {**settings.DELAYQUEUE["QUEUES"], "order-close": {"backoff_base": 4.0}}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
-        mirror.sync_queue_configs()
+        sync.sync_queue_configs()
     row.refresh_from_db()
     assert (row.max_attempts, row.backoff_base) == (9, 4.0)
     # A later change of the same field in the settings file wins over the staff value.
     queues["order-close"] = {"backoff_base": 4.0, "max_attempts": 2}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
-        mirror.sync_queue_configs()
+        sync.sync_queue_configs()
     row.refresh_from_db()
     assert row.max_attempts == 2
 
@@ -93,7 +93,7 @@ def test_sync_keeps_staff_edits_and_takes_settings_changes(redis_client: redis.R
 def test_sync_adds_rows_for_new_queues_and_skips_invalid_ones(redis_client: redis.Redis) -> None:
     queues = {**settings.DELAYQUEUE["QUEUES"], "new": {"paused": True}, "bad": {"claim_batch": 0}}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
-        rows = mirror.sync_queue_configs()
+        rows = sync.sync_queue_configs()
     assert {r.name for r in rows} == {"order-close", "activation-sms", "new"}
     assert QueueConfig.objects.get(name="new").paused is True
     assert not QueueConfig.objects.filter(name="bad").exists()
@@ -135,7 +135,7 @@ def test_saving_a_row_publishes_it_on_commit(
     assert (first["max_attempts"], first["paused"]) == ("8", "true")
     assert int(first["updated_ms"]) > 0
     with django_capture_on_commit_callbacks(execute=True):
-        mirror.set_paused("order-close", False)
+        sync.set_paused("order-close", False)
     second = published(redis_client)
     assert second["paused"] == "false"
     assert int(second["version"]) == int(first["version"]) + 1
@@ -154,11 +154,11 @@ def test_a_rolled_back_edit_is_not_published(redis_client: redis.Redis) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_publish_failure_does_not_fail_the_save(redis_client: redis.Redis) -> None:
-    from django_delayqueue.redis_server import free_port
+    from django_delayqueue.embedded import free_port
 
     dead = delayqueue(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
     with override_settings(DELAYQUEUE=dead):
-        mirror.set_paused("order-close", True)  # logged, not raised
+        sync.set_paused("order-close", True)  # logged, not raised
     assert QueueConfig.objects.get(name="order-close").paused is True
 
 
@@ -190,7 +190,7 @@ def test_a_pause_in_the_admin_stops_a_running_worker(redis_client: redis.Redis) 
         with override_settings(DELAYQUEUE=delayqueue(SETTINGS_REFRESH_SECONDS=FAST)):
             worker = Worker.for_queues(["order-close"], grace_seconds=2, idle_seconds=FAST)
             with running(worker):
-                mirror.set_paused("order-close", True)  # autocommit: published at once
+                sync.set_paused("order-close", True)  # autocommit: published at once
                 assert wait_for(lambda: worker.queues[0].settings.paused)
                 message_id = dq.schedule("order-close", {"order_id": 0}, on_commit=False)
                 # A few refresh rounds go by; the worker claims nothing meanwhile.
@@ -199,7 +199,7 @@ def test_a_pause_in_the_admin_stops_a_running_worker(redis_client: redis.Redis) 
                 assert redis_client.lrange(QueueKeys("dq", "order-close").ready, 0, -1) == [
                     message_id.encode()
                 ]
-                mirror.set_paused("order-close", False)
+                sync.set_paused("order-close", False)
                 assert wait_for(lambda: delivered == [message_id])
     finally:
         dq.topic("order-close").disconnect(record)
@@ -207,7 +207,7 @@ def test_a_pause_in_the_admin_stops_a_running_worker(redis_client: redis.Redis) 
 
 @pytest.mark.django_db
 def test_worker_starts_from_the_published_settings(redis_client: redis.Redis) -> None:
-    mirror.publish({"order-close": {"max_attempts": 7, "paused": True}})
+    overrides.publish({"order-close": {"max_attempts": 7, "paused": True}})
     worker = Worker.for_queues(["order-close"])
     assert worker.queues[0].settings.max_attempts == 5  # the file, until the first refresh
     worker.refresh()

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_delayqueue.core import Queue
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
 
 
 def run(*args: str) -> tuple[str, str]:

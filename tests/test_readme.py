@@ -61,8 +61,8 @@ from django.core.management import call_command
 from django.test import override_settings
 
 import django_delayqueue as dq
-from django_delayqueue.redis_server import RedisServerProcess
-from django_delayqueue.registry import topics
+from django_delayqueue.api import topics
+from django_delayqueue.embedded import RedisServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]

@@ -14,7 +14,7 @@ import redis
 from exploration_seeds import seeds
 from runqueue_exploration import Exploration
 
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 pytestmark = pytest.mark.slow
 

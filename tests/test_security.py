@@ -25,7 +25,7 @@ from tls_support import TlsRedis, plain_port_refuses, tls_redis
 
 import django_delayqueue
 import django_delayqueue as dq
-from django_delayqueue.connection import get_client
+from django_delayqueue.conf.connection import get_client
 from django_delayqueue.core import (
     ConfigurationError,
     DelayQueueError,
@@ -36,8 +36,8 @@ from django_delayqueue.core import (
     QueueSettings,
     RedisUnavailable,
 )
-from django_delayqueue.core.consumer import Consumer
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.worker import Worker
 
 PACKAGE = Path(django_delayqueue.__file__).resolve().parent

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from django_delayqueue.core import Queue
 from django_delayqueue.core.envelope import decode_envelope
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.spark import transforms as t
 from django_delayqueue.spark.bulk import (
     partition_writer,

@@ -10,7 +10,7 @@ import redis
 from core_consumer_support import burst as run_burst
 
 from django_delayqueue.core import Message, Queue, QueueSettings, Reject
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 T0 = 1_700_000_000_000  # the manual_clock fixture's start
 

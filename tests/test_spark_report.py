@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from django_delayqueue.core import QueueKeys
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 H = 1_699_999_200_000  # a whole UTC hour (2023-11-14T22:00Z)
 H2 = H + 3_600_000  # the next hour

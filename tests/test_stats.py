@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayqueue import stats
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
-from django_delayqueue.core.consumer import Consumer
+from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.errors import Reject
-from django_delayqueue.redis_server import free_port
+from django_delayqueue.embedded import free_port
+from django_delayqueue.monitoring import stats
 
 T0 = 1_700_000_000_000
 
@@ -228,7 +228,7 @@ def test_collect_reads_the_configured_queues_in_settings_order(redis_client):
 
 
 def test_collect_sees_what_the_settings_mirror_publishes(redis_client):
-    from django_delayqueue.mirror import publish
+    from django_delayqueue.conf.overrides import publish
 
     publish({"order-close": {"paused": True, "max_attempts": 3}})
     paused, running = stats.collect()

@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 from ci_support import skip_or_fail
 
-from django_delayqueue.redis_server import (
+from django_delayqueue.embedded import (
     RedisServerError,
     RedisServerProcess,
     find_redis_server,

@@ -13,7 +13,7 @@ from typing import Any
 from django.dispatch import receiver
 
 import django_delayqueue as dq
-from django_delayqueue.conf import queue_names
+from django_delayqueue.conf.settings import queue_names
 
 from .models import Order, SentSms, Store
 from .sms import send_sms
@@ -54,7 +54,7 @@ if SLOW_QUEUE in queue_names():
 
     @receiver(dq.topic(SLOW_QUEUE))
     def slow_handler(sender: str, message: dq.Message, **kwargs: Any) -> None:
-        from django_delayqueue.connection import get_client
+        from django_delayqueue.conf.connection import get_client
 
         get_client().rpush(SLOW_STARTED_KEY, message.id)
         time.sleep(float(message.payload.get("seconds", 1.0)))

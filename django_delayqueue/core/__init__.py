@@ -1,8 +1,8 @@
 """The Django-free engine: importable by a Spark executor or a plain script."""
 
-from .clock import Clock, ManualClock, RedisClock, SystemClock
-from .envelope import Message
-from .errors import (
+from django_delayqueue.core.clock import Clock, ManualClock, RedisClock, SystemClock
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import (
     ConfigurationError,
     CorruptEnvelope,
     DelayQueueError,
@@ -12,11 +12,11 @@ from .errors import (
     Retry,
     ScriptFailed,
 )
-from .inspection import snapshots
-from .keys import STATES, QueueKeys
-from .queue import Queue
-from .results import BulkResult, Page, PeekedMessage, ScheduleResult, Snapshot
-from .settings import QueueSettings
+from django_delayqueue.core.inspection import snapshots
+from django_delayqueue.core.keys import STATES, QueueKeys
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.results import BulkResult, Page, PeekedMessage, ScheduleResult, Snapshot
+from django_delayqueue.core.settings import QueueSettings
 
 __all__ = [
     "STATES",

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import PayloadError
-from .results import BulkResult, Rejected
+from django_delayqueue.core.errors import PayloadError
+from django_delayqueue.core.results import BulkResult, Rejected
 
 if TYPE_CHECKING:
-    from .bound import BoundScript
-    from .clock import Clock
+    from django_delayqueue.core.clock import Clock
+    from django_delayqueue.core.scripts.fast_path import BoundScript
 
 DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
 

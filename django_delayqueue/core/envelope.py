@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import CorruptEnvelope, PayloadError
+from django_delayqueue.core.errors import CorruptEnvelope, PayloadError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
 MAX_ID_LENGTH = 200

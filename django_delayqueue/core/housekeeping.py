@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .keys import QueueKeys
-from .scripts import LuaScript
+from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.scripts.calls import LuaScript
 
 if TYPE_CHECKING:
-    from .clock import Clock
+    from django_delayqueue.core.clock import Clock
 
 
 class Housekeeping:

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .envelope import to_str
-from .errors import ConfigurationError
-from .keys import STATES, QueueKeys
-from .results import Page, PeekedMessage, Snapshot
-from .scripts import LuaScript, ScriptBatch
+from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.keys import STATES, QueueKeys
+from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
 
 if TYPE_CHECKING:
-    from .clock import Clock
+    from django_delayqueue.core.clock import Clock
 
 MAX_PAGE = 1000  # most messages one peek may return
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import ConfigurationError
+from django_delayqueue.core.errors import ConfigurationError
 
 # Braces would break the hash tag, whitespace and control characters make keys unreadable.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")

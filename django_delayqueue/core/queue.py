@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
-from .bound import BoundScript
-from .bulk import DEFAULT_CHUNK as DEFAULT_CHUNK  # re-exported: the Spark job reads it here
-from .bulk import BulkScheduling
-from .clock import Clock, RedisClock, producer_now_ms
-from .envelope import (
+from django_delayqueue.core.bulk import (
+    DEFAULT_CHUNK as DEFAULT_CHUNK,  # re-exported: the Spark job reads it here
+)
+from django_delayqueue.core.bulk import BulkScheduling
+from django_delayqueue.core.clock import Clock, RedisClock, producer_now_ms
+from django_delayqueue.core.due_times import MAX_DUE_MS as MAX_DUE_MS  # re-exported
+from django_delayqueue.core.due_times import Delay, at_ms, delay_ms_of, retry_ms, round_up_ms
+from django_delayqueue.core.envelope import (
     Message,
     decode_envelope,
     encode_envelope,
@@ -21,115 +23,31 @@ from .envelope import (
     to_str,
     validate_id,
 )
-from .errors import (
-    MAX_RETRY_DELAY_SECONDS,
+from django_delayqueue.core.errors import (
     ConfigurationError,
     CorruptEnvelope,
     DelayQueueError,
     PayloadError,
 )
-from .housekeeping import Housekeeping
-from .inspection import Inspection
-from .keys import QueueKeys
-from .results import (
+from django_delayqueue.core.housekeeping import Housekeeping
+from django_delayqueue.core.inspection import Inspection
+from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.results import (
     PromoteResult,
     ReapResult,
     ScheduleResult,
 )
-from .scripts import LuaScript
-from .settings import QueueSettings
+from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.fast_path import BoundScript
+from django_delayqueue.core.settings import QueueSettings
 
 logger = logging.getLogger(__name__)
 
-Delay = float | int | timedelta
 MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
 # Producers announce a new message on the wake channel only when it is due within this long
 # (and earlier than every pending one); consumers never sleep longer than this without reading
 # the pending head, so later messages are found without an announcement (see schedule.lua).
 ANNOUNCE_WITHIN_MS = 2000
-
-
-# Every due time lies before 10000-01-01T00:00:00Z: as far as a datetime goes, and well inside
-# the 2**53 ms a double (Lua's numbers, sorted-set scores) holds to the millisecond. A larger
-# value (an inf that slipped through, 1e300 seconds) would be stored rounded, or not at all.
-MAX_DUE_MS = 253_402_300_800_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _ms(delay: Delay) -> float:
-    """``delay`` in milliseconds, fraction kept; PayloadError unless finite, >= 0 and bounded.
-
-    Rounded to the nanosecond: float noise (0.29 * 1000 is 290.00000000000006) must not add a
-    whole millisecond when the due time is rounded up.
-    """
-    if isinstance(delay, timedelta):
-        ms = (delay // timedelta(microseconds=1)) / 1000  # whole microseconds: exact
-    else:
-        try:
-            seconds = float(delay)
-        except (TypeError, ValueError, OverflowError):
-            raise PayloadError(
-                f"delay must be a number of seconds or a timedelta, not {delay!r}"
-            ) from None
-        if not math.isfinite(seconds):
-            raise PayloadError(f"delay must be zero or more seconds and finite, not {delay!r}")
-        ms = round(seconds * 1000, 6)
-    if ms < 0:
-        raise PayloadError(f"delay must be zero or more seconds, not {delay!r}")
-    if ms > MAX_DUE_MS:
-        raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
-    return ms
-
-
-def _round_up_ms(ms: float) -> int:
-    """``ms`` rounded up to a whole millisecond, float noise (below a nanosecond) ignored."""
-    return math.ceil(round(ms, 6))
-
-
-def _at_ms(at: datetime | int | float) -> int:
-    """``at`` in epoch milliseconds, rounded up (never before the instant asked for)."""
-    if isinstance(at, datetime):
-        if at.tzinfo is None:
-            raise PayloadError(
-                "at= needs a timezone-aware datetime (naive datetimes are ambiguous)"
-            )
-        # Whole microseconds, exactly: at.timestamp() * 1000 is a float, off by noise.
-        micros = (at - _EPOCH) // timedelta(microseconds=1)
-        due = -(-micros // 1000)
-    elif isinstance(at, int) and not isinstance(at, bool):
-        due = at  # epoch milliseconds
-    elif isinstance(at, float):
-        if not math.isfinite(at):
-            raise PayloadError(f"at= must be finite epoch milliseconds, not {at!r}")
-        if abs(at) > MAX_DUE_MS:  # before rounding: ceil(1e300) is a 300-digit int
-            raise PayloadError(f"at= {at!r} is beyond year 9999 (epoch milliseconds)")
-        due = _round_up_ms(at)
-    else:
-        raise PayloadError(f"at= must be an aware datetime or epoch milliseconds, not {at!r}")
-    if abs(due) > MAX_DUE_MS:
-        raise PayloadError(f"at= {at!r} is beyond year 9999, where due times end")
-    return due
-
-
-def _retry_ms(seconds: Any, backoff_max: float) -> int:
-    """A retry delay as whole milliseconds that nack.lua can store, whatever reached here.
-
-    Retry() checks its delay, but an outcome may come from elsewhere (a subclass, a custom
-    consumer, a setting). A nack whose arguments Redis refuses is never recorded, and the
-    consumer would try to record it forever: so a delay that is not a number, not finite or
-    too long becomes ``backoff_max``, a negative one 0. One bad value costs one message's
-    timing, never the consumer.
-    """
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError, OverflowError):
-        value = math.nan
-    if value < 0:
-        return 0
-    if not value <= MAX_RETRY_DELAY_SECONDS:  # nan, inf, 1e300
-        cap = float(backoff_max)
-        value = min(cap, MAX_RETRY_DELAY_SECONDS) if cap >= 0 else 0.0  # nan cap: at once
-    return _round_up_ms(value * 1000)
 
 
 class Queue(Inspection, Housekeeping, BulkScheduling):
@@ -195,11 +113,11 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             raise PayloadError("give delay= or at=, not both")
         now = self.clock.now_ms() if now_ms is None else now_ms
         if at is not None:
-            due = _at_ms(at)
-        elif delay is None or (delay_ms := _ms(delay)) == 0:
+            due = at_ms(at)
+        elif delay is None or (delay_ms := delay_ms_of(delay)) == 0:
             due = now
         else:
-            due = _round_up_ms(max(now, producer_now_ms(self.clock)) + delay_ms)
+            due = round_up_ms(max(now, producer_now_ms(self.clock)) + delay_ms)
             if due > MAX_DUE_MS:
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
@@ -341,9 +259,9 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
                     seconds = s.backoff(message.attempt)
                 except OverflowError:  # 2 ** attempt beyond a float: past the cap anyway
                     seconds = s.backoff_max
-                retry_at = now_ms + _retry_ms(seconds, s.backoff_max)
+                retry_at = now_ms + retry_ms(seconds, s.backoff_max)
             else:
-                retry_at = now_ms + _retry_ms(delay, s.backoff_max)
+                retry_at = now_ms + retry_ms(delay, s.backoff_max)
             args += (message.id, message.token, retry_at, reason[:2000])
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua

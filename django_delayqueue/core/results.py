@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envelope import decode_envelope
-from .errors import CorruptEnvelope
+from django_delayqueue.core.envelope import decode_envelope
+from django_delayqueue.core.errors import CorruptEnvelope
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
-from .errors import ConfigurationError
+from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from django_delayqueue.core.errors import ConfigurationError
 
 
 @dataclass(frozen=True)

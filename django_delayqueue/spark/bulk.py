@@ -23,13 +23,13 @@ import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame, SparkSession
 
-from ..core.clock import RedisClock
-from ..core.envelope import encode_envelope, validate_id
-from ..core.errors import ConfigurationError, PayloadError
-from ..core.keys import QueueKeys
-from ..core.queue import DEFAULT_CHUNK, Queue
-from .progress import ProgressCallback, watch_progress
-from .transforms import DUE, ID, PAYLOAD, REASON, MessageSpec, prepare, split
+from django_delayqueue.core.clock import RedisClock
+from django_delayqueue.core.envelope import encode_envelope, validate_id
+from django_delayqueue.core.errors import ConfigurationError, PayloadError
+from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
+from django_delayqueue.spark.progress import ProgressCallback, watch_progress
+from django_delayqueue.spark.transforms import DUE, ID, PAYLOAD, REASON, MessageSpec, prepare, split
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..report_files import chart_names
+from django_delayqueue.spark.chart_files import chart_names
 
 __all__ = ["chart_names", "lateness_chart", "outcomes_chart"]
 

@@ -2,8 +2,8 @@
 
 Each queue's capped stream (``QueueKeys.journal``) holds one entry per consumer batch (and one
 per ``cancel`` call) with fields ``n`` (row count) and ``o`` (a JSON list of rows laid out as
-:data:`~django_delayqueue.core.outcome.JOURNAL_FIELDS`). An export is incremental: it appends
-the entries newer than the newest one already exported for each queue, so exporting often
+:data:`~django_delayqueue.core.journal.JOURNAL_FIELDS`). An export is incremental: it
+appends the entries newer than the newest one already exported for each queue, so exporting often
 keeps the history that the stream's cap would otherwise drop.
 """
 
@@ -21,9 +21,9 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..core.envelope import to_str
-from ..core.keys import QueueKeys
-from ..core.outcome import JOURNAL_FIELDS
+from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.journal import JOURNAL_FIELDS
+from django_delayqueue.core.keys import QueueKeys
 
 logger = logging.getLogger(__name__)
 

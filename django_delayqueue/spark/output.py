@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .charts import chart_names, lateness_chart, outcomes_chart
-from .report import Report
+from django_delayqueue.spark.charts import chart_names, lateness_chart, outcomes_chart
+from django_delayqueue.spark.report import Report
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..core.outcome import ACK, GARBAGE, RETRY
+from django_delayqueue.core.journal import ACK, GARBAGE, RETRY
 
 CANCEL = "cancel"
 OUTCOMES = (ACK, RETRY, GARBAGE, CANCEL)

@@ -17,8 +17,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..core.envelope import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ID_LENGTH
-from ..core.errors import ConfigurationError
+from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ID_LENGTH
+from django_delayqueue.core.errors import ConfigurationError
 
 ID, DUE, PAYLOAD, REASON = "dq_id", "dq_due_ms", "dq_payload", "dq_reason"
 OUTPUT_COLUMNS = (ID, DUE, PAYLOAD, REASON)

@@ -24,8 +24,8 @@ from django.dispatch import receiver
 from ledger import EXIT, OK, RAISE, REJECT, Ledger
 
 import django_delayqueue as dq
+from django_delayqueue.api import topic
 from django_delayqueue.core import Message
-from django_delayqueue.registry import topic
 
 QUEUES = ("drill", "drill2", "drill3")
 

@@ -7,17 +7,15 @@ and the rest of the app work without pyspark or Java.
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
-from django_delayqueue.conf import DEFAULT_REDIS_URL, dq_settings
+from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, dq_settings
+from django_delayqueue.management.logs import BATCH_LEVELS, configure_logging
 
 # These commands print their own summary: the library's INFO lines start at --verbosity 2.
-LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
 
 def add_spark_arguments(parser: CommandParser) -> None:
@@ -38,7 +36,7 @@ def add_redis_argument(parser: CommandParser) -> None:
 
 def spark_session(app_name: str, master: str | None, verbosity: int = 1) -> Any:
     """The SparkSession for a command, or a CommandError saying what to install."""
-    configure_logging(verbosity)
+    configure_logging(verbosity, BATCH_LEVELS)
     try:
         from django_delayqueue.spark.session import get_spark
     except ImportError as e:
@@ -70,14 +68,3 @@ def redis_url(explicit: str | None = None) -> str:
 
 def split_columns(value: str | None) -> tuple[str, ...]:
     return tuple(c.strip() for c in (value or "").split(",") if c.strip())
-
-
-def configure_logging(verbosity: int) -> None:
-    """``--verbosity`` onto the package logger, with a stderr handler if none would print."""
-    logger = logging.getLogger("django_delayqueue")
-    logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
-    if logger.hasHandlers():  # one here or on an ancestor it propagates to
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(handler)

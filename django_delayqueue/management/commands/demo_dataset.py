@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ._spark import add_spark_arguments, spark_session
+from django_delayqueue.management.commands._spark import add_spark_arguments, spark_session
 
 FORMATS = ("parquet", "csv", "json")
 

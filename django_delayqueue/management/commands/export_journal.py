@@ -7,9 +7,8 @@ from typing import Any
 import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_delayqueue.conf import dq_settings, queue_names
-
-from ._spark import (
+from django_delayqueue.conf.settings import dq_settings, queue_names
+from django_delayqueue.management.commands._spark import (
     add_redis_argument,
     add_spark_arguments,
     redis_url,

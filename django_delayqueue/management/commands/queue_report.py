@@ -6,9 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_delayqueue.conf import dq_settings
-
-from ._spark import add_spark_arguments, spark_session
+from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.management.commands._spark import add_spark_arguments, spark_session
 
 
 class Command(BaseCommand):

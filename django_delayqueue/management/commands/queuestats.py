@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.stats import QueueStats, collect, format_seconds
+from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
 
 COLUMNS = (
     ("QUEUE", lambda s: s.queue),

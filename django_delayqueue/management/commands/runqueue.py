@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
-import sys
 import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.management.logs import configure_logging
 from django_delayqueue.worker import Worker
-
-LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
 class Command(BaseCommand):
@@ -74,16 +71,6 @@ class Command(BaseCommand):
             _restore_signal_handlers(previous)
         if code:
             raise CommandError(f"runqueue stopped with exit code {code}", returncode=code)
-
-
-def configure_logging(verbosity: int) -> None:
-    """Map ``--verbosity`` onto the package logger; add a handler when nothing would print."""
-    logger = logging.getLogger("django_delayqueue")
-    logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
-    if not logger.hasHandlers():  # one here or on an ancestor it propagates to
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
 
 
 def _install_signal_handlers(worker: Worker) -> dict[int, Any]:

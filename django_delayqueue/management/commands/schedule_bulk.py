@@ -9,10 +9,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_delayqueue.conf import dq_settings, queue_settings
+from django_delayqueue.conf.queues import queue_settings
+from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
-
-from ._spark import (
+from django_delayqueue.management.commands._spark import (
     add_redis_argument,
     add_spark_arguments,
     redis_url,

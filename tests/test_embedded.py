@@ -1,4 +1,4 @@
-"""django_delayqueue.redis_server and the Redis fixtures built on it.
+"""django_delayqueue.embedded and the Redis fixtures built on it.
 
 Every server here is a private one on a free port; the Redis on 6379 is never written to.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from django_delayqueue import redis_server as rs
-from django_delayqueue.redis_server import (
+from django_delayqueue import embedded as rs
+from django_delayqueue.embedded import (
     RedisServerError,
     RedisServerProcess,
     ensure_redis_url,

@@ -10,31 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .envelope import Message
-from .errors import Reject, Retry
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import Reject, Retry
+from django_delayqueue.core.journal import ACK, GARBAGE, RETRY, OutcomeStatus
 
 logger = logging.getLogger(__name__)
-
-ACK, RETRY, GARBAGE = "ack", "retry", "garbage"
-
-# Journal stream entries hold one consumer batch each (one XADD per batch, pipelined with
-# the acks, is what keeps the journal cheap). Field "o" is a JSON list of rows in this order:
-JOURNAL_FIELDS = (
-    "id",
-    "scheduled_ms",
-    "due_ms",
-    "delivered_ms",
-    "finished_ms",
-    "attempt",
-    "outcome",
-    "error",
-)
 
 
 @dataclass
 class Outcome:
     message: Message
-    status: str  # ack | retry | garbage
+    status: OutcomeStatus
     started_ms: int
     finished_ms: int
     delay: float | None = None  # retry delay the handler asked for (None: backoff)

@@ -1,4 +1,4 @@
-"""django_delayqueue.core.bound: schedule()'s pre-encoded calls on a pooled connection."""
+"""core.scripts.fast_path: schedule()'s pre-encoded calls on a kept pooled connection."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, ScriptFailed
-from django_delayqueue.core.bound import (
+from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.fast_path import (
     BoundScript,
     _kept_connection,
     _KeptConnection,
     _needs_command_name,
     encode_arguments,
 )
-from django_delayqueue.core.scripts import LuaScript
-from django_delayqueue.redis_server import RedisServerProcess
+from django_delayqueue.embedded import RedisServerProcess
 
 ECHO = LuaScript("echo", "return {KEYS[1], unpack(ARGV)}", "")
 

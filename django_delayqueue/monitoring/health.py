@@ -19,7 +19,13 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
-from .stats import DEFAULT_ALIVE_SECONDS, QueueStats, collect, format_seconds, setting
+from django_delayqueue.monitoring.stats import (
+    DEFAULT_ALIVE_SECONDS,
+    QueueStats,
+    collect,
+    format_seconds,
+    setting,
+)
 
 DEFAULT_MAX_OVERDUE_SECONDS = 60.0
 
@@ -73,7 +79,7 @@ def _check(failing: dict[str, str], **limits: float) -> dict[str, Any]:
 
 def _ping() -> list[str]:
     """With no queue configured there are no stats: ask Redis directly."""
-    from .connection import get_client
+    from django_delayqueue.conf.connection import get_client
 
     try:
         get_client().ping()

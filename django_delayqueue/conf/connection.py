@@ -6,11 +6,10 @@ import threading
 from typing import Any
 
 import redis
-from django.core.signals import setting_changed
 
-from .conf import DEFAULT_REDIS_URL, SETTING_NAME, dq_settings
-from .core.clock import Clock, RedisClock, SystemClock
-from .core.errors import ConfigurationError
+from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, dq_settings
+from django_delayqueue.core.clock import Clock, RedisClock, SystemClock
+from django_delayqueue.core.errors import ConfigurationError
 
 # A Redis that is down must make callers fail fast rather than hang a request or the loop;
 # Lua scripts are bounded, so 30 s without a reply means something is wrong.
@@ -87,11 +86,3 @@ def reset() -> None:
         # Not closed: a running worker may still hold the old client; its pool is collected.
         _client = None
         _clock = None
-
-
-def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTING_NAME:
-        reset()
-
-
-setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayqueue.connection")

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from .errors import RedisUnavailable, ScriptFailed
+from django_delayqueue.core.errors import RedisUnavailable, ScriptFailed
 
 _NOSCRIPT = "NOSCRIPT"
 
@@ -70,14 +70,14 @@ _SHARED_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end$", re.MULTILINE |
 
 
 def _read_lua(name: str) -> str:
-    return resources.files("django_delayqueue.core.lua").joinpath(f"{name}.lua").read_text()
+    return resources.files("django_delayqueue.core.scripts.lua").joinpath(f"{name}.lua").read_text()
 
 
 def script_names() -> list[str]:
     """The names of every script, sorted (``_shared.lua`` holds functions only: not one)."""
     return sorted(
         f.name.removesuffix(".lua")
-        for f in resources.files("django_delayqueue.core.lua").iterdir()
+        for f in resources.files("django_delayqueue.core.scripts.lua").iterdir()
         if f.name.endswith(".lua") and not f.name.startswith("_")
     )
 

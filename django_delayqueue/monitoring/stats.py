@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
-from .core.envelope import ms_to_datetime, to_str
-from .core.scripts import LuaScript, ScriptBatch
+from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
+from django_delayqueue.core.envelope import ms_to_datetime, to_str
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
 
 logger = logging.getLogger(__name__)
 
@@ -178,28 +178,19 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
     Raises :class:`~django_delayqueue.core.ConfigurationError` for a name that is not a
     configured queue; Redis errors never raise (see :class:`QueueStats`).
     """
-    from .conf import dq_settings, file_queue_settings, unknown_queue
-    from .conf import queue_names as configured
-    from .connection import get_client, get_clock
+    from django_delayqueue.conf.queues import build_queue, configured
+    from django_delayqueue.conf.settings import file_queue_settings
 
-    known = configured()
-    names = known if queue_names is None else list(queue_names)
-    for name in names:
-        if name not in known:
-            raise unknown_queue(name)
-    client, clock = get_client(), get_clock()
     queues = []
-    for name in names:
-        # Not api.get_queue: it re-reads each queue's published settings (a round trip per
+    for name in configured(queue_names):
+        # Not get_queue: it re-reads each queue's published settings (a round trip per
         # queue); stats.lua reads them in the one pipeline. The file settings are only the
         # fallback for the paused flag when nothing is published.
         try:
             settings = file_queue_settings(name)
         except ConfigurationError:  # reported by the system checks
             settings = QueueSettings()
-        queues.append(
-            Queue(client, name, prefix=dq_settings.PREFIX, settings=settings, clock=clock)
-        )
+        queues.append(build_queue(name, settings))
     return gather(queues, alive_seconds=consumer_alive_seconds())
 
 
@@ -211,7 +202,7 @@ def consumer_alive_seconds() -> float:
 
 def setting(name: str, default: float | None) -> float | None:
     """A numeric ``DELAYQUEUE`` setting of the monitoring side (None: turned off)."""
-    from .conf import dq_settings
+    from django_delayqueue.conf.settings import dq_settings
 
     try:
         value = getattr(dq_settings, name)

@@ -21,15 +21,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .clock import exact_now_ms
-from .envelope import Message
-from .errors import DelayQueueError
-from .extender import Extender
-from .outcome import Outcome, run_handler
-from .queue import ANNOUNCE_WITHIN_MS, Queue
-from .rounds import Rounds
-from .slots import QueueSlots
-from .waiter import Waiter, sleep_until_due
+from django_delayqueue.core.clock import exact_now_ms
+from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+from django_delayqueue.core.consumer.outcomes import Outcome, run_handler
+from django_delayqueue.core.consumer.rounds import Rounds
+from django_delayqueue.core.consumer.waiter import Waiter, sleep_until_due
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class Consumer(Rounds):
     def _start_slots(self) -> None:
         for q in self.queues:
             if q.name not in self._slots:
-                self._slots[q.name] = QueueSlots(
+                self._slots[q.name] = HandlerThreads(
                     q.name,
                     self._slot_count(q),
                     self._start_when_due,

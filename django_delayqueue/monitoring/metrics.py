@@ -1,4 +1,4 @@
-"""An optional Prometheus endpoint over :func:`django_delayqueue.stats.collect`.
+"""An optional Prometheus endpoint over :func:`django_delayqueue.monitoring.stats.collect`.
 
 Needs ``prometheus-client`` (``pip install 'django-delayqueue[metrics]'``); without it the view
 answers 501 saying so. The numbers are read from Redis at scrape time by a custom collector (one
@@ -19,8 +19,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
-from .core import STATES
-from .stats import QueueStats, collect
+from django_delayqueue.core import STATES
+from django_delayqueue.monitoring.stats import QueueStats, collect
 
 logger = logging.getLogger(__name__)
 

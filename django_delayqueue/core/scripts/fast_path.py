@@ -30,8 +30,8 @@ from typing import Any
 
 import redis
 
-from .errors import ScriptFailed
-from .scripts import LuaScript, ScriptBatch, is_noscript, redis_errors
+from django_delayqueue.core.errors import ScriptFailed
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, is_noscript, redis_errors
 
 _BROKEN_CONNECTION = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # Keep a connection checked out only from a pool this large (redis-py's default is 100): one

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 import redis
 
-from .envelope import Message
-from .outcome import ACK, GARBAGE, Outcome, journal_entry
-from .queue import Queue
-from .scripts import LuaScript, ScriptBatch
+from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
 
 logger = logging.getLogger(__name__)
 

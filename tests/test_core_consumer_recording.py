@@ -10,9 +10,9 @@ import pytest
 import redis
 from core_consumer_support import T0
 
-from django_delayqueue.core.outcome import ACK, GARBAGE, RETRY, Outcome
-from django_delayqueue.core.scripts import ScriptBatch
-from django_delayqueue.core.unrecorded import JOURNAL_TRIES, UnrecordedOutcomes
+from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, RETRY, Outcome
+from django_delayqueue.core.consumer.recording import JOURNAL_TRIES, UnrecordedOutcomes
+from django_delayqueue.core.scripts.calls import ScriptBatch
 
 
 def claimed_outcomes(q: Any, statuses: list[str]) -> list[Outcome]:

@@ -2,13 +2,13 @@
 
 A consumer gives every queue its own slots (its ``concurrency``), so a queue whose handlers are
 slow keeps only its own messages waiting, never another queue's. The loop thread claims into a
-queue's slots only what they have room for (:meth:`QueueSlots.room`): the free slots, plus a
+queue's slots only what they have room for (:meth:`HandlerThreads.room`): the free slots, plus a
 bounded prefetch while that queue's handlers are quick (then round trips are a real share of
 the time; with slow handlers a prefetched message would only wait here instead of on another
 consumer's free thread).
 
 Messages are tracked by their delivery token: tokens come from a per-queue counter, and every
-``QueueSlots`` holds one queue's messages, so a token is unique within it (queue A's token "1"
+``HandlerThreads`` holds one queue's messages, so a token is unique within it (queue A's token "1"
 and queue B's token "1" live in different objects).
 
 Handlers run on daemon threads so that a forced exit is not held up by a stuck handler (whose
@@ -23,8 +23,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .envelope import Message
-from .outcome import RETRY, Outcome
+from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+from django_delayqueue.core.envelope import Message
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ JOIN_SECONDS = 1.0
 RECORD_WITHIN_SECONDS = 0.1  # how long stop() waits for each idle thread to end
 
 
-class QueueSlots:
+class HandlerThreads:
     """The handler threads of one queue and the messages claimed for them."""
 
     def __init__(

@@ -10,7 +10,7 @@ import redis
 
 from django_delayqueue.core import ManualClock, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
-from django_delayqueue.core.waiter import (
+from django_delayqueue.core.consumer.waiter import (
     CLAIM_LEAD_MARGIN_MS,
     FIRST_CLAIM_LEAD_MS,
     MAX_CLAIM_LEAD_MS,

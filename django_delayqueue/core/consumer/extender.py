@@ -12,8 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .envelope import Message
-from .queue import Queue
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
 

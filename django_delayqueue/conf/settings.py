@@ -8,8 +8,9 @@
     }
 
 ``dq_settings`` is reloaded when ``override_settings`` (or anything sending ``setting_changed``)
-changes ``DELAYQUEUE``. :func:`queue_settings` gives the *effective* settings of a queue: the
-settings file merged with the overrides staff published from the admin (see ``mirror``).
+changes ``DELAYQUEUE``. ``conf.queues.queue_settings`` gives the *effective* settings of a
+queue: the settings file merged with the overrides staff published from the admin (see
+``conf.overrides``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from dataclasses import fields
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.core.signals import setting_changed
 
-from .core.errors import ConfigurationError
-from .core.settings import QueueSettings
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.settings import QueueSettings
 
 SETTING_NAME = "DELAYQUEUE"
 
@@ -47,6 +47,18 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 QUEUE_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSettings))
 CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("handler_time_limit",)
 QUEUE_KEYS: frozenset[str] = frozenset(QUEUE_SETTING_NAMES + CHECK_ONLY_QUEUE_KEYS)
+
+# The queue settings staff may change in the admin (QueueConfig rows, published to Redis); the
+# rest (payload limit, promote batch) stay in the settings file.
+MIRRORED_FIELDS: tuple[str, ...] = (
+    "max_attempts",
+    "backoff_base",
+    "backoff_max",
+    "visibility_timeout",
+    "claim_batch",
+    "concurrency",
+    "paused",
+)
 
 
 class DelayQueueSettings:
@@ -149,22 +161,3 @@ def settings_problems(values: dict[str, Any]) -> list[str]:
 def handler_time_limit(name: str) -> float | None:
     value = raw_queue_options(name).get("handler_time_limit")
     return None if value is None else float(value)
-
-
-def queue_settings(name: str) -> QueueSettings:
-    """Effective settings of ``name``: the file merged with the published admin overrides.
-
-    Read from Redis at most every ``SETTINGS_REFRESH_SECONDS`` per process; when Redis is down
-    the last known (or the file's) settings are used.
-    """
-    from .mirror import effective_settings  # mirror needs the connection; keep conf light
-
-    return effective_settings(name)
-
-
-def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTING_NAME:
-        dq_settings.reload()
-
-
-setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayqueue.conf")

@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from .clock import Clock, exact_now_ms
-from .envelope import to_str
+from django_delayqueue.core.clock import Clock, exact_now_ms
+from django_delayqueue.core.envelope import to_str
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,9 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from . import admin_views
-from .models import QueueConfig, QueueMessage
+from django_delayqueue.admin import actions as admin_actions
+from django_delayqueue.admin import views as admin_views
+from django_delayqueue.models import QueueConfig, QueueMessage
 
 
 @admin.register(QueueMessage)
@@ -65,7 +66,7 @@ class QueueMessageAdmin(admin.ModelAdmin):
         return admin_views.chart(self, request, queue, kind)
 
     def action_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
-        return admin_views.queue_action(self, request, queue, action)
+        return admin_actions.queue_action(self, request, queue, action)
 
 
 @admin.register(QueueConfig)
@@ -97,7 +98,7 @@ class QueueConfigAdmin(admin.ModelAdmin):
     ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        # Rows follow DELAYQUEUE["QUEUES"] (mirror.sync_queue_configs); a row for a queue the
+        # Rows follow DELAYQUEUE["QUEUES"] (conf.sync.sync_queue_configs); a row for a queue the
         # settings do not declare would configure nothing.
         return False
 

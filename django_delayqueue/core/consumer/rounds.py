@@ -11,13 +11,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .clock import Clock
-from .errors import DelayQueueError
-from .queue import Queue
-from .scripts import ScriptBatch, redis_errors
-from .slots import QueueSlots
-from .unrecorded import UnrecordedOutcomes
-from .waiter import MAX_CLAIM_LEAD_MS, Wake
+from django_delayqueue.core.clock import Clock
+from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
+from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptBatch, redis_errors
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Rounds:
         for q in queues:
             by_client.setdefault(id(q.client), (q.client, []))[1].append(q)
         self._clients = list(by_client.values())
-        self._slots: dict[str, QueueSlots] = {}
+        self._slots: dict[str, HandlerThreads] = {}
         self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen)
         self._next_wake: dict[str, int | None] = {}
         # Ready-list lengths seen by the last promote (less what the same round claimed), and

@@ -1,0 +1,149 @@
+"""The POST actions of a queue page: run now, cancel, requeue, purge, pause and resume.
+
+Each checks the view permission and its own; all are POST only (CSRF-checked by the middleware)
+and redirect back to the page they came from. Redis errors become a message, not a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.contrib.admin import ModelAdmin
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+)
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+
+from django_delayqueue.admin.common import (
+    CHANGE,
+    CHANGE_CONFIG,
+    DELETE,
+    action_url,
+    base_context,
+    page_number,
+    queue_url,
+    require_queue,
+    require_view,
+)
+from django_delayqueue.api import get_queue
+from django_delayqueue.conf.sync import set_paused
+from django_delayqueue.core import STATES, DelayQueueError
+from django_delayqueue.monitoring.stats import collect
+
+logger = logging.getLogger(__name__)
+
+
+MAX_IDS = 1000  # ids one POST may act on (Django's DATA_UPLOAD_MAX_NUMBER_FIELDS is 1000)
+
+
+@dataclass(frozen=True)
+class Action:
+    perm: str
+    states: tuple[str, ...]  # the states whose page offers it (none: queue-wide actions)
+    label: str
+    done: str  # message after it ran, formatted with the count
+
+
+ACTIONS = {
+    "run-now": Action(CHANGE, ("pending", "retry"), "Run now", "{n} message(s) moved to ready."),
+    "cancel": Action(CHANGE, ("pending", "ready", "retry"), "Cancel", "Cancelled {n} message(s)."),
+    "requeue": Action(CHANGE, ("garbage",), "Requeue", "Requeued {n} message(s) to ready."),
+    "purge": Action(DELETE, ("garbage",), "Delete", "Deleted {n} dead message(s)."),
+    "pause": Action(CHANGE_CONFIG, (), "Pause", "Queue paused."),
+    "resume": Action(CHANGE_CONFIG, (), "Resume", "Queue resumed."),
+}
+
+
+ALL_ACTIONS = ("requeue", "purge")  # the ones that may act on every message of a state
+
+
+def queue_action(
+    model_admin: ModelAdmin, request: HttpRequest, queue: str, action: str
+) -> HttpResponse:
+    """Run ``action`` on the posted message ids (``id``: one, ``ids``: the selected ones, or
+    ``all``: every dead letter, after a confirmation page), then go back to the queue page."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    require_view(model_admin, request)
+    require_queue(queue)
+    spec = ACTIONS.get(action)
+    if spec is None:
+        raise Http404(f"unknown action {action!r}")
+    if not request.user.has_perm(spec.perm):
+        raise PermissionDenied
+    site = model_admin.admin_site.name
+    state = request.POST.get("state")
+    state = state if state in STATES else (spec.states[0] if spec.states else "pending")
+    back = queue_url(site, queue, state, page_number(request.POST.get("p")))
+    user = request.user.get_username()
+
+    if action in ("pause", "resume"):
+        set_paused(queue, action == "pause")
+        logger.info("%s: %s queue %s", user, action, queue)
+        messages.success(request, f"{queue}: {spec.done} Consumers follow within seconds.")
+        return redirect(back)
+
+    every = bool(request.POST.get("all"))
+    if every and action not in ALL_ACTIONS:
+        messages.error(request, f"{spec.label} acts on selected messages only.")
+        return redirect(back)
+    if every and request.POST.get("confirm") != "yes":
+        return _confirm_all(model_admin, request, queue, action, spec, back)
+    ids = [] if every else _posted_ids(request)
+    if not every and not ids:
+        messages.warning(request, "No messages selected: nothing was done.")
+        return redirect(back)
+    q = get_queue(queue)
+    run = {"run-now": q.run_now, "cancel": q.cancel, "requeue": q.requeue, "purge": q.purge}
+    try:
+        done = run[action](*ids)
+    except DelayQueueError as e:
+        messages.error(request, f"{spec.label} failed: {e}")
+        return redirect(back)
+    logger.info(
+        "%s: %s on queue %s: %d of %s", user, action, queue, done, len(ids) if ids else "all"
+    )
+    text = spec.done.format(n=done)
+    if ids and done < len(ids):
+        missed = len(ids) - done
+        verb = "was" if missed == 1 else "were"
+        text += f" {missed} {verb} no longer in a state this action applies to."
+    messages.success(request, text)
+    return redirect(back)
+
+
+def _confirm_all(
+    model_admin: ModelAdmin,
+    request: HttpRequest,
+    queue: str,
+    action: str,
+    spec: Action,
+    back: str,
+) -> HttpResponse:
+    site = model_admin.admin_site.name
+    (stats,) = collect([queue])
+    context = {
+        **base_context(model_admin, request, "Are you sure?"),
+        "queue": queue,
+        "queue_url": queue_url(site, queue, "pending"),
+        "action": action,
+        "verb": "delete" if action == "purge" else "requeue",
+        "label": spec.label,
+        "count": stats.counts["garbage"],
+        "action_url": action_url(site, queue, action),
+        "back_url": back,
+    }
+    return TemplateResponse(request, "admin/django_delayqueue/confirm_all.html", context)
+
+
+def _posted_ids(request: HttpRequest) -> list[str]:
+    one = request.POST.get("id")
+    ids = [one] if one else request.POST.getlist("ids")
+    return list(dict.fromkeys(i for i in ids if i))[:MAX_IDS]

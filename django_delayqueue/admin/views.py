@@ -1,0 +1,242 @@
+"""The "Delay queues" admin pages: the overview, a page per queue, and the report's charts.
+
+Wired by :class:`~django_delayqueue.admin.QueueMessageAdmin` (whose ``admin_view`` wrapper
+keeps out anonymous and non-staff users). Every page checks the view permission, every action
+its own permission too; actions are POST only (CSRF-checked by the middleware) and redirect
+back to the page they came from. Redis errors become an error message on the page, not a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django.contrib.admin import ModelAdmin
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+)
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.text import Truncator
+
+from django_delayqueue.admin.actions import ACTIONS, ALL_ACTIONS
+from django_delayqueue.admin.common import (
+    APP,
+    CHANGE_CONFIG,
+    base_context,
+    button,
+    page_number,
+    queue_url,
+    require_queue,
+    require_view,
+)
+from django_delayqueue.api import get_queue
+from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.core import STATES, DelayQueueError, PeekedMessage
+from django_delayqueue.core.envelope import decode_envelope, ms_to_datetime
+from django_delayqueue.core.errors import CorruptEnvelope
+from django_delayqueue.models import QueueConfig
+from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
+from django_delayqueue.spark.chart_files import CHART_KINDS, chart_path
+
+logger = logging.getLogger(__name__)
+
+PER_PAGE = 50
+PREVIEW_CHARS = 120  # payload shown in the table; the full JSON (capped) is in the tooltip
+TOOLTIP_CHARS = 2000
+
+STATE_LABELS = {
+    "pending": "Pending",
+    "ready": "Ready",
+    "unack": "In flight",
+    "retry": "Retrying",
+    "garbage": "Garbage",
+}
+# What a state's zset score means ("ready" is a list: no score).
+# Pending's score is its due time, already a column of its own.
+SCORE_LABELS = {"unack": "Deadline", "retry": "Retry at", "garbage": "Died"}
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """Every queue: counts per state, oldest overdue age, paused, consumers, totals."""
+    require_view(model_admin, request)
+    site = model_admin.admin_site.name
+    all_stats = collect()
+    rows = [_overview_row(site, s) for s in all_stats]
+    errors = sorted({e for s in all_stats for e in s.errors})
+    context = {
+        **base_context(model_admin, request, "Delay queues"),
+        "rows": rows,
+        "states": [(s, STATE_LABELS[s]) for s in STATES],
+        "errors": errors,
+    }
+    return TemplateResponse(request, "admin/django_delayqueue/overview.html", context)
+
+
+def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> HttpResponse:
+    """One queue: its numbers, pause/resume, and a page of messages in one state."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    require_view(model_admin, request)
+    require_queue(queue)
+    site = model_admin.admin_site.name
+    state = request.GET.get("state") or "pending"
+    if state not in STATES:
+        raise Http404(f"unknown state {state!r}")
+    (stats,) = collect([queue])
+    total = stats.counts[state]
+    pages = max(1, -(-(total or 0) // PER_PAGE))
+    page = min(page_number(request.GET.get("p")), pages)
+    errors = list(stats.errors)
+    rows: list[dict[str, Any]] = []
+    try:
+        peeked = get_queue(queue).peek(state, (page - 1) * PER_PAGE, PER_PAGE)
+        rows = [_message_row(m) for m in peeked.messages]
+        total = peeked.total
+        pages = max(1, -(-total // PER_PAGE))
+    except DelayQueueError as e:
+        errors.append(f"messages: {e}")
+    user = request.user
+    offered = [
+        (name, a) for name, a in ACTIONS.items() if state in a.states and user.has_perm(a.perm)
+    ]
+    context = {
+        **base_context(model_admin, request, f"Queue {queue}"),
+        "queue": queue,
+        "stats": stats,
+        "summary": _overview_row(site, stats),
+        "state": state,
+        "state_label": STATE_LABELS[state],
+        "tabs": [
+            {
+                "state": s,
+                "label": STATE_LABELS[s],
+                "count": stats.counts[s],
+                "url": queue_url(site, queue, s),
+                "current": s == state,
+            }
+            for s in STATES
+        ],
+        "rows": rows,
+        "score_label": SCORE_LABELS.get(state),
+        "show_reason": state in ("retry", "garbage"),
+        "row_actions": [button(site, queue, name, a.label) for name, a in offered],
+        "all_actions": [
+            button(site, queue, n, f"{a.label} all…") for n, a in offered if n in ALL_ACTIONS
+        ],
+        "page": page,
+        "pages": pages,
+        "total": total,
+        "previous_url": queue_url(site, queue, state, page - 1) if page > 1 else None,
+        "next_url": queue_url(site, queue, state, page + 1) if page < pages else None,
+        "pause_action": _pause_button(site, request, queue, stats),
+        "settings_url": _settings_url(site, request, queue),
+        "charts": _chart_urls(site, queue),
+        "errors": errors,
+    }
+    return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
+
+
+def chart(model_admin: ModelAdmin, request: HttpRequest, queue: str, kind: str) -> HttpResponse:
+    """A PNG chart of the last ``queue_report`` (``DELAYQUEUE["REPORT_DIR"]``), for viewers."""
+    require_view(model_admin, request)
+    require_queue(queue)
+    report_dir = dq_settings.REPORT_DIR
+    path = chart_path(report_dir, queue, kind) if report_dir else None
+    if path is None:
+        raise Http404("no such chart: run queue_report --out REPORT_DIR")
+    return FileResponse(path.open("rb"), content_type="image/png")
+
+
+def _chart_urls(site: str, queue: str) -> list[dict[str, str]]:
+    report_dir = dq_settings.REPORT_DIR
+    if not report_dir:
+        return []
+    return [
+        {"kind": kind, "url": reverse(f"{site}:{APP}_queuemessage_chart", args=[queue, kind])}
+        for kind in CHART_KINDS
+        if chart_path(report_dir, queue, kind)
+    ]
+
+
+def _overview_row(site: str, s: QueueStats) -> dict[str, Any]:
+    return {
+        "name": s.queue,
+        "url": queue_url(site, s.queue, "pending"),
+        "counts": [
+            {"state": st, "value": s.counts[st], "url": queue_url(site, s.queue, st)}
+            for st in STATES
+        ],
+        "overdue": format_seconds(s.oldest_overdue_seconds),
+        "overdue_seconds": s.oldest_overdue_seconds,
+        "next_due": s.next_due_at,
+        "next_due_in": _due_in(s),
+        "paused": s.paused,
+        "consumers_alive": s.consumers_alive,
+        "consumers": [
+            {"name": name, "seen": ms_to_datetime(seen)} for name, seen in s.consumers[:10]
+        ],
+        "deliveries": s.deliveries,
+        "failures": s.failures,
+        "ok": s.ok,
+    }
+
+
+def _due_in(s: QueueStats) -> str:
+    if s.next_due_ms is None:
+        return "—"
+    if s.next_due_ms <= s.now_ms:
+        return "due now"
+    return "in " + format_seconds((s.next_due_ms - s.now_ms) / 1000)
+
+
+def _message_row(m: PeekedMessage) -> dict[str, Any]:
+    try:
+        due, scheduled, payload = decode_envelope(m.envelope)
+    except CorruptEnvelope:  # shown as stored, so staff can see what is wrong with it
+        due = scheduled = None
+        text = m.envelope
+    else:
+        text = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    return {
+        "id": m.id,
+        "preview": Truncator(text).chars(PREVIEW_CHARS),
+        "full": Truncator(text).chars(TOOLTIP_CHARS),
+        "corrupt": due is None,
+        "due_at": None if due is None else ms_to_datetime(due),
+        "scheduled_at": None if scheduled is None else ms_to_datetime(scheduled),
+        "when": None if m.score_ms is None else ms_to_datetime(m.score_ms),
+        "attempts": m.attempts,
+        "reason": m.reason,
+    }
+
+
+def _settings_url(site: str, request: HttpRequest, queue: str) -> str | None:
+    """The change page of the queue's settings row, for those who may see it."""
+    user = request.user
+    if not (user.has_perm(f"{APP}.view_queueconfig") or user.has_perm(CHANGE_CONFIG)):
+        return None
+    row = QueueConfig.objects.filter(name=queue).values_list("pk", flat=True).first()
+    if row is None:
+        return None
+    try:
+        return reverse(f"admin:{APP}_queueconfig_change", args=[row], current_app=site)
+    except NoReverseMatch:  # QueueConfig is not registered on this site
+        return None
+
+
+def _pause_button(
+    site: str, request: HttpRequest, queue: str, stats: QueueStats
+) -> dict[str, str] | None:
+    if not request.user.has_perm(CHANGE_CONFIG):
+        return None
+    action = "resume" if stats.paused else "pause"
+    return button(site, queue, action, ACTIONS[action].label)

@@ -1,0 +1,31 @@
+"""One ``setting_changed`` receiver that resets every cache the settings feed.
+
+``override_settings(DELAYQUEUE=...)`` in a test (or anything else sending ``setting_changed``)
+must reach all of them at once: the settings dict, the Redis client and clock, the published
+overrides and the Queue objects built from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.signals import setting_changed
+
+from django_delayqueue.conf import connection, overrides, queues
+from django_delayqueue.conf.settings import SETTING_NAME, dq_settings
+
+
+def reset_all() -> None:
+    """Forget every cached value built from ``settings.DELAYQUEUE``."""
+    dq_settings.reload()
+    connection.reset()
+    overrides.forget()
+    queues.reset()
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        reset_all()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayqueue.conf.caches")

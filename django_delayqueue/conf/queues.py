@@ -1,0 +1,87 @@
+"""The one place that builds a :class:`~django_delayqueue.core.queue.Queue` for Django.
+
+A queue built here uses the settings' Redis client, clock, key prefix and journal cap, so
+``dq.schedule``, the stats, the admin and ``runqueue`` all write the same keys the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from django_delayqueue.conf.connection import get_client, get_clock
+from django_delayqueue.conf.overrides import effective_settings
+from django_delayqueue.conf.settings import (
+    dq_settings,
+    file_queue_settings,
+    queue_names,
+    unknown_queue,
+)
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.settings import QueueSettings
+
+_queues: dict[str, Queue] = {}
+_lock = threading.Lock()
+
+
+def configured(names: Iterable[str] | None = None) -> list[str]:
+    """``names`` (default: every configured queue) without repeats, in the order given.
+
+    Raises :class:`ConfigurationError` for a name that is not in ``DELAYQUEUE['QUEUES']``.
+    """
+    known = queue_names()
+    chosen = known if names is None else list(dict.fromkeys(names))
+    for name in chosen:
+        if name not in known:
+            raise unknown_queue(name)
+    return chosen
+
+
+def build_queue(name: str, settings: QueueSettings | None = None) -> Queue:
+    """A new Queue object for configured queue ``name`` (default settings: the file's)."""
+    return Queue(
+        get_client(),
+        name,
+        prefix=dq_settings.PREFIX,
+        settings=file_queue_settings(name) if settings is None else settings,
+        clock=get_clock(),
+        journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
+    )
+
+
+def queue_settings(name: str) -> QueueSettings:
+    """Effective settings of ``name``: the file merged with the published admin overrides.
+
+    Read from Redis at most every ``SETTINGS_REFRESH_SECONDS`` per process; when Redis is down
+    the last known (or the file's) settings are used.
+    """
+    return effective_settings(name)
+
+
+def get_queue(name: str) -> Queue:
+    """The configured queue ``name`` (one object per name; its settings kept current).
+
+    Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a queue that is not
+    in ``DELAYQUEUE['QUEUES']``.
+    """
+    q = _queues.get(name)
+    if q is None:
+        configured([name])
+        with _lock:
+            q = _queues.get(name)
+            if q is None:
+                q = _queues[name] = build_queue(name, queue_settings(name))
+                return q
+    # Cheap: queue_settings reads Redis at most every SETTINGS_REFRESH_SECONDS.
+    q.settings = queue_settings(name)
+    return q
+
+
+def reset() -> None:
+    """Forget the cached queues (after the settings changed)."""
+    with _lock:
+        _queues.clear()
+
+
+__all__ = ["ConfigurationError", "build_queue", "configured", "get_queue", "queue_settings"]

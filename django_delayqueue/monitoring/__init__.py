@@ -1,0 +1,2 @@
+"""One stats function (``stats.collect``) feeding the admin, ``queuestats``, the Prometheus
+metrics (``metrics``) and the health probe (``health``)."""
