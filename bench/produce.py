@@ -53,7 +53,7 @@ def schedule_one(bench: Bench, sizes: Sizes) -> list[Row]:
         raw.evalsha_bound(share),
     )
     ours, evalsha, zadd, bound = result.rates
-    # The same one-line script sent the way schedule() sends its own (see core/scripts/fast_path.py):
+    # The same one-line script sent the way schedule() sends its own (core/scripts/fast_path.py):
     # how much of the ratio comes from skipping redis-py's per-command layer.
     lean_ratio = statistics.median(r[0] / r[3] for r in result.rounds)
     bench.flush()

@@ -21,6 +21,7 @@ from django.urls import URLPattern, path
 
 from django_delayqueue.admin import actions as admin_actions
 from django_delayqueue.admin import views as admin_views
+from django_delayqueue.conf.settings import MIRRORED_FIELDS
 from django_delayqueue.models import QueueConfig, QueueMessage
 
 
@@ -73,15 +74,11 @@ class QueueMessageAdmin(admin.ModelAdmin):
 class QueueConfigAdmin(admin.ModelAdmin):
     """The queue settings staff may tune; a save is published to running processes."""
 
+    # Every setting staff may tune (conf.settings.MIRRORED_FIELDS), the paused flag first.
     list_display = [
         "name",
         "paused",
-        "max_attempts",
-        "backoff_base",
-        "backoff_max",
-        "visibility_timeout",
-        "claim_batch",
-        "concurrency",
+        *(name for name in MIRRORED_FIELDS if name != "paused"),
         "updated_at",
     ]
     list_editable = ["paused", "max_attempts"]
