@@ -17,7 +17,6 @@ from django_delayqueue.conf.settings import (
     queue_names,
     unknown_queue,
 )
-from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.settings import QueueSettings
 
@@ -28,7 +27,8 @@ _lock = threading.Lock()
 def configured(names: Iterable[str] | None = None) -> list[str]:
     """``names`` (default: every configured queue) without repeats, in the order given.
 
-    Raises :class:`ConfigurationError` for a name that is not in ``DELAYQUEUE['QUEUES']``.
+    Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a name that is not
+    in ``DELAYQUEUE['QUEUES']``.
     """
     known = queue_names()
     chosen = known if names is None else list(dict.fromkeys(names))
@@ -82,6 +82,3 @@ def reset() -> None:
     """Forget the cached queues (after the settings changed)."""
     with _lock:
         _queues.clear()
-
-
-__all__ = ["ConfigurationError", "build_queue", "configured", "get_queue", "queue_settings"]
