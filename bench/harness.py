@@ -22,7 +22,8 @@ from typing import Any
 import redis
 
 from django_delayqueue.core.envelope import to_str
-from django_delayqueue.core.scripts.calls import LuaScript, script_names
+from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.loader import script_names
 from django_delayqueue.embedded import RedisServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent

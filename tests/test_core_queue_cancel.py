@@ -14,7 +14,7 @@ import redis
 
 from django_delayqueue.core import STATES
 from django_delayqueue.core.keys import TOMBSTONE_TOTAL
-from django_delayqueue.core.scripts.calls import _read_lua
+from django_delayqueue.core.scripts.loader import read_lua
 
 T0 = 1_700_000_000_000
 EMPTY = dict.fromkeys(STATES, 0)
@@ -210,7 +210,7 @@ def test_release_and_ack_are_not_confused_by_dead_entries(
 
 
 def test_the_total_field_is_spelled_once_for_python_and_lua() -> None:
-    assert f"'{TOMBSTONE_TOTAL}'" in _read_lua("_shared")
+    assert f"'{TOMBSTONE_TOTAL}'" in read_lua("includes/ready_list.lua")
 
 
 def test_cancel_of_a_message_whose_old_envelope_holds_an_infinite_time_is_journalled(

@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
+import subprocess
+import sys
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayqueue.core import ManualClock, Queue, RedisUnavailable, ScriptFailed
-from django_delayqueue.core.scripts.calls import (
-    LuaScript,
-    ScriptBatch,
-    script_names,
-    with_shared_functions,
+from django_delayqueue.core import (
+    ConfigurationError,
+    ManualClock,
+    Queue,
+    RedisUnavailable,
+    ScriptFailed,
 )
-from django_delayqueue.embedded import free_port
+from django_delayqueue.core.scripts import loader
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
+from django_delayqueue.core.scripts.loader import render, script_names
+from django_delayqueue.embedded import RedisServerProcess, free_port
 
 NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries connection errors by default
 
@@ -36,12 +44,105 @@ def test_every_transition_ships_as_a_lua_file() -> None:
     assert expected <= set(LUA_NAMES)
 
 
-def test_a_script_gets_the_shared_functions_it_calls_in_turn_defined_first() -> None:
-    # ack.lua calls succeed(), which calls place() and envelope_times(): a local function is
-    # visible only after its definition, so those come first, and unused ones not at all.
-    source = with_shared_functions("-- t: test\nreturn succeed(KEYS[1], 1)")
-    defined = re.findall(r"^local function (\w+)\(", source, re.MULTILINE)
-    assert defined == ["envelope_times", "place", "succeed"]
+def fake_lua(monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> None:
+    monkeypatch.setattr(loader, "read_lua", lambda path: files[path])
+    monkeypatch.setattr(loader, "script_names", lambda: [n[:-4] for n in files if "/" not in n])
+
+
+def test_an_include_is_replaced_by_its_file_depth_first_and_only_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_lua(
+        monkeypatch,
+        {
+            "s.lua": '-- s\n--- @include "includes/b.lua"\n--- @include "includes/a.lua"\nbody()\n',
+            "includes/a.lua": "local function a() end\n",
+            "includes/b.lua": '--- @include "includes/a.lua"\nlocal function b() a() end\n',
+        },
+    )
+    assert render("s") == (
+        "-- s\nlocal function a() end\nlocal function b() a() end\n"
+        "-- (included above: includes/a.lua)\nbody()\n"
+    )
+
+
+def test_an_include_cycle_or_a_missing_include_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_lua(
+        monkeypatch,
+        {
+            "s.lua": '--- @include "includes/a.lua"\n',
+            "includes/a.lua": '--- @include "includes/b.lua"\n',
+            "includes/b.lua": '--- @include "includes/a.lua"\n',
+        },
+    )
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape("include cycle: s.lua -> includes/a.lua -> includes/b.lua"),
+    ):
+        render("s")
+    with pytest.raises(ConfigurationError, match="no script 'nope'"):
+        render("nope")
+
+
+def test_a_missing_include_file_is_named() -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("no Lua file 'includes/nope.lua'")):
+        loader.read_lua("includes/nope.lua")
+
+
+@pytest.mark.parametrize("name", LUA_NAMES)
+def test_what_a_script_runs_is_what_its_files_say(name: str) -> None:
+    # No hidden preprocessing: the source sent is the file with its @include lines replaced by
+    # the named files, so every other line of the file is in it, in order, unchanged.
+    own = loader.read_lua(f"{name}.lua")
+    sent = LuaScript.named(name).source
+    assert sent == render(name)
+    kept = [line for line in own.splitlines() if not line.startswith("--- @include")]
+    position = 0
+    for line in kept:
+        position = sent.index(line, position)
+    # A helper the script calls is defined in what is sent (not spliced in by name).
+    for helper in re.findall(r"^local function (\w+)\(", sent, re.MULTILINE):
+        assert sent.index(f"local function {helper}(") < sent.rindex(f"{helper}(")
+
+
+def test_the_command_line_lists_and_renders_the_scripts() -> None:
+    command = [sys.executable, "-m", "django_delayqueue.core.scripts"]
+    listed = subprocess.run([*command, "list"], capture_output=True, text=True, check=True)
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == LUA_NAMES
+    assert f"schedule   {LuaScript.named('schedule').sha}" in listed.stdout
+    shown = subprocess.run([*command, "render", "schedule"], capture_output=True, text=True)
+    assert shown.stdout == LuaScript.named("schedule").source
+    wrong = subprocess.run([*command, "render", "nope"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "no script 'nope'" in wrong.stderr
+
+
+def test_the_rendered_source_runs_with_redis_cli_eval(
+    redis_server: RedisServerProcess, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    redis_cli = shutil.which("redis-cli")
+    if redis_cli is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("redis-cli is missing (Debian: redis-tools)")
+        pytest.skip("redis-cli is not installed")
+    script = tmp_path / "schedule.lua"
+    script.write_text(render("schedule"))  # what `python -m ...core.scripts render` prints
+    q = "{cli:q}"
+    keys = [f"{q}:{k}" for k in ("pending", "ready", "messages", "unack", "retry", "garbage")]
+    now = 1_700_000_000_000
+    args = [2000, f"{q}:wake", now, "m1", now + 60_000, "envelope-1"]
+    port = str(redis_server.port)
+    out = subprocess.run(
+        [redis_cli, "-p", port, "--eval", str(script), *keys, ",", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert out.stdout.split() == ["1"]  # one message scheduled
+    assert redis_client.zscore(keys[0], "m1") == now + 60_000
+    assert redis_client.hget(keys[2], "m1") == b"envelope-1"
 
 
 @pytest.mark.parametrize("name", LUA_NAMES)

@@ -25,7 +25,8 @@ from django_delayqueue.core.errors import CorruptEnvelope, PayloadError
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
 MAX_ID_LENGTH = 200
 
-# "<due>,<due - scheduled>," in hex; the same pattern as envelope_times() in lua/_shared.lua.
+# "<due>,<due - scheduled>," in hex; the same pattern as envelope_times() in
+# lua/includes/envelope.lua.
 _HEAD = re.compile(r"(-?[0-9a-fA-F]+),(-?[0-9a-fA-F]+),")
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 

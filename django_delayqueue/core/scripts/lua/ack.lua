@@ -14,11 +14,16 @@
 -- chunk of 1000, under Lua's unpack limit): a batch costs Redis little more than one message.
 -- Successors are looked for only when the queue has some (one EXISTS otherwise). A successor
 -- due now or within the horizon is announced on the wake channel, as schedule.lua does.
-guard(1, 2, 3, 4, 5, 6, 7)
+--- @include "includes/guard.lua"
+--- @include "includes/placing.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
+  KEYS[6], 'hash', KEYS[7], 'hash'
+)
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
 local successors = redis.call('EXISTS', KEYS[8]) == 1
-if successors then guard(8, 9, 10) end
+if successors then guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list') end
 local n, wake = 0, nil
 for i = 4, #ARGV, 2000 do
   local last = math.min(i + 1999, #ARGV)

@@ -16,7 +16,15 @@
 -- the entry, counts and peek skip it. An entry at either end of the list is popped instead.
 -- The cancelled messages are journalled as one entry (fields n, o) like a consumer batch: rows
 -- [id, scheduled, due, delivered (null), finished (now), attempts so far, 'cancel', ''].
-guard()
+--- @include "includes/guard.lua"
+--- @include "includes/envelope.lua"
+--- @include "includes/attempts.lua"
+--- @include "includes/ready_list.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
+  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash'
+)
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
 

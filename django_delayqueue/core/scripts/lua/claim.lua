@@ -13,6 +13,9 @@
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
 -- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
 -- not count towards N. An empty ready list costs one read.
+--- @include "includes/guard.lua"
+--- @include "includes/attempts.lua"
+--- @include "includes/ready_list.lua"
 local len = redis.call('LLEN', KEYS[1])
 if len == 0 then return {} end
 local want, dead_total = tonumber(ARGV[2]), dead_in_ready(KEYS[9])
@@ -42,8 +45,8 @@ for j = 1, n do
     bad[#bad + 1] = {ids[j], why}
   end
 end
-guard(2, 5)
-if #bad > 0 then guard(7, 8) end
+guard(KEYS[2], 'zset', KEYS[5], 'hash')
+if #bad > 0 then guard(KEYS[7], 'zset', KEYS[8], 'hash') end
 local first = 0
 if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end
 redis.call('LTRIM', KEYS[1], walked, -1)

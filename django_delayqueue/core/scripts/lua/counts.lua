@@ -8,6 +8,8 @@
 -- back (ready_since), not from the due time in its envelope, which it was delivered at before.
 -- The dead entries cancel left in the ready list are not counted, and the oldest ready message
 -- is the first live entry (looked for among the first 1000 dead ones: -1 past them).
+--- @include "includes/envelope.lua"
+--- @include "includes/ready_list.lua"
 local function first_score(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2]) or -1

@@ -12,7 +12,13 @@
 -- A message with a successor (scheduled with replace=True while it ran) keeps it through its
 -- retries; when it dies instead, the successor takes its place as a new message (what its
 -- caller asked for: replace=True replaces a dead message too), announced like schedule.lua's.
-guard()
+--- @include "includes/guard.lua"
+--- @include "includes/attempts.lua"
+--- @include "includes/placing.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
+  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list'
+)
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[#ARGV - 1])
 local results, wake = {}, nil

@@ -5,6 +5,8 @@
 -- ARGV[1] state name   ARGV[2] offset   ARGV[3] limit
 -- returns: {total, then quintuples: id, score ('' for ready), envelope or '', attempts, reason}
 -- An attempt count that is not a number is shown as 0, with the bad value named in the reason.
+--- @include "includes/attempts.lua"
+--- @include "includes/ready_list.lua"
 local states = {pending = 1, ready = 2, unack = 3, retry = 4, garbage = 5}
 local index = states[ARGV[1]]
 if not index then return redis.error_reply('unknown state ' .. ARGV[1]) end

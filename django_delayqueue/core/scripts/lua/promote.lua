@@ -12,6 +12,7 @@
 -- the ready length lets the caller skip its claim. Those reads also prove the three keys'
 -- types before anything is written; tokens and ready_since are checked only when a retry is
 -- due.
+--- @include "includes/guard.lua"
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local function head(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -19,7 +20,7 @@ local function head(key)
 end
 local heads = {head(KEYS[1]), head(KEYS[2])}
 local ready = redis.call('LLEN', KEYS[3])
-if heads[2] and heads[2] <= now then guard(4, 5) end
+if heads[2] and heads[2] <= now then guard(KEYS[4], 'hash', KEYS[5], 'hash') end
 local moved, more, next_due = 0, 0, -1
 for index = 1, 2 do
   local src, first = KEYS[index], heads[index]

@@ -5,7 +5,11 @@
 -- returns: {purged, dead letters left}
 -- A dead message keeps a successor only when a bad attempt count buried it at claim or release
 -- (nack and reap let the successor take its place): purging the id removes that too.
-guard()
+--- @include "includes/guard.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
+  KEYS[6], 'hash'
+)
 local ids = {}
 if #ARGV > 1 then
   for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end

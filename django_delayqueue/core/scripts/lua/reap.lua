@@ -12,6 +12,9 @@
 -- value (read before the message leaves unack: a script error then would lose it).
 -- A message with a successor (see nack.lua) keeps it when retried; when it dies, the successor
 -- takes its place (and the dead delivery's token goes: its late ack must not touch the new one).
+--- @include "includes/guard.lua"
+--- @include "includes/attempts.lua"
+--- @include "includes/placing.lua"
 local now, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local function head()
@@ -21,7 +24,10 @@ end
 -- Nothing past its deadline (the usual case) costs one read.
 local next_deadline = head()
 if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadline} end
-guard()
+guard(
+  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
+  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list'
+)
 local horizon, wake = now + tonumber(ARGV[6]), nil
 local function bury(id, reason)
   if redis.call('HEXISTS', KEYS[7], id) == 1 then

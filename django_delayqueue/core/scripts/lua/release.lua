@@ -8,7 +8,12 @@
 -- overdue from now (recorded in ready_since), not from the due time of its first delivery. A message whose
 -- attempt count is not a number cannot be given its attempt back: it goes to garbage with a
 -- reason naming the value (read before anything is written, unlike a failing HINCRBY).
-guard()
+--- @include "includes/guard.lua"
+--- @include "includes/attempts.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'zset',
+  KEYS[6], 'hash', KEYS[7], 'hash'
+)
 local n = 0
 for i = #ARGV - 1, 3, -2 do
   local id = ARGV[i]

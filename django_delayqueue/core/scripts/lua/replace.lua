@@ -17,7 +17,15 @@
 -- * in flight (unack): the message becomes the id's successor (replacing an earlier one),
 --   scheduled when the running delivery is acknowledged, or when it dies (ack, nack, reap).
 -- New messages due now, or due within the horizon, are announced on the wake channel.
-guard()
+--- @include "includes/guard.lua"
+--- @include "includes/ready_list.lua"
+--- @include "includes/state.lua"
+--- @include "includes/placing.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
+  KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
+  KEYS[11], 'hash', KEYS[12], 'hash'
+)
 local now = tonumber(ARGV[3])
 local horizon = now + tonumber(ARGV[1])
 local out, wake = {0}, nil

@@ -5,7 +5,11 @@
 -- ARGV[4..] ids (none: the oldest `limit` dead letters)
 -- returns: {requeued, dead letters left}
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
-guard()
+--- @include "includes/guard.lua"
+guard(
+  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
+  KEYS[6], 'hash'
+)
 local ids = {}
 if #ARGV > 3 then
   for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end

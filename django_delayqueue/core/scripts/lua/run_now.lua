@@ -4,7 +4,8 @@
 -- ARGV[1] wake channel   ARGV[2] now (ms)   ARGV[3..] ids
 -- returns: number of messages moved
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
-guard()
+--- @include "includes/guard.lua"
+guard(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash')
 local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]

@@ -11,6 +11,8 @@
 -- the horizon and earlier than every pending one. A consumer never sleeps longer than the
 -- horizon without reading the pending head itself, so a later message needs no announcement,
 -- and scheduling it does not read the head at all.
+--- @include "includes/guard.lua"
+--- @include "includes/state.lua"
 local now = tonumber(ARGV[3])
 local horizon = now + tonumber(ARGV[1])
 -- Types: ready and pending are written after a HSETNX (the first write, which proves the
@@ -19,8 +21,8 @@ local write_ready, write_pending = false, false
 for i = 5, #ARGV, 3 do
   if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
 end
-if write_pending then guard(1) end
-if write_ready then guard(2) end
+if write_pending then guard(KEYS[1], 'zset') end
+if write_ready then guard(KEYS[2], 'list') end
 local earliest, head_read, wake = nil, false, nil
 local created, out = 0, {0}
 for i = 4, #ARGV, 3 do

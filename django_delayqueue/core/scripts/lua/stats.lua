@@ -8,7 +8,8 @@
 -- ARGV[3] most consumers listed
 -- returns: {ack total, retry total, garbage total, more (1: journal entries left to tally),
 --           consumers alive, {consumer, last seen ms, ... newest first}, {field, value, ...}}
-guard()
+--- @include "includes/guard.lua"
+guard(KEYS[1], 'stream', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash')
 local limit = tonumber(ARGV[1])
 local cursor = redis.call('HGET', KEYS[2], 'cursor') or '0-0'
 local entries = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', limit)

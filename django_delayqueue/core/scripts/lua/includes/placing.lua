@@ -1,0 +1,34 @@
+-- includes/placing.lua: placing a stored message in pending or ready, and successors.
+--- @include "includes/envelope.lua"
+
+-- place(pending, ready, id, due, now, horizon): a message whose envelope is stored -> ready if
+-- due, else pending. Returns the time to announce on the wake channel (due now, or within the
+-- announce horizon), or nil.
+local function place(pending, ready, id, due, now, horizon)
+  if due <= now then
+    redis.call('RPUSH', ready, id)
+    return now
+  end
+  redis.call('ZADD', pending, due, id)
+  if due <= horizon then return due end
+  return nil
+end
+
+-- succeed(successors, messages, pending, ready, id, now, horizon): the message booked to follow
+-- id's delivery (schedule with replace=True while it was in flight) takes its place: stored as
+-- id's envelope and placed by its due time. The caller has removed the finished message from
+-- its state and hashes. Returns whether there was one, and the time to announce (or nil).
+local function succeed(successors, messages, pending, ready, id, now, horizon)
+  local envelope = redis.call('HGET', successors, id)
+  if not envelope then return false, nil end
+  redis.call('HDEL', successors, id)
+  redis.call('HSET', messages, id, envelope)
+  local due = envelope_times(envelope) or now
+  return true, place(pending, ready, id, due, now, horizon)
+end
+
+-- earlier(a, b): the earlier of two announce times, either of which may be nil.
+local function earlier(a, b)
+  if a == nil or (b ~= nil and b < a) then return b end
+  return a
+end
