@@ -1,7 +1,7 @@
 # Developer entry points. `make test` is also what CI runs (.ci/run).
 VENV ?= .venv
 PYTHON ?= python3
-EXTRAS ?= test,spark,metrics,embedded,bench
+EXTRAS ?= test,spark,metrics,embedded,bench,docs
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -77,6 +77,8 @@ system-deps:
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/mkdocs build --strict --quiet
 
 format: venv
 	$(BIN)/ruff check --fix .

@@ -6,6 +6,7 @@ Redis comes from ``$REDIS_URL`` so that ``make demo`` (run_demo.py) and the test
 
 import os
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent
 
@@ -73,7 +74,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-DELAYQUEUE = {
+DELAYQUEUE: dict[str, Any] = {
     "REDIS_URL": REDIS_URL,
     "PREFIX": "dq",
     "QUEUES": {

@@ -16,7 +16,7 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.keys import validate_name
-from django_delayqueue.core.results import ScheduleResult
+from django_delayqueue.core.results import Prepared, ScheduleResult
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +39,15 @@ def schedule(
     Returns the message id (``id`` if given). Scheduling an id that a message still holds
     (waiting, in flight, retrying or dead) creates nothing, and says so in the log (INFO, with
     the state). With ``replace=True`` the new message replaces a waiting or dead one, or, if
-    that one is being delivered, is scheduled when its delivery is acknowledged (README,
-    "Re-scheduling an id"). The payload, id and due time are checked now, so a bad payload
-    raises :class:`PayloadError` here. With ``on_commit`` (default ``DELAYQUEUE['ON_COMMIT']``,
-    True) a call inside ``transaction.atomic`` sends the message only when the transaction
-    commits, and not at all when it rolls back.
+    that one is being delivered, is scheduled when its delivery is acknowledged
+    (docs/scheduling.md, "Re-scheduling an id"). The payload, id and due time are checked
+    now, so a bad payload raises :class:`PayloadError` here. With ``on_commit`` (default
+    ``DELAYQUEUE['ON_COMMIT']``, True) a call inside ``transaction.atomic`` sends the message
+    only when the transaction commits, and not at all when it rolls back.
     """
     q = get_queue(queue)
     prepared = q.prepare(payload, delay=delay, at=at, id=id)
-    message_id = prepared[0]
+    message_id = prepared.id
     use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
     # Django defers an on_commit callback exactly when an atomic block is open; otherwise it
     # runs at once, in the caller's frame, and an error reaches the caller as it should.
@@ -74,7 +74,7 @@ def schedule(
     return message_id
 
 
-def _log_unsent(queue: str, prepared: tuple[str, int, str], error: Exception) -> None:
+def _log_unsent(queue: str, prepared: Prepared, error: Exception) -> None:
     """Log at ERROR a message whose send after a commit failed: id, due time and payload."""
     message_id, due_ms, envelope = prepared
     payload = decode_envelope(envelope)[2]

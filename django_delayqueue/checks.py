@@ -37,7 +37,7 @@ from django_delayqueue.core.keys import validate_name
 
 TAG = "delayqueue"
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
-_DOC = "See DELAYQUEUE in the django-delayqueue README."
+_DOC = "See DELAYQUEUE in docs/configuration.md of django-delayqueue."
 
 
 def register_checks() -> None:

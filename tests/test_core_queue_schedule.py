@@ -216,7 +216,7 @@ def test_schedule_many_publishes_once_per_call_with_the_earliest(wake: Any) -> N
 # --- schedule_many --------------------------------------------------------------------------------
 
 
-def test_schedule_many_counts_duplicates_and_rejects_bad_items(
+def test_schedule_many_counts_already_present_and_rejects_bad_items(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:
     q = make_queue(max_payload_bytes=100)
@@ -231,7 +231,7 @@ def test_schedule_many_counts_duplicates_and_rejects_bad_items(
         {"payload": 5, "delay": 1, "at": T0},
     ]
     result = q.schedule_many(items, chunk_size=2)
-    assert (result.scheduled, result.duplicates) == (2, 2)
+    assert (result.scheduled, result.already_present) == (2, 2)
     assert [(r.index, r.id) for r in result.rejected] == [
         (2, "bad-json"),
         (3, "too-big"),
@@ -251,7 +251,7 @@ def test_schedule_many_of_a_generator_larger_than_one_pipeline(
 ) -> None:
     q = make_queue()
     result = q.schedule_many(({"payload": i, "id": f"m{i}"} for i in range(250)), chunk_size=10)
-    assert (result.scheduled, result.duplicates, result.rejected) == (250, 0, [])
+    assert (result.scheduled, result.already_present, result.rejected) == (250, 0, [])
     assert ready_ids(redis_client, q) == [f"m{i}" for i in range(250)]
 
 
@@ -259,7 +259,7 @@ def test_schedule_prepared_uses_the_same_script(redis_client: redis.Redis, make_
     q = make_queue()
     prepared = [q.prepare({"n": i}, delay=i, id=f"p{i}") for i in range(3)]
     assert q.schedule_prepared(prepared).scheduled == 3
-    assert q.schedule_prepared(prepared).duplicates == 3
+    assert q.schedule_prepared(prepared).already_present == 3
     assert redis_client.zscore(q.keys.pending, "p2") == T0 + 2_000
     assert ready_ids(redis_client, q) == ["p0"]
 

@@ -131,7 +131,7 @@ def test_the_rendered_source_runs_with_redis_cli_eval(
     q = "{cli:q}"
     keys = [f"{q}:{k}" for k in ("pending", "ready", "messages", "unack", "retry", "garbage")]
     now = 1_700_000_000_000
-    args = [2000, f"{q}:wake", now, "m1", now + 60_000, "envelope-1"]
+    args = [now, 2000, f"{q}:wake", "m1", now + 60_000, "envelope-1"]
     port = str(redis_server.port)
     out = subprocess.run(
         [redis_cli, "-p", port, "--eval", str(script), *keys, ",", *map(str, args)],
@@ -157,6 +157,16 @@ def test_every_script_opens_with_its_contract(name: str) -> None:
     # Keys arrive through KEYS, never spelled in the script (that would break the cluster slot).
     body = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
     assert not re.search(r"['\"]\{", body), "a key name is built inside the script"
+
+
+@pytest.mark.parametrize("name", LUA_NAMES)
+def test_a_script_that_takes_the_time_takes_it_first(name: str) -> None:
+    # One convention for every script: ARGV[1] is the time when the script reads one, then its
+    # own parameters, then repeated items (a call helper's fixed prefix no longer decides).
+    header = [line for line in loader.read_lua(f"{name}.lua").splitlines() if line.startswith("--")]
+    argv = " ".join(line for line in header if "ARGV[" in line)
+    if "now (ms)" in argv:
+        assert "ARGV[1] now (ms)" in argv, argv
 
 
 def test_scripts_are_loaded_once_and_hashed_like_redis(redis_client: redis.Redis) -> None:
@@ -198,7 +208,7 @@ def test_batch_after_script_flush_runs_every_call_once_in_order(redis_client: re
     q = Queue(redis_client, "q", clock=ManualClock())
     redis_client.script_flush()
     result = q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(10)], chunk_size=3)
-    assert (result.scheduled, result.duplicates) == (10, 0)
+    assert (result.scheduled, result.already_present) == (10, 0)
     # Each id once, in the order given (a re-run after NOSCRIPT must not duplicate or reorder).
     assert redis_client.lrange(q.keys.ready, 0, -1) == [f"m{i}".encode() for i in range(10)]
 

@@ -65,7 +65,7 @@ def test_schedule_after_script_flush_loads_the_script_and_runs_each_call_once(
     assert q.schedule("one", id="one").created
     redis_client.script_flush()
     result = q.schedule_many([{"payload": i, "delay": 5} for i in range(1200)], chunk_size=100)
-    assert (result.scheduled, result.duplicates) == (1200, 0)
+    assert (result.scheduled, result.already_present) == (1200, 0)
     assert q.counts()["pending"] == 1200 and q.counts()["ready"] == 2
 
 
@@ -377,7 +377,7 @@ def test_schedule_many_cut_mid_way_counts_every_message_once(
     result = q.schedule_many([{"payload": n, "id": f"m{n}"} for n in range(50)], chunk_size=10)
     assert proxy.cut.is_set()
     # Before: the 2 chunks answered before the cut were sent again and counted as duplicates.
-    assert (result.scheduled, result.duplicates) == (50, 0)
+    assert (result.scheduled, result.already_present) == (50, 0)
     assert redis_client.llen(q.keys.ready) == 50
     client.close()
     proxy.close()

@@ -55,7 +55,7 @@ ACTIONS = {
     "run-now": Action(CHANGE, ("pending", "retry"), "Run now", "{n} message(s) moved to ready."),
     "cancel": Action(CHANGE, ("pending", "ready", "retry"), "Cancel", "Cancelled {n} message(s)."),
     "requeue": Action(CHANGE, ("garbage",), "Requeue", "Requeued {n} message(s) to ready."),
-    "purge": Action(DELETE, ("garbage",), "Delete", "Deleted {n} dead message(s)."),
+    "purge": Action(DELETE, ("garbage",), "Purge", "Purged {n} dead letter(s)."),
     "pause": Action(CHANGE_CONFIG, (), "Pause", "Queue paused."),
     "resume": Action(CHANGE_CONFIG, (), "Resume", "Queue resumed."),
 }
@@ -134,7 +134,7 @@ def _confirm_all(
         "queue": queue,
         "queue_url": queue_url(site, queue, "pending"),
         "action": action,
-        "verb": "delete" if action == "purge" else "requeue",
+        "verb": "purge" if action == "purge" else "requeue",
         "label": spec.label,
         "count": stats.counts["garbage"],
         "action_url": action_url(site, queue, action),

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.urls import URLPattern, path
 
 from django_delayqueue.admin import actions as admin_actions
@@ -63,7 +64,7 @@ class QueueMessageAdmin(admin.ModelAdmin):
     def queue_view(self, request: HttpRequest, queue: str) -> HttpResponse:
         return admin_views.queue_page(self, request, queue)
 
-    def chart_view(self, request: HttpRequest, queue: str, kind: str) -> HttpResponse:
+    def chart_view(self, request: HttpRequest, queue: str, kind: str) -> HttpResponseBase:
         return admin_views.chart(self, request, queue, kind)
 
     def action_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:

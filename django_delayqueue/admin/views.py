@@ -55,7 +55,7 @@ STATE_LABELS = {
     "ready": "Ready",
     "unack": "In flight",
     "retry": "Retrying",
-    "garbage": "Garbage",
+    "garbage": "Dead letters",
 }
 # What a state's zset score means ("ready" is a list: no score).
 # Pending's score is its due time, already a column of its own.
@@ -145,7 +145,7 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
 
 
-def chart(model_admin: ModelAdmin, request: HttpRequest, queue: str, kind: str) -> HttpResponse:
+def chart(model_admin: ModelAdmin, request: HttpRequest, queue: str, kind: str) -> FileResponse:
     """A PNG chart of the last ``queue_report`` (``DELAYQUEUE["REPORT_DIR"]``), for viewers."""
     require_view(model_admin, request)
     require_queue(queue)
@@ -199,6 +199,8 @@ def _due_in(s: QueueStats) -> str:
 
 
 def _message_row(m: PeekedMessage) -> dict[str, Any]:
+    due: int | None
+    scheduled: int | None
     try:
         due, scheduled, payload = decode_envelope(m.envelope)
     except CorruptEnvelope:  # shown as stored, so staff can see what is wrong with it

@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, dq_settings
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock, RedisClock, SystemClock
 from django_delayqueue.core.errors import ConfigurationError
 
@@ -21,7 +22,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 _lock = threading.Lock()
-_client: Any = None
+_client: RedisClient | None = None
 _clock: Clock | None = None
 
 

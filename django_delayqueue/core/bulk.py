@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.errors import PayloadError
-from django_delayqueue.core.results import BulkResult, Rejected
+from django_delayqueue.core.results import BulkResult, Prepared, Rejected
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -23,6 +23,7 @@ class BulkScheduling:
     clock: Clock
     _schedule_one: BoundScript
     _replace_one: BoundScript
+    announce_args: tuple[int, str]
 
     if TYPE_CHECKING:
 
@@ -34,7 +35,7 @@ class BulkScheduling:
             at: Any = None,
             id: str | None = None,
             now_ms: int | None = None,
-        ) -> tuple[str, int, str]: ...
+        ) -> Prepared: ...
 
     def schedule_many(
         self,
@@ -51,7 +52,7 @@ class BulkScheduling:
         """
         total = BulkResult()
         now = self.clock.now_ms()
-        pending: list[tuple[str, int, str]] = []
+        pending: list[Prepared] = []
         flags: list[bool] = []
         for index, item in enumerate(items):
             try:
@@ -75,7 +76,7 @@ class BulkScheduling:
 
     def schedule_prepared(
         self,
-        prepared: Sequence[tuple[str, int, str]],
+        prepared: Sequence[Prepared],
         *,
         chunk_size: int = DEFAULT_CHUNK,
         replace: bool = False,
@@ -86,7 +87,7 @@ class BulkScheduling:
 
     def _send_prepared(
         self,
-        prepared: Sequence[tuple[str, int, str]],
+        prepared: Sequence[Prepared],
         now: int,
         chunk_size: int,
         flags: Sequence[bool],
@@ -100,7 +101,7 @@ class BulkScheduling:
                 end += 1
             calls, sizes = [], []
             for chunk in _chunks(prepared[start:end], chunk_size):
-                args: list[Any] = [now]
+                args: list[Any] = [now, *self.announce_args]
                 for message_id, due, envelope in chunk:
                     args += (message_id, due, envelope)
                 calls.append(args)
@@ -110,7 +111,7 @@ class BulkScheduling:
                 stored, taken = int(reply[0]), (len(reply) - 1) // 2
                 result.scheduled += stored - (taken if replace else 0)
                 result.replaced += taken if replace else 0
-                result.duplicates += 0 if replace else size - stored
+                result.already_present += 0 if replace else size - stored
             start = end
         return result
 

@@ -11,7 +11,9 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
+
+from django_delayqueue.core.client import RedisClient
 
 
 class Clock(Protocol):
@@ -69,7 +71,7 @@ class RedisClock:
 
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         resync_seconds: float = 60.0,
         *,
         monotonic: Callable[[], float] | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import LuaScript
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class Housekeeping:
-    client: Any
+    client: RedisClient
     keys: QueueKeys
     clock: Clock
     journal_maxlen: int
@@ -48,7 +49,7 @@ class Housekeeping:
         return LuaScript.named("run_now")(
             self.client,
             [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
-            [k.wake_channel, self.clock.now_ms(), *ids],
+            [self.clock.now_ms(), k.wake_channel, *ids],
         )
 
     def requeue(self, *ids: str, limit: int = 1000) -> int:
@@ -57,14 +58,14 @@ class Housekeeping:
         script = LuaScript.named("requeue")
         keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
         if ids:
-            args = [limit, k.wake_channel, self.clock.now_ms(), *ids]
+            args = [self.clock.now_ms(), limit, k.wake_channel, *ids]
             return int(script(self.client, keys, args)[0])
         return sum(
-            _drain(lambda: script(self.client, keys, [limit, k.wake_channel, self.clock.now_ms()]))
+            _drain(lambda: script(self.client, keys, [self.clock.now_ms(), limit, k.wake_channel]))
         )
 
     def purge(self, *ids: str, limit: int = 1000) -> int:
-        """Delete dead letters for good (all of them when no ids are given)."""
+        """Purge dead letters: deleted for good (all of them when no ids are given)."""
         k = self.keys
         script = LuaScript.named("purge")
         keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons, k.successors]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import STATES, QueueKeys
@@ -22,7 +23,7 @@ MAX_PAGE = 1000  # most messages one peek may return
 
 
 class Inspection:
-    client: Any
+    client: RedisClient
     name: str
     keys: QueueKeys
     clock: Clock
@@ -44,7 +45,7 @@ class Inspection:
 
     def snapshot_result(self, raw: Sequence[Any], now_ms: int) -> Snapshot:
         values = [int(x) for x in raw]
-        counts = dict(zip(STATES, values[:5], strict=False))
+        counts: dict[str, int] = dict(zip(STATES, values[:5], strict=False))
         first_pending, first_retry, ready_due = values[5:8]
         overdue = [t for t in (first_pending, first_retry, ready_due) if 0 <= t <= now_ms]
         upcoming = [t for t in (first_pending, first_retry) if t >= 0]

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from django_delayqueue.core.errors import ConfigurationError
 
 # Braces would break the hash tag, whitespace and control characters make keys unreadable.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
-STATES = ("pending", "ready", "unack", "retry", "garbage")
+# The five states of a message. Shown in the admin as Pending, Ready, In flight, Retrying and
+# Dead letters; everywhere else (settings, stats, metrics, docs) by these names.
+State = Literal["pending", "ready", "unack", "retry", "garbage"]
+STATES: tuple[State, ...] = ("pending", "ready", "unack", "retry", "garbage")
 # The field of the cancelled hash that sums its counts; never an id (ids have no edge spaces).
 TOMBSTONE_TOTAL = " total"
 

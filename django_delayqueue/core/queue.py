@@ -11,6 +11,7 @@ from django_delayqueue.core.bulk import (
     DEFAULT_CHUNK as DEFAULT_CHUNK,  # re-exported: the Spark job reads it here
 )
 from django_delayqueue.core.bulk import BulkScheduling
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock, RedisClock, producer_now_ms
 from django_delayqueue.core.due_times import MAX_DUE_MS as MAX_DUE_MS  # re-exported
 from django_delayqueue.core.due_times import Delay, at_ms, delay_ms_of, retry_ms, round_up_ms
@@ -33,6 +34,7 @@ from django_delayqueue.core.housekeeping import Housekeeping
 from django_delayqueue.core.inspection import Inspection
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.results import (
+    Prepared,
     PromoteResult,
     ReapResult,
     ScheduleResult,
@@ -55,7 +57,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
 
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         name: str,
         *,
         prefix: str = "dq",
@@ -74,7 +76,6 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             LuaScript.named("schedule"),
             client,
             [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage],
-            [ANNOUNCE_WITHIN_MS, k.wake_channel],
         )
         # replace=True: a script of its own, so the hot path above stays as lean as it was.
         replace_keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage]
@@ -83,8 +84,9 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             LuaScript.named("replace"),
             client,
             [*replace_keys, k.reasons, k.successors, k.cancelled, k.ready_since],
-            [ANNOUNCE_WITHIN_MS, k.wake_channel],
         )
+        # What schedule.lua and replace.lua take after the time: when and where to announce.
+        self.announce_args: tuple[int, str] = (ANNOUNCE_WITHIN_MS, k.wake_channel)
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 
     def __repr__(self) -> str:
@@ -100,8 +102,8 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         at: datetime | int | float | None = None,
         id: str | None = None,
         now_ms: int | None = None,
-    ) -> tuple[str, int, str]:
-        """Validate one message and return ``(id, due_ms, envelope)``; raise PayloadError.
+    ) -> Prepared:
+        """Validate one message and return it encoded (:class:`Prepared`); raise PayloadError.
 
         Never early: the due time is the instant asked for rounded up to a whole millisecond,
         a delay counted from the producer's reading of the clock (never behind the server's,
@@ -122,7 +124,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
-        return message_id, due, encode_envelope(payload_json, due, now)
+        return Prepared(message_id, due, encode_envelope(payload_json, due, now))
 
     def schedule(
         self,
@@ -145,7 +147,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
 
     def send_prepared(
         self,
-        prepared: tuple[str, int, str],
+        prepared: Prepared,
         *,
         now_ms: int | None = None,
         replace: bool = False,
@@ -157,7 +159,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
         script = self._replace_one if replace else self._schedule_one
-        reply = script(now, message_id, due, envelope)
+        reply = script(now, *self.announce_args, message_id, due, envelope)
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
@@ -191,7 +193,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         keys = [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons]
         keys += (k.cancelled, k.ready_since)
-        return LuaScript.named("claim"), keys, [deadline, count, now_ms]
+        return LuaScript.named("claim"), keys, [now_ms, deadline, count]
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
         """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""
@@ -250,7 +252,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
     ) -> tuple[LuaScript, list, list]:
         k = self.keys
         s = self.settings
-        args: list[Any] = [now_ms, s.max_attempts]
+        args: list[Any] = [now_ms, s.max_attempts, ANNOUNCE_WITHIN_MS, k.wake_channel]
         for message, delay, reason in failures:
             if bury:
                 retry_at = -1
@@ -265,7 +267,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             args += (message.id, message.token, retry_at, reason[:2000])
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua
-        return LuaScript.named("nack"), keys, [*args, ANNOUNCE_WITHIN_MS, k.wake_channel]
+        return LuaScript.named("nack"), keys, args
 
     def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
         """A delivery failed: retry after ``delay`` seconds (default: backoff with jitter).
@@ -321,7 +323,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         if not messages:
             return 0
         k = self.keys
-        args: list[Any] = [k.wake_channel, self.clock.now_ms()]
+        args: list[Any] = [self.clock.now_ms(), k.wake_channel]
         for m in messages:
             args += (m.id, m.token)
         return LuaScript.named("release")(

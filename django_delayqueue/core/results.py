@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.core.errors import CorruptEnvelope
+
+
+class Prepared(NamedTuple):
+    """One message checked and encoded by ``Queue.prepare``, ready for ``send_prepared``."""
+
+    id: str
+    due_ms: int
+    envelope: str
 
 
 @dataclass(frozen=True)
@@ -46,13 +54,13 @@ class Rejected:
 @dataclass
 class BulkResult:
     scheduled: int = 0  # new messages under free ids
-    duplicates: int = 0  # not created: the id was taken and replace was not asked for
+    already_present: int = 0  # not created: the id was taken and replace was not asked for
     rejected: list[Rejected] = field(default_factory=list)
     replaced: int = 0  # stored with replace over a message holding the id (or as a successor)
 
     def merge(self, other: BulkResult) -> None:
         self.scheduled += other.scheduled
-        self.duplicates += other.duplicates
+        self.already_present += other.already_present
         self.replaced += other.replaced
         self.rejected.extend(other.rejected)
 

@@ -28,6 +28,7 @@ from django_delayqueue.core.envelope import encode_envelope, validate_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
+from django_delayqueue.core.results import Prepared
 from django_delayqueue.spark.progress import ProgressCallback, watch_progress
 from django_delayqueue.spark.transforms import DUE, ID, PAYLOAD, REASON, MessageSpec, prepare, split
 
@@ -202,7 +203,7 @@ def _send(
 ) -> tuple[int, int, list[tuple[str, int, str, str]]]:
     scheduled = present = 0
     refused: list[tuple[str, int, str, str]] = []
-    prepared: list[tuple[str, int, str]] = []
+    prepared: list[Prepared] = []
     flush_at = chunk_size * PIPELINE_CHUNKS
     for batch in batches:
         ids = batch.column(ID).to_pylist()
@@ -214,14 +215,14 @@ def _send(
             except PayloadError as e:
                 refused.append((message_id, due, payload, f"bad id: {e}"))
                 continue
-            prepared.append((message_id, due, encode_envelope(payload, due, now_ms)))
+            prepared.append(Prepared(message_id, due, encode_envelope(payload, due, now_ms)))
             if len(prepared) >= flush_at:
                 result = q.schedule_prepared(prepared, chunk_size=chunk_size)
-                scheduled, present = scheduled + result.scheduled, present + result.duplicates
+                scheduled, present = scheduled + result.scheduled, present + result.already_present
                 prepared = []
     if prepared:
         result = q.schedule_prepared(prepared, chunk_size=chunk_size)
-        scheduled, present = scheduled + result.scheduled, present + result.duplicates
+        scheduled, present = scheduled + result.scheduled, present + result.already_present
     return scheduled, present, refused
 
 

@@ -21,6 +21,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.journal import JOURNAL_FIELDS
 from django_delayqueue.core.keys import QueueKeys
@@ -51,7 +52,7 @@ ROWS_PER_WRITE = 200_000  # rows held on the driver before they are written
 PAGE = 1000  # stream entries per XRANGE
 
 
-def discover_queues(client: Any, prefix: str) -> list[str]:
+def discover_queues(client: RedisClient, prefix: str) -> list[str]:
     """Names of the queues that have a journal stream under ``prefix``."""
     marker = f"{{{prefix}:"
     names = set()
@@ -63,12 +64,15 @@ def discover_queues(client: Any, prefix: str) -> list[str]:
 
 
 def read_entries(
-    client: Any, stream: str, after: str | None = None, page: int = PAGE
-) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    client: RedisClient, stream: str, after: str | None = None, page: int = PAGE
+) -> Iterator[tuple[str, dict[Any, Any]]]:  # bytes keys, or str from a decoding client
     """Entries of ``stream`` newer than entry id ``after`` (all when ``None``), oldest first."""
     start = f"({after}" if after else "-"
     while True:
-        entries = client.xrange(stream, min=start, max="+", count=page)
+        # redis-py types the reply as optional; XRANGE always answers a list.
+        entries: list[tuple[Any, dict[Any, Any]]] = client.xrange(
+            stream, min=start, max="+", count=page
+        )  # type: ignore[assignment]
         for entry_id, fields in entries:
             yield to_str(entry_id), fields
         if len(entries) < page:
@@ -77,7 +81,7 @@ def read_entries(
 
 
 def journal_rows(
-    client: Any, prefix: str, queue: str, after: str | None = None
+    client: RedisClient, prefix: str, queue: str, after: str | None = None
 ) -> Iterator[tuple[Any, ...]]:
     """Rows (in :data:`COLUMNS` order) of ``queue``'s journal after entry id ``after``."""
     stream = QueueKeys(prefix, queue).journal
@@ -103,7 +107,9 @@ def journal_rows(
 
 def rows_to_arrow(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
     """A pyarrow Table of journal rows (in :data:`COLUMNS` order)."""
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in COLUMNS]
+    columns: list[tuple[Any, ...]] = (
+        list(zip(*rows, strict=True)) if rows else [() for _ in COLUMNS]
+    )
     return pa.Table.from_arrays(
         [pa.array(list(col), type=f.type) for col, f in zip(columns, ARROW_SCHEMA, strict=True)],
         schema=ARROW_SCHEMA,

@@ -239,8 +239,9 @@ class HandlerThreads:
             self._finished.append(outcome)
             now = time.monotonic()
             first = self._first_finished_at is None
-            if first:
+            if self._first_finished_at is None:
                 self._first_finished_at = now
+            first_finished_at = self._first_finished_at
             seconds = max(0.0, (outcome.finished_ms - outcome.started_ms) / 1000)
             mean = self._mean_seconds
             self._mean_seconds = (
@@ -252,7 +253,7 @@ class HandlerThreads:
             worth_a_round = (
                 not self._claimed
                 or self._room() > 0
-                or now - self._first_finished_at >= RECORD_WITHIN_SECONDS
+                or now - first_finished_at >= RECORD_WITHIN_SECONDS
             )
         if worth_a_round:
             self._on_finish()

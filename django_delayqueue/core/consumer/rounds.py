@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.consumer.handler_threads import HandlerThreads
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
@@ -32,7 +33,6 @@ class Rounds:
     """The Redis side of a consumer; :class:`~.consumer.Consumer` adds threads and waiting."""
 
     name: str
-    stopping: bool
     max_messages: int | None
 
     def __init__(self, queues: list[Queue], journal_maxlen: int) -> None:
@@ -105,9 +105,14 @@ class Rounds:
         self._polling = False
         if failures and len(failures) == len(self._clients):
             raise failures[0]  # every server is down: the loop backs off
-        for e in failures:
-            logger.warning("%s; its queues are tried again in %d ms", e, SERVER_DOWN_PAUSE_MS)
+        for failure in failures:
+            logger.warning("%s; its queues are tried again in %d ms", failure, SERVER_DOWN_PAUSE_MS)
         return messages
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the loop is stopping (the loop class, which handles signals, says)."""
+        raise NotImplementedError
 
     def _flush_only(self, force: bool = False) -> None:
         """Record finished outcomes without promoting or claiming (shutting down)."""
@@ -208,7 +213,7 @@ class Rounds:
         """The earliest due time (or retry time, or "now") known on any queue."""
         return min((t for t in self._next_wake.values() if t is not None), default=None)
 
-    def _heartbeat(self, client: Any, queues: Sequence[Queue], now: int) -> None:
+    def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
         """Record that this consumer is alive (read by the health check)."""
         try:
             pipe = client.pipeline(transaction=False)

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock, exact_now_ms
 from django_delayqueue.core.envelope import to_str
 
@@ -72,7 +73,7 @@ class _Listener:
     an announcement published while it was away is lost.
     """
 
-    def __init__(self, waiter: Waiter, client: Any, channels: Sequence[str]) -> None:
+    def __init__(self, waiter: Waiter, client: RedisClient, channels: Sequence[str]) -> None:
         self._waiter = waiter
         self._client = client
         self._channels = list(channels)

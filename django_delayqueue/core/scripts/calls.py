@@ -13,10 +13,11 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.errors import RedisUnavailable, ScriptFailed
 from django_delayqueue.core.scripts.loader import render
 
@@ -35,7 +36,7 @@ class LuaScript:
         source = render(name)
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
-    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def __call__(self, client: RedisClient, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script now, loading it if Redis does not know it."""
         with redis_errors(self.name):
             try:
@@ -55,7 +56,7 @@ class ScriptBatch:
         self.calls.append((script, keys, args))
         return len(self.calls) - 1
 
-    def run(self, client: Any, raise_errors: bool = True) -> list[Any]:
+    def run(self, client: RedisClient, raise_errors: bool = True) -> list[Any]:
         """Send every call in one pipeline; script errors are raised, or returned in place."""
         if not self.calls:
             return []
@@ -81,7 +82,7 @@ class ScriptBatch:
 _loaded: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-def _load_once(client: Any, scripts: set[LuaScript]) -> None:
+def _load_once(client: RedisClient, scripts: set[LuaScript]) -> None:
     try:
         known = _loaded.setdefault(client, set())
     except TypeError:  # a client that cannot be weakly referenced: rely on the fallback
@@ -92,7 +93,9 @@ def _load_once(client: Any, scripts: set[LuaScript]) -> None:
             known.add(script.sha)
 
 
-def _send(client: Any, calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]]) -> list[Any]:
+def _send(
+    client: RedisClient, calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]]
+) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
         # Not pipe.evalsha(): redis-py's cluster pipeline refuses that method, but routes the
@@ -116,7 +119,7 @@ class redis_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None or not isinstance(exc, redis.exceptions.RedisError):
             return False
         if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):

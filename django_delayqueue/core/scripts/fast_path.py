@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.errors import ScriptFailed
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, is_noscript, redis_errors
 
@@ -69,7 +70,7 @@ def get_connection(pool: Any) -> Any:
 _needs_name_by_class: dict[type, bool] = {}
 
 
-def _needs_command_name(pool_class: type) -> bool:
+def _needs_command_name(pool_class: type[redis.ConnectionPool]) -> bool:
     needs = _needs_name_by_class.get(pool_class)
     if needs is None:
         # inspect.signature follows the __wrapped__ of redis-py's @deprecated_args wrapper.
@@ -106,14 +107,23 @@ class BoundScript:
     """``script`` on ``client`` with ``keys`` and the leading ``fixed`` arguments bound."""
 
     def __init__(
-        self, script: LuaScript, client: Any, keys: Sequence[str], fixed: Sequence[Any]
+        self,
+        script: LuaScript,
+        client: RedisClient,
+        keys: Sequence[str],
+        fixed: Sequence[Any] = (),
     ) -> None:
         self.script = script
         self.client = client
         self.keys = list(keys)
         self.fixed = list(fixed)
-        self._direct = type(client) is redis.Redis and client.connection is None
-        self._kept = _kept_connection(client.connection_pool) if self._direct else None
+        # Only a plain client's pool is used directly; a cluster client (or one pinned to a
+        # single connection) goes through redis-py.
+        self._pool = client.connection_pool if isinstance(client, redis.Redis) else None
+        self._direct = (
+            self._pool is not None and type(client) is redis.Redis and client.connection is None
+        )
+        self._kept = _kept_connection(self._pool) if self._direct and self._pool else None
         head = ["EVALSHA", script.sha, len(self.keys), *self.keys, *self.fixed]
         self._head_count = len(head)
         self._head = encode_arguments(head)
@@ -167,7 +177,8 @@ class BoundScript:
     def _send(self, commands: list[bytes]) -> list[Any]:
         """The replies read, in order (errors in place): fewer than ``commands`` when the
         connection broke (then the first ones are still the replies of the first commands)."""
-        pool = self.client.connection_pool
+        pool = self._pool
+        assert pool is not None  # only direct clients get here
         kept = self._kept
         if kept is not None and kept.lock.acquire(blocking=False):
             try:

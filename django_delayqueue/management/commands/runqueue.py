@@ -77,7 +77,7 @@ def _install_signal_handlers(worker: Worker) -> dict[int, Any]:
     """Let SIGTERM/SIGINT stop the worker; return the handlers to put back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         return {}  # signal.signal only works in the main thread (e.g. call_command in a thread)
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     worker.install_signal_handlers()
     return previous
 

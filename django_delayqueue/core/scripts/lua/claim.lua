@@ -2,7 +2,7 @@
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
 -- KEYS[9] cancelled hash   KEYS[10] ready_since hash
--- ARGV[1] deadline (ms)   ARGV[2] most ids to claim   ARGV[3] now (ms)
+-- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
 -- hundred costs Redis little more than one message. Chunks keep unpack() under Lua's limit.
@@ -18,7 +18,7 @@
 --- @include "includes/ready_list.lua"
 local len = redis.call('LLEN', KEYS[1])
 if len == 0 then return {} end
-local want, dead_total = tonumber(ARGV[2]), dead_in_ready(KEYS[9])
+local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
 local ids, walked, dead, ndead
 if dead_total > 0 then
   ids, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, want, 1000)
@@ -75,7 +75,7 @@ for i = 1, #deliver, 1000 do
     local token = string.format('%d', first + d - 1)
     attempt_args[2 * k - 1], attempt_args[2 * k] = id, counts[j]
     token_args[2 * k - 1], token_args[2 * k] = id, token
-    deadline_args[2 * k - 1], deadline_args[2 * k] = ARGV[1], id
+    deadline_args[2 * k - 1], deadline_args[2 * k] = ARGV[2], id
     out[#out + 1] = id
     out[#out + 1] = envelopes[j] or ''
     out[#out + 1] = counts[j]
@@ -89,7 +89,7 @@ if since then
   for i = 1, n, 1000 do redis.call('HDEL', KEYS[10], unpack(ids, i, math.min(i + 999, n))) end
 end
 for _, dead in ipairs(bad) do
-  redis.call('ZADD', KEYS[7], ARGV[3], dead[1])
+  redis.call('ZADD', KEYS[7], ARGV[1], dead[1])
   redis.call('HSET', KEYS[8], dead[1], dead[2])
 end
 return out

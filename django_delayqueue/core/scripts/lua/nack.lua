@@ -3,9 +3,8 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] reasons hash   KEYS[7] successors hash   KEYS[8] messages hash
 -- KEYS[9] pending zset   KEYS[10] ready list
--- ARGV[1] now (ms)   ARGV[2] max attempts
--- ARGV[3..n-2] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
--- ARGV[n-1] announce horizon (ms)   ARGV[n] wake channel
+-- ARGV[1] now (ms)   ARGV[2] max attempts   ARGV[3] announce horizon (ms)   ARGV[4] wake channel
+-- ARGV[5..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
 -- Each message is read before it is moved: an attempt count that is not a number sends it to
 -- garbage with a reason naming the value, instead of failing after it left unack.
@@ -20,9 +19,9 @@ guard(
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list'
 )
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
-local horizon = now + tonumber(ARGV[#ARGV - 1])
+local horizon = now + tonumber(ARGV[3])
 local results, wake = {}, nil
-for i = 3, #ARGV - 2, 4 do
+for i = 5, #ARGV, 4 do
   local id, retry_at, reason = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local result = 0
   if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
@@ -52,5 +51,5 @@ for i = 3, #ARGV - 2, 4 do
   end
   results[#results + 1] = result
 end
-if wake ~= nil then redis.call('PUBLISH', ARGV[#ARGV], tostring(wake)) end
+if wake ~= nil then redis.call('PUBLISH', ARGV[4], tostring(wake)) end
 return results

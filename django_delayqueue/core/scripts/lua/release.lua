@@ -2,7 +2,7 @@
 -- without using up an attempt.
 -- KEYS[1] unack zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
 -- KEYS[5] garbage zset   KEYS[6] reasons hash   KEYS[7] ready_since hash
--- ARGV[1] wake channel   ARGV[2] now (ms)   ARGV[3..] pairs: id, token
+-- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] pairs: id, token
 -- returns: number of messages released (a stale token or a reaped message is skipped)
 -- Announces them on the wake channel so an idle consumer claims them at once. A redelivery is
 -- overdue from now (recorded in ready_since), not from the due time of its first delivery. A message whose
@@ -21,13 +21,13 @@ for i = #ARGV - 1, 3, -2 do
     local attempts, bad = attempt_count(redis.call('HGET', KEYS[3], id))
     redis.call('ZREM', KEYS[1], id)
     if bad then
-      redis.call('ZADD', KEYS[5], ARGV[2], id)
+      redis.call('ZADD', KEYS[5], ARGV[1], id)
       redis.call('HSET', KEYS[6], id, bad .. ': released unstarted')
     else
       redis.call('LPUSH', KEYS[2], id)
       if attempts > 1 then
         redis.call('HSET', KEYS[3], id, attempts - 1)
-        redis.call('HSET', KEYS[7], id, ARGV[2])
+        redis.call('HSET', KEYS[7], id, ARGV[1])
       else
         redis.call('HDEL', KEYS[3], id)
       end
@@ -36,5 +36,5 @@ for i = #ARGV - 1, 3, -2 do
     end
   end
 end
-if n > 0 then redis.call('PUBLISH', ARGV[1], '0') end
+if n > 0 then redis.call('PUBLISH', ARGV[2], '0') end
 return n

@@ -3,11 +3,11 @@
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
 -- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash
--- ARGV[1] announce horizon (ms)   ARGV[2] wake channel   ARGV[3] now (ms)
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] triples: id, due (ms), envelope
 -- returns: {how many messages were stored (all of them), then for each id that was taken: its
 --           position in this call (1-based) and the state of the message it replaced}
--- Rules (README, "Re-scheduling an id"):
+-- Rules (docs/scheduling.md, "Re-scheduling an id"):
 -- * free id: scheduled as schedule.lua does.
 -- * waiting (pending, ready, retry) or dead (garbage): the message is replaced at once, as a
 --   new message: new envelope, moved to pending or ready by the new due time, attempts, reason
@@ -26,8 +26,8 @@ guard(
   KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
   KEYS[11], 'hash', KEYS[12], 'hash'
 )
-local now = tonumber(ARGV[3])
-local horizon = now + tonumber(ARGV[1])
+local now = tonumber(ARGV[1])
+local horizon = now + tonumber(ARGV[2])
 local out, wake = {0}, nil
 for i = 4, #ARGV, 3 do
   local id, due, envelope = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
@@ -59,5 +59,5 @@ for i = 4, #ARGV, 3 do
   end
   out[1] = out[1] + 1
 end
-if wake ~= nil then redis.call('PUBLISH', ARGV[2], tostring(wake)) end
+if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
 return out

@@ -1,7 +1,7 @@
 -- requeue: dead letters (garbage) -> ready, with a fresh set of attempts.
 -- KEYS[1] garbage zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
 -- KEYS[5] reasons hash   KEYS[6] ready_since hash
--- ARGV[1] limit   ARGV[2] wake channel   ARGV[3] now (ms)
+-- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] wake channel
 -- ARGV[4..] ids (none: the oldest `limit` dead letters)
 -- returns: {requeued, dead letters left}
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
@@ -14,7 +14,7 @@ local ids = {}
 if #ARGV > 3 then
   for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 else
-  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 end
 local n = 0
 for _, id in ipairs(ids) do
@@ -23,9 +23,9 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
-    redis.call('HSET', KEYS[6], id, ARGV[3])
+    redis.call('HSET', KEYS[6], id, ARGV[1])
     n = n + 1
   end
 end
-if n > 0 then redis.call('PUBLISH', ARGV[2], '0') end
+if n > 0 then redis.call('PUBLISH', ARGV[3], '0') end
 return {n, redis.call('ZCARD', KEYS[1])}

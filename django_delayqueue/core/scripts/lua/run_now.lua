@@ -1,7 +1,7 @@
 -- run_now: waiting messages (pending or retry) -> ready, ahead of their due time.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
 -- KEYS[5] ready_since hash
--- ARGV[1] wake channel   ARGV[2] now (ms)   ARGV[3..] ids
+-- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] ids
 -- returns: number of messages moved
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
 --- @include "includes/guard.lua"
@@ -12,9 +12,9 @@ for i = 3, #ARGV do
   if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
     redis.call('RPUSH', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
-    redis.call('HSET', KEYS[5], id, ARGV[2])
+    redis.call('HSET', KEYS[5], id, ARGV[1])
     n = n + 1
   end
 end
-if n > 0 then redis.call('PUBLISH', ARGV[1], '0') end
+if n > 0 then redis.call('PUBLISH', ARGV[2], '0') end
 return n

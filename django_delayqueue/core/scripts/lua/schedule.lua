@@ -1,7 +1,7 @@
 -- schedule: new messages -> pending (or ready when already due), idempotent on id.
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
 -- KEYS[5] retry zset   KEYS[6] garbage zset
--- ARGV[1] announce horizon (ms)   ARGV[2] wake channel   ARGV[3] now (ms)
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] triples: id, due (ms), envelope
 -- returns: {how many messages were scheduled, then for each message not scheduled because its
 --           id is taken (nothing of it changed): its position in this call (1-based) and the
@@ -13,8 +13,8 @@
 -- and scheduling it does not read the head at all.
 --- @include "includes/guard.lua"
 --- @include "includes/state.lua"
-local now = tonumber(ARGV[3])
-local horizon = now + tonumber(ARGV[1])
+local now = tonumber(ARGV[1])
+local horizon = now + tonumber(ARGV[2])
 -- Types: ready and pending are written after a HSETNX (the first write, which proves the
 -- messages hash), so each is checked first, and only if this call will write it.
 local write_ready, write_pending = false, false
@@ -51,6 +51,6 @@ for i = 4, #ARGV, 3 do
     created = created + 1
   end
 end
-if wake ~= nil then redis.call('PUBLISH', ARGV[2], tostring(wake)) end
+if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
 out[1] = created
 return out
