@@ -24,7 +24,7 @@ import redis
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, ScriptFailed
 from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
 
 
 @dataclass
@@ -64,16 +64,16 @@ def populated(client: redis.Redis) -> Held:
 def _stats(h: Held) -> None:
     # The script alone: gather() batches it with counts.lua and reports errors, not raises.
     k = h.queue.keys
-    LuaScript.named("stats")(
-        h.queue.client, [k.journal, k.tally, k.heartbeats, k.config], [100, 0, 10]
-    )
+    keys = [k.journal, k.tally, k.heartbeats, k.config]
+    ScriptCall(LuaScript.named("stats"), keys, [100, 0, 10]).run(h.queue.client)
 
 
 def _journal(h: Held) -> None:
     k = h.queue.keys
     now = h.clock.now_ms()
     fields = journal_entry([Outcome(h.inflight, ACK, now, now)])
-    LuaScript.named("journal")(h.queue.client, [k.journal], [100, *sum(fields.items(), ())])
+    args = [100, *sum(fields.items(), ())]
+    ScriptCall(LuaScript.named("journal"), [k.journal], args).run(h.queue.client)
 
 
 OPERATIONS: dict[str, Callable[[Held], object]] = {

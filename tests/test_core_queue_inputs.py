@@ -295,7 +295,7 @@ def test_nack_arguments_are_always_sane_integers(
     q = make_queue(backoff_max=300)
     q.schedule("x", id="x")
     (message,) = q.claim()
-    _, _, args = q.nack_call([(message, delay, "failed")], now_ms=T0)
+    args = q.nack_call([(message, delay, "failed")], now_ms=T0).args
     # now, max attempts, announce horizon, wake channel, then id, token, retry-at, reason
     assert args[:2] == [T0, 5] and args[3] == q.keys.wake_channel
     assert args[4:8] == ["x", message.token, T0 + retry_in_ms, "failed"]

@@ -24,7 +24,7 @@ from django_delayqueue.core import (
     ScriptFailed,
 )
 from django_delayqueue.core.scripts import loader
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.loader import render, script_names
 from django_delayqueue.embedded import RedisServerProcess, free_port
 
@@ -183,7 +183,7 @@ def test_a_script_call_loads_the_script_when_redis_does_not_know_it(
     redis_client.script_flush()
     assert redis_client.script_exists(script.sha) == [False]
     keys = [f"{{t}}:{i}" for i in range(8)]
-    assert script(redis_client, keys, [])[:5] == [0, 0, 0, 0, 0]
+    assert ScriptCall(script, keys, []).run(redis_client)[:5] == [0, 0, 0, 0, 0]
     assert redis_client.script_exists(script.sha) == [True]
 
 
@@ -219,10 +219,10 @@ def test_mixed_batch_after_script_flush(redis_client: redis.Redis) -> None:
     q.schedule("b", id="b")
     redis_client.script_load(LuaScript.named("counts").source)  # one known, the others not
     batch = ScriptBatch()
-    batch.add(*q.counts_call())
-    batch.add(*q.claim_call(q.clock.now_ms(), 1))
-    batch.add(*q.promote_call(q.clock.now_ms()))
-    batch.add(*q.claim_call(q.clock.now_ms(), 1))
+    batch.add(q.counts_call())
+    batch.add(q.claim_call(q.clock.now_ms(), 1))
+    batch.add(q.promote_call(q.clock.now_ms()))
+    batch.add(q.claim_call(q.clock.now_ms(), 1))
     redis_client.script_flush()
     counts, first, promoted, second = batch.run(redis_client)
     assert counts[:2] == [0, 2]
@@ -246,8 +246,8 @@ def test_a_batch_returns_errors_in_place_or_raises_naming_the_script(
     bad = Queue(redis_client, "bad", clock=ManualClock())
     redis_client.set(bad.keys.pending, "not a zset")
     batch = ScriptBatch()
-    batch.add(*good.counts_call())
-    batch.add(*bad.counts_call())
+    batch.add(good.counts_call())
+    batch.add(bad.counts_call())
     results = batch.run(redis_client, raise_errors=False)
     assert results[0][:5] == [0, 0, 0, 0, 0]
     assert isinstance(results[1], redis.ResponseError)
@@ -269,5 +269,5 @@ def test_unreachable_redis_raises_redis_unavailable() -> None:
         q.schedule_many([{"payload": 1}])
     with pytest.raises(RedisUnavailable, match="pipeline"):
         batch = ScriptBatch()
-        batch.add(LuaScript.named("counts"), q.keys.all_keys()[:6], [])
+        batch.add(ScriptCall(LuaScript.named("counts"), q.keys.all_keys()[:6], []))
         batch.run(client)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -37,20 +37,19 @@ class Housekeeping:
         k = self.keys
         keys = [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons]
         keys += (k.journal, k.unack, k.garbage, k.cancelled, k.ready_since, k.successors)
-        return LuaScript.named("cancel")(
-            self.client, keys, [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids]
-        )
+        args = [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids]
+        return ScriptCall(LuaScript.named("cancel"), keys, args).run(self.client)
 
     def run_now(self, *ids: str) -> int:
         """Move waiting messages (pending or retry) to ready, ahead of their due time."""
         if not ids:
             return 0
         k = self.keys
-        return LuaScript.named("run_now")(
-            self.client,
+        return ScriptCall(
+            LuaScript.named("run_now"),
             [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
             [self.clock.now_ms(), k.wake_channel, *ids],
-        )
+        ).run(self.client)
 
     def requeue(self, *ids: str, limit: int = 1000) -> int:
         """Dead letters back to ready with fresh attempts (all of them when no ids are given)."""
@@ -59,9 +58,13 @@ class Housekeeping:
         keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
         if ids:
             args = [self.clock.now_ms(), limit, k.wake_channel, *ids]
-            return int(script(self.client, keys, args)[0])
+            return int(ScriptCall(script, keys, args).run(self.client)[0])
         return sum(
-            _drain(lambda: script(self.client, keys, [self.clock.now_ms(), limit, k.wake_channel]))
+            _drain(
+                lambda: ScriptCall(script, keys, [self.clock.now_ms(), limit, k.wake_channel]).run(
+                    self.client
+                )
+            )
         )
 
     def purge(self, *ids: str, limit: int = 1000) -> int:
@@ -70,8 +73,8 @@ class Housekeeping:
         script = LuaScript.named("purge")
         keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons, k.successors]
         if ids:
-            return int(script(self.client, keys, [limit, *ids])[0])
-        return sum(_drain(lambda: script(self.client, keys, [limit])))
+            return int(ScriptCall(script, keys, [limit, *ids]).run(self.client)[0])
+        return sum(_drain(lambda: ScriptCall(script, keys, [limit]).run(self.client)))
 
 
 def _drain(call: Any) -> Iterator[int]:

@@ -14,7 +14,7 @@ from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import STATES, QueueKeys
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -28,20 +28,20 @@ class Inspection:
     keys: QueueKeys
     clock: Clock
 
-    def counts_call(self) -> tuple[LuaScript, list, list]:
+    def counts_call(self) -> ScriptCall:
         k = self.keys
         keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled]
         keys.append(k.ready_since)
-        return LuaScript.named("counts"), keys, []
+        return ScriptCall(LuaScript.named("counts"), keys, [])
 
     def counts(self) -> dict[str, int]:
         """How many messages are in each state."""
         return self.snapshot().counts
 
     def snapshot(self, now_ms: int | None = None) -> Snapshot:
-        script, keys, args = self.counts_call()
+        call = self.counts_call()
         now = self.clock.now_ms() if now_ms is None else now_ms
-        return self.snapshot_result(script(self.client, keys, args), now)
+        return self.snapshot_result(call.run(self.client), now)
 
     def snapshot_result(self, raw: Sequence[Any], now_ms: int) -> Snapshot:
         values = [int(x) for x in raw]
@@ -65,7 +65,7 @@ class Inspection:
         k = self.keys
         keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts]
         keys += (k.reasons, k.cancelled)
-        raw = LuaScript.named("peek")(self.client, keys, [state, offset, limit])
+        raw = ScriptCall(LuaScript.named("peek"), keys, [state, offset, limit]).run(self.client)
         rows = [
             PeekedMessage(
                 id=to_str(raw[i]),
@@ -86,7 +86,7 @@ def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[S
         return []
     batch = ScriptBatch()
     for q in queues:
-        batch.add(*q.counts_call())
+        batch.add(q.counts_call())
     now = queues[0].clock.now_ms() if now_ms is None else now_ms
     return [
         q.snapshot_result(raw, now)

@@ -39,7 +39,7 @@ from django_delayqueue.core.results import (
     ReapResult,
     ScheduleResult,
 )
-from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
 from django_delayqueue.core.scripts.fast_path import BoundScript
 from django_delayqueue.core.settings import QueueSettings
 
@@ -165,9 +165,9 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
 
     # --- the consumer's transitions ---------------------------------------------------------
 
-    def promote_call(self, now_ms: int, limit: int | None = None) -> tuple[LuaScript, list, list]:
+    def promote_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
         k = self.keys
-        return (
+        return ScriptCall(
             LuaScript.named("promote"),
             [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
             [now_ms, limit or self.settings.promote_batch],
@@ -176,15 +176,15 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
     def promote(self, now_ms: int | None = None, limit: int | None = None) -> PromoteResult:
         """Move due pending and retry messages to ready (at most ``limit`` from each)."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        script, keys, args = self.promote_call(now, limit)
-        return self.promote_result(script(self.client, keys, args))
+        call = self.promote_call(now, limit)
+        return self.promote_result(call.run(self.client))
 
     @staticmethod
     def promote_result(raw: Sequence[Any]) -> PromoteResult:
         moved, more, next_due, ready = (int(x) for x in raw)
         return PromoteResult(moved, bool(more), None if next_due < 0 else next_due, ready)
 
-    def claim_call(self, now_ms: int, count: int | None = None) -> tuple[LuaScript, list, list]:
+    def claim_call(self, now_ms: int, count: int | None = None) -> ScriptCall:
         k = self.keys
         deadline = now_ms + int(self.settings.visibility_timeout * 1000)
         count = count or self.settings.claim_batch
@@ -193,13 +193,13 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         keys = [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons]
         keys += (k.cancelled, k.ready_since)
-        return LuaScript.named("claim"), keys, [now_ms, deadline, count]
+        return ScriptCall(LuaScript.named("claim"), keys, [now_ms, deadline, count])
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
         """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        script, keys, args = self.claim_call(now, count)
-        return self.claimed(script(self.client, keys, args), now)
+        call = self.claim_call(now, count)
+        return self.claimed(call.run(self.client), now)
 
     def claimed(self, raw: Sequence[Any], now_ms: int) -> list[Message]:
         """Turn a claim script's reply into messages, burying the corrupt ones."""
@@ -227,7 +227,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
                 logger.error("queue %s: could not bury corrupt envelopes: %s", self.name, e)
         return messages
 
-    def ack_call(self, messages: Iterable[Message]) -> tuple[LuaScript, list, list]:
+    def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
         k = self.keys
         # The time decides where a successor goes (pending or ready): see ack.lua.
         args: list[Any] = [self.clock.now_ms(), ANNOUNCE_WITHIN_MS, k.wake_channel]
@@ -235,21 +235,21 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             args += (m.id, m.token)
         keys = [k.unack, k.retry, k.garbage, k.messages, k.attempts, k.tokens, k.reasons]
         keys += (k.successors, k.pending, k.ready)
-        return LuaScript.named("ack"), keys, args
+        return ScriptCall(LuaScript.named("ack"), keys, args)
 
     def ack(self, *messages: Message) -> int:
         """Acknowledge deliveries; returns how many were current (stale tokens are ignored)."""
         if not messages:
             return 0
-        script, keys, args = self.ack_call(messages)
-        return script(self.client, keys, args)
+        call = self.ack_call(messages)
+        return call.run(self.client)
 
     def nack_call(
         self,
         failures: Iterable[tuple[Message, float | None, str]],
         now_ms: int,
         bury: bool = False,
-    ) -> tuple[LuaScript, list, list]:
+    ) -> ScriptCall:
         k = self.keys
         s = self.settings
         args: list[Any] = [now_ms, s.max_attempts, ANNOUNCE_WITHIN_MS, k.wake_channel]
@@ -267,7 +267,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             args += (message.id, message.token, retry_at, reason[:2000])
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua
-        return LuaScript.named("nack"), keys, args
+        return ScriptCall(LuaScript.named("nack"), keys, args)
 
     def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
         """A delivery failed: retry after ``delay`` seconds (default: backoff with jitter).
@@ -281,19 +281,19 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
     ) -> list[int]:
         if not failures:
             return []
-        script, keys, args = self.nack_call(failures, self.clock.now_ms(), bury)
-        return [int(x) for x in script(self.client, keys, args)]
+        call = self.nack_call(failures, self.clock.now_ms(), bury)
+        return [int(x) for x in call.run(self.client)]
 
     def bury(self, message: Message, reason: str) -> bool:
         """Send an in-flight message straight to garbage with ``reason``."""
         return self.nack_many([(message, None, reason)], bury=True)[0] == 2
 
-    def reap_call(self, now_ms: int, limit: int | None = None) -> tuple[LuaScript, list, list]:
+    def reap_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
         k = self.keys
         s = self.settings
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.reasons, k.tokens, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see reap.lua
-        return (
+        return ScriptCall(
             LuaScript.named("reap"),
             keys,
             [
@@ -310,8 +310,8 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
     def reap(self, now_ms: int | None = None, limit: int | None = None) -> ReapResult:
         """Deliveries past their deadline go to retry, or to garbage on their last attempt."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        script, keys, args = self.reap_call(now, limit)
-        return self.reap_result(script(self.client, keys, args))
+        call = self.reap_call(now, limit)
+        return self.reap_result(call.run(self.client))
 
     @staticmethod
     def reap_result(raw: Sequence[Any]) -> ReapResult:
@@ -326,11 +326,11 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         args: list[Any] = [self.clock.now_ms(), k.wake_channel]
         for m in messages:
             args += (m.id, m.token)
-        return LuaScript.named("release")(
-            self.client,
+        return ScriptCall(
+            LuaScript.named("release"),
             [k.unack, k.ready, k.attempts, k.tokens, k.garbage, k.reasons, k.ready_since],
             args,
-        )
+        ).run(self.client)
 
     def extend(self, *messages: Message, seconds: float | None = None) -> int:
         """Push the deadline of running deliveries out by ``seconds`` (default: visibility)."""
@@ -340,4 +340,6 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         args: list[Any] = [deadline]
         for m in messages:
             args += (m.id, m.token)
-        return LuaScript.named("extend")(self.client, [self.keys.unack, self.keys.tokens], args)
+        return ScriptCall(LuaScript.named("extend"), [self.keys.unack, self.keys.tokens], args).run(
+            self.client
+        )

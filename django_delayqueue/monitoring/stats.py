@@ -25,7 +25,7 @@ from typing import Any
 
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +112,14 @@ def gather(
     batch = ScriptBatch()
     script = LuaScript.named("stats")
     for q in queues:
-        batch.add(*q.counts_call())
+        batch.add(q.counts_call())
         k = q.keys
         batch.add(
-            script,
-            [k.journal, k.tally, k.heartbeats, k.config],
-            [journal_batch, alive_since, MAX_CONSUMERS_LISTED],
+            ScriptCall(
+                script,
+                [k.journal, k.tally, k.heartbeats, k.config],
+                [journal_batch, alive_since, MAX_CONSUMERS_LISTED],
+            )
         )
     try:
         results = batch.run(queues[0].client, raise_errors=False)

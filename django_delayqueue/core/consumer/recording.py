@@ -25,7 +25,7 @@ import redis
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 
 logger = logging.getLogger(__name__)
 
@@ -101,19 +101,19 @@ class UnrecordedOutcomes:
             retry = [e for e in todo if e.outcome.status not in (ACK, GARBAGE)]
             bury = [e for e in todo if e.outcome.status == GARBAGE]
             if acks:
-                batch.add(*q.ack_call([e.outcome.message for e in acks]))
+                batch.add(q.ack_call([e.outcome.message for e in acks]))
                 flush.append((q, "ack", acks))
             if retry:
                 failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
-                batch.add(*q.nack_call(failures, now))
+                batch.add(q.nack_call(failures, now))
                 flush.append((q, "retry", retry))
             if bury:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
-                batch.add(*q.nack_call(failures, now, bury=True))
+                batch.add(q.nack_call(failures, now, bury=True))
                 flush.append((q, "bury", bury))
             unjournalled = [e for e in entries if not e.journalled]
             if unjournalled:
-                batch.add(*self._journal_call(q, [e.outcome for e in unjournalled]))
+                batch.add(self._journal_call(q, [e.outcome for e in unjournalled]))
                 flush.append((q, "journal", unjournalled))
         return flush
 
@@ -177,6 +177,8 @@ class UnrecordedOutcomes:
                     e.outcome.reason,
                 )
 
-    def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> tuple[Any, list, list]:
+    def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:
         fields = [item for pair in journal_entry(outcomes).items() for item in pair]
-        return LuaScript.named("journal"), [q.keys.journal], [self.journal_maxlen, *fields]
+        return ScriptCall(
+            LuaScript.named("journal"), [q.keys.journal], [self.journal_maxlen, *fields]
+        )

@@ -85,7 +85,7 @@ class Rounds:
             for q in queues:
                 room = self._plan_queue(batch, plan, q, claim_until, room)
                 if maintenance:
-                    plan.append((q, "reap", batch.add(*q.reap_call(now))))
+                    plan.append((q, "reap", batch.add(q.reap_call(now))))
             try:
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
@@ -134,7 +134,7 @@ class Rounds:
         self, batch: ScriptBatch, plan: Plan, q: Queue, claim_until: int, room: int | None
     ) -> int | None:
         """Promote ``q`` and claim what its slots (and ``room``) allow; returns room left."""
-        plan.append((q, "promote", batch.add(*q.promote_call(claim_until))))
+        plan.append((q, "promote", batch.add(q.promote_call(claim_until))))
         if q.settings.paused or self.stopping or (room is not None and room <= 0):
             return room
         count = self._room(q) if room is None else min(self._room(q), room)
@@ -143,7 +143,7 @@ class Rounds:
         if self._nothing_to_claim(q, claim_until):
             self._claim_skipped.add(q.name)
             return room
-        plan.append((q, "claim", batch.add(*q.claim_call(claim_until, count))))
+        plan.append((q, "claim", batch.add(q.claim_call(claim_until, count))))
         return None if room is None else room - count
 
     def _nothing_to_claim(self, q: Queue, now: int) -> bool:

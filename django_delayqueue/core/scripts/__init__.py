@@ -1,5 +1,5 @@
 """The Lua scripts (``lua/``, one per state transition) and how Python runs them."""
 
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, redis_errors
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall, redis_errors
 
-__all__ = ["LuaScript", "ScriptBatch", "redis_errors"]
+__all__ = ["LuaScript", "ScriptBatch", "ScriptCall", "redis_errors"]

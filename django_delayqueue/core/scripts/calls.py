@@ -1,4 +1,9 @@
-"""Running the scripts with EVALSHA: one call, or many in one pipeline.
+"""Running the scripts: a :class:`ScriptCall` (script, keys, arguments) is the one unit.
+
+Every operation of a ``Queue`` describes itself as a ScriptCall (``Queue.claim_call`` and the
+like); a call runs alone (:meth:`ScriptCall.run`), with others in one pipeline
+(:class:`ScriptBatch`), or, for ``schedule()``, pre-encoded on a kept connection
+(``fast_path.BoundScript``). All three send EVALSHA and recover from NOSCRIPT the same way.
 
 Why not ``redis.Script`` in pipelines: redis-py sends ``SCRIPT EXISTS`` before every pipeline
 that holds a script, which doubles the round trips of the consumer's hot path. Here a pipeline
@@ -13,7 +18,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import redis
 
@@ -36,24 +41,34 @@ class LuaScript:
         source = render(name)
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
-    def __call__(self, client: RedisClient, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run the script now, loading it if Redis does not know it."""
-        with redis_errors(self.name):
+
+class ScriptCall(NamedTuple):
+    """One call of ``script`` with ``keys`` and ``args`` (every key arrives through KEYS)."""
+
+    script: LuaScript
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+    def run(self, client: RedisClient) -> Any:
+        """Run the call now, loading the script if Redis does not know it."""
+        script, keys, args = self
+        with redis_errors(script.name):
             try:
-                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
-                client.script_load(self.source)
-                return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                client.script_load(script.source)
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 @dataclass
 class ScriptBatch:
-    """Several script calls sent in one pipeline (one round trip)."""
+    """Several calls sent in one pipeline (one round trip)."""
 
-    calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]] = field(default_factory=list)
+    calls: list[ScriptCall] = field(default_factory=list)
 
-    def add(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> int:
-        self.calls.append((script, keys, args))
+    def add(self, call: ScriptCall) -> int:
+        """Queue ``call``; returns its index in the results of :meth:`run`."""
+        self.calls.append(call)
         return len(self.calls) - 1
 
     def run(self, client: RedisClient, raise_errors: bool = True) -> list[Any]:
@@ -93,9 +108,7 @@ def _load_once(client: RedisClient, scripts: set[LuaScript]) -> None:
             known.add(script.sha)
 
 
-def _send(
-    client: RedisClient, calls: list[tuple[LuaScript, Sequence[str], Sequence[Any]]]
-) -> list[Any]:
+def _send(client: RedisClient, calls: list[ScriptCall]) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
         # Not pipe.evalsha(): redis-py's cluster pipeline refuses that method, but routes the

@@ -32,7 +32,13 @@ import redis
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.errors import ScriptFailed
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, is_noscript, redis_errors
+from django_delayqueue.core.scripts.calls import (
+    LuaScript,
+    ScriptBatch,
+    ScriptCall,
+    is_noscript,
+    redis_errors,
+)
 
 _BROKEN_CONNECTION = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # Keep a connection checked out only from a pool this large (redis-py's default is 100): one
@@ -131,7 +137,7 @@ class BoundScript:
     def __call__(self, *args: Any) -> Any:
         """Run the script with the bound arguments followed by ``args``."""
         if not self._direct:
-            return self.script(self.client, self.keys, [*self.fixed, *args])
+            return ScriptCall(self.script, self.keys, [*self.fixed, *args]).run(self.client)
         command = self._encode(args)
         with redis_errors(self.script.name):
             replies = self._send([command])
@@ -194,10 +200,12 @@ class BoundScript:
     def _through_redis_py(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
         """The same calls through redis-py (a retry policy, any kind of client)."""
         if len(arg_lists) == 1:  # an outage is then reported as "during <script name>"
-            return [self.script(self.client, self.keys, [*self.fixed, *arg_lists[0]])]
+            return [
+                ScriptCall(self.script, self.keys, [*self.fixed, *arg_lists[0]]).run(self.client)
+            ]
         batch = ScriptBatch()
         for args in arg_lists:
-            batch.add(self.script, self.keys, [*self.fixed, *args])
+            batch.add(ScriptCall(self.script, self.keys, [*self.fixed, *args]))
         return batch.run(self.client)
 
 
