@@ -40,73 +40,54 @@ class StatsCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        all_stats = collect()
-        up = GaugeMetricFamily(
-            "delayqueue_up", "1 if the queue's stats could be read from Redis.", labels=["queue"]
-        )
-        messages = GaugeMetricFamily(
-            "delayqueue_messages", "Messages in each state.", labels=["queue", "state"]
-        )
-        overdue = GaugeMetricFamily(
-            "delayqueue_oldest_overdue_seconds",
-            "How long the oldest due message has been waiting to be delivered (0: none).",
-            labels=["queue"],
-        )
-        consumers = GaugeMetricFamily(
-            "delayqueue_consumers_alive",
-            "Consumers whose last heartbeat is recent.",
-            labels=["queue"],
-        )
-        paused = GaugeMetricFamily(
-            "delayqueue_paused", "1 if the queue is paused.", labels=["queue"]
-        )
-        deliveries = CounterMetricFamily(
-            "delayqueue_deliveries",
-            "Handler runs recorded in the queue's journal.",
-            labels=["queue"],
-        )
-        failures = CounterMetricFamily(
-            "delayqueue_failures",
-            "Handler runs that did not acknowledge (retried or sent to garbage).",
-            labels=["queue"],
-        )
-        outcomes = CounterMetricFamily(
-            "delayqueue_outcomes",
-            "Handler runs by outcome (ack, retry, garbage).",
-            labels=["queue", "outcome"],
-        )
-        for s in all_stats:
-            _add(s, up, messages, overdue, consumers, paused, deliveries, failures, outcomes)
-        yield from (up, messages, overdue, consumers, paused, deliveries, failures, outcomes)
+        kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+        families = {
+            name: kinds[kind](f"delayqueue_{name}", help_text, labels=["queue", *extra])
+            for name, (kind, help_text, extra) in FAMILIES.items()
+        }
+        for s in collect():
+            _add(s, families)
+        yield from families.values()
 
 
-def _add(
-    s: QueueStats,
-    up: Any,
-    messages: Any,
-    overdue: Any,
-    consumers: Any,
-    paused: Any,
-    deliveries: Any,
-    failures: Any,
-    outcomes: Any,
-) -> None:
+# name (after "delayqueue_") -> (kind, help text, labels after "queue")
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "up": ("gauge", "1 if the queue's stats could be read from Redis.", ()),
+    "messages": ("gauge", "Messages in each state.", ("state",)),
+    "oldest_overdue_seconds": (
+        "gauge",
+        "How long the oldest due message has been waiting to be delivered (0: none).",
+        (),
+    ),
+    "consumers_alive": ("gauge", "Consumers whose last heartbeat is recent.", ()),
+    "paused": ("gauge", "1 if the queue is paused.", ()),
+    "deliveries": ("counter", "Handler runs recorded in the queue's journal.", ()),
+    "failures": (
+        "counter",
+        "Handler runs that did not acknowledge (retried or sent to the dead letters).",
+        (),
+    ),
+    "outcomes": ("counter", "Handler runs by outcome (ack, retry, garbage).", ("outcome",)),
+}
+
+
+def _add(s: QueueStats, families: dict[str, Any]) -> None:
     q = s.queue
-    up.add_metric([q], 1 if s.ok else 0)
+    families["up"].add_metric([q], 1 if s.ok else 0)
     for state in STATES:
         if s.counts[state] is not None:
-            messages.add_metric([q, state], s.counts[state])
+            families["messages"].add_metric([q, state], s.counts[state])
     if s.counts["pending"] is not None:
-        overdue.add_metric([q], s.oldest_overdue_seconds or 0.0)
+        families["oldest_overdue_seconds"].add_metric([q], s.oldest_overdue_seconds or 0.0)
     if s.consumers_alive is not None:
-        consumers.add_metric([q], s.consumers_alive)
+        families["consumers_alive"].add_metric([q], s.consumers_alive)
     if s.paused is not None:
-        paused.add_metric([q], 1 if s.paused else 0)
+        families["paused"].add_metric([q], 1 if s.paused else 0)
     if s.outcomes is not None:
-        deliveries.add_metric([q], s.deliveries)
-        failures.add_metric([q], s.failures)
+        families["deliveries"].add_metric([q], s.deliveries)
+        families["failures"].add_metric([q], s.failures)
         for outcome, value in s.outcomes.items():
-            outcomes.add_metric([q, outcome], value)
+            families["outcomes"].add_metric([q, outcome], value)
 
 
 @require_safe

@@ -6,24 +6,15 @@
 -- A dead message keeps a successor only when a bad attempt count buried it at claim or release
 -- (nack and reap let the successor take its place): purging the id removes that too.
 --- @include "includes/guard.lua"
+--- @include "includes/dead_letters.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash'
 )
-local ids = {}
-if #ARGV > 1 then
-  for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
-else
-  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-end
 local n = 0
-for _, id in ipairs(ids) do
+for _, id in ipairs(dead_letter_ids(KEYS[1], 2, tonumber(ARGV[1]))) do
   if redis.call('ZREM', KEYS[1], id) == 1 then
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('HDEL', KEYS[6], id)
+    for k = 2, 6 do redis.call('HDEL', KEYS[k], id) end  -- every hash holding the id
     n = n + 1
   end
 end

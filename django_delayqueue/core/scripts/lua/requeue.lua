@@ -6,24 +6,18 @@
 -- returns: {requeued, dead letters left}
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
 --- @include "includes/guard.lua"
+--- @include "includes/dead_letters.lua"
+--- @include "includes/ready_list.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash'
 )
-local ids = {}
-if #ARGV > 3 then
-  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-else
-  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
-end
 local n = 0
-for _, id in ipairs(ids) do
+for _, id in ipairs(dead_letter_ids(KEYS[1], 4, tonumber(ARGV[2]))) do
   if redis.call('ZREM', KEYS[1], id) == 1 then
-    redis.call('RPUSH', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('HSET', KEYS[6], id, ARGV[1])
+    back_to_ready(KEYS[2], KEYS[4], KEYS[6], id, ARGV[1])
+    redis.call('HDEL', KEYS[3], id)  -- a fresh set of attempts
+    redis.call('HDEL', KEYS[5], id)  -- and no reason: it is not dead any more
     n = n + 1
   end
 end

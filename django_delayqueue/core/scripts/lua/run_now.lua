@@ -5,14 +5,13 @@
 -- returns: number of messages moved
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
 --- @include "includes/guard.lua"
+--- @include "includes/ready_list.lua"
 guard(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash')
 local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
-    redis.call('RPUSH', KEYS[3], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HSET', KEYS[5], id, ARGV[1])
+    back_to_ready(KEYS[3], KEYS[4], KEYS[5], id, ARGV[1])
     n = n + 1
   end
 end

@@ -57,3 +57,12 @@ local function drop_from_ready(ready, cancelled, id)
     redis.call('HSET', cancelled, ' total', dead_in_ready(cancelled) + 1)
   end
 end
+
+-- back_to_ready(ready, tokens, ready_since, id, now): a waiting or dead message -> the tail of
+-- the ready list, its old delivery token void (a late ack of it must not delete the message),
+-- overdue from `now` rather than from the due time in its envelope.
+local function back_to_ready(ready, tokens, ready_since, id, now)
+  redis.call('RPUSH', ready, id)
+  redis.call('HDEL', tokens, id)
+  redis.call('HSET', ready_since, id, now)
+end
