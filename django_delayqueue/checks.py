@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from django_delayqueue.api import topics
+from django_delayqueue.conf.connection import make_client
 from django_delayqueue.conf.settings import (
     DEFAULTS,
     QUEUE_KEYS,
@@ -206,8 +207,6 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """E001: PING Redis with a short timeout."""
-    from django_delayqueue.conf.connection import make_client
-
     try:
         client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
     except ConfigurationError:

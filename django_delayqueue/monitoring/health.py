@@ -19,6 +19,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
+from django_delayqueue.conf.connection import get_client
 from django_delayqueue.monitoring.stats import (
     DEFAULT_ALIVE_SECONDS,
     QueueStats,
@@ -79,8 +80,6 @@ def _check(failing: dict[str, str], **limits: float) -> dict[str, Any]:
 
 def _ping() -> list[str]:
     """With no queue configured there are no stats: ask Redis directly."""
-    from django_delayqueue.conf.connection import get_client
-
     try:
         get_client().ping()
     except Exception as e:  # any failure to answer is "not reachable"

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django_delayqueue.conf.queues import build_queue, configured
+from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
@@ -180,9 +182,6 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
     Raises :class:`~django_delayqueue.core.ConfigurationError` for a name that is not a
     configured queue; Redis errors never raise (see :class:`QueueStats`).
     """
-    from django_delayqueue.conf.queues import build_queue, configured
-    from django_delayqueue.conf.settings import file_queue_settings
-
     queues = []
     for name in configured(queue_names):
         # Not get_queue: it re-reads each queue's published settings (a round trip per
@@ -204,8 +203,6 @@ def consumer_alive_seconds() -> float:
 
 def setting(name: str, default: float | None) -> float | None:
     """A numeric ``DELAYQUEUE`` setting of the monitoring side (None: turned off)."""
-    from django_delayqueue.conf.settings import dq_settings
-
     try:
         value = getattr(dq_settings, name)
     except AttributeError:  # a key conf.DEFAULTS does not list
