@@ -38,6 +38,8 @@ EXPECTED_ROWS = {
     "peer.huey.lateness.p50",
     "peer.huey.lateness.p99",
     "peer.huey.lateness.max",
+    "lua.schedule",
+    "lua.promote",
 }
 
 
