@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import re
 from importlib import resources
-from importlib.abc import Traversable
+from typing import TYPE_CHECKING
 
 from django_delayqueue.core.errors import ConfigurationError
+
+if TYPE_CHECKING:  # importlib.abc.Traversable is deprecated at run time from Python 3.12 on
+    from importlib.abc import Traversable
 
 LUA_PACKAGE = "django_delayqueue.core.scripts.lua"
 _INCLUDE = re.compile(r'^--- @include "([\w./-]+\.lua)"[ \t]*$', re.MULTILINE)
