@@ -21,14 +21,18 @@ class DelayQueueConfig(AppConfig):
         checks.register_checks()
         post_migrate.connect(sync.sync_after_migrate, sender=self, dispatch_uid="dq-sync")
         post_save.connect(sync.on_config_saved, sender=QueueConfig, dispatch_uid="dq-publish")
-        # Retry and Reject are how handlers steer a delivery, not errors of send_robust.
-        logging.getLogger("django.dispatch").addFilter(_hide_handler_verdicts)
+        # A delivery's handler errors are logged once, by the worker (see _handled_elsewhere).
+        logging.getLogger("django.dispatch").addFilter(_handled_elsewhere)
         # Each installed app's handlers.py registers its receivers on the queue signals.
         autodiscover_modules("handlers")
 
 
-def _hide_handler_verdicts(record: logging.LogRecord) -> bool:
+def _handled_elsewhere(record: logging.LogRecord) -> bool:
+    """Keep a django.dispatch record unless the worker logs it: Retry and Reject are how
+    handlers steer a delivery (not errors), and other errors of a delivery are logged by
+    ``Worker.handle`` with the queue, message id and attempt."""
     from django_delayqueue.core.errors import Reject, Retry
+    from django_delayqueue.worker import dispatching
 
     exc = record.exc_info[1] if record.exc_info else None
-    return not isinstance(exc, (Retry, Reject))
+    return not (isinstance(exc, (Retry, Reject)) or getattr(dispatching, "active", False))

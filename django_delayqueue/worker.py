@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,11 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, R
 from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
+
+# Set while this thread is inside a delivery's send_robust: a receiver's error is logged once,
+# by handle() below with the queue, message id and attempt, not a second time by Django's
+# "django.dispatch" logger (apps.py filters those records out).
+dispatching = threading.local()
 
 
 class Worker(Consumer):
@@ -60,9 +66,11 @@ class Worker(Consumer):
         """Send the message to its queue's receivers; re-raise what one of them raised."""
         signal = topic(message.queue)
         close_old_connections()
+        dispatching.active = True
         try:
             responses = signal.send_robust(sender=message.queue, message=message)
         finally:
+            dispatching.active = False
             close_old_connections()
         if not responses:
             raise Reject(f"no handler for queue {message.queue!r}")
