@@ -134,6 +134,10 @@ class QueueKeys:
         return self._key("tally")
 
     @property
+    def exported(self) -> str:  # hash: export destination URI -> newest journal entry id there
+        return self._key("exported")
+
+    @property
     def config(self) -> str:  # hash: effective queue settings published by the Django layer
         return self._key("config")
 
@@ -165,4 +169,5 @@ class QueueKeys:
             self.cancelled,
             self.ready_since,
             self.successors,
+            self.exported,
         ]

@@ -5,9 +5,11 @@ Each Spark task opens one Redis client and sends its rows in pipelined chunks wi
 idempotent on the (deterministic) message id, so a retried task or a re-run of the whole job
 creates nothing twice: what was already there is counted as ``already_present``.
 
-Counting uses Spark actions only: each task yields one row of counts (plus any row the core
-refused at the last moment), and the driver collects and sums them. Rows refused by the
-transforms are written to a rejects output with their reason; no row is dropped silently.
+Counting uses Spark actions only, never files read back: each task yields one row of counts
+(plus any row the core refused at the last moment), the rejected rows are counted by reason
+with an aggregation, and the driver sums what the actions return. So every row is accounted
+for wherever the rejects are written (a path the driver cannot see included). The input is
+read once: the prepared rows are kept (memory, then disk) for the rejects and the messages.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import redis
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from django_delayqueue.core.clock import RedisClock
@@ -100,8 +103,8 @@ def schedule_dataframe(
     """Schedule every good row of ``df`` on ``queue``; write the others to ``rejects_path``.
 
     ``now_ms`` (default: the Redis server's clock) is the base of delays and the envelopes'
-    scheduled time. ``partitions`` repartitions first (more parallel Redis writers). The
-    input is read twice (rejects, then messages): cache ``df`` if it is costly to compute.
+    scheduled time. ``partitions`` repartitions first (more parallel Redis writers).
+    ``rejects_path`` is a path or URI the executors write to (``hdfs://``, ``s3a://``...).
     """
     QueueKeys(prefix, queue)  # validates both names before any work
     if rejects_format not in FORMATS:
@@ -116,11 +119,15 @@ def schedule_dataframe(
             client.close()
     if partitions:
         df = df.repartition(partitions)
-    good, rejects = split(prepare(df, spec, now_ms))
-    with watch_progress(df.sparkSession.sparkContext, on_progress, f"schedule on {queue}"):
-        reasons = _write_rejects(rejects, rejects_path, rejects_format)
-        writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size)
-        rows = good.mapInArrow(writer, _RESULT_SCHEMA).collect()
+    prepared = prepare(df, spec, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        good, rejects = split(prepared)
+        with watch_progress(df.sparkSession.sparkContext, on_progress, f"schedule on {queue}"):
+            reasons = _count_and_write_rejects(rejects, rejects_path, rejects_format)
+            writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size)
+            rows = good.mapInArrow(writer, _RESULT_SCHEMA).collect()
+    finally:
+        prepared.unpersist()
     scheduled = sum(r["scheduled"] for r in rows)
     present = sum(r["already_present"] for r in rows)
     late = [r for r in rows if r[REASON] is not None]
@@ -146,18 +153,15 @@ def schedule_dataframe(
     return summary
 
 
-def _write_rejects(rejects: DataFrame, path: str | None, fmt: str) -> dict[str, int]:
-    """Write the rejects (when a path is given) and count them by reason."""
-    if path is None:
-        counted = rejects.groupBy(REASON).count().collect()
-        if counted:
-            logger.warning("rejected rows are counted but not written (no rejects path)")
-    else:
+def _count_and_write_rejects(rejects: DataFrame, path: str | None, fmt: str) -> dict[str, int]:
+    """Count the rejects by reason (an action: the counts travel back with the task results,
+    whatever storage the rows go to), then write them when a path is given."""
+    counted = {row[REASON]: int(row["count"]) for row in rejects.groupBy(REASON).count().collect()}
+    if counted and path is None:
+        logger.warning("rejected rows are counted but not written (no rejects path)")
+    elif counted:
         rejects.write.mode("overwrite").format(fmt).option("header", "true").save(path)
-        reader = rejects.sparkSession.read.format(fmt).option("header", "true")
-        saved = reader.schema(rejects.schema).load(path)
-        counted = saved.groupBy(REASON).count().collect()
-    return {row[REASON]: int(row["count"]) for row in counted}
+    return counted
 
 
 def _add_late_rejects(

@@ -1,14 +1,14 @@
 """PNG charts of the queue report, drawn with matplotlib's Agg backend (no display needed).
 
-File names are predictable so that the admin can link them: ``<queue>-lateness.png`` and
-``<queue>-outcomes.png`` in the report's ``charts/`` directory.
+Each is returned as PNG bytes; the report writes them as ``<queue>-lateness.png`` and
+``<queue>-outcomes.png`` in its ``charts/`` directory (predictable names the admin links to).
 """
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -22,8 +22,8 @@ COLOURS = {"ack": "#2e7d32", "retry": "#f9a825", "garbage": "#c62828", "cancel":
 
 
 def lateness_chart(
-    path: Path, queue: str, bins: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
-) -> Path:
+    queue: str, bins: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
+) -> bytes:
     """Histogram of first-delivery lateness, with p50/p95/p99 marked."""
     fig = Figure(figsize=(7, 3.5), dpi=100)
     ax = fig.add_subplot()
@@ -41,10 +41,10 @@ def lateness_chart(
     ax.set_title(f"{queue}: lateness of first deliveries (last bin: p99 and above)")
     ax.set_xlabel("delivered - due (ms)")
     ax.set_ylabel("deliveries")
-    return _save(fig, path)
+    return _png(fig)
 
 
-def outcomes_chart(path: Path, queue: str, hours: Sequence[Mapping[str, Any]]) -> Path:
+def outcomes_chart(queue: str, hours: Sequence[Mapping[str, Any]]) -> bytes:
     """Outcomes per UTC hour, stacked."""
     fig = Figure(figsize=(7, 3.5), dpi=100)
     ax = fig.add_subplot()
@@ -60,11 +60,11 @@ def outcomes_chart(path: Path, queue: str, hours: Sequence[Mapping[str, Any]]) -
     ax.set_title(f"{queue}: outcomes per hour (UTC)")
     ax.set_ylabel("messages")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the bars
-    return _save(fig, path)
+    return _png(fig)
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _png(fig: Figure) -> bytes:
     fig.tight_layout()
-    FigureCanvasAgg(fig).print_png(str(path))
-    return path
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    return buffer.getvalue()

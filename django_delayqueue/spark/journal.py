@@ -5,6 +5,11 @@ per ``cancel`` call) with fields ``n`` (row count) and ``o`` (a JSON list of row
 :data:`~django_delayqueue.core.journal.JOURNAL_FIELDS`). An export is incremental: it
 appends the entries newer than the newest one already exported for each queue, so exporting often
 keeps the history that the stream's cap would otherwise drop.
+
+What was exported where is kept in Redis (``QueueKeys.exported``: destination -> newest entry id
+written there), not read back from the destination, which the driver may not see (storage of
+the executors) and which may be rewritten by hand. A cursor moves only after Spark wrote its
+rows, so a failed run exports them again next time rather than never.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import pyarrow as pa
 import redis
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
@@ -116,16 +120,26 @@ def rows_to_arrow(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
     )
 
 
-def exported_cursors(spark: SparkSession, path: str) -> dict[str, str]:
-    """The newest entry id already exported per queue (empty when nothing was)."""
-    try:
-        df = read_journal(spark, path)
-    except AnalysisException:  # no such path yet
-        return {}
-    newest = df.groupBy("queue").agg(F.max(F.struct("entry_ms", "entry_seq")).alias("last"))
-    return {
-        r["queue"]: f"{r['last']['entry_ms']}-{r['last']['entry_seq']}" for r in newest.collect()
-    }
+def exported_cursors(
+    client: RedisClient, prefix: str, queues: Iterable[str], out: str
+) -> dict[str, str]:
+    """The newest entry id already exported to ``out``, per queue (missing: none yet)."""
+    names = list(queues)
+    pipe = client.pipeline(transaction=False)
+    for queue in names:
+        pipe.hget(QueueKeys(prefix, queue).exported, _destination(out))
+    return {q: to_str(v) for q, v in zip(names, pipe.execute(), strict=True) if v is not None}
+
+
+def _destination(out: str) -> str:
+    return out.rstrip("/") or out
+
+
+def _save_cursors(client: RedisClient, prefix: str, out: str, last: dict[str, str]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for queue, entry_id in last.items():
+        pipe.hset(QueueKeys(prefix, queue).exported, _destination(out), entry_id)
+    pipe.execute()
 
 
 def export_journal(
@@ -145,22 +159,26 @@ def export_journal(
     client = redis.Redis.from_url(redis_url, socket_connect_timeout=10, socket_timeout=60)
     try:
         names = sorted(set(queues) if queues is not None else discover_queues(client, prefix))
-        cursors = {} if full else exported_cursors(spark, out)
+        cursors = {} if full else exported_cursors(client, prefix, names, out)
         mode = "overwrite" if full else "append"
         written: dict[str, int] = {}
         buffer: list[tuple[Any, ...]] = []
+        last: dict[str, str] = {}  # newest entry id per queue in the buffer
         for queue in names:
             written[queue] = 0
             for row in journal_rows(client, prefix, queue, cursors.get(queue)):
                 buffer.append(row)
+                last[queue] = row[1]
                 written[queue] += 1
                 if len(buffer) >= ROWS_PER_WRITE:
                     _write(spark, buffer, out, mode)
-                    buffer, mode = [], "append"
+                    _save_cursors(client, prefix, out, last)
+                    buffer, mode, last = [], "append", {}
         if buffer or mode == "overwrite" or not _journal_exists(spark, out):
             # Even with no rows, leave a journal at ``out``: the report that reads it next
             # then says it is empty rather than that there is no journal.
             _write(spark, buffer, out, mode)
+        _save_cursors(client, prefix, out, last)
     finally:
         client.close()
     logger.info("journal export to %s: %s", out, written)

@@ -1,6 +1,8 @@
 """Writing the queue report: Parquet (Spark) + CSV + ``summary.json`` + PNG charts.
 
-Layout of ``out`` (a local directory: the admin reads it)::
+``out`` is a path or a URI (``hdfs://``, ``s3a://``, ``file://``): Spark writes the Parquet
+tables there and the driver writes the rest there through Hadoop's FileSystem API, so the whole
+report lands in one place (the admin shows the charts when it is a local directory)::
 
     summary.json               per-queue figures, chart paths, generation time
     <table>.csv                one file per table (summary, hourly, attempts, errors, ...)
@@ -11,6 +13,7 @@ Layout of ``out`` (a local directory: the admin reads it)::
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -20,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import SparkSession
+
 from django_delayqueue.spark.charts import chart_names, lateness_chart, outcomes_chart
 from django_delayqueue.spark.report import Report
+from django_delayqueue.spark.storage import join, write_bytes, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +42,11 @@ TABLE_COLUMNS = (
 
 @dataclass
 class ReportResult:
-    """What was written, and the collected tables (lists of dicts)."""
+    """What was written (URIs under ``out``), and the collected tables (lists of dicts)."""
 
-    out: Path
+    out: str
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    files: list[Path] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
 
     @property
     def summary(self) -> list[dict[str, Any]]:
@@ -49,20 +55,23 @@ class ReportResult:
 
 def write_report(report: Report, out: str | Path) -> ReportResult:
     """Write every table as Parquet and CSV, draw the charts, write ``summary.json``."""
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    root = str(out)
     result = ReportResult(root)
+    spark = SparkSession.getActiveSession()
     for name, frame in report.tables().items():
         frame = frame.cache()  # written and collected: compute once
         try:
-            frame.write.mode("overwrite").parquet(str(root / "parquet" / name))
+            frame.write.mode("overwrite").parquet(join(root, "parquet", name))
             rows = [_utc_hour(row.asDict()) for row in frame.collect()]
         finally:
             frame.unpersist()
         result.tables[name] = rows
-        result.files.append(_write_csv(root / f"{name}.csv", frame.columns, rows))
-    result.files += _draw_charts(root / "charts", result.tables)
-    result.files.append(_write_summary(root / SUMMARY_FILE, result.tables))
+        csv_text = _csv_text(frame.columns, rows)
+        result.files.append(write_text(spark, join(root, f"{name}.csv"), csv_text))
+    for chart_name, png in _draw_charts(result.tables):
+        result.files.append(write_bytes(spark, join(root, "charts", chart_name), png))
+    summary = _summary_json(result.tables)
+    result.files.append(write_text(spark, join(root, SUMMARY_FILE), summary))
     logger.info("queue report written to %s (%d files)", root, len(result.files))
     return result
 
@@ -90,13 +99,13 @@ def _cell(value: Any, key: str) -> str:
     return str(value)
 
 
-def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_csv_value(row[c]) for c in columns])
-    return path
+def _csv_text(columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_csv_value(row[c]) for c in columns])
+    return buffer.getvalue()
 
 
 def _utc_hour(row: dict[str, Any]) -> dict[str, Any]:
@@ -110,19 +119,20 @@ def _csv_value(value: Any) -> Any:
     return "" if value is None else value
 
 
-def _draw_charts(directory: Path, tables: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
-    files: list[Path] = []
+def _draw_charts(tables: Mapping[str, list[dict[str, Any]]]) -> list[tuple[str, bytes]]:
+    """(file name under charts/, PNG) of every queue's two charts."""
+    files: list[tuple[str, bytes]] = []
     for summary in tables["summary"]:
         queue = summary["queue"]
         names = chart_names(queue)
         bins = [b for b in tables["lateness_histogram"] if b["queue"] == queue]
         hours = [h for h in tables["hourly"] if h["queue"] == queue]
-        files.append(lateness_chart(directory / names["lateness"], queue, bins, summary))
-        files.append(outcomes_chart(directory / names["outcomes"], queue, hours))
+        files.append((names["lateness"], lateness_chart(queue, bins, summary)))
+        files.append((names["outcomes"], outcomes_chart(queue, hours)))
     return files
 
 
-def _write_summary(path: Path, tables: Mapping[str, list[dict[str, Any]]]) -> Path:
+def _summary_json(tables: Mapping[str, list[dict[str, Any]]]) -> str:
     queues = {}
     for row in tables["summary"]:
         figures = {k: _json_value(v) for k, v in row.items() if k != "queue"}
@@ -133,8 +143,7 @@ def _write_summary(path: Path, tables: Mapping[str, list[dict[str, Any]]]) -> Pa
         "queues": queues,
         "tables": sorted(f"{name}.csv" for name in tables),
     }
-    path.write_text(json.dumps(document, indent=2, sort_keys=True))
-    return path
+    return json.dumps(document, indent=2, sort_keys=True)
 
 
 def _json_value(value: Any) -> Any:

@@ -11,6 +11,9 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from django_delayqueue.spark.package import ship_package
+from django_delayqueue.spark.storage import is_local_master
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
@@ -30,20 +33,27 @@ def get_spark(
     app_name: str = "django-delayqueue",
     master: str | None = None,
     conf: Mapping[str, Any] | None = None,
+    *,
+    ship: bool | None = None,
 ) -> SparkSession:
     """Return the active SparkSession, or build one on ``master``.
 
     The master defaults to ``$SPARK_MASTER``, then ``local[*]``. An already active session is
     returned as it is (Spark ignores a new master for it).
 
-    Python workers run this interpreter (``sys.executable``) unless ``PYSPARK_PYTHON`` or
-    ``spark.pyspark.python`` says otherwise: the executors must import the same packages.
+    On a local master the Python workers run this interpreter (``sys.executable``) unless
+    ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` says otherwise. On a cluster they run the
+    executors' own Python (``python3``, or what ``spark.pyspark.python`` names), which needs
+    pyarrow, pandas and redis; this package is shipped to them as a zip (``ship``, default:
+    on a non-local master unless ``spark.submit.pyFiles`` is set).
     """
     master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+    local = is_local_master(master)
     builder = SparkSession.builder.appName(app_name).master(master)
     settings = {**DEFAULT_CONF, **{k: str(v) for k, v in (conf or {}).items()}}
-    if not os.environ.get("PYSPARK_PYTHON") and "spark.pyspark.python" not in settings:
+    if local and not os.environ.get("PYSPARK_PYTHON") and "spark.pyspark.python" not in settings:
         # Read when the SparkContext starts; the default ("python3" on PATH) may lack redis.
+        # Never on a cluster: the driver's interpreter path means nothing on another host.
         os.environ["PYSPARK_PYTHON"] = sys.executable
     if "spark.driver.extraJavaOptions" not in settings:
         log_config = resources.files(__package__).joinpath("log4j2.properties")
@@ -52,5 +62,9 @@ def get_spark(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if ship is None:
+        ship = not local and not spark.sparkContext.getConf().get("spark.submit.pyFiles")
+    if ship:
+        ship_package(spark)
     logger.debug("Spark %s on %s", spark.version, spark.sparkContext.master)
     return spark
