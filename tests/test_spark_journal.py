@@ -9,7 +9,7 @@ from typing import Any
 import redis
 from core_consumer_support import burst as run_burst
 
-from django_delayqueue.core import Message, Queue, QueueSettings, Reject
+from django_delayqueue.core import Message, Queue, QueueKeys, QueueSettings, Reject
 from django_delayqueue.embedded import RedisServerProcess
 
 T0 = 1_700_000_000_000  # the manual_clock fixture's start
@@ -88,3 +88,24 @@ def test_export_writes_every_outcome_once_partitioned_by_queue_and_day(
     assert read_journal(spark, out).count() == 7
     assert export_journal(spark, redis_server.url, "dq", out, full=True) == {"jq": 7}
     assert sorted(r["id"] for r in read_journal(spark, out).collect()) == sorted([*rows, "m5"])
+
+
+def test_what_was_exported_where_is_kept_in_redis_not_read_from_the_output(
+    spark: Any, redis_server: RedisServerProcess, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    import shutil
+
+    from django_delayqueue.spark.journal import export_journal
+
+    q = Queue(redis_client, "cursor-q", prefix="dq")
+    for i in range(3):
+        q.schedule("ok", id=f"c{i}")
+    assert burst(q) == 3
+    first, second = str(tmp_path / "a"), str(tmp_path / "b")
+    assert export_journal(spark, redis_server.url, "dq", first) == {"cursor-q": 3}
+    # The driver need not see the output: gone from here, nothing is exported twice there.
+    shutil.rmtree(first)
+    assert export_journal(spark, redis_server.url, "dq", first) == {"cursor-q": 0}
+    # Another destination has its own cursor: everything still in the stream goes there.
+    assert export_journal(spark, redis_server.url, "dq", second) == {"cursor-q": 3}
+    assert redis_client.hget(QueueKeys("dq", "cursor-q").exported, first) is not None

@@ -11,7 +11,9 @@ from django_delayqueue.conf.settings import dq_settings, queue_names
 from django_delayqueue.management.commands._spark import (
     add_redis_argument,
     add_spark_arguments,
+    on_cluster,
     redis_url,
+    require_shared_path,
     spark_session,
     split_columns,
 )
@@ -24,7 +26,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--out", required=True, help="directory of the Parquet dataset")
+        parser.add_argument(
+            "--out", required=True, help="directory or URI of the Parquet dataset (hdfs://, s3a://)"
+        )
         parser.add_argument(
             "--queues", help="queues a,b (default: configured ones and any with a journal)"
         )
@@ -33,10 +37,12 @@ class Command(BaseCommand):
         add_redis_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        url = redis_url(options["redis_url"], on_cluster(options["master"]))
+        require_shared_path(options["master"], "--out", options["out"])
         spark = spark_session("export_journal", options["master"], options["verbosity"])
         from django_delayqueue.spark.journal import discover_queues, export_journal
 
-        url, prefix = redis_url(options["redis_url"]), dq_settings.PREFIX
+        prefix = dq_settings.PREFIX
         names = split_columns(options["queues"])
         try:
             if not names:

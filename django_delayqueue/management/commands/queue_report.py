@@ -7,7 +7,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.conf.settings import dq_settings
-from django_delayqueue.management.commands._spark import add_spark_arguments, spark_session
+from django_delayqueue.management.commands._spark import (
+    add_spark_arguments,
+    require_shared_path,
+    spark_session,
+)
 
 
 class Command(BaseCommand):
@@ -18,11 +22,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--journal", required=True, help="directory from export_journal")
+        parser.add_argument(
+            "--journal", required=True, help="directory or URI written by export_journal"
+        )
         parser.add_argument(
             "--out",
-            help="report directory (local); default DELAYQUEUE['REPORT_DIR'], whose charts "
-            "the admin's queue pages show",
+            help="report directory or URI (hdfs://, s3a://); default DELAYQUEUE['REPORT_DIR'], "
+            "whose charts the admin's queue pages show",
         )
         parser.add_argument("--top-errors", type=int, default=5, help="error classes per hour")
         add_spark_arguments(parser)
@@ -31,6 +37,7 @@ class Command(BaseCommand):
         options["out"] = options["out"] or dq_settings.REPORT_DIR
         if not options["out"]:
             raise CommandError("give --out DIR (or set DELAYQUEUE['REPORT_DIR'])")
+        require_shared_path(options["master"], "--out", options["out"])
         spark = spark_session("queue_report", options["master"], options["verbosity"])
         from pyspark.errors import AnalysisException
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -15,7 +14,9 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.management.commands._spark import (
     add_redis_argument,
     add_spark_arguments,
+    on_cluster,
     redis_url,
+    require_shared_path,
     spark_session,
     split_columns,
 )
@@ -31,7 +32,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--input", required=True, help="file or directory to read")
+        parser.add_argument(
+            "--input", required=True, help="file, directory or URI to read (hdfs://, s3a://)"
+        )
         parser.add_argument("--format", choices=FORMATS, help="default: from the extension")
         parser.add_argument("--queue", required=True, help="a queue of DELAYQUEUE['QUEUES']")
         ids = parser.add_mutually_exclusive_group(required=True)
@@ -42,76 +45,86 @@ class Command(BaseCommand):
         due.add_argument("--delay-column", help="column of seconds from now: the delay")
         parser.add_argument("--payload-columns", help="columns a,b,c of the payload (default: all)")
         parser.add_argument(
-            "--rejects", help="where to write rejected rows (default: ./delayqueue-rejects/...)"
+            "--rejects",
+            help="path or URI for rejected rows (default on local[*]: ./delayqueue-rejects/...; "
+            "required on a cluster)",
         )
         parser.add_argument("--rejects-format", choices=FORMATS, default="json")
         parser.add_argument("--partitions", type=int, help="repartition to N parallel writers")
         parser.add_argument("--chunk-size", type=int, default=500, help="messages per script call")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+        parser.add_argument(
+            "--write-job",
+            metavar="FILE",
+            help="write the job as JSON for spark-submit (spark/submit.py) instead of running it",
+        )
         add_spark_arguments(parser)
         add_redis_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        queue = options["queue"]
+        queue, master = options["queue"], options["master"]
         try:
             max_payload = queue_settings(queue).max_payload_bytes
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
-        spark = spark_session(f"schedule_bulk {queue}", options["master"], options["verbosity"])
-        from django_delayqueue.spark.bulk import read_input, schedule_dataframe
-        from django_delayqueue.spark.transforms import MessageSpec
+        rejects = options["rejects"]
+        if rejects is None:
+            if on_cluster(master) or options["write_job"]:
+                # A relative path is resolved by each executor on its own host: the rows
+                # would be counted, then scattered over the workers' disks.
+                raise CommandError("give --rejects: a path or URI every executor can write to")
+            rejects = default_rejects_path(queue)
+        require_shared_path(master, "--input", options["input"])
+        require_shared_path(master, "--rejects", rejects)
+        from django_delayqueue.spark.jobs import ScheduleJob, guess_format
 
-        spec = MessageSpec(
-            id_column=options["id_column"],
-            id_from=split_columns(options["id_from"]),
-            due_column=options["due_column"],
-            delay_column=options["delay_column"],
-            payload_columns=split_columns(options["payload_columns"]),
-            max_payload_bytes=max_payload,
+        job = ScheduleJob(
+            input=options["input"],
+            format=options["format"] or guess_format(options["input"]),
+            queue=queue,
+            prefix=dq_settings.PREFIX,
+            # A job written for spark-submit runs on a cluster.
+            redis_url=redis_url(
+                options["redis_url"], on_cluster(master) or bool(options["write_job"])
+            ),
+            spec={
+                "id_column": options["id_column"],
+                "id_from": split_columns(options["id_from"]),
+                "due_column": options["due_column"],
+                "delay_column": options["delay_column"],
+                "payload_columns": split_columns(options["payload_columns"]),
+                "max_payload_bytes": max_payload,
+            },
+            rejects=rejects,
+            rejects_format=options["rejects_format"],
+            chunk_size=options["chunk_size"],
+            partitions=options["partitions"],
         )
-        rejects = options["rejects"] or default_rejects_path(queue)
-        fmt = options["format"] or guess_format(options["input"])
+        if options["write_job"]:
+            with open(options["write_job"], "w") as f:
+                f.write(job.to_json())
+            self.stdout.write(f"job written to {options['write_job']} (run it with spark-submit)")
+            return
+        spark = spark_session(f"schedule_bulk {queue}", master, options["verbosity"])
+        from django_delayqueue.spark.jobs import run_schedule_job, summary_lines
+
         show = options["verbosity"] > 0 and not options["no_progress"]
         try:
-            df = read_input(spark, options["input"], fmt)
             with progress_bar(show) as on_progress:
-                summary = schedule_dataframe(
-                    df,
-                    redis_url(options["redis_url"]),
-                    dq_settings.PREFIX,
-                    queue,
-                    spec,
-                    rejects_path=rejects,
-                    rejects_format=options["rejects_format"],
-                    chunk_size=options["chunk_size"],
-                    partitions=options["partitions"],
-                    on_progress=on_progress,
-                )
+                summary = run_schedule_job(spark, job, on_progress)
         except (DelayQueueError, ValueError) as e:
             raise CommandError(str(e)) from e
         except Exception as e:  # Spark's AnalysisException etc.: a bad path or column
             if type(e).__module__.startswith(("pyspark", "py4j")):
                 raise CommandError(f"Spark job failed: {e}") from e
             raise
-        self.stdout.write(
-            f"queue {queue}: {summary.scheduled} scheduled, {summary.already_present} already "
-            f"present, {summary.rejected} rejected (of {summary.total} rows, "
-            f"{summary.partitions} partitions) in {summary.seconds:.1f}s"
-        )
-        for reason, count in sorted(summary.reasons.items(), key=lambda kv: -kv[1]):
-            self.stdout.write(f"  {count:>10}  {reason}")
-        if summary.rejected:
-            self.stdout.write(f"rejected rows written to {rejects}")
-
-
-def guess_format(path: str) -> str:
-    suffix = Path(path).suffix.lower().lstrip(".")
-    return {"csv": "csv", "json": "json", "jsonl": "json", "ndjson": "json"}.get(suffix, "parquet")
+        for line in summary_lines(queue, summary, rejects):
+            self.stdout.write(line)
 
 
 def default_rejects_path(queue: str) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return str(Path("delayqueue-rejects") / f"{queue}-{stamp}")
+    return f"delayqueue-rejects/{queue}-{stamp}"
 
 
 class progress_bar:
