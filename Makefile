@@ -35,7 +35,11 @@ DJ6_PYTEST_ARGS ?= --ignore-glob='tests/test_spark_*' --ignore=tests/test_bench_
 DJ6_BIN := $(DJ6_VENV)/bin
 DJ6_STAMP := $(DJ6_VENV)/.stamp-$(DEPS_HASH)
 
-.PHONY: venv venv-min venv-django6 test test-latest test-min test-django6 lint format demo bench \
+# The Spark cluster test's worker runs a Python of its own, without this project (only what
+# executors need), outside the checkout: the test hides the checkout from the worker.
+SPARK_WORKER_VENV ?= $(HOME)/.cache/django-delayqueue/spark-worker-$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+
+.PHONY: venv venv-min venv-django6 spark-worker-env test test-latest test-min test-django6 lint format demo bench \
 	system-deps clean
 
 venv: $(STAMP)
@@ -71,6 +75,15 @@ $(DJ6_STAMP):
 	$(DJ6_BIN)/python -m pip install -q -e '.[test]' '$(DJ6_DJANGO)'
 	touch $@
 
+spark-worker-env: $(SPARK_WORKER_VENV)/.ready
+
+$(SPARK_WORKER_VENV)/.ready:
+	rm -rf $(SPARK_WORKER_VENV)
+	$(PYTHON) -m venv $(SPARK_WORKER_VENV)
+	$(SPARK_WORKER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SPARK_WORKER_VENV)/bin/python -m pip install -q 'pyarrow>=14' 'pandas>=2.2,<3' 'redis>=5.0'
+	touch $@
+
 system-deps:
 	bash .ci/install-system-deps
 
@@ -88,8 +101,8 @@ format: venv
 # then Django 6 on Python 3.12+.
 test: test-latest test-min test-django6
 
-test-latest: venv system-deps lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+test-latest: venv system-deps spark-worker-env lint
+	DQ_SPARK_WORKER_VENV=$(SPARK_WORKER_VENV) $(BIN)/pytest $(PYTEST_ARGS)
 
 test-min: venv-min
 	$(MIN_BIN)/python -m pytest $(MIN_TESTS) $(MIN_PYTEST_ARGS)

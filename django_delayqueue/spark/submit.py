@@ -27,7 +27,7 @@ from django_delayqueue.spark.jobs import ScheduleJob, run_schedule_job
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="submit.py", description=__doc__.splitlines()[0])
-    jobs = p.add_subparsers(dest="job", required=True)
+    jobs = p.add_subparsers(dest="command", required=True)
     schedule = jobs.add_parser("schedule", help="schedule_bulk from a --write-job file")
     schedule.add_argument("--job", required=True, help="the JSON file schedule_bulk wrote")
     export = jobs.add_parser("export-journal", help="append new journal rows as Parquet")
@@ -46,13 +46,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # spark-submit set the master and the rest; the package comes with --py-files.
-    spark = SparkSession.builder.appName(f"django-delayqueue {args.job}").getOrCreate()
+    spark = SparkSession.builder.appName(f"django-delayqueue {args.command}").getOrCreate()
     try:
-        if args.job == "schedule":
+        if args.command == "schedule":
             job = ScheduleJob.load(args.job)
             summary = run_schedule_job(spark, job)
             result: dict[str, object] = {"queue": job.queue, **asdict(summary)}
-        elif args.job == "export-journal":
+        elif args.command == "export-journal":
             from django_delayqueue.spark.journal import export_journal
 
             queues = [q for q in (args.queues or "").split(",") if q] or None
