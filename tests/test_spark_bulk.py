@@ -120,6 +120,7 @@ def test_the_executor_function_refuses_ids_the_core_refuses_instead_of_dropping_
             t.ID: ["good", "bad\u2028id"],  # a line separator: refused by validate_id
             t.DUE: [NOW + 1000, NOW + 1000],
             t.PAYLOAD: ['{"n":1}', '{"n":2}'],
+            t.REASON: pa.array([None, None], pa.string()),  # both passed the transforms
         }
     )
     write = partition_writer(redis_server.url, "dq", "bulk", NOW, chunk_size=10)
@@ -129,3 +130,23 @@ def test_the_executor_function_refuses_ids_the_core_refuses_instead_of_dropping_
     assert rows[1][t.ID] == "bad\u2028id" and rows[1][t.REASON].startswith("bad id")
     assert json.loads(rows[1][t.PAYLOAD]) == {"n": 2}
     assert redis_client.hkeys(Queue(redis_client, "bulk").keys.messages) == [b"good"]
+
+
+def test_the_executor_function_counts_the_rows_the_transforms_rejected(
+    redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {
+            t.ID: ["a", None, "c", None],
+            t.DUE: [NOW + 1000, None, None, None],
+            t.PAYLOAD: ['{"n":1}', None, None, None],
+            t.REASON: [None, "missing id", "missing delay", "missing id"],
+        }
+    )
+    write = partition_writer(redis_server.url, "dq", "bulk-counted", NOW, chunk_size=10)
+    (result,) = list(write(iter([batch])))
+    rows = result.to_pylist()
+    assert rows[0]["scheduled"] == 1
+    counted = {r[t.REASON]: r["rejected"] for r in rows[1:]}
+    assert counted == {"missing id": 2, "missing delay": 1}  # counted, never scheduled
+    assert redis_client.hkeys(Queue(redis_client, "bulk-counted").keys.messages) == [b"a"]

@@ -5,11 +5,12 @@ Each Spark task opens one Redis client and sends its rows in pipelined chunks wi
 idempotent on the (deterministic) message id, so a retried task or a re-run of the whole job
 creates nothing twice: what was already there is counted as ``already_present``.
 
-Counting uses Spark actions only, never files read back: each task yields one row of counts
-(plus any row the core refused at the last moment), the rejected rows are counted by reason
-with an aggregation, and the driver sums what the actions return. So every row is accounted
-for wherever the rejects are written (a path the driver cannot see included). The input is
-read once: the prepared rows are kept (memory, then disk) for the rejects and the messages.
+Counting uses Spark actions only, never files read back: every prepared row goes to the
+writers, which schedule the good ones and count the rejected ones by reason, and each task
+yields its counts (plus any row the core refused at the last moment) for the driver to sum. So
+every row is accounted for wherever the rejects are written (a path the driver cannot see
+included), in one pass over the input; the rejected rows are then written by Spark in a second
+pass only when there are some.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from django_delayqueue.core.clock import RedisClock
@@ -42,6 +43,7 @@ PIPELINE_CHUNKS = 8  # schedule.lua calls per pipeline: one round trip per 8 x c
 _RESULT_FIELDS = [
     ("scheduled", pa.int64()),
     ("already_present", pa.int64()),
+    ("rejected", pa.int64()),
     (ID, pa.string()),
     (DUE, pa.int64()),
     (PAYLOAD, pa.string()),
@@ -119,18 +121,21 @@ def schedule_dataframe(
             client.close()
     if partitions:
         df = df.repartition(partitions)
-    prepared = prepare(df, spec, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        good, rejects = split(prepared)
-        with watch_progress(df.sparkSession.sparkContext, on_progress, f"schedule on {queue}"):
-            reasons = _count_and_write_rejects(rejects, rejects_path, rejects_format)
-            writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size)
-            rows = good.mapInArrow(writer, _RESULT_SCHEMA).collect()
-    finally:
-        prepared.unpersist()
+    prepared = prepare(df, spec, now_ms)
+    with watch_progress(df.sparkSession.sparkContext, on_progress, f"schedule on {queue}"):
+        writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size)
+        rows = (
+            prepared.select(ID, DUE, PAYLOAD, REASON).mapInArrow(writer, _RESULT_SCHEMA).collect()
+        )
+        reasons: dict[str, int] = {}
+        for r in rows:
+            if r[REASON] is not None and r[ID] is None:  # a task's count of one reason
+                reasons[r[REASON]] = reasons.get(r[REASON], 0) + r["rejected"]
+        if reasons:
+            _write_rejects(split(prepared)[1], rejects_path, rejects_format)
     scheduled = sum(r["scheduled"] for r in rows)
     present = sum(r["already_present"] for r in rows)
-    late = [r for r in rows if r[REASON] is not None]
+    late = [r for r in rows if r[REASON] is not None and r[ID] is not None]
     if late:
         reasons = _add_late_rejects(df.sparkSession, late, reasons, rejects_path, rejects_format)
     summary = BulkSummary(
@@ -153,15 +158,12 @@ def schedule_dataframe(
     return summary
 
 
-def _count_and_write_rejects(rejects: DataFrame, path: str | None, fmt: str) -> dict[str, int]:
-    """Count the rejects by reason (an action: the counts travel back with the task results,
-    whatever storage the rows go to), then write them when a path is given."""
-    counted = {row[REASON]: int(row["count"]) for row in rejects.groupBy(REASON).count().collect()}
-    if counted and path is None:
+def _write_rejects(rejects: DataFrame, path: str | None, fmt: str) -> None:
+    """Write the rejected rows, with every input column and their reason (already counted)."""
+    if path is None:
         logger.warning("rejected rows are counted but not written (no rejects path)")
-    elif counted:
+    else:
         rejects.write.mode("overwrite").format(fmt).option("header", "true").save(path)
-    return counted
 
 
 def _add_late_rejects(
@@ -190,16 +192,33 @@ def partition_writer(
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = redis.Redis.from_url(redis_url, **CLIENT_OPTIONS)
+        rejected: dict[str, int] = {}
         try:
             q = Queue(client, queue, prefix=prefix)
-            scheduled, present, refused = _send(q, batches, now_ms, chunk_size)
+            good = _good_rows(batches, rejected)
+            scheduled, present, refused = _send(q, good, now_ms, chunk_size)
         finally:
             client.close()
         rows = [_result(scheduled, present)]
-        rows += [_result(0, 0, *row) for row in refused]
+        rows += [_result(0, 0, n, reason=reason) for reason, n in rejected.items()]
+        rows += [_result(0, 0, 1, *row) for row in refused]
         yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW)
 
     return write
+
+
+def _good_rows(
+    batches: Iterator[pa.RecordBatch], rejected: dict[str, int]
+) -> Iterator[pa.RecordBatch]:
+    """The batches without their rejected rows, which are counted by reason in ``rejected``."""
+    for batch in batches:
+        reasons = batch.column(REASON)
+        if reasons.null_count == len(batch):
+            yield batch
+            continue
+        for item in pc.value_counts(reasons.drop_null()).to_pylist():
+            rejected[item["values"]] = rejected.get(item["values"], 0) + item["counts"]
+        yield batch.filter(pc.is_null(reasons))
 
 
 def _send(
@@ -233,6 +252,7 @@ def _send(
 def _result(
     scheduled: int,
     present: int,
+    rejected: int = 0,
     message_id: str | None = None,
     due: int | None = None,
     payload: str | None = None,
@@ -241,6 +261,7 @@ def _result(
     return {
         "scheduled": scheduled,
         "already_present": present,
+        "rejected": rejected,
         ID: message_id,
         DUE: due,
         PAYLOAD: payload,
