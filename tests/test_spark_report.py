@@ -142,6 +142,7 @@ def test_the_report_is_written_as_parquet_csv_json_and_charts(report: Any, spark
         for kind in ("lateness", "outcomes"):
             png = out / "charts" / f"{queue}-{kind}.png"
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.rglob("*.png.crc"))  # the driver's files come without checksum files
     table = format_table(report.summary)
     assert table.splitlines()[0].split()[:2] == ["queue", "outcomes"]
     assert "ValueError" in table and "28.6" in table  # alpha's dead-letter rate, in percent

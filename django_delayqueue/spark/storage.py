@@ -44,6 +44,8 @@ def _hadoop_path(spark: Any, uri: str) -> tuple[Any, Any]:
 def write_bytes(spark: Any, uri: str, data: bytes) -> str:
     """Write ``data`` to ``uri`` (replacing it) through Hadoop's FileSystem; returns ``uri``."""
     path, fs = _hadoop_path(spark, uri)
+    # No ".name.crc" file beside each one on a local disk (Hadoop's LocalFileSystem default).
+    fs.setWriteChecksum(False)
     stream = fs.create(path, True)
     try:
         stream.write(bytearray(data))
