@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from django_delayqueue.spark import class_archive
 from django_delayqueue.spark.package import ship_package
 from django_delayqueue.spark.storage import is_local_master
 
@@ -55,16 +57,51 @@ def get_spark(
         # Read when the SparkContext starts; the default ("python3" on PATH) may lack redis.
         # Never on a cluster: the driver's interpreter path means nothing on another host.
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    if "spark.driver.extraJavaOptions" not in settings:
+    archive = None
+    if not _driver_java_options_given(settings):
         log_config = resources.files(__package__).joinpath("log4j2.properties")
-        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config}"
+        options = f"-Dlog4j2.configurationFile={log_config}"
+        if _starts_a_new_jvm():
+            archive = class_archive.plan()
+        if archive is not None:
+            options = f"{options} {archive.java_options}"
+        settings["spark.driver.extraJavaOptions"] = options
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except BaseException:
+        if archive is not None:
+            class_archive.release(archive)
+        raise
     spark.sparkContext.setLogLevel("ERROR")
+    if archive is not None:
+        class_archive.finish_at_exit(spark, archive)
     if ship is None:
         ship = not local and not spark.sparkContext.getConf().get("spark.submit.pyFiles")
     if ship:
         ship_package(spark)
     logger.debug("Spark %s on %s", spark.version, spark.sparkContext.master)
     return spark
+
+
+def _driver_java_options_given(settings: Mapping[str, str]) -> bool:
+    """Whether the user set the driver's JVM options anywhere: ours would replace theirs."""
+    if "spark.driver.extraJavaOptions" in settings:
+        return True
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if "spark.driver.extraJavaOptions" in submit_args or "--driver-java-options" in submit_args:
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    defaults = os.path.join(conf_dir, "spark-defaults.conf") if conf_dir else None
+    if defaults and os.path.exists(defaults):
+        with open(defaults, encoding="utf-8", errors="replace") as lines:
+            return any(line.strip().startswith("spark.driver.extraJavaOptions") for line in lines)
+    return False
+
+
+def _starts_a_new_jvm() -> bool:
+    """False when a JVM already runs (this process's, or spark-submit's): options come too late."""
+    return SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
