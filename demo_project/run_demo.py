@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         received.append(signum)
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    env.setdefault("DEMO_TASKS", "1")  # the shop's tasks (Django's Tasks framework) too
     url, server = ensure_redis_url(env)
     env["REDIS_URL"] = url
     print(f"Redis: {url}" + (" (embedded, stopped on exit)" if server else ""), flush=True)

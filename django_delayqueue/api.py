@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -47,31 +48,45 @@ def schedule(
     """
     q = get_queue(queue)
     prepared = q.prepare(payload, delay=delay, at=at, id=id)
-    message_id = prepared.id
     use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
-    # Django defers an on_commit callback exactly when an atomic block is open; otherwise it
-    # runs at once, in the caller's frame, and an error reaches the caller as it should.
-    after_commit = use_on_commit and transaction.get_connection(using).in_atomic_block
 
     def send() -> None:
+        _log_sent(q.send_prepared(prepared, replace=replace), q.name)
+
+    send_on_commit(q.name, prepared, send, on_commit=use_on_commit, using=using)
+    return prepared.id
+
+
+def send_on_commit(
+    queue: str,
+    prepared: Prepared,
+    send: Callable[[], None],
+    *,
+    on_commit: bool,
+    using: str | None = None,
+) -> None:
+    """Run ``send`` now, or when the open transaction commits (``on_commit``; never on rollback).
+
+    Shared by ``schedule`` and the Tasks backend. After a commit, a send that fails cannot raise
+    to anyone who could act (the database has committed, and raising would only skip the other
+    on_commit callbacks), so the message is logged at ERROR with what it takes to send it again.
+    """
+    # Django defers an on_commit callback exactly when an atomic block is open; otherwise it
+    # runs at once, in the caller's frame, and an error reaches the caller as it should.
+    after_commit = on_commit and transaction.get_connection(using).in_atomic_block
+
+    def guarded() -> None:
         try:
-            result = q.send_prepared(prepared, replace=replace)
+            send()
         except DelayQueueError as e:
             if not after_commit:
                 raise
-            # The database has committed: raising cannot undo that, it only skips the other
-            # on_commit callbacks. Until durable scheduling exists the message is lost, so
-            # the log must carry everything needed to send it again by hand.
-            _log_unsent(q.name, prepared, e)
-            return
-        _log_sent(result, q.name)
+            _log_unsent(queue, prepared, e)
 
-    if use_on_commit:
-        # Outside an atomic block Django runs the callback at once.
-        transaction.on_commit(send, using=using)
+    if on_commit:
+        transaction.on_commit(guarded, using=using)
     else:
-        send()
-    return message_id
+        guarded()
 
 
 def _log_unsent(queue: str, prepared: Prepared, error: Exception) -> None:

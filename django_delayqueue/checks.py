@@ -5,7 +5,10 @@ delayqueue.E001     Redis unreachable (``check --deploy [--tag delayqueue]``)
 delayqueue.E002     unknown key in ``DELAYQUEUE``, its ``DEFAULTS`` or a queue
 delayqueue.E003     invalid per-queue settings values
 delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix, names)
-delayqueue.W001     a configured queue has no handler
+delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
+delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
+delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
+delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
 delayqueue.W003     handlers registered for a queue that is not configured
 ==================  ================================================================
@@ -32,6 +35,7 @@ from django_delayqueue.conf.settings import (
     queue_names,
     raw_queue_options,
     settings_problems,
+    task_queue_names,
 )
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_name
@@ -182,6 +186,7 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     if not isinstance(dq_settings.QUEUES, dict):
         return []
     configured = set(queue_names())
+    task_queues = set(task_queue_names())  # a TASKS backend runs their tasks
     signals = topics()
     out = [
         Warning(
@@ -190,7 +195,7 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             "handlers.py; until then its messages go to garbage ('no handler').",
             id="delayqueue.W001",
         )
-        for name in sorted(configured)
+        for name in sorted(configured - task_queues)
         if name not in signals or not signals[name].has_listeners()
     ]
     out += [

@@ -18,6 +18,7 @@ from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.tasks.payload import is_task_payload
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,18 @@ class Worker(Consumer):
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         super().__init__(queues, **kwargs)
+        self._by_name = {q.name: q for q in self.queues}
+        self._tasks: Any = None
+
+    def _task_runner(self) -> Any:
+        """The runner of Django tasks (imported on the first task: it needs the framework)."""
+        if self._tasks is None:
+            try:
+                from django_delayqueue.tasks.runner import TaskRunner
+            except ImportError as e:
+                raise Reject(f"a task message, but no Tasks framework here: {e}") from e
+            self._tasks = TaskRunner(self.name)
+        return self._tasks
 
     @classmethod
     def for_queues(cls, names: Sequence[str] | None = None, **kwargs: Any) -> Worker:
@@ -63,7 +76,17 @@ class Worker(Consumer):
     # --- Consumer hooks ----------------------------------------------------------------------
 
     def handle(self, message: Message) -> Any:
-        """Send the message to its queue's receivers; re-raise what one of them raised."""
+        """Run the task in the message, or send it to its queue's signal receivers.
+
+        Re-raises what the task or a receiver raised: the consumer turns it into a retry or a
+        dead letter.
+        """
+        if is_task_payload(message.payload):
+            close_old_connections()
+            try:
+                return self._task_runner().run(message, self._by_name[message.queue])
+            finally:
+                close_old_connections()
         signal = topic(message.queue)
         close_old_connections()
         dispatching.active = True

@@ -24,6 +24,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.text import Truncator
 
+from django_delayqueue.admin import task_rows
 from django_delayqueue.admin.actions import ACTIONS, ALL_ACTIONS
 from django_delayqueue.admin.common import (
     APP,
@@ -97,9 +98,12 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
     page = min(page_number(request.GET.get("p")), pages)
     errors = list(stats.errors)
     rows: list[dict[str, Any]] = []
+    has_tasks = False
     try:
-        peeked = get_queue(queue).peek(state, (page - 1) * PER_PAGE, PER_PAGE)
+        q = get_queue(queue)
+        peeked = q.peek(state, (page - 1) * PER_PAGE, PER_PAGE)
         rows = [_message_row(m) for m in peeked.messages]
+        has_tasks = task_rows.annotate(q, rows)
         total = peeked.total
         pages = max(1, -(-total // PER_PAGE))
     except DelayQueueError as e:
@@ -126,6 +130,7 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
             for s in STATES
         ],
         "rows": rows,
+        "has_tasks": has_tasks,
         "score_label": SCORE_LABELS.get(state),
         "show_reason": state in ("retry", "garbage"),
         "row_actions": [button(site, queue, name, a.label) for name, a in offered],
@@ -204,12 +209,13 @@ def _message_row(m: PeekedMessage) -> dict[str, Any]:
     try:
         due, scheduled, payload = decode_envelope(m.envelope)
     except CorruptEnvelope:  # shown as stored, so staff can see what is wrong with it
-        due = scheduled = None
+        due = scheduled = payload = None
         text = m.envelope
     else:
         text = json.dumps(payload, ensure_ascii=False, sort_keys=True)
     return {
         "id": m.id,
+        "payload": payload,
         "preview": Truncator(text).chars(PREVIEW_CHARS),
         "full": Truncator(text).chars(TOOLTIP_CHARS),
         "corrupt": due is None,

@@ -145,6 +145,14 @@ class QueueKeys:
     def heartbeats(self) -> str:  # zset: consumer name -> last seen (ms)
         return self._key("consumers")
 
+    def task_result(self, message_id: str) -> str:
+        """String: the JSON result record of the task whose message is ``message_id``.
+
+        Written with its message by enqueue_task.lua; kept while the task may still run, and
+        for the backend's ``RESULT_TTL`` once it finished (django_delayqueue.tasks).
+        """
+        return self._key(f"task:{message_id}")
+
     @property
     def wake_channel(self) -> str:
         """Pub/sub channel on which producers wake sleeping consumers (not a key)."""

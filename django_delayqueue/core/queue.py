@@ -163,6 +163,25 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
+    def send_with_record(
+        self, prepared: Prepared, record_key: str, record: str, *, now_ms: int | None = None
+    ) -> ScheduleResult:
+        """Send one prepared message and write ``record`` to ``record_key``, atomically.
+
+        The record (a task's result, see django_delayqueue.tasks) is written only when the
+        message is created; ``record_key`` must carry this queue's hash tag.
+        """
+        if not record_key.startswith(self.keys.tag):
+            raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
+        message_id, due, envelope = prepared
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        k = self.keys
+        keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage, record_key]
+        arguments = [now, *self.announce_args, message_id, due, envelope, record]
+        reply = ScriptCall(LuaScript.named("enqueue_task"), keys, arguments).run(self.client)
+        state = to_str(reply[2]) if len(reply) > 1 else None
+        return ScheduleResult(message_id, bool(reply[0]), due, state)
+
     # --- the consumer's transitions ---------------------------------------------------------
 
     def promote_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:

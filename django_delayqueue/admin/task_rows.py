@@ -1,0 +1,64 @@
+"""What a queue page shows of a task (Django's Tasks framework): its call, status and errors.
+
+A task is a message like any other, so the page lists it with the same columns and actions;
+these helpers add the task's name and a call preview (``send_sms(7, kind='x')``) in place of
+the raw payload, and its result's status, attempts and last error, read for the whole page in
+one round trip. The framework itself is not imported: the records are read as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.utils.text import Truncator
+
+from django_delayqueue.core.errors import CorruptEnvelope
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.tasks.payload import TASK_KEY, TaskRecord, is_task_payload
+
+CALL_CHARS = 120
+
+
+def task_call(payload: dict[str, Any]) -> str:
+    """``name(arg, key=value)`` with JSON values, truncated for the table."""
+    name = payload[TASK_KEY].rsplit(".", 1)[-1]
+    parts = [_json(a) for a in payload.get("args") or []]
+    parts += [f"{k}={_json(v)}" for k, v in (payload.get("kwargs") or {}).items()]
+    return Truncator(f"{name}({', '.join(parts)})").chars(CALL_CHARS)
+
+
+def annotate(queue: Queue, rows: Sequence[dict[str, Any]]) -> bool:
+    """Give each task row a ``task`` entry (name, call, status, errors); True if any is one."""
+    tasks = [row for row in rows if is_task_payload(row.get("payload"))]
+    if not tasks:
+        return False
+    pipe = queue.client.pipeline(transaction=False)
+    for row in tasks:
+        pipe.get(queue.keys.task_result(row["id"]))
+    for row, raw in zip(tasks, pipe.execute(), strict=True):
+        payload = row["payload"]
+        info: dict[str, Any] = {
+            "path": payload[TASK_KEY],
+            "call": task_call(payload),
+            "status": "no result record",
+            "errors": 0,
+            "last_error": "",
+        }
+        if raw is not None:
+            try:
+                record = TaskRecord.from_json(raw)
+            except CorruptEnvelope:
+                info["status"] = "result record unreadable"
+            else:
+                info["status"] = record.status
+                info["errors"] = len(record.errors)
+                if record.errors:
+                    info["last_error"] = record.errors[-1].get("exception_class_path", "")
+        row["task"] = info
+    return True
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

@@ -1,0 +1,59 @@
+-- includes/scheduling.lua: new messages -> pending (or ready when already due), idempotent on
+-- id; shared by schedule.lua and enqueue_task.lua, which take the same first keys and arguments:
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- A sleeping consumer is woken (one PUBLISH per call) for a message already due, or due within
+-- the horizon and earlier than every pending one. A consumer never sleeps longer than the
+-- horizon without reading the pending head itself, so a later message needs no announcement,
+-- and scheduling it does not read the head at all.
+--- @include "includes/guard.lua"
+--- @include "includes/state.lua"
+
+-- schedule_triples(first, last): the messages in ARGV[first..last], triples of id, due (ms),
+-- envelope. Returns {how many were scheduled, then for each message not scheduled because its
+-- id is taken (nothing of it changed): its position among the triples (1-based) and the state
+-- of the message holding the id}. Telling that state costs reads only when the id is taken.
+local function schedule_triples(first, last)
+  local now = tonumber(ARGV[1])
+  local horizon = now + tonumber(ARGV[2])
+  -- Types: ready and pending are written after a HSETNX (the first write, which proves the
+  -- messages hash), so each is checked first, and only if this call will write it.
+  local write_ready, write_pending = false, false
+  for i = first + 1, last, 3 do
+    if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
+  end
+  if write_pending then guard(KEYS[1], 'zset') end
+  if write_ready then guard(KEYS[2], 'list') end
+  local earliest, head_read, wake = nil, false, nil
+  local created, out = 0, {0}
+  for i = first, last, 3 do
+    local id, due = ARGV[i], tonumber(ARGV[i + 1])
+    if redis.call('HSETNX', KEYS[3], id, ARGV[i + 2]) == 0 then
+      out[#out + 1] = (i - first) / 3 + 1
+      out[#out + 1] = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+    else
+      if due <= now then
+        redis.call('RPUSH', KEYS[2], id)
+        wake = now
+      else
+        if due <= horizon then
+          if not head_read then
+            local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+            earliest = head[2] and tonumber(head[2]) or nil
+            head_read = true
+          end
+          if earliest == nil or due < earliest then
+            earliest = due
+            if wake == nil or due < wake then wake = due end
+          end
+        end
+        redis.call('ZADD', KEYS[1], due, id)
+      end
+      created = created + 1
+    end
+  end
+  if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
+  out[1] = created
+  return out
+end

@@ -1,0 +1,194 @@
+"""``DelayQueueBackend``: Django's Tasks framework on the delay queues.
+
+    TASKS = {
+        "default": {
+            "BACKEND": "django_delayqueue.tasks.DelayQueueBackend",
+            "QUEUES": ["default", "emails"],  # delay queues (their DELAYQUEUE settings apply)
+            "OPTIONS": {"ON_COMMIT": True, "RESULT_TTL": 7 * 24 * 3600},
+        }
+    }
+
+A task is a message of its queue (``payload.task_payload``) with a result record beside it, both
+written by one script; ``runqueue`` runs it (``runner.TaskRunner``), with the queue's retries,
+backoff and dead letters. ``run_after`` becomes the due time exactly as ``dq.schedule(at=...)``
+does (rounded up to the millisecond, never early); a ``timedelta`` counts from now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django_delayqueue.api import send_on_commit
+from django_delayqueue.conf.queues import get_queue
+from django_delayqueue.conf.settings import queue_names
+from django_delayqueue.core.envelope import encode_payload, new_id
+from django_delayqueue.core.errors import ConfigurationError, PayloadError
+from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import redis_errors
+from django_delayqueue.tasks import framework
+from django_delayqueue.tasks.payload import FAILED, READY, TaskRecord, task_payload
+from django_delayqueue.tasks.results import to_task_result
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RESULT_TTL = 7 * 24 * 3600  # seconds a finished task's result is kept
+
+
+class DelayQueueBackend(framework.BaseTaskBackend):
+    """Runs tasks through django-delayqueue: precise ``run_after``, retries, results in Redis."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = False  # not yet: the ready bands of issue 13 come next
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        options = dict(params.get("OPTIONS") or {})
+        self.options = options
+        on_commit = options.get("ON_COMMIT", params.get("ENQUEUE_ON_COMMIT", True))
+        self.on_commit = bool(on_commit)
+        self.result_ttl = int(options.get("RESULT_TTL", DEFAULT_RESULT_TTL))
+
+    # --- enqueueing ------------------------------------------------------------------------
+
+    def validate_task(self, task: Any) -> None:
+        """The framework's checks, a ``timedelta`` run_after, and a queue this app knows."""
+        if isinstance(task.run_after, timedelta):
+            # The framework wants an aware datetime; a delay is converted at enqueue.
+            super().validate_task(dataclasses.replace(task, run_after=None))
+        else:
+            super().validate_task(task)
+        if task.queue_name not in queue_names():
+            raise framework.InvalidTask(
+                f"Queue {task.queue_name!r} is not a delay queue: add it to "
+                "DELAYQUEUE['QUEUES'] or to this backend's QUEUES."
+            )
+
+    def enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
+        self.validate_task(task)
+        queue = get_queue(task.queue_name)
+        args, kwargs = _json_arguments(task, args, kwargs)
+        result_id = new_id()
+        payload = task_payload(task.module_path, args, kwargs, self.alias)
+        now = queue.clock.now_ms()
+        if isinstance(task.run_after, timedelta):
+            prepared = queue.prepare(payload, delay=task.run_after, id=result_id, now_ms=now)
+        elif isinstance(task.run_after, datetime):
+            prepared = queue.prepare(payload, at=task.run_after, id=result_id, now_ms=now)
+        else:
+            prepared = queue.prepare(payload, id=result_id, now_ms=now)
+        record = TaskRecord(
+            task=task.module_path,
+            queue=queue.name,
+            priority=int(task.priority),
+            backend=self.alias,
+            args=args,
+            kwargs=kwargs,
+            run_after=prepared.due_ms if task.run_after is not None else None,
+            enqueued_at=now,
+        )
+        result = to_task_result(record, result_id, task)
+
+        def send() -> None:
+            queue.send_with_record(prepared, queue.keys.task_result(result_id), record.to_json())
+            framework.task_enqueued.send(type(self), task_result=result)
+
+        send_on_commit(queue.name, prepared, send, on_commit=self._on_commit_for(task))
+        return result
+
+    def _on_commit_for(self, task: Any) -> bool:
+        per_task = getattr(task, "enqueue_on_commit", None)  # the backport's Task has one
+        return self.on_commit if per_task is None else bool(per_task)
+
+    # --- results ---------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> Any:
+        found = self.find_record(result_id)
+        if found is None:
+            raise framework.TaskResultDoesNotExist(result_id)
+        queue, record = found
+        if record.status == FAILED and _requeued(queue, result_id):
+            # Requeued from the dead letters (the admin's Requeue): it will run again.
+            record.status, record.finished_at = READY, None
+        return to_task_result(record, result_id)
+
+    def find_record(self, result_id: str) -> tuple[Queue, TaskRecord] | None:
+        """The queue and record of ``result_id`` among this backend's queues (None: nowhere)."""
+        if not isinstance(result_id, str) or not result_id:
+            return None
+        for name in self._queue_names():
+            queue = get_queue(name)
+            with redis_errors(f"reading task result {result_id!r}"):
+                raw = queue.client.get(queue.keys.task_result(result_id))
+            if raw is not None:
+                return queue, TaskRecord.from_json(raw)
+        return None
+
+    def _queue_names(self) -> list[str]:
+        known = queue_names()
+        return [name for name in self.queues if name in known] if self.queues else known
+
+    # --- checks ----------------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> Iterable[Any]:
+        from django.core.checks import Error
+
+        yield from super().check(**kwargs) or []
+        if self.result_ttl <= 0:
+            yield Error(
+                f"TASKS[{self.alias!r}]['OPTIONS']['RESULT_TTL'] must be a positive number of "
+                f"seconds, not {self.result_ttl!r}.",
+                id="delayqueue.E005",
+            )
+        for name in sorted(self.queues):
+            try:
+                validate_name(name, "queue name")
+            except ConfigurationError as e:
+                yield Error(f"TASKS[{self.alias!r}]['QUEUES']: {e}.", id="delayqueue.E007")
+        if self.on_commit and not _databases_configured():
+            yield Error(
+                "ON_COMMIT cannot be used when no databases are configured.",
+                hint=f"Set TASKS[{self.alias!r}]['OPTIONS']['ON_COMMIT'] = False.",
+                id="delayqueue.E006",
+            )
+
+
+def _json_arguments(
+    task: Any, args: Iterable[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """``args`` and ``kwargs`` as JSON gives them back; PayloadError naming the first bad one."""
+    args = list(args)
+    named = [(f"argument {i + 1}", value) for i, value in enumerate(args)]
+    named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
+    for what, value in named:
+        try:
+            encode_payload(value)
+        except PayloadError as e:
+            detail = str(e).removeprefix("payload ")
+            raise PayloadError(f"task {task.module_path}: {what} {detail}") from e
+    decoded = json.loads(encode_payload({"args": args, "kwargs": dict(kwargs)}))
+    return decoded["args"], decoded["kwargs"]
+
+
+def _requeued(queue: Queue, message_id: str) -> bool:
+    """Whether the message of a FAILED task is alive again: stored, and not a dead letter."""
+    k = queue.keys
+    with redis_errors("reading a task's message"):
+        pipe = queue.client.pipeline(transaction=False)
+        pipe.hexists(k.messages, message_id)
+        pipe.zscore(k.garbage, message_id)
+        stored, dead_since = pipe.execute()
+    return bool(stored) and dead_since is None
+
+
+def _databases_configured() -> bool:
+    from django.db import connections
+
+    return bool(connections.settings)

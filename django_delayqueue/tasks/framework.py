@@ -1,0 +1,62 @@
+"""Django's Tasks framework, from ``django.tasks`` or from the ``django-tasks`` backport.
+
+Django 6.0 ships ``django.tasks``; on Django 4.2-5.2 the ``django-tasks`` package provides
+the same API as ``django_tasks``, under names that changed between its releases:
+``ResultDoesNotExist``, ``ResultStatus`` and the ``tasks`` handler (up to 0.8) became
+``TaskResultDoesNotExist``, ``TaskResultStatus`` and ``task_backends`` (0.9); a successful
+task is ``SUCCEEDED`` up to 0.11 and ``SUCCESSFUL`` from 0.12 on (as in Django); and
+``InvalidTaskError`` is Django's ``InvalidTask``. Everything else in this package imports those
+names from here, so each of them is spelled once.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+from typing import Any
+
+
+def _first(*modules: str) -> ModuleType:
+    for name in modules:
+        try:
+            return import_module(name)
+        except ImportError:
+            continue
+    raise ImportError(
+        "django_delayqueue.tasks needs Django's Tasks framework: Django 6.0 or later "
+        "(django.tasks), or the backport on Django 4.2-5.2: pip install 'django-tasks>=0.8'"
+    )
+
+
+def _pick(module: ModuleType, *names: str) -> Any:
+    for name in names:
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise ImportError(f"{module.__name__} has none of {', '.join(names)}")
+
+
+try:
+    import_module("django.tasks.backends.base")
+    PACKAGE = "django.tasks"
+except ImportError:
+    PACKAGE = "django_tasks"
+
+_root = _first(PACKAGE)
+_base = _first(f"{PACKAGE}.base", f"{PACKAGE}.task")  # the backport before 0.9: task.py
+_backends = _first(f"{PACKAGE}.backends.base")
+_exceptions = _first(f"{PACKAGE}.exceptions")
+_signals = _first(f"{PACKAGE}.signals")
+
+BaseTaskBackend: Any = _backends.BaseTaskBackend
+Task: Any = _base.Task
+TaskResult: Any = _base.TaskResult
+TaskContext: Any = _base.TaskContext
+TaskError: Any = _base.TaskError
+TaskResultStatus: Any = _pick(_base, "TaskResultStatus", "ResultStatus")
+SUCCESSFUL: Any = _pick(TaskResultStatus, "SUCCESSFUL", "SUCCEEDED")
+InvalidTask: Any = _pick(_exceptions, "InvalidTask", "InvalidTaskError")
+TaskResultDoesNotExist: Any = _pick(_exceptions, "TaskResultDoesNotExist", "ResultDoesNotExist")
+task_enqueued: Any = _signals.task_enqueued
+task_started: Any = _signals.task_started
+task_finished: Any = _signals.task_finished
+task_backends: Any = _pick(_root, "task_backends", "tasks")  # "tasks" up to 0.8

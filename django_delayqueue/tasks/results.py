@@ -1,0 +1,65 @@
+"""A task's record as the framework's ``TaskResult``, and its Task found from its module path."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone as django_timezone
+from django.utils.module_loading import import_string
+
+from django_delayqueue.tasks import framework
+from django_delayqueue.tasks.payload import SUCCESSFUL, TaskRecord
+
+
+def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
+    """The framework's ``TaskResult`` of ``record``; its Task is ``task``, or imported."""
+    if task is None:
+        run_after = {} if record.run_after is None else {"run_after": to_datetime(record.run_after)}
+        task = load_task(record.task).using(
+            priority=record.priority, queue_name=record.queue, backend=record.backend, **run_after
+        )
+    status = (
+        framework.SUCCESSFUL
+        if record.status == SUCCESSFUL
+        else getattr(framework.TaskResultStatus, record.status)
+    )
+    result = framework.TaskResult(
+        task=task,
+        id=result_id,
+        status=status,
+        enqueued_at=to_datetime(record.enqueued_at),
+        started_at=to_datetime(record.started_at),
+        finished_at=to_datetime(record.finished_at),
+        last_attempted_at=to_datetime(record.last_attempted_at),
+        args=list(record.args),
+        kwargs=dict(record.kwargs),
+        backend=record.backend,
+        errors=[framework.TaskError(**error) for error in record.errors],
+        worker_ids=list(record.worker_ids),
+    )
+    object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+def load_task(path: str) -> Any:
+    """The Task object at ``path``; ImportError for anything else (never a plain function)."""
+    try:
+        task = import_string(path)
+    except ImportError:
+        raise
+    except Exception as e:  # a module that fails as it loads: an ImportError naming the task
+        raise ImportError(f"cannot import task {path!r}: {e}") from e
+    if not isinstance(task, framework.Task):
+        raise ImportError(f"{path!r} is not a task (decorate it with @task)")
+    return task
+
+
+def to_datetime(ms: int | None) -> datetime | None:
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    if settings.USE_TZ:
+        return moment
+    return django_timezone.make_naive(moment)

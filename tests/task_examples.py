@@ -1,0 +1,89 @@
+"""Tasks the Tasks-backend tests enqueue (module level, as the framework requires).
+
+They run on the demo's task queue ("shop-tasks", settings.TASKS) and leave traces in Redis
+(``TRACE``), which both an in-process worker and a ``runqueue`` subprocess can write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import redis
+
+import django_delayqueue as dq
+
+try:
+    from django.tasks import task
+except ImportError:
+    from django_tasks import task
+
+TRACE = "test:tasks:trace"
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+@task(queue_name="shop-tasks")
+def add(a: int, b: int) -> int:
+    _redis().rpush(TRACE, f"add {a} {b}")
+    return a + b
+
+
+@task(queue_name="shop-tasks")
+def returns_structure(name: str, *, tags: list[str]) -> dict[str, Any]:
+    return {"name": name, "tags": tags, "nested": [1, 2.5, None, True]}
+
+
+@task(queue_name="shop-tasks", takes_context=True)
+def knows_its_context(context: Any, label: str) -> dict[str, Any]:
+    result = context.task_result
+    return {
+        "label": label,
+        "id": result.id,
+        "attempt": context.attempt,
+        "errors": len(result.errors),
+        "status": str(result.status),
+    }
+
+
+@task(queue_name="shop-tasks", takes_context=True)
+def fails_twice(context: Any) -> int:
+    if context.attempt < 3:
+        raise ValueError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task(queue_name="shop-tasks")
+def always_fails(what: str) -> None:
+    raise RuntimeError(f"broken: {what}")
+
+
+@task(queue_name="shop-tasks")
+def exits() -> None:
+    raise SystemExit(3)  # a BaseException: still just a failed attempt
+
+
+@task(queue_name="shop-tasks")
+def asks_for_retry(seconds: float) -> None:
+    raise dq.Retry(delay=seconds, reason="not yet")
+
+
+@task(queue_name="shop-tasks")
+def rejects() -> None:
+    raise dq.Reject("this order no longer exists")
+
+
+@task(queue_name="shop-tasks")
+def returns_a_set() -> Any:
+    return {1, 2}  # not JSON: a failure, as in Django's own backends
+
+
+@task(queue_name="shop-tasks")
+async def sleeps_async(label: str) -> str:
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    _redis().rpush(TRACE, f"async {label} {type(loop).__name__}")
+    return f"async {label}"
