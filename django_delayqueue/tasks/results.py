@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,10 +17,7 @@ from django_delayqueue.tasks.payload import SUCCESSFUL, TaskRecord
 def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     """The framework's ``TaskResult`` of ``record``; its Task is ``task``, or imported."""
     if task is None:
-        run_after = {} if record.run_after is None else {"run_after": to_datetime(record.run_after)}
-        task = load_task(record.task).using(
-            priority=record.priority, queue_name=record.queue, backend=record.backend, **run_after
-        )
+        task = _task_as_enqueued(load_task(record.task), record)
     status = (
         framework.SUCCESSFUL
         if record.status == SUCCESSFUL
@@ -41,6 +39,22 @@ def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     )
     object.__setattr__(result, "_return_value", record.return_value)
     return result
+
+
+def _task_as_enqueued(task: Any, record: TaskRecord) -> Any:
+    """``task`` with the record's priority, queue, backend and run_after.
+
+    Not ``task.using()``: that validates the task again (signature inspection and all), on
+    every read of a result; the task was validated when it was enqueued.
+    """
+    changed = object.__new__(type(task))
+    for spec in dataclasses.fields(task):
+        object.__setattr__(changed, spec.name, getattr(task, spec.name))
+    object.__setattr__(changed, "priority", record.priority)
+    object.__setattr__(changed, "queue_name", record.queue)
+    object.__setattr__(changed, "backend", record.backend)
+    object.__setattr__(changed, "run_after", to_datetime(record.run_after))
+    return changed
 
 
 def load_task(path: str) -> Any:
