@@ -191,7 +191,11 @@ def private_redis() -> Iterator[Bench]:
 class Child:
     """A Python child process (consumer, huey worker, runserver) that is always stopped."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: Sequence[str], env: dict[str, str] | None = None, *, quiet: bool = False
+    ) -> None:
+        """``quiet``: its standard output is dropped (a chatty child would block on a full
+        pipe that nobody reads until it exits)."""
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
         self.what = " ".join(args[:2])
@@ -199,7 +203,7 @@ class Child:
             [sys.executable, *args],
             cwd=ROOT,
             env=full_env,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL if quiet else subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )

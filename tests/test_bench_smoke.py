@@ -85,3 +85,21 @@ def test_every_delivery_was_acknowledged(quick_run: dict) -> None:
 def test_table_is_printed(quick_run: dict) -> None:
     assert "schedule_many()" in quick_run["stdout"]
     assert "huey" in quick_run["stdout"]
+
+
+def test_the_tasks_path_bench_runs_every_path_here(tmp_path: Path) -> None:
+    """bench.tasks_path at tiny sizes: the signal and tasks paths measured, every message run
+    (the peer needs Python 3.12 and Django 6: where it is missing its row is left out)."""
+    out = tmp_path / "tasks.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.tasks_path", "--count", "50", "--timed", "20",
+         "--rate", "100", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"signal", "tasks"} <= set(result["paths"])
+    for figures in result["paths"].values():
+        assert figures["enqueue_per_s"] > 0 and figures["delivery_per_s"] > 0
+        assert set(figures["lateness_ms"]) == {"p50", "p99", "max"}
+    assert "tasks / signal delivery" in proc.stdout

@@ -17,6 +17,10 @@ class BenchConfig(AppConfig):
         from .settings import QUEUE
 
         dq.topic(QUEUE).connect(on_message, dispatch_uid="bench-e2e")
+        from .settings import SIGNAL_QUEUE
+        from .timing import on_signal
+
+        dq.topic(SIGNAL_QUEUE).connect(on_signal, dispatch_uid="bench-signal")
 
 
 _seen = [0]

@@ -29,3 +29,29 @@ DELAYQUEUE = {
     "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "QUEUES": {QUEUE: {}},
 }
+
+# bench/tasks_path.py: Django's Tasks framework on this app (BENCH_TASKS=delayqueue) or on the
+# peer django-tasks-redis (BENCH_TASKS=redis, Django 6 + Python 3.12 only), and a signal queue
+# doing the same work for the signal path beside them.
+TASK_QUEUE = "bench-tasks"
+SIGNAL_QUEUE = "bench-signal"
+DELAYQUEUE["QUEUES"][TASK_QUEUE] = {"claim_batch": 200}
+DELAYQUEUE["QUEUES"][SIGNAL_QUEUE] = {"claim_batch": 200}
+_TASKS_BACKEND = os.environ.get("BENCH_TASKS")
+if _TASKS_BACKEND == "delayqueue":
+    TASKS = {
+        "default": {
+            "BACKEND": "django_delayqueue.tasks.DelayQueueBackend",
+            "QUEUES": [TASK_QUEUE],
+            "OPTIONS": {"ON_COMMIT": False},
+        }
+    }
+elif _TASKS_BACKEND == "redis":
+    INSTALLED_APPS.append("django_tasks_redis")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_tasks_redis.RedisTaskBackend",
+            "QUEUES": [TASK_QUEUE],
+            "OPTIONS": {"REDIS_URL": DELAYQUEUE["REDIS_URL"], "REDIS_BLOCK_TIMEOUT": 1000},
+        }
+    }
