@@ -132,8 +132,10 @@ def wait_for_done(path: str, client: redis.Redis, consumer: Child, timeout: floa
     ended = lambda: client.exists(DONE) or consumer.proc.poll() is not None  # noqa: E731
     wait_until(ended, timeout)
     if not client.exists(DONE):
-        consumer.kill()
-        output = (consumer.proc.stderr.read() if consumer.proc.stderr else "")[-3000:]
+        if consumer.proc.poll() is None:
+            consumer.proc.kill()
+        _, err = consumer.proc.communicate()
+        output = (err or "")[-3000:]
         raise RuntimeError(f"{path}: the last message did not run in {timeout}s:\n{output}")
 
 

@@ -12,7 +12,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from django_delayqueue.api import topic
 from django_delayqueue.conf.overrides import load_published, merge
 from django_delayqueue.conf.queues import build_queue, configured
-from django_delayqueue.conf.settings import dq_settings, file_queue_settings
+from django_delayqueue.conf.settings import dq_settings, file_queue_settings, task_queue_names
 from django_delayqueue.conf.sync import publish_from_db, sync_queue_configs
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
@@ -40,6 +40,7 @@ class Worker(Consumer):
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         super().__init__(queues, **kwargs)
         self._by_name = {q.name: q for q in self.queues}
+        self._task_queues = frozenset(task_queue_names())
         self._tasks: Any = None
 
     def _task_runner(self) -> Any:
@@ -81,7 +82,9 @@ class Worker(Consumer):
         Re-raises what the task or a receiver raised: the consumer turns it into a retry or a
         dead letter.
         """
-        if is_task_payload(message.payload):
+        # Only on a queue a TASKS backend names: a signal queue's payload (a webhook's JSON,
+        # say) that happens to carry the key must never import and run a task.
+        if message.queue in self._task_queues and is_task_payload(message.payload):
             close_old_connections()
             try:
                 return self._task_runner().run(message, self._by_name[message.queue])

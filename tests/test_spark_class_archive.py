@@ -60,6 +60,15 @@ def test_first_command_writes_the_archive_and_the_next_one_maps_it(tmp_path: Pat
     assert any(m.endswith(archives[0]) for m in second["mapped"]), second  # type: ignore[union-attr]
     assert "log4j2.configurationFile" in str(second["options"])  # our own option is kept
 
+    # Damaged since (a disk, a copy cut short): the JVM aborts mapping it. The command still
+    # runs, without it, and the archive is set aside so that the next run writes a new one.
+    final = tmp_path / archives[0]
+    with final.open("r+b") as archive:
+        archive.truncate(final.stat().st_size // 2)
+    third = _run_child(tmp_path)
+    assert not any(m.endswith(archives[0]) for m in third["mapped"])  # type: ignore[union-attr]
+    assert not final.exists() and final.with_suffix(".bad").exists()
+
 
 def test_switched_off_nothing_is_written_or_mapped(tmp_path: Path) -> None:
     child = _run_child(tmp_path, **{class_archive.ENV_SWITCH: "0"})
@@ -95,6 +104,12 @@ def test_one_writer_at_a_time_and_stale_leftovers_are_dropped(
     assert after_kill is not None and after_kill.pending is not None  # the lock was taken over
     class_archive.release(after_kill)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_with_whitespace_gets_no_archive(tmp_path: Path) -> None:
+    spaced = tmp_path / "with space"
+    assert class_archive.plan(spaced) is None  # Spark splits the JVM options on whitespace
+    assert not spaced.exists()
 
 
 def test_off_switch_values(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

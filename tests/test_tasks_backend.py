@@ -484,3 +484,96 @@ def test_a_signal_queue_page_has_no_task_column(
     dq.schedule("order-close", {"order_id": 1}, delay=600)
     content = admin_client.get(page("order-close", "pending")).content.decode()
     assert "Task result" not in content and "order_id" in content
+
+
+# --- review fixes: what a task message may and may not do -----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_queue_never_runs_a_payload_shaped_like_a_task(
+    redis_client: redis.Redis,
+) -> None:
+    import django_delayqueue as dq
+
+    seen: list[Any] = []
+
+    def receiver(sender: str, message: Any, **kwargs: Any) -> None:
+        seen.append(message.payload)
+
+    dq.topic("order-close").connect(receiver, weak=False)
+    try:
+        dq.schedule("order-close", {"django.task": "task_examples.add", "args": [40, 2]})
+        Worker.for_queues(["order-close"], burst=True).run()
+    finally:
+        dq.topic("order-close").disconnect(receiver)
+    assert redis_client.lrange(examples.TRACE, 0, -1) == []  # the task was not imported or run
+    assert seen and seen[0]["django.task"] == "task_examples.add"  # the receivers got it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_task_reads_failed_not_ready_for_ever(redis_client: redis.Redis) -> None:
+    import django_delayqueue as dq
+
+    result = examples.add.using(run_after=timedelta(hours=1)).enqueue(1, 1)
+    assert dq.cancel(QUEUE, result.id)
+    assert examples.add.get_result(result.id).status == Status.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_non_json_return_value_fails_once_without_running_again(
+    redis_client: redis.Redis,
+) -> None:
+    result = examples.returns_a_set.enqueue()
+    burst()
+    failed = examples.returns_a_set.get_result(result.id)
+    assert failed.status == Status.FAILED and failed.attempts == 1
+    assert redis_client.zscore(KEYS.garbage, result.id) is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_raising_signal_receiver_changes_nothing_of_the_task(
+    redis_client: redis.Redis,
+) -> None:
+    def broken(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a receiver's bug")
+
+    framework.task_started.connect(broken)
+    framework.task_finished.connect(broken)
+    try:
+        result = examples.add.enqueue(2, 2)
+        burst()
+    finally:
+        framework.task_started.disconnect(broken)
+        framework.task_finished.disconnect(broken)
+    done = examples.add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.attempts == 1
+    assert redis_client.lrange(examples.TRACE, 0, -1) == [b"add 2 2"]  # ran once
+    assert redis_client.zscore(KEYS.garbage, result.id) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_task_finished_a_failed_task_reads_failed(redis_client: redis.Redis) -> None:
+    seen: list[str] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(str(examples.always_fails.get_result(task_result.id).status))
+
+    framework.task_finished.connect(receiver)
+    try:
+        examples.always_fails.enqueue("f")
+        burst()
+    finally:
+        framework.task_finished.disconnect(receiver)
+    assert seen == [str(Status.FAILED)]  # not READY: its message is in flight, not requeued
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_naive_run_after_works_without_time_zones(redis_client: redis.Redis) -> None:
+    with override_settings(USE_TZ=False):
+        naive = datetime(2030, 1, 1, 12, 0, 0)
+        result = examples.add.using(run_after=naive).enqueue(1, 2)
+    aware = datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt_timezone.utc)  # TIME_ZONE is UTC here
+    epoch = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+    assert redis_client.zscore(KEYS.pending, result.id) == (aware - epoch) // timedelta(
+        milliseconds=1
+    )

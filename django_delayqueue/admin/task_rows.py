@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from django.utils.text import Truncator
 
 from django_delayqueue.core.errors import CorruptEnvelope
@@ -24,8 +25,12 @@ CALL_CHARS = 120
 def task_call(payload: dict[str, Any]) -> str:
     """``name(arg, key=value)`` with JSON values, truncated for the table."""
     name = payload[TASK_KEY].rsplit(".", 1)[-1]
-    parts = [_json(a) for a in payload.get("args") or []]
-    parts += [f"{k}={_json(v)}" for k, v in (payload.get("kwargs") or {}).items()]
+    args, kwargs = payload.get("args"), payload.get("kwargs")
+    parts = [_json(a) for a in (args if isinstance(args, list) else [args] if args else [])]
+    if isinstance(kwargs, dict):
+        parts += [f"{k}={_json(v)}" for k, v in kwargs.items()]
+    elif kwargs:
+        parts.append(f"**{_json(kwargs)}")
     return Truncator(f"{name}({', '.join(parts)})").chars(CALL_CHARS)
 
 
@@ -37,7 +42,11 @@ def annotate(queue: Queue, rows: Sequence[dict[str, Any]]) -> bool:
     pipe = queue.client.pipeline(transaction=False)
     for row in tasks:
         pipe.get(queue.keys.task_result(row["id"]))
-    for row, raw in zip(tasks, pipe.execute(), strict=True):
+    try:
+        records = pipe.execute(raise_on_error=False)
+    except redis.RedisError:  # the page still lists the messages, without their results
+        records = [None] * len(tasks)
+    for row, raw in zip(tasks, records, strict=True):
         payload = row["payload"]
         info: dict[str, Any] = {
             "path": payload[TASK_KEY],
@@ -46,16 +55,18 @@ def annotate(queue: Queue, rows: Sequence[dict[str, Any]]) -> bool:
             "errors": 0,
             "last_error": "",
         }
-        if raw is not None:
+        if isinstance(raw, Exception):
+            info["status"] = "result record unreadable"
+        elif raw is not None:
             try:
                 record = TaskRecord.from_json(raw)
-            except CorruptEnvelope:
+                errors = record.errors if isinstance(record.errors, list) else []
+                last = errors[-1] if errors and isinstance(errors[-1], dict) else {}
+                info["status"] = str(record.status)
+                info["errors"] = len(errors)
+                info["last_error"] = str(last.get("exception_class_path", ""))
+            except (CorruptEnvelope, TypeError, AttributeError):
                 info["status"] = "result record unreadable"
-            else:
-                info["status"] = record.status
-                info["errors"] = len(record.errors)
-                if record.errors:
-                    info["last_error"] = record.errors[-1].get("exception_class_path", "")
         row["task"] = info
     return True
 

@@ -84,6 +84,11 @@ def plan(directory: Path | None = None) -> ArchivePlan | None:
     if java is None:
         return None
     directory = directory or cache_dir()
+    if any(c.isspace() for c in str(directory)):
+        # spark.driver.extraJavaOptions is split on whitespace: such a path would break the
+        # JVM's command line (a home such as "/Users/Jo Smith"; set ENV_DIRECTORY elsewhere).
+        logger.debug("no class archive: whitespace in %s", directory)
+        return None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         final = directory / f"spark-{archive_key(java)}.jsa"
@@ -106,6 +111,14 @@ def finish_at_exit(spark: Any, archive: ArchivePlan) -> None:
     """When this process exits, let the JVM write its archive, check it, then put it in place."""
     if archive.pending is not None:
         atexit.register(_finish, spark, archive, java_binary())
+
+
+def set_aside(archive: ArchivePlan) -> None:
+    """A mapped archive the JVM could not start with: move it away, so later runs write anew."""
+    try:
+        os.replace(archive.final, archive.final.with_suffix(".bad"))
+    except OSError as e:
+        logger.debug("class archive not set aside: %s", e)
 
 
 def release(archive: ArchivePlan) -> None:
@@ -138,8 +151,9 @@ def _finish(spark: Any, archive: ArchivePlan, java: str | None) -> None:
 
 def _maps_cleanly(java: str, archive: Path) -> bool:
     done = subprocess.run(
-        [java, f"-XX:SharedArchiveFile={archive}", "-XX:+VerifySharedSpaces", *_QUIET.split(),
-         "-version"],
+        # The very options a command maps it with: a check with other flags (such as
+        # -XX:+VerifySharedSpaces) can pass an archive that the real start aborts on.
+        [java, f"-XX:SharedArchiveFile={archive}", *_QUIET.split(), "-version"],
         capture_output=True,
         timeout=60,
     )  # fmt: skip

@@ -60,7 +60,7 @@ def get_spark(
     archive = None
     if not _driver_java_options_given(settings):
         log_config = resources.files(__package__).joinpath("log4j2.properties")
-        options = f"-Dlog4j2.configurationFile={log_config}"
+        options = log_option = f"-Dlog4j2.configurationFile={log_config}"
         if _starts_a_new_jvm():
             archive = class_archive.plan()
         if archive is not None:
@@ -71,9 +71,18 @@ def get_spark(
     try:
         spark = builder.getOrCreate()
     except BaseException:
-        if archive is not None:
-            class_archive.release(archive)
-        raise
+        if archive is None:
+            raise
+        class_archive.release(archive)
+        if archive.pending is not None:
+            raise
+        # The JVM did not start while mapping the archive (damaged since it was written?):
+        # set it aside and start once more without one.
+        logger.warning("Spark did not start with class archive %s: retrying", archive.final)
+        class_archive.set_aside(archive)
+        builder = builder.config("spark.driver.extraJavaOptions", log_option)
+        archive = None
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if archive is not None:
         class_archive.finish_at_exit(spark, archive)

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.utils import timezone
+
 from django_delayqueue.api import send_on_commit
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import queue_names
@@ -32,7 +34,7 @@ from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import redis_errors
 from django_delayqueue.tasks import framework
-from django_delayqueue.tasks.payload import FAILED, READY, TaskRecord, task_payload
+from django_delayqueue.tasks.payload import FAILED, READY, RUNNING, TaskRecord, task_payload
 from django_delayqueue.tasks.results import to_task_result
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         self.options = options
         on_commit = options.get("ON_COMMIT", params.get("ENQUEUE_ON_COMMIT", True))
         self.on_commit = bool(on_commit)
-        self.result_ttl = int(options.get("RESULT_TTL", DEFAULT_RESULT_TTL))
+        self.result_ttl = _seconds(options.get("RESULT_TTL", DEFAULT_RESULT_TTL))
 
     # --- enqueueing ------------------------------------------------------------------------
 
@@ -81,7 +83,10 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         if isinstance(task.run_after, timedelta):
             prepared = queue.prepare(payload, delay=task.run_after, id=result_id, now_ms=now)
         elif isinstance(task.run_after, datetime):
-            prepared = queue.prepare(payload, at=task.run_after, id=result_id, now_ms=now)
+            run_after = task.run_after
+            if timezone.is_naive(run_after):  # USE_TZ = False: the framework allows it
+                run_after = timezone.make_aware(run_after)
+            prepared = queue.prepare(payload, at=run_after, id=result_id, now_ms=now)
         else:
             prepared = queue.prepare(payload, id=result_id, now_ms=now)
         record = TaskRecord(
@@ -114,9 +119,7 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         if found is None:
             raise framework.TaskResultDoesNotExist(result_id)
         queue, record = found
-        if record.status == FAILED and _requeued(queue, result_id):
-            # Requeued from the dead letters (the admin's Requeue): it will run again.
-            record.status, record.finished_at = READY, None
+        _reconcile(queue, result_id, record)
         return to_task_result(record, result_id)
 
     def find_record(self, result_id: str) -> tuple[Queue, TaskRecord] | None:
@@ -144,7 +147,7 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         if self.result_ttl <= 0:
             yield Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['RESULT_TTL'] must be a positive number of "
-                f"seconds, not {self.result_ttl!r}.",
+                f"seconds, not {self.options.get('RESULT_TTL')!r}.",
                 id="delayqueue.E005",
             )
         for name in sorted(self.queues):
@@ -177,15 +180,36 @@ def _json_arguments(
     return decoded["args"], decoded["kwargs"]
 
 
-def _requeued(queue: Queue, message_id: str) -> bool:
-    """Whether the message of a FAILED task is alive again: stored, and not a dead letter."""
+def _reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
+    """Correct what the record cannot know from where its message is now.
+
+    A dead task requeued (the admin's Requeue) is waiting again: READY. An unfinished task whose
+    message is a dead letter (buried by a reap or a claim) or gone (cancelled, purged) will
+    never run: FAILED. A message in flight is left to its worker (the record follows it).
+    """
+    if record.status not in (FAILED, READY, RUNNING):
+        return
     k = queue.keys
     with redis_errors("reading a task's message"):
         pipe = queue.client.pipeline(transaction=False)
         pipe.hexists(k.messages, message_id)
         pipe.zscore(k.garbage, message_id)
-        stored, dead_since = pipe.execute()
-    return bool(stored) and dead_since is None
+        pipe.zscore(k.unack, message_id)
+        stored, dead_since, in_flight = pipe.execute()
+    if in_flight is not None:
+        return
+    if record.status == FAILED:
+        if stored and dead_since is None:
+            record.status, record.finished_at = READY, None
+    elif not stored or dead_since is not None:
+        record.status = FAILED
+
+
+def _seconds(value: Any) -> int:
+    """A whole number of seconds, or 0 (reported by check(): E005) for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    return int(value) if value == value and value not in (float("inf"), float("-inf")) else 0
 
 
 def _databases_configured() -> bool:

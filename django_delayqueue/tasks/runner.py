@@ -65,24 +65,32 @@ class TaskRunner:
         record.worker_ids.append(self.worker_id)
         queue.client.set(key, record.to_json())  # no expiry while it may still run
         result = to_task_result(record, message.id)
-        framework.task_started.send(type(backend), task_result=result)
+        _send_robust(framework.task_started, backend, result)
         try:
             if task.takes_context:
                 context = framework.TaskContext(task_result=result)
                 value = task.call(context, *record.args, **record.kwargs)
             else:
                 value = task.call(*record.args, **record.kwargs)
-            record.return_value = json.loads(json.dumps(value, allow_nan=False))
         except BaseException as e:  # the consumer decides what it means; the record follows
             last = isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
-            if last:  # what nack.lua will do too: no attempts left, or dead on purpose
-                self._finish(queue, message.id, record, FAILED, error=e, backend=backend)
-            else:
-                record.status = READY
-                if not isinstance(e, Retry):  # a retry asked for is not an error
-                    record.errors.append(_error(e))
-                queue.client.set(key, record.to_json())
+            try:
+                if last:  # what nack.lua will do too: no attempts left, or dead on purpose
+                    self._finish(queue, message.id, record, FAILED, error=e, backend=backend)
+                else:
+                    record.status = READY
+                    if not isinstance(e, Retry):  # a retry asked for is not an error
+                        record.errors.append(_error(e))
+                    queue.client.set(key, record.to_json())
+            except Exception:  # the record is secondary: the task's own outcome stands
+                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
             raise
+        try:
+            record.return_value = json.loads(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError) as e:
+            # It ran: running it again would repeat its effects for the same bad value.
+            self._finish(queue, message.id, record, FAILED, error=e, backend=backend)
+            raise Reject(f"task returned a value that is not JSON: {e}") from e
         self._finish(queue, message.id, record, SUCCESSFUL, backend=backend)
         return value
 
@@ -116,8 +124,18 @@ class TaskRunner:
         ttl = getattr(backend, "result_ttl", None) or _default_ttl()
         queue.client.set(queue.keys.task_result(message_id), record.to_json(), ex=int(ttl))
         if backend is not None:
-            framework.task_finished.send(
-                type(backend), task_result=to_task_result(record, message_id)
+            _send_robust(framework.task_finished, backend, to_task_result(record, message_id))
+
+
+def _send_robust(signal: Any, backend: Any, result: Any) -> None:
+    """Send a task signal; a receiver that raises is logged, and changes nothing of the task."""
+    for receiver, response in signal.send_robust(type(backend), task_result=result):
+        if isinstance(response, BaseException):
+            logger.error(
+                "task %s: receiver %s of a task signal raised",
+                result.id,
+                getattr(receiver, "__qualname__", receiver),
+                exc_info=response,
             )
 
 
