@@ -236,7 +236,8 @@ def run_command(
     env.pop(class_archive.ENV_SWITCH, None)
     if archive_switch is not None:
         env[class_archive.ENV_SWITCH] = archive_switch
-    had_archive = any(class_archive.cache_dir().glob("*.jsa"))
+    java = class_archive.java_binary()  # this JVM and these jars' archive, not any archive
+    had_archive = java is not None and class_archive.archive_path(java).exists()
     command = [
         sys.executable, str(root / "manage.py"), "schedule_bulk", "--input", data,
         "--queue", "order-close", "--id-column", "order_ref", "--due-column", "close_at",

@@ -37,7 +37,7 @@ def _schedule_keys(queue: str) -> list[str]:
 
 def _promote_keys(queue: str) -> list[str]:
     k = QueueKeys("bench", queue)
-    return [k.pending, k.retry, k.ready, k.tokens, k.ready_since]
+    return [k.pending, k.retry, k.ready, k.tokens, k.ready_since, *k.priority_keys()]
 
 
 def _evalsha(client: redis.Redis, name: str, queue: str, count: int) -> Callable[[int], int]:

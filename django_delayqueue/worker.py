@@ -43,6 +43,39 @@ class Worker(Consumer):
         self._task_queues = frozenset(task_queue_names())
         self._tasks: Any = None
 
+    def run(self) -> int:
+        if self._task_queues & self._by_name.keys():
+            self._prepare_for_tasks()
+        return super().run()
+
+    def _prepare_for_tasks(self) -> None:
+        """Pay before the first task what it would pay late: importing the framework, its
+        backends and the ``tasks`` modules of the installed apps (as Celery and huey do), and
+        loading the script that writes results. Nothing here stops the worker: a module that
+        fails to import is logged, and its tasks fail (and retry) as they would have."""
+        try:
+            runner = self._task_runner()
+        except Reject as e:
+            logger.warning("%s", e)
+            return
+        from django.utils.module_loading import autodiscover_modules
+
+        from django_delayqueue.tasks import framework
+
+        try:
+            autodiscover_modules("tasks")
+            framework.task_backends.all()
+        except Exception:
+            logger.exception(
+                "%s: preparing for tasks failed; they will import as they run", self.name
+            )
+        for q in self.queues:
+            if q.name in self._task_queues:
+                try:
+                    runner.load_scripts(q)
+                except DelayQueueError as e:
+                    logger.debug("scripts not loaded ahead on %s: %s", q.name, e)
+
     def _task_runner(self) -> Any:
         """The runner of Django tasks (imported on the first task: it needs the framework)."""
         if self._tasks is None:
@@ -50,7 +83,7 @@ class Worker(Consumer):
                 from django_delayqueue.tasks.runner import TaskRunner
             except ImportError as e:
                 raise Reject(f"a task message, but no Tasks framework here: {e}") from e
-            self._tasks = TaskRunner(self.name)
+            self._tasks = TaskRunner(self.name, self.write_soon)
         return self._tasks
 
     @classmethod

@@ -87,3 +87,10 @@ async def sleeps_async(label: str) -> str:
     loop = asyncio.get_running_loop()
     _redis().rpush(TRACE, f"async {label} {type(loop).__name__}")
     return f"async {label}"
+
+
+@task(queue_name="shop-tasks", takes_context=True)
+def reads_its_own_result(context: Any) -> str:
+    """What ``get_result`` says of this task while it runs (read from Redis, not the context)."""
+    mine = context.task_result
+    return str(mine.task.get_result(mine.id).status)

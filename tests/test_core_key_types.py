@@ -55,10 +55,18 @@ def populated(client: redis.Redis) -> Held:
     assert q.schedule({"n": "next"}, id=inflight.id, replace=True).successor
     q.schedule({"n": "later"}, delay=10, id="later")
     q.schedule({"n": "soon"}, delay=1, id="soon")
+    # Tasks with a priority: one ready in the ranked zset, one waiting to be promoted there.
+    _task(q, "urgent", priority=9)
+    _task(q, "unhurried", priority=-4, delay=1)
     clock.advance(2)  # "soon", the retry and the in-flight deadline are all due now
     held = Held(q, clock, inflight, retrying.id, "later")
     _journal(held)  # an entry for the stats to tally
     return held
+
+
+def _task(q: Queue, message_id: str, priority: int, delay: float | None = None) -> None:
+    prepared = q.prepare({"n": message_id}, delay=delay, id=message_id)
+    q.send_with_record(prepared, q.keys.task_result(message_id), "{}", priority=priority)
 
 
 def _stats(h: Held) -> None:
@@ -83,6 +91,8 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "replace ready": lambda h: h.queue.schedule({"n": "new"}, delay=5, id="r2", replace=True),
     "replace in flight": lambda h: h.queue.schedule({"n": 2}, id=h.inflight.id, replace=True),
     "replace dead": lambda h: h.queue.schedule({"n": "new"}, id="x2", replace=True),
+    "enqueue a task due now": lambda h: _task(h.queue, "new", priority=3),
+    "enqueue a task later": lambda h: _task(h.queue, "new", priority=-3, delay=5),
     "schedule_many": lambda h: h.queue.schedule_many(
         [{"payload": 1}, {"payload": 2, "delay": 5}, {"payload": 3, "delay": 0}]
     ),
@@ -94,7 +104,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "reap": lambda h: h.queue.reap(),
     "extend": lambda h: h.queue.extend(h.inflight),
     "release": lambda h: h.queue.release(h.inflight),
-    "cancel": lambda h: h.queue.cancel(h.pending, "ready", h.retrying),
+    "cancel": lambda h: h.queue.cancel(h.pending, "ready", h.retrying, "urgent"),
     "run_now": lambda h: h.queue.run_now(h.pending, h.retrying),
     "requeue": lambda h: h.queue.requeue(),
     "purge": lambda h: h.queue.purge(),
@@ -107,7 +117,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
-    "ready_since", "successors", "exported",
+    "ready_since", "successors", "exported", "priorities", "ranked",
 ]  # fmt: skip
 
 
@@ -164,7 +174,7 @@ def misplaced(held: Held) -> set[str]:
     """
     client, keys = held.queue.client, held.queue.keys
     where: dict[str, list[str]] = {}
-    for state in ("pending", "unack", "retry", "garbage", "ready"):
+    for state in ("pending", "unack", "retry", "garbage", "ready", "ranked"):
         members = _members(client, getattr(keys, state), b"list" if state == "ready" else b"zset")
         if state == "ready" and members:
             members = _live(client, keys, members)

@@ -5,7 +5,8 @@ redis-server) and applies the same transition to a plain-Python model of the fiv
 After every step the invariants read the queue's keys directly: every message is in exactly
 one state, Redis and the model agree on the members (and the order of the ready list), and the
 messages hash holds exactly the ids that are in some state. The ready list is read without the
-dead entries a cancel leaves in it.
+dead entries a cancel leaves in it. Tasks with a priority wait in ready in the ranked zset, and
+claims, counts and peek take them in priority order around the list.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.core.keys import TOMBSTONE_TOTAL
 
 IDS = st.sampled_from([f"m{i}" for i in range(6)])
+PRIORITIES = st.sampled_from([-7, -1, 0, 2, 9])
+RANK_BAND = 2**43  # ready_list.lua's
+RANK_ORDER = " order"  # the field counting entries into the ranked zset
 MAX_ATTEMPTS = 3
 VISIBILITY_MS = 1000
 
@@ -45,19 +49,45 @@ class Model:
     attempts: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     successors: dict[str, int] = field(default_factory=dict)  # id -> due of its successor
+    priorities: dict[str, int] = field(default_factory=dict)  # the non-zero ones
+    ranked: dict[str, int] = field(default_factory=dict)  # ready with a priority: id -> score
+    rank_order: int = 0  # entries into the ranked zset so far
     seq: int = 0
 
     def state_of(self, message_id: str) -> str | None:
         for name in ("pending", "unack", "retry", "garbage"):
             if message_id in getattr(self, name):
                 return name
-        return "ready" if message_id in self.ready else None
+        return "ready" if message_id in self.ready or message_id in self.ranked else None
+
+    def ready_order(self) -> list[str]:
+        """Ready as a claim takes it: priorities above 0, the list, then those below 0."""
+        ranked = _zorder(self.ranked)
+        high = [i for i in ranked if self.ranked[i] < 100 * RANK_BAND]
+        return high + self.ready + [i for i in ranked if self.ranked[i] > 100 * RANK_BAND]
+
+    def to_ready(self, message_id: str, now: int, front: bool = False) -> None:
+        priority = self.priorities.get(message_id, 0)
+        if priority:
+            self.rank_order += 1
+            offset = -self.rank_order if front else self.rank_order
+            self.ranked[message_id] = (100 - priority) * RANK_BAND + RANK_BAND // 2 + offset
+        elif front:
+            self.ready.insert(0, message_id)
+        else:
+            self.ready.append(message_id)
+
+    def take_ready(self, message_id: str) -> None:
+        if self.ranked.pop(message_id, None) is None:
+            self.ready.remove(message_id)
 
     def forget(self, message_id: str) -> None:
         for zset in (self.pending, self.unack, self.retry, self.garbage):
             zset.pop(message_id, None)
         if message_id in self.ready:
             self.ready.remove(message_id)
+        self.ranked.pop(message_id, None)
+        self.priorities.pop(message_id, None)
         self.attempts.pop(message_id, None)
         self.tokens.pop(message_id, None)
 
@@ -130,6 +160,25 @@ class QueueMachine(RuleBasedStateMachine):
         if result.created:
             m.place(result.id, result.due_ms, now)
 
+    @rule(message_id=st.one_of(st.none(), IDS), delay_ms=st.integers(0, 3000), priority=PRIORITIES)
+    def enqueue_task(self, message_id: str | None, delay_ms: int, priority: int) -> None:
+        now = self.clock.now_ms()
+        if message_id is None:
+            self.fresh_ids += 1
+            message_id = f"task{self.fresh_ids}"
+        q, m = self.queue, self.model
+        prepared = q.prepare({"n": 3}, delay=delay_ms / 1000, id=message_id, now_ms=now)
+        record = q.keys.task_result(message_id)
+        result = q.send_with_record(prepared, record, "{}", priority=priority, now_ms=now)
+        assert result.state == m.state_of(message_id)
+        if result.created:
+            if priority:
+                m.priorities[message_id] = priority
+            if result.due_ms <= now:
+                m.to_ready(message_id, now)
+            else:
+                m.pending[message_id] = result.due_ms
+
     @rule(message_id=IDS, delay_ms=st.integers(0, 3000))
     def replace(self, message_id: str, delay_ms: int) -> None:
         now = self.clock.now_ms()
@@ -145,6 +194,9 @@ class QueueMachine(RuleBasedStateMachine):
         if state == "ready" and result.due_ms <= now:
             m.attempts.pop(message_id, None)  # a new message in the same place
             m.tokens.pop(message_id, None)
+            m.priorities.pop(message_id, None)
+            if m.ranked.pop(message_id, None) is not None:  # without its priority: the list
+                m.ready.append(message_id)
             return
         m.forget(message_id)
         m.place(message_id, result.due_ms, now)
@@ -163,7 +215,7 @@ class QueueMachine(RuleBasedStateMachine):
             due = [i for i in _zorder(zset) if zset[i] <= now][:limit]
             for message_id in due:
                 del zset[message_id]
-                m.ready.append(message_id)
+                m.to_ready(message_id, now)
                 if clears_token:
                     m.tokens.pop(message_id, None)
             moved += len(due)
@@ -174,8 +226,9 @@ class QueueMachine(RuleBasedStateMachine):
         now = self.clock.now_ms()
         claimed = self.queue.claim(count, now_ms=now)
         m = self.model
-        expected = m.ready[:count]
-        del m.ready[:count]
+        expected = m.ready_order()[:count]
+        for message_id in expected:
+            m.take_ready(message_id)
         assert [c.id for c in claimed] == expected
         for message in claimed:
             m.seq += 1
@@ -233,7 +286,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.queue.release(delivery) == expected
         if expected:
             del m.unack[delivery.id]
-            m.ready.insert(0, delivery.id)
+            m.to_ready(delivery.id, self.clock.now_ms(), front=True)
             m.attempts[delivery.id] -= 1
             if m.attempts[delivery.id] <= 0:
                 del m.attempts[delivery.id]
@@ -286,7 +339,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.queue.run_now(message_id) == int(moved)
         if moved:
             getattr(m, source).pop(message_id)
-            m.ready.append(message_id)
+            m.to_ready(message_id, self.clock.now_ms())
             m.tokens.pop(message_id, None)
 
     @rule(message_id=st.one_of(st.none(), IDS))
@@ -298,7 +351,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert got == len(ids)
         for i in ids:
             del m.garbage[i]
-            m.ready.append(i)
+            m.to_ready(i, self.clock.now_ms())
             m.attempts.pop(i, None)
             m.tokens.pop(i, None)
 
@@ -331,20 +384,28 @@ class QueueMachine(RuleBasedStateMachine):
         for name, members in zsets.items():
             for i in members:
                 seen.setdefault(i, []).append(name)
-        for i in ready:
+        ranked = {i.decode(): int(s) for i, s in c.zrange(k.ranked, 0, -1, withscores=True)}
+        for i in [*ready, *ranked]:
             seen.setdefault(i, []).append("ready")
         multiple = {i: states for i, states in seen.items() if len(states) != 1}
         assert not multiple, f"ids in more than one state: {multiple}"
 
         assert ready == m.ready
+        assert ranked == m.ranked
         assert self.queue.counts() == {
             "pending": len(m.pending),
-            "ready": len(m.ready),
+            "ready": len(m.ready) + len(m.ranked),
             "unack": len(m.unack),
             "retry": len(m.retry),
             "garbage": len(m.garbage),
         }
-        assert [p.id for p in self.queue.peek("ready").messages] == m.ready
+        order = m.ready_order()
+        assert [p.id for p in self.queue.peek("ready").messages] == order
+        pages = [self.queue.peek("ready", offset, 2).messages for offset in range(0, len(order), 2)]
+        assert [p.id for page in pages for p in page] == order, "pages of peek cross the bands"
+        priorities = {i.decode(): int(v) for i, v in c.hgetall(k.priorities).items()}
+        assert priorities.pop(RANK_ORDER, 0) == m.rank_order
+        assert priorities == m.priorities
         for name, members in zsets.items():
             assert members == getattr(m, name), name
         stored = {i.decode() for i in c.hkeys(k.messages)}

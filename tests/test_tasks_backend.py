@@ -10,7 +10,6 @@ the queue "shop-tasks"; tests/task_examples.py holds the tasks.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import subprocess
@@ -29,6 +28,7 @@ from django.test import override_settings
 
 from django_delayqueue.core import QueueKeys
 from django_delayqueue.core.errors import PayloadError
+from django_delayqueue.core.housekeeping import ENDED_RECORD_TTL_SECONDS
 from django_delayqueue.tasks import framework
 from django_delayqueue.worker import Worker
 
@@ -66,12 +66,6 @@ def burst(**kwargs: Any) -> Worker:
     return worker
 
 
-def record(client: redis.Redis, result_id: str) -> dict[str, Any]:
-    raw = client.get(KEYS.task_result(result_id))
-    assert raw is not None, f"no result record for {result_id}"
-    return json.loads(raw)
-
-
 # --- the backend's contract -----------------------------------------------------------------
 
 
@@ -79,7 +73,28 @@ def test_the_backend_says_what_it_supports() -> None:
     backend = framework.task_backends["default"]
     assert type(backend).__name__ == "DelayQueueBackend"
     assert backend.supports_defer and backend.supports_get_result
-    assert backend.supports_async_task
+    assert backend.supports_async_task and backend.supports_priority
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backlog_due_at_once_starts_in_priority_order(redis_client: redis.Redis) -> None:
+    past = datetime.now(dt_timezone.utc) - timedelta(
+        minutes=5
+    )  # all due already, from the same instant
+    order = [(1, 0), (2, -20), (3, 100), (4, 5), (5, -100), (6, 5), (7, 0)]
+    results = {n: examples.add.using(priority=p, run_after=past).enqueue(n, 0) for n, p in order}
+    assert examples.add.get_result(results[3].id).task.priority == 100
+    burst(concurrency=1)
+    started = [int(line.split()[1]) for line in redis_client.lrange(examples.TRACE, 0, -1)]
+    assert started == [3, 4, 6, 1, 7, 2, 5]  # higher first; the same priority oldest first
+    assert all(
+        examples.add.get_result(r.id).status == framework.SUCCESSFUL for r in results.values()
+    )
+
+
+def test_a_priority_out_of_range_is_refused_by_the_framework() -> None:
+    with pytest.raises(framework.InvalidTask, match="priority"):
+        examples.add.using(priority=101).enqueue(1, 1)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -517,6 +532,45 @@ def test_a_cancelled_task_reads_failed_not_ready_for_ever(redis_client: redis.Re
     result = examples.add.using(run_after=timedelta(hours=1)).enqueue(1, 1)
     assert dq.cancel(QUEUE, result.id)
     assert examples.add.get_result(result.id).status == Status.FAILED
+    # Kept as long as a finished task's, then gone: never a record for ever.
+    assert 0 < redis_client.ttl(KEYS.task_result(result.id)) <= ENDED_RECORD_TTL_SECONDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_purged_dead_task_keeps_its_failed_result_for_a_while_not_for_ever(
+    redis_client: redis.Redis,
+) -> None:
+    from django_delayqueue.conf.queues import get_queue
+
+    result = examples.add.enqueue(1, 2)
+    queue = get_queue(QUEUE)
+    (delivery,) = queue.claim(1)
+    queue.bury(delivery, "its consumer died on the last attempt")  # as a reap would
+    assert redis_client.ttl(KEYS.task_result(result.id)) == -1  # requeue may still revive it
+    assert queue.purge() == 1
+    assert examples.add.get_result(result.id).status == Status.FAILED
+    assert 0 < redis_client.ttl(KEYS.task_result(result.id)) <= ENDED_RECORD_TTL_SECONDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_that_cannot_be_imported_is_retried_not_dead_at_once(
+    redis_client: redis.Redis,
+) -> None:
+    """A worker deployed before the code that enqueued the task: it may import on a retry."""
+    from django_delayqueue.conf.queues import get_queue
+    from django_delayqueue.tasks.payload import TaskRecord, task_payload
+
+    queue = get_queue(QUEUE)
+    path = "task_examples.not_deployed_yet"
+    prepared = queue.prepare(task_payload(path, [], {}, "default"), id="early")
+    enqueued = TaskRecord(path, QUEUE, 0, "default", [], {}, enqueued_at=prepared.due_ms)
+    queue.send_with_record(prepared, KEYS.task_result("early"), enqueued.enqueued_json())
+    burst()
+    assert redis_client.hget(KEYS.attempts, "early") == b"3"  # every attempt was made
+    stored = TaskRecord.from_hash(redis_client.hgetall(KEYS.task_result("early")))
+    assert stored.status == "FAILED" and len(stored.errors) == 3
+    assert all("ImportError" in e["traceback"] for e in stored.errors)
+    assert redis_client.zscore(KEYS.garbage, "early") is not None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -568,6 +622,50 @@ def test_inside_task_finished_a_failed_task_reads_failed(redis_client: redis.Red
 
 
 @pytest.mark.django_db(transaction=True)
+def test_inside_task_finished_a_successful_task_reads_successful(
+    redis_client: redis.Redis,
+) -> None:
+    """Its result is written with the message's ack; the signal waits for it."""
+    seen: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        stored = examples.add.get_result(task_result.id)
+        seen.append(
+            (
+                str(stored.status),
+                stored.return_value,
+                redis_client.hexists(KEYS.messages, task_result.id),
+            )
+        )
+
+    framework.task_finished.connect(receiver)
+    try:
+        examples.add.enqueue(4, 5)
+        burst()
+    finally:
+        framework.task_finished.disconnect(receiver)
+    assert seen == [(str(framework.SUCCESSFUL), 9, False)]  # and its message acked with it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_while_it_runs_get_result_says_running(redis_client: redis.Redis) -> None:
+    result = examples.reads_its_own_result.enqueue()
+    burst()
+    done = examples.reads_its_own_result.get_result(result.id)
+    assert done.return_value == str(Status.RUNNING)
+    assert done.status == framework.SUCCESSFUL and done.started_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runqueue_imports_the_tasks_modules_of_installed_apps_before_the_first_task(
+    redis_client: redis.Redis,
+) -> None:
+    sys.modules.pop("demo_project.shop.tasks", None)
+    burst()  # nothing to run
+    assert "demo_project.shop.tasks" in sys.modules
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_naive_run_after_works_without_time_zones(redis_client: redis.Redis) -> None:
     with override_settings(USE_TZ=False):
         naive = datetime(2030, 1, 1, 12, 0, 0)
@@ -577,3 +675,23 @@ def test_a_naive_run_after_works_without_time_zones(redis_client: redis.Redis) -
     assert redis_client.zscore(KEYS.pending, result.id) == (aware - epoch) // timedelta(
         milliseconds=1
     )
+
+
+def test_manage_py_check_reports_the_backends_own_errors(tmp_path: Path) -> None:
+    """E005 through ``manage.py check`` itself, in a project that imports no task module."""
+    (tmp_path / "bad_tasks_settings.py").write_text(
+        "from demo_project.settings import *  # noqa: F403\n"
+        "TASKS = {'default': {**TASKS_SETTING['default'], 'OPTIONS': {'RESULT_TTL': -1}}}\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bad_tasks_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "DEMO_DB": str(tmp_path / "db.sqlite3"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.count("delayqueue.E005") == 1, done.stderr  # reported, and only once

@@ -3,7 +3,7 @@
 A task is a message like any other, so the page lists it with the same columns and actions;
 these helpers add the task's name and a call preview (``send_sms(7, kind='x')``) in place of
 the raw payload, and its result's status, attempts and last error, read for the whole page in
-one round trip. The framework itself is not imported: the records are read as JSON.
+one round trip. The framework itself is not imported: the records are read as they are stored.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def annotate(queue: Queue, rows: Sequence[dict[str, Any]]) -> bool:
         return False
     pipe = queue.client.pipeline(transaction=False)
     for row in tasks:
-        pipe.get(queue.keys.task_result(row["id"]))
+        pipe.hgetall(queue.keys.task_result(row["id"]))
     try:
         records = pipe.execute(raise_on_error=False)
     except redis.RedisError:  # the page still lists the messages, without their results
@@ -57,9 +57,9 @@ def annotate(queue: Queue, rows: Sequence[dict[str, Any]]) -> bool:
         }
         if isinstance(raw, Exception):
             info["status"] = "result record unreadable"
-        elif raw is not None:
+        elif raw:
             try:
-                record = TaskRecord.from_json(raw)
+                record = TaskRecord.from_hash(raw)
                 errors = record.errors if isinstance(record.errors, list) else []
                 last = errors[-1] if errors and isinstance(errors[-1], dict) else {}
                 info["status"] = str(record.status)

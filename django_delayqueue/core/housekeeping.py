@@ -6,15 +6,20 @@ A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.client import RedisClient
+from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
+
+# How long the result record of a task cancelled or purged here is kept (the Tasks backend's
+# default RESULT_TTL): long enough for its caller to read FAILED, and not for ever.
+ENDED_RECORD_TTL_SECONDS = 7 * 24 * 3600
 
 
 class Housekeeping:
@@ -37,8 +42,9 @@ class Housekeeping:
         k = self.keys
         keys = [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons]
         keys += (k.journal, k.unack, k.garbage, k.cancelled, k.ready_since, k.successors)
-        args = [self.clock.now_ms(), max(0, self.journal_maxlen or 0), *ids]
-        return ScriptCall(LuaScript.named("cancel"), keys, args).run(self.client)
+        keys += (k.ranked, k.priorities, *(k.task_result(i) for i in ids))
+        args = [self.clock.now_ms(), max(0, self.journal_maxlen or 0), ENDED_RECORD_TTL_SECONDS]
+        return ScriptCall(LuaScript.named("cancel"), keys, [*args, *ids]).run(self.client)
 
     def run_now(self, *ids: str) -> int:
         """Move waiting messages (pending or retry) to ready, ahead of their due time."""
@@ -47,7 +53,7 @@ class Housekeeping:
         k = self.keys
         return ScriptCall(
             LuaScript.named("run_now"),
-            [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
+            [k.pending, k.retry, k.ready, k.tokens, k.ready_since, k.ranked, k.priorities],
             [self.clock.now_ms(), k.wake_channel, *ids],
         ).run(self.client)
 
@@ -56,6 +62,7 @@ class Housekeeping:
         k = self.keys
         script = LuaScript.named("requeue")
         keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
+        keys += (k.ranked, k.priorities)
         if ids:
             args = [self.clock.now_ms(), limit, k.wake_channel, *ids]
             return int(ScriptCall(script, keys, args).run(self.client)[0])
@@ -68,13 +75,26 @@ class Housekeeping:
         )
 
     def purge(self, *ids: str, limit: int = 1000) -> int:
-        """Purge dead letters: deleted for good (all of them when no ids are given)."""
-        k = self.keys
-        script = LuaScript.named("purge")
-        keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons, k.successors]
+        """Purge dead letters: deleted for good (all of them when no ids are given).
+
+        A purged task's result record is kept ``ENDED_RECORD_TTL_SECONDS`` more.
+        """
         if ids:
-            return int(ScriptCall(script, keys, [limit, *ids]).run(self.client)[0])
-        return sum(_drain(lambda: ScriptCall(script, keys, [limit]).run(self.client)))
+            return int(self._purge_call(ids).run(self.client)[0])
+
+        def oldest() -> list[int]:
+            with redis_errors("purge"):
+                found = self.client.zrange(self.keys.garbage, 0, limit - 1)
+            chosen = [to_str(i) for i in found]
+            return self._purge_call(chosen).run(self.client) if chosen else [0, 0]
+
+        return sum(_drain(oldest))
+
+    def _purge_call(self, ids: Sequence[str]) -> ScriptCall:
+        k = self.keys
+        keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons, k.successors]
+        keys += (k.priorities, *(k.task_result(i) for i in ids))
+        return ScriptCall(LuaScript.named("purge"), keys, [ENDED_RECORD_TTL_SECONDS, *ids])
 
 
 def _drain(call: Any) -> Iterator[int]:

@@ -31,7 +31,7 @@ class Inspection:
     def counts_call(self) -> ScriptCall:
         k = self.keys
         keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled]
-        keys.append(k.ready_since)
+        keys += (k.ready_since, k.ranked)
         return ScriptCall(LuaScript.named("counts"), keys, [])
 
     def counts(self) -> dict[str, int]:
@@ -64,7 +64,7 @@ class Inspection:
             raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
         k = self.keys
         keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts]
-        keys += (k.reasons, k.cancelled)
+        keys += (k.reasons, k.cancelled, k.ranked)
         raw = ScriptCall(LuaScript.named("peek"), keys, [state, offset, limit]).run(self.client)
         rows = [
             PeekedMessage(

@@ -112,6 +112,29 @@ class QueueKeys:
         return self._key("ready_since")
 
     @property
+    def priorities(self) -> str:
+        """Hash: id -> priority (-100..100) of a message that has one other than 0.
+
+        Given by a task's enqueue (``enqueue_task.lua``) and kept until the message is
+        acknowledged, cancelled, replaced or purged, through its retries and dead letter.
+        """
+        return self._key("priorities")
+
+    @property
+    def ranked(self) -> str:
+        """Zset: the ready messages that have a priority, highest first (see ready_list.lua).
+
+        Score ``(100 - priority) * 2**43 + when it entered ready (ms)``. A claim takes those
+        above priority 0 first, then the ready list (priority 0), then those below 0: a ready
+        message is in exactly one of the list and this zset.
+        """
+        return self._key("ranked")
+
+    def priority_keys(self) -> tuple[str, str]:
+        """The ranked zset and the priorities hash: what a script putting ids in ready needs."""
+        return (self.ranked, self.priorities)
+
+    @property
     def successors(self) -> str:
         """Hash: id -> envelope of the message booked to follow the id's running delivery.
 
@@ -146,7 +169,7 @@ class QueueKeys:
         return self._key("consumers")
 
     def task_result(self, message_id: str) -> str:
-        """String: the JSON result record of the task whose message is ``message_id``.
+        """Hash: the result record of the task whose message is ``message_id``.
 
         Written with its message by enqueue_task.lua; kept while the task may still run, and
         for the backend's ``RESULT_TTL`` once it finished (django_delayqueue.tasks).
@@ -178,4 +201,6 @@ class QueueKeys:
             self.ready_since,
             self.successors,
             self.exported,
+            self.priorities,
+            self.ranked,
         ]

@@ -83,7 +83,14 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         self._replace_one = BoundScript(
             LuaScript.named("replace"),
             client,
-            [*replace_keys, k.reasons, k.successors, k.cancelled, k.ready_since],
+            [
+                *replace_keys,
+                k.reasons,
+                k.successors,
+                k.cancelled,
+                k.ready_since,
+                *k.priority_keys(),
+            ],
         )
         # What schedule.lua and replace.lua take after the time: when and where to announce.
         self.announce_args: tuple[int, str] = (ANNOUNCE_WITHIN_MS, k.wake_channel)
@@ -164,20 +171,32 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
     def send_with_record(
-        self, prepared: Prepared, record_key: str, record: str, *, now_ms: int | None = None
+        self,
+        prepared: Prepared,
+        record_key: str,
+        record: str,
+        *,
+        priority: int = 0,
+        now_ms: int | None = None,
     ) -> ScheduleResult:
-        """Send one prepared message and write ``record`` to ``record_key``, atomically.
+        """Send one prepared message and create its record at ``record_key``, atomically.
 
-        The record (a task's result, see django_delayqueue.tasks) is written only when the
-        message is created; ``record_key`` must carry this queue's hash tag.
+        The record (a hash: a task's result, see django_delayqueue.tasks.payload) gets
+        ``record`` as its ``enqueued`` field and status READY, only when the message is
+        created; ``record_key`` must carry this queue's hash tag. Among messages
+        that are ready, those of a higher ``priority`` (-100..100; 0 is every other message's)
+        are claimed first, and within one priority the oldest first.
         """
         if not record_key.startswith(self.keys.tag):
             raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
+            raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
         k = self.keys
         keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage, record_key]
-        arguments = [now, *self.announce_args, message_id, due, envelope, record]
+        keys += (k.ranked, k.priorities)
+        arguments = [now, *self.announce_args, message_id, due, envelope, record, priority]
         reply = ScriptCall(LuaScript.named("enqueue_task"), keys, arguments).run(self.client)
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
@@ -188,7 +207,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         k = self.keys
         return ScriptCall(
             LuaScript.named("promote"),
-            [k.pending, k.retry, k.ready, k.tokens, k.ready_since],
+            [k.pending, k.retry, k.ready, k.tokens, k.ready_since, *k.priority_keys()],
             [now_ms, limit or self.settings.promote_batch],
         )
 
@@ -211,7 +230,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         if not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         keys = [k.ready, k.unack, k.messages, k.attempts, k.tokens, k.seq, k.garbage, k.reasons]
-        keys += (k.cancelled, k.ready_since)
+        keys += (k.cancelled, k.ready_since, k.ranked)
         return ScriptCall(LuaScript.named("claim"), keys, [now_ms, deadline, count])
 
     def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
@@ -253,7 +272,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         for m in messages:
             args += (m.id, m.token)
         keys = [k.unack, k.retry, k.garbage, k.messages, k.attempts, k.tokens, k.reasons]
-        keys += (k.successors, k.pending, k.ready)
+        keys += (k.successors, k.pending, k.ready, k.priorities)
         return ScriptCall(LuaScript.named("ack"), keys, args)
 
     def ack(self, *messages: Message) -> int:
@@ -286,6 +305,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             args += (message.id, message.token, retry_at, reason[:2000])
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua
+        keys.append(k.priorities)  # which a successor does not inherit
         return ScriptCall(LuaScript.named("nack"), keys, args)
 
     def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
@@ -312,6 +332,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         s = self.settings
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.reasons, k.tokens, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see reap.lua
+        keys.append(k.priorities)  # which a successor does not inherit
         return ScriptCall(
             LuaScript.named("reap"),
             keys,
@@ -347,7 +368,16 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             args += (m.id, m.token)
         return ScriptCall(
             LuaScript.named("release"),
-            [k.unack, k.ready, k.attempts, k.tokens, k.garbage, k.reasons, k.ready_since],
+            [
+                k.unack,
+                k.ready,
+                k.attempts,
+                k.tokens,
+                k.garbage,
+                k.reasons,
+                k.ready_since,
+                *k.priority_keys(),
+            ],
             args,
         ).run(self.client)
 

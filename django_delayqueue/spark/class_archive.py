@@ -69,6 +69,11 @@ def java_binary() -> str | None:
     return os.path.realpath(found) if found and os.path.exists(found) else None
 
 
+def archive_path(java: str, directory: Path | None = None) -> Path:
+    """Where the archive of this JVM and these Spark jars is (or will be)."""
+    return (directory or cache_dir()) / f"spark-{archive_key(java)}.jsa"
+
+
 def archive_key(java: str) -> str:
     """What the archive depends on: the JVM build and the exact Spark jars."""
     import pyspark
@@ -91,13 +96,16 @@ def plan(directory: Path | None = None) -> ArchivePlan | None:
         return None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        final = directory / f"spark-{archive_key(java)}.jsa"
+        final = archive_path(java, directory)
         _drop_stale(directory)
     except OSError as e:
         logger.debug("no class archive: %s", e)
         return None
     if final.exists():
-        return ArchivePlan(f"-XX:SharedArchiveFile={final} {_QUIET}", final)
+        # A JVM that crashes on a bad archive writes its hs_err log beside it, not in the
+        # user's working directory.
+        crash_log = f"-XX:ErrorFile={directory}/hs_err_pid%p.log"
+        return ArchivePlan(f"-XX:SharedArchiveFile={final} {_QUIET} {crash_log}", final)
     lock = directory / f"{final.stem}.lock"
     try:
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -156,6 +164,7 @@ def _maps_cleanly(java: str, archive: Path) -> bool:
         [java, f"-XX:SharedArchiveFile={archive}", *_QUIET.split(), "-version"],
         capture_output=True,
         timeout=60,
+        cwd=archive.parent,  # where a crash on a bad archive leaves its hs_err log
     )  # fmt: skip
     return done.returncode == 0
 

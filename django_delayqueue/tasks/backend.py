@@ -48,7 +48,7 @@ class DelayQueueBackend(framework.BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False  # not yet: the ready bands of issue 13 come next
+    supports_priority = True  # among tasks that are ready: see QueueKeys.ranked
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -78,7 +78,10 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         queue = get_queue(task.queue_name)
         args, kwargs = _json_arguments(task, args, kwargs)
         result_id = new_id()
-        payload = task_payload(task.module_path, args, kwargs, self.alias)
+        deferred = task.run_after is not None
+        payload = task_payload(
+            task.module_path, args, kwargs, self.alias, priority=task.priority, deferred=deferred
+        )
         now = queue.clock.now_ms()
         if isinstance(task.run_after, timedelta):
             prepared = queue.prepare(payload, delay=task.run_after, id=result_id, now_ms=now)
@@ -102,7 +105,8 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         result = to_task_result(record, result_id, task)
 
         def send() -> None:
-            queue.send_with_record(prepared, queue.keys.task_result(result_id), record.to_json())
+            key = queue.keys.task_result(result_id)
+            queue.send_with_record(prepared, key, record.enqueued_json(), priority=record.priority)
             framework.task_enqueued.send(type(self), task_result=result)
 
         send_on_commit(queue.name, prepared, send, on_commit=self._on_commit_for(task))
@@ -129,9 +133,9 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         for name in self._queue_names():
             queue = get_queue(name)
             with redis_errors(f"reading task result {result_id!r}"):
-                raw = queue.client.get(queue.keys.task_result(result_id))
-            if raw is not None:
-                return queue, TaskRecord.from_json(raw)
+                stored = queue.client.hgetall(queue.keys.task_result(result_id))
+            if stored:
+                return queue, TaskRecord.from_hash(stored)
         return None
 
     def _queue_names(self) -> list[str]:
@@ -197,6 +201,8 @@ def _reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
         pipe.zscore(k.unack, message_id)
         stored, dead_since, in_flight = pipe.execute()
     if in_flight is not None:
+        if record.status == READY:  # claimed: its RUNNING write comes with its worker's round
+            record.status = RUNNING
         return
     if record.status == FAILED:
         if stored and dead_since is None:

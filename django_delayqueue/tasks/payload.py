@@ -5,18 +5,25 @@ Nothing here imports the Tasks framework, so ``runqueue`` and the admin read bot
     {"django.task": "shop.tasks.send_sms", "args": [7], "kwargs": {}, "backend": "default"}
 
 The admin, the stats and the journal show a task like any other message; ``runqueue`` tells a
-task from a signal message by the ``"django.task"`` key. Its result lives next to it, in a
-string key under the queue's hash tag (``QueueKeys.task_result``): a JSON ``TaskRecord`` of the
-status and the times (epoch milliseconds, the queue's clock), the errors, the workers and the
-return value. The record is written with the message (enqueue_task.lua), rewritten by the
-worker as the task starts and ends, and given the backend's ``RESULT_TTL`` only once the task
-finished: a task due in a month keeps its record until it ran.
+task from a signal message by the ``"django.task"`` key. Its result lives next to it, in a hash
+under the queue's hash tag (``QueueKeys.task_result``), one field per fact so that a worker
+writes what changed without reading the record first:
+
+- ``enqueued``: JSON of what enqueue knew (task, queue, priority, backend, args, kwargs,
+  run_after, enqueued_at), written with the message by enqueue_task.lua;
+- ``status``, and ``started_at``, ``last_attempted_at``, ``finished_at`` (epoch milliseconds,
+  the queue's clock);
+- ``worker:<token>`` and ``error:<token>`` per delivery (its token: numbers that only grow, so
+  they order the attempts), and ``return_value`` (JSON).
+
+A finished record gets the backend's ``RESULT_TTL``; before that it has none: a task due in a
+month keeps its record until it ran.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_delayqueue.core.errors import CorruptEnvelope
@@ -25,9 +32,23 @@ TASK_KEY = "django.task"
 
 
 def task_payload(
-    path: str, args: list[Any], kwargs: dict[str, Any], backend: str
+    path: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    backend: str,
+    *,
+    priority: int = 0,
+    deferred: bool = False,
 ) -> dict[str, Any]:
-    return {TASK_KEY: path, "args": args, "kwargs": kwargs, "backend": backend}
+    """A task's message payload: what its worker needs to run it and to write its result
+    without reading it first (a priority other than 0, and whether ``run_after`` was given,
+    whose time is the message's due time)."""
+    payload = {TASK_KEY: path, "args": args, "kwargs": kwargs, "backend": backend}
+    if priority:
+        payload["priority"] = priority
+    if deferred:
+        payload["run_after"] = True
+    return payload
 
 
 def is_task_payload(payload: Any) -> bool:
@@ -41,9 +62,20 @@ SUCCESSFUL = "SUCCESSFUL"  # the framework's own spelling is framework.SUCCESSFU
 FINISHED = frozenset({FAILED, SUCCESSFUL})
 
 
+# The fields of a record hash (see the module's docstring).
+ENQUEUED = "enqueued"
+STATUS = "status"
+STARTED_AT = "started_at"
+LAST_ATTEMPTED_AT = "last_attempted_at"
+FINISHED_AT = "finished_at"
+RETURN_VALUE = "return_value"
+WORKER_PREFIX = "worker:"
+ERROR_PREFIX = "error:"
+
+
 @dataclass
 class TaskRecord:
-    """What Redis holds for one task result (one JSON string)."""
+    """What Redis holds for one task result (a hash: see the module's docstring)."""
 
     task: str  # the Task's module path
     queue: str
@@ -61,32 +93,43 @@ class TaskRecord:
     worker_ids: list[str] = field(default_factory=list)
     return_value: Any = None
 
-    def to_json(self) -> str:
-        # Not dataclasses.asdict: it deep-copies every value, a third of a task's run here.
-        values = {name: getattr(self, name) for name in _RECORD_FIELDS}
+    def enqueued_json(self) -> str:
+        """The ``enqueued`` field: what enqueue knew."""
+        values = {name: getattr(self, name) for name in _ENQUEUED_FIELDS}
         return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> TaskRecord:
+    def from_hash(cls, stored: dict[Any, Any]) -> TaskRecord:
+        """The record of a hash as HGETALL returns it (bytes or str); CorruptEnvelope if bad."""
         try:
-            data = json.loads(raw)
-            return cls(**data)
-        except (ValueError, TypeError) as e:
-            raise CorruptEnvelope(f"corrupt task result record: {e}") from e
+            fields_ = {_text(k): _text(v) for k, v in stored.items()}
+            record = cls(**json.loads(fields_[ENQUEUED]))
+            record.status = fields_.get(STATUS, READY)
+            record.started_at = _ms(fields_.get(STARTED_AT))
+            record.last_attempted_at = _ms(fields_.get(LAST_ATTEMPTED_AT))
+            record.finished_at = _ms(fields_.get(FINISHED_AT))
+            record.worker_ids = _per_delivery(fields_, WORKER_PREFIX)
+            record.errors = [json.loads(e) for e in _per_delivery(fields_, ERROR_PREFIX)]
+            if RETURN_VALUE in fields_:
+                record.return_value = json.loads(fields_[RETURN_VALUE])
+            return record
+        except (KeyError, ValueError, TypeError) as e:
+            raise CorruptEnvelope(f"corrupt task result record: {e!r}") from e
 
     @classmethod
     def from_payload(
         cls, payload: dict[str, Any], queue: str, due_ms: int, enqueued_ms: int
     ) -> TaskRecord:
-        """A record rebuilt from a task's message, when its own is gone (a key deleted by hand)."""
+        """The record as enqueue wrote it, from the task's message (see ``task_payload``)."""
+        priority = payload.get("priority", 0)
         return cls(
             task=payload[TASK_KEY],
             queue=queue,
-            priority=0,
+            priority=priority if isinstance(priority, int) else 0,
             backend=str(payload.get("backend") or "default"),
             args=list(payload.get("args") or []),
             kwargs=dict(payload.get("kwargs") or {}),
-            run_after=due_ms,
+            run_after=due_ms if payload.get("run_after") else None,
             enqueued_at=enqueued_ms,
         )
 
@@ -95,4 +138,20 @@ class TaskRecord:
         return self.status in FINISHED
 
 
-_RECORD_FIELDS = tuple(f.name for f in fields(TaskRecord))
+_ENQUEUED_FIELDS = (
+    "task", "queue", "priority", "backend", "args", "kwargs", "run_after", "enqueued_at",
+)  # fmt: skip
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _ms(value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _per_delivery(stored: dict[str, str], prefix: str) -> list[str]:
+    """The values of ``<prefix><token>`` fields, in the order of their delivery tokens."""
+    found = [(int(k[len(prefix) :]), v) for k, v in stored.items() if k.startswith(prefix)]
+    return [value for _, value in sorted(found)]

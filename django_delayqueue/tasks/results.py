@@ -17,7 +17,7 @@ from django_delayqueue.tasks.payload import SUCCESSFUL, TaskRecord
 def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     """The framework's ``TaskResult`` of ``record``; its Task is ``task``, or imported."""
     if task is None:
-        task = _task_as_enqueued(load_task(record.task), record)
+        task = task_as_enqueued(load_task(record.task), record)
     status = (
         framework.SUCCESSFUL
         if record.status == SUCCESSFUL
@@ -41,7 +41,7 @@ def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     return result
 
 
-def _task_as_enqueued(task: Any, record: TaskRecord) -> Any:
+def task_as_enqueued(task: Any, record: TaskRecord) -> Any:
     """``task`` with the record's priority, queue, backend and run_after.
 
     Not ``task.using()``: that validates the task again (signature inspection and all), on

@@ -1,20 +1,36 @@
 """Running one task message in ``runqueue``: its result record, its signals, its outcome.
 
 For each delivery of a task the record goes RUNNING (``started_at`` the first time,
-``last_attempted_at`` and a worker id every time) and ``task_started`` is sent; the task runs
-(``async def`` ones on an event loop of their own, ``takes_context`` ones with a
-``TaskContext``); then:
+``last_attempted_at`` and a worker id every time) and ``task_started`` is sent; the task is
+imported and runs (``async def`` ones on an event loop of their own, ``takes_context`` ones
+with a ``TaskContext``); then:
 
 - it returned: SUCCESSFUL with its JSON return value, ``task_finished``, the message acked;
-- it raised and attempts are left: READY again with the error appended, and the exception goes
-  on to the consumer, which retries with the queue's backoff (``dq.Retry`` chooses its delay
-  and appends no error: a retry asked for is not a failure);
+- it raised, or could not be imported (a worker deployed before the code that enqueued it),
+  and attempts are left: READY again with the error recorded, and the exception goes on to
+  the consumer, which retries with the queue's backoff (``dq.Retry`` chooses its delay and
+  records no error: a retry asked for is not a failure);
 - it raised on its last attempt, or raised ``dq.Reject``: FAILED, ``task_finished``, and the
   message goes to the dead letters with its reason, as any message would.
 
-A finished record gets the backend's ``RESULT_TTL``; before that it has none. The record is
-written before the message's ack: if the worker dies between the two, the task runs again
-(at-least-once) and its record says so (two worker ids).
+The record is a hash of one field per fact (see django_delayqueue.tasks.payload), so a write
+sets what changed without reading it first, and a task's run costs no round trip of its own:
+
+- the RUNNING write goes with the consumer's next round trip (``write_soon``); until it lands
+  ``get_result`` reads RUNNING from the message being in flight;
+- a success is written with the message's ack, before it (``WritesWithAck``), and
+  ``task_finished`` is sent once Redis has it, so a receiver that reads the result finds it
+  SUCCESSFUL;
+- a failure is written at once (each write carries the attempt's own fields too, so any one
+  of them leaves a whole record).
+
+The record is read only when the task needs its history: a ``takes_context`` task, or a later
+attempt (whose ``task_started`` result lists the errors so far). A first attempt's result is
+what its message says; for a dead task requeued from the admin that means its
+``task_started``/``task_finished`` results list the attempts since the requeue, while
+``get_result`` lists them all. A finished record gets the backend's ``RESULT_TTL``; before
+that it has none. If the worker dies before the ack, the task runs again (at-least-once) and
+its record says so (two worker ids).
 """
 
 from __future__ import annotations
@@ -22,51 +38,71 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections.abc import Callable
 from typing import Any
 
+from django.db import close_old_connections
+
+from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import Reject, Retry
+from django_delayqueue.core.errors import CorruptEnvelope, Reject, Retry
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.payload import (
+    ENQUEUED,
+    ERROR_PREFIX,
     FAILED,
+    FINISHED_AT,
+    LAST_ATTEMPTED_AT,
     READY,
+    RETURN_VALUE,
     RUNNING,
+    STARTED_AT,
+    STATUS,
     SUCCESSFUL,
-    TASK_KEY,
+    WORKER_PREFIX,
     TaskRecord,
 )
-from django_delayqueue.tasks.results import load_task, to_task_result
+from django_delayqueue.tasks.results import load_task, task_as_enqueued, to_task_result
 
 logger = logging.getLogger(__name__)
 
+# Sends a script call with the consumer's next round trip (Rounds.write_soon).
+WriteSoon = Callable[[Queue, ScriptCall], None]
+
 
 class TaskRunner:
-    """Runs the task messages of a worker's queues; ``worker_id`` goes into each result."""
+    """Runs the task messages of a worker's queues; ``worker_id`` goes into each result.
 
-    def __init__(self, worker_id: str) -> None:
+    ``write_soon`` (the consumer's) carries the RUNNING write; without one it is sent at once.
+    """
+
+    def __init__(self, worker_id: str, write_soon: WriteSoon | None = None) -> None:
         self.worker_id = worker_id
+        self.write_soon = write_soon
 
     def run(self, message: Message, queue: Queue) -> Any:
-        """Run the task in ``message``; raise what the consumer must see (retry or reject)."""
-        payload = message.payload
-        key = queue.keys.task_result(message.id)
-        record = self._load(queue, key, message)
+        """Run the task in ``message``; raise what the consumer must see (retry or reject).
+
+        Returns the writes of a success, for the consumer to send with the ack.
+        """
+        record = TaskRecord.from_payload(
+            message.payload, queue.name, message.due_ms, message.scheduled_ms
+        )
+        attempt = _Attempt(self.worker_id, message, queue, record.enqueued_json())
+        backend = task = None
         try:
-            task = load_task(payload[TASK_KEY])
+            loaded = load_task(record.task)
+            if loaded.takes_context or message.attempt > 1:
+                record = attempt.read(record)
+            attempt.mark_running(record)
+            running = attempt.write(RUNNING)
+            self._send_soon(queue, running)
+            task = task_as_enqueued(loaded, record)
             backend = framework.task_backends[record.backend]
-        except Exception as e:
-            self._finish(queue, message.id, record, FAILED, error=e, backend=None)
-            raise Reject(f"cannot run task {payload[TASK_KEY]!r}: {e}") from e
-        now = queue.clock.now_ms()
-        record.status = RUNNING
-        record.started_at = record.started_at or now
-        record.last_attempted_at = now
-        record.worker_ids.append(self.worker_id)
-        queue.client.set(key, record.to_json())  # no expiry while it may still run
-        result = to_task_result(record, message.id)
-        _send_robust(framework.task_started, backend, result)
-        try:
+            result = to_task_result(record, message.id, task)
+            _send_robust(framework.task_started, backend, result)
             if task.takes_context:
                 context = framework.TaskContext(task_result=result)
                 value = task.call(context, *record.args, **record.kwargs)
@@ -76,55 +112,124 @@ class TaskRunner:
             last = isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
             try:
                 if last:  # what nack.lua will do too: no attempts left, or dead on purpose
-                    self._finish(queue, message.id, record, FAILED, error=e, backend=backend)
-                else:
-                    record.status = READY
-                    if not isinstance(e, Retry):  # a retry asked for is not an error
-                        record.errors.append(_error(e))
-                    queue.client.set(key, record.to_json())
+                    self._failed(attempt, record, e, backend, task)
+                else:  # a retry asked for is not an error
+                    error = None if isinstance(e, Retry) else e
+                    attempt.write(READY, error=error).run(queue.client)
             except Exception:  # the record is secondary: the task's own outcome stands
                 logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
             raise
         try:
-            record.return_value = json.loads(json.dumps(value, allow_nan=False))
+            returned = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as e:
             # It ran: running it again would repeat its effects for the same bad value.
-            self._finish(queue, message.id, record, FAILED, error=e, backend=backend)
+            self._failed(attempt, record, e, backend, task)
             raise Reject(f"task returned a value that is not JSON: {e}") from e
-        self._finish(queue, message.id, record, SUCCESSFUL, backend=backend)
-        return value
-
-    def _load(self, queue: Queue, key: str, message: Message) -> TaskRecord:
-        raw = queue.client.get(key)
-        if raw is not None:
-            try:
-                return TaskRecord.from_json(raw)
-            except Exception as e:
-                logger.warning(
-                    "queue %s: task result %s unreadable (%s): rebuilt", queue.name, message.id, e
-                )
-        return TaskRecord.from_payload(
-            message.payload, queue.name, message.due_ms, message.scheduled_ms
+        record.status, record.finished_at = SUCCESSFUL, queue.clock.now_ms()
+        record.return_value = json.loads(returned)  # what a reader gets: lists, not tuples
+        write = attempt.write(
+            SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=record.finished_at
         )
 
-    def _finish(
+        def finished() -> None:  # on the consumer's thread: its receivers' connections closed
+            try:
+                result = to_task_result(record, message.id, task)
+                _send_robust(framework.task_finished, backend, result)
+            finally:
+                close_old_connections()
+
+        return WritesWithAck(write, finished, supersedes=running)
+
+    @staticmethod
+    def load_scripts(queue: Queue) -> None:
+        """Load the scripts a task's run sends, ahead of the first (a NOSCRIPT costs a trip)."""
+        with redis_errors(f"loading scripts on {queue.name}"):
+            queue.client.script_load(LuaScript.named("write_record").source)
+
+    def _send_soon(self, queue: Queue, call: ScriptCall) -> None:
+        if self.write_soon is None:
+            call.run(queue.client)
+        else:
+            self.write_soon(queue, call)
+
+    @staticmethod
+    def _failed(
+        attempt: _Attempt, record: TaskRecord, error: BaseException, backend: Any, task: Any
+    ) -> None:
+        """FAILED, written now; then ``task_finished`` (when the backend is known)."""
+        record.status, record.finished_at = FAILED, attempt.queue.clock.now_ms()
+        record.errors.append(_error(error))
+        write = attempt.write(
+            FAILED, error=error, ttl=_ttl(backend), finished_at=record.finished_at
+        )
+        write.run(attempt.queue.client)
+        if backend is not None:
+            result = to_task_result(record, attempt.message.id, task)
+            _send_robust(framework.task_finished, backend, result)
+
+
+class _Attempt:
+    """One delivery of a task: the fields it writes to its record."""
+
+    def __init__(self, worker_id: str, message: Message, queue: Queue, enqueued: str) -> None:
+        self.worker_id, self.message, self.queue = worker_id, message, queue
+        self.enqueued = enqueued  # the record's enqueued field, as the message tells it
+        self.key = queue.keys.task_result(message.id)
+        self.started_at = queue.clock.now_ms()
+
+    def read(self, from_message: TaskRecord) -> TaskRecord:
+        """The record in Redis (one round trip), or the message's when it is gone or bad."""
+        try:
+            return TaskRecord.from_hash(self.queue.client.hgetall(self.key))
+        except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
+            logger.warning(
+                "queue %s: task result %s %s: rebuilt", self.queue.name, self.message.id, e
+            )
+            return from_message
+
+    def mark_running(self, record: TaskRecord) -> None:
+        record.status = RUNNING
+        record.started_at = record.started_at or self.started_at
+        record.last_attempted_at = self.started_at
+        record.worker_ids.append(self.worker_id)
+
+    def write(
         self,
-        queue: Queue,
-        message_id: str,
-        record: TaskRecord,
         status: str,
         *,
         error: BaseException | None = None,
-        backend: Any,
-    ) -> None:
-        record.status = status
-        record.finished_at = queue.clock.now_ms()
+        returned: str | None = None,
+        ttl: int = 0,
+        finished_at: int | None = None,
+    ) -> ScriptCall:
+        """The write of this attempt's fields with ``status``: whole in itself (what enqueue
+        wrote, where it is gone, and the start), whichever of the attempt's writes lands."""
+        absent = [STARTED_AT, self.started_at, ENQUEUED, self.enqueued]
+        # In order of delivery tokens (they only grow), the RUNNING of an attempt before its
+        # end: whichever lands last, the status is the latest one's.
+        order = 2 * _token_number(self.message.token) + (status != RUNNING)
+        in_order = [STATUS, status, LAST_ATTEMPTED_AT, self.started_at]
+        fields: list[Any] = [f"{WORKER_PREFIX}{self.message.token}", self.worker_id]
+        if finished_at is not None:
+            fields += (FINISHED_AT, finished_at)
         if error is not None:
-            record.errors.append(_error(error))
-        ttl = getattr(backend, "result_ttl", None) or _default_ttl()
-        queue.client.set(queue.keys.task_result(message_id), record.to_json(), ex=int(ttl))
-        if backend is not None:
-            _send_robust(framework.task_finished, backend, to_task_result(record, message_id))
+            fields += (f"{ERROR_PREFIX}{self.message.token}", json.dumps(_error(error)))
+        if returned is not None:
+            fields += (RETURN_VALUE, returned)
+        counts = [len(absent) // 2, len(in_order) // 2]
+        arguments = [ttl, order, *counts, *absent, *in_order, *fields]
+        return ScriptCall(LuaScript.named("write_record"), [self.key], arguments)
+
+
+def _token_number(token: str) -> int:
+    try:
+        return int(token)
+    except ValueError:  # tokens are counters: never here
+        return 0
+
+
+def _ttl(backend: Any) -> int:
+    return int(getattr(backend, "result_ttl", None) or _default_ttl())
 
 
 def _send_robust(signal: Any, backend: Any, result: Any) -> None:

@@ -13,8 +13,26 @@ from typing import Any
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.core.journal import ACK, GARBAGE, RETRY, OutcomeStatus
+from django_delayqueue.core.scripts.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WritesWithAck:
+    """What a handler that succeeded leaves for the consumer to write with the delivery's ack.
+
+    Returned by the handler: ``call`` (a script call on the message's queue, such as a task's
+    result) is sent in the same round trip as the ack, before it, so it costs no round trip
+    of its own and a worker that dies before the ack leaves neither. ``then`` runs on the
+    consumer's thread once Redis has it (a task's ``task_finished`` signal), never raising.
+    """
+
+    call: ScriptCall
+    then: Callable[[], None] | None = None
+    # A call the handler gave ``Rounds.write_soon`` that ``call`` makes needless (it writes the
+    # same and more): not sent if it is still waiting when this one goes.
+    supersedes: ScriptCall | None = None
 
 
 @dataclass
@@ -26,6 +44,7 @@ class Outcome:
     delay: float | None = None  # retry delay the handler asked for (None: backoff)
     reason: str = ""
     error: str = ""  # exception class, for the journal
+    writes: WritesWithAck | None = None  # what the handler left to write with the ack
 
     def journal_row(self) -> list[Any]:
         m = self.message
@@ -46,7 +65,7 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
     started = now_ms
     t0 = time.perf_counter()
     try:
-        handler(message)
+        returned = handler(message)
     except Retry as e:
         status, reason, error = RETRY, e.reason or "retry requested", "Retry"
         delay = _sane_delay(e.delay)
@@ -68,6 +87,9 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
         reason = f"{error}: {e}"[:2000]
     else:
         status, delay, reason, error = ACK, None, "", ""
+        if isinstance(returned, WritesWithAck):
+            finished = started + int((time.perf_counter() - t0) * 1000)
+            return Outcome(message, status, started, finished, writes=returned)
     finished = started + int((time.perf_counter() - t0) * 1000)
     return Outcome(message, status, started, finished, delay, reason, error)
 

@@ -2,13 +2,15 @@
 
 The consumer does not acknowledge each message as its handler returns: the acks, nacks and one
 journal entry per queue ride on the pipeline of the next promote + claim, so recording costs
-no round trip of its own. An outcome stays here until Redis has both its state change (ack,
-nack, burial) and its journal row, each tracked apart: when one call fails only what that call
-carried is sent again, so an ack is never repeated because a journal write failed, and one
-broken queue never holds back another's outcomes. A queue whose calls fail is tried again
-after a pause, not every round; a journal row that keeps failing on a script error (say, the
-journal key holds the wrong type) is dropped after a few tries, with an error naming the ids,
-rather than kept in memory for ever. An outage (the whole pipeline fails) keeps everything.
+no round trip of its own; so do the writes a handler left for its ack (``WritesWithAck``: a
+task's result), sent before the ack, their ``then`` run once Redis has them. An outcome stays
+here until Redis has both its state change (ack, nack, burial) and its journal row, each tracked
+apart: when one call fails only what that call carried is sent again, so an ack is never
+repeated because a journal write failed, and one broken queue never holds back another's
+outcomes. A queue whose calls fail is tried again after a pause, not every round; a journal row
+that keeps failing on a script error (say, the journal key holds the wrong type) is dropped
+after a few tries, with an error naming the ids, rather than kept in memory for ever. An outage
+(the whole pipeline fails) keeps everything.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again after this
 JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
 
-CallKind = Literal["ack", "retry", "bury", "journal"]
+CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
 
 
 @dataclass(eq=False)
@@ -41,10 +43,16 @@ class _Entry:
     recorded: bool = False  # its ack/nack ran
     journalled: bool = False  # its journal row was written (or there is no journal)
     journal_failures: int = 0
+    written: bool = False  # what the handler left to write with the ack ran (or there is none)
+
+    @property
+    def done(self) -> bool:
+        return self.recorded and self.journalled and self.written
 
 
-# One flushed call: the queue, what kind of call, and the entries it carries.
-Flush = list[tuple[Queue, CallKind, list[_Entry]]]
+# One flushed call: the queue, what kind of call, and the entries it carries (for "early": the
+# call itself).
+Flush = list[tuple[Queue, CallKind, list[Any]]]
 
 
 class UnrecordedOutcomes:
@@ -56,15 +64,24 @@ class UnrecordedOutcomes:
         self._entries: dict[str, list[_Entry]] = {}
         self._lock = threading.Lock()  # the extender reads unrecorded_messages() on its thread
         self._paused_until: dict[str, float] = {}
+        self._early: dict[str, list[ScriptCall]] = {}  # write_soon(), per queue, in order
+
+    def write_soon(self, name: str, call: ScriptCall) -> None:
+        """Send ``call`` (a script call on queue ``name``) with the next round trip, before
+        every write and ack of an outcome, without waiting for it: a running task's RUNNING
+        (from a handler thread, hence the lock). A call the script refuses is dropped, logged."""
+        with self._lock:
+            self._early.setdefault(name, []).append(call)
 
     def __len__(self) -> int:
-        return sum(len(entries) for entries in self._entries.values())
+        early = sum(len(calls) for calls in self._early.values())
+        return early + sum(len(entries) for entries in self._entries.values())
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
         journalled = not self.journal_maxlen
         with self._lock:
             for outcome in outcomes:
-                entry = _Entry(outcome, journalled=journalled)
+                entry = _Entry(outcome, journalled=journalled, written=outcome.writes is None)
                 self._entries.setdefault(outcome.message.queue, []).append(entry)
 
     def unrecorded_messages(self, name: str) -> list[Message]:
@@ -90,12 +107,24 @@ class UnrecordedOutcomes:
         """
         flush: Flush = []
         clock = time.monotonic()
+        with self._lock:
+            for name in [n for n in self._early if names is None or n in names]:
+                if force or self._paused_until.get(name, 0.0) <= clock:
+                    needless = self._superseded(name)
+                    for call in self._early.pop(name):
+                        if id(call) not in needless:
+                            batch.add(call)
+                            flush.append((self._by_name[name], "early", [call]))
         for name, entries in self._entries.items():
             if names is not None and name not in names:
                 continue
             if not force and self._paused_until.get(name, 0.0) > clock:
                 continue
             q = self._by_name[name]
+            for e in entries:  # before the acks: a task's result before its message goes
+                if not e.written and e.outcome.writes is not None:
+                    batch.add(e.outcome.writes.call)
+                    flush.append((q, "write", [e]))
             todo = [e for e in entries if not e.recorded]
             acks = [e for e in todo if e.outcome.status == ACK]
             retry = [e for e in todo if e.outcome.status not in (ACK, GARBAGE)]
@@ -121,6 +150,12 @@ class UnrecordedOutcomes:
         """Mark what Redis now has; keep, per call, only what a failed call carried."""
         failed: dict[str, Any] = {}
         for (q, kind, entries), result in zip(flush, results, strict=True):
+            if kind == "early":
+                self._early_done(q, entries[0], result)
+                continue
+            if kind == "write":
+                self._written(q, entries[0], result)
+                continue
             if isinstance(result, Exception):
                 failed.setdefault(q.name, result)
                 if kind == "journal":
@@ -135,17 +170,55 @@ class UnrecordedOutcomes:
             if kind == "retry" and isinstance(result, list):
                 self._warn_last_attempts(q, entries, result)
         for name, error in failed.items():
-            left = sum(1 for e in self._entries.get(name, []) if not (e.recorded and e.journalled))
+            left = sum(1 for e in self._entries.get(name, []) if not e.done)
             logger.error("queue %s: could not record %d outcome(s): %s", name, left, error)
             self._paused_until[name] = time.monotonic() + FAILED_QUEUE_PAUSE_SECONDS
         with self._lock:
             for name in list(self._entries):
-                kept = [e for e in self._entries[name] if not (e.recorded and e.journalled)]
+                kept = [e for e in self._entries[name] if not e.done]
                 if kept:
                     self._entries[name] = kept
                 else:
                     del self._entries[name]
                     self._paused_until.pop(name, None)
+
+    def _superseded(self, name: str) -> set[int]:
+        """The early calls of queue ``name`` that an outcome's writes, still to go, make
+        needless (a task that ran before its RUNNING was sent: its result says it all)."""
+        found = set()
+        for e in self._entries.get(name, []):
+            writes = e.outcome.writes
+            if writes is not None and writes.supersedes is not None and not e.written:
+                found.add(id(writes.supersedes))
+        return found
+
+    def _early_done(self, q: Queue, call: ScriptCall, result: Any) -> None:
+        if not isinstance(result, Exception):
+            return
+        if isinstance(result, redis.exceptions.ResponseError):  # refused: for ever
+            logger.error("queue %s: an early write dropped: %s", q.name, result)
+            return
+        with self._lock:  # not the script's fault: first again in the next round
+            self._early.setdefault(q.name, []).insert(0, call)
+
+    @staticmethod
+    def _written(q: Queue, entry: _Entry, result: Any) -> None:
+        """A handler's write ran (then its ``then``), or failed: sent again unless the script
+        refused it (a key of the wrong type would refuse it for ever: dropped, logged)."""
+        message_id = entry.outcome.message.id
+        if isinstance(result, Exception):
+            if not isinstance(result, redis.exceptions.ResponseError):
+                return  # not the script's fault: try again with the next round
+            logger.error(
+                "queue %s: message %s: handler's write dropped: %s", q.name, message_id, result
+            )
+        entry.written = True
+        writes = entry.outcome.writes
+        if writes is not None and writes.then is not None and not isinstance(result, Exception):
+            try:
+                writes.then()
+            except Exception:
+                logger.exception("queue %s: message %s: after its write", q.name, message_id)
 
     def _journal_failed(self, q: Queue, entries: list[_Entry], error: Any) -> None:
         if not isinstance(error, redis.exceptions.ResponseError):

@@ -18,7 +18,7 @@ from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import ScriptBatch, redis_errors
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,14 @@ class Rounds:
         self._heartbeats_pruned_at: dict[int, int] = {}  # per client
         self._next_maintenance = 0.0
         self._aim: Wake | None = None  # the wait that ended just before the next fetch
+
+    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
+        """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe).
+
+        For writes a handler wants done without a round trip of its own (a task's RUNNING);
+        they go before any outcome's writes and acks of the same round.
+        """
+        self._unrecorded.write_soon(queue.name, call)
 
     def _room(self, q: Queue) -> int:
         """How many messages of ``q`` this round may claim (the consumer's slots say)."""

@@ -3,7 +3,7 @@
 -- the delivery ran, which now goes to pending (or ready, when due) as a new message.
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] successors hash
--- KEYS[9] pending zset   KEYS[10] ready list
+-- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] pairs: id, token
 -- returns: number of messages acknowledged
@@ -18,7 +18,7 @@
 --- @include "includes/placing.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash'
+  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[11], 'hash'
 )
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
@@ -40,9 +40,10 @@ for i = 4, #ARGV, 2000 do
   if #done > 0 then
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
+    redis.call('HDEL', KEYS[11], unpack(done))
     if successors then
       for _, id in ipairs(done) do
-        local _, at = succeed(KEYS[8], KEYS[4], KEYS[9], KEYS[10], id, now, horizon)
+        local _, at = succeed(KEYS[8], KEYS[4], KEYS[9], KEYS[10], KEYS[11], id, now, horizon)
         wake = earlier(wake, at)
       end
     end

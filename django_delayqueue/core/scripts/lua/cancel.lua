@@ -5,13 +5,14 @@
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] journal stream
 -- KEYS[9] unack zset   KEYS[10] garbage zset   KEYS[11] cancelled hash
--- KEYS[12] ready_since hash   KEYS[13] successors hash
+-- KEYS[12] ready_since hash   KEYS[13] successors hash   KEYS[14] ranked zset
+-- KEYS[15] priorities hash   KEYS[16..] the result record of each id (a task's; any type)
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
--- ARGV[3..] ids
+-- ARGV[3] seconds a cancelled task's result record is kept   ARGV[4..] ids
 -- returns: number of messages cancelled (an id with a successor may count two)
 -- O(log n) per id whatever the queue holds: the state is told by a few lookups (pending and
 -- retry are left with ZREM; unack and garbage are left alone; an envelope with none of these
--- is in ready). Removing an id from the middle of the ready list would scan it (LREM), so its
+-- is in ready: in the ranked zset, left with ZREM, or in the list). Removing an id from the middle of the ready list would scan it (LREM), so its
 -- entry stays there, counted dead in the cancelled hash, and its envelope goes: claim drops
 -- the entry, counts and peek skip it. An entry at either end of the list is popped instead.
 -- The cancelled messages are journalled as one entry (fields n, o) like a consumer batch: rows
@@ -23,7 +24,8 @@
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash',
+  KEYS[14], 'zset', KEYS[15], 'hash'
 )
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
@@ -42,11 +44,11 @@ local function waiting(id)
       or redis.call('HEXISTS', KEYS[4], id) == 0 then
     return false
   end
-  drop_from_ready(KEYS[3], KEYS[11], id)
+  drop_from_ready(KEYS[3], KEYS[11], KEYS[14], id)
   return true
 end
 
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local id = ARGV[i]
   local successor = redis.call('HGET', KEYS[13], id)
   if successor then
@@ -58,6 +60,10 @@ for i = 3, #ARGV do
     journal(id, redis.call('HGET', KEYS[4], id), attempt)
     for key = 4, 7 do redis.call('HDEL', KEYS[key], id) end
     redis.call('HDEL', KEYS[12], id)
+    redis.call('HDEL', KEYS[15], id)
+    -- A task's result says FAILED from now on (get_result sees its message gone), for as long
+    -- as a finished task's is kept; no expiry would keep it for ever.
+    redis.call('EXPIRE', KEYS[12 + i], ARGV[3])
   end
 end
 if #rows > 0 and maxlen > 0 then

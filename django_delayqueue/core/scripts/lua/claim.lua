@@ -1,7 +1,7 @@
 -- claim: up to N ids from ready -> unack, each with a visibility deadline and a new token.
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
--- KEYS[9] cancelled hash   KEYS[10] ready_since hash
+-- KEYS[9] cancelled hash   KEYS[10] ready_since hash   KEYS[11] ranked zset
 -- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
@@ -12,20 +12,38 @@
 -- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
 -- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
--- not count towards N. An empty ready list costs one read.
+-- not count towards N. An empty ready costs two reads.
+-- Order: the ranked entries above priority 0, the list, the ranked entries below 0 (see
+-- ready_list.lua); a queue without priorities pays one ZCARD for it.
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
-local len = redis.call('LLEN', KEYS[1])
-if len == 0 then return {} end
+local len, nranked = redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[11])
+if len == 0 and nranked == 0 then return {} end
 local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
-local ids, walked, dead, ndead
-if dead_total > 0 then
-  ids, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, want, 1000)
-else
-  walked, ndead = math.min(len, want), 0
-  ids = redis.call('LRANGE', KEYS[1], 0, walked - 1)
+local high, low = {}, {}
+if nranked > 0 then
+  high = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. RANK_NORMAL, 'LIMIT', 0, want)
 end
+local listed, walked, dead, ndead = {}, 0, {}, 0
+if #high < want and len > 0 then
+  if dead_total > 0 then
+    listed, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, want - #high, 1000)
+  else
+    walked = math.min(len, want - #high)
+    listed = redis.call('LRANGE', KEYS[1], 0, walked - 1)
+  end
+end
+-- Below priority 0 only once the list is walked to its end (past a long run of dead entries it
+-- may not be).
+if nranked > #high and #high + #listed < want and walked == len then
+  low = redis.call('ZRANGEBYSCORE', KEYS[11], '(' .. RANK_NORMAL, '+inf', 'LIMIT', 0,
+    want - #high - #listed)
+end
+local ids, ranked_ids = {}, {}
+for _, id in ipairs(high) do ids[#ids + 1], ranked_ids[#ranked_ids + 1] = id, id end
+for _, id in ipairs(listed) do ids[#ids + 1] = id end
+for _, id in ipairs(low) do ids[#ids + 1], ranked_ids[#ranked_ids + 1] = id, id end
 local n = #ids
 local since = n > 0 and redis.call('HLEN', KEYS[10]) > 0  -- rarely: a message came back
 local envelopes, counts = {}, {}
@@ -49,7 +67,10 @@ guard(KEYS[2], 'zset', KEYS[5], 'hash')
 if #bad > 0 then guard(KEYS[7], 'zset', KEYS[8], 'hash') end
 local first = 0
 if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end
-redis.call('LTRIM', KEYS[1], walked, -1)
+if walked > 0 then redis.call('LTRIM', KEYS[1], walked, -1) end
+for i = 1, #ranked_ids, 1000 do
+  redis.call('ZREM', KEYS[11], unpack(ranked_ids, i, math.min(i + 999, #ranked_ids)))
+end
 if ndead > 0 then
   if walked == len then
     redis.call('DEL', KEYS[9])  -- the list is empty: no entry is left to be dead

@@ -1,9 +1,11 @@
 -- peek: one page of messages in one state, with their envelopes, attempts and reasons.
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] unack zset   KEYS[4] retry zset
 -- KEYS[5] garbage zset   KEYS[6] messages hash   KEYS[7] attempts hash   KEYS[8] reasons hash
--- KEYS[9] cancelled hash
+-- KEYS[9] cancelled hash   KEYS[10] ranked zset
 -- ARGV[1] state name   ARGV[2] offset   ARGV[3] limit
 -- returns: {total, then quintuples: id, score ('' for ready), envelope or '', attempts, reason}
+-- Ready is listed in the order a claim takes it: the ranked entries above priority 0, the list,
+-- then the ranked entries below 0 (see ready_list.lua).
 -- An attempt count that is not a number is shown as 0, with the bad value named in the reason.
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
@@ -17,12 +19,27 @@ if index == 2 then
   -- The dead entries cancel left in the list are skipped, and not counted: walking past them
   -- costs what LRANGE costs to reach the offset, plus a hash lookup per entry.
   local dead = dead_in_ready(KEYS[9])
-  total = math.max(0, redis.call('LLEN', key) - dead)
-  local ids
-  if dead > 0 then
-    ids = ready_walk(key, KEYS[9], first, last - first + 1, math.huge)
-  else
-    ids = redis.call('LRANGE', key, first, last)
+  local listed = math.max(0, redis.call('LLEN', key) - dead)
+  local nranked = redis.call('ZCARD', KEYS[10])
+  local high = nranked > 0 and redis.call('ZCOUNT', KEYS[10], '-inf', '(' .. RANK_NORMAL) or 0
+  total = listed + nranked
+  local ids = {}
+  if first < high then  -- positions [0, high): the ranked zset from its start
+    ids = redis.call('ZRANGE', KEYS[10], first, math.min(last, high - 1))
+  end
+  local from, to = math.max(first, high) - high, math.min(last, high + listed - 1) - high
+  if from <= to then  -- positions [high, high + listed): the list's live entries
+    local page
+    if dead > 0 then
+      page = ready_walk(key, KEYS[9], from, to - from + 1, math.huge)
+    else
+      page = redis.call('LRANGE', key, from, to)
+    end
+    for _, id in ipairs(page) do ids[#ids + 1] = id end
+  end
+  from, to = math.max(first, high + listed) - listed, last - listed
+  if from <= to and from < nranked then  -- the rest: the ranked zset after its first `high`
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[10], from, to)) do ids[#ids + 1] = id end
   end
   for _, id in ipairs(ids) do
     rows[#rows + 1] = id

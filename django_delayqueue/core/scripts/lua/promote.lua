@@ -1,26 +1,32 @@
 -- promote: due pending and due retry messages -> ready, in bounded batches.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
--- KEYS[5] ready_since hash
+-- KEYS[5] ready_since hash   KEYS[6] ranked zset   KEYS[7] priorities hash
 -- ARGV[1] now (ms)   ARGV[2] limit: most ids moved from each zset in this call
 -- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1,
---           length of the ready list afterwards (dead entries of cancelled messages included:
---           a claim drops them, so they only cost a claim that finds nothing)}
+--           how many wait in ready afterwards (the list and the ranked zset; dead entries of
+--           cancelled messages included: a claim drops them, so they only cost a claim that
+--           finds nothing)}
+-- A message with a priority goes to its place in the ranked zset (see ready_list.lua).
 -- A retry id loses its delivery token here: a late ack of the old delivery must not delete a
 -- message that is back in the ready list. Its retry time is recorded in ready_since: it is
 -- overdue from then, not from the due time in its envelope.
--- An idle queue costs three reads: the heads of both zsets tell whether anything is due, and
--- the ready length lets the caller skip its claim. Those reads also prove the three keys'
--- types before anything is written; tokens and ready_since are checked only when a retry is
--- due.
+-- An idle queue costs four reads: the heads of both zsets tell whether anything is due, and
+-- the ready sizes let the caller skip its claim. Those reads also prove the four keys' types
+-- before anything is written; the priorities hash is checked when anything is due, tokens and
+-- ready_since only when a retry is.
 --- @include "includes/guard.lua"
+--- @include "includes/ready_list.lua"
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local function head(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2]) or nil
 end
 local heads = {head(KEYS[1]), head(KEYS[2])}
-local ready = redis.call('LLEN', KEYS[3])
+local ready = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[6])
 if heads[2] and heads[2] <= now then guard(KEYS[4], 'hash', KEYS[5], 'hash') end
+if (heads[1] and heads[1] <= now) or (heads[2] and heads[2] <= now) then
+  guard(KEYS[7], 'hash')  -- to_ready reads it after the first ZREM
+end
 local moved, more, next_due = 0, 0, -1
 for index = 1, 2 do
   local src, first = KEYS[index], heads[index]
@@ -39,7 +45,7 @@ for index = 1, 2 do
     for i = 1, #ids, 500 do
       local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
       redis.call('ZREM', src, unpack(chunk))
-      redis.call('RPUSH', KEYS[3], unpack(chunk))
+      to_ready(KEYS[3], KEYS[6], KEYS[7], chunk, false)
       if index == 2 then
         redis.call('HDEL', KEYS[4], unpack(chunk))
         redis.call('HSET', KEYS[5], unpack(since, 2 * i - 1, 2 * (i + #chunk - 1)))

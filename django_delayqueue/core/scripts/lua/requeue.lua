@@ -1,6 +1,7 @@
 -- requeue: dead letters (garbage) -> ready, with a fresh set of attempts.
 -- KEYS[1] garbage zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
--- KEYS[5] reasons hash   KEYS[6] ready_since hash
+-- KEYS[5] reasons hash   KEYS[6] ready_since hash   KEYS[7] ranked zset
+-- KEYS[8] priorities hash
 -- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] wake channel
 -- ARGV[4..] ids (none: the oldest `limit` dead letters)
 -- returns: {requeued, dead letters left}
@@ -10,12 +11,12 @@
 --- @include "includes/ready_list.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash'
+  KEYS[6], 'hash', KEYS[7], 'zset', KEYS[8], 'hash'
 )
 local n = 0
 for _, id in ipairs(dead_letter_ids(KEYS[1], 4, tonumber(ARGV[2]))) do
   if redis.call('ZREM', KEYS[1], id) == 1 then
-    back_to_ready(KEYS[2], KEYS[4], KEYS[6], id, ARGV[1])
+    back_to_ready(KEYS[2], KEYS[7], KEYS[8], KEYS[4], KEYS[6], id, ARGV[1])
     redis.call('HDEL', KEYS[3], id)  -- a fresh set of attempts
     redis.call('HDEL', KEYS[5], id)  -- and no reason: it is not dead any more
     n = n + 1

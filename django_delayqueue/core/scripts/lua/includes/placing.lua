@@ -3,7 +3,8 @@
 
 -- place(pending, ready, id, due, now, horizon): a message whose envelope is stored -> ready if
 -- due, else pending. Returns the time to announce on the wake channel (due now, or within the
--- announce horizon), or nil.
+-- announce horizon), or nil. For a new message: it has no priority (see ready_list.lua), so its
+-- place in ready is the tail of the list.
 local function place(pending, ready, id, due, now, horizon)
   if due <= now then
     redis.call('RPUSH', ready, id)
@@ -14,14 +15,16 @@ local function place(pending, ready, id, due, now, horizon)
   return nil
 end
 
--- succeed(successors, messages, pending, ready, id, now, horizon): the message booked to follow
--- id's delivery (schedule with replace=True while it was in flight) takes its place: stored as
--- id's envelope and placed by its due time. The caller has removed the finished message from
--- its state and hashes. Returns whether there was one, and the time to announce (or nil).
-local function succeed(successors, messages, pending, ready, id, now, horizon)
+-- succeed(successors, messages, pending, ready, priorities, id, now, horizon): the message
+-- booked to follow id's delivery (schedule with replace=True while it was in flight) takes its
+-- place: stored as id's envelope and placed by its due time, a new message without the
+-- finished one's priority. The caller has removed the finished message from its state and
+-- hashes. Returns whether there was one, and the time to announce (or nil).
+local function succeed(successors, messages, pending, ready, priorities, id, now, horizon)
   local envelope = redis.call('HGET', successors, id)
   if not envelope then return false, nil end
   redis.call('HDEL', successors, id)
+  redis.call('HDEL', priorities, id)
   redis.call('HSET', messages, id, envelope)
   local due = envelope_times(envelope) or now
   return true, place(pending, ready, id, due, now, horizon)
