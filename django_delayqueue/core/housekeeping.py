@@ -85,7 +85,7 @@ class Housekeeping:
         def oldest() -> list[int]:
             with redis_errors("purge"):
                 found = self.client.zrange(self.keys.garbage, 0, limit - 1)
-            chosen = [to_str(i) for i in found]
+            chosen = [to_str(i) for i in found if isinstance(i, (bytes, str))]
             return self._purge_call(chosen).run(self.client) if chosen else [0, 0]
 
         return sum(_drain(oldest))

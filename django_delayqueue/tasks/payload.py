@@ -43,7 +43,7 @@ def task_payload(
     """A task's message payload: what its worker needs to run it and to write its result
     without reading it first (a priority other than 0, and whether ``run_after`` was given,
     whose time is the message's due time)."""
-    payload = {TASK_KEY: path, "args": args, "kwargs": kwargs, "backend": backend}
+    payload: dict[str, Any] = {TASK_KEY: path, "args": args, "kwargs": kwargs, "backend": backend}
     if priority:
         payload["priority"] = priority
     if deferred:
