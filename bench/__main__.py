@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from . import backlog, deliver, django_path, lua_loading, peers, produce
+from . import backlog, deliver, django_path, lua_loading, outbox_cost, peers, produce
 from .harness import Bench, Row, private_redis
 from .report import table, write_json
 from .sizes import Sizes, sizes_for
@@ -32,6 +32,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "idle": deliver.idle,
     "backlog": backlog.backlog,
     "django": django_path.django_path,
+    "outbox": outbox_cost.outbox_cost,
     "peers": peers.huey,
     "lua_loading": lua_loading.lua_loading,
 }

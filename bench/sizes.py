@@ -22,6 +22,7 @@ class Sizes:
     backlog_due: int = 1_000_000  # of which this many fall due together (promotion test)
     backlog_probe: int = 20_000  # schedule() calls timed against the empty and the full queue
     django_path: int = 2000  # view -> schedule -> runqueue -> handler
+    outbox_requests: int = 1000  # checkout requests per way and round (bench/outbox_cost.py)
     peer_schedule: int = 20_000
     peer_delivery: int = 20_000
     peer_lateness: int = 1000
@@ -44,6 +45,7 @@ QUICK = Sizes(
     backlog_due=10_000,
     backlog_probe=600,
     django_path=100,
+    outbox_requests=50,
     peer_schedule=600,
     peer_delivery=600,
     peer_lateness=100,

@@ -8,12 +8,16 @@ delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix
 delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
 delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
 delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
+delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
 delayqueue.W003     handlers registered for a queue that is not configured
+delayqueue.W004     outbox messages older than ``OUTBOX_MAX_AGE_SECONDS``: no relay sent
+                    them (``check --database default``, and ``migrate``)
 ==================  ================================================================
 
-Only E001 does I/O, so it runs with the deployment checks (and on demand): a Redis that is
+Only E001 and W004 do I/O: E001 runs with the deployment checks (and on demand), W004 with
+the database checks: a Redis that is
 down must not stop ``migrate`` or ``runqueue``, which waits for it. E005-E007 are the Tasks
 backend's own ``check()``: run by the framework's check once the framework is imported (and,
 for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
@@ -24,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 
 from django_delayqueue.api import topics
 from django_delayqueue.conf.connection import make_client
@@ -52,6 +56,7 @@ def register_checks() -> None:
     register(check_handlers, TAG)
     register(check_redis, TAG, deploy=True)
     register(check_task_backends, TAG)
+    register(check_outbox, TAG, Tags.database)
 
 
 def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[Any]:
@@ -103,6 +108,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         for key in dq_settings.unknown_keys()
     ]
     out += _connection_errors()
+    out += _outbox_errors()
     queues = dq_settings.QUEUES
     if not isinstance(queues, dict) or not isinstance(dq_settings.DEFAULTS or {}, dict):
         out.append(
@@ -267,3 +273,65 @@ def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         if not dq_settings.CACHE_ALIAS:  # a borrowed cache connection is not ours to close
             client.close()
     return []
+
+
+OUTBOX_SECONDS = ("OUTBOX_RELAY_SECONDS", "OUTBOX_LEASE_SECONDS", "OUTBOX_MAX_AGE_SECONDS")
+
+
+def _outbox_errors() -> list[Any]:
+    """E008: the outbox switch and its timings."""
+    out = []
+    if not isinstance(dq_settings.OUTBOX, bool):
+        out.append(
+            Error(
+                f"DELAYQUEUE['OUTBOX'] must be True or False, not {dq_settings.OUTBOX!r}.",
+                hint=_DOC,
+                id="delayqueue.E008",
+            )
+        )
+    for name in OUTBOX_SECONDS:
+        value = getattr(dq_settings, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            out.append(
+                Error(
+                    f"DELAYQUEUE[{name!r}] must be a positive number of seconds, not {value!r}.",
+                    hint=_DOC,
+                    id="delayqueue.E008",
+                )
+            )
+    return out
+
+
+def check_outbox(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """W004: outbox rows that have waited longer than OUTBOX_MAX_AGE_SECONDS."""
+    if not databases or _outbox_errors():
+        return []
+    from django.utils import timezone
+
+    from django_delayqueue.outbox.backlog import outbox_backlog
+    from django_delayqueue.outbox.relay import outbox_databases
+
+    limit = float(dq_settings.OUTBOX_MAX_AGE_SECONDS)
+    now = timezone.now()
+    out = []
+    for backlog in outbox_backlog([d for d in outbox_databases() if d in databases]):
+        age = backlog.age_seconds(now)
+        if not backlog.count or age <= limit:
+            continue
+        relayed = backlog.last_relayed
+        if relayed is None or (now - relayed).total_seconds() > limit:
+            hint = (
+                "No relay has tried to send them lately: run `manage.py runqueue` (every "
+                "runqueue relays the outbox)."
+            )
+        else:
+            hint = f"A relay runs but cannot send them: {backlog.last_error or 'see its log'}."
+        out.append(
+            Warning(
+                f"{backlog.count} outbox message(s) in database {backlog.database!r} have "
+                f"waited {age:.0f}s to be sent to Redis.",
+                hint=hint,
+                id="delayqueue.W004",
+            )
+        )
+    return out

@@ -7,12 +7,15 @@ seconds.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 
 from django_delayqueue.conf.settings import MIRRORED_FIELDS, settings_problems
+from django_delayqueue.core.envelope import MAX_ID_LENGTH
 from django_delayqueue.core.settings import QueueSettings
 
 _D = QueueSettings()
@@ -71,3 +74,45 @@ class QueueMessage(models.Model):
         managed = False
         default_permissions = ("view", "change", "delete")
         verbose_name = "queued message"
+
+
+class OutboxMessage(models.Model):
+    """A message scheduled inside a database transaction, kept until Redis has it.
+
+    Written in the transaction that schedules it (so a rollback removes it too), sent and
+    deleted right after the commit; if Redis could not take it then, ``runqueue``'s relay sends
+    it later, with its original due time (``django_delayqueue.outbox``).
+    """
+
+    SCHEDULE, REPLACE, TASK = "schedule", "replace", "task"
+    MODES = [(SCHEDULE, "schedule"), (REPLACE, "schedule, replacing"), (TASK, "task")]
+
+    # The send token too (Queue.send_once): a row sent twice is stored once.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    queue = models.CharField(max_length=100)
+    message_id = models.CharField("message id", max_length=MAX_ID_LENGTH)
+    due_ms = models.BigIntegerField(help_text="Due time, ms since the epoch (UTC).")
+    envelope = models.TextField(help_text="The message as Redis stores it.")
+    mode = models.CharField(max_length=10, choices=MODES, default=SCHEDULE)
+    # A task's result record ('enqueued' field, JSON) and priority (mode "task").
+    record = models.TextField(blank=True, default="")
+    priority = models.SmallIntegerField(default=0)
+    # No indexes: every row costs its insert and delete on a view's request, and the table is
+    # empty but for a Redis outage's backlog, which a relay reads oldest first in batches.
+    created_at = models.DateTimeField(default=timezone.now)
+    # Whoever sends the row holds it until then: the committing process right after the
+    # commit, else a relay. A relay takes only rows whose lease is over (or never given).
+    leased_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Sends that failed so far.")
+    relayed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a relay last tried to send it."
+    )
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["created_at"]
+        verbose_name = "outbox message"
+        default_permissions = ("view", "delete")
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.message_id}"

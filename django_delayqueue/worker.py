@@ -46,7 +46,24 @@ class Worker(Consumer):
     def run(self) -> int:
         if self._task_queues & self._by_name.keys():
             self._prepare_for_tasks()
-        return super().run()
+        # The outbox: messages committed while Redis was down are sent from here. A burst sends
+        # them first, so that what is due among them is delivered by this very run.
+        from django_delayqueue.outbox.relay import OutboxRelay, RelayThread
+
+        relay = OutboxRelay()
+        if self.burst:
+            try:
+                relay.relay_once()
+            except Exception:  # the relay must never keep a burst from delivering
+                logger.exception(
+                    "%s: the outbox relay failed; delivering what Redis has", self.name
+                )
+            return super().run()
+        thread = RelayThread(relay).start()
+        try:
+            return super().run()
+        finally:
+            thread.stop()
 
     def _prepare_for_tasks(self) -> None:
         """Pay before the first task what it would pay late: importing the framework, its

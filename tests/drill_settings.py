@@ -2,7 +2,8 @@
 
 Everything that varies comes from the environment set by the test (Redis URL, ledger, the
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
-the settings rows could not be synced and goes on). Queues "drill2" and "drill3" (same
+the settings rows could not be synced and goes on), except in the outbox drill, which migrates
+it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
 receiver, other settings) let one ``runqueue`` serve several drill queues at once;
 ``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings.
 """
@@ -15,11 +16,26 @@ from demo_project.settings import DELAYQUEUE, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "drill_app"]
 DATABASES = {
-    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DRILL_DB"]},
+    # A wait for a lock rather than "database is locked" at once: several processes (runqueues,
+    # the outbox drill's producer) share the file.
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ["DRILL_DB"],
+        "OPTIONS": {"timeout": 30},
+    },
 }
+if os.environ.get("DRILL_PG_NAME"):  # the outbox drill on PostgreSQL (tests/outbox_drill.py)
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["DRILL_PG_NAME"],
+        "HOST": os.environ.get("DRILL_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("DRILL_PG_PORT", "5432"),
+        "USER": os.environ.get("DRILL_PG_USER", "postgres"),
+    }
 DELAYQUEUE = {
     **DELAYQUEUE,
     "REDIS_URL": os.environ["REDIS_URL"],
+    "OUTBOX_RELAY_SECONDS": float(os.environ.get("DRILL_RELAY_SECONDS", "1")),
     "QUEUES": {
         **DELAYQUEUE["QUEUES"],
         "drill": {

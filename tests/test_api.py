@@ -112,10 +112,15 @@ def test_capture_on_commit_callbacks_runs_the_send(
 # --- Redis down when the message is sent ---------------------------------------------------------
 
 
-def redis_down() -> Any:
-    """Settings whose Redis refuses connections (a port nothing listens on): really unreachable."""
+def redis_down(**extra: Any) -> Any:
+    """Settings whose Redis refuses connections (a port nothing listens on): really unreachable.
+
+    Without the outbox unless ``OUTBOX=True``: what a send after a commit does when nothing
+    keeps the message (tests/test_outbox.py covers the outbox).
+    """
     url = f"redis://127.0.0.1:{free_port()}/0"
-    return override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "REDIS_URL": url})
+    changed = {"REDIS_URL": url, "OUTBOX": False, **extra}
+    return override_settings(DELAYQUEUE={**settings.DELAYQUEUE, **changed})
 
 
 def lost_message_logs(caplog: pytest.LogCaptureFixture, message_id: str) -> list[str]:

@@ -58,6 +58,7 @@ def populated(client: redis.Redis) -> Held:
     # Tasks with a priority: one ready in the ranked zset, one waiting to be promoted there.
     _task(q, "urgent", priority=9)
     _task(q, "unhurried", priority=-4, delay=1)
+    q.send_once(q.prepare({"n": "outbox"}, id="outbox"), "row-0")  # a token remembered
     clock.advance(2)  # "soon", the retry and the in-flight deadline are all due now
     held = Held(q, clock, inflight, retrying.id, "later")
     _journal(held)  # an entry for the stats to tally
@@ -93,6 +94,17 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "replace dead": lambda h: h.queue.schedule({"n": "new"}, id="x2", replace=True),
     "enqueue a task due now": lambda h: _task(h.queue, "new", priority=3),
     "enqueue a task later": lambda h: _task(h.queue, "new", priority=-3, delay=5),
+    "send once": lambda h: h.queue.send_once(h.queue.prepare({"n": 1}, id="o1"), "row-1"),
+    "send once, replacing": lambda h: h.queue.send_once(
+        h.queue.prepare({"n": 1}, id=h.pending), "row-1", replace=True
+    ),
+    "send once, a task": lambda h: h.queue.send_once(
+        h.queue.prepare({"n": 1}, id="t1"),
+        "row-1",
+        record_key=h.queue.keys.task_result("t1"),
+        record="{}",
+        priority=4,
+    ),
     "schedule_many": lambda h: h.queue.schedule_many(
         [{"payload": 1}, {"payload": 2, "delay": 5}, {"payload": 3, "delay": 0}]
     ),
@@ -117,7 +129,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
-    "ready_since", "successors", "exported", "priorities", "ranked",
+    "ready_since", "successors", "exported", "priorities", "ranked", "sent",
 ]  # fmt: skip
 
 

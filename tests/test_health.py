@@ -12,6 +12,9 @@ from django_delayqueue.embedded import free_port
 URL = "/delayqueue/health/"
 QUEUES = ("order-close", "activation-sms")
 
+# The probe reads the outbox backlog from the database too.
+pytestmark = pytest.mark.django_db
+
 
 def delayqueue(**extra):
     return override_settings(DELAYQUEUE={**settings.DELAYQUEUE, **extra})
@@ -37,6 +40,10 @@ def test_healthy(client, queues):
         "redis": True,
         "consumers": True,
         "overdue": True,
+        "outbox": True,
+    }
+    assert report["checks"]["outbox"]["databases"] == {
+        "default": {"waiting": 0, "oldest_seconds": 0.0}
     }
     assert report["queues"]["order-close"]["consumers_alive"] == 1
     assert response["Cache-Control"] == "no-store"
@@ -114,3 +121,24 @@ def test_no_queues_configured_pings_redis(client, redis_client):
 
 def test_post_is_refused(client, redis_client):
     assert client.post(URL).status_code == 405
+
+
+def test_an_outbox_message_waiting_too_long_fails_the_outbox_check(client, queues):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_delayqueue.models import OutboxMessage
+
+    for q in queues.values():
+        beat(q)
+    created = timezone.now() - timedelta(seconds=90)
+    OutboxMessage.objects.create(
+        queue="order-close", message_id="m", due_ms=0, envelope="{}", created_at=created
+    )
+    response = client.get(URL)
+    assert response.status_code == 503
+    outbox = response.json()["checks"]["outbox"]
+    assert not outbox["ok"] and outbox["max_seconds"] == 60
+    assert outbox["databases"]["default"]["waiting"] == 1
+    assert "has waited 1 min" in outbox["failing"]["default"]

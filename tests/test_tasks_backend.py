@@ -165,6 +165,7 @@ def _backport_normalises_arguments() -> bool:
     return "json_normalize" in inspect.getsource(framework.Task.enqueue)
 
 
+@pytest.mark.django_db  # the outbox is looked at too
 def test_an_unknown_result_id_does_not_exist() -> None:
     with pytest.raises(framework.TaskResultDoesNotExist):
         examples.add.get_result("no-such-id")
@@ -387,6 +388,18 @@ def test_inside_a_transaction_the_task_is_sent_on_commit(redis_client: redis.Red
     with transaction.atomic():
         result = examples.add.enqueue(5, 5)
         assert result.id and result.status == Status.READY
+        assert not redis_client.exists(KEYS.task_result(result.id))
+        # Its outbox row, in this very transaction, tells its result (DELAYQUEUE['OUTBOX']).
+        assert examples.add.get_result(result.id).status == Status.READY
+    assert redis_client.exists(KEYS.task_result(result.id))
+    assert examples.add.get_result(result.id).status == Status.READY
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_the_outbox_a_task_is_unknown_until_the_commit(redis_client: redis.Redis) -> None:
+    off = override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "OUTBOX": False})
+    with off, transaction.atomic():
+        result = examples.add.enqueue(5, 5)
         with pytest.raises(framework.TaskResultDoesNotExist):
             examples.add.get_result(result.id)
     assert examples.add.get_result(result.id).status == Status.READY

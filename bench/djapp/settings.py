@@ -23,6 +23,14 @@ DATABASES = {
         "NAME": os.environ.get("BENCH_DB", ":memory:"),
     }
 }
+if os.environ.get("BENCH_PG_NAME"):  # bench/outbox_cost.py on the local PostgreSQL
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["BENCH_PG_NAME"],
+        "HOST": "127.0.0.1",
+        "PORT": "5432",
+        "USER": "postgres",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 QUEUE = "bench-e2e"
 DELAYQUEUE = {

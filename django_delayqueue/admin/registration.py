@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.urls import URLPattern, path
@@ -23,7 +23,8 @@ from django.urls import URLPattern, path
 from django_delayqueue.admin import actions as admin_actions
 from django_delayqueue.admin import views as admin_views
 from django_delayqueue.conf.settings import MIRRORED_FIELDS
-from django_delayqueue.models import QueueConfig, QueueMessage
+from django_delayqueue.core.envelope import ms_to_datetime
+from django_delayqueue.models import OutboxMessage, QueueConfig, QueueMessage
 
 
 @admin.register(QueueMessage)
@@ -102,3 +103,58 @@ class QueueConfigAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(admin.ModelAdmin):
+    """Messages committed while Redis was down, waiting for a relay (read-only).
+
+    Deleting a row discards its message; "Send now" relays the selected rows at once (both
+    need ``delete_outboxmessage``: each removes the row).
+    """
+
+    list_display = [
+        "message_id",
+        "queue",
+        "mode",
+        "due",
+        "created_at",
+        "attempts",
+        "relayed_at",
+        "short_error",
+    ]
+    list_filter = ["queue", "mode"]
+    search_fields = ["message_id"]
+    actions = ["send_now"]
+    readonly_fields = [f.name for f in OutboxMessage._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="due", ordering="due_ms")
+    def due(self, row: OutboxMessage) -> Any:
+        try:
+            return ms_to_datetime(row.due_ms)
+        except (OverflowError, ValueError, OSError):  # the very end of year 9999
+            return f"{row.due_ms} ms"
+
+    @admin.display(description="last error")
+    def short_error(self, row: OutboxMessage) -> str:
+        return row.last_error[:120]
+
+    @admin.action(description="Send selected messages to Redis now", permissions=["delete"])
+    def send_now(self, request: HttpRequest, queryset: Any) -> None:
+        from django_delayqueue.outbox.relay import OutboxRelay
+
+        relay = OutboxRelay(databases=[queryset.db])
+        done = relay.relay_rows(queryset)
+        level = messages.SUCCESS if not done.failed else messages.WARNING
+        self.message_user(
+            request,
+            f"Sent {done.sent}, already sent {done.already_sent}, not sent {done.failed} "
+            "(see each row's last error).",
+            level,
+        )

@@ -78,8 +78,30 @@ def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         "rows": rows,
         "states": [(s, STATE_LABELS[s]) for s in STATES],
         "errors": errors,
+        "outbox": _outbox_summary(site, request),
     }
     return TemplateResponse(request, "admin/django_delayqueue/overview.html", context)
+
+
+def _outbox_summary(site: str, request: HttpRequest) -> dict[str, Any] | None:
+    """The outbox backlog of every database (None when nothing waits), with its link."""
+    from django_delayqueue.conf.settings import dq_settings
+    from django_delayqueue.outbox.backlog import outbox_backlog
+
+    backlogs = [b for b in outbox_backlog() if b.count]
+    if not backlogs:
+        return None
+    age = max(b.age_seconds() for b in backlogs)
+    url = None
+    if request.user.has_perm("django_delayqueue.view_outboxmessage"):
+        url = reverse(f"{site}:django_delayqueue_outboxmessage_changelist")
+    return {
+        "count": sum(b.count for b in backlogs),
+        "age": format_seconds(age),
+        "late": age > float(dq_settings.OUTBOX_MAX_AGE_SECONDS),
+        "error": next((b.last_error for b in backlogs if b.last_error), ""),
+        "url": url,
+    }
 
 
 def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> HttpResponse:

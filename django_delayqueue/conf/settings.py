@@ -40,6 +40,12 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_CONSUMER_SECONDS": 30,  # a consumer is alive if it beat within this many seconds
     "SETTINGS_REFRESH_SECONDS": 2,
     "REPORT_DIR": None,  # queue_report's --out directory; the admin shows its charts
+    # The transactional outbox (django_delayqueue.outbox): a message scheduled in a transaction
+    # is written to the database with it, so a Redis down at commit time loses nothing.
+    "OUTBOX": True,
+    "OUTBOX_RELAY_SECONDS": 1.0,  # how often each runqueue's relay looks for unsent rows
+    "OUTBOX_LEASE_SECONDS": 30.0,  # a row's sender holds it this long before a relay may
+    "OUTBOX_MAX_AGE_SECONDS": 60,  # older unsent rows: check warning, health problem
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

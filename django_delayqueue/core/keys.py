@@ -145,6 +145,15 @@ class QueueKeys:
         return self._key("successors")
 
     @property
+    def sent(self) -> str:
+        """Zset: send token -> when (ms) it was sent, for the transactional outbox.
+
+        ``Queue.send_once`` stores a message only if its token is not here (see send_once.lua):
+        an outbox row sent a second time creates nothing. Tokens are forgotten after a week.
+        """
+        return self._key("sent")
+
+    @property
     def seq(self) -> str:  # counter handing out delivery tokens
         return self._key("seq")
 
@@ -203,4 +212,5 @@ class QueueKeys:
             self.exported,
             self.priorities,
             self.ranked,
+            self.sent,
         ]

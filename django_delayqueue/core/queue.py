@@ -50,6 +50,9 @@ MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batc
 # (and earlier than every pending one); consumers never sleep longer than this without reading
 # the pending head, so later messages are found without an announcement (see schedule.lua).
 ANNOUNCE_WITHIN_MS = 2000
+# How long send_once remembers a token: far longer than an outbox row waits for its relay
+# (seconds, or the length of a Redis outage).
+SEND_TOKEN_MEMORY_MS = 7 * 24 * 3600 * 1000
 
 
 class Queue(Inspection, Housekeeping, BulkScheduling):
@@ -187,10 +190,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         that are ready, those of a higher ``priority`` (-100..100; 0 is every other message's)
         are claimed first, and within one priority the oldest first.
         """
-        if not record_key.startswith(self.keys.tag):
-            raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
-            raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
+        self._check_record(record_key, priority)
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
         k = self.keys
@@ -200,6 +200,56 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         reply = ScriptCall(LuaScript.named("enqueue_task"), keys, arguments).run(self.client)
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
+
+    def send_once(
+        self,
+        prepared: Prepared,
+        token: str,
+        *,
+        replace: bool = False,
+        record_key: str | None = None,
+        record: str | None = None,
+        priority: int = 0,
+        now_ms: int | None = None,
+    ) -> ScheduleResult | None:
+        """Send one prepared message as :meth:`send_prepared` (or, with ``record_key`` and
+        ``record``, :meth:`send_with_record`) would, unless ``token`` was sent in the last
+        :data:`SEND_TOKEN_MEMORY_MS`: then nothing changes and the result is None.
+
+        The transactional outbox sends each row under the row's token, so a row that is sent
+        again (its first sender died or timed out before deleting it) never becomes a second
+        message, even when the first was delivered and acknowledged in between.
+        """
+        if not token or not isinstance(token, str):
+            raise PayloadError(f"a send token must be a non-empty string, not {token!r}")
+        if (record_key is None) != (record is None):
+            raise ConfigurationError("record_key and record go together")
+        if record_key is not None:
+            if replace:
+                raise ConfigurationError("a task with its record cannot replace a message")
+            self._check_record(record_key, priority)
+            mode = "task"
+        else:
+            mode = "replace" if replace else "schedule"
+        message_id, due, envelope = prepared
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        k = self.keys
+        keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage, k.attempts]
+        keys += (k.tokens, k.reasons, k.successors, k.cancelled, k.ready_since, k.ranked)
+        keys += (k.priorities, k.sent, record_key or k.sent)
+        arguments = [now, *self.announce_args, message_id, due, envelope, mode, token]
+        arguments += (SEND_TOKEN_MEMORY_MS, record or "", priority)
+        reply = ScriptCall(LuaScript.named("send_once"), keys, arguments).run(self.client)
+        if int(reply[0]) < 0:
+            return None
+        state = to_str(reply[2]) if len(reply) > 1 else None
+        return ScheduleResult(message_id, bool(reply[0]), due, state)
+
+    def _check_record(self, record_key: str, priority: int) -> None:
+        if not record_key.startswith(self.keys.tag):
+            raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
+            raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
 
     # --- the consumer's transitions ---------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""A readiness probe: Redis reachable, consumers alive, nothing overdue beyond a threshold.
+"""A readiness probe: Redis reachable, consumers alive, nothing overdue beyond a threshold,
+no outbox message waiting too long.
 
 ``GET <mount>/health/`` answers 200 with a JSON report when every check passes, 503 with the
 same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
@@ -8,6 +9,9 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
 - ``HEALTH_CONSUMER_SECONDS`` (30): a running queue with no consumer heartbeat this recent
   fails the ``consumers`` check. ``None`` turns the check off (say, for the web pods' probe,
   which should not fail when the workers do).
+
+- ``OUTBOX_MAX_AGE_SECONDS`` (60): an outbox message (committed while Redis was down) that has
+  waited longer for a relay fails the ``outbox`` check.
 
 Paused queues are expected to have a backlog and may have no consumer: they are not checked.
 """
@@ -57,6 +61,9 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if s.oldest_overdue_seconds is not None and s.oldest_overdue_seconds > max_overdue
         }
         checks["overdue"] = _check(failing, max_seconds=max_overdue)
+    outbox = _outbox_report()
+    if outbox:
+        checks["outbox"] = outbox
     healthy = all(c["ok"] for c in checks.values())
     report = {
         "status": "ok" if healthy else "fail",
@@ -72,6 +79,27 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
         },
     }
     return healthy, report
+
+
+def _outbox_report() -> dict[str, Any]:
+    """The outbox backlog of each database (none without a table or a reachable database)."""
+    from django_delayqueue.outbox.backlog import outbox_backlog
+
+    limit = setting("OUTBOX_MAX_AGE_SECONDS", 60.0)
+    backlogs = outbox_backlog()
+    if not backlogs:
+        return {}
+    databases = {
+        b.database: {"waiting": b.count, "oldest_seconds": round(b.age_seconds(), 3)}
+        for b in backlogs
+    }
+    failing = {
+        name: f"an outbox message has waited {format_seconds(info['oldest_seconds'])}"
+        for name, info in databases.items()
+        if limit is not None and info["oldest_seconds"] > limit
+    }
+    limits = {} if limit is None else {"max_seconds": limit}
+    return {**_check(failing, **limits), "databases": databases}
 
 
 def _check(failing: dict[str, str], **limits: float) -> dict[str, Any]:

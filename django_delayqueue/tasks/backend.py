@@ -25,7 +25,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_delayqueue.api import send_on_commit
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import queue_names
 from django_delayqueue.core.envelope import encode_payload, new_id
@@ -33,6 +32,8 @@ from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import redis_errors
+from django_delayqueue.outbox.committing import send_on_commit
+from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.payload import FAILED, READY, RUNNING, TaskRecord, task_payload
 from django_delayqueue.tasks.results import to_task_result
@@ -104,12 +105,13 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         )
         result = to_task_result(record, result_id, task)
 
-        def send() -> None:
-            key = queue.keys.task_result(result_id)
-            queue.send_with_record(prepared, key, record.enqueued_json(), priority=record.priority)
+        def enqueued() -> None:
             framework.task_enqueued.send(type(self), task_result=result)
 
-        send_on_commit(queue.name, prepared, send, on_commit=self._on_commit_for(task))
+        outgoing = Outgoing(
+            queue, prepared, record=record.enqueued_json(), priority=record.priority
+        )
+        send_on_commit(outgoing, on_commit=self._on_commit_for(task), then=enqueued)
         return result
 
     def _on_commit_for(self, task: Any) -> bool:
@@ -121,7 +123,10 @@ class DelayQueueBackend(framework.BaseTaskBackend):
     def get_result(self, result_id: str) -> Any:
         found = self.find_record(result_id)
         if found is None:
-            raise framework.TaskResultDoesNotExist(result_id)
+            waiting = self._find_in_outbox(result_id) if isinstance(result_id, str) else None
+            if waiting is None:
+                raise framework.TaskResultDoesNotExist(result_id)
+            return to_task_result(waiting, result_id)
         queue, record = found
         _reconcile(queue, result_id, record)
         return to_task_result(record, result_id)
@@ -136,6 +141,27 @@ class DelayQueueBackend(framework.BaseTaskBackend):
                 stored = queue.client.hgetall(queue.keys.task_result(result_id))
             if stored:
                 return queue, TaskRecord.from_hash(stored)
+        return None
+
+    def _find_in_outbox(self, result_id: str) -> TaskRecord | None:
+        """A task committed while Redis was down waits in the outbox: READY, as it will be."""
+        from django.db import DatabaseError
+
+        from django_delayqueue.models import OutboxMessage
+        from django_delayqueue.outbox.relay import outbox_databases
+
+        names = set(self._queue_names())
+        for alias in outbox_databases():
+            try:
+                row = (
+                    OutboxMessage.objects.using(alias)
+                    .filter(message_id=result_id, mode=OutboxMessage.TASK, queue__in=names)
+                    .first()
+                )
+            except DatabaseError:  # no table there (not migrated): nothing waits in it
+                continue
+            if row is not None:
+                return TaskRecord.from_hash({"enqueued": row.record, "status": READY})
         return None
 
     def _queue_names(self) -> list[str]:

@@ -18,7 +18,8 @@ class Command(BaseCommand):
     help = (
         "Deliver due messages of the configured delay queues (or only the QUEUEs named) to "
         "their handlers. Sleeps until the next due time; SIGTERM/SIGINT finish in-flight "
-        "handlers (within --grace) and exit 0, a second signal exits at once."
+        "handlers (within --grace) and exit 0, a second signal exits at once. Also relays the "
+        "outbox: messages committed while Redis was down are sent when it is back."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,0 +1,61 @@
+-- includes/replacing.lua: messages under ids that may be taken, replacing what holds them;
+-- shared by replace.lua and send_once.lua, which take the same first keys and arguments:
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
+-- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
+-- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- The rules are replace.lua's (docs/scheduling.md, "Re-scheduling an id").
+--- @include "includes/guard.lua"
+--- @include "includes/ready_list.lua"
+--- @include "includes/state.lua"
+--- @include "includes/placing.lua"
+
+-- replace_triples(first, last): the messages in ARGV[first..last], triples of id, due (ms),
+-- envelope. Returns {how many were stored (all of them), then for each id that was taken: its
+-- position among the triples (1-based) and the state of the message it replaced}.
+local function replace_triples(first, last)
+  guard(
+    KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
+    KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
+    KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash'
+  )
+  local now = tonumber(ARGV[1])
+  local horizon = now + tonumber(ARGV[2])
+  local out, wake = {0}, nil
+  for i = first, last, 3 do
+    local id, due, envelope = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+    local state = nil
+    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+      state = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+      out[#out + 1] = (i - first) / 3 + 1
+      out[#out + 1] = state
+    end
+    if state == 'unack' then
+      redis.call('HSET', KEYS[10], id, envelope)
+    else
+      if state == 'pending' then
+        redis.call('ZREM', KEYS[1], id)
+      elseif state == 'retry' then
+        redis.call('ZREM', KEYS[5], id)
+      elseif state == 'garbage' then
+        redis.call('ZREM', KEYS[6], id)
+      end
+      redis.call('HSET', KEYS[3], id, envelope)
+      for key = 7, 10 do redis.call('HDEL', KEYS[key], id) end
+      redis.call('HDEL', KEYS[12], id)
+      redis.call('HDEL', KEYS[14], id)
+      if state ~= 'ready' then
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon))
+      elseif due > now then
+        drop_from_ready(KEYS[2], KEYS[11], KEYS[13], id)
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon))
+      elseif redis.call('ZREM', KEYS[13], id) == 1 then
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon))
+      end
+    end
+    out[1] = out[1] + 1
+  end
+  if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
+  return out
+end

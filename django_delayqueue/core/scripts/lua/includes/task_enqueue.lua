@@ -1,0 +1,32 @@
+-- includes/task_enqueue.lua: one task of Django's Tasks framework and its result record;
+-- shared by enqueue_task.lua and send_once.lua, which take the same first keys and arguments:
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
+--- @include "includes/scheduling.lua"
+--- @include "includes/ready_list.lua"
+
+-- enqueue_task(record, ranked, priorities, enqueued, priority): the task's message as
+-- schedule.lua stores it, and, only when the message was created, its record (a hash whose
+-- field enqueued is the JSON given, status READY). An id taken already keeps the record it
+-- has, and its priority. A priority other than 0 is kept in the priorities hash; a task due
+-- now then moves from the tail of the ready list, where schedule_triples put it, to its place
+-- in the ranked zset. Returns what schedule_triples returns.
+local function enqueue_task(record, ranked, priorities, enqueued, priority)
+  guard(record, 'hash', ranked, 'zset', priorities, 'hash')
+  local out = schedule_triples(4, 6)
+  if out[1] == 1 then
+    redis.call('HSET', record, 'enqueued', enqueued, 'status', 'READY')
+    if priority ~= 0 then
+      redis.call('HSET', priorities, ARGV[4], priority)
+      redis.call('HSETNX', priorities, RANK_ORDER, 0)
+      -- Due now: at the list's tail (whose type schedule_triples checked only in that case).
+      if tonumber(ARGV[5]) <= tonumber(ARGV[1]) and redis.call('LINDEX', KEYS[2], -1) == ARGV[4] then
+        redis.call('RPOP', KEYS[2])
+        to_ready(KEYS[2], ranked, priorities, {ARGV[4]}, false)
+      end
+    end
+  end
+  return out
+end

@@ -1,0 +1,42 @@
+-- send_once: one message as schedule.lua, replace.lua or enqueue_task.lua would store it, unless
+-- its send token was sent already: the transactional outbox (django_delayqueue.outbox) sends a
+-- row under the row's token, so a row sent twice (its sender died, or timed out, between this
+-- script and deleting the row, and a relay sent it again) is stored once, even if its message
+-- was delivered and acknowledged in between.
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
+-- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
+-- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash  (as replace.lua)
+-- KEYS[15] sent zset (send token -> when it was sent, ms)
+-- KEYS[16] the task's result record (hash; mode 'task' only, any key of the queue otherwise)
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
+-- ARGV[7] mode: 'schedule', 'replace' or 'task'   ARGV[8] send token
+-- ARGV[9] how long (ms) a token is remembered   ARGV[10] the record's enqueued field (JSON)
+-- ARGV[11] priority (-100..100)   (ARGV[10] and ARGV[11]: mode 'task' only)
+-- returns: {-1} when the token was sent within ARGV[9] ms (nothing changed); else what the
+--          mode's script returns (the token is remembered, older ones forgotten).
+--- @include "includes/guard.lua"
+--- @include "includes/scheduling.lua"
+--- @include "includes/replacing.lua"
+--- @include "includes/task_enqueue.lua"
+local mode = ARGV[7]
+if mode ~= 'schedule' and mode ~= 'replace' and mode ~= 'task' then
+  return redis.error_reply('send_once: unknown mode ' .. tostring(mode))
+end
+guard(KEYS[15], 'zset')
+local now = tonumber(ARGV[1])
+local sent_at = redis.call('ZSCORE', KEYS[15], ARGV[8])
+if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then return {-1} end
+local out
+if mode == 'schedule' then
+  out = schedule_triples(4, 6)
+elseif mode == 'replace' then
+  out = replace_triples(4, 6)
+else
+  out = enqueue_task(KEYS[16], KEYS[13], KEYS[14], ARGV[10], tonumber(ARGV[11]))
+end
+-- Written last, so that a mode's guard failing leaves everything as it was.
+redis.call('ZADD', KEYS[15], now, ARGV[8])
+redis.call('ZREMRANGEBYSCORE', KEYS[15], '-inf', now - tonumber(ARGV[9]))
+return out

@@ -1,0 +1,65 @@
+"""How many outbox rows wait, and for how long: for the admin, the health probe and the check."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import DatabaseError
+from django.db.models import Count, Max, Min
+from django.utils import timezone
+
+from django_delayqueue.outbox.committing import rows
+
+logger = logging.getLogger("django_delayqueue.outbox")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The unsent rows of one database's outbox."""
+
+    database: str
+    count: int
+    oldest: datetime | None  # when the oldest waiting row was committed
+    last_relayed: datetime | None  # when a relay last tried any of them
+    last_error: str  # the newest row's error, if any
+
+    def age_seconds(self, now: datetime | None = None) -> float:
+        """How long the oldest row has waited (0 when none waits)."""
+        if self.oldest is None:
+            return 0.0
+        return max(0.0, ((now or timezone.now()) - self.oldest).total_seconds())
+
+
+def outbox_backlog(databases: list[str] | None = None) -> list[Backlog]:
+    """The backlog of every database the outbox may live in; one without the table is left out
+    (not migrated: nothing can wait in it)."""
+    from django_delayqueue.outbox.relay import outbox_databases
+
+    found = []
+    for alias in databases or outbox_databases():
+        try:
+            summary = rows(alias).aggregate(
+                count=Count("pk"), oldest=Min("created_at"), last_relayed=Max("relayed_at")
+            )
+            newest_error = (
+                rows(alias)
+                .exclude(last_error="")
+                .order_by("-created_at")
+                .values_list("last_error", flat=True)
+                .first()
+            )
+        except DatabaseError as e:
+            logger.debug("outbox backlog of %r not read: %s", alias, e)
+            continue
+        found.append(
+            Backlog(
+                alias,
+                summary["count"],
+                summary["oldest"],
+                summary["last_relayed"],
+                newest_error or "",
+            )
+        )
+    return found

@@ -1,0 +1,47 @@
+"""A message on its way to Redis: what ``dq.schedule`` and the Tasks backend hand to the outbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.results import Prepared, ScheduleResult
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One prepared message of ``queue``; a task's when ``record`` (its enqueued JSON) is set."""
+
+    queue: Queue
+    prepared: Prepared
+    replace: bool = False
+    record: str | None = None
+    priority: int = 0
+
+    @property
+    def mode(self) -> str:
+        """How send_once.lua stores it: ``"schedule"``, ``"replace"`` or ``"task"``."""
+        if self.record is not None:
+            return "task"
+        return "replace" if self.replace else "schedule"
+
+    def send(self) -> ScheduleResult:
+        """Send it now (no outbox): one script call; DelayQueueError if Redis refuses."""
+        if self.record is not None:
+            key = self.queue.keys.task_result(self.prepared.id)
+            return self.queue.send_with_record(
+                self.prepared, key, self.record, priority=self.priority
+            )
+        return self.queue.send_prepared(self.prepared, replace=self.replace)
+
+    def send_once(self, token: str) -> ScheduleResult | None:
+        """Send it under ``token`` (an outbox row's): None if that token was sent already."""
+        key = None if self.record is None else self.queue.keys.task_result(self.prepared.id)
+        return self.queue.send_once(
+            self.prepared,
+            token,
+            replace=self.replace,
+            record_key=key,
+            record=self.record,
+            priority=self.priority,
+        )

@@ -1,0 +1,188 @@
+"""The relay: sends the outbox rows that the commit path could not, with their due times.
+
+Every ``runqueue`` runs one (:class:`RelayThread`, a pass every ``OUTBOX_RELAY_SECONDS``); any
+number may run at once. A pass claims the oldest free rows: with ``SELECT ... FOR UPDATE SKIP
+LOCKED`` where the database has it (PostgreSQL, MySQL, Oracle), else one conditional ``UPDATE``
+per row, so two relays never hold one row. A claimed row is leased for
+``OUTBOX_LEASE_SECONDS``, sent under its token (``Queue.send_once``: a second send of a row,
+after a relay died between sending and deleting it, stores nothing) and deleted. A message
+already overdue goes straight to ready: delivered at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connections, router, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from django_delayqueue.conf.queues import get_queue
+from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
+from django_delayqueue.core.results import Prepared
+from django_delayqueue.models import OutboxMessage
+from django_delayqueue.outbox.committing import delete_sent, log_result, release, rows
+from django_delayqueue.outbox.outgoing import Outgoing
+
+logger = logging.getLogger("django_delayqueue.outbox")
+
+BATCH = 100  # rows one pass claims from one database
+UNKNOWN_QUEUE_WAIT = 60.0  # seconds before a row of a queue not configured here is tried again
+
+
+@dataclass
+class RelayPass:
+    """What one pass did: rows sent, rows whose token was sent already, rows left to retry."""
+
+    sent: int = 0
+    already_sent: int = 0
+    failed: int = 0
+    full: bool = False  # a database gave a whole batch: there may be more
+
+    @property
+    def handled(self) -> int:
+        return self.sent + self.already_sent
+
+
+def outbox_databases() -> list[str]:
+    """The database aliases the outbox table may live in (as the routers allow)."""
+    return [alias for alias in connections if router.allow_migrate_model(alias, OutboxMessage)]
+
+
+def outgoing_of(row: OutboxMessage) -> Outgoing:
+    """The message a row holds, as the commit path would have sent it."""
+    queue = get_queue(row.queue)
+    prepared = Prepared(row.message_id, row.due_ms, row.envelope)
+    record = row.record if row.mode == OutboxMessage.TASK else None
+    replace = row.mode == OutboxMessage.REPLACE
+    return Outgoing(queue, prepared, replace=replace, record=record, priority=row.priority)
+
+
+class OutboxRelay:
+    """One relay: :meth:`relay_once` sends what it can claim of every database's outbox."""
+
+    def __init__(self, *, batch: int = BATCH, databases: list[str] | None = None) -> None:
+        self.batch = batch
+        self.databases = databases
+        self._table_missing_logged: set[str] = set()
+
+    def relay_once(self) -> RelayPass:
+        """One pass over every database; never raises for a database or Redis that is down."""
+        done = RelayPass()
+        for alias in self.databases or outbox_databases():
+            try:
+                claimed = self.claim(alias)
+            except DatabaseError as e:
+                self._log_database_error(alias, e)
+                continue
+            done.full = done.full or len(claimed) == self.batch
+            self._send(alias, claimed, done)
+        return done
+
+    def relay_rows(self, selected: QuerySet[OutboxMessage]) -> RelayPass:
+        """Send the rows of ``selected`` that no one holds now (the admin's "Send now")."""
+        done = RelayPass()
+        alias = selected.db
+        claimed = self.claim(alias, selected.values_list("pk", flat=True))
+        self._send(alias, claimed, done)
+        return done
+
+    def claim(self, alias: str, among: Any = None) -> list[OutboxMessage]:
+        """Lease up to ``batch`` free rows of ``alias``, oldest first, to this relay."""
+        now = timezone.now()
+        lease = now + timedelta(seconds=float(dq_settings.OUTBOX_LEASE_SECONDS))
+        free = rows(alias).filter(Q(leased_until__isnull=True) | Q(leased_until__lte=now))
+        if among is not None:
+            free = free.filter(pk__in=list(among))
+        if connections[alias].features.has_select_for_update_skip_locked:
+            with transaction.atomic(using=alias):
+                claimed = list(
+                    free.select_for_update(skip_locked=True).order_by("created_at")[: self.batch]
+                )
+                _lease(rows(alias).filter(pk__in=[r.pk for r in claimed]), lease, now)
+            return claimed
+        # No row locks (SQLite): a row is ours if our conditional UPDATE changed it.
+        claimed = []
+        for row in free.order_by("created_at")[: self.batch]:
+            if _lease(free.filter(pk=row.pk), lease, now) == 1:
+                claimed.append(row)
+        return claimed
+
+    def _send(self, alias: str, claimed: list[OutboxMessage], done: RelayPass) -> None:
+        for i, row in enumerate(claimed):
+            try:
+                outgoing = outgoing_of(row)
+                result = outgoing.send_once(str(row.pk))
+            except ConfigurationError as e:  # a queue this process does not know: not ours
+                logger.error("outbox row %s (queue %s) not sent: %s", row.pk, row.queue, e)
+                release(row, alias, e, wait=UNKNOWN_QUEUE_WAIT)
+                done.failed += 1
+                continue
+            except DelayQueueError as e:
+                # Redis is down (or refuses): the rest would fail alike; all go back at once.
+                logger.warning("outbox: %d row(s) wait for Redis: %s", len(claimed) - i, e)
+                for left in claimed[i:]:
+                    release(left, alias, e)
+                done.failed += len(claimed) - i
+                return
+            delete_sent(row, alias)
+            if result is None:
+                done.already_sent += 1
+                logger.info("outbox row %s (%s) was sent already", row.pk, row.message_id)
+            else:
+                done.sent += 1
+                log_result(result, row.queue)
+                logger.info(
+                    "outbox: sent %s on %s (due %d ms, waited since %s)",
+                    row.message_id,
+                    row.queue,
+                    row.due_ms,
+                    row.created_at.isoformat(),
+                )
+
+    def _log_database_error(self, alias: str, error: DatabaseError) -> None:
+        # No table (not migrated) would otherwise log every second for ever.
+        level = logging.DEBUG if alias in self._table_missing_logged else logging.WARNING
+        self._table_missing_logged.add(alias)
+        logger.log(level, "outbox of database %r not read: %s", alias, error)
+
+
+def _lease(rows_to_lease: QuerySet[OutboxMessage], until: object, now: object) -> int:
+    return rows_to_lease.update(leased_until=until, relayed_at=now)
+
+
+class RelayThread:
+    """Runs :class:`OutboxRelay` passes in a daemon thread until :meth:`stop`."""
+
+    def __init__(self, relay: OutboxRelay | None = None, interval: float | None = None) -> None:
+        self.relay = relay or OutboxRelay()
+        self.interval = float(dq_settings.OUTBOX_RELAY_SECONDS if interval is None else interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dq-outbox-relay", daemon=True)
+
+    def start(self) -> RelayThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self.relay.relay_once()
+            except Exception:  # never let the relay die quietly: log and try again
+                logger.exception("outbox relay pass failed")
+                done = RelayPass()
+            finally:
+                close_old_connections()
+            if not done.full:
+                self._stop.wait(self.interval)
+        connections.close_all()  # this thread's own connections
