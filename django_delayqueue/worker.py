@@ -53,7 +53,7 @@ class Worker(Consumer):
         relay = OutboxRelay()
         if self.burst:
             try:
-                relay.relay_once()
+                relay.relay_all()
             except Exception:  # the relay must never keep a burst from delivering
                 logger.exception(
                     "%s: the outbox relay failed; delivering what Redis has", self.name

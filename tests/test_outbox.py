@@ -338,3 +338,47 @@ def test_a_task_enqueued_while_redis_is_down_runs_once_the_relay_sent_it(
             assert enqueued == [result.id]
     finally:
         framework.task_enqueued.disconnect(on_enqueued)
+
+
+# --- review fixes ------------------------------------------------------------------------------
+
+
+def test_a_full_batch_that_finds_redis_down_does_not_ask_for_another_pass_at_once(
+    outbox_on: None,
+) -> None:
+    with redis_down(), transaction.atomic():
+        for n in range(3):
+            dq.schedule("order-close", {"n": n}, delay=60, id=f"f{n}")
+    with redis_down():
+        done = OutboxRelay(batch=3).relay_once()
+    # Before: full=True with every send failed, and the relay thread spun without waiting.
+    assert done.redis_down and not done.full and done.failed == 3
+
+
+def test_a_burst_relays_every_row_not_only_one_batch(
+    redis_client: redis.Redis, outbox_on: None
+) -> None:
+    with redis_down(), transaction.atomic():
+        for n in range(5):
+            dq.schedule("order-close", {"n": n}, delay=60, id=f"b{n}")
+    done = OutboxRelay(batch=2).relay_all()
+    assert done.sent == 5 and OutboxMessage.objects.count() == 0
+    assert len(pending(redis_client)) == 5
+
+
+class NoOutboxHere:
+    """A router that keeps this app's tables out of every database."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        return False if app_label == "django_delayqueue" else None
+
+
+def test_a_database_the_routers_keep_the_outbox_from_sends_on_commit_without_a_row(
+    redis_client: redis.Redis, outbox_on: None
+) -> None:
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.NoOutboxHere"]):
+        with transaction.atomic():
+            message_id = dq.schedule("order-close", {"n": 1}, delay=60)
+            assert OutboxMessage.objects.count() == 0
+        assert OutboxRelay().relay_once().handled == 0  # the relay leaves that database alone
+    assert message_id.encode() in pending(redis_client)

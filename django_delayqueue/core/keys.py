@@ -149,7 +149,8 @@ class QueueKeys:
         """Zset: send token -> when (ms) it was sent, for the transactional outbox.
 
         ``Queue.send_once`` stores a message only if its token is not here (see send_once.lua):
-        an outbox row sent a second time creates nothing. Tokens are forgotten after a week.
+        an outbox row sent a second time creates nothing. Tokens are forgotten after an hour
+        (``SEND_TOKEN_MEMORY_MS``).
         """
         return self._key("sent")
 

@@ -50,9 +50,10 @@ MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batc
 # (and earlier than every pending one); consumers never sleep longer than this without reading
 # the pending head, so later messages are found without an announcement (see schedule.lua).
 ANNOUNCE_WITHIN_MS = 2000
-# How long send_once remembers a token: far longer than an outbox row waits for its relay
-# (seconds, or the length of a Redis outage).
-SEND_TOKEN_MEMORY_MS = 7 * 24 * 3600 * 1000
+# How long send_once remembers a token: the outbox sends a row again only when its sender held
+# it past its lease (30 s) without deleting it, so an hour is ample; every message scheduled in
+# a transaction leaves one (~140 bytes), so a week would cost gigabytes on a busy site.
+SEND_TOKEN_MEMORY_MS = 3600 * 1000
 
 
 class Queue(Inspection, Housekeeping, BulkScheduling):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
@@ -38,18 +39,12 @@ def outbox_backlog(databases: list[str] | None = None) -> list[Backlog]:
     from django_delayqueue.outbox.relay import outbox_databases
 
     found = []
-    for alias in databases or outbox_databases():
+    for alias in outbox_databases() if databases is None else databases:
         try:
-            summary = rows(alias).aggregate(
-                count=Count("pk"), oldest=Min("created_at"), last_relayed=Max("relayed_at")
-            )
-            newest_error = (
-                rows(alias)
-                .exclude(last_error="")
-                .order_by("-created_at")
-                .values_list("last_error", flat=True)
-                .first()
-            )
+            # In a savepoint: a failed read (no table) must not abort a transaction the caller
+            # has open on this database (ATOMIC_REQUESTS, say).
+            with transaction.atomic(using=alias):
+                summary, newest_error = _read(alias)
         except DatabaseError as e:
             logger.debug("outbox backlog of %r not read: %s", alias, e)
             continue
@@ -63,3 +58,18 @@ def outbox_backlog(databases: list[str] | None = None) -> list[Backlog]:
             )
         )
     return found
+
+
+def _read(alias: str) -> tuple[dict[str, Any], str | None]:
+    """The backlog's figures, and the error of the newest row that has one."""
+    summary = rows(alias).aggregate(
+        count=Count("pk"), oldest=Min("created_at"), last_relayed=Max("relayed_at")
+    )
+    newest_error = (
+        rows(alias)
+        .exclude(last_error="")
+        .order_by("-created_at")
+        .values_list("last_error", flat=True)
+        .first()
+    )
+    return summary, newest_error

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router, transaction
 from django.db.models import F
 from django.utils import timezone as django_timezone
 
@@ -53,11 +53,22 @@ def send_on_commit(
         if then is not None:
             then()
         return
-    if dq_settings.OUTBOX:
+    if dq_settings.OUTBOX and holds_outbox(alias):
         row = write_row(outgoing, alias)
         transaction.on_commit(lambda: _send_committed_row(outgoing, row, alias, then), using=alias)
     else:
         transaction.on_commit(lambda: _send_committed(outgoing, then), using=alias)
+
+
+def holds_outbox(alias: str) -> bool:
+    """Whether database ``alias`` has the outbox table: the routers let this app migrate there
+    (never Django's dummy backend of a project without databases)."""
+    from django_delayqueue.models import OutboxMessage
+
+    engine = connections.settings[alias].get("ENGINE", "")
+    if not engine or engine == "django.db.backends.dummy":
+        return False
+    return bool(router.allow_migrate_model(alias, OutboxMessage))
 
 
 def rows(using: str) -> Manager[OutboxMessage]:

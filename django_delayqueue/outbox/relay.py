@@ -17,22 +17,31 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connections, router, transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import dq_settings
-from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, RedisUnavailable
 from django_delayqueue.core.results import Prepared
 from django_delayqueue.models import OutboxMessage
-from django_delayqueue.outbox.committing import delete_sent, log_result, release, rows
+from django_delayqueue.outbox.committing import (
+    delete_sent,
+    holds_outbox,
+    log_result,
+    release,
+    rows,
+)
 from django_delayqueue.outbox.outgoing import Outgoing
 
 logger = logging.getLogger("django_delayqueue.outbox")
 
 BATCH = 100  # rows one pass claims from one database
-UNKNOWN_QUEUE_WAIT = 60.0  # seconds before a row of a queue not configured here is tried again
+# Seconds before a row that failed on its own (a queue not configured here, a script error) is
+# tried again; rows behind it go on meanwhile.
+UNKNOWN_QUEUE_WAIT = 60.0
 
 
 @dataclass
@@ -42,7 +51,8 @@ class RelayPass:
     sent: int = 0
     already_sent: int = 0
     failed: int = 0
-    full: bool = False  # a database gave a whole batch: there may be more
+    full: bool = False  # a database gave a whole batch and all was sent: there may be more
+    redis_down: bool = False  # a send found Redis unreachable: the rest waits for the next pass
 
     @property
     def handled(self) -> int:
@@ -50,8 +60,9 @@ class RelayPass:
 
 
 def outbox_databases() -> list[str]:
-    """The database aliases the outbox table may live in (as the routers allow)."""
-    return [alias for alias in connections if router.allow_migrate_model(alias, OutboxMessage)]
+    """The database aliases the outbox table may live in (as the routers allow); none in a
+    project without databases (Django's dummy backend)."""
+    return [alias for alias in connections if holds_outbox(alias)]
 
 
 def outgoing_of(row: OutboxMessage) -> Outgoing:
@@ -74,22 +85,45 @@ class OutboxRelay:
     def relay_once(self) -> RelayPass:
         """One pass over every database; never raises for a database or Redis that is down."""
         done = RelayPass()
-        for alias in self.databases or outbox_databases():
+        for alias in outbox_databases() if self.databases is None else self.databases:
             try:
                 claimed = self.claim(alias)
-            except DatabaseError as e:
+            except (DatabaseError, ImproperlyConfigured) as e:
                 self._log_database_error(alias, e)
                 continue
-            done.full = done.full or len(claimed) == self.batch
+            failed_before = done.failed
             self._send(alias, claimed, done)
+            # Only a batch sent whole asks for another pass at once: one that failed (Redis
+            # down, say) must wait for the next interval, not spin against the outage.
+            done.full = done.full or (len(claimed) == self.batch and done.failed == failed_before)
+            if done.redis_down:
+                break
         return done
+
+    def relay_all(self) -> RelayPass:
+        """Passes until nothing more is free or Redis is down (``runqueue --burst``)."""
+        total = RelayPass()
+        while True:
+            done = self.relay_once()
+            total.sent += done.sent
+            total.already_sent += done.already_sent
+            total.failed += done.failed
+            if not done.full or done.redis_down:
+                total.redis_down = done.redis_down
+                return total
 
     def relay_rows(self, selected: QuerySet[OutboxMessage]) -> RelayPass:
         """Send the rows of ``selected`` that no one holds now (the admin's "Send now")."""
         done = RelayPass()
         alias = selected.db
-        claimed = self.claim(alias, selected.values_list("pk", flat=True))
-        self._send(alias, claimed, done)
+        wanted = list(selected.values_list("pk", flat=True))
+        for start in range(0, len(wanted), self.batch):
+            claimed = self.claim(alias, wanted[start : start + self.batch])
+            done.failed += len(wanted[start : start + self.batch]) - len(claimed)  # held
+            self._send(alias, claimed, done)
+            if done.redis_down:
+                done.failed += max(0, len(wanted) - start - self.batch)
+                break
         return done
 
     def claim(self, alias: str, among: Any = None) -> list[OutboxMessage]:
@@ -99,7 +133,12 @@ class OutboxRelay:
         free = rows(alias).filter(Q(leased_until__isnull=True) | Q(leased_until__lte=now))
         if among is not None:
             free = free.filter(pk__in=list(among))
-        if connections[alias].features.has_select_for_update_skip_locked:
+        features = connections[alias].features
+        # Oracle has SKIP LOCKED but not with a LIMIT: the conditional UPDATEs there.
+        if (
+            features.has_select_for_update_skip_locked
+            and features.supports_select_for_update_with_limit
+        ):
             with transaction.atomic(using=alias):
                 claimed = list(
                     free.select_for_update(skip_locked=True).order_by("created_at")[: self.batch]
@@ -123,13 +162,19 @@ class OutboxRelay:
                 release(row, alias, e, wait=UNKNOWN_QUEUE_WAIT)
                 done.failed += 1
                 continue
-            except DelayQueueError as e:
-                # Redis is down (or refuses): the rest would fail alike; all go back at once.
+            except RedisUnavailable as e:
+                # The rest would fail alike: all go back at once, for the next pass.
                 logger.warning("outbox: %d row(s) wait for Redis: %s", len(claimed) - i, e)
                 for left in claimed[i:]:
                     release(left, alias, e)
                 done.failed += len(claimed) - i
+                done.redis_down = True
                 return
+            except DelayQueueError as e:  # this row's queue refused it (a broken key, say)
+                logger.error("outbox row %s (queue %s) not sent: %s", row.pk, row.queue, e)
+                release(row, alias, e, wait=UNKNOWN_QUEUE_WAIT)
+                done.failed += 1
+                continue
             delete_sent(row, alias)
             if result is None:
                 done.already_sent += 1
@@ -145,7 +190,7 @@ class OutboxRelay:
                     row.created_at.isoformat(),
                 )
 
-    def _log_database_error(self, alias: str, error: DatabaseError) -> None:
+    def _log_database_error(self, alias: str, error: Exception) -> None:
         # No table (not migrated) would otherwise log every second for ever.
         level = logging.DEBUG if alias in self._table_missing_logged else logging.WARNING
         self._table_missing_logged.add(alias)

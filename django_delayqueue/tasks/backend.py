@@ -145,7 +145,7 @@ class DelayQueueBackend(framework.BaseTaskBackend):
 
     def _find_in_outbox(self, result_id: str) -> TaskRecord | None:
         """A task committed while Redis was down waits in the outbox: READY, as it will be."""
-        from django.db import DatabaseError
+        from django.db import DatabaseError, transaction
 
         from django_delayqueue.models import OutboxMessage
         from django_delayqueue.outbox.relay import outbox_databases
@@ -153,11 +153,13 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         names = set(self._queue_names())
         for alias in outbox_databases():
             try:
-                row = (
-                    OutboxMessage.objects.using(alias)
-                    .filter(message_id=result_id, mode=OutboxMessage.TASK, queue__in=names)
-                    .first()
-                )
+                # A savepoint: a failed read must not abort the caller's open transaction.
+                with transaction.atomic(using=alias):
+                    row = (
+                        OutboxMessage.objects.using(alias)
+                        .filter(message_id=result_id, mode=OutboxMessage.TASK, queue__in=names)
+                        .first()
+                    )
             except DatabaseError:  # no table there (not migrated): nothing waits in it
                 continue
             if row is not None:
