@@ -143,6 +143,66 @@ def test_purge_all_drains_in_bounded_calls(redis_client: redis.Redis, make_queue
     assert q.purge() == 0
 
 
+# --- the result records of tasks (a hash beside the message, QueueKeys.task_result) ---------
+
+
+def dead_tasks(q: Any, redis_client: redis.Redis, *ids: str) -> None:
+    """Dead letters whose result records say FAILED with the expiry a finished task has."""
+    for message_id in ids:
+        prepared = q.prepare({"task": message_id}, id=message_id)
+        q.send_with_record(prepared, q.keys.task_result(message_id), "{}")
+    for m in q.claim(len(ids)):
+        q.bury(m, "used its last attempt")
+        redis_client.hset(q.keys.task_result(m.id), "status", "FAILED")
+        redis_client.expire(q.keys.task_result(m.id), 3600)  # a backend's RESULT_TTL
+
+
+@pytest.mark.parametrize("by_id", [True, False], ids=["by id", "all"])
+def test_a_requeued_task_record_loses_its_expiry(
+    redis_client: redis.Redis, make_queue: Any, by_id: bool
+) -> None:
+    """It may wait and run for longer than its FAILED end's expiry: its record must be there
+    when it ends (and requeueing a plain message creates no record)."""
+    q = make_queue()
+    dead_tasks(q, redis_client, "t1", "t2")
+    q.schedule({"plain": 1}, id="plain")
+    q.bury(q.claim(1)[0], "no handler")
+    assert (q.requeue("t1", "t2", "plain") if by_id else q.requeue(limit=2)) == 3
+    for message_id in ("t1", "t2"):
+        assert redis_client.ttl(q.keys.task_result(message_id)) == -1
+    assert not redis_client.exists(q.keys.task_result("plain"))
+
+
+def test_a_purged_task_record_keeps_the_expiry_it_has(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A FAILED end gave it the backend's RESULT_TTL (here shorter than the 7-day default);
+    one buried with no such write (a reap, a claim) gets the default."""
+    from django_delayqueue.core.housekeeping import ENDED_RECORD_TTL_SECONDS
+
+    q = make_queue()
+    dead_tasks(q, redis_client, "ended", "reaped")
+    redis_client.persist(q.keys.task_result("reaped"))
+    assert q.purge("ended", "reaped") == 2
+    assert 0 < redis_client.ttl(q.keys.task_result("ended")) <= 3600
+    assert 3600 < redis_client.ttl(q.keys.task_result("reaped")) <= ENDED_RECORD_TTL_SECONDS
+
+
+def test_a_cancelled_task_record_keeps_the_expiry_it_has(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    from django_delayqueue.core.housekeeping import ENDED_RECORD_TTL_SECONDS
+
+    q = make_queue()
+    for message_id in ("kept", "waiting"):
+        prepared = q.prepare({"task": message_id}, delay=60, id=message_id)
+        q.send_with_record(prepared, q.keys.task_result(message_id), "{}")
+    redis_client.expire(q.keys.task_result("kept"), 3600)
+    assert q.cancel("kept", "waiting") == 2
+    assert 0 < redis_client.ttl(q.keys.task_result("kept")) <= 3600
+    assert 3600 < redis_client.ttl(q.keys.task_result("waiting")) <= ENDED_RECORD_TTL_SECONDS
+
+
 # --- counts, snapshot, snapshots ------------------------------------------------------------------
 
 

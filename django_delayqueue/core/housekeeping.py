@@ -6,7 +6,7 @@ A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.client import RedisClient
@@ -17,8 +17,9 @@ from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_er
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
 
-# How long the result record of a task cancelled or purged here is kept (the Tasks backend's
-# default RESULT_TTL): long enough for its caller to read FAILED, and not for ever.
+# How long the result record of a task cancelled or purged here is kept when it has no expiry
+# yet (the Tasks backend's default RESULT_TTL): long enough for its caller to read FAILED, and
+# not for ever. A record that has one (its task ended) keeps it: the backend's RESULT_TTL.
 ENDED_RECORD_TTL_SECONDS = 7 * 24 * 3600
 
 
@@ -58,37 +59,43 @@ class Housekeeping:
         ).run(self.client)
 
     def requeue(self, *ids: str, limit: int = 1000) -> int:
-        """Dead letters back to ready with fresh attempts (all of them when no ids are given)."""
-        k = self.keys
-        script = LuaScript.named("requeue")
-        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
-        keys += (k.ranked, k.priorities)
+        """Dead letters back to ready with fresh attempts (all of them when no ids are given).
+
+        A requeued task's result record loses its expiry: it is unfinished again.
+        """
         if ids:
-            args = [self.clock.now_ms(), limit, k.wake_channel, *ids]
-            return int(ScriptCall(script, keys, args).run(self.client)[0])
-        return sum(
-            _drain(
-                lambda: ScriptCall(script, keys, [self.clock.now_ms(), limit, k.wake_channel]).run(
-                    self.client
-                )
-            )
-        )
+            return int(self._requeue_call(ids).run(self.client)[0])
+        return sum(_drain(lambda: self._each_oldest("requeue", limit, self._requeue_call)))
+
+    def _requeue_call(self, ids: Sequence[str]) -> ScriptCall:
+        k = self.keys
+        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
+        keys += (k.ranked, k.priorities, *(k.task_result(i) for i in ids))
+        args = [self.clock.now_ms(), k.wake_channel, *ids]
+        return ScriptCall(LuaScript.named("requeue"), keys, args)
 
     def purge(self, *ids: str, limit: int = 1000) -> int:
         """Purge dead letters: deleted for good (all of them when no ids are given).
 
-        A purged task's result record is kept ``ENDED_RECORD_TTL_SECONDS`` more.
+        A purged task's result record keeps the expiry it has (its FAILED end's), or is kept
+        ``ENDED_RECORD_TTL_SECONDS`` more when it has none (a task buried by a reap or a claim).
         """
         if ids:
             return int(self._purge_call(ids).run(self.client)[0])
+        return sum(_drain(lambda: self._each_oldest("purge", limit, self._purge_call)))
 
-        def oldest() -> list[int]:
-            with redis_errors("purge"):
-                found = self.client.zrange(self.keys.garbage, 0, limit - 1)
-            chosen = [to_str(i) for i in found if isinstance(i, (bytes, str))]
-            return self._purge_call(chosen).run(self.client) if chosen else [0, 0]
+    def _each_oldest(
+        self, action: str, limit: int, call: Callable[[Sequence[str]], ScriptCall]
+    ) -> list[int]:
+        """``call`` run on the oldest ``limit`` dead letters: one bounded step of a drain.
 
-        return sum(_drain(oldest))
+        Listed first, because the script takes each id's result record through KEYS; an id
+        that leaves the dead letters meanwhile is skipped by the script.
+        """
+        with redis_errors(action):
+            found = self.client.zrange(self.keys.garbage, 0, limit - 1)
+        chosen = [to_str(i) for i in found if isinstance(i, (bytes, str))]
+        return call(chosen).run(self.client) if chosen else [0, 0]
 
     def _purge_call(self, ids: Sequence[str]) -> ScriptCall:
         k = self.keys

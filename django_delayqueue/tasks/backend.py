@@ -35,7 +35,15 @@ from django_delayqueue.core.scripts.calls import redis_errors
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
-from django_delayqueue.tasks.payload import FAILED, READY, RUNNING, TaskRecord, task_payload
+from django_delayqueue.tasks.payload import (
+    FAILED,
+    ORDER,
+    READY,
+    RUNNING,
+    TaskRecord,
+    task_payload,
+    write_order,
+)
 from django_delayqueue.tasks.results import to_task_result
 
 logger = logging.getLogger(__name__)
@@ -215,9 +223,11 @@ def _json_arguments(
 def _reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
     """Correct what the record cannot know from where its message is now.
 
-    A dead task requeued (the admin's Requeue) is waiting again: READY. An unfinished task whose
-    message is a dead letter (buried by a reap or a claim) or gone (cancelled, purged) will
-    never run: FAILED. A message in flight is left to its worker (the record follows it).
+    A dead task requeued (the admin's Requeue) is waiting again: READY, and so is a RUNNING one
+    whose message waits again without its worker having written (reaped, or given back at a
+    shutdown). An unfinished task whose message is a dead letter (buried by a reap or a claim)
+    or gone (cancelled, purged) will never run: FAILED. A message in flight is RUNNING until
+    the delivery running it writes its end (a requeued task's FAILED is its last run's).
     """
     if record.status not in (FAILED, READY, RUNNING):
         return
@@ -227,15 +237,19 @@ def _reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
         pipe.hexists(k.messages, message_id)
         pipe.zscore(k.garbage, message_id)
         pipe.zscore(k.unack, message_id)
-        stored, dead_since, in_flight = pipe.execute()
+        pipe.hget(k.tokens, message_id)
+        pipe.hget(k.task_result(message_id), ORDER)
+        stored, dead_since, in_flight, token, order = pipe.execute()
     if in_flight is not None:
-        if record.status == READY:  # claimed: its RUNNING write comes with its worker's round
-            record.status = RUNNING
+        # Claimed: its RUNNING write comes with its worker's round. Its end, once written (a
+        # FAILED read inside task_finished, before the message is buried), is the record's.
+        ended = int(order or -1) >= write_order(token, FAILED)  # by this delivery
+        if not ended:
+            record.status, record.finished_at = RUNNING, None
         return
-    if record.status == FAILED:
-        if stored and dead_since is None:
-            record.status, record.finished_at = READY, None
-    elif not stored or dead_since is not None:
+    if stored and dead_since is None:
+        record.status, record.finished_at = READY, None
+    else:
         record.status = FAILED
 
 

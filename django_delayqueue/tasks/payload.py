@@ -14,7 +14,9 @@ writes what changed without reading the record first:
 - ``status``, and ``started_at``, ``last_attempted_at``, ``finished_at`` (epoch milliseconds,
   the queue's clock);
 - ``worker:<token>`` and ``error:<token>`` per delivery (its token: numbers that only grow, so
-  they order the attempts), and ``return_value`` (JSON).
+  they order the attempts), and ``return_value`` (JSON);
+- ``order``: the order (``write_order``) of the latest status written, so that a write that
+  lands late leaves the status (and finished_at, return_value, the expiry) of a later one.
 
 A finished record gets the backend's ``RESULT_TTL``; before that it has none: a task due in a
 month keeps its record until it ran.
@@ -45,7 +47,8 @@ def task_payload(
     whose time is the message's due time)."""
     payload: dict[str, Any] = {TASK_KEY: path, "args": args, "kwargs": kwargs, "backend": backend}
     if priority:
-        payload["priority"] = priority
+        # The framework lets a whole float through (priority=5.0): the worker reads an int.
+        payload["priority"] = int(priority)
     if deferred:
         payload["run_after"] = True
     return payload
@@ -71,6 +74,20 @@ FINISHED_AT = "finished_at"
 RETURN_VALUE = "return_value"
 WORKER_PREFIX = "worker:"
 ERROR_PREFIX = "error:"
+ORDER = "order"  # written by write_record.lua itself
+
+
+def write_order(token: bytes | str | None, status: str) -> int:
+    """The order of a delivery's write of ``status``: by delivery token (they only grow), and
+    within one delivery its RUNNING before its end (READY, FAILED or SUCCESSFUL)."""
+    return 2 * _token_number(token) + (status != RUNNING)
+
+
+def _token_number(token: bytes | str | None) -> int:
+    try:
+        return int(token or 0)
+    except ValueError:  # tokens are counters: never here
+        return 0
 
 
 @dataclass
@@ -121,11 +138,10 @@ class TaskRecord:
         cls, payload: dict[str, Any], queue: str, due_ms: int, enqueued_ms: int
     ) -> TaskRecord:
         """The record as enqueue wrote it, from the task's message (see ``task_payload``)."""
-        priority = payload.get("priority", 0)
         return cls(
             task=payload[TASK_KEY],
             queue=queue,
-            priority=priority if isinstance(priority, int) else 0,
+            priority=_priority(payload.get("priority", 0)),
             backend=str(payload.get("backend") or "default"),
             args=list(payload.get("args") or []),
             kwargs=dict(payload.get("kwargs") or {}),
@@ -141,6 +157,12 @@ class TaskRecord:
 _ENQUEUED_FIELDS = (
     "task", "queue", "priority", "backend", "args", "kwargs", "run_after", "enqueued_at",
 )  # fmt: skip
+
+
+def _priority(value: Any) -> int:
+    """A payload's priority: a whole number (5.0 is 5, as an older enqueue wrote it), else 0."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return int(value) if whole else 0
 
 
 def _text(value: bytes | str) -> str:

@@ -63,6 +63,7 @@ from django_delayqueue.tasks.payload import (
     SUCCESSFUL,
     WORKER_PREFIX,
     TaskRecord,
+    write_order,
 )
 from django_delayqueue.tasks.results import load_task, task_as_enqueued, to_task_result
 
@@ -122,8 +123,12 @@ class TaskRunner:
         try:
             returned = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as e:
-            # It ran: running it again would repeat its effects for the same bad value.
-            self._failed(attempt, record, e, backend, task)
+            # It ran: running it again would repeat its effects for the same bad value. So the
+            # Reject stands even when the record cannot be written (a retry would run it again).
+            try:
+                self._failed(attempt, record, e, backend, task)
+            except Exception:
+                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
             raise Reject(f"task returned a value that is not JSON: {e}") from e
         record.status, record.finished_at = SUCCESSFUL, queue.clock.now_ms()
         record.return_value = json.loads(returned)  # what a reader gets: lists, not tuples
@@ -205,27 +210,25 @@ class _Attempt:
         """The write of this attempt's fields with ``status``: whole in itself (what enqueue
         wrote, where it is gone, and the start), whichever of the attempt's writes lands."""
         absent = [STARTED_AT, self.started_at, ENQUEUED, self.enqueued]
-        # In order of delivery tokens (they only grow), the RUNNING of an attempt before its
-        # end: whichever lands last, the status is the latest one's.
-        order = 2 * _token_number(self.message.token) + (status != RUNNING)
-        in_order = [STATUS, status, LAST_ATTEMPTED_AT, self.started_at]
+        # Whichever lands last, the status is the latest one's (see write_order).
+        order = write_order(self.message.token, status)
+        # The end of an attempt (finished_at, return_value) goes with its status: a late end of
+        # an older attempt must not mark the latest one finished. Not given, they are deleted:
+        # a requeued task running again has no end yet (nor the expiry of its last one).
+        in_order: list[Any] = [STATUS, status, LAST_ATTEMPTED_AT, self.started_at]
+        deleted: list[str] = []
+        for name, value in ((FINISHED_AT, finished_at), (RETURN_VALUE, returned)):
+            if value is None:
+                deleted.append(name)
+            else:
+                in_order += (name, value)
+        # Per delivery (its token in the name): set whatever the order, they never clash.
         fields: list[Any] = [f"{WORKER_PREFIX}{self.message.token}", self.worker_id]
-        if finished_at is not None:
-            fields += (FINISHED_AT, finished_at)
         if error is not None:
             fields += (f"{ERROR_PREFIX}{self.message.token}", json.dumps(_error(error)))
-        if returned is not None:
-            fields += (RETURN_VALUE, returned)
-        counts = [len(absent) // 2, len(in_order) // 2]
-        arguments = [ttl, order, *counts, *absent, *in_order, *fields]
+        counts = [len(absent) // 2, len(in_order) // 2, len(deleted)]
+        arguments = [ttl, order, *counts, *absent, *in_order, *deleted, *fields]
         return ScriptCall(LuaScript.named("write_record"), [self.key], arguments)
-
-
-def _token_number(token: str) -> int:
-    try:
-        return int(token)
-    except ValueError:  # tokens are counters: never here
-        return 0
 
 
 def _ttl(backend: Any) -> int:

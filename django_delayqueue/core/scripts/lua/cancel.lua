@@ -8,7 +8,8 @@
 -- KEYS[12] ready_since hash   KEYS[13] successors hash   KEYS[14] ranked zset
 -- KEYS[15] priorities hash   KEYS[16..] the result record of each id (a task's; any type)
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
--- ARGV[3] seconds a cancelled task's result record is kept   ARGV[4..] ids
+-- ARGV[3] seconds a cancelled task's result record is kept (when it has no expiry yet)
+-- ARGV[4..] ids
 -- returns: number of messages cancelled (an id with a successor may count two)
 -- O(log n) per id whatever the queue holds: the state is told by a few lookups (pending and
 -- retry are left with ZREM; unack and garbage are left alone; an envelope with none of these
@@ -21,6 +22,7 @@
 --- @include "includes/envelope.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
+--- @include "includes/ended_record.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
@@ -62,8 +64,8 @@ for i = 4, #ARGV do
     redis.call('HDEL', KEYS[12], id)
     redis.call('HDEL', KEYS[15], id)
     -- A task's result says FAILED from now on (get_result sees its message gone), for as long
-    -- as a finished task's is kept; no expiry would keep it for ever.
-    redis.call('EXPIRE', KEYS[12 + i], ARGV[3])
+    -- as a finished task's is kept; no expiry would keep it for ever. One it has stays.
+    keep_ended_record(KEYS[12 + i], ARGV[3])
   end
 end
 if #rows > 0 and maxlen > 0 then

@@ -1,26 +1,30 @@
 -- requeue: dead letters (garbage) -> ready, with a fresh set of attempts.
 -- KEYS[1] garbage zset   KEYS[2] ready list   KEYS[3] attempts hash   KEYS[4] tokens hash
 -- KEYS[5] reasons hash   KEYS[6] ready_since hash   KEYS[7] ranked zset
--- KEYS[8] priorities hash
--- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] wake channel
--- ARGV[4..] ids (none: the oldest `limit` dead letters)
+-- KEYS[8] priorities hash   KEYS[9..] the result record of each id (a task's; any type)
+-- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] ids
 -- returns: {requeued, dead letters left}
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
+-- A requeued task's record loses the expiry its FAILED end gave it: it may wait and run for
+-- longer than that, and its record must be there when it ends (its next end sets a new one).
+-- The ids are always given (the caller lists the oldest dead letters to requeue them all), so
+-- that each one's record arrives through KEYS.
 --- @include "includes/guard.lua"
---- @include "includes/dead_letters.lua"
 --- @include "includes/ready_list.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'zset', KEYS[8], 'hash'
 )
 local n = 0
-for _, id in ipairs(dead_letter_ids(KEYS[1], 4, tonumber(ARGV[2]))) do
+for i = 3, #ARGV do
+  local id = ARGV[i]
   if redis.call('ZREM', KEYS[1], id) == 1 then
     back_to_ready(KEYS[2], KEYS[7], KEYS[8], KEYS[4], KEYS[6], id, ARGV[1])
     redis.call('HDEL', KEYS[3], id)  -- a fresh set of attempts
     redis.call('HDEL', KEYS[5], id)  -- and no reason: it is not dead any more
+    redis.call('PERSIST', KEYS[6 + i])
     n = n + 1
   end
 end
-if n > 0 then redis.call('PUBLISH', ARGV[3], '0') end
+if n > 0 then redis.call('PUBLISH', ARGV[2], '0') end
 return {n, redis.call('ZCARD', KEYS[1])}
