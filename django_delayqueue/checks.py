@@ -31,7 +31,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from django_delayqueue.api import topics
-from django_delayqueue.conf.connection import make_client
+from django_delayqueue.conf.connection import make_client, replica_ack, sentinel_config
 from django_delayqueue.conf.settings import (
     DEFAULTS,
     QUEUE_KEYS,
@@ -164,6 +164,11 @@ def _connection_errors() -> list[Any]:
         validate_name(dq_settings.PREFIX, "key prefix")
     except ConfigurationError as e:
         out.append(Error(f"DELAYQUEUE['PREFIX']: {e}.", id="delayqueue.E004"))
+    for read in (sentinel_config, replica_ack):
+        try:
+            read()
+        except ConfigurationError as e:
+            out.append(Error(f"DELAYQUEUE: {e}.", hint=_DOC, id="delayqueue.E004"))
     return out
 
 

@@ -36,6 +36,10 @@ DELAYQUEUE = {
     **DELAYQUEUE,
     "REDIS_URL": os.environ["REDIS_URL"],
     "OUTBOX_RELAY_SECONDS": float(os.environ.get("DRILL_RELAY_SECONDS", "1")),
+    # The Sentinel drill (tests/test_faults_sentinel.py): the sentinels, and replica acks.
+    "SENTINEL": json.loads(os.environ.get("DRILL_SENTINEL", "null")),
+    "MIN_REPLICAS": int(os.environ.get("DRILL_MIN_REPLICAS", "0")),
+    "MIN_REPLICAS_TIMEOUT_SECONDS": 0.5,
     "QUEUES": {
         **DELAYQUEUE["QUEUES"],
         "drill": {

@@ -129,7 +129,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
-    "ready_since", "successors", "exported", "priorities", "ranked", "sent",
+    "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
 ]  # fmt: skip
 
 

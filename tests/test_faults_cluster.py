@@ -107,3 +107,20 @@ def test_queues_work_on_a_three_master_cluster(
     assert [s.counts["pending"] for s in stats] == [0, 0, 0]
     assert sum((s.outcomes or {}).get("ack", 0) for s in stats) == len(expected)
     assert all(s.consumers_alive for s in stats)  # heartbeats reached every node
+
+
+def test_replica_acknowledgement_asks_each_queue_s_own_primary(
+    cluster: list[RedisServerProcess],
+) -> None:
+    from django_delayqueue.core.errors import NotReplicated
+    from django_delayqueue.core.replication import ReplicaAck
+
+    client = RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    for name in _spread_queues(client, prefix="acked"):
+        q = Queue(client, name, prefix="acked", replicas=ReplicaAck(1, timeout_ms=50))
+        # These masters have no replica: WAIT on the queue's node answers 0 (a keyless WAIT
+        # through the cluster client would go to any node, or fail).
+        with pytest.raises(NotReplicated, match="0 of 1"):
+            q.schedule({"n": 1}, id="m")
+        assert client.get(q.keys.replicated) == b"1"
+        assert q.counts()["ready"] == 1  # written all the same; only not confirmed

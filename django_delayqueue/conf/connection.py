@@ -11,6 +11,7 @@ from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, dq_settings
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock, RedisClock, SystemClock
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.replication import ReplicaAck
 
 # A Redis that is down must make callers fail fast rather than hang a request or the loop;
 # Lua scripts are bounded, so 30 s without a reply means something is wrong.
@@ -26,8 +27,54 @@ _client: RedisClient | None = None
 _clock: Clock | None = None
 
 
+SENTINEL_KEYS = frozenset(
+    {"hosts", "service_name", "db", "password", "username", "sentinel_kwargs"}
+)
+
+
+def sentinel_config() -> dict[str, Any] | None:
+    """``DELAYQUEUE['SENTINEL']`` checked and normalised (None when not set)."""
+    config = dq_settings.SENTINEL
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise ConfigurationError(f"SENTINEL must be a dict, not {config!r}")
+    unknown = sorted(set(config) - SENTINEL_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"SENTINEL: unknown key(s) {', '.join(map(repr, unknown))}; known: "
+            f"{', '.join(sorted(SENTINEL_KEYS))}"
+        )
+    hosts = config.get("hosts")
+    try:
+        pairs = [(str(host), int(port)) for host, port in hosts]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        pairs = []
+    if not pairs:
+        raise ConfigurationError(f"SENTINEL['hosts'] must list [host, port] pairs, not {hosts!r}")
+    if dq_settings.CACHE_ALIAS:
+        raise ConfigurationError("SENTINEL and CACHE_ALIAS cannot be used together")
+    return {**config, "hosts": pairs, "service_name": str(config.get("service_name", "mymaster"))}
+
+
+def replica_ack() -> ReplicaAck | None:
+    """What ``MIN_REPLICAS`` asks of each schedule (None: 0, nothing)."""
+    count = dq_settings.MIN_REPLICAS
+    if count in (0, None):
+        return None
+    timeout = dq_settings.MIN_REPLICAS_TIMEOUT_SECONDS
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigurationError(
+            f"MIN_REPLICAS_TIMEOUT_SECONDS must be a positive number, not {timeout!r}"
+        )
+    return ReplicaAck(count, max(1, round(timeout * 1000)))
+
+
 def make_client(**overrides: Any) -> Any:
     """A new client built from the settings (``overrides`` go to ``from_url``)."""
+    sentinel = sentinel_config()
+    if sentinel is not None:
+        return _sentinel_client(sentinel, overrides)
     alias = dq_settings.CACHE_ALIAS
     if alias:
         try:
@@ -87,3 +134,24 @@ def reset() -> None:
         # Not closed: a running worker may still hold the old client; its pool is collected.
         _client = None
         _clock = None
+
+
+def _sentinel_client(config: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """The primary of ``service_name`` as the sentinels name it, followed across failovers:
+    redis-py's SentinelConnectionPool asks the sentinels again whenever a connection to the
+    primary fails or finds it read-only (demoted)."""
+    from redis.sentinel import Sentinel
+
+    options = {**DEFAULT_OPTIONS, **(dq_settings.REDIS_OPTIONS or {}), **overrides}
+    options["decode_responses"] = False
+    # The sentinels themselves: short timeouts, their own password if any.
+    sentinel_kwargs = {
+        "socket_connect_timeout": options["socket_connect_timeout"],
+        "socket_timeout": options["socket_connect_timeout"],
+        **(config.get("sentinel_kwargs") or {}),
+    }
+    for key in ("password", "username"):
+        if config.get(key) is not None:
+            options[key] = config[key]
+    sentinels = Sentinel(config["hosts"], sentinel_kwargs=sentinel_kwargs, **options)
+    return sentinels.master_for(config["service_name"], db=int(config.get("db", 0)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from django_delayqueue.conf.connection import get_client, get_clock
+from django_delayqueue.conf.connection import get_client, get_clock, replica_ack
 from django_delayqueue.conf.overrides import effective_settings
 from django_delayqueue.conf.settings import (
     dq_settings,
@@ -47,6 +47,7 @@ def build_queue(name: str, settings: QueueSettings | None = None) -> Queue:
         settings=file_queue_settings(name) if settings is None else settings,
         clock=get_clock(),
         journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
+        replicas=replica_ack(),
     )
 
 

@@ -30,6 +30,13 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_URL": None,  # None (and no CACHE_ALIAS): redis://127.0.0.1:6379/0
     "CACHE_ALIAS": None,  # a django-redis cache alias to borrow the connection of
     "REDIS_OPTIONS": {},  # extra keyword arguments for redis.Redis.from_url
+    # Redis Sentinel instead of REDIS_URL: {"hosts": [["h", 26379], ...], "service_name":
+    # "mymaster", "db": 0, "password": ..., "username": ..., "sentinel_kwargs": {...}}.
+    "SENTINEL": None,
+    # Replicas that must confirm a schedule (and the consumers' acks) before it returns; a
+    # timeout raises NotReplicated (core.replication).
+    "MIN_REPLICAS": 0,
+    "MIN_REPLICAS_TIMEOUT_SECONDS": 1.0,
     "PREFIX": "dq",
     "QUEUES": {},
     "DEFAULTS": {},

@@ -37,6 +37,8 @@ class BulkScheduling:
             now_ms: int | None = None,
         ) -> Prepared: ...
 
+        def confirm_replicas(self, what: str) -> None: ...
+
     def schedule_many(
         self,
         items: Iterable[Mapping[str, Any]],
@@ -72,6 +74,7 @@ class BulkScheduling:
                 total.merge(self._send_prepared(pending, now, chunk_size, flags))
                 pending, flags = [], []
         total.merge(self._send_prepared(pending, now, chunk_size, flags))
+        self.confirm_replicas(f"{total.scheduled + total.replaced} scheduled message(s)")
         return total
 
     def schedule_prepared(
@@ -83,7 +86,9 @@ class BulkScheduling:
     ) -> BulkResult:
         """Schedule messages already validated by :meth:`prepare` (used by the Spark job)."""
         flags = [replace] * len(prepared)
-        return self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags)
+        result = self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags)
+        self.confirm_replicas(f"{result.scheduled + result.replaced} scheduled message(s)")
+        return result
 
     def _send_prepared(
         self,

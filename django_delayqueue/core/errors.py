@@ -28,6 +28,15 @@ class RedisUnavailable(DelayQueueError):
     """Redis could not be reached or timed out; the operation may be retried."""
 
 
+class NotReplicated(RedisUnavailable):
+    """A write reached the primary, but fewer replicas than required confirmed it in time.
+
+    With ``MIN_REPLICAS`` a schedule raises this rather than return: the message is on the
+    primary but would be lost if it failed over now. Scheduling the same id again is safe (it
+    creates nothing if the message is there) and waits for the replicas again.
+    """
+
+
 class ScriptFailed(DelayQueueError):
     """A Lua script raised an error (for example a key holds the wrong type)."""
 

@@ -155,6 +155,12 @@ class QueueKeys:
         return self._key("sent")
 
     @property
+    def replicated(self) -> str:
+        """Counter written before each ``WAIT`` of ``MIN_REPLICAS`` (core.replication): a
+        replica that has it has every write of the queue that returned before it."""
+        return self._key("replicated")
+
+    @property
     def seq(self) -> str:  # counter handing out delivery tokens
         return self._key("seq")
 
@@ -214,4 +220,5 @@ class QueueKeys:
             self.priorities,
             self.ranked,
             self.sent,
+            self.replicated,
         ]

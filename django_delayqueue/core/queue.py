@@ -33,6 +33,7 @@ from django_delayqueue.core.errors import (
 from django_delayqueue.core.housekeeping import Housekeeping
 from django_delayqueue.core.inspection import Inspection
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.replication import ReplicaAck
 from django_delayqueue.core.results import (
     Prepared,
     PromoteResult,
@@ -68,8 +69,11 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         settings: QueueSettings | None = None,
         clock: Clock | None = None,
         journal_maxlen: int = 100_000,
+        replicas: ReplicaAck | None = None,
     ) -> None:
         self.client = client
+        # MIN_REPLICAS: schedules (and the consumer's acks) wait for this many replicas.
+        self.replicas = replicas
         self.name = name
         self.keys = QueueKeys(prefix, name)
         self.settings = settings or QueueSettings()
@@ -102,6 +106,12 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} {self.keys.tag}>"
+
+    def confirm_replicas(self, what: str) -> None:
+        """With ``replicas``: return once they have every write of this queue so far, else
+        raise :class:`~.errors.NotReplicated`. Without: return at once."""
+        if self.replicas is not None:
+            self.replicas.confirm(self.client, self.keys.replicated, f"queue {self.name}: {what}")
 
     # --- scheduling -------------------------------------------------------------------------
 
@@ -171,6 +181,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         now = self.clock.now_ms() if now_ms is None else now_ms
         script = self._replace_one if replace else self._schedule_one
         reply = script(now, *self.announce_args, message_id, due, envelope)
+        self.confirm_replicas(f"message {message_id}")
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
@@ -199,6 +210,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         keys += (k.ranked, k.priorities)
         arguments = [now, *self.announce_args, message_id, due, envelope, record, priority]
         reply = ScriptCall(LuaScript.named("enqueue_task"), keys, arguments).run(self.client)
+        self.confirm_replicas(f"task {message_id}")
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
@@ -241,6 +253,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         arguments = [now, *self.announce_args, message_id, due, envelope, mode, token]
         arguments += (SEND_TOKEN_MEMORY_MS, record or "", priority)
         reply = ScriptCall(LuaScript.named("send_once"), keys, arguments).run(self.client)
+        self.confirm_replicas(f"message {message_id}")
         if int(reply[0]) < 0:
             return None
         state = to_str(reply[2]) if len(reply) > 1 else None

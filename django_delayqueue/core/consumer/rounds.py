@@ -105,6 +105,7 @@ class Rounds:
                     self._ready_seen[q.name] = 0
                 continue
             self._unrecorded.settle(flush, results[: len(flush)])
+            _confirm_acks(flush)
             claimed = self._read_queue_results(plan, results, now)
             self._claimed_total += len(claimed)
             messages.extend(claimed)
@@ -135,6 +136,8 @@ class Rounds:
                 self._unrecorded.settle(flush, batch.run(client, raise_errors=False))
             except DelayQueueError as e:
                 failure = e
+            else:
+                _confirm_acks(flush)
         if failure is not None:
             raise failure
 
@@ -237,3 +240,17 @@ class Rounds:
                 self._heartbeats_pruned_at[id(client)] = now
         except Exception as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
+
+
+def _confirm_acks(flush: Sequence[Any]) -> None:
+    """With ``MIN_REPLICAS``, wait for the replicas to have the acks just sent, so that a
+    failover does not bring acknowledged messages back. One WAIT covers every queue of the
+    server; a timeout is logged, not raised: the deliveries are done, and at worst a failover
+    delivers them again (at least once)."""
+    queues = [q for q, kind, _ in flush if kind == "ack" and q.replicas is not None]
+    if not queues:
+        return
+    try:
+        queues[0].confirm_replicas("acknowledgements")
+    except DelayQueueError as e:
+        logger.warning("%s; a failover now may deliver them again", e)

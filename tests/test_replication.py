@@ -1,0 +1,110 @@
+"""``MIN_REPLICAS``: a schedule returns only once the replicas have it (core.replication), and
+``DELAYQUEUE['SENTINEL']`` settings. A primary and a replica of our own; the replica is paused
+with SIGSTOP (and resumed) to make it miss its acknowledgement, deterministically."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+
+from django_delayqueue.conf.connection import make_client, replica_ack
+from django_delayqueue.core import Queue
+from django_delayqueue.core.errors import ConfigurationError, NotReplicated
+from django_delayqueue.core.replication import ReplicaAck
+from django_delayqueue.embedded import RedisServerProcess
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[RedisServerProcess, RedisServerProcess]]:
+    primary = RedisServerProcess().start()
+    replica = RedisServerProcess(args=("--replicaof", "127.0.0.1", str(primary.port))).start()
+    client = redis.Redis.from_url(primary.url)
+    try:
+        client.set("sync", 1)
+        assert client.execute_command("WAIT", 1, 10_000) == 1  # the replica is online
+        yield primary, replica
+    finally:
+        client.close()
+        replica.stop()
+        primary.stop()
+
+
+def queue_on(primary: RedisServerProcess, replicas: int = 1) -> Queue:
+    client = redis.Redis.from_url(primary.url)
+    return Queue(client, "replicated", replicas=ReplicaAck(replicas, timeout_ms=200))
+
+
+def test_a_schedule_returns_once_the_replica_has_it(
+    pair: tuple[RedisServerProcess, RedisServerProcess],
+) -> None:
+    primary, replica = pair
+    q = queue_on(primary)
+    result = q.schedule({"n": 1}, delay=60, id="safe")
+    assert result.created
+    copy = redis.Redis.from_url(replica.url)
+    assert copy.zscore(q.keys.pending, "safe") == result.due_ms  # already there on return
+    copy.close()
+
+
+def test_a_replica_that_does_not_confirm_makes_the_schedule_raise_not_replicated(
+    pair: tuple[RedisServerProcess, RedisServerProcess],
+) -> None:
+    primary, replica = pair
+    q = queue_on(primary)
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NotReplicated, match="0 of 1 replica"):
+            q.schedule({"n": 1}, delay=60, id="unsafe")
+        # Written on the primary all the same: a retry creates nothing, and, once the replica
+        # is back, returns (its probe write comes after the first attempt's).
+        assert q.client.zscore(q.keys.pending, "unsafe") is not None
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    again = q.schedule({"n": 1}, delay=60, id="unsafe")
+    assert not again.created and again.state == "pending"
+
+
+def test_more_replicas_than_exist_never_confirm(
+    pair: tuple[RedisServerProcess, RedisServerProcess],
+) -> None:
+    q = queue_on(pair[0], replicas=2)
+    with pytest.raises(NotReplicated, match="1 of 2 replica"):
+        q.schedule_many([{"payload": 1}, {"payload": 2}])
+
+
+def test_bad_replica_settings_are_refused() -> None:
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigurationError):
+            ReplicaAck(bad)  # type: ignore[arg-type]
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "MIN_REPLICAS": 0}):
+        assert replica_ack() is None
+    with override_settings(
+        DELAYQUEUE={**settings.DELAYQUEUE, "MIN_REPLICAS": 2, "MIN_REPLICAS_TIMEOUT_SECONDS": 0.25}
+    ):
+        assert replica_ack() == ReplicaAck(2, 250)
+
+
+@pytest.mark.parametrize(
+    ("sentinel", "match"),
+    [
+        ("127.0.0.1:26379", "must be a dict"),
+        ({"hosts": []}, "host, port"),
+        ({"hosts": [["h", "not a port"]]}, "host, port"),
+        ({"hosts": [["h", 1]], "servce_name": "x"}, "unknown key"),
+    ],
+)
+def test_bad_sentinel_settings_are_reported_by_the_checks(sentinel: object, match: str) -> None:
+    from django.core.checks import run_checks
+
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "SENTINEL": sentinel}):
+        errors = [m for m in run_checks() if m.id == "delayqueue.E004"]
+        with pytest.raises(ConfigurationError, match=match):
+            make_client()
+    assert any("SENTINEL" in e.msg for e in errors)
