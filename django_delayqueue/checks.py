@@ -56,7 +56,9 @@ def register_checks() -> None:
     register(check_handlers, TAG)
     register(check_redis, TAG, deploy=True)
     register(check_task_backends, TAG)
-    register(check_outbox, TAG, Tags.database)
+    # Only with the database checks (`check --database`, `migrate`): not with `--tag delayqueue`,
+    # which must not query a database nobody asked for.
+    register(check_outbox, Tags.database)
 
 
 def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[Any]:
