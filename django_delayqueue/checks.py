@@ -31,7 +31,12 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from django_delayqueue.api import topics
-from django_delayqueue.conf.connection import make_client, replica_ack, sentinel_config
+from django_delayqueue.conf.connection import (
+    make_client,
+    redis_urls,
+    replica_ack,
+    sentinel_config,
+)
 from django_delayqueue.conf.settings import (
     DEFAULTS,
     QUEUE_KEYS,
@@ -146,14 +151,17 @@ def _connection_errors() -> list[Any]:
                 id="delayqueue.E004",
             )
         )
-    if url and not (isinstance(url, str) and url.startswith(("redis://", "rediss://", "unix://"))):
-        out.append(
-            Error(
-                f"DELAYQUEUE['REDIS_URL'] {url!r} is not a Redis URL.",
-                hint="e.g. redis://localhost:6379/0 or rediss://user:password@host:6380/0",
-                id="delayqueue.E004",
+    if url and not alias:
+        try:
+            redis_urls()
+        except ConfigurationError as e:
+            out.append(
+                Error(
+                    f"DELAYQUEUE['REDIS_URL'] {url!r} is not a Redis URL: {e}.",
+                    hint="e.g. redis://localhost:6379/0 or rediss://user:password@host:6380/0",
+                    id="delayqueue.E004",
+                )
             )
-        )
     if dq_settings.CLOCK not in ("redis", "system"):
         out.append(
             Error(

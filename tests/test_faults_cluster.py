@@ -3,69 +3,29 @@ through ``redis.cluster.RedisCluster``, with queues spread over all three nodes.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
+import cluster_support
 import pytest
-import redis
+from cluster_support import spread_queues
 from drill import consumers, settled
 from ledger import check, read
 from redis.cluster import RedisCluster
 
 from django_delayqueue.core import Queue, QueueSettings, snapshots
-from django_delayqueue.embedded import RedisServerProcess, free_port
+from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.monitoring.stats import gather
 
 pytestmark = pytest.mark.slow
 
-SLOTS = ((0, 5460), (5461, 10922), (10923, 16383))
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[list[RedisServerProcess]]:
-    """Three masters; the cluster bus port is chosen too (port + 10000 may not be free)."""
-    buses = [free_port() for _ in SLOTS]
-    nodes: list[RedisServerProcess] = []
-    try:
-        for bus in buses:
-            args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            args += ("--cluster-node-timeout", "2000", "--cluster-port", str(bus))
-            nodes.append(RedisServerProcess(args=args).start())
-        for node, (first, last) in zip(nodes, SLOTS, strict=True):
-            redis.Redis(port=node.port).execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
-        first_node = redis.Redis(port=nodes[0].port)
-        for node, bus in zip(nodes[1:], buses[1:], strict=True):
-            first_node.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
-        deadline = time.monotonic() + 30
-        while not all(
-            redis.Redis(port=n.port).cluster("info")["cluster_state"] == "ok" for n in nodes
-        ):
-            assert time.monotonic() < deadline, "the cluster never reached state ok"
-            time.sleep(0.1)
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-
-
-def _spread_queues(client: RedisCluster, prefix: str = "dq") -> list[str]:
-    """Queue names whose hash tags land on each of the three masters."""
-    chosen: dict[int, str] = {}
-    for i in range(200):
-        name = f"shop-{i}"
-        port = client.get_node_from_key(f"{{{prefix}:{name}}}:pending").port
-        chosen.setdefault(port, name)
-        if len(chosen) == len(SLOTS):
-            return list(chosen.values())
-    raise AssertionError("could not find queues on every node")
+cluster = cluster_support.cluster  # the fixture: three masters started for this module
 
 
 def test_queues_work_on_a_three_master_cluster(
     cluster: list[RedisServerProcess], tmp_path: Path
 ) -> None:
     client = RedisCluster(host="127.0.0.1", port=cluster[0].port)
-    names = _spread_queues(client)
+    names = spread_queues(client)
     settings = QueueSettings(visibility_timeout=5)
     queues = [Queue(client, name, settings=settings) for name in names]
     for q in queues:
@@ -116,7 +76,7 @@ def test_replica_acknowledgement_asks_each_queue_s_own_primary(
     from django_delayqueue.core.replication import ReplicaAck
 
     client = RedisCluster(host="127.0.0.1", port=cluster[0].port)
-    for name in _spread_queues(client, prefix="acked"):
+    for name in spread_queues(client, prefix="acked"):
         q = Queue(client, name, prefix="acked", replicas=ReplicaAck(1, timeout_ms=50))
         # These masters have no replica: WAIT on the queue's node answers 0 (a keyless WAIT
         # through the cluster client would go to any node, or fail).
@@ -124,3 +84,63 @@ def test_replica_acknowledgement_asks_each_queue_s_own_primary(
             q.schedule({"n": 1}, id="m")
         assert client.get(q.keys.replicated) == b"1"
         assert q.counts()["ready"] == 1  # written all the same; only not confirmed
+
+
+@pytest.mark.django_db
+def test_the_django_layer_runs_on_the_cluster_from_its_settings(
+    cluster: list[RedisServerProcess], admin_client: object
+) -> None:
+    """``DELAYQUEUE["CLUSTER"] = True`` with REDIS_URL naming one node: dq.schedule, the real
+    ``runqueue`` command (in burst mode), the admin overview, health and metrics."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    import django_delayqueue as dq
+    from django_delayqueue.conf.connection import get_client
+    from django_delayqueue.monitoring.health import check_health
+
+    probe = RedisCluster(host="127.0.0.1", port=cluster[1].port)
+    names = spread_queues(probe, prefix="djc")
+    probe.close()
+    delayqueue = {
+        **settings.DELAYQUEUE,
+        "REDIS_URL": cluster[2].url,  # any node: the client finds the others
+        "CLUSTER": True,
+        "PREFIX": "djc",
+        "QUEUES": {name: {"visibility_timeout": 5} for name in names},
+        "OUTBOX": False,
+    }
+    seen: list[tuple[str, object]] = []
+
+    def receiver(sender: str, message: object, **kwargs: object) -> None:
+        seen.append((sender, message.payload))  # type: ignore[attr-defined]
+
+    with override_settings(DELAYQUEUE=delayqueue):
+        assert isinstance(get_client(), RedisCluster)
+        for name in names:
+            dq.topic(name).connect(receiver, dispatch_uid=f"cluster-{name}")
+        try:
+            for name in names:
+                for n in range(5):
+                    dq.schedule(name, {"queue": name, "n": n}, id=f"{name}-{n}", on_commit=False)
+            # One queue per master: each queue's keys (and scripts) on its own node.
+            client = get_client()
+            ports = {client.get_node_from_key(dq.get_queue(n).keys.ready).port for n in names}
+            assert len(ports) == 3
+            overview = admin_client.get("/admin/django_delayqueue/queuemessage/")  # type: ignore[attr-defined]
+            text = overview.content.decode()
+            assert all(f'data-queue="{name}"' in text for name in names)
+            assert "errornote" not in text
+            call_command("runqueue", "--burst", "--name", "cluster-burst")
+            expected = [(name, {"queue": name, "n": n}) for name in names for n in range(5)]
+            assert len(seen) == len(expected) and all(item in seen for item in expected), seen
+            _, report = check_health()
+            assert report["checks"]["redis"]["ok"], report
+            assert all(report["queues"][n]["counts"]["ready"] == 0 for n in names)
+            metrics = admin_client.get("/delayqueue/metrics/")  # type: ignore[attr-defined]
+            assert metrics.status_code == 200
+            assert f'queue="{names[0]}"' in metrics.content.decode()
+        finally:
+            for name in names:
+                dq.topic(name).disconnect(dispatch_uid=f"cluster-{name}")

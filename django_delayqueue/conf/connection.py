@@ -5,10 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import redis
-
 from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, dq_settings
-from django_delayqueue.core.client import RedisClient
+from django_delayqueue.core.client import RedisClient, connect
 from django_delayqueue.core.clock import Clock, RedisClock, SystemClock
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.replication import ReplicaAck
@@ -85,15 +83,29 @@ def make_client(**overrides: Any) -> Any:
             return get_redis_connection(alias)
         except Exception as e:  # django-redis raises NotImplementedError / KeyError
             raise ConfigurationError(f"CACHE_ALIAS {alias!r}: {e}") from e
-    url = dq_settings.REDIS_URL or DEFAULT_REDIS_URL
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigurationError(
-            f"REDIS_URL must start with redis://, rediss:// or unix://, not {url!r}"
-        )
+    url = redis_urls()
     options = {**DEFAULT_OPTIONS, **(dq_settings.REDIS_OPTIONS or {}), **overrides}
     # Envelopes are bytes on the wire; the core decodes what it reads itself.
     options["decode_responses"] = False
-    return redis.Redis.from_url(url, **options)
+    return connect(url, cluster=bool(dq_settings.CLUSTER), **options)
+
+
+def redis_urls() -> str | list[str]:
+    """``REDIS_URL`` checked: a URL, or with ``CLUSTER`` a list of start nodes' URLs too."""
+    url = dq_settings.REDIS_URL or DEFAULT_REDIS_URL
+    cluster = dq_settings.CLUSTER
+    if not isinstance(cluster, bool):
+        raise ConfigurationError(f"CLUSTER must be True or False, not {cluster!r}")
+    urls = url if cluster and isinstance(url, (list, tuple)) and url else [url]
+    for one in urls:
+        if not isinstance(one, str) or not one.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigurationError(
+                f"REDIS_URL must start with redis://, rediss:// or unix://, not {one!r}"
+                + ("" if cluster else " (a list of start nodes needs CLUSTER = True)")
+            )
+    if cluster and (dq_settings.SENTINEL is not None or dq_settings.CACHE_ALIAS):
+        raise ConfigurationError("CLUSTER cannot be used with SENTINEL or CACHE_ALIAS")
+    return url if isinstance(url, str) else list(urls)
 
 
 def get_client() -> Any:

@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     # Redis Sentinel instead of REDIS_URL: {"hosts": [["h", 26379], ...], "service_name":
     # "mymaster", "db": 0, "password": ..., "username": ..., "sentinel_kwargs": {...}}.
     "SENTINEL": None,
+    # Redis Cluster: REDIS_URL names any node (or is a list of start nodes' URLs).
+    "CLUSTER": False,
     # Replicas that must confirm a schedule (and the consumers' acks) before it returns; a
     # timeout raises NotReplicated (core.replication).
     "MIN_REPLICAS": 0,

@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import redis
 from pyspark.sql import DataFrame, SparkSession
 
+from django_delayqueue.core.client import connect
 from django_delayqueue.core.clock import RedisClock
 from django_delayqueue.core.envelope import encode_envelope, validate_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
@@ -101,19 +101,22 @@ def schedule_dataframe(
     now_ms: int | None = None,
     partitions: int | None = None,
     on_progress: ProgressCallback | None = None,
+    redis_cluster: bool = False,
 ) -> BulkSummary:
     """Schedule every good row of ``df`` on ``queue``; write the others to ``rejects_path``.
 
     ``now_ms`` (default: the Redis server's clock) is the base of delays and the envelopes'
     scheduled time. ``partitions`` repartitions first (more parallel Redis writers).
     ``rejects_path`` is a path or URI the executors write to (``hdfs://``, ``s3a://``...).
+    ``redis_cluster``: ``redis_url`` names a node of a Redis Cluster (each executor's client
+    then sends each queue's scripts to that queue's node).
     """
     QueueKeys(prefix, queue)  # validates both names before any work
     if rejects_format not in FORMATS:
         raise ConfigurationError(f"unknown rejects format {rejects_format!r}")
     started = time.monotonic()
     if now_ms is None:
-        client = redis.Redis.from_url(redis_url, **CLIENT_OPTIONS)
+        client = connect(redis_url, cluster=redis_cluster, **CLIENT_OPTIONS)
         try:
             # The producers' reading: never behind the server, so no due time is early.
             now_ms = math.ceil(RedisClock(client).now_upper_ms())
@@ -123,7 +126,7 @@ def schedule_dataframe(
         df = df.repartition(partitions)
     prepared = prepare(df, spec, now_ms)
     with watch_progress(df.sparkSession.sparkContext, on_progress, f"schedule on {queue}"):
-        writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size)
+        writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size, redis_cluster)
         rows = (
             prepared.select(ID, DUE, PAYLOAD, REASON).mapInArrow(writer, _RESULT_SCHEMA).collect()
         )
@@ -186,12 +189,17 @@ def _add_late_rejects(
 
 
 def partition_writer(
-    redis_url: str, prefix: str, queue: str, now_ms: int, chunk_size: int = DEFAULT_CHUNK
+    redis_url: str,
+    prefix: str,
+    queue: str,
+    now_ms: int,
+    chunk_size: int = DEFAULT_CHUNK,
+    redis_cluster: bool = False,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task runs: schedule its rows, yield its counts (a picklable closure)."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        client = redis.Redis.from_url(redis_url, **CLIENT_OPTIONS)
+        client = connect(redis_url, cluster=redis_cluster, **CLIENT_OPTIONS)
         rejected: dict[str, int] = {}
         try:
             q = Queue(client, queue, prefix=prefix)

@@ -34,6 +34,7 @@ class ScheduleJob:
     rejects_format: str = "json"
     chunk_size: int = 500
     partitions: int | None = None
+    redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -72,6 +73,7 @@ def run_schedule_job(
         chunk_size=job.chunk_size,
         partitions=job.partitions,
         on_progress=on_progress,
+        redis_cluster=job.redis_cluster,
     )
 
 

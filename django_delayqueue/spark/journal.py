@@ -21,11 +21,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import redis
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from django_delayqueue.core.client import RedisClient
+from django_delayqueue.core.client import RedisClient, connect
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.journal import JOURNAL_FIELDS
 from django_delayqueue.core.keys import QueueKeys
@@ -150,13 +149,14 @@ def export_journal(
     queues: Iterable[str] | None = None,
     *,
     full: bool = False,
+    redis_cluster: bool = False,
 ) -> dict[str, int]:
     """Append new journal rows to Parquet at ``out``, partitioned by queue and day.
 
     ``queues`` defaults to every queue with a journal. ``full`` rewrites ``out`` from what the
     streams hold now instead of appending. Returns the rows written per queue.
     """
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=10, socket_timeout=60)
+    client = connect(redis_url, cluster=redis_cluster, socket_connect_timeout=10, socket_timeout=60)
     try:
         names = sorted(set(queues) if queues is not None else discover_queues(client, prefix))
         cursors = {} if full else exported_cursors(client, prefix, names, out)

@@ -105,8 +105,11 @@ def redis_url(explicit: str | None = None, cluster: bool = False) -> str:
 def _configured_redis_url(explicit: str | None) -> str | None:
     if explicit:
         return explicit
-    if dq_settings.REDIS_URL:
-        return str(dq_settings.REDIS_URL)
+    configured = dq_settings.REDIS_URL
+    if isinstance(configured, (list, tuple)) and configured:  # a cluster's start nodes
+        configured = configured[0]
+    if configured:
+        return str(configured)
     alias = dq_settings.CACHE_ALIAS
     if alias:
         location = settings.CACHES.get(alias, {}).get("LOCATION")

@@ -8,6 +8,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.conf.settings import dq_settings, queue_names
+from django_delayqueue.core.client import connect
 from django_delayqueue.management.commands._spark import (
     add_redis_argument,
     add_spark_arguments,
@@ -46,13 +47,19 @@ class Command(BaseCommand):
         names = split_columns(options["queues"])
         try:
             if not names:
-                client = redis.Redis.from_url(url, socket_connect_timeout=10)
+                client = connect(url, cluster=bool(dq_settings.CLUSTER), socket_connect_timeout=10)
                 try:
                     names = tuple(sorted({*queue_names(), *discover_queues(client, prefix)}))
                 finally:
                     client.close()
             written = export_journal(
-                spark, url, prefix, options["out"], names, full=options["full"]
+                spark,
+                url,
+                prefix,
+                options["out"],
+                names,
+                full=options["full"],
+                redis_cluster=bool(dq_settings.CLUSTER),
             )
         except redis.RedisError as e:
             raise CommandError(f"could not read the journal from Redis: {e}") from e

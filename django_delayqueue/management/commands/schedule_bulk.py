@@ -96,6 +96,7 @@ class Command(BaseCommand):
                 "max_payload_bytes": max_payload,
             },
             rejects=rejects,
+            redis_cluster=bool(dq_settings.CLUSTER),
             rejects_format=options["rejects_format"],
             chunk_size=options["chunk_size"],
             partitions=options["partitions"],
