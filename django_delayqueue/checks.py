@@ -38,6 +38,7 @@ from django_delayqueue.conf.connection import (
     sentinel_config,
 )
 from django_delayqueue.conf.settings import (
+    CHECK_ONLY_QUEUE_KEYS,
     DEFAULTS,
     QUEUE_KEYS,
     dq_settings,
@@ -46,6 +47,7 @@ from django_delayqueue.conf.settings import (
     queue_names,
     raw_queue_options,
     settings_problems,
+    shards_problem,
     task_queue_names,
 )
 from django_delayqueue.core.errors import ConfigurationError
@@ -204,8 +206,13 @@ def _queue_errors(name: Any) -> list[Any]:
         return [Error(f"{where} must be a dict of queue settings.", id="delayqueue.E003")]
     out = _unknown_queue_keys(where, own or {})
     options = raw_queue_options(name)
-    values = {k: v for k, v in options.items() if k in QUEUE_KEYS and k != "handler_time_limit"}
+    values = {
+        k: v for k, v in options.items() if k in QUEUE_KEYS and k not in CHECK_ONLY_QUEUE_KEYS
+    }
     problems = settings_problems(values)
+    shards = shards_problem(options.get("shards", 1))
+    if shards:
+        problems.append(shards)
     limit = options.get("handler_time_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         problems.append(f"handler_time_limit must be a number of seconds, not {limit!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from django_delayqueue.api import topic
 from django_delayqueue.conf.overrides import load_published, merge
-from django_delayqueue.conf.queues import build_queue, configured
+from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, file_queue_settings, task_queue_names
 from django_delayqueue.conf.sync import publish_from_db, sync_queue_configs
 from django_delayqueue.core.consumer.loop import Consumer
@@ -44,7 +45,7 @@ class Worker(Consumer):
         self._tasks: Any = None
 
     def run(self) -> int:
-        if self._task_queues & self._by_name.keys():
+        if self._task_queues & {q.logical_name for q in self.queues}:
             self._prepare_for_tasks()
         # The outbox: messages committed while Redis was down are sent from here. A burst sends
         # them first, so that what is due among them is delivered by this very run.
@@ -87,7 +88,7 @@ class Worker(Consumer):
                 "%s: preparing for tasks failed; they will import as they run", self.name
             )
         for q in self.queues:
-            if q.name in self._task_queues:
+            if q.logical_name in self._task_queues:
                 try:
                     runner.load_scripts(q)
                 except DelayQueueError as e:
@@ -112,7 +113,8 @@ class Worker(Consumer):
         chosen = configured(names or None)
         if not chosen:
             raise ConfigurationError("no queues configured in DELAYQUEUE['QUEUES']")
-        queues = [build_queue(name) for name in chosen]
+        # A sharded queue is claimed from shard by shard: each shard is a queue of the loop.
+        queues = [q for name in chosen for q in shard_queues(name)]
         return cls(queues, **kwargs)
 
     def sync_settings(self) -> None:
@@ -134,10 +136,13 @@ class Worker(Consumer):
         """
         # Only on a queue a TASKS backend names: a signal queue's payload (a webhook's JSON,
         # say) that happens to carry the key must never import and run a task.
+        shard = self._by_name[message.queue]
+        if shard.logical_name != message.queue:  # a shard: handlers see the logical queue
+            message = dataclasses.replace(message, queue=shard.logical_name)
         if message.queue in self._task_queues and is_task_payload(message.payload):
             close_old_connections()
             try:
-                return self._task_runner().run(message, self._by_name[message.queue])
+                return self._task_runner().run(message, shard)
             finally:
                 close_old_connections()
         signal = topic(message.queue)
@@ -170,7 +175,7 @@ class Worker(Consumer):
 
     def refresh(self) -> None:
         """Reload the published settings of every queue (and republish them if missing)."""
-        names = [q.name for q in self.queues]
+        names = list(dict.fromkeys(q.logical_name for q in self.queues))  # shards share theirs
         try:
             published = load_published(names)
         except DelayQueueError as e:
@@ -178,10 +183,10 @@ class Worker(Consumer):
             return
         for q in self.queues:
             try:
-                base = file_queue_settings(q.name)
+                base = file_queue_settings(q.logical_name)
             except ConfigurationError:
                 continue  # settings became invalid under override_settings; keep the last
-            new = merge(base, published[q.name])
+            new = merge(base, published[q.logical_name])
             if new != q.settings:
                 logger.info("queue %s: settings now %s", q.name, _diff(q.settings, new))
                 q.settings = new

@@ -144,3 +144,62 @@ def test_the_django_layer_runs_on_the_cluster_from_its_settings(
         finally:
             for name in names:
                 dq.topic(name).disconnect(dispatch_uid=f"cluster-{name}")
+
+
+@pytest.mark.django_db
+def test_a_sharded_queue_spreads_over_the_masters_and_delivers_each_message_once(
+    cluster: list[RedisServerProcess], admin_client: object
+) -> None:
+    """``QUEUES["order-close"]["shards"] = 3`` on the cluster: the shards land on several
+    masters, ids keep their shard (idempotency, cancel by id), counts and the admin add the
+    shards up, and ``runqueue`` delivers every message once, as the logical queue's."""
+    from collections import Counter
+
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    import django_delayqueue as dq
+    from django_delayqueue.conf.connection import get_client
+    from django_delayqueue.monitoring.stats import collect
+
+    delayqueue = {
+        **settings.DELAYQUEUE,
+        "REDIS_URL": cluster[0].url,
+        "CLUSTER": True,
+        "PREFIX": "shardtest",
+        "QUEUES": {"order-close": {"shards": 3, "visibility_timeout": 5}},
+        "OUTBOX": False,
+    }
+    seen: list[tuple[str, str, str]] = []
+
+    def receiver(sender: str, message: object, **kwargs: object) -> None:
+        seen.append((sender, message.queue, message.id))  # type: ignore[attr-defined]
+
+    with override_settings(DELAYQUEUE=delayqueue):
+        queue = dq.get_queue("order-close")
+        masters = {get_client().get_node_from_key(q.keys.ready).port for q in queue.shards}
+        assert len(queue.shards) == 3 and len(masters) >= 2
+        dq.topic("order-close").connect(receiver, dispatch_uid="sharded")
+        try:
+            ids = [f"order-{n}" for n in range(60)]
+            for message_id in ids:
+                dq.schedule("order-close", {"id": message_id}, id=message_id, on_commit=False)
+            again = dq.schedule("order-close", {"id": "dup"}, id="order-7", on_commit=False)
+            assert again == "order-7"
+            assert dq.cancel("order-close", "order-59")
+            (stats,) = collect(["order-close"])
+            assert stats.counts["ready"] == 59
+            assert all(q.counts()["ready"] for q in queue.shards)  # every shard holds some
+            page = admin_client.get(  # type: ignore[attr-defined]
+                "/admin/django_delayqueue/queuemessage/order-close/?state=ready"
+            ).content.decode()
+            assert "order-3" in page and "59" in page
+            call_command("runqueue", "order-close", "--burst", "--name", "sharded-burst")
+        finally:
+            dq.topic("order-close").disconnect(dispatch_uid="sharded")
+        delivered = Counter(message_id for _, _, message_id in seen)
+        assert set(delivered) == set(ids[:59]) and set(delivered.values()) == {1}
+        assert {(sender, name) for sender, name, _ in seen} == {("order-close", "order-close")}
+        (stats,) = collect(["order-close"])
+        assert stats.counts["ready"] == 0 and stats.queue == "order-close"

@@ -59,3 +59,48 @@ def test_a_bulk_run_lands_on_each_queue_s_own_master(
     }
     assert len(masters) == 3
     client.close()
+
+
+def test_a_bulk_run_onto_a_sharded_queue_and_its_journal_stay_one_logical_queue(
+    spark: Any, cluster: list[RedisServerProcess], tmp_path: Path
+) -> None:
+    """Rows go to their id's shard (a rerun finds every id where it left it); the shards'
+    journals export as the logical queue's rows."""
+    from django_delayqueue.core.consumer import Consumer
+    from django_delayqueue.core.sharding import ShardedQueue
+    from django_delayqueue.spark.journal import discover_queues, export_journal, read_journal
+
+    client = RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    df = spark.range(1, 301, numPartitions=3).select(
+        F.format_string("order-%d", "id").alias("ref"), F.col("id").alias("order_id")
+    )
+    spec = MessageSpec(id_column="ref", payload_columns=("order_id",))  # due at once
+    for attempt in range(2):
+        summary = schedule_dataframe(
+            df,
+            cluster[0].url,
+            "shardb",
+            "orders",
+            spec,
+            rejects_path=str(tmp_path / f"rejects-{attempt}"),
+            redis_cluster=True,
+            shards=3,
+        )
+        expected = (0, 300) if attempt else (300, 0)
+        assert (summary.scheduled, summary.already_present) == expected
+    shards = [Queue(client, "orders", prefix="shardb", shard=i) for i in range(3)]
+    sharded = ShardedQueue(shards)
+    assert sharded.counts()["ready"] == 300 and all(q.counts()["ready"] for q in shards)
+    Consumer(shards, lambda message: None, burst=True, name="journal-writer").run()
+    assert sharded.counts()["ready"] == 0
+    assert discover_queues(client, "shardb") == ["orders"]
+    out = str(tmp_path / "journal")
+    written = export_journal(spark, cluster[0].url, "shardb", out, redis_cluster=True)
+    assert written == {"orders": 300}
+    journal = read_journal(spark, out)
+    assert {row["queue"] for row in journal.select("queue").distinct().collect()} == {"orders"}
+    assert journal.count() == 300
+    # Incremental: nothing new, nothing written again.
+    again = export_journal(spark, cluster[0].url, "shardb", out, redis_cluster=True)
+    assert again == {"orders": 0}
+    client.close()

@@ -17,6 +17,7 @@ from django.utils.text import Truncator
 
 from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.tasks.payload import TASK_KEY, TaskRecord, is_task_payload
 
 CALL_CHARS = 120
@@ -34,14 +35,14 @@ def task_call(payload: dict[str, Any]) -> str:
     return Truncator(f"{name}({', '.join(parts)})").chars(CALL_CHARS)
 
 
-def annotate(queue: Queue, rows: Sequence[dict[str, Any]]) -> bool:
+def annotate(queue: Queue | ShardedQueue, rows: Sequence[dict[str, Any]]) -> bool:
     """Give each task row a ``task`` entry (name, call, status, errors); True if any is one."""
     tasks = [row for row in rows if is_task_payload(row.get("payload"))]
     if not tasks:
         return False
     pipe = queue.client.pipeline(transaction=False)
     for row in tasks:
-        pipe.hgetall(queue.keys.task_result(row["id"]))
+        pipe.hgetall(queue.keys_for(row["id"]).task_result(row["id"]))
     try:
         records = pipe.execute(raise_on_error=False)
     except redis.RedisError:  # the page still lists the messages, without their results

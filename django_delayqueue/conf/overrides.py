@@ -17,7 +17,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from django_delayqueue.conf.connection import get_client, get_clock
-from django_delayqueue.conf.settings import MIRRORED_FIELDS, dq_settings, file_queue_settings
+from django_delayqueue.conf.settings import (
+    MIRRORED_FIELDS,
+    dq_settings,
+    file_queue_settings,
+    queue_shards,
+)
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import redis_errors
@@ -35,6 +40,16 @@ def config_key(name: str) -> str:
     return QueueKeys(dq_settings.PREFIX, name).config
 
 
+def _shard_config_keys(name: str) -> list[str]:
+    try:
+        count = queue_shards(name)
+    except ConfigurationError:  # reported by the checks; publish the queue's own key
+        return []
+    if count == 1:
+        return []
+    return [QueueKeys(dq_settings.PREFIX, name, shard).config for shard in range(count)]
+
+
 # --- publishing -------------------------------------------------------------------------------
 
 
@@ -49,11 +64,12 @@ def publish(values_by_queue: dict[str, dict[str, Any]]) -> None:
     now = get_clock().now_ms()
     pipe = client.pipeline(transaction=False)
     for name, values in values_by_queue.items():
-        key = config_key(name)
         mapping = {field: json.dumps(value) for field, value in values.items()}
         mapping[UPDATED_FIELD] = str(now)
-        pipe.hset(key, mapping=mapping)
-        pipe.hincrby(key, VERSION_FIELD, 1)
+        # A sharded queue's shards get a copy: the stats script reads a shard's own (paused).
+        for key in (config_key(name), *_shard_config_keys(name)):
+            pipe.hset(key, mapping=mapping)
+            pipe.hincrby(key, VERSION_FIELD, 1)
     with redis_errors("publishing queue settings"):
         pipe.execute()
     forget(values_by_queue)

@@ -15,12 +15,14 @@ from django_delayqueue.conf.settings import (
     dq_settings,
     file_queue_settings,
     queue_names,
+    queue_shards,
     unknown_queue,
 )
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.core.sharding import ShardedQueue
 
-_queues: dict[str, Queue] = {}
+_queues: dict[str, Queue | ShardedQueue] = {}
 _lock = threading.Lock()
 
 
@@ -38,17 +40,29 @@ def configured(names: Iterable[str] | None = None) -> list[str]:
     return chosen
 
 
-def build_queue(name: str, settings: QueueSettings | None = None) -> Queue:
-    """A new Queue object for configured queue ``name`` (default settings: the file's)."""
-    return Queue(
-        get_client(),
-        name,
-        prefix=dq_settings.PREFIX,
-        settings=file_queue_settings(name) if settings is None else settings,
-        clock=get_clock(),
-        journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
-        replicas=replica_ack(),
-    )
+def build_queue(name: str, settings: QueueSettings | None = None) -> Queue | ShardedQueue:
+    """A new Queue object for configured queue ``name`` (default settings: the file's); a
+    :class:`ShardedQueue` over its shards when it has ``shards`` > 1."""
+    shards = shard_queues(name, settings)
+    return shards[0] if len(shards) == 1 else ShardedQueue(shards)
+
+
+def shard_queues(name: str, settings: QueueSettings | None = None) -> list[Queue]:
+    """The Queue objects a consumer of ``name`` claims from: the queue, or each of its shards."""
+    count = queue_shards(name)
+    return [
+        Queue(
+            get_client(),
+            name,
+            prefix=dq_settings.PREFIX,
+            settings=file_queue_settings(name) if settings is None else settings,
+            clock=get_clock(),
+            journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
+            replicas=replica_ack(),
+            shard=None if count == 1 else index,
+        )
+        for index in range(count)
+    ]
 
 
 def queue_settings(name: str) -> QueueSettings:
@@ -60,7 +74,7 @@ def queue_settings(name: str) -> QueueSettings:
     return effective_settings(name)
 
 
-def get_queue(name: str) -> Queue:
+def get_queue(name: str) -> Queue | ShardedQueue:
     """The configured queue ``name`` (one object per name; its settings kept current).
 
     Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a queue that is not

@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings as django_settings
 
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.keys import MAX_SHARDS
 from django_delayqueue.core.settings import QueueSettings
 
 SETTING_NAME = "DELAYQUEUE"
@@ -60,7 +61,9 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # Per-queue keys: the engine's settings, plus what only the system checks read.
 QUEUE_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSettings))
-CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("handler_time_limit",)
+# Per-queue keys that are not engine settings: what only the checks read, and the number of
+# shards a queue is spread over (core.sharding).
+CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("handler_time_limit", "shards")
 QUEUE_KEYS: frozenset[str] = frozenset(QUEUE_SETTING_NAMES + CHECK_ONLY_QUEUE_KEYS)
 
 # The queue settings staff may change in the admin (QueueConfig rows, published to Redis); the
@@ -196,6 +199,21 @@ def settings_problems(values: dict[str, Any]) -> list[str]:
     for name, value in {**defaults, **values}.items():
         object.__setattr__(obj, name, value)
     return obj.problems()
+
+
+def queue_shards(name: str) -> int:
+    """How many shards queue ``name`` is spread over (``"shards"``, default 1)."""
+    value = raw_queue_options(name).get("shards", 1)
+    problem = shards_problem(value)
+    if problem:
+        raise ConfigurationError(f"DELAYQUEUE['QUEUES'][{name!r}]: {problem}")
+    return int(value)
+
+
+def shards_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
+        return f"shards must be a whole number from 1 to {MAX_SHARDS}, not {value!r}"
+    return None
 
 
 def handler_time_limit(name: str) -> float | None:

@@ -33,20 +33,36 @@ def validate_name(value: str, what: str) -> str:
     return value
 
 
+# Shards of one queue: 1 to this many (core.sharding).
+MAX_SHARDS = 1024
+
+
 @dataclass(frozen=True)
 class QueueKeys:
-    """The key names of one queue."""
+    """The key names of one queue, or of shard ``shard`` of a sharded queue.
+
+    A shard's keys carry ``#<shard>`` in their hash tag, so each shard is a slot of its own
+    (and, on a cluster, may live on another master), and no queue name can clash with it
+    (names never contain ``#``).
+    """
 
     prefix: str
     queue: str
+    shard: int | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.prefix, "key prefix")
         validate_name(self.queue, "queue name")
+        if self.shard is not None and not (
+            isinstance(self.shard, int) and 0 <= self.shard < MAX_SHARDS
+        ):
+            raise ConfigurationError(f"shard must be 0 to {MAX_SHARDS - 1}, not {self.shard!r}")
 
     @property
     def tag(self) -> str:
-        return f"{{{self.prefix}:{self.queue}}}"
+        if self.shard is None:
+            return f"{{{self.prefix}:{self.queue}}}"
+        return f"{{{self.prefix}:{self.queue}#{self.shard}}}"
 
     def _key(self, suffix: str) -> str:
         return f"{self.tag}:{suffix}"

@@ -70,12 +70,16 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         clock: Clock | None = None,
         journal_maxlen: int = 100_000,
         replicas: ReplicaAck | None = None,
+        shard: int | None = None,
     ) -> None:
         self.client = client
         # MIN_REPLICAS: schedules (and the consumer's acks) wait for this many replicas.
         self.replicas = replicas
-        self.name = name
-        self.keys = QueueKeys(prefix, name)
+        # One shard of a sharded queue (core.sharding) is named "<queue>#<shard>": what the
+        # consumer, its heartbeats and its journal call it. The handlers see ``logical_name``.
+        self.logical_name = name
+        self.name = name if shard is None else f"{name}#{shard}"
+        self.keys = QueueKeys(prefix, name, shard)
         self.settings = settings or QueueSettings()
         self.clock = clock or RedisClock(client)
         # Spelled once: schedule() is the hot path of every producer.
@@ -106,6 +110,19 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} {self.keys.tag}>"
+
+    # A queue is its own only shard: callers that route by id (core.sharding) need not care.
+    @property
+    def shards(self) -> list[Queue]:
+        return [self]
+
+    def shard_for(self, message_id: str) -> Queue:
+        """The queue that holds (or would hold) ``message_id``: this one."""
+        return self
+
+    def keys_for(self, message_id: str) -> QueueKeys:
+        """The keys of the queue holding ``message_id`` (its task record, say)."""
+        return self.keys
 
     def confirm_replicas(self, what: str) -> None:
         """With ``replicas``: return once they have every write of this queue so far, else

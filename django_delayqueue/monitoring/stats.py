@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django_delayqueue.conf.queues import build_queue, configured
+from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
@@ -191,8 +191,51 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
             settings = file_queue_settings(name)
         except ConfigurationError:  # reported by the system checks
             settings = QueueSettings()
-        queues.append(build_queue(name, settings))
-    return gather(queues, alive_seconds=consumer_alive_seconds())
+        queues.append(shard_queues(name, settings))
+    # One pipeline over every queue and shard (a round trip per Redis node); a sharded
+    # queue's stats are its shards' added up.
+    flat = gather([q for shards in queues for q in shards], alive_seconds=consumer_alive_seconds())
+    merged, start = [], 0
+    for shards in queues:
+        parts = flat[start : start + len(shards)]
+        start += len(shards)
+        merged.append(parts[0] if len(parts) == 1 else merge_stats(parts))
+    return merged
+
+
+def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
+    """A sharded queue's stats from its shards': counts and outcomes added up, the oldest
+    overdue and the nearest due time over all of them, its consumers (each heartbeats on every
+    shard it claims from) by name."""
+
+    def added(values: list[int | None]) -> int | None:
+        return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
+    overdue = [p.oldest_overdue_ms for p in parts if p.oldest_overdue_ms is not None]
+    upcoming = [p.next_due_ms for p in parts if p.next_due_ms is not None]
+    seen: dict[str, int] = {}
+    for p in parts:
+        for name, last in p.consumers:
+            seen[name] = max(last, seen.get(name, last))
+    alive = [p.consumers_alive for p in parts if p.consumers_alive is not None]
+    outcomes: dict[str, int] | None = None
+    if all(p.outcomes is not None for p in parts):
+        outcomes = {}
+        for p in parts:
+            for key, value in (p.outcomes or {}).items():
+                outcomes[key] = outcomes.get(key, 0) + value
+    return QueueStats(
+        parts[0].queue.split("#", 1)[0],
+        parts[0].now_ms,
+        {state: added([p.counts[state] for p in parts]) for state in STATES},
+        max(overdue) if overdue else None,
+        min(upcoming) if upcoming else None,
+        paused=parts[0].paused,
+        consumers_alive=max(alive) if alive else None,
+        consumers=sorted(seen.items(), key=lambda item: -item[1]),
+        outcomes=outcomes,
+        errors=[f"{p.queue}: {e}" for p in parts for e in p.errors],
+    )
 
 
 def consumer_alive_seconds() -> float:

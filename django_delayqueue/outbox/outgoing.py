@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.results import Prepared, ScheduleResult
+from django_delayqueue.core.sharding import ShardedQueue
 
 
 @dataclass(frozen=True)
 class Outgoing:
     """One prepared message of ``queue``; a task's when ``record`` (its enqueued JSON) is set."""
 
-    queue: Queue
+    queue: Queue | ShardedQueue
     prepared: Prepared
     replace: bool = False
     record: str | None = None
@@ -28,7 +29,7 @@ class Outgoing:
     def send(self) -> ScheduleResult:
         """Send it now (no outbox): one script call; DelayQueueError if Redis refuses."""
         if self.record is not None:
-            key = self.queue.keys.task_result(self.prepared.id)
+            key = self.queue.keys_for(self.prepared.id).task_result(self.prepared.id)
             return self.queue.send_with_record(
                 self.prepared, key, self.record, priority=self.priority
             )
@@ -36,7 +37,10 @@ class Outgoing:
 
     def send_once(self, token: str) -> ScheduleResult | None:
         """Send it under ``token`` (an outbox row's): None if that token was sent already."""
-        key = None if self.record is None else self.queue.keys.task_result(self.prepared.id)
+        message_id = self.prepared.id
+        key = (
+            None if self.record is None else self.queue.keys_for(message_id).task_result(message_id)
+        )
         return self.queue.send_once(
             self.prepared,
             token,

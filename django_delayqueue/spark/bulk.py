@@ -33,6 +33,7 @@ from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
 from django_delayqueue.core.results import Prepared
+from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.spark.progress import ProgressCallback, watch_progress
 from django_delayqueue.spark.transforms import DUE, ID, PAYLOAD, REASON, MessageSpec, prepare, split
 
@@ -102,6 +103,7 @@ def schedule_dataframe(
     partitions: int | None = None,
     on_progress: ProgressCallback | None = None,
     redis_cluster: bool = False,
+    shards: int = 1,
 ) -> BulkSummary:
     """Schedule every good row of ``df`` on ``queue``; write the others to ``rejects_path``.
 
@@ -109,7 +111,8 @@ def schedule_dataframe(
     scheduled time. ``partitions`` repartitions first (more parallel Redis writers).
     ``rejects_path`` is a path or URI the executors write to (``hdfs://``, ``s3a://``...).
     ``redis_cluster``: ``redis_url`` names a node of a Redis Cluster (each executor's client
-    then sends each queue's scripts to that queue's node).
+    then sends each queue's scripts to that queue's node). ``shards``: the queue's shards
+    (its ``"shards"`` setting): each row goes to its id's shard.
     """
     QueueKeys(prefix, queue)  # validates both names before any work
     if rejects_format not in FORMATS:
@@ -126,7 +129,9 @@ def schedule_dataframe(
         df = df.repartition(partitions)
     prepared = prepare(df, spec, now_ms)
     with watch_progress(df.sparkSession.sparkContext, on_progress, f"schedule on {queue}"):
-        writer = partition_writer(redis_url, prefix, queue, now_ms, chunk_size, redis_cluster)
+        writer = partition_writer(
+            redis_url, prefix, queue, now_ms, chunk_size, redis_cluster, shards
+        )
         rows = (
             prepared.select(ID, DUE, PAYLOAD, REASON).mapInArrow(writer, _RESULT_SCHEMA).collect()
         )
@@ -195,6 +200,7 @@ def partition_writer(
     now_ms: int,
     chunk_size: int = DEFAULT_CHUNK,
     redis_cluster: bool = False,
+    shards: int = 1,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task runs: schedule its rows, yield its counts (a picklable closure)."""
 
@@ -202,7 +208,11 @@ def partition_writer(
         client = connect(redis_url, cluster=redis_cluster, **CLIENT_OPTIONS)
         rejected: dict[str, int] = {}
         try:
-            q = Queue(client, queue, prefix=prefix)
+            q: Queue | ShardedQueue = Queue(client, queue, prefix=prefix)
+            if shards > 1:  # each row to its id's shard, as dq.schedule would send it
+                q = ShardedQueue(
+                    [Queue(client, queue, prefix=prefix, shard=i) for i in range(shards)]
+                )
             good = _good_rows(batches, rejected)
             scheduled, present, refused = _send(q, good, now_ms, chunk_size)
         finally:
@@ -230,7 +240,7 @@ def _good_rows(
 
 
 def _send(
-    q: Queue, batches: Iterator[pa.RecordBatch], now_ms: int, chunk_size: int
+    q: Queue | ShardedQueue, batches: Iterator[pa.RecordBatch], now_ms: int, chunk_size: int
 ) -> tuple[int, int, list[tuple[str, int, str, str]]]:
     scheduled = present = 0
     refused: list[tuple[str, int, str, str]] = []

@@ -35,6 +35,7 @@ class ScheduleJob:
     chunk_size: int = 500
     partitions: int | None = None
     redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
+    shards: int = 1  # the queue's "shards" setting
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -74,6 +75,7 @@ def run_schedule_job(
         partitions=job.partitions,
         on_progress=on_progress,
         redis_cluster=job.redis_cluster,
+        shards=job.shards,
     )
 
 

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from django_delayqueue.core.client import RedisClient, connect
 from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.journal import JOURNAL_FIELDS
 from django_delayqueue.core.keys import QueueKeys
 
@@ -56,14 +57,31 @@ PAGE = 1000  # stream entries per XRANGE
 
 
 def discover_queues(client: RedisClient, prefix: str) -> list[str]:
-    """Names of the queues that have a journal stream under ``prefix``."""
+    """Names of the queues that have a journal stream under ``prefix`` (a sharded queue once)."""
+    return sorted({keys.queue for keys in discover_streams(client, prefix)})
+
+
+def discover_streams(client: RedisClient, prefix: str) -> list[QueueKeys]:
+    """The keys of every queue, or shard of a queue, with a journal stream under ``prefix``."""
     marker = f"{{{prefix}:"
-    names = set()
+    found = set()
     for key in client.scan_iter(match=f"{{{prefix}:*}}:journal", count=1000):
         text = to_str(key)
         if text.startswith(marker) and text.endswith("}:journal"):
-            names.add(text[len(marker) : -len("}:journal")])
-    return sorted(names)
+            name, _, shard = text[len(marker) : -len("}:journal")].partition("#")
+            try:
+                found.add(QueueKeys(prefix, name, int(shard) if shard else None))
+            except (ValueError, ConfigurationError):  # not a key this app wrote
+                continue
+    return sorted(found, key=lambda k: (k.queue, -1 if k.shard is None else k.shard))
+
+
+def _streams_of(client: RedisClient, prefix: str, names: Iterable[str]) -> list[QueueKeys]:
+    """The journal streams of queues ``names``: each one's own, and its shards' if it has any."""
+    wanted = set(names)
+    found = [k for k in discover_streams(client, prefix) if k.queue in wanted]
+    missing = wanted - {k.queue for k in found}
+    return found + [QueueKeys(prefix, name) for name in sorted(missing)]
 
 
 def read_entries(
@@ -84,10 +102,15 @@ def read_entries(
 
 
 def journal_rows(
-    client: RedisClient, prefix: str, queue: str, after: str | None = None
+    client: RedisClient,
+    prefix: str,
+    queue: str,
+    after: str | None = None,
+    shard: int | None = None,
 ) -> Iterator[tuple[Any, ...]]:
-    """Rows (in :data:`COLUMNS` order) of ``queue``'s journal after entry id ``after``."""
-    stream = QueueKeys(prefix, queue).journal
+    """Rows (in :data:`COLUMNS` order) of ``queue``'s journal (or its shard ``shard``'s) after
+    entry id ``after``; the rows of a shard are the logical queue's."""
+    stream = QueueKeys(prefix, queue, shard).journal
     width = len(JOURNAL_FIELDS)
     for entry_id, fields in read_entries(client, stream, after):
         ms, seq = (int(x) for x in entry_id.split("-"))
@@ -120,24 +143,23 @@ def rows_to_arrow(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
 
 
 def exported_cursors(
-    client: RedisClient, prefix: str, queues: Iterable[str], out: str
-) -> dict[str, str]:
-    """The newest entry id already exported to ``out``, per queue (missing: none yet)."""
-    names = list(queues)
+    client: RedisClient, streams: Sequence[QueueKeys], out: str
+) -> dict[QueueKeys, str]:
+    """The newest entry id already exported to ``out``, per stream (missing: none yet)."""
     pipe = client.pipeline(transaction=False)
-    for queue in names:
-        pipe.hget(QueueKeys(prefix, queue).exported, _destination(out))
-    return {q: to_str(v) for q, v in zip(names, pipe.execute(), strict=True) if v is not None}
+    for keys in streams:
+        pipe.hget(keys.exported, _destination(out))
+    return {k: to_str(v) for k, v in zip(streams, pipe.execute(), strict=True) if v is not None}
 
 
 def _destination(out: str) -> str:
     return out.rstrip("/") or out
 
 
-def _save_cursors(client: RedisClient, prefix: str, out: str, last: dict[str, str]) -> None:
+def _save_cursors(client: RedisClient, out: str, last: dict[QueueKeys, str]) -> None:
     pipe = client.pipeline(transaction=False)
-    for queue, entry_id in last.items():
-        pipe.hset(QueueKeys(prefix, queue).exported, _destination(out), entry_id)
+    for keys, entry_id in last.items():
+        pipe.hset(keys.exported, _destination(out), entry_id)
     pipe.execute()
 
 
@@ -159,26 +181,28 @@ def export_journal(
     client = connect(redis_url, cluster=redis_cluster, socket_connect_timeout=10, socket_timeout=60)
     try:
         names = sorted(set(queues) if queues is not None else discover_queues(client, prefix))
-        cursors = {} if full else exported_cursors(client, prefix, names, out)
+        # A sharded queue has a stream per shard; its rows all go under the queue's name.
+        streams = _streams_of(client, prefix, names)
+        cursors = {} if full else exported_cursors(client, streams, out)
         mode = "overwrite" if full else "append"
-        written: dict[str, int] = {}
+        written: dict[str, int] = dict.fromkeys(names, 0)
         buffer: list[tuple[Any, ...]] = []
-        last: dict[str, str] = {}  # newest entry id per queue in the buffer
-        for queue in names:
-            written[queue] = 0
-            for row in journal_rows(client, prefix, queue, cursors.get(queue)):
+        last: dict[QueueKeys, str] = {}  # newest entry id per stream in the buffer
+        for keys in streams:
+            rows = journal_rows(client, prefix, keys.queue, cursors.get(keys), keys.shard)
+            for row in rows:
                 buffer.append(row)
-                last[queue] = row[1]
-                written[queue] += 1
+                last[keys] = row[1]
+                written[keys.queue] += 1
                 if len(buffer) >= ROWS_PER_WRITE:
                     _write(spark, buffer, out, mode)
-                    _save_cursors(client, prefix, out, last)
+                    _save_cursors(client, out, last)
                     buffer, mode, last = [], "append", {}
         if buffer or mode == "overwrite" or not _journal_exists(spark, out):
             # Even with no rows, leave a journal at ``out``: the report that reads it next
             # then says it is empty rather than that there is no journal.
             _write(spark, buffer, out, mode)
-        _save_cursors(client, prefix, out, last)
+        _save_cursors(client, out, last)
     finally:
         client.close()
     logger.info("journal export to %s: %s", out, written)

@@ -144,7 +144,7 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         if not isinstance(result_id, str) or not result_id:
             return None
         for name in self._queue_names():
-            queue = get_queue(name)
+            queue = get_queue(name).shard_for(result_id)  # a sharded queue's shard of the id
             with redis_errors(f"reading task result {result_id!r}"):
                 stored = queue.client.hgetall(queue.keys.task_result(result_id))
             if stored:

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.conf.queues import queue_settings
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, queue_shards
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.management.commands._spark import (
     add_redis_argument,
@@ -65,6 +65,7 @@ class Command(BaseCommand):
         queue, master = options["queue"], options["master"]
         try:
             max_payload = queue_settings(queue).max_payload_bytes
+            shards = queue_shards(queue)
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
         rejects = options["rejects"]
@@ -97,6 +98,7 @@ class Command(BaseCommand):
             },
             rejects=rejects,
             redis_cluster=bool(dq_settings.CLUSTER),
+            shards=shards,
             rejects_format=options["rejects_format"],
             chunk_size=options["chunk_size"],
             partitions=options["partitions"],

@@ -1,0 +1,185 @@
+"""A queue spread over N hash tags (and so, on a Redis Cluster, over several masters).
+
+``QUEUES["order-close"]["shards"] = 3`` makes one logical queue of three ordinary queues, its
+shards, whose keys carry ``#0``, ``#1``, ``#2`` in their hash tag (``QueueKeys.shard``). Every
+message id belongs to one shard, always the same (CRC-32 of the id, modulo N: the same in every
+process), so idempotency, ``replace`` and cancel by id work as on one queue. Consumers claim from
+every shard in each round (each shard is a queue of their own); counts add the shards up.
+
+:class:`ShardedQueue` has the producer's and the admin's side of ``Queue``'s interface, routing
+by id; what acts on a whole queue (requeue or purge everything, counts) runs on every shard.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from django_delayqueue.core.due_times import Delay
+from django_delayqueue.core.envelope import new_id
+from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.results import BulkResult, Page, Prepared, ScheduleResult, Snapshot
+from django_delayqueue.core.settings import QueueSettings
+
+
+def shard_index(message_id: str, shards: int) -> int:
+    """The shard of ``message_id`` among ``shards`` (stable across processes and versions)."""
+    return zlib.crc32(message_id.encode()) % shards
+
+
+class ShardedQueue:
+    """One logical queue over ``shards`` (Queue objects of one name, shard 0..N-1)."""
+
+    def __init__(self, shards: Sequence[Queue]) -> None:
+        if not 2 <= len(shards) <= MAX_SHARDS:
+            raise ValueError(f"a sharded queue has 2 to {MAX_SHARDS} shards, not {len(shards)}")
+        self.shards = list(shards)
+        self.name = self.logical_name = shards[0].logical_name
+        self.client = shards[0].client
+        self.clock = shards[0].clock
+
+    def __repr__(self) -> str:
+        return f"<ShardedQueue {self.name!r} x{len(self.shards)}>"
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self.shards[0].settings
+
+    @settings.setter
+    def settings(self, value: QueueSettings) -> None:
+        for q in self.shards:
+            q.settings = value
+
+    def shard_for(self, message_id: str) -> Queue:
+        return self.shards[shard_index(message_id, len(self.shards))]
+
+    def keys_for(self, message_id: str) -> QueueKeys:
+        return self.shard_for(message_id).keys
+
+    # --- scheduling: by id -----------------------------------------------------------------
+
+    def prepare(self, payload: Any, **kwargs: Any) -> Prepared:
+        return self.shards[0].prepare(payload, **kwargs)
+
+    def schedule(
+        self,
+        payload: Any,
+        *,
+        delay: Delay | None = None,
+        at: datetime | int | float | None = None,
+        id: str | None = None,
+        replace: bool = False,
+    ) -> ScheduleResult:
+        now = self.clock.now_ms()
+        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+        return self.send_prepared(prepared, now_ms=now, replace=replace)
+
+    def send_prepared(self, prepared: Prepared, **kwargs: Any) -> ScheduleResult:
+        return self.shard_for(prepared.id).send_prepared(prepared, **kwargs)
+
+    def send_with_record(
+        self, prepared: Prepared, record_key: str, record: str, **kwargs: Any
+    ) -> ScheduleResult:
+        return self.shard_for(prepared.id).send_with_record(prepared, record_key, record, **kwargs)
+
+    def send_once(self, prepared: Prepared, token: str, **kwargs: Any) -> ScheduleResult | None:
+        return self.shard_for(prepared.id).send_once(prepared, token, **kwargs)
+
+    def schedule_many(self, items: Iterable[Mapping[str, Any]], **kwargs: Any) -> BulkResult:
+        """As ``Queue.schedule_many``; ids are given to items without one first, to route them."""
+        by_shard: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        positions: dict[int, list[int]] = defaultdict(list)  # each item's place in ``items``
+        for position, item in enumerate(items):
+            if item.get("id") is None:
+                item = {**item, "id": new_id()}
+            index = shard_index(str(item["id"]), len(self.shards))
+            by_shard[index].append(item)
+            positions[index].append(position)
+        total = BulkResult()
+        for index, chunk in by_shard.items():
+            done = self.shards[index].schedule_many(chunk, **kwargs)
+            # A refused item is reported at its place in the caller's items, not in the chunk.
+            done.rejected = [replace(r, index=positions[index][r.index]) for r in done.rejected]
+            total.merge(done)
+        total.rejected.sort(key=lambda r: r.index)
+        return total
+
+    def schedule_prepared(self, prepared: Sequence[Prepared], **kwargs: Any) -> BulkResult:
+        total = BulkResult()
+        for index, chunk in self._by_shard([p.id for p in prepared], prepared).items():
+            total.merge(self.shards[index].schedule_prepared(chunk, **kwargs))
+        return total
+
+    # --- by id, or on every shard ------------------------------------------------------------
+
+    def cancel(self, *ids: str) -> int:
+        return sum(self.shards[i].cancel(*chunk) for i, chunk in self._by_shard(ids).items())
+
+    def run_now(self, *ids: str) -> int:
+        return sum(self.shards[i].run_now(*chunk) for i, chunk in self._by_shard(ids).items())
+
+    def requeue(self, *ids: str, **kwargs: Any) -> int:
+        if not ids:
+            return sum(q.requeue(**kwargs) for q in self.shards)
+        return sum(
+            self.shards[i].requeue(*chunk, **kwargs) for i, chunk in self._by_shard(ids).items()
+        )
+
+    def purge(self, *ids: str, **kwargs: Any) -> int:
+        if not ids:
+            return sum(q.purge(**kwargs) for q in self.shards)
+        return sum(
+            self.shards[i].purge(*chunk, **kwargs) for i, chunk in self._by_shard(ids).items()
+        )
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return self.snapshot().counts
+
+    def snapshot(self, now_ms: int | None = None) -> Snapshot:
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        return merge_snapshots(self.name, [q.snapshot(now) for q in self.shards])
+
+    def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
+        """A page of the shards' messages in ``state``, shard after shard."""
+        totals = [q.peek(state, 0, 1).total for q in self.shards]
+        rows = []
+        skip, want = offset, limit
+        for q, total in zip(self.shards, totals, strict=True):
+            if want <= 0:
+                break
+            if skip >= total:
+                skip -= total
+                continue
+            page = q.peek(state, skip, min(want, 1000))
+            rows += page.messages[:want]
+            want -= len(page.messages[:want])
+            skip = 0
+        return Page(sum(totals), rows)
+
+    def _by_shard(self, ids: Sequence[str], items: Sequence[Any] | None = None) -> dict[int, list]:
+        chosen: dict[int, list[Any]] = defaultdict(list)
+        for n, message_id in enumerate(ids):
+            chosen[shard_index(message_id, len(self.shards))].append(
+                message_id if items is None else items[n]
+            )
+        return chosen
+
+
+def merge_snapshots(name: str, parts: Sequence[Snapshot]) -> Snapshot:
+    """One snapshot of a logical queue from its shards': counts added up, the oldest overdue and
+    the nearest due time over all of them."""
+    overdue = [s.oldest_overdue_ms for s in parts if s.oldest_overdue_ms is not None]
+    upcoming = [s.next_due_ms for s in parts if s.next_due_ms is not None]
+    return Snapshot(
+        name,
+        {state: sum(s.counts[state] for s in parts) for state in STATES},
+        max(overdue) if overdue else None,
+        min(upcoming) if upcoming else None,
+    )
