@@ -109,3 +109,23 @@ def test_the_tasks_path_bench_runs_every_path_here(tmp_path: Path) -> None:
         assert figures["enqueue_per_s"] > 0 and figures["delivery_per_s"] > 0
         assert set(figures["lateness_ms"]) == {"p50", "p99", "max"}
     assert "tasks / signal delivery" in proc.stdout
+
+
+def test_the_cluster_shards_bench_runs_and_reports_its_rows(tmp_path: Path) -> None:
+    out = tmp_path / "cluster.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cluster_shards", "--count", "200", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {row["key"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {
+        "cluster.schedule.shards1",
+        "cluster.schedule.shards3",
+        "cluster.master_capacity",
+    }
+    assert rows["cluster.schedule.shards3"]["note"].startswith("masters used: 3")
+    assert rows["cluster.master_capacity"]["extra"]["masters_for_target"] >= 1
