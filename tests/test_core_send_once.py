@@ -37,8 +37,8 @@ def test_a_token_is_forgotten_after_its_memory(
     assert q.send_once(prepared, "row") is not None
     q.ack(q.claim(10)[0])
     manual_clock.advance(SEND_TOKEN_MEMORY_MS / 1000 - 1)
-    assert q.send_once(prepared, "row") is None
-    manual_clock.advance(2)
+    assert q.send_once(prepared, "row") is None  # renews the token: remembered from now
+    manual_clock.advance(SEND_TOKEN_MEMORY_MS / 1000 + 1)
     assert q.send_once(prepared, "row") is not None
     assert q.client.zcard(q.keys.sent) == 1  # the old entry was trimmed, the new one kept
 
@@ -96,4 +96,20 @@ def test_send_once_refuses_bad_arguments_before_sending(
     q = make_queue()
     with pytest.raises(error):
         q.send_once(q.prepare({"n": 1}, id="x"), **kwargs)  # type: ignore[arg-type]
+    assert q.counts()["ready"] == 0
+
+
+def test_a_token_sent_again_and_again_is_remembered_from_its_last_send(
+    make_queue: Callable[..., Queue], manual_clock: ManualClock
+) -> None:
+    """An outbox row whose sender cannot delete it (its replicas never confirm, say) is resent
+    for longer than the memory: before, the token was forgotten an hour after the first send,
+    and the next resend stored the long-acknowledged message a second time."""
+    q = make_queue()
+    prepared = q.prepare({"n": 1}, id="m")
+    assert q.send_once(prepared, "row") is not None
+    q.ack(q.claim(10)[0])
+    for _ in range(3):  # resent every 40 minutes for two hours: stored nothing each time
+        manual_clock.advance(40 * 60)
+        assert q.send_once(prepared, "row") is None
     assert q.counts()["ready"] == 0

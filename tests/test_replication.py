@@ -108,3 +108,24 @@ def test_bad_sentinel_settings_are_reported_by_the_checks(sentinel: object, matc
         with pytest.raises(ConfigurationError, match=match):
             make_client()
     assert any("SENTINEL" in e.msg for e in errors)
+
+
+def test_not_replicated_carries_what_the_write_did(
+    pair: tuple[RedisServerProcess, RedisServerProcess],
+) -> None:
+    q = queue_on(pair[0], replicas=2)  # one replica exists: never confirmed
+    with pytest.raises(NotReplicated) as raised:
+        q.schedule({"n": 1}, delay=60, id="told")
+    result = raised.value.result
+    assert result.id == "told" and result.created  # written on the primary, and it says so
+    with pytest.raises(NotReplicated) as raised:
+        q.schedule_many([{"payload": 1, "id": "b1"}])
+    assert raised.value.result.scheduled == 1
+
+
+def test_an_infinite_replica_timeout_is_a_configuration_error() -> None:
+    for timeout in (float("inf"), float("nan"), 0, -1, "1"):
+        changed = {"MIN_REPLICAS": 1, "MIN_REPLICAS_TIMEOUT_SECONDS": timeout}
+        bad = override_settings(DELAYQUEUE={**settings.DELAYQUEUE, **changed})
+        with bad, pytest.raises(ConfigurationError):
+            replica_ack()

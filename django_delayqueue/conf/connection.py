@@ -61,7 +61,11 @@ def replica_ack() -> ReplicaAck | None:
     if count in (0, None):
         return None
     timeout = dq_settings.MIN_REPLICAS_TIMEOUT_SECONDS
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout < 3600  # also refuses inf and nan
+    ):
         raise ConfigurationError(
             f"MIN_REPLICAS_TIMEOUT_SECONDS must be a positive number, not {timeout!r}"
         )

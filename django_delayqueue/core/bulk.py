@@ -37,7 +37,7 @@ class BulkScheduling:
             now_ms: int | None = None,
         ) -> Prepared: ...
 
-        def confirm_replicas(self, what: str) -> None: ...
+        def confirm_replicas(self, what: str, result: Any = None) -> None: ...
 
     def schedule_many(
         self,
@@ -74,7 +74,7 @@ class BulkScheduling:
                 total.merge(self._send_prepared(pending, now, chunk_size, flags))
                 pending, flags = [], []
         total.merge(self._send_prepared(pending, now, chunk_size, flags))
-        self.confirm_replicas(f"{total.scheduled + total.replaced} scheduled message(s)")
+        self.confirm_replicas(f"{total.scheduled + total.replaced} scheduled message(s)", total)
         return total
 
     def schedule_prepared(
@@ -87,7 +87,7 @@ class BulkScheduling:
         """Schedule messages already validated by :meth:`prepare` (used by the Spark job)."""
         flags = [replace] * len(prepared)
         result = self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags)
-        self.confirm_replicas(f"{result.scheduled + result.replaced} scheduled message(s)")
+        self.confirm_replicas(f"{result.scheduled + result.replaced} scheduled message(s)", result)
         return result
 
     def _send_prepared(

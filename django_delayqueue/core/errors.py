@@ -32,9 +32,15 @@ class NotReplicated(RedisUnavailable):
     """A write reached the primary, but fewer replicas than required confirmed it in time.
 
     With ``MIN_REPLICAS`` a schedule raises this rather than return: the message is on the
-    primary but would be lost if it failed over now. Scheduling the same id again is safe (it
-    creates nothing if the message is there) and waits for the replicas again.
+    primary (``result`` says what the write did) but would be lost if it failed over now. Do
+    not simply schedule it again: once delivered and acknowledged its id is free, and a second
+    message would be created. Inside a transaction the outbox retries it safely, under its
+    row's token.
     """
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class ScriptFailed(DelayQueueError):

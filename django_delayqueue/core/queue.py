@@ -28,6 +28,7 @@ from django_delayqueue.core.errors import (
     ConfigurationError,
     CorruptEnvelope,
     DelayQueueError,
+    NotReplicated,
     PayloadError,
 )
 from django_delayqueue.core.housekeeping import Housekeeping
@@ -84,26 +85,14 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         self.clock = clock or RedisClock(client)
         # Spelled once: schedule() is the hot path of every producer.
         k = self.keys
-        self._schedule_one = BoundScript(
-            LuaScript.named("schedule"),
-            client,
-            [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage],
-        )
+        self._schedule_keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage]
+        self._schedule_one = BoundScript(LuaScript.named("schedule"), client, self._schedule_keys)
         # replace=True: a script of its own, so the hot path above stays as lean as it was.
         replace_keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage]
         replace_keys += (k.attempts, k.tokens)
-        self._replace_one = BoundScript(
-            LuaScript.named("replace"),
-            client,
-            [
-                *replace_keys,
-                k.reasons,
-                k.successors,
-                k.cancelled,
-                k.ready_since,
-                *k.priority_keys(),
-            ],
-        )
+        replace_keys += (k.reasons, k.successors, k.cancelled, k.ready_since, *k.priority_keys())
+        self._replace_keys = replace_keys
+        self._replace_one = BoundScript(LuaScript.named("replace"), client, replace_keys)
         # What schedule.lua and replace.lua take after the time: when and where to announce.
         self.announce_args: tuple[int, str] = (ANNOUNCE_WITHIN_MS, k.wake_channel)
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
@@ -124,11 +113,27 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         """The keys of the queue holding ``message_id`` (its task record, say)."""
         return self.keys
 
-    def confirm_replicas(self, what: str) -> None:
+    def confirm_replicas(self, what: str, result: Any = None) -> None:
         """With ``replicas``: return once they have every write of this queue so far, else
-        raise :class:`~.errors.NotReplicated`. Without: return at once."""
+        raise :class:`~.errors.NotReplicated` (carrying ``result``). Without: return at once."""
         if self.replicas is not None:
-            self.replicas.confirm(self.client, self.keys.replicated, f"queue {self.name}: {what}")
+            where = f"queue {self.name}: {what}"
+            self.replicas.confirm(self.client, self.keys.replicated, where, result)
+
+    def _run_message_call(self, call: ScriptCall, message_id: str, due: int) -> Any:
+        """Run a call that stores one message; with ``replicas``, in one pipeline with their
+        acknowledgement (core.replication), its NotReplicated carrying the ScheduleResult."""
+        if self.replicas is None:
+            return call.run(self.client)
+        what = f"queue {self.name}: message {message_id}"
+        try:
+            return self.replicas.run(self.client, call, self.keys.replicated, what)
+        except NotReplicated as e:
+            reply = e.result
+            if isinstance(reply, list) and reply and int(reply[0]) >= 0:
+                state = to_str(reply[2]) if len(reply) > 1 else None
+                e.result = ScheduleResult(message_id, bool(reply[0]), due, state)
+            raise
 
     # --- scheduling -------------------------------------------------------------------------
 
@@ -196,9 +201,16 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         """
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
-        script = self._replace_one if replace else self._schedule_one
-        reply = script(now, *self.announce_args, message_id, due, envelope)
-        self.confirm_replicas(f"message {message_id}")
+        arguments = (now, *self.announce_args, message_id, due, envelope)
+        if self.replicas is None:  # the fast path
+            script = self._replace_one if replace else self._schedule_one
+            reply = script(*arguments)
+        else:
+            name, keys = (
+                ("replace", self._replace_keys) if replace else ("schedule", self._schedule_keys)
+            )
+            call = ScriptCall(LuaScript.named(name), keys, arguments)
+            reply = self._run_message_call(call, message_id, due)
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
@@ -226,8 +238,8 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         keys = [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage, record_key]
         keys += (k.ranked, k.priorities)
         arguments = [now, *self.announce_args, message_id, due, envelope, record, priority]
-        reply = ScriptCall(LuaScript.named("enqueue_task"), keys, arguments).run(self.client)
-        self.confirm_replicas(f"task {message_id}")
+        call = ScriptCall(LuaScript.named("enqueue_task"), keys, arguments)
+        reply = self._run_message_call(call, message_id, due)
         state = to_str(reply[2]) if len(reply) > 1 else None
         return ScheduleResult(message_id, bool(reply[0]), due, state)
 
@@ -269,8 +281,8 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         keys += (k.priorities, k.sent, record_key or k.sent)
         arguments = [now, *self.announce_args, message_id, due, envelope, mode, token]
         arguments += (SEND_TOKEN_MEMORY_MS, record or "", priority)
-        reply = ScriptCall(LuaScript.named("send_once"), keys, arguments).run(self.client)
-        self.confirm_replicas(f"message {message_id}")
+        call = ScriptCall(LuaScript.named("send_once"), keys, arguments)
+        reply = self._run_message_call(call, message_id, due)
         if int(reply[0]) < 0:
             return None
         state = to_str(reply[2]) if len(reply) > 1 else None

@@ -13,12 +13,14 @@ unconfirmed attempt had already written the message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from redis.cluster import RedisCluster
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.errors import ConfigurationError, NotReplicated
-from django_delayqueue.core.scripts.calls import redis_errors
+from django_delayqueue.core.errors import ConfigurationError, NotReplicated, ScriptFailed
+from django_delayqueue.core.scripts.calls import ScriptCall, is_noscript, redis_errors
+from django_delayqueue.core.scripts.fast_path import get_connection
 
 
 @dataclass(frozen=True)
@@ -42,20 +44,73 @@ class ReplicaAck:
                 f"the replica timeout must be 1 ms or more, not {self.timeout_ms}"
             )
 
-    def confirm(self, client: RedisClient, probe_key: str, what: str) -> int:
+    def run(self, client: RedisClient, call: ScriptCall, probe_key: str, what: str) -> Any:
+        """Run ``call``, then the probe and WAIT, in one pipeline on one connection, and return
+        the script's reply once the replicas confirmed it (else :class:`NotReplicated`).
+
+        One pipeline, because a check sent apart could be retried by redis-py across a failover
+        and confirm, on the promoted replica, a write that died with the old primary. If the
+        pipeline itself is retried, the script runs again with it, on whichever primary the
+        probe and WAIT then reach: what is confirmed is always a write on that server.
+        """
+        with redis_errors(f"{call.script.name} with replica acknowledgement ({what})"):
+            node = _node_client(client, probe_key)
+            replies = self._send(node, call, probe_key)
+            if is_noscript(replies[0]):  # a fresh primary (after a failover) lacks the script
+                node.script_load(call.script.source)
+                replies = self._send(node, call, probe_key)
+        reply, _, acknowledged = replies
+        if isinstance(reply, Exception):
+            raise ScriptFailed(f"{call.script.name}.lua failed: {reply}") from reply
+        self._check(acknowledged, what, reply)
+        return reply
+
+    def _send(self, client: Any, call: ScriptCall, probe_key: str) -> list[Any]:
+        script, keys, args = call
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        pipe.incr(probe_key)
+        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+        return list(pipe.execute(raise_on_error=False))
+
+    def confirm(self, client: RedisClient, probe_key: str, what: str, result: Any = None) -> int:
         """Return once the replicas have every write that returned before this call; raise
-        :class:`NotReplicated` naming ``what`` when too few confirm in time."""
+        :class:`NotReplicated` naming ``what`` when too few confirm in time.
+
+        For writes made by other calls (a bulk pipeline, the consumer's acks). Sent without
+        redis-py's retries: a retry could reconnect to a newly promoted primary and confirm
+        there what the old one never passed on.
+        """
         with redis_errors(f"waiting for replicas ({what})"):
-            if isinstance(client, RedisCluster):
-                # WAIT names no key: send both to the primary of the queue's slot ourselves.
-                client = client.get_node_from_key(probe_key).redis_connection
-            pipe = client.pipeline(transaction=False)
-            pipe.incr(probe_key)
-            pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
-            _, acknowledged = pipe.execute()
+            node = _node_client(client, probe_key)
+            connection = get_connection(node.connection_pool)
+            try:
+                connection.send_command("INCR", probe_key)
+                connection.send_command("WAIT", self.replicas, self.timeout_ms)
+                connection.read_response()
+                acknowledged = connection.read_response()
+            except BaseException:
+                connection.disconnect()  # an unread reply must never be left on it
+                raise
+            finally:
+                node.connection_pool.release(connection)
+        self._check(acknowledged, what, result)
+        return int(acknowledged)
+
+    def _check(self, acknowledged: Any, what: str, result: Any) -> None:
+        if isinstance(acknowledged, Exception):
+            raise acknowledged
         if int(acknowledged) < self.replicas:
             raise NotReplicated(
                 f"{what}: {acknowledged} of {self.replicas} replica(s) confirmed it within "
-                f"{self.timeout_ms} ms; it is on the primary but not safe from a failover yet"
+                f"{self.timeout_ms} ms; it is on the primary but not safe from a failover yet",
+                result=result,
             )
-        return int(acknowledged)
+
+
+def _node_client(client: RedisClient, probe_key: str) -> Any:
+    """The client of the server holding ``probe_key``: ``client`` itself, or on a cluster the
+    primary of the key's slot (WAIT names no key, so the cluster client cannot route it)."""
+    if isinstance(client, RedisCluster):
+        return client.get_node_from_key(probe_key).redis_connection
+    return client

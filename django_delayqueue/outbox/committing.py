@@ -20,7 +20,7 @@ from django.utils import timezone as django_timezone
 
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.envelope import decode_envelope
-from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.errors import DelayQueueError, NotReplicated
 from django_delayqueue.core.results import ScheduleResult
 from django_delayqueue.outbox.outgoing import Outgoing
 
@@ -147,6 +147,15 @@ def _send_committed(outgoing: Outgoing, then: Callable[[], None] | None) -> None
     """Without the outbox: send after the commit; a failure can only be logged."""
     try:
         result = outgoing.send()
+    except NotReplicated as e:  # written, only not confirmed: not lost, but not safe either
+        api_logger.warning(
+            "queue %s: message %s was sent after the commit but not confirmed by its "
+            "replicas (it would be lost if the primary failed over now): %s",
+            outgoing.queue.name,
+            outgoing.prepared.id,
+            e,
+        )
+        return
     except DelayQueueError as e:
         _log_lost(outgoing, e)
         return

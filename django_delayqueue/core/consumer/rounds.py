@@ -11,6 +11,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.consumer.handler_threads import HandlerThreads
@@ -248,9 +250,19 @@ def _confirm_acks(flush: Sequence[Any]) -> None:
     server; a timeout is logged, not raised: the deliveries are done, and at worst a failover
     delivers them again (at least once)."""
     queues = [q for q, kind, _ in flush if kind == "ack" and q.replicas is not None]
-    if not queues:
-        return
-    try:
-        queues[0].confirm_replicas("acknowledgements")
-    except DelayQueueError as e:
-        logger.warning("%s; a failover now may deliver them again", e)
+    # One check per server: every queue of a plain client shares it; on a cluster, each
+    # queue's slot has its own primary.
+    by_server: dict[object, Queue] = {}
+    for q in queues:
+        client = q.client
+        server = (
+            client.get_node_from_key(q.keys.replicated).name
+            if isinstance(client, RedisCluster)
+            else id(client)
+        )
+        by_server.setdefault(server, q)
+    for q in by_server.values():
+        try:
+            q.confirm_replicas("acknowledgements")
+        except DelayQueueError as e:
+            logger.warning("%s; a failover now may deliver them again", e)

@@ -14,8 +14,9 @@
 -- ARGV[7] mode: 'schedule', 'replace' or 'task'   ARGV[8] send token
 -- ARGV[9] how long (ms) a token is remembered   ARGV[10] the record's enqueued field (JSON)
 -- ARGV[11] priority (-100..100)   (ARGV[10] and ARGV[11]: mode 'task' only)
--- returns: {-1} when the token was sent within ARGV[9] ms (nothing changed); else what the
---          mode's script returns (the token is remembered, older ones forgotten).
+-- returns: {-1} when the token was sent within ARGV[9] ms (nothing changed but the token's
+--          time, renewed); else what the mode's script returns (the token is remembered,
+--          older ones forgotten).
 --- @include "includes/guard.lua"
 --- @include "includes/scheduling.lua"
 --- @include "includes/replacing.lua"
@@ -27,7 +28,13 @@ end
 guard(KEYS[15], 'zset')
 local now = tonumber(ARGV[1])
 local sent_at = redis.call('ZSCORE', KEYS[15], ARGV[8])
-if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then return {-1} end
+if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then
+  -- Sent again: its sender still holds a row it cannot delete (its replicas do not confirm,
+  -- say). Remembered from now, so that a row resent for longer than the memory never stores
+  -- its message twice.
+  redis.call('ZADD', KEYS[15], now, ARGV[8])
+  return {-1}
+end
 local out
 if mode == 'schedule' then
   out = schedule_triples(4, 6)
