@@ -32,6 +32,7 @@ from django.core.checks import Error, Tags, Warning, register
 
 from django_delayqueue.api import topics
 from django_delayqueue.conf.connection import (
+    cluster_conflicts,
     make_client,
     redis_urls,
     replica_ack,
@@ -176,7 +177,7 @@ def _connection_errors() -> list[Any]:
         validate_name(dq_settings.PREFIX, "key prefix")
     except ConfigurationError as e:
         out.append(Error(f"DELAYQUEUE['PREFIX']: {e}.", id="delayqueue.E004"))
-    for read in (sentinel_config, replica_ack):
+    for read in (sentinel_config, replica_ack, cluster_conflicts):
         try:
             read()
         except ConfigurationError as e:

@@ -143,3 +143,21 @@ def test_checks_do_not_crash_on_nonsense() -> None:
     with override_settings(DELAYQUEUE="redis://"):
         assert ids(check_settings()) == ["delayqueue.E004"]
         assert check_handlers() == []
+
+
+def test_cluster_conflicts_and_bad_shards_are_reported_and_do_not_break_the_stats() -> None:
+    from django_delayqueue.monitoring.stats import collect
+
+    base = {**settings.DELAYQUEUE}
+    for changed in (
+        {"CLUSTER": "yes"},
+        {"CLUSTER": True, "SENTINEL": {"hosts": [["127.0.0.1", 26379]]}},
+    ):
+        with override_settings(DELAYQUEUE={**base, **changed}):
+            assert "delayqueue.E004" in ids(django_checks.run_checks(tags=["delayqueue"]))
+    queues = {**base["QUEUES"], "bad-shards": {"shards": 0}}
+    with override_settings(DELAYQUEUE={**base, "QUEUES": queues}):
+        errors = django_checks.run_checks(tags=["delayqueue"])
+        assert any(e.id == "delayqueue.E003" and "shards" in e.msg for e in errors)
+        names = [s.queue for s in collect()]  # every queue still reported (was: it raised)
+        assert "bad-shards" in names and "order-close" in names

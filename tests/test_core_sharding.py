@@ -98,3 +98,21 @@ def test_requeue_and_purge_without_ids_act_on_every_shard(
             q.bury(m, "poison")
     assert sharded.purge() == 9
     assert sharded.counts() == {s: 0 for s in ("pending", "ready", "unack", "retry", "garbage")}
+
+
+def test_peek_takes_queue_peek_s_bounds_and_reads_a_shard_past_its_first_page(
+    sharded: ShardedQueue,
+) -> None:
+    from django_delayqueue.core.errors import ConfigurationError
+
+    for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}):
+        with pytest.raises(ConfigurationError):
+            sharded.peek("pending", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        sharded.peek("nowhere")
+    sharded.schedule_many([{"payload": i, "id": f"x{i}", "delay": 60} for i in range(2500)])
+    page = sharded.peek("pending", 0, 1000)
+    expected: list[str] = []
+    for q in sharded.shards:  # shard after shard, each in its own order
+        expected += [m.id for m in q.peek("pending", 0, 1000).messages]
+    assert [m.id for m in page.messages] == expected[:1000] and page.total == 2500

@@ -708,3 +708,34 @@ def test_manage_py_check_reports_the_backends_own_errors(tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode != 0
     assert done.stderr.count("delayqueue.E005") == 1, done.stderr  # reported, and only once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_on_a_sharded_queue_run_as_the_queue_s_own(redis_client: redis.Redis) -> None:
+    """Each task lands on its id's shard; the worker, its signals and the rebuilt record name the
+    logical queue, never a shard (before: "shop-tasks#1" reached TaskContext and the record)."""
+    queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"shards": 3, "backoff_base": 0}}
+    seen: list[str] = []
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result.task.queue_name)
+
+    framework.task_started.connect(started)
+    try:
+        with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "QUEUES": queues}):
+            results = [examples.add.enqueue(n, 1) for n in range(6)]
+            shards = {
+                int(key.decode().split("#")[1].split("}")[0])
+                for key in redis_client.keys("{dq:shop-tasks#*}:task:*")
+            }
+            assert len(shards) >= 2  # spread over the shards
+            lost = results[0].id  # a record lost before the run is rebuilt from the message
+            redis_client.delete(*redis_client.keys("{dq:shop-tasks#*}:task:" + lost))
+            burst()
+            for r in results:
+                done = examples.add.get_result(r.id)
+                assert done.status == framework.SUCCESSFUL
+                assert done.task.queue_name == QUEUE
+    finally:
+        framework.task_started.disconnect(started)
+    assert seen and set(seen) == {QUEUE}

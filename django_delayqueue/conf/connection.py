@@ -74,6 +74,7 @@ def replica_ack() -> ReplicaAck | None:
 
 def make_client(**overrides: Any) -> Any:
     """A new client built from the settings (``overrides`` go to ``from_url``)."""
+    cluster_conflicts()
     sentinel = sentinel_config()
     if sentinel is not None:
         return _sentinel_client(sentinel, overrides)
@@ -94,12 +95,21 @@ def make_client(**overrides: Any) -> Any:
     return connect(url, cluster=bool(dq_settings.CLUSTER), **options)
 
 
-def redis_urls() -> str | list[str]:
-    """``REDIS_URL`` checked: a URL, or with ``CLUSTER`` a list of start nodes' URLs too."""
-    url = dq_settings.REDIS_URL or DEFAULT_REDIS_URL
+def cluster_conflicts() -> None:
+    """Raise ConfigurationError when ``CLUSTER`` is not a bool, or is set beside a way of
+    connecting that cannot be a cluster (SENTINEL, CACHE_ALIAS)."""
     cluster = dq_settings.CLUSTER
     if not isinstance(cluster, bool):
         raise ConfigurationError(f"CLUSTER must be True or False, not {cluster!r}")
+    if cluster and (dq_settings.SENTINEL is not None or dq_settings.CACHE_ALIAS):
+        raise ConfigurationError("CLUSTER cannot be used with SENTINEL or CACHE_ALIAS")
+
+
+def redis_urls() -> str | list[str]:
+    """``REDIS_URL`` checked: a URL, or with ``CLUSTER`` a list of start nodes' URLs too."""
+    url = dq_settings.REDIS_URL or DEFAULT_REDIS_URL
+    cluster_conflicts()
+    cluster = bool(dq_settings.CLUSTER)
     urls = url if cluster and isinstance(url, (list, tuple)) and url else [url]
     for one in urls:
         if not isinstance(one, str) or not one.startswith(("redis://", "rediss://", "unix://")):
@@ -107,8 +117,6 @@ def redis_urls() -> str | list[str]:
                 f"REDIS_URL must start with redis://, rediss:// or unix://, not {one!r}"
                 + ("" if cluster else " (a list of start nodes needs CLUSTER = True)")
             )
-    if cluster and (dq_settings.SENTINEL is not None or dq_settings.CACHE_ALIAS):
-        raise ConfigurationError("CLUSTER cannot be used with SENTINEL or CACHE_ALIAS")
     return url if isinstance(url, str) else list(urls)
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from django_delayqueue.core.due_times import Delay
 from django_delayqueue.core.envelope import new_id
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.results import BulkResult, Page, Prepared, ScheduleResult, Snapshot
@@ -147,8 +149,11 @@ class ShardedQueue:
         return merge_snapshots(self.name, [q.snapshot(now) for q in self.shards])
 
     def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
-        """A page of the shards' messages in ``state``, shard after shard."""
-        totals = [q.peek(state, 0, 1).total for q in self.shards]
+        """A page of the shards' messages in ``state``, shard after shard (each in its own
+        order): the arguments and bounds of ``Queue.peek``."""
+        if not (offset >= 0 and 1 <= limit <= MAX_PAGE):
+            raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
+        totals = [q.peek(state, 0, 1).total for q in self.shards]  # checks ``state`` too
         rows = []
         skip, want = offset, limit
         for q, total in zip(self.shards, totals, strict=True):
@@ -157,7 +162,7 @@ class ShardedQueue:
             if skip >= total:
                 skip -= total
                 continue
-            page = q.peek(state, skip, min(want, 1000))
+            page = q.peek(state, skip, want)
             rows += page.messages[:want]
             want -= len(page.messages[:want])
             skip = 0

@@ -89,7 +89,7 @@ class TaskRunner:
         Returns the writes of a success, for the consumer to send with the ack.
         """
         record = TaskRecord.from_payload(
-            message.payload, queue.name, message.due_ms, message.scheduled_ms
+            message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
         )
         attempt = _Attempt(self.worker_id, message, queue, record.enqueued_json())
         backend = task = None
