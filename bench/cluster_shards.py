@@ -17,51 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import redis
 
-from django_delayqueue.embedded import RedisServerProcess, free_port
+from django_delayqueue.embedded import CLUSTER_SLOTS, RedisServerProcess, local_cluster
 
 from .harness import Child, Row
 from .report import table, write_json
 
-SLOTS = ((0, 5460), (5461, 10922), (10923, 16383))
+SLOTS = CLUSTER_SLOTS
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "cluster-shards-latest.json"
 TARGET_RATE = 1_000_000  # scheduled messages per second, the deployment the README sizes
 HEADROOM = 0.5  # plan masters at half their measured capacity
-
-
-@contextmanager
-def local_cluster() -> Iterator[list[RedisServerProcess]]:
-    """Three masters on free ports (and free bus ports), slots split evenly; stopped after."""
-    buses = [free_port() for _ in SLOTS]
-    nodes: list[RedisServerProcess] = []
-    try:
-        for bus in buses:
-            args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            args += ("--cluster-node-timeout", "2000", "--cluster-port", str(bus))
-            nodes.append(RedisServerProcess(args=args).start())
-        for node, (first, last) in zip(nodes, SLOTS, strict=True):
-            redis.Redis(port=node.port).execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
-        for node, bus in zip(nodes[1:], buses[1:], strict=True):
-            redis.Redis(port=nodes[0].port).execute_command(
-                "CLUSTER", "MEET", "127.0.0.1", node.port, bus
-            )
-        deadline = time.monotonic() + 30
-        while not all(
-            redis.Redis(port=n.port).cluster("info")["cluster_state"] == "ok" for n in nodes
-        ):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the cluster never reached state ok")
-            time.sleep(0.1)
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def spread_name(shards: int) -> str:

@@ -47,9 +47,12 @@ def build_queue(name: str, settings: QueueSettings | None = None) -> Queue | Sha
     return shards[0] if len(shards) == 1 else ShardedQueue(shards)
 
 
-def shard_queues(name: str, settings: QueueSettings | None = None) -> list[Queue]:
-    """The Queue objects a consumer of ``name`` claims from: the queue, or each of its shards."""
-    count = queue_shards(name)
+def shard_queues(
+    name: str, settings: QueueSettings | None = None, count: int | None = None
+) -> list[Queue]:
+    """The Queue objects a consumer of ``name`` claims from: the queue, or each of its shards
+    (``count`` of them; default: its ``shards`` setting)."""
+    count = queue_shards(name) if count is None else count
     return [
         Queue(
             get_client(),

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
@@ -195,7 +194,7 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
         try:
             queues.append(shard_queues(name, settings))
         except ConfigurationError:  # a bad "shards" (reported by the checks): read it unsharded
-            queues.append([Queue(get_client(), name, prefix=dq_settings.PREFIX, settings=settings)])
+            queues.append(shard_queues(name, settings, count=1))
     # One pipeline over every queue and shard (a round trip per Redis node); a sharded
     # queue's stats are its shards' added up.
     flat = gather([q for shards in queues for q in shards], alive_seconds=consumer_alive_seconds())

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import dq_settings
-from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, RedisUnavailable
+from django_delayqueue.core.errors import DelayQueueError, RedisUnavailable
 from django_delayqueue.core.results import Prepared
 from django_delayqueue.models import OutboxMessage
 from django_delayqueue.outbox.committing import (
@@ -41,7 +41,7 @@ logger = logging.getLogger("django_delayqueue.outbox")
 BATCH = 100  # rows one pass claims from one database
 # Seconds before a row that failed on its own (a queue not configured here, a script error) is
 # tried again; rows behind it go on meanwhile.
-UNKNOWN_QUEUE_WAIT = 60.0
+ROW_FAILURE_WAIT = 60.0
 
 
 @dataclass
@@ -57,6 +57,13 @@ class RelayPass:
     @property
     def handled(self) -> int:
         return self.sent + self.already_sent
+
+    def add(self, other: RelayPass) -> None:
+        """Count ``other``'s rows in this pass's (``full`` and ``redis_down`` become other's)."""
+        self.sent += other.sent
+        self.already_sent += other.already_sent
+        self.failed += other.failed
+        self.full, self.redis_down = other.full, other.redis_down
 
 
 def outbox_databases() -> list[str]:
@@ -104,12 +111,8 @@ class OutboxRelay:
         """Passes until nothing more is free or Redis is down (``runqueue --burst``)."""
         total = RelayPass()
         while True:
-            done = self.relay_once()
-            total.sent += done.sent
-            total.already_sent += done.already_sent
-            total.failed += done.failed
-            if not done.full or done.redis_down:
-                total.redis_down = done.redis_down
+            total.add(self.relay_once())
+            if not total.full or total.redis_down:
                 return total
 
     def relay_rows(self, selected: QuerySet[OutboxMessage]) -> RelayPass:
@@ -155,13 +158,7 @@ class OutboxRelay:
     def _send(self, alias: str, claimed: list[OutboxMessage], done: RelayPass) -> None:
         for i, row in enumerate(claimed):
             try:
-                outgoing = outgoing_of(row)
-                result = outgoing.send_once(str(row.pk))
-            except ConfigurationError as e:  # a queue this process does not know: not ours
-                logger.error("outbox row %s (queue %s) not sent: %s", row.pk, row.queue, e)
-                release(row, alias, e, wait=UNKNOWN_QUEUE_WAIT)
-                done.failed += 1
-                continue
+                result = outgoing_of(row).send_once(str(row.pk))
             except RedisUnavailable as e:
                 # The rest would fail alike: all go back at once, for the next pass.
                 logger.warning("outbox: %d row(s) wait for Redis: %s", len(claimed) - i, e)
@@ -170,9 +167,11 @@ class OutboxRelay:
                 done.failed += len(claimed) - i
                 done.redis_down = True
                 return
-            except DelayQueueError as e:  # this row's queue refused it (a broken key, say)
+            except (
+                DelayQueueError
+            ) as e:  # this row alone: a queue not configured here, a broken key
                 logger.error("outbox row %s (queue %s) not sent: %s", row.pk, row.queue, e)
-                release(row, alias, e, wait=UNKNOWN_QUEUE_WAIT)
+                release(row, alias, e, wait=ROW_FAILURE_WAIT)
                 done.failed += 1
                 continue
             delete_sent(row, alias)
