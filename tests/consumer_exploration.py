@@ -33,6 +33,7 @@ from django_delayqueue.core import Message, Queue, QueueSettings, Reject, Retry,
 from django_delayqueue.core.consumer.loop import Consumer
 
 QUEUES = ("alpha", "beta", "gamma")
+MAX_ATTEMPTS_LOW, MAX_ATTEMPTS_HIGH = 2, 4  # every queue's max_attempts, edits included
 ACTIONS = ("return", "raise", "base", "retry", "retry_bad", "reject", "slow")
 WEIGHTS = (40, 12, 8, 10, 5, 5, 2)
 SLOW_SECONDS = 1.3  # past a 1 s visibility timeout: only the extender keeps the message
@@ -95,7 +96,7 @@ class Exploration:
     def _settings(self) -> QueueSettings:
         r = self.rng
         return QueueSettings(
-            max_attempts=r.randint(2, 4),
+            max_attempts=r.randint(MAX_ATTEMPTS_LOW, MAX_ATTEMPTS_HIGH),
             backoff_base=0.01,
             backoff_max=0.05,
             visibility_timeout=r.choice([1, 2]),
@@ -203,7 +204,7 @@ class Exploration:
             self.edits[name] = q.settings.replace(
                 visibility_timeout=r.choice([1, 2]),
                 paused=r.random() < 0.3,
-                max_attempts=r.randint(2, 4),
+                max_attempts=r.randint(MAX_ATTEMPTS_LOW, MAX_ATTEMPTS_HIGH),
                 concurrency=r.randint(1, 3),
             )
         elif kind == "kill":
@@ -241,7 +242,10 @@ class Exploration:
         ledger, fail = self.ledger, f"seed {self.seed}"
         for name, q in self.queues.items():
             journal = _journal(self.client, q)
-            rows = Counter((row[0], row[5], row[6]) for row in journal if row[6] != "cancel")
+            self._check_last_attempts(name, journal)
+            rows = Counter(
+                (row[0], row[5], _as_handled(row)) for row in journal if row[6] != "cancel"
+            )
             runs = Counter((r.id, r.attempt, r.status) for r in ledger.runs if r.queue == name)
             assert rows == runs, f"{fail}: {name}: journal {rows - runs} vs handlers {runs - rows}"
             cancels = sum(1 for row in journal if row[6] == "cancel")
@@ -265,6 +269,18 @@ class Exploration:
             for a, b in itertools.pairwise(runs):
                 assert b.started_ms >= a.finished_ms, f"{fail}: {key} ran twice at once: {a} {b}"
 
+    def _check_last_attempts(self, name: str, journal: list[list[Any]]) -> None:
+        """A failed attempt reads "garbage" exactly when it was the last one: max_attempts is
+        edited at random while handlers run, so the bounds of every setting used are what the
+        oracle knows (a retry row never at 4 or more attempts, a buried one never before 2)."""
+        fail = f"seed {self.seed}: {name}"
+        for row in journal:
+            attempt, outcome, error = row[5], row[6], row[7]
+            if outcome == "retry":
+                assert attempt < MAX_ATTEMPTS_HIGH, f"{fail}: retry row at the last attempt {row}"
+            elif outcome == "garbage" and error != "Reject":
+                assert attempt >= MAX_ATTEMPTS_LOW, f"{fail}: buried with attempts left {row}"
+
     def _check_fate(self, name: str, message_id: str, gen: int) -> None:
         """The latest message of an id was acknowledged, is dead, or was cancelled or purged."""
         q, key = self.queues[name], (name, message_id)
@@ -276,6 +292,12 @@ class Exploration:
             f"seed {self.seed}: {name}/{message_id} generation {gen} lost: "
             f"runs {[(r.attempt, r.status) for r in runs]}"
         )
+
+
+def _as_handled(row: list[Any]) -> str:
+    """The outcome the handler saw: a failure buried for want of attempts was a failed attempt
+    (only Reject is the handler's own "garbage")."""
+    return "retry" if row[6] == "garbage" and row[7] != "Reject" else row[6]
 
 
 class _Exploring(Consumer):

@@ -61,6 +61,24 @@ def test_graceful_stop_finishes_in_flight_and_releases_unstarted(
     assert [(m.id, m.attempt) for m in q.claim(10)] == [("m1", 1), ("m2", 1), ("m3", 1)]
 
 
+def test_a_stopped_consumer_takes_its_heartbeat_away(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    """Health counts a consumer alive while its heartbeat is fresh: one that stopped (SIGTERM
+    is request_stop) must not count for HEALTH_CONSUMER_SECONDS more. Another's stays."""
+    q = make_queue()
+    redis_client.zadd(q.keys.heartbeats, {"other": q.clock.now_ms()})
+    q.schedule("first")
+    handled = threading.Event()
+    consumer = Consumer([q], lambda m: handled.set(), idle_seconds=0.1, name="leaving")
+    r = running(consumer)
+    assert handled.wait(TIMEOUT)
+    assert redis_client.zscore(q.keys.heartbeats, "leaving") is not None  # it beat once
+    consumer.request_stop()
+    assert r.join() == 0
+    assert redis_client.zrange(q.keys.heartbeats, 0, -1) == [b"other"]
+
+
 def test_second_stop_request_gives_back_a_stuck_delivery(
     redis_client: redis.Redis, make_queue: Any, running: Any
 ) -> None:

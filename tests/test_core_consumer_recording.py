@@ -53,6 +53,27 @@ def test_one_flush_records_acks_retries_burials_and_a_journal_entry(
     assert fields[b"n"] == b"3"
 
 
+def test_a_failure_on_the_last_attempt_is_journalled_as_garbage(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """nack.lua buries a failure with no attempts left, even one asking for a retry delay:
+    the journal (what queuestats and the metrics count) must say garbage, not retry."""
+    q = make_queue(max_attempts=1)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    outcomes = claimed_outcomes(q, [RETRY, RETRY])
+    outcomes[1].delay = 30.0  # what raising Retry(delay=30) gives
+    unrecorded.extend(outcomes)
+    flush(redis_client, unrecorded)
+    assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0", b"m1"]
+    assert [row[6] for row in journal_rows(redis_client, q)] == [GARBAGE, GARBAGE]
+
+    roomy = make_queue("roomy", max_attempts=2)  # a first failure of two attempts: a retry
+    unrecorded = UnrecordedOutcomes([roomy], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(roomy, [RETRY]))
+    flush(redis_client, unrecorded)
+    assert [row[6] for row in journal_rows(redis_client, roomy)] == [RETRY]
+
+
 def test_a_failed_journal_write_is_sent_again_alone(
     redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

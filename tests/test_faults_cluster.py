@@ -60,13 +60,14 @@ def test_queues_work_on_a_three_master_cluster(
         expected[late.id] = late.due_ms
         cs.wait(lambda: late.id in {d.id for d in read(ledger_path)}, 30, "the late message")
         cs.wait(lambda: settled(queues[2]), 30, "the late message's ack")
+        assert all(s.consumers_alive for s in gather(queues))  # heartbeats reached every node
         assert cs.stop(proc) == 0
     report = check(expected, read(ledger_path))
     assert report.ok and report.delivered == len(expected), report.summary()
     stats = gather(queues)
     assert [s.counts["pending"] for s in stats] == [0, 0, 0]
     assert sum((s.outcomes or {}).get("ack", 0) for s in stats) == len(expected)
-    assert all(s.consumers_alive for s in stats)  # heartbeats reached every node
+    assert not any(s.consumers_alive for s in stats)  # and left with the consumer
 
 
 def test_replica_acknowledgement_asks_each_queue_s_own_primary(

@@ -83,7 +83,11 @@ def test_a_real_consumer_heartbeats_and_its_outcomes_are_tallied(redis_client, c
     for i in range(4):
         q.schedule({"i": i})
 
+    seen_while_running: list[stats.QueueStats] = []
+
     def handler(message):
+        if message.payload["i"] == 0:
+            seen_while_running.extend(stats.gather([q]))
         if message.payload["i"] == 1:
             raise RuntimeError("boom")  # max_attempts=1: straight to garbage
         if message.payload["i"] == 2:
@@ -91,9 +95,12 @@ def test_a_real_consumer_heartbeats_and_its_outcomes_are_tallied(redis_client, c
 
     consumer = Consumer([q], handler, burst=True, name="worker-1")
     assert consumer.run() == 0
+    (running,) = seen_while_running
+    assert running.consumers_alive == 1 and running.consumers[0][0] == "worker-1"
     (s,) = stats.gather([q])
-    assert s.consumers_alive == 1 and s.consumers[0][0] == "worker-1"
-    assert s.outcomes == {"ack": 2, "retry": 1, "garbage": 1}
+    assert s.consumers_alive == 0 and s.consumers == []  # it said goodbye as it stopped
+    # The failure on the last (only) attempt went to the dead letters: garbage, not retry.
+    assert s.outcomes == {"ack": 2, "retry": 0, "garbage": 2}
     assert (s.deliveries, s.failures) == (4, 2)
     assert s.counts["garbage"] == 2
 

@@ -20,6 +20,7 @@ import os
 import time
 from typing import Any
 
+from django.conf import settings
 from django.dispatch import receiver
 from ledger import EXIT, OK, RAISE, REJECT, Ledger
 
@@ -49,6 +50,15 @@ class DrillBaseException(BaseException):
     """What a library might raise past ``except Exception``: a failed attempt all the same."""
 
 
+def _expected_outcome(name: str, message: Message) -> str:
+    """What the journal must say: a failed attempt is "retry", or "garbage" when it was the
+    queue's last (nack.lua buries it, whatever retry was asked)."""
+    if name in _OUTCOMES or name not in _KINDS:
+        return _OUTCOMES.get(name, "ack")
+    max_attempts = settings.DELAYQUEUE["QUEUES"][message.queue]["max_attempts"]
+    return "garbage" if message.attempt >= max_attempts else "retry"
+
+
 @receiver([topic(name) for name in QUEUES])
 def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
     payload = message.payload if isinstance(message.payload, dict) else {}
@@ -67,7 +77,7 @@ def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
             started,
             message.due_ms,
             action,
-            _OUTCOMES.get(name, "retry" if name in _KINDS else "ack"),
+            _expected_outcome(name, message),
             payload.get("gen"),
         )
 

@@ -307,6 +307,7 @@ class Consumer(Rounds):
                 "%d outcome(s) not recorded: those messages will be delivered again",
                 len(self._unrecorded),
             )
+        self._leave_heartbeats()
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
 

@@ -46,8 +46,16 @@ class Outcome:
     error: str = ""  # exception class, for the journal
     writes: WritesWithAck | None = None  # what the handler left to write with the ack
 
-    def journal_row(self) -> list[Any]:
+    def journal_row(self, max_attempts: int | None = None) -> list[Any]:
+        """The journal's row; a failure on the last of ``max_attempts`` reads "garbage".
+
+        nack.lua sends such a failure to the dead letters (whatever retry was asked), so the
+        journal, which queuestats and the metrics count, must say so too.
+        """
         m = self.message
+        status = self.status
+        if status == RETRY and max_attempts is not None and m.attempt >= max_attempts:
+            status = GARBAGE
         return [
             m.id,
             m.scheduled_ms,
@@ -55,7 +63,7 @@ class Outcome:
             self.started_ms,
             self.finished_ms,
             m.attempt,
-            self.status,
+            status,
             self.error,
         ]
 
@@ -107,6 +115,6 @@ def _sane_delay(delay: Any) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def journal_entry(outcomes: list[Outcome]) -> dict[str, str]:
-    rows = [o.journal_row() for o in outcomes]
+def journal_entry(outcomes: list[Outcome], max_attempts: int | None = None) -> dict[str, str]:
+    rows = [o.journal_row(max_attempts) for o in outcomes]
     return {"n": str(len(rows)), "o": json.dumps(rows, separators=(",", ":"))}

@@ -251,7 +251,11 @@ class UnrecordedOutcomes:
                 )
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:
-        fields = [item for pair in journal_entry(outcomes).items() for item in pair]
+        fields = [
+            item
+            for pair in journal_entry(outcomes, q.settings.max_attempts).items()
+            for item in pair
+        ]
         return ScriptCall(
             LuaScript.named("journal"), [q.keys.journal], [self.journal_maxlen, *fields]
         )

@@ -243,6 +243,19 @@ class Rounds:
         except Exception as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
 
+    def _leave_heartbeats(self) -> None:
+        """Say this consumer is gone, so health stops counting it alive as soon as it stops
+        (not ``HEALTH_CONSUMER_SECONDS`` later). Best effort: Redis may be down."""
+        for client, queues in self._clients:
+            try:
+                pipe = client.pipeline(transaction=False)
+                for q in queues:
+                    pipe.zrem(q.keys.heartbeats, self.name)
+                with redis_errors("heartbeat"):
+                    pipe.execute()
+            except Exception as e:  # down, or a heartbeats key of the wrong type
+                logger.debug("heartbeat not removed: %s", e)
+
 
 def _confirm_acks(flush: Sequence[Any]) -> None:
     """With ``MIN_REPLICAS``, wait for the replicas to have the acks just sent, so that a
