@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_delayqueue.conf.settings import MIRRORED_FIELDS, settings_problems
 from django_delayqueue.core.envelope import MAX_ID_LENGTH
+from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.settings import QueueSettings
 
 _D = QueueSettings()
@@ -116,3 +117,79 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.message_id}"
+
+
+class RecurringSchedule(models.Model):
+    """A recurring schedule (cron or interval) that ``runqueue`` keeps firing, once per tick.
+
+    Rows come from ``DELAYQUEUE["SCHEDULES"]`` (kept in step at each migrate and runqueue
+    start) or are added in the admin. Saved rows are published to Redis, where every runqueue
+    reads them within ``SETTINGS_REFRESH_SECONDS`` (``django_delayqueue.recurring``).
+    """
+
+    CATCH_UP = [
+        ("latest", "latest: run the most recent missed tick once"),
+        ("all", "all: run every missed tick (up to the limit)"),
+        ("none", "none: skip missed ticks"),
+    ]
+
+    name = models.CharField(max_length=100, unique=True)
+    queue = models.CharField(max_length=100)
+    cron = models.CharField(
+        max_length=200, blank=True, default="", help_text="e.g. '0 3 * * *' (or give 'every')."
+    )
+    every = models.FloatField(null=True, blank=True, help_text="Seconds between ticks (>= 1).")
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="For cron, e.g. Europe/Berlin."
+    )
+    payload = models.JSONField(null=True, blank=True)
+    task = models.CharField(
+        max_length=300, blank=True, default="", help_text="Dotted path of a @task to run instead."
+    )
+    backend = models.CharField(max_length=100, default="default", help_text="TASKS alias.")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    catch_up = models.CharField(max_length=10, choices=CATCH_UP, default="latest")
+    catch_up_limit = models.PositiveIntegerField(default=100)
+    paused = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+    # What DELAYQUEUE["SCHEDULES"] said at the last sync (empty: added in the admin). As for
+    # QueueConfig, a field whose file value changed is taken from the file, one staff changed
+    # is kept; a row whose schedule left the settings file is deleted.
+    from_settings = models.JSONField(default=dict, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "recurring schedule"
+
+    def __str__(self) -> str:
+        return f"{self.name}{' (paused)' if self.paused else ''}"
+
+    def definition(self) -> dict[str, Any]:
+        """The row as a ``DELAYQUEUE["SCHEDULES"]`` entry."""
+        values: dict[str, Any] = {
+            "queue": self.queue,
+            "timezone": self.timezone,
+            "catch_up": self.catch_up,
+            "catch_up_limit": self.catch_up_limit,
+            "paused": self.paused,
+        }
+        if self.cron:
+            values["cron"] = self.cron
+        if self.every is not None:
+            values["every"] = self.every
+        if self.task:
+            values.update(
+                task=self.task, backend=self.backend, args=self.args or [], kwargs=self.kwargs or {}
+            )
+        else:
+            values["payload"] = self.payload
+        return values
+
+    def clean(self) -> None:
+        from django_delayqueue.core.recurring.recurrence import Recurrence
+
+        try:
+            Recurrence.from_mapping(self.name, self.definition())
+        except ConfigurationError as e:
+            raise ValidationError(str(e)) from e

@@ -19,7 +19,13 @@ from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.tasks.payload import is_task_payload
+from django_delayqueue.core.recurring.keeper import ScheduleKeeper
+from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.recurring.definitions import declared_recurrences
+from django_delayqueue.recurring.definitions import load_published as load_published_schedules
+from django_delayqueue.recurring.sync import publish_rows as publish_schedule_rows
+from django_delayqueue.recurring.sync import sync_schedules
+from django_delayqueue.tasks.payload import is_task_payload, task_payload
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,7 @@ class Worker(Consumer):
     def __init__(self, queues: Sequence[Queue], **kwargs: Any) -> None:
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
+        kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload))
         super().__init__(queues, **kwargs)
         self._by_name = {q.name: q for q in self.queues}
         self._task_queues = frozenset(task_queue_names())
@@ -121,8 +128,9 @@ class Worker(Consumer):
         """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
         try:
             sync_queue_configs()
+            sync_schedules()
         except DatabaseError as e:
-            logger.warning("queue settings rows not synced (database unavailable?): %s", e)
+            logger.warning("settings rows not synced (database unavailable?): %s", e)
         finally:
             close_old_connections()
 
@@ -193,6 +201,32 @@ class Worker(Consumer):
         missing = [name for name, values in published.items() if values is None]
         if missing:  # recomputed every refresh, so a failed republish is tried again
             self._republish(missing)
+        self._refresh_schedules()
+
+    def _refresh_schedules(self) -> None:
+        """Give the keeper the published recurring schedules (the admin's edits included)."""
+        if self.keeper is None:
+            return
+        try:
+            published = load_published_schedules()
+            if published is None:  # never published, or Redis lost it: from the rows
+                published = self._publish_schedules()
+        except DelayQueueError as e:
+            logger.debug("recurring schedules not refreshed: %s", e)
+            return
+        version, recurrences = published
+        self.keeper.set_definitions(recurrences, self.queues, version)
+
+    def _publish_schedules(self) -> tuple[int, list[Any]]:
+        try:
+            publish_schedule_rows()
+            published = load_published_schedules()
+        except DatabaseError as e:  # no table yet: the settings file alone, unpublished
+            logger.warning("recurring schedules read from the settings file only: %s", e)
+            return 0, declared_recurrences()
+        finally:
+            close_old_connections()
+        return published if published is not None else (0, declared_recurrences())
 
     def _republish(self, names: list[str]) -> None:
         # Redis lost the config hashes (restart without persistence, FLUSHALL): put the rows
@@ -210,6 +244,15 @@ class Worker(Consumer):
             # No row yet (the database was down when this worker started and synced): create
             # the rows from the settings file, which publishes them too.
             self.sync_settings()
+
+
+def tick_payload(recurrence: Recurrence, instant_ms: int) -> Any:
+    """What a tick carries: the schedule's payload, or the message of its ``task``."""
+    if recurrence.task:
+        return task_payload(
+            recurrence.task, list(recurrence.args), dict(recurrence.kwargs), recurrence.backend
+        )
+    return recurrence.payload
 
 
 def _diff(old: Any, new: Any) -> str:

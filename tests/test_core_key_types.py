@@ -24,7 +24,9 @@ import redis
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, ScriptFailed
 from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper
+from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 
 
 @dataclass
@@ -62,6 +64,7 @@ def populated(client: redis.Redis) -> Held:
     clock.advance(2)  # "soon", the retry and the in-flight deadline are all due now
     held = Held(q, clock, inflight, retrying.id, "later")
     _journal(held)  # an entry for the stats to tally
+    _advance(held, Recurrence("beat", "typed", every=3600))  # a schedule with a waiting tick
     return held
 
 
@@ -124,12 +127,34 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "peek": lambda h: h.queue.peek("ready"),
     "journal": _journal,
     "stats": _stats,
+    "advance a schedule": lambda h: _advance(h, Recurrence("beat", "typed", every=1)),
+    "edit a schedule": lambda h: _advance(h, Recurrence("beat", "typed", every=7)),
+    "delete a schedule": lambda h: _advance(h, None),
+    "record a tick's run": lambda h: record_tick_call(
+        h.queue, "beat", tick_run(h.clock.now_ms(), h.clock.now_ms(), "ack", "")
+    ).run(h.queue.client),
+    "read schedule states": lambda h: ScriptCall(
+        LuaScript.named("schedule_states"), [h.queue.keys.schedules, h.queue.keys.tick_runs], []
+    ).run(h.queue.client),
 }
+
+
+def _advance(h: Held, recurrence: Recurrence | None) -> None:
+    """What a consumer's keeper sends: a schedule created, then (again) changed or deleted."""
+    keeper = ScheduleKeeper()
+    keeper.set_definitions([] if recurrence is None else [recurrence], [h.queue])
+    for _ in range(2):  # read the states, then advance
+        batch = ScriptBatch()
+        entries = keeper.add_to(batch, [h.queue], h.clock.now_ms())
+        results = batch.run(h.queue.client)
+        keeper.read(entries, results, h.clock.now_ms())
+
 
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
+    "schedules", "ticks", "tick_runs",
 ]  # fmt: skip
 
 
@@ -299,6 +324,6 @@ def test_the_operations_write_when_nothing_is_broken(redis_client: redis.Redis) 
         all_keys = held.queue.keys.all_keys()
         before = dump_all(redis_client, all_keys)
         OPERATIONS[operation](held)
-        if operation not in ("counts", "peek"):
+        if operation not in ("counts", "peek", "read schedule states"):  # reads
             assert dump_all(redis_client, all_keys) != before, f"{operation} changed nothing"
         redis_client.delete(*all_keys)

@@ -209,6 +209,23 @@ class QueueKeys:
         return self._key(f"task:{message_id}")
 
     @property
+    def schedules(self) -> str:
+        """Hash: recurring schedule name -> "<cursor ms> <signature>": the latest tick created
+        for it on this queue and the definition it followed (advance_schedule.lua)."""
+        return self._key("schedules")
+
+    @property
+    def ticks(self) -> str:
+        """Zset: tick message id -> instant (ms), for ticks not yet due: what an edit or a
+        deletion of their schedule withdraws."""
+        return self._key("ticks")
+
+    @property
+    def tick_runs(self) -> str:
+        """Hash: recurring schedule name -> JSON of its latest delivered tick (record_tick.lua)."""
+        return self._key("tick_runs")
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel on which producers wake sleeping consumers (not a key)."""
         return self._key("wake")
@@ -237,4 +254,7 @@ class QueueKeys:
             self.ranked,
             self.sent,
             self.replicated,
+            self.schedules,
+            self.ticks,
+            self.tick_runs,
         ]

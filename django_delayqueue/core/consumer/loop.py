@@ -30,6 +30,7 @@ from django_delayqueue.core.consumer.waiter import Waiter, sleep_until_due
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
+from django_delayqueue.core.recurring.keeper import ScheduleKeeper, record_tick_call, tick_run
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Consumer(Rounds):
         maintenance_seconds: float = 5.0,
         journal_maxlen: int = 100_000,
         name: str | None = None,
+        keeper: ScheduleKeeper | None = None,
     ) -> None:
         if not queues:
             raise DelayQueueError("a consumer needs at least one queue")
@@ -77,6 +79,8 @@ class Consumer(Rounds):
         self.idle_seconds = idle_seconds
         self.maintenance_seconds = maintenance_seconds
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
+        self.keeper = keeper
+        self._queue_named = {q.name: q for q in self.queues}
         self._stop_requests = 0
         self._stop_event = threading.Event()  # set by the first stop request
         self._stop_now = threading.Event()  # set by the second
@@ -108,7 +112,24 @@ class Consumer(Rounds):
     def _start_when_due(self, message: Message) -> Outcome:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
-        return self.around_handler(message)
+        outcome = self.around_handler(message)
+        if self.keeper is not None:
+            self._record_tick(outcome)
+        return outcome
+
+    def _record_tick(self, outcome: Outcome) -> None:
+        """A recurring schedule's tick ran: its last run and outcome go with the next round."""
+        q = self._queue_named.get(outcome.message.queue)
+        tick = (
+            None
+            if q is None or self.keeper is None
+            else self.keeper.recurrence_of(q, outcome.message.id)
+        )
+        if q is None or tick is None:
+            return
+        status = outcome.journal_row(q.settings.max_attempts)[6]
+        run = tick_run(tick[1], outcome.finished_ms, status, outcome.error)
+        self.write_soon(q, record_tick_call(q, tick[0].name, run))
 
     # --- stopping -------------------------------------------------------------------------------
 
@@ -217,6 +238,8 @@ class Consumer(Rounds):
             maintenance = True
         else:
             maintenance = False
+        if maintenance and self.keeper is not None:
+            self.keeper.refresh()  # read the schedules' states again with this round
         for slots in self._slots.values():
             finished = slots.take_finished()
             self.delivered += len(finished)

@@ -20,6 +20,7 @@ from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Rounds:
         self._heartbeats_pruned_at: dict[int, int] = {}  # per client
         self._next_maintenance = 0.0
         self._aim: Wake | None = None  # the wait that ended just before the next fetch
+        self.keeper: ScheduleKeeper | None = None  # recurring schedules this consumer keeps
 
     def write_soon(self, queue: Queue, call: ScriptCall) -> None:
         """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe).
@@ -91,6 +93,8 @@ class Rounds:
         for client, queues in self._clients:
             batch = ScriptBatch()
             flush = self._unrecorded.add_to(batch, now, {q.name for q in queues})
+            # Before the promotes: a tick created due (a catch-up) is claimed by this round.
+            ticks = self.keeper.add_to(batch, queues, now) if self.keeper is not None else []
             plan: Plan = []
             for q in queues:
                 room = self._plan_queue(batch, plan, q, claim_until, room)
@@ -108,6 +112,8 @@ class Rounds:
                 continue
             self._unrecorded.settle(flush, results[: len(flush)])
             _confirm_acks(flush)
+            if self.keeper is not None:
+                self.keeper.read(ticks, results, now)
             claimed = self._read_queue_results(plan, results, now)
             self._claimed_total += len(claimed)
             messages.extend(claimed)
@@ -215,6 +221,8 @@ class Rounds:
         now = self.clock.now_ms() if now is None else now
         if any(t is not None and t <= now for t in self._next_wake.values()):
             return True
+        if self.keeper is not None and not self.stopping and self.keeper.needs_round(now):
+            return True
         if self.stopping:
             return False
         return any(
@@ -223,8 +231,12 @@ class Rounds:
         ) and (self.max_messages is None or self._claimed_total < self.max_messages)
 
     def _next_due(self) -> int | None:
-        """The earliest due time (or retry time, or "now") known on any queue."""
-        return min((t for t in self._next_wake.values() if t is not None), default=None)
+        """The earliest due time (or retry time, or "now") known on any queue, or the time a
+        recurring schedule needs its next tick."""
+        times = [t for t in self._next_wake.values() if t is not None]
+        if self.keeper is not None and (due := self.keeper.next_due()) is not None:
+            times.append(due)
+        return min(times, default=None)
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
         """Record that this consumer is alive (read by the health check)."""

@@ -1,0 +1,235 @@
+"""Keeps recurring schedules going from inside the consumer: no beat process.
+
+Each consumer round, for the queues it serves, the keeper adds to the round's pipeline an
+``advance_schedule.lua`` call for every schedule whose latest tick is due (or that is new,
+edited, paused or deleted), computed by :func:`~.planning.plan_ticks`. The script creates the
+ticks only if the schedule's state is still what this consumer saw, so any number of consumers
+race safely: one creates the ticks, the others are told the new state. States are read once
+at the start and again at each maintenance (``refresh``), and corrected by every reply.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django_delayqueue.core.envelope import encode_envelope, encode_payload
+from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
+from django_delayqueue.core.recurring.planning import ScheduleState, TickPlan, plan_ticks
+from django_delayqueue.core.recurring.recurrence import Recurrence, parse_tick_id
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
+from django_delayqueue.core.sharding import shard_index
+
+logger = logging.getLogger(__name__)
+
+# What a tick carries: by default the schedule's payload; the Django layer builds a task's.
+FAILED_PAUSE_MS = 5000  # how long a queue whose schedule calls fail is left alone
+PayloadFor = Callable[[Recurrence, int], Any]
+Entry = tuple[Queue, str, int, Any]  # queue, kind ("states" | "advance"), index, detail
+
+
+def schedule_payload(recurrence: Recurrence, instant_ms: int) -> Any:
+    return recurrence.payload
+
+
+class ScheduleKeeper:
+    """The recurring schedules of a consumer's queues, and their states as last seen."""
+
+    def __init__(self, payload_for: PayloadFor = schedule_payload) -> None:
+        self.payload_for = payload_for
+        self.version = 0
+        self._by_queue: dict[str, dict[str, Recurrence]] = {}  # Queue.name -> name -> schedule
+        self._states: dict[str, dict[str, str]] = {}  # Queue.name -> name -> raw state
+        self._stale: set[str] = set()  # queues whose states must be read again
+        self._failed_until: dict[str, int] = {}  # queue -> when to try a failing queue again
+        self._changed = False  # states just read: plans may be due whatever the cursors say
+
+    # --- definitions -----------------------------------------------------------------------------
+
+    def set_definitions(
+        self, recurrences: Iterable[Recurrence], queues: Sequence[Queue], version: int = 0
+    ) -> None:
+        """Serve ``recurrences`` whose queue is one of ``queues`` (a sharded queue's schedule
+        lives on the shard its name maps to); states are read again with the next round."""
+        shards: dict[str, list[Queue]] = {}
+        for q in queues:
+            shards.setdefault(q.logical_name, []).append(q)
+        for group in shards.values():
+            group.sort(key=lambda q: q.keys.shard or 0)
+        by_queue: dict[str, dict[str, Recurrence]] = {q.name: {} for q in queues}
+        for r in recurrences:
+            serving = shards.get(r.queue)
+            if serving:
+                q = serving[shard_index(r.name, len(serving))]
+                by_queue[q.name][r.name] = r
+        changed = by_queue != self._by_queue or version != self.version
+        self._by_queue, self.version = by_queue, version
+        if changed:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Read every queue's schedule states with the next round (maintenance calls this)."""
+        self._stale = set(self._by_queue)
+
+    def recurrence_of(self, q: Queue, message_id: str) -> tuple[Recurrence, int] | None:
+        """The schedule and tick instant of a tick message of ``q``, or None."""
+        parsed = parse_tick_id(message_id)
+        if parsed is None:
+            return None
+        recurrence = self._by_queue.get(q.name, {}).get(parsed[0])
+        return None if recurrence is None else (recurrence, parsed[1])
+
+    # --- the round -------------------------------------------------------------------------------
+
+    def add_to(self, batch: ScriptBatch, queues: Sequence[Queue], now_ms: int) -> list[Entry]:
+        """Add this round's reads and advances for ``queues`` to ``batch``."""
+        self._changed = False
+        entries: list[Entry] = []
+        for q in queues:
+            if q.name not in self._by_queue or self._failed_until.get(q.name, 0) > now_ms:
+                continue
+            if q.name in self._stale:
+                call = ScriptCall(
+                    LuaScript.named("schedule_states"), [q.keys.schedules, q.keys.tick_runs], []
+                )
+                entries.append((q, "states", batch.add(call), None))
+                continue  # plans follow the read, next round
+            for name, plan in self._plans(q, now_ms):
+                try:
+                    call = self._call(q, name, plan, now_ms)
+                except Exception as e:  # a payload that will not encode: never the loop's end
+                    logger.error("queue %s: schedule %s: no tick created: %s", q.name, name, e)
+                    continue
+                entries.append((q, "advance", batch.add(call), (name, plan)))
+        return entries
+
+    def read(self, entries: list[Entry], results: list[Any], now_ms: int) -> None:
+        for q, kind, index, detail in entries:
+            raw = results[index]
+            if isinstance(raw, Exception):
+                # A broken key (say, of the wrong type): logged, and left alone for a while,
+                # never a loop that spins on it; the states are read again after.
+                logger.error("queue %s: recurring schedules: %s", q.name, raw)
+                self._stale.add(q.name)
+                self._failed_until[q.name] = now_ms + FAILED_PAUSE_MS
+                continue
+            self._failed_until.pop(q.name, None)
+            if kind == "states":
+                states, _runs = raw
+                flat = [_text(v) for v in states]
+                self._states[q.name] = dict(zip(flat[::2], flat[1::2], strict=True))
+                self._stale.discard(q.name)
+                self._changed = True
+                continue
+            name, plan = detail
+            known = self._states.setdefault(q.name, {})
+            applied, value = int(raw[0]), raw[1]
+            if applied:
+                self._log_advance(q, name, plan, int(value))
+                if plan.new_state:
+                    known[name] = plan.new_state
+                else:
+                    known.pop(name, None)
+            else:  # another consumer was first: plan again from the state it left
+                self._changed = True
+                if value:
+                    known[name] = _text(value)
+                else:
+                    known.pop(name, None)
+
+    def next_due(self) -> int | None:
+        """When the next round must run for a schedule: the earliest due latest tick."""
+        due = [
+            state.cursor_ms
+            for q_name, states in self._states.items()
+            if q_name not in self._failed_until
+            for name, raw in states.items()
+            if name in self._by_queue.get(q_name, {})
+            and not self._by_queue[q_name][name].paused
+            and (state := ScheduleState.parse(raw)) is not None
+            and state.version <= self.version  # else nothing to do before a refresh
+        ]
+        due.extend(self._failed_until.values())
+        return min(due, default=None)
+
+    def needs_round(self, now_ms: int) -> bool:
+        """States to read, or a change to make: the next round should not wait."""
+        if self._changed:
+            return True
+        return any(self._failed_until.get(name, 0) <= now_ms for name in self._stale)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _plans(self, q: Queue, now_ms: int) -> list[tuple[str, TickPlan]]:
+        defined = self._by_queue.get(q.name, {})
+        known = self._states.get(q.name, {})
+        out = []
+        for name in {*defined, *known}:
+            plan = plan_ticks(defined.get(name), known.get(name), now_ms, self.version)
+            if plan is not None:
+                out.append((name, plan))
+        return sorted(out)
+
+    def _call(self, q: Queue, name: str, plan: TickPlan, now_ms: int) -> ScriptCall:
+        recurrence = self._by_queue.get(q.name, {}).get(name)
+        triples: list[Any] = []
+        if recurrence is not None:
+            for instant in plan.instants:
+                payload = encode_payload(
+                    self.payload_for(recurrence, instant), q.settings.max_payload_bytes
+                )
+                envelope = encode_envelope(payload, instant, min(now_ms, instant))
+                triples.extend((recurrence.tick_id(instant), instant, envelope))
+        keys = [
+            q.keys.pending,
+            q.keys.ready,
+            q.keys.messages,
+            q.keys.unack,
+            q.keys.retry,
+            q.keys.garbage,
+            q.keys.schedules,
+            q.keys.ticks,
+        ]
+        args = [
+            now_ms,
+            ANNOUNCE_WITHIN_MS,
+            q.keys.wake_channel,
+            name,
+            plan.expected,
+            plan.new_state,
+            "1" if plan.withdraw else "0",
+            *triples,
+        ]
+        return ScriptCall(LuaScript.named("advance_schedule"), keys, args)
+
+    @staticmethod
+    def _log_advance(q: Queue, name: str, plan: TickPlan, created: int) -> None:
+        if plan.missed:
+            logger.warning(
+                "queue %s: schedule %s missed %d tick(s) while no consumer ran (catch_up)",
+                q.name,
+                name,
+                plan.missed,
+            )
+        if not plan.new_state:
+            logger.info("queue %s: schedule %s removed; its waiting tick withdrawn", q.name, name)
+        elif plan.withdraw:
+            logger.info("queue %s: schedule %s changed; its waiting tick replaced", q.name, name)
+        logger.debug("queue %s: schedule %s: %d tick(s) created", q.name, name, created)
+
+
+def tick_run(instant_ms: int, finished_ms: int, outcome: str, error: str) -> str:
+    return json.dumps(
+        {"tick": instant_ms, "finished": finished_ms, "outcome": outcome, "error": error},
+        separators=(",", ":"),
+    )
+
+
+def record_tick_call(q: Queue, name: str, run: str) -> ScriptCall:
+    return ScriptCall(LuaScript.named("record_tick"), [q.keys.tick_runs], [name, run])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

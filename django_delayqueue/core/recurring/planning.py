@@ -1,0 +1,105 @@
+"""What a schedule needs next, from its definition, its state in Redis and the time: a pure
+function, so that every consumer computes the same plan and the tests can drive any clock.
+
+The chain: the state's cursor is the latest tick created. Once it is due (and so being
+delivered), the next tick is created, so a running schedule always has its next tick waiting.
+Ticks whose instant passed before anyone could create them were missed (every consumer was
+down): ``catch_up`` decides which of those run. A tick at most ``LATE_GRACE_MS`` old is only
+late (a slow round), not missed: it is created whatever the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django_delayqueue.core.recurring.recurrence import Recurrence
+
+LATE_GRACE_MS = 1000
+PAUSED = "paused"
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """What advance_schedule.lua keeps for a schedule on its queue."""
+
+    cursor_ms: int  # the latest tick created (or, paused, when it was paused)
+    signature: str  # the definition it followed; "paused:<sig>" while paused
+    version: int = 0  # of the published definitions it followed (see plan_ticks)
+
+    @classmethod
+    def parse(cls, raw: str | bytes | None) -> ScheduleState | None:
+        if not raw:
+            return None
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        cursor, _, rest = text.partition(" ")
+        signature, _, version = rest.partition(" ")
+        try:
+            return cls(int(cursor), signature, int(version or 0))
+        except ValueError:
+            return None  # unreadable: treated as new, and overwritten (see plan_ticks)
+
+    def encode(self) -> str:
+        return f"{self.cursor_ms} {self.signature} {self.version}"
+
+
+@dataclass(frozen=True)
+class TickPlan:
+    """One call of advance_schedule.lua: expected state, new state, ticks to create."""
+
+    expected: str
+    new_state: str  # "" deletes the state
+    withdraw: bool  # withdraw the schedule's future ticks first
+    instants: tuple[int, ...]
+    missed: int = 0  # ticks skipped by the catch-up policy (a lower bound for a long cron walk)
+
+
+def signature_of(recurrence: Recurrence) -> str:
+    sig = recurrence.signature()
+    return f"{PAUSED}:{sig}" if recurrence.paused else sig
+
+
+def plan_ticks(
+    recurrence: Recurrence | None,
+    raw_state: str | bytes | None,
+    now_ms: int,
+    version: int = 0,
+) -> TickPlan | None:
+    """The call that brings the schedule up to date at ``now_ms``, or None if it is.
+
+    ``recurrence`` None: the schedule was deleted (or moved to another queue), so its state and
+    future ticks go. ``version`` is that of the definitions the caller holds: a state written
+    under newer ones is left alone (this consumer has not refreshed yet), so two consumers a
+    refresh apart never undo each other's edit.
+    """
+    expected = (
+        "" if not raw_state else (raw_state.decode() if isinstance(raw_state, bytes) else raw_state)
+    )
+    state = ScheduleState.parse(raw_state)
+    if state is not None and state.version > version:
+        return None
+    if recurrence is None:
+        return TickPlan(expected, "", True, ()) if expected else None
+    signature = signature_of(recurrence)
+    if state is None or state.signature != signature:
+        # New, edited, paused or resumed: whatever was planned under another definition goes,
+        # and the schedule starts from now (an edit does not catch up on the old definition).
+        if recurrence.paused:
+            return TickPlan(expected, ScheduleState(now_ms, signature, version).encode(), True, ())
+        first = recurrence.next_after(now_ms)
+        new = ScheduleState(first, signature, version).encode()
+        return TickPlan(expected, new, state is not None, (first,))
+    if recurrence.paused or state.cursor_ms > now_ms:
+        return None  # paused, or the next tick is waiting
+    passed = recurrence.instants(state.cursor_ms, now_ms, max(recurrence.catch_up_limit, 2))
+    recent = [t for t in passed if t >= now_ms - LATE_GRACE_MS]
+    old = [t for t in passed if t < now_ms - LATE_GRACE_MS]
+    if recurrence.catch_up == "all":
+        chosen = old
+    elif recurrence.catch_up == "latest" and not recent:
+        chosen = old[-1:]
+    else:
+        chosen = []
+    following = recurrence.next_after(now_ms)
+    instants = (*chosen, *recent, following)
+    new = ScheduleState(following, signature, state.version).encode()
+    return TickPlan(expected, new, False, instants, missed=len(old) - len(chosen))

@@ -1,0 +1,56 @@
+-- advance_schedule: create a recurring schedule's next ticks, once, whoever asks first.
+-- Every runqueue that serves the schedule's queue computes the same plan (core/recurring) and
+-- sends it here with the schedule state it last saw; only the first call whose expectation
+-- still holds changes anything. So ticks are created exactly once, by any number of racing
+-- consumers, and a consumer killed before or after this call leaves the state whole: either
+-- the ticks and the new state exist, or neither does and the next consumer does it.
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] schedule states hash
+-- KEYS[8] future ticks zset (tick id -> instant ms)
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)
+-- ARGV[6] the new state ('' deletes it: the schedule is gone from this queue)
+-- ARGV[7] '1': first withdraw the schedule's future ticks (it was edited, paused or deleted)
+-- ARGV[8..] triples: tick id, instant (ms), envelope
+-- returns: {1, ticks created} when the state was as expected, else {0, the state found ('')}
+-- A state is "<cursor ms> <signature>": the latest tick created and the definition it
+-- followed. A tick is an ordinary message (includes/scheduling.lua), idempotent on its id; a
+-- tick due after now is also remembered in the future ticks zset, which is what lets an edit
+-- or a deletion withdraw it (a due tick is left alone: it was due under the old definition).
+--- @include "includes/scheduling.lua"
+-- Rare (once per tick, per schedule): every key it may touch is checked before any write.
+guard(
+  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
+  KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'zset'
+)
+local now, name = tonumber(ARGV[1]), ARGV[4]
+local found = redis.call('HGET', KEYS[7], name) or ''
+if found ~= ARGV[5] then return {0, found} end
+
+if ARGV[7] == '1' then
+  local prefix = name .. '@'
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '(' .. now, '+inf')) do
+    if string.sub(id, 1, #prefix) == prefix then
+      -- Only a tick still waiting in pending is withdrawn (a pending message is its score
+      -- and its envelope, nothing else); one already due or delivered stays.
+      if redis.call('ZREM', KEYS[1], id) == 1 then redis.call('HDEL', KEYS[3], id) end
+      redis.call('ZREM', KEYS[8], id)
+    end
+  end
+end
+
+local created = 0
+if #ARGV >= 8 then  -- schedule_triples checks the types of what it writes
+  created = schedule_triples(8, #ARGV)[1]
+  for i = 8, #ARGV, 3 do
+    if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', KEYS[8], ARGV[i + 1], ARGV[i]) end
+  end
+end
+-- Ticks that came due are no one's to withdraw any more: the zset holds future ones only.
+redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
+if ARGV[6] == '' then
+  redis.call('HDEL', KEYS[7], name)
+else
+  redis.call('HSET', KEYS[7], name, ARGV[6])
+end
+return {1, created}

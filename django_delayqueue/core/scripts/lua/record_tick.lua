@@ -1,0 +1,18 @@
+-- record_tick: remember how a recurring schedule's latest delivered tick went (for the admin,
+-- queuestats and the metrics). Sent by the consumer with the round trip after the handler.
+-- KEYS[1] tick runs hash (schedule name -> JSON of the latest run)
+-- ARGV[1] schedule name   ARGV[2] the run, JSON: {"tick": instant ms, "finished": ms,
+--         "outcome": "ack" | "retry" | "garbage", "error": exception class or ""}
+-- returns: 1 when written, 0 when a later tick's run is already there (runs finish out of order)
+--- @include "includes/guard.lua"
+guard(KEYS[1], 'hash')
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local ok, decoded = pcall(cjson.decode, old)
+  if ok and type(decoded) == 'table' and tonumber(decoded['tick']) and
+      tonumber(decoded['tick']) > tonumber(cjson.decode(ARGV[2])['tick']) then
+    return 0
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1

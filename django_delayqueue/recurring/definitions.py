@@ -1,0 +1,84 @@
+"""Schedule definitions: read from the settings file, published to Redis, read back.
+
+Every runqueue reads the published definitions every ``SETTINGS_REFRESH_SECONDS`` (one key,
+one round trip), so an admin edit reaches running consumers without a restart. A publish
+bumps the version, which lets a consumer that has not refreshed yet leave alone a schedule
+another one already moved to its new definition (``core.recurring.planning``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django_delayqueue.conf.connection import get_client
+from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.core.scripts.calls import redis_errors
+
+logger = logging.getLogger(__name__)
+
+DEFINITIONS_FIELD, VERSION_FIELD = "definitions", "version"
+
+
+def published_key() -> str:
+    return f"{{{dq_settings.PREFIX}}}:recurring"
+
+
+def declared() -> dict[str, dict[str, Any]]:
+    """``DELAYQUEUE["SCHEDULES"]`` as given (the checks validate it)."""
+    value = dq_settings.user_settings.get("SCHEDULES") or {}
+    if not isinstance(value, dict):
+        raise ConfigurationError('DELAYQUEUE["SCHEDULES"] must be a dict of name -> options')
+    return value
+
+
+def declared_recurrences() -> list[Recurrence]:
+    """The valid schedules of the settings file; an invalid one is logged and left out."""
+    out = []
+    for name, values in declared().items():
+        try:
+            out.append(Recurrence.from_mapping(name, values))
+        except ConfigurationError as e:
+            logger.error("%s", e)
+    return out
+
+
+def publish(definitions: dict[str, dict[str, Any]]) -> int:
+    """Publish every schedule (name -> options) at once; returns the new version.
+
+    Raises :class:`RedisUnavailable` when Redis is down.
+    """
+    text = json.dumps(definitions, sort_keys=True, separators=(",", ":"))
+    pipe = get_client().pipeline(transaction=True)
+    pipe.hset(published_key(), DEFINITIONS_FIELD, text)
+    pipe.hincrby(published_key(), VERSION_FIELD, 1)
+    with redis_errors("publishing recurring schedules"):
+        return int(pipe.execute()[1])
+
+
+def load_published() -> tuple[int, list[Recurrence]] | None:
+    """The published version and schedules, or None when nothing is published.
+
+    Raises :class:`RedisUnavailable` when Redis is down.
+    """
+    with redis_errors("reading recurring schedules"):
+        raw = get_client().hgetall(published_key())
+    values = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+    if DEFINITIONS_FIELD not in values:
+        return None
+    try:
+        definitions = json.loads(values[DEFINITIONS_FIELD])
+        version = int(values.get(VERSION_FIELD) or 0)
+    except ValueError:
+        logger.error("unreadable published recurring schedules: republishing")
+        return None
+    out = []
+    for name, options in definitions.items():
+        try:
+            out.append(Recurrence.from_mapping(name, options))
+        except ConfigurationError as e:  # saved past the admin's validation: skip it
+            logger.error("%s", e)
+    return version, out

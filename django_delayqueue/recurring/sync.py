@@ -1,0 +1,106 @@
+"""The ``RecurringSchedule`` rows kept in step with the settings file, and published.
+
+As with queue settings: the settings file seeds a row per schedule, staff edit or add rows in
+the admin, and a saved or deleted row is published once its transaction commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
+from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.models import RecurringSchedule
+from django_delayqueue.recurring.definitions import declared, publish
+
+logger = logging.getLogger(__name__)
+
+ROW_FIELDS = (
+    "queue", "cron", "every", "timezone", "payload", "task", "backend", "args", "kwargs",
+    "catch_up", "catch_up_limit", "paused",
+)  # fmt: skip
+
+
+def row_values(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A settings entry as the row's field values (validated: ConfigurationError)."""
+    recurrence = Recurrence.from_mapping(name, options)
+    values = recurrence.to_mapping()
+    values["cron"] = values["cron"] or ""
+    values["task"] = values["task"] or ""
+    values["args"] = list(values["args"])
+    return {f: values[f] for f in ROW_FIELDS}
+
+
+def publish_rows(using: str | None = None) -> int:
+    """Publish every row (the whole set: a row missing from it is a deleted schedule)."""
+    rows = RecurringSchedule.objects.using(using).all()
+    definitions = {}
+    for row in rows:
+        try:
+            definitions[row.name] = Recurrence.from_mapping(row.name, row.definition()).to_mapping()
+        except ConfigurationError as e:
+            logger.error("recurring schedule not published: %s", e)
+    return publish(definitions)
+
+
+def sync_schedules(*, using: str | None = None, publish_to_redis: bool = True) -> list[Any]:
+    """Create or update a row per ``DELAYQUEUE["SCHEDULES"]`` entry; delete the rows of
+    entries that left the file (rows added in the admin stay); then publish."""
+    rows = []
+    existing = {r.name: r for r in RecurringSchedule.objects.using(using).all()}
+    declared_now = declared()
+    for name, options in declared_now.items():
+        try:
+            file_values = row_values(name, options)
+        except ConfigurationError as e:
+            logger.error("recurring schedule not synced: %s", e)
+            continue
+        row = existing.get(name)
+        if row is None:
+            row = RecurringSchedule(name=name, **file_values, from_settings=file_values)
+            row.save(using=using)
+        else:
+            changed = [f for f, v in file_values.items() if row.from_settings.get(f) != v]
+            for field in changed:
+                setattr(row, field, file_values[field])
+            if changed or row.from_settings != file_values:
+                row.from_settings = file_values
+                row.save(using=using)
+        rows.append(row)
+    for name, row in existing.items():
+        if row.from_settings and name not in declared_now:
+            row.delete(using=using)  # it came from the file, which no longer has it
+    if publish_to_redis:
+        try:
+            publish_rows(using)
+        except DelayQueueError as e:
+            logger.warning("recurring schedules not published to Redis (will retry): %s", e)
+    return rows
+
+
+def on_schedule_changed(sender: Any, instance: RecurringSchedule, **kwargs: Any) -> None:
+    """post_save / post_delete: publish the whole set once the change is committed."""
+    if kwargs.get("raw"):  # loaddata
+        return
+    using = kwargs.get("using")
+
+    def send() -> None:
+        try:
+            publish_rows(using)
+        except DelayQueueError as e:
+            logger.warning("recurring schedules saved but not published: %s", e)
+
+    transaction.on_commit(send, using=using)
+
+
+def sync_after_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """post_migrate: keep the rows in step with the settings file (never fails migrate)."""
+    from django.db import DatabaseError
+
+    try:
+        sync_schedules(using=using)
+    except DatabaseError as e:  # e.g. `migrate django_delayqueue zero`: no table
+        logger.debug("recurring schedules not synced after migrate: %s", e)

@@ -1,0 +1,206 @@
+"""Recurring schedules kept by real consumers on a real Redis, on a clock the test moves.
+
+The clock is a ManualClock shared by every consumer: the test moves it one tick at a time and
+waits (on events, not sleeps) until what that instant must cause has happened.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from core_consumer_support import T0, TIMEOUT, Started, wait_until
+
+from django_delayqueue.core import Message, Queue
+from django_delayqueue.core.clock import ManualClock
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper, parse_tick_id
+
+
+@pytest.fixture
+def running() -> Any:
+    started = Started()
+    yield started
+    started.stop_all()
+
+
+class Ticks:
+    """A handler that records each tick's instant, per consumer, and can be made to fail."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.seen: list[tuple[str, int, int]] = []  # (schedule, instant ms, attempt)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+
+    def __call__(self, message: Message) -> None:
+        parsed = parse_tick_id(message.id)
+        assert parsed is not None, message.id
+        assert parsed[1] == message.due_ms  # the tick carries its intended instant
+        with self.changed:
+            self.seen.append((parsed[0], parsed[1], message.attempt))
+            self.changed.notify_all()
+        if self.fail:
+            raise RuntimeError("the report server is down")
+
+    def instants(self, name: str | None = None) -> list[int]:
+        with self.lock:
+            return [t for n, t, _ in self.seen if name is None or n == name]
+
+    def wait_for(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.seen) >= count, TIMEOUT), self.seen
+
+
+def consumer(q: Queue, handler: Any, schedules: list[Recurrence], **kw: Any) -> Consumer:
+    own = Queue(q.client, q.name, settings=q.settings, clock=q.clock)  # as another process
+    keeper = ScheduleKeeper()
+    keeper.set_definitions(schedules, [own], kw.pop("version", 0))
+    return Consumer([own], handler, idle_seconds=0.05, keeper=keeper, **kw)
+
+
+def test_three_consumers_race_for_100_ticks_and_each_runs_once(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    every = Recurrence("heartbeat-report", "reports", every=1, payload={"kind": "beat"})
+    ticks = Ticks()
+    for _ in range(3):
+        running(consumer(q, ticks, [every]))
+    first = (T0 // 1000 + 1) * 1000  # the first whole second after the schedule appeared
+    wait_until(lambda: redis_client.zscore(q.keys.pending, every.tick_id(first)) is not None)
+    for n in range(100):
+        manual_clock.set(first + n * 1000)
+        ticks.wait_for(n + 1)
+    assert ticks.instants() == [first + n * 1000 for n in range(100)]  # in order, none twice
+    # The next tick is already waiting, created exactly once.
+    wait_until(lambda: redis_client.zscore(q.keys.pending, every.tick_id(first + 100_000)))
+    assert redis_client.zcard(q.keys.pending) == 1
+
+
+def test_a_failing_tick_never_stops_its_schedule(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("payments", max_attempts=1)
+    every = Recurrence("stuck-payments", "payments", every=300)
+    ticks = Ticks(fail=True)
+    running(consumer(q, ticks, [every]))
+    first = (T0 // 300_000 + 1) * 300_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, every.tick_id(first)) is not None)
+    for n in range(3):
+        manual_clock.set(first + n * 300_000)
+        ticks.wait_for(n + 1)
+    assert ticks.instants() == [first, first + 300_000, first + 600_000]
+    wait_until(lambda: q.counts()["garbage"] == 3)  # each failure is a dead letter of its own
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_missed"),
+    [("latest", [9]), ("all", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ("none", [])],
+)
+def test_catch_up_policies_after_every_consumer_was_down(
+    make_queue: Any,
+    manual_clock: ManualClock,
+    running: Any,
+    redis_client: redis.Redis,
+    policy: str,
+    expected_missed: list[int],
+) -> None:
+    q = make_queue("reports")
+    minute = 60_000
+    schedule = Recurrence("digest", "reports", every=60, catch_up=policy)  # type: ignore[arg-type]
+    first = (T0 // minute + 1) * minute
+    ticks = Ticks()
+    r = running(consumer(q, ticks, [schedule]))
+    wait_until(lambda: redis_client.zscore(q.keys.pending, schedule.tick_id(first)) is not None)
+    manual_clock.set(first)
+    ticks.wait_for(1)
+    wait_until(lambda: redis_client.zscore(q.keys.pending, schedule.tick_id(first + minute)))
+    r.stop()
+    # Every consumer down from just after tick 0 to 9.5 minutes later: ticks 1..9 missed
+    # (tick 1 was already waiting, created before the outage: it is not a missed one).
+    manual_clock.set(first + 9 * minute + 30_000)
+    ticks2 = Ticks()
+    running(consumer(q, ticks2, [schedule]))
+    expected = sorted({1, *expected_missed})
+    ticks2.wait_for(len(expected))
+    wait_until(lambda: redis_client.zscore(q.keys.pending, schedule.tick_id(first + 10 * minute)))
+    assert sorted(ticks2.instants()) == [first + n * minute for n in expected]
+    manual_clock.set(first + 10 * minute)
+    ticks2.wait_for(len(expected) + 1)
+    assert ticks2.instants()[-1] == first + 10 * minute
+
+
+def test_an_edited_schedule_replaces_its_waiting_tick_and_a_deleted_one_withdraws_it(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    old = Recurrence("report", "reports", every=3600, payload={"v": 1})
+    ticks = Ticks()
+    c = consumer(q, ticks, [old])
+    running(c)
+    hour = 3_600_000
+    old_first = (T0 // hour + 1) * hour
+    wait_until(lambda: redis_client.zscore(q.keys.pending, old.tick_id(old_first)))
+    new = Recurrence("report", "reports", every=60, payload={"v": 2})
+    c.keeper.set_definitions([new], c.queues, 1)  # type: ignore[union-attr]
+    manual_clock.advance(ms=100)  # a consumer's wait ends when its clock moves
+    new_first = (T0 // 60_000 + 1) * 60_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, new.tick_id(new_first)))
+    wait_until(lambda: redis_client.zscore(q.keys.pending, old.tick_id(old_first)) is None)
+    assert not redis_client.hexists(q.keys.messages, old.tick_id(old_first))
+    manual_clock.set(new_first)
+    ticks.wait_for(1)
+    assert ticks.instants() == [new_first]
+    c.keeper.set_definitions([], c.queues, 2)  # type: ignore[union-attr]
+    manual_clock.advance(ms=100)
+    wait_until(lambda: redis_client.hlen(q.keys.schedules) == 0)
+    assert q.counts()["pending"] == 0  # the waiting tick was withdrawn
+    assert redis_client.zcard(q.keys.ticks) == 0
+
+
+def test_a_consumer_behind_on_the_definitions_does_not_undo_an_edit(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    old = Recurrence("report", "reports", every=3600)
+    new = Recurrence("report", "reports", every=60)
+    ahead = consumer(q, Ticks(), [new], version=2)
+    behind = consumer(q, Ticks(), [old], version=1)
+    running(ahead)
+    running(behind)
+    new_first = (T0 // 60_000 + 1) * 60_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, new.tick_id(new_first)))
+    for _ in range(3):  # rounds of both: the state stays the newer definition's
+        behind.keeper.refresh()  # type: ignore[union-attr]
+        manual_clock.advance(ms=100)
+        wait_until(lambda: not behind.keeper.needs_round(manual_clock.now_ms()))  # type: ignore[union-attr]
+    assert redis_client.zrange(q.keys.pending, 0, -1) == [new.tick_id(new_first).encode()]
+    state = redis_client.hget(q.keys.schedules, "report")
+    assert state is not None and state.endswith(b" 2")  # type: ignore[arg-type]
+
+
+def test_a_tick_s_last_run_and_outcome_are_recorded(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("payments", max_attempts=1)
+    every = Recurrence("stuck-payments", "payments", every=300)
+    ticks = Ticks(fail=True)
+    running(consumer(q, ticks, [every]))
+    first = (T0 // 300_000 + 1) * 300_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, every.tick_id(first)) is not None)
+    manual_clock.set(first)
+    ticks.wait_for(1)
+    run = wait_until(lambda: redis_client.hget(q.keys.tick_runs, "stuck-payments"))
+    import json
+
+    assert json.loads(run) | {"finished": 0} == {
+        "tick": first,
+        "finished": 0,
+        "outcome": "garbage",
+        "error": "RuntimeError",
+    }
+    assert Counter(o for _, _, o in ticks.seen) == Counter({1: 1})

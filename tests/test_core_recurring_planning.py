@@ -1,0 +1,215 @@
+"""Which ticks a schedule gets: cron in a time zone across DST, intervals, catch-up policies,
+edits and deletions (pure functions: any clock, no Redis)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timezone
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.recurring import Recurrence, parse_tick_id, tick_id
+from django_delayqueue.core.recurring.planning import ScheduleState, plan_ticks, signature_of
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0, tz: Any = BERLIN) -> int:
+    return int(datetime(year, month, day, hour, minute, tzinfo=tz).timestamp() * 1000)
+
+
+def berlin(instant_ms: int) -> str:
+    return datetime.fromtimestamp(instant_ms / 1000, BERLIN).isoformat()
+
+
+def walk(r: Recurrence, start_ms: int, count: int) -> list[str]:
+    out, at = [], start_ms
+    for _ in range(count):
+        at = r.next_after(at)
+        out.append(berlin(at))
+    return out
+
+
+def test_a_daily_cron_in_berlin_fires_once_across_spring_forward_and_fall_back() -> None:
+    nightly = Recurrence("nightly", "reports", cron="30 2 * * *", timezone="Europe/Berlin")
+    # 2026-03-29: 02:00 becomes 03:00, so 02:30 does not exist: it fires once, at 03:00.
+    assert walk(nightly, ms(2026, 3, 28, 12), 3) == [
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:30:00+02:00",
+        "2026-03-31T02:30:00+02:00",
+    ]
+    # 2026-10-25: 03:00 becomes 02:00 again, so 02:30 happens twice: it fires once.
+    assert walk(nightly, ms(2026, 10, 24, 12), 2) == [
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-26T02:30:00+01:00",
+    ]
+
+
+def test_an_hourly_cron_follows_the_clock_through_both_changes() -> None:
+    hourly = Recurrence("hourly", "reports", cron="0 * * * *", timezone="Europe/Berlin")
+    spring = walk(hourly, ms(2026, 3, 29, 0, 30), 3)
+    assert spring == [
+        "2026-03-29T01:00:00+01:00",
+        "2026-03-29T03:00:00+02:00",  # 02:00 never happened: an hour later by the clock
+        "2026-03-29T04:00:00+02:00",
+    ]
+    fall = walk(hourly, ms(2026, 10, 25, 0, 30), 4)
+    assert fall == [
+        "2026-10-25T01:00:00+02:00",
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:00:00+01:00",  # the repeated hour is a real hour later: it runs
+        "2026-10-25T03:00:00+01:00",
+    ]
+    # Every tick is a distinct instant an hour apart: none doubled, none skipped.
+    instants = [datetime.fromisoformat(t).timestamp() for t in fall]
+    assert [b - a for a, b in itertools.pairwise(instants)] == [3600.0] * 3
+
+
+def test_every_ticks_on_whole_multiples_since_the_epoch() -> None:
+    r = Recurrence("five", "payments", every=300)
+    assert r.next_after(1_700_000_000_000) == 1_700_000_100_000
+    assert r.next_after(1_700_000_100_000) == 1_700_000_400_000  # strictly after
+    assert r.instants(1_700_000_100_000, 1_700_001_000_000, 2) == [
+        1_700_000_700_000,
+        1_700_001_000_000,
+    ]
+
+
+def test_tick_ids_name_the_schedule_and_the_instant() -> None:
+    at = ms(2026, 11, 25, 3)
+    assert tick_id("nightly-report", at) == "nightly-report@2026-11-25T02:00:00Z"
+    assert parse_tick_id(tick_id("nightly-report", at)) == ("nightly-report", at)
+    assert parse_tick_id(tick_id("x", at + 250)) == ("x", at + 250)
+    assert parse_tick_id("an ordinary id") is None
+    assert parse_tick_id("a@b") is None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": "q"}, "exactly one of 'cron' and 'every'"),
+        ({"queue": "q", "cron": "0 3 * *", "every": 5}, "exactly one"),
+        ({"queue": "q", "cron": "61 * * * *"}, "bad cron expression"),
+        ({"queue": "q", "every": 0.5}, "at least 1"),
+        ({"queue": "q", "every": 60, "timezone": "Mars/Olympus"}, "unknown timezone"),
+        ({"queue": "q", "every": 60, "catch_up": "some"}, "'catch_up' must be one of"),
+        ({"queue": "q", "every": 60, "payload": {1, 2}}, "must be JSON"),
+        ({"queue": "q", "every": 60, "when": "daily"}, "unknown option(s) when"),
+        ({"every": 60}, "'queue'"),
+    ],
+)
+def test_bad_definitions_are_refused_with_the_problem_named(options: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match="schedule 'nightly'") as e:
+        Recurrence.from_mapping("nightly", options)
+    assert message in str(e.value)
+
+
+# --- plans ----------------------------------------------------------------------------------------
+
+MINUTE = 60_000
+T = 1_700_000_040_000  # a whole minute
+
+
+def state(cursor: int, r: Recurrence, version: int = 0) -> str:
+    return ScheduleState(cursor, signature_of(r), version).encode()
+
+
+def test_a_new_schedule_starts_with_its_next_tick() -> None:
+    r = Recurrence("digest", "q", every=60)
+    plan = plan_ticks(r, None, T + 5)
+    assert plan is not None and plan.instants == (T + MINUTE,) and not plan.withdraw
+    assert plan.expected == "" and plan.new_state == state(T + MINUTE, r)
+
+
+def test_nothing_to_do_while_the_latest_tick_waits() -> None:
+    r = Recurrence("digest", "q", every=60)
+    assert plan_ticks(r, state(T + MINUTE, r), T + 5) is None
+
+
+def test_the_next_tick_follows_once_the_latest_is_due() -> None:
+    r = Recurrence("digest", "q", every=60)
+    plan = plan_ticks(r, state(T, r), T + 3)
+    assert plan is not None and plan.instants == (T + MINUTE,) and plan.missed == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "created", "missed"),
+    [("latest", [9], 7), ("all", [2, 3, 4, 5, 6, 7, 8, 9], 0), ("none", [], 8)],
+)
+def test_catch_up_after_an_outage(policy: str, created: list[int], missed: int) -> None:
+    r = Recurrence("digest", "q", every=60, catch_up=policy)  # type: ignore[arg-type]
+    # Tick 1 was the latest created; the outage ends 9.5 minutes later: ticks 2..9 missed.
+    plan = plan_ticks(r, state(T + MINUTE, r), T + 9 * MINUTE + 30_000)
+    assert plan is not None
+    assert plan.instants == (*(T + n * MINUTE for n in created), T + 10 * MINUTE)
+    assert plan.missed == missed
+
+
+def test_catch_up_all_is_bounded_to_the_latest_ticks() -> None:
+    r = Recurrence("digest", "q", every=60, catch_up="all", catch_up_limit=3)
+    plan = plan_ticks(r, state(T, r), T + 100 * MINUTE + 1)
+    assert plan is not None
+    assert plan.instants == tuple(T + n * MINUTE for n in (98, 99, 100, 101))
+
+
+def test_a_tick_only_just_late_is_never_counted_missed() -> None:
+    r = Recurrence("beat", "q", every=1, catch_up="none")
+    plan = plan_ticks(r, state(T, r), T + 1000 + 400)  # the round came 0.4 s late
+    assert plan is not None and plan.instants == (T + 1000, T + 2000)
+
+
+def test_an_edit_withdraws_the_waiting_tick_and_starts_from_now() -> None:
+    old = Recurrence("digest", "q", every=3600)
+    new = Recurrence("digest", "q", cron="*/5 * * * *")
+    plan = plan_ticks(new, state(T + 3_600_000, old), T)
+    assert plan is not None and plan.withdraw and plan.instants == (new.next_after(T),)
+
+
+def test_a_paused_schedule_withdraws_its_tick_and_resumes_from_now() -> None:
+    r = Recurrence("digest", "q", every=60)
+    paused = Recurrence("digest", "q", every=60, paused=True)
+    plan = plan_ticks(paused, state(T + MINUTE, r), T)
+    assert plan is not None and plan.withdraw and plan.instants == ()
+    assert plan_ticks(paused, plan.new_state, T + 50 * MINUTE) is None  # nothing while paused
+    resumed = plan_ticks(r, plan.new_state, T + 50 * MINUTE + 1)
+    assert resumed is not None and resumed.instants == (T + 51 * MINUTE,)  # no catch-up
+
+
+def test_a_deleted_schedule_goes_and_a_newer_state_is_left_alone() -> None:
+    r = Recurrence("digest", "q", every=60)
+    plan = plan_ticks(None, state(T, r), T)
+    assert plan is not None and plan.withdraw and plan.new_state == "" and plan.instants == ()
+    assert plan_ticks(None, None, T) is None
+    # Written under definitions version 5: a consumer still on version 4 does nothing.
+    assert plan_ticks(None, state(T, r, version=5), T, version=4) is None
+    assert plan_ticks(Recurrence("digest", "q", every=7), state(T, r, 5), T, version=4) is None
+
+
+def test_catch_up_options_do_not_count_as_an_edit() -> None:
+    a = Recurrence("digest", "q", every=60)
+    b = Recurrence("digest", "q", every=60, catch_up="all", catch_up_limit=5)
+    assert signature_of(a) == signature_of(b)
+    assert signature_of(a) != signature_of(Recurrence("digest", "q", every=60, payload=1))
+
+
+def test_a_cron_catch_up_walks_in_the_schedule_s_zone() -> None:
+    nightly = Recurrence("nightly", "q", cron="0 3 * * *", timezone="Europe/Berlin", catch_up="all")
+    last = ms(2026, 3, 27, 3)
+    plan = plan_ticks(nightly, state(last, nightly), ms(2026, 3, 31, 12))
+    assert plan is not None
+    assert [berlin(t) for t in plan.instants] == [
+        "2026-03-28T03:00:00+01:00",
+        "2026-03-29T03:00:00+02:00",  # the DST day: 03:00 exists, once
+        "2026-03-30T03:00:00+02:00",
+        "2026-03-31T03:00:00+02:00",
+        "2026-04-01T03:00:00+02:00",
+    ]
+
+
+def test_utc_is_the_default_zone() -> None:
+    r = Recurrence("u", "q", cron="0 0 * * *")
+    start = int(datetime(2026, 6, 1, 12, tzinfo=timezone.utc).timestamp() * 1000)
+    assert r.next_after(start) == int(datetime(2026, 6, 2, tzinfo=timezone.utc).timestamp() * 1000)
