@@ -50,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_CONSUMER_SECONDS": 30,  # a consumer is alive if it beat within this many seconds
     "SETTINGS_REFRESH_SECONDS": 2,
     "REPORT_DIR": None,  # queue_report's --out directory; the admin shows its charts
+    # Recurring schedules kept by runqueue: name -> {"queue", "cron" | "every", "timezone",
+    # "payload" | "task", "catch_up", ...} (django_delayqueue.recurring, docs/recurring.md).
+    "SCHEDULES": {},
     # The transactional outbox (django_delayqueue.outbox): a message scheduled in a transaction
     # is written to the database with it, so a Redis down at commit time loses nothing.
     "OUTBOX": True,

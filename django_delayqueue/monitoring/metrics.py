@@ -48,6 +48,7 @@ class StatsCollector:
         for s in collect():
             _add(s, families)
         yield from families.values()
+        yield from _schedule_families()
 
 
 # name (after "delayqueue_") -> (kind, help text, labels after "queue")
@@ -88,6 +89,37 @@ def _add(s: QueueStats, families: dict[str, Any]) -> None:
         families["failures"].add_metric([q], s.failures)
         for outcome, value in s.outcomes.items():
             families["outcomes"].add_metric([q, outcome], value)
+
+
+# Recurring schedules: name (after "delayqueue_schedule_") -> help text; labels schedule, queue.
+SCHEDULE_FAMILIES: dict[str, str] = {
+    "next_run_timestamp_seconds": "When the schedule's next tick is due (Unix time).",
+    "last_run_timestamp_seconds": "The instant of the latest tick that ran (Unix time).",
+    "last_run_succeeded": "1 if the latest tick that ran was acknowledged, 0 if it failed.",
+    "paused": "1 if the schedule is paused.",
+}
+
+
+def _schedule_families() -> Iterator[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from django_delayqueue.recurring.status import configured_recurrences, statuses
+
+    families = {
+        name: GaugeMetricFamily(f"delayqueue_schedule_{name}", text, labels=["schedule", "queue"])
+        for name, text in SCHEDULE_FAMILIES.items()
+    }
+    for s in statuses(configured_recurrences()):
+        labels = [s.name, s.queue]
+        families["paused"].add_metric(labels, 1 if s.paused else 0)
+        if s.error:
+            continue
+        if s.next_run_ms is not None:
+            families["next_run_timestamp_seconds"].add_metric(labels, s.next_run_ms / 1000)
+        if s.last_tick_ms is not None:
+            families["last_run_timestamp_seconds"].add_metric(labels, s.last_tick_ms / 1000)
+            families["last_run_succeeded"].add_metric(labels, 1 if s.last_outcome == "ack" else 0)
+    yield from families.values()
 
 
 @require_safe

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
+from django_delayqueue.recurring.status import ScheduleStatus, configured_recurrences, statuses
 
 COLUMNS = (
     ("QUEUE", lambda s: s.queue),
@@ -31,7 +32,8 @@ COLUMNS = (
 class Command(BaseCommand):
     help = (
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
-        "dead (garbage), how late the oldest due one is, live consumers, and delivery totals."
+        "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
+        "then each recurring schedule's next run, last run and its outcome."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -76,34 +78,76 @@ class Command(BaseCommand):
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        schedules = [
+            s for s in statuses(configured_recurrences()) if names is None or s.queue in names
+        ]
         if as_json:
-            document = {"time": now, "queues": [s.to_dict() for s in stats]}
+            document = {
+                "time": now,
+                "queues": [s.to_dict() for s in stats],
+                "schedules": [s.to_dict() for s in schedules],
+            }
             # One line per refresh in watch mode (JSON lines), readable indentation otherwise.
             self.stdout.write(json.dumps(document, indent=None if watching else 2))
         else:
             if watching:
                 self.stdout.write(f"\n{now}")
             self.stdout.write(render_table(stats))
+            if schedules:
+                self.stdout.write("\n" + render_schedules(schedules))
         errors = sorted({e for s in stats for e in s.errors})
         for error in errors:
             self.stderr.write(f"error: {error}")
         return "; ".join(errors)
 
 
+SCHEDULE_COLUMNS = (
+    ("SCHEDULE", lambda s: s.name),
+    ("QUEUE", lambda s: s.queue),
+    ("WHEN", lambda s: s.when),
+    ("NEXT RUN", lambda s: _next_run(s)),
+    ("LAST RUN", lambda s: _instant(s.last_tick_ms)),
+    ("OUTCOME", lambda s: s.last_outcome or None),
+    ("PAUSED", lambda s: "yes" if s.paused else "no"),
+)
+
+
+def render_schedules(schedules: Sequence[ScheduleStatus]) -> str:
+    """The recurring schedules: next and last run (UTC) and the last outcome."""
+    return _table(schedules, SCHEDULE_COLUMNS, left=3)
+
+
+def _next_run(s: ScheduleStatus) -> str | None:
+    if s.error or s.next_run_ms is None:
+        return None
+    text = _instant(s.next_run_ms)
+    return text if s.next_is_waiting else f"{text} (not yet scheduled)"
+
+
+def _instant(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
 def render_table(stats: Sequence[QueueStats]) -> str:
     """A plain text table, numbers right-aligned, ``-`` for what could not be read."""
-    rows = [[_cell(get(s)) for _, get in COLUMNS] for s in stats]
-    header = [name for name, _ in COLUMNS]
+    text = _table(stats, COLUMNS, left=1)
+    return text if stats else text + "\n(no queues configured)"
+
+
+def _table(items: Sequence[Any], columns: Any, left: int) -> str:
+    """Rows of ``columns`` (name, getter); the first ``left`` columns aligned left."""
+    rows = [[_cell(get(s)) for _, get in columns] for s in items]
+    header = [name for name, _ in columns]
     widths = [max(len(c) for c in column) for column in zip(header, *rows, strict=True)]
     lines = []
     for row in [header, *rows]:
         cells = [
-            cell.ljust(width) if i == 0 else cell.rjust(width)
+            cell.ljust(width) if i < left else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
-    if not stats:
-        lines.append("(no queues configured)")
     return "\n".join(lines)
 
 
