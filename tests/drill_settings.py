@@ -39,6 +39,7 @@ DELAYQUEUE = {
     # The Sentinel drill (tests/test_faults_sentinel.py): the sentinels, and replica acks.
     "SENTINEL": json.loads(os.environ.get("DRILL_SENTINEL", "null")),
     "MIN_REPLICAS": int(os.environ.get("DRILL_MIN_REPLICAS", "0")),
+    "SCHEDULES": json.loads(os.environ.get("DRILL_SCHEDULES", "{}")),
     "MIN_REPLICAS_TIMEOUT_SECONDS": 0.5,
     "QUEUES": {
         **DELAYQUEUE["QUEUES"],

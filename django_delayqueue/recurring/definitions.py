@@ -28,11 +28,14 @@ def published_key() -> str:
 
 
 def declared() -> dict[str, dict[str, Any]]:
-    """``DELAYQUEUE["SCHEDULES"]`` as given (the checks validate it)."""
+    """``DELAYQUEUE["SCHEDULES"]`` as given (the checks validate it), after the ``@periodic``
+    tasks (a settings entry of the same name wins)."""
     value = dq_settings.user_settings.get("SCHEDULES") or {}
     if not isinstance(value, dict):
         raise ConfigurationError('DELAYQUEUE["SCHEDULES"] must be a dict of name -> options')
-    return value
+    from django_delayqueue.tasks.periodic import discover
+
+    return {**{n: r.to_mapping() for n, r in discover().items()}, **value}
 
 
 def declared_recurrences() -> list[Recurrence]:
