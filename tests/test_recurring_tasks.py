@@ -16,6 +16,7 @@ from django.test import override_settings
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.recurring import parse_tick_id
 from django_delayqueue.models import RecurringSchedule
+from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.periodic import periodic, registered, unregister
 from django_delayqueue.worker import Worker
 
@@ -65,7 +66,7 @@ def test_a_periodic_task_runs_once_per_tick_with_its_result_kept(
                 k.decode().rsplit(":task:", 1)[1]
                 for k in redis_client.scan_iter("{dq:shop-tasks}:task:*")
                 if tasks_on.beat.get_result(k.decode().rsplit(":task:", 1)[1]).status
-                == "SUCCESSFUL"
+                == framework.SUCCESSFUL
             ),
             None,
         )
