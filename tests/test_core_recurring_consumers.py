@@ -204,3 +204,33 @@ def test_a_tick_s_last_run_and_outcome_are_recorded(
         "error": "RuntimeError",
     }
     assert Counter(o for _, _, o in ticks.seen) == Counter({1: 1})
+
+
+def test_a_schedule_that_cannot_make_its_tick_never_holds_up_the_queue(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    big = Recurrence("big", "reports", every=60, payload={"blob": "x" * 200})
+    ticks, orders = Ticks(), threading.Event()
+
+    def handler(message: Message) -> None:
+        if message.payload == {"order": 1}:
+            orders.set()
+        else:
+            ticks(message)
+
+    c = consumer(q, handler, [big])
+    running(c)
+    first = (T0 // 60_000 + 1) * 60_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, big.tick_id(first)))
+    # Its next tick will not fit any more (as if the limit were lowered in the admin).
+    (own,) = c.queues
+    own.settings = own.settings.replace(max_payload_bytes=64)
+    manual_clock.set(first)
+    ticks.wait_for(1)  # the tick made before still runs
+    q.schedule({"order": 1})  # and ordinary messages are still delivered
+    assert orders.wait(TIMEOUT)
+    keeper = c.keeper
+    assert keeper is not None
+    wait_until(lambda: (due := keeper.next_due()) is not None and due > manual_clock.now_ms())
+    assert redis_client.zcard(q.keys.pending) == 0  # no next tick: it could not be encoded

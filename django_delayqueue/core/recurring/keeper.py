@@ -45,6 +45,7 @@ class ScheduleKeeper:
         self._stale: set[str] = set()  # queues whose states must be read again
         self._failed_until: dict[str, int] = {}  # queue -> when to try a failing queue again
         self._changed = False  # states just read: plans may be due whatever the cursors say
+        self._broken: dict[tuple[str, str], int] = {}  # (queue, schedule) -> retry after (ms)
 
     # --- definitions -----------------------------------------------------------------------------
 
@@ -101,6 +102,7 @@ class ScheduleKeeper:
                     call = self._call(q, name, plan, now_ms)
                 except Exception as e:  # a payload that will not encode: never the loop's end
                     logger.error("queue %s: schedule %s: no tick created: %s", q.name, name, e)
+                    self._broken[(q.name, name)] = now_ms + FAILED_PAUSE_MS
                     continue
                 entries.append((q, "advance", batch.add(call), (name, plan)))
         return entries
@@ -142,7 +144,7 @@ class ScheduleKeeper:
     def next_due(self) -> int | None:
         """When the next round must run for a schedule: the earliest due latest tick."""
         due = [
-            state.cursor_ms
+            max(state.cursor_ms, self._broken.get((q_name, name), 0))
             for q_name, states in self._states.items()
             if q_name not in self._failed_until
             for name, raw in states.items()
@@ -167,7 +169,15 @@ class ScheduleKeeper:
         known = self._states.get(q.name, {})
         out = []
         for name in {*defined, *known}:
-            plan = plan_ticks(defined.get(name), known.get(name), now_ms, self.version)
+            if self._broken.get((q.name, name), 0) > now_ms:
+                continue
+            try:
+                plan = plan_ticks(defined.get(name), known.get(name), now_ms, self.version)
+            except Exception as e:  # one schedule's computation must never stop the loop
+                logger.error("queue %s: schedule %s: no plan: %s", q.name, name, e)
+                self._broken[(q.name, name)] = now_ms + FAILED_PAUSE_MS
+                continue
+            self._broken.pop((q.name, name), None)
             if plan is not None:
                 out.append((name, plan))
         return sorted(out)
