@@ -187,9 +187,14 @@ class RecurringSchedule(models.Model):
         return values
 
     def clean(self) -> None:
+        from django_delayqueue.conf.settings import queue_names
         from django_delayqueue.core.recurring.recurrence import Recurrence
 
         try:
             Recurrence.from_mapping(self.name, self.definition())
         except ConfigurationError as e:
             raise ValidationError(str(e)) from e
+        if self.queue not in queue_names():
+            raise ValidationError(
+                {"queue": f"{self.queue!r} is not a configured queue: no runqueue would keep it."}
+            )

@@ -278,3 +278,17 @@ def _now_ms() -> int:
     from django_delayqueue.conf.connection import get_clock
 
     return get_clock().now_ms()
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_a_schedule_that_cannot_run(admin_client: Any) -> None:
+    with configure({}):
+        bad_cron = {**_change_form(RecurringSchedule(name="x", queue=QUEUE)), "cron": "0 3 * *"}
+        page = admin_client.post(f"{ADMIN}add/", bad_cron).content.decode()
+        assert "bad cron expression" in page
+        no_queue = {**_change_form(RecurringSchedule(name="y", queue="nowhere", every=60))}
+        page = admin_client.post(f"{ADMIN}add/", no_queue).content.decode()
+        assert "is not a configured queue" in page
+        assert not RecurringSchedule.objects.exists()
+        RecurringSchedule.objects.create(name="z", queue=QUEUE)  # past validation: no cron
+        assert admin_client.get(ADMIN).status_code == 200  # the list still renders

@@ -59,7 +59,9 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="when")
     def when(self, row: RecurringSchedule) -> str:
-        return f"cron {row.cron} ({row.timezone})" if row.cron else f"every {row.every:g}s"
+        if row.cron:
+            return f"cron {row.cron} ({row.timezone})"
+        return "-" if row.every is None else f"every {row.every:g}s"
 
     @admin.display(description="next run")
     def next_run(self, row: RecurringSchedule) -> Any:
