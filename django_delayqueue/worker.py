@@ -21,7 +21,7 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, R
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.recurring.recurrence import Recurrence
-from django_delayqueue.recurring.definitions import declared_recurrences
+from django_delayqueue.recurring.definitions import Published, declared_recurrences
 from django_delayqueue.recurring.definitions import load_published as load_published_schedules
 from django_delayqueue.recurring.sync import publish_rows as publish_schedule_rows
 from django_delayqueue.recurring.sync import sync_schedules
@@ -214,19 +214,20 @@ class Worker(Consumer):
         except DelayQueueError as e:
             logger.debug("recurring schedules not refreshed: %s", e)
             return
-        version, recurrences = published
-        self.keeper.set_definitions(recurrences, self.queues, version)
+        self.keeper.set_definitions(
+            published.recurrences, self.queues, published.version, published.unreadable
+        )
 
-    def _publish_schedules(self) -> tuple[int, list[Any]]:
+    def _publish_schedules(self) -> Published:
         try:
             publish_schedule_rows()
             published = load_published_schedules()
         except DatabaseError as e:  # no table yet: the settings file alone, unpublished
             logger.warning("recurring schedules read from the settings file only: %s", e)
-            return 0, declared_recurrences()
+            return Published(0, declared_recurrences())
         finally:
             close_old_connections()
-        return published if published is not None else (0, declared_recurrences())
+        return published if published is not None else Published(0, declared_recurrences())
 
     def _republish(self, names: list[str]) -> None:
         # Redis lost the config hashes (restart without persistence, FLUSHALL): put the rows

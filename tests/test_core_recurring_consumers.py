@@ -18,6 +18,7 @@ from django_delayqueue.core import Message, Queue
 from django_delayqueue.core.clock import ManualClock
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper, parse_tick_id
+from django_delayqueue.core.scripts.calls import ScriptBatch
 
 
 @pytest.fixture
@@ -157,7 +158,7 @@ def test_an_edited_schedule_replaces_its_waiting_tick_and_a_deleted_one_withdraw
     assert ticks.instants() == [new_first]
     c.keeper.set_definitions([], c.queues, 2)  # type: ignore[union-attr]
     manual_clock.advance(ms=100)
-    wait_until(lambda: redis_client.hlen(q.keys.schedules) == 0)
+    wait_until(lambda: redis_client.hget(q.keys.schedules, "report") == b"0 deleted 2")
     assert q.counts()["pending"] == 0  # the waiting tick was withdrawn
     assert redis_client.zcard(q.keys.ticks) == 0
 
@@ -234,3 +235,51 @@ def test_a_schedule_that_cannot_make_its_tick_never_holds_up_the_queue(
     assert keeper is not None
     wait_until(lambda: (due := keeper.next_due()) is not None and due > manual_clock.now_ms())
     assert redis_client.zcard(q.keys.pending) == 0  # no next tick: it could not be encoded
+
+
+def test_a_schedule_another_release_published_is_left_alone_not_taken_for_deleted(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    beat = Recurrence("beat", "reports", every=60)
+    newer = consumer(q, Ticks(), [beat], version=7)
+    running(newer)
+    first = (T0 // 60_000 + 1) * 60_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, beat.tick_id(first)))
+    older = ScheduleKeeper()  # same version, but it could not read "beat"'s options
+    older.set_definitions([], [q], 7, unreadable=["beat"])
+    for _ in range(2):
+        batch = ScriptBatch()
+        entries = older.add_to(batch, [q], manual_clock.now_ms())
+        older.read(entries, batch.run(redis_client), manual_clock.now_ms())
+    assert redis_client.zscore(q.keys.pending, beat.tick_id(first))  # still waiting
+    assert not redis_client.hget(q.keys.schedules, "beat").startswith(b"0 deleted")  # type: ignore[union-attr]
+
+
+def test_a_broken_last_runs_key_stops_no_schedule(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    redis_client.set(q.keys.tick_runs, "not a hash")  # display only: recording its run fails
+    beat = Recurrence("beat", "reports", every=60)
+    ticks = Ticks()
+    running(consumer(q, ticks, [beat]))
+    first = (T0 // 60_000 + 1) * 60_000
+    for n in range(3):
+        wait_until(
+            lambda n=n: redis_client.zscore(q.keys.pending, beat.tick_id(first + n * 60_000))
+        )
+        manual_clock.set(first + n * 60_000)
+        ticks.wait_for(n + 1)
+    assert ticks.instants() == [first, first + 60_000, first + 120_000]
+
+
+def test_an_unreadable_reply_never_escapes_the_keeper(make_queue: Any) -> None:
+    q = make_queue("reports")
+    keeper = ScheduleKeeper()
+    keeper.set_definitions([Recurrence("beat", "reports", every=60)], [q])
+    entries = keeper.add_to(ScriptBatch(), [q], T0)
+    keeper.read(entries, [[b"beat"]], T0)  # an odd-length HGETALL: nonsense
+    keeper.read(entries, [None], T0)
+    assert not keeper.needs_round(T0)  # left alone for a while...
+    assert keeper.needs_round(T0 + 60_000)  # ...then read again

@@ -180,12 +180,23 @@ def test_a_paused_schedule_withdraws_its_tick_and_resumes_from_now() -> None:
 
 def test_a_deleted_schedule_goes_and_a_newer_state_is_left_alone() -> None:
     r = Recurrence("digest", "q", every=60)
-    plan = plan_ticks(None, state(T, r), T)
-    assert plan is not None and plan.withdraw and plan.new_state == "" and plan.instants == ()
+    plan = plan_ticks(None, state(T, r), T, version=3)
+    assert plan is not None and plan.withdraw and plan.forget and plan.instants == ()
+    assert plan.new_state == "0 deleted 3"  # a tombstone: see the next test
+    assert plan_ticks(None, plan.new_state, T, version=3) is None  # deleted once
     assert plan_ticks(None, None, T) is None
     # Written under definitions version 5: a consumer still on version 4 does nothing.
     assert plan_ticks(None, state(T, r, version=5), T, version=4) is None
     assert plan_ticks(Recurrence("digest", "q", every=7), state(T, r, 5), T, version=4) is None
+
+
+def test_a_consumer_a_refresh_behind_cannot_bring_a_deleted_schedule_back() -> None:
+    r = Recurrence("digest", "q", every=60)
+    tombstone = plan_ticks(None, state(T, r, version=3), T, version=4)
+    assert tombstone is not None
+    assert plan_ticks(r, tombstone.new_state, T + 1, version=3) is None  # still has it: waits
+    again = plan_ticks(r, tombstone.new_state, T + 1, version=5)  # added back later: starts
+    assert again is not None and again.instants == (T + MINUTE,)
 
 
 def test_catch_up_options_do_not_count_as_an_edit() -> None:

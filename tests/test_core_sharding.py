@@ -116,3 +116,27 @@ def test_peek_takes_queue_peek_s_bounds_and_reads_a_shard_past_its_first_page(
     for q in sharded.shards:  # shard after shard, each in its own order
         expected += [m.id for m in q.peek("pending", 0, 1000).messages]
     assert [m.id for m in page.messages] == expected[:1000] and page.total == 2500
+
+
+def test_a_schedule_s_ticks_live_on_its_shard_and_are_found_there_by_id(
+    sharded: ShardedQueue, manual_clock: ManualClock
+) -> None:
+    from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper
+    from django_delayqueue.core.scripts.calls import ScriptBatch
+
+    beat = Recurrence("beat", "orders", every=60)
+    ticks = [beat.tick_id(manual_clock.now_ms() + n * 60_000) for n in range(20)]
+    # Tick ids hash all over the shards by themselves; routed by the schedule's name, never.
+    assert {shard_index(t, 3) for t in ticks} == {shard_index("beat", 3)}
+    keeper = ScheduleKeeper()
+    keeper.set_definitions([beat], sharded.shards)
+    for _ in range(2):  # read the states, then create the first tick
+        batch = ScriptBatch()
+        now = manual_clock.now_ms()
+        for q in sharded.shards:
+            entries = keeper.add_to(batch, [q], now)
+            keeper.read(entries, batch.run(q.client), now)
+            batch = ScriptBatch()
+    first = beat.tick_id(beat.next_after(manual_clock.now_ms()))
+    assert sharded.shard_for(first).counts()["pending"] == 1
+    assert sharded.cancel(first) == 1  # cancel by id finds it

@@ -134,10 +134,14 @@ def test_admin_edits_reach_a_running_worker(
         wait_until(lambda: b"paused:" in (redis_client.hget(KEYS.schedules, "digest") or b""))
         assert redis_client.zcard(KEYS.pending) == 0
 
-        # Delete: the schedule's state goes from Redis.
+        # Delete: the schedule's state becomes a tombstone, its last run goes.
+        assert redis_client.hexists(KEYS.tick_runs, "digest")
         response = admin_client.post(f"{ADMIN}{row.pk}/delete/", {"post": "yes"})
         assert response.status_code == 302
-        wait_until(lambda: not redis_client.hexists(KEYS.schedules, "digest"))
+        wait_until(
+            lambda: (redis_client.hget(KEYS.schedules, "digest") or b"").startswith(b"0 deleted ")
+        )
+        assert not redis_client.hexists(KEYS.tick_runs, "digest")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -205,7 +209,7 @@ def test_settings_sync_keeps_staff_edits_and_drops_schedules_that_left_the_file(
         assert sorted(RecurringSchedule.objects.values_list("name", flat=True)) == ["a", "by-staff"]
         published = load_published()
         assert published is not None
-        assert sorted(r.name for r in published[1]) == ["a", "by-staff"]
+        assert sorted(r.name for r in published.recurrences) == ["a", "by-staff"]
 
 
 def test_the_checks_name_a_bad_schedule_and_an_unknown_queue() -> None:
@@ -292,3 +296,33 @@ def test_the_admin_refuses_a_schedule_that_cannot_run(admin_client: Any) -> None
         assert not RecurringSchedule.objects.exists()
         RecurringSchedule.objects.create(name="z", queue=QUEUE)  # past validation: no cron
         assert admin_client.get(ADMIN).status_code == 200  # the list still renders
+
+
+@pytest.mark.django_db
+def test_the_published_version_only_grows_even_when_its_key_is_lost(
+    redis_client: redis.Redis,
+) -> None:
+    from django_delayqueue.recurring.definitions import published_key
+    from django_delayqueue.recurring.sync import publish_rows
+
+    with configure({"a": {"queue": QUEUE, "every": 60}}):
+        sync_schedules()
+        first = load_published()
+        assert first is not None and first.version > 0
+        assert publish_rows() > first.version
+        redis_client.delete(published_key())  # Redis lost it: the next publish still grows
+        assert publish_rows() > first.version
+
+
+@pytest.mark.django_db
+def test_one_schedule_on_a_removed_queue_does_not_blank_the_others(
+    redis_client: redis.Redis,
+) -> None:
+    from django_delayqueue.recurring.status import statuses
+
+    with configure({}):
+        found = statuses(
+            [Recurrence("gone", "removed-queue", every=60), Recurrence("fine", QUEUE, every=60)]
+        )
+    assert [bool(s.error) for s in found] == [True, False]
+    assert found[1].next_run_ms is not None and found[0].next_run_ms is None

@@ -25,13 +25,21 @@ from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.recurring.recurrence import parse_tick_id
 from django_delayqueue.core.results import BulkResult, Page, Prepared, ScheduleResult, Snapshot
 from django_delayqueue.core.settings import QueueSettings
 
 
 def shard_index(message_id: str, shards: int) -> int:
-    """The shard of ``message_id`` among ``shards`` (stable across processes and versions)."""
-    return zlib.crc32(message_id.encode()) % shards
+    """The shard of ``message_id`` among ``shards`` (stable across processes and versions).
+
+    A recurring schedule's tick (``name@2026-11-25T02:00:00Z``) goes where its schedule's
+    name goes: a schedule's state and all its ticks share one shard, which is what lets one
+    script create a tick and move the state on together (core.recurring).
+    """
+    tick = parse_tick_id(message_id)
+    key = tick[0] if tick is not None else message_id
+    return zlib.crc32(key.encode()) % shards
 
 
 class ShardedQueue:

@@ -10,21 +10,34 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.recurring.recurrence import Recurrence
-from django_delayqueue.core.scripts.calls import redis_errors
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 
 logger = logging.getLogger(__name__)
 
 DEFINITIONS_FIELD, VERSION_FIELD = "definitions", "version"
+PUBLISH_LOCK_SECONDS = 10.0  # a publisher holds the lock at most this long
+PUBLISH_WAIT_SECONDS = 5.0  # and another waits this long for it before publishing anyway
 
 
 def published_key() -> str:
     return f"{{{dq_settings.PREFIX}}}:recurring"
+
+
+def publish_lock() -> Any:
+    """Held around "read the rows, publish them": two saves committing together would
+    otherwise let the first, which read the rows before the second committed, publish last."""
+    return get_client().lock(
+        f"{published_key()}:lock",
+        timeout=PUBLISH_LOCK_SECONDS,
+        blocking_timeout=PUBLISH_WAIT_SECONDS,
+    )
 
 
 def declared() -> dict[str, dict[str, Any]]:
@@ -50,19 +63,26 @@ def declared_recurrences() -> list[Recurrence]:
 
 
 def publish(definitions: dict[str, dict[str, Any]]) -> int:
-    """Publish every schedule (name -> options) at once; returns the new version.
+    """Publish every schedule (name -> options) at once; returns the new version (which only
+    grows, see publish_schedules.lua).
 
     Raises :class:`RedisUnavailable` when Redis is down.
     """
     text = json.dumps(definitions, sort_keys=True, separators=(",", ":"))
-    pipe = get_client().pipeline(transaction=True)
-    pipe.hset(published_key(), DEFINITIONS_FIELD, text)
-    pipe.hincrby(published_key(), VERSION_FIELD, 1)
-    with redis_errors("publishing recurring schedules"):
-        return int(pipe.execute()[1])
+    call = ScriptCall(LuaScript.named("publish_schedules"), [published_key()], [text])
+    return int(call.run(get_client()))
 
 
-def load_published() -> tuple[int, list[Recurrence]] | None:
+@dataclass(frozen=True)
+class Published:
+    version: int
+    recurrences: list[Recurrence]
+    # Published, but not readable by this process (an option of a newer release, a time zone
+    # it lacks): consumers leave them alone rather than take them for deleted.
+    unreadable: list[str] = field(default_factory=list)
+
+
+def load_published() -> Published | None:
     """The published version and schedules, or None when nothing is published.
 
     Raises :class:`RedisUnavailable` when Redis is down.
@@ -78,10 +98,11 @@ def load_published() -> tuple[int, list[Recurrence]] | None:
     except ValueError:
         logger.error("unreadable published recurring schedules: republishing")
         return None
-    out = []
+    out, unreadable = [], []
     for name, options in definitions.items():
         try:
             out.append(Recurrence.from_mapping(name, options))
-        except ConfigurationError as e:  # saved past the admin's validation: skip it
-            logger.error("%s", e)
-    return version, out
+        except ConfigurationError as e:
+            logger.error("%s (left alone: another release may read it)", e)
+            unreadable.append(name)
+    return Published(version, out, unreadable)

@@ -49,23 +49,36 @@ class ScheduleStatus:
 
 
 def statuses(recurrences: list[Recurrence]) -> list[ScheduleStatus]:
-    """One status per schedule, read in one round trip (never raises: ``error`` says)."""
+    """One status per schedule, read in one round trip (never raises: ``error`` says, per
+    schedule: one whose queue is no longer configured does not blank the others)."""
     if not recurrences:
         return []
+    keys: list[Any] = []
+    for r in recurrences:
+        try:
+            keys.append(get_queue(r.queue).shard_for(r.name).keys)
+        except Exception as e:  # a queue that is not configured (any more)
+            keys.append(e)
+    readable = [
+        (r, k) for r, k in zip(recurrences, keys, strict=True) if not isinstance(k, Exception)
+    ]
     try:
-        keys = [get_queue(r.queue).shard_for(r.name).keys for r in recurrences]
         pipe = get_client().pipeline(transaction=False)
-        for r, k in zip(recurrences, keys, strict=True):
+        for r, k in readable:
             pipe.hget(k.schedules, r.name)
             pipe.hget(k.tick_runs, r.name)
         with redis_errors("reading recurring schedules"):
-            replies = pipe.execute(raise_on_error=False)
+            replies = pipe.execute(raise_on_error=False) if readable else []
         now = get_clock().now_ms()
-    except Exception as e:  # Redis down, or a queue that is not configured
+    except Exception as e:  # Redis down
         return [_status(r, None, None, 0, str(e)) for r in recurrences]
+    found = {r.name: (replies[2 * i], replies[2 * i + 1]) for i, (r, _) in enumerate(readable)}
     out = []
-    for i, r in enumerate(recurrences):
-        state, run = replies[2 * i], replies[2 * i + 1]
+    for r, k in zip(recurrences, keys, strict=True):
+        if isinstance(k, Exception):
+            out.append(_status(r, None, None, now, str(k)))
+            continue
+        state, run = found[r.name]
         error = next((str(x) for x in (state, run) if isinstance(x, Exception)), "")
         if error:
             state = run = None
@@ -112,7 +125,7 @@ def configured_recurrences() -> list[Recurrence]:
     except DelayQueueError:
         published = None
     if published is not None:
-        return sorted(published[1], key=lambda r: r.name)
+        return sorted(published.recurrences, key=lambda r: r.name)
     try:
         from django_delayqueue.models import RecurringSchedule
 

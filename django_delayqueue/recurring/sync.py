@@ -6,15 +6,18 @@ the admin, and a saved or deleted row is published once its transaction commits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
+import redis
 from django.db import transaction
 
-from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, RedisUnavailable
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.models import RecurringSchedule
-from django_delayqueue.recurring.definitions import declared, publish
+from django_delayqueue.recurring.definitions import declared, publish, publish_lock
+from django_delayqueue.tasks.periodic import discovered_all
 
 logger = logging.getLogger(__name__)
 
@@ -35,15 +38,31 @@ def row_values(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def publish_rows(using: str | None = None) -> int:
-    """Publish every row (the whole set: a row missing from it is a deleted schedule)."""
-    rows = RecurringSchedule.objects.using(using).all()
-    definitions = {}
-    for row in rows:
-        try:
-            definitions[row.name] = Recurrence.from_mapping(row.name, row.definition()).to_mapping()
-        except ConfigurationError as e:
-            logger.error("recurring schedule not published: %s", e)
-    return publish(definitions)
+    """Publish every row (the whole set: a row missing from it is a deleted schedule).
+
+    Under a lock, so that the rows read are never older than what another process published.
+    """
+    lock = publish_lock()
+    try:
+        acquired = lock.acquire()
+    except redis.exceptions.RedisError as e:
+        raise RedisUnavailable(f"publishing recurring schedules: {e}") from e
+    if not acquired:
+        logger.warning("publishing recurring schedules without the lock (held too long)")
+    try:
+        definitions = {}
+        for row in RecurringSchedule.objects.using(using).all():
+            try:
+                recurrence = Recurrence.from_mapping(row.name, row.definition())
+            except ConfigurationError as e:
+                logger.error("recurring schedule not published: %s", e)
+                continue
+            definitions[row.name] = recurrence.to_mapping()
+        return publish(definitions)
+    finally:
+        if acquired:
+            with contextlib.suppress(redis.exceptions.RedisError):  # it expires
+                lock.release()
 
 
 def sync_schedules(*, using: str | None = None, publish_to_redis: bool = True) -> list[Any]:
@@ -70,9 +89,12 @@ def sync_schedules(*, using: str | None = None, publish_to_redis: bool = True) -
                 row.from_settings = file_values
                 row.save(using=using)
         rows.append(row)
-    for name, row in existing.items():
-        if row.from_settings and name not in declared_now:
-            row.delete(using=using)  # it came from the file, which no longer has it
+    if discovered_all():
+        for name, row in existing.items():
+            if row.from_settings and name not in declared_now:
+                row.delete(using=using)  # it came from the file, which no longer has it
+    else:  # a tasks module failed to import: its @periodic tasks are not gone, only unseen
+        logger.warning("recurring schedule rows not pruned: a tasks module failed to import")
     if publish_to_redis:
         try:
             publish_rows(using)

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 _registry: dict[str, Recurrence] = {}
 _lock = threading.Lock()
+_discovered_all = True  # whether the last discover() imported every tasks module
 
 
 def periodic(
@@ -85,6 +86,7 @@ def unregister(name: str) -> None:
 
 def discover() -> dict[str, Recurrence]:
     """Import every installed app's ``tasks`` module, then return what registered."""
+    global _discovered_all
     from django.conf import settings
 
     if getattr(settings, "TASKS", None):
@@ -92,6 +94,14 @@ def discover() -> dict[str, Recurrence]:
 
         try:
             autodiscover_modules("tasks")
+            _discovered_all = True
         except Exception:  # a broken tasks module must not stop runqueue or migrate
+            _discovered_all = False
             logger.exception("importing the tasks modules failed; @periodic tasks may be missing")
     return registered()
+
+
+def discovered_all() -> bool:
+    """False when the last :func:`discover` failed to import a tasks module: what is
+    registered may then lack some ``@periodic`` tasks (so nothing is taken for deleted)."""
+    return _discovered_all

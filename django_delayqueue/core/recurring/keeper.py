@@ -20,12 +20,13 @@ from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.recurring.planning import ScheduleState, TickPlan, plan_ticks
 from django_delayqueue.core.recurring.recurrence import Recurrence, parse_tick_id
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
-from django_delayqueue.core.sharding import shard_index
 
 logger = logging.getLogger(__name__)
 
 # What a tick carries: by default the schedule's payload; the Django layer builds a task's.
-FAILED_PAUSE_MS = 5000  # how long a queue whose schedule calls fail is left alone
+# How long a queue (or a schedule) whose calls fail is left alone: less than LATE_GRACE_MS,
+# so that a tick delayed by one failed call is late, never missed.
+FAILED_PAUSE_MS = 1000
 PayloadFor = Callable[[Recurrence, int], Any]
 Entry = tuple[Queue, str, int, Any]  # queue, kind ("states" | "advance"), index, detail
 
@@ -41,19 +42,32 @@ class ScheduleKeeper:
         self.payload_for = payload_for
         self.version = 0
         self._by_queue: dict[str, dict[str, Recurrence]] = {}  # Queue.name -> name -> schedule
-        self._states: dict[str, dict[str, str]] = {}  # Queue.name -> name -> raw state
+        # Queue.name -> name -> state as stored (bytes: compared byte for byte by the script)
+        self._states: dict[str, dict[str, bytes | str]] = {}
         self._stale: set[str] = set()  # queues whose states must be read again
         self._failed_until: dict[str, int] = {}  # queue -> when to try a failing queue again
-        self._changed = False  # states just read: plans may be due whatever the cursors say
+        self._changed: set[str] = set()  # queues whose states changed: plan them next round
+        self._unreadable: frozenset[str] = frozenset()  # published, but not readable here
         self._broken: dict[tuple[str, str], int] = {}  # (queue, schedule) -> retry after (ms)
 
     # --- definitions -----------------------------------------------------------------------------
 
     def set_definitions(
-        self, recurrences: Iterable[Recurrence], queues: Sequence[Queue], version: int = 0
+        self,
+        recurrences: Iterable[Recurrence],
+        queues: Sequence[Queue],
+        version: int = 0,
+        unreadable: Iterable[str] = (),
     ) -> None:
         """Serve ``recurrences`` whose queue is one of ``queues`` (a sharded queue's schedule
-        lives on the shard its name maps to); states are read again with the next round."""
+        lives on the shard its name maps to); states are read again with the next round.
+
+        ``unreadable`` names schedules that are published but that this process cannot read
+        (an option of a newer release, a time zone it lacks): they are left alone, never taken
+        for deleted.
+        """
+        from django_delayqueue.core.sharding import shard_index  # it imports this package
+
         shards: dict[str, list[Queue]] = {}
         for q in queues:
             shards.setdefault(q.logical_name, []).append(q)
@@ -65,8 +79,11 @@ class ScheduleKeeper:
             if serving:
                 q = serving[shard_index(r.name, len(serving))]
                 by_queue[q.name][r.name] = r
-        changed = by_queue != self._by_queue or version != self.version
-        self._by_queue, self.version = by_queue, version
+        unknown = frozenset(unreadable)
+        changed = (
+            by_queue != self._by_queue or version != self.version or unknown != self._unreadable
+        )
+        self._by_queue, self.version, self._unreadable = by_queue, version, unknown
         if changed:
             self.refresh()
 
@@ -86,17 +103,15 @@ class ScheduleKeeper:
 
     def add_to(self, batch: ScriptBatch, queues: Sequence[Queue], now_ms: int) -> list[Entry]:
         """Add this round's reads and advances for ``queues`` to ``batch``."""
-        self._changed = False
         entries: list[Entry] = []
         for q in queues:
             if q.name not in self._by_queue or self._failed_until.get(q.name, 0) > now_ms:
                 continue
             if q.name in self._stale:
-                call = ScriptCall(
-                    LuaScript.named("schedule_states"), [q.keys.schedules, q.keys.tick_runs], []
-                )
+                call = ScriptCall(LuaScript.named("schedule_states"), [q.keys.schedules], [])
                 entries.append((q, "states", batch.add(call), None))
                 continue  # plans follow the read, next round
+            self._changed.discard(q.name)
             for name, plan in self._plans(q, now_ms):
                 try:
                     call = self._call(q, name, plan, now_ms)
@@ -108,38 +123,45 @@ class ScheduleKeeper:
         return entries
 
     def read(self, entries: list[Entry], results: list[Any], now_ms: int) -> None:
-        for q, kind, index, detail in entries:
-            raw = results[index]
-            if isinstance(raw, Exception):
-                # A broken key (say, of the wrong type): logged, and left alone for a while,
-                # never a loop that spins on it; the states are read again after.
-                logger.error("queue %s: recurring schedules: %s", q.name, raw)
+        """Take in the replies of this round's calls (never raises: the round's claims were
+        read before, and must reach their handlers whatever a schedule's reply holds)."""
+        for entry in entries:
+            try:
+                self._read_one(entry, results[entry[2]], now_ms)
+            except Exception:
+                q = entry[0]
+                logger.exception("queue %s: recurring schedules: unreadable reply", q.name)
                 self._stale.add(q.name)
                 self._failed_until[q.name] = now_ms + FAILED_PAUSE_MS
-                continue
-            self._failed_until.pop(q.name, None)
-            if kind == "states":
-                states, _runs = raw
-                flat = [_text(v) for v in states]
-                self._states[q.name] = dict(zip(flat[::2], flat[1::2], strict=True))
-                self._stale.discard(q.name)
-                self._changed = True
-                continue
-            name, plan = detail
-            known = self._states.setdefault(q.name, {})
-            applied, value = int(raw[0]), raw[1]
-            if applied:
-                self._log_advance(q, name, plan, int(value))
-                if plan.new_state:
-                    known[name] = plan.new_state
-                else:
-                    known.pop(name, None)
-            else:  # another consumer was first: plan again from the state it left
-                self._changed = True
-                if value:
-                    known[name] = _text(value)
-                else:
-                    known.pop(name, None)
+
+    def _read_one(self, entry: Entry, raw: Any, now_ms: int) -> None:
+        q, kind, _, detail = entry
+        if isinstance(raw, Exception):
+            # A broken key (say, of the wrong type): logged, and left alone for a while,
+            # never a loop that spins on it; the states are read again after.
+            logger.error("queue %s: recurring schedules: %s", q.name, raw)
+            self._stale.add(q.name)
+            self._failed_until[q.name] = now_ms + FAILED_PAUSE_MS
+            return
+        self._failed_until.pop(q.name, None)
+        if kind == "states":
+            names = [_text(v) for v in raw[::2]]
+            self._states[q.name] = dict(zip(names, raw[1::2], strict=True))
+            self._stale.discard(q.name)
+            self._changed.add(q.name)
+            return
+        name, plan = detail
+        known = self._states.setdefault(q.name, {})
+        applied, value = int(raw[0]), raw[1]
+        if applied:
+            self._log_advance(q, name, plan, int(value))
+            known[name] = plan.new_state
+        else:  # another consumer was first: plan again from the state it left
+            self._changed.add(q.name)
+            if value:
+                known[name] = value
+            else:
+                known.pop(name, None)
 
     def next_due(self) -> int | None:
         """When the next round must run for a schedule: the earliest due latest tick."""
@@ -158,9 +180,8 @@ class ScheduleKeeper:
 
     def needs_round(self, now_ms: int) -> bool:
         """States to read, or a change to make: the next round should not wait."""
-        if self._changed:
-            return True
-        return any(self._failed_until.get(name, 0) <= now_ms for name in self._stale)
+        pending = self._changed | self._stale
+        return any(self._failed_until.get(name, 0) <= now_ms for name in pending)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -169,7 +190,7 @@ class ScheduleKeeper:
         known = self._states.get(q.name, {})
         out = []
         for name in {*defined, *known}:
-            if self._broken.get((q.name, name), 0) > now_ms:
+            if name in self._unreadable or self._broken.get((q.name, name), 0) > now_ms:
                 continue
             try:
                 plan = plan_ticks(defined.get(name), known.get(name), now_ms, self.version)
@@ -201,6 +222,7 @@ class ScheduleKeeper:
             q.keys.garbage,
             q.keys.schedules,
             q.keys.ticks,
+            q.keys.tick_runs,
         ]
         args = [
             now_ms,
@@ -209,7 +231,7 @@ class ScheduleKeeper:
             name,
             plan.expected,
             plan.new_state,
-            "1" if plan.withdraw else "0",
+            "2" if plan.forget else "1" if plan.withdraw else "0",
             *triples,
         ]
         return ScriptCall(LuaScript.named("advance_schedule"), keys, args)
@@ -223,7 +245,7 @@ class ScheduleKeeper:
                 name,
                 plan.missed,
             )
-        if not plan.new_state:
+        if plan.forget:
             logger.info("queue %s: schedule %s removed; its waiting tick withdrawn", q.name, name)
         elif plan.withdraw:
             logger.info("queue %s: schedule %s changed; its waiting tick replaced", q.name, name)
@@ -242,4 +264,4 @@ def record_tick_call(q: Queue, name: str, run: str) -> ScriptCall:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -5,7 +5,11 @@ The chain: the state's cursor is the latest tick created. Once it is due (and so
 delivered), the next tick is created, so a running schedule always has its next tick waiting.
 Ticks whose instant passed before anyone could create them were missed (every consumer was
 down): ``catch_up`` decides which of those run. A tick at most ``LATE_GRACE_MS`` old is only
-late (a slow round), not missed: it is created whatever the policy.
+late (a slow round, a failed call tried again), not missed: it is created whatever the policy.
+
+A deleted schedule leaves a tombstone state (``DELETED``) with the version of the definitions
+that deleted it, so a consumer a refresh behind, which still has the schedule, cannot bring it
+back: the version check leaves the tombstone alone.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from dataclasses import dataclass
 
 from django_delayqueue.core.recurring.recurrence import Recurrence
 
-LATE_GRACE_MS = 1000
+LATE_GRACE_MS = 2000
 PAUSED = "paused"
+DELETED = "deleted"
 
 
 @dataclass(frozen=True)
@@ -30,12 +35,12 @@ class ScheduleState:
     def parse(cls, raw: str | bytes | None) -> ScheduleState | None:
         if not raw:
             return None
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        cursor, _, rest = text.partition(" ")
-        signature, _, version = rest.partition(" ")
         try:
+            text = raw.decode() if isinstance(raw, bytes) else raw
+            cursor, _, rest = text.partition(" ")
+            signature, _, version = rest.partition(" ")
             return cls(int(cursor), signature, int(version or 0))
-        except ValueError:
+        except ValueError:  # UnicodeDecodeError too
             return None  # unreadable: treated as new, and overwritten (see plan_ticks)
 
     def encode(self) -> str:
@@ -46,11 +51,12 @@ class ScheduleState:
 class TickPlan:
     """One call of advance_schedule.lua: expected state, new state, ticks to create."""
 
-    expected: str
-    new_state: str  # "" deletes the state
+    expected: str | bytes  # the state as read, byte for byte ("" for none)
+    new_state: str
     withdraw: bool  # withdraw the schedule's future ticks first
     instants: tuple[int, ...]
-    missed: int = 0  # ticks skipped by the catch-up policy (a lower bound for a long cron walk)
+    missed: int = 0  # ticks skipped by the catch-up policy (at least; a bounded look back)
+    forget: bool = False  # the schedule is gone: its last run goes too
 
 
 def signature_of(recurrence: Recurrence) -> str:
@@ -71,14 +77,16 @@ def plan_ticks(
     under newer ones is left alone (this consumer has not refreshed yet), so two consumers a
     refresh apart never undo each other's edit.
     """
-    expected = (
-        "" if not raw_state else (raw_state.decode() if isinstance(raw_state, bytes) else raw_state)
-    )
+    expected = raw_state or ""
     state = ScheduleState.parse(raw_state)
     if state is not None and state.version > version:
         return None
     if recurrence is None:
-        return TickPlan(expected, "", True, ()) if expected else None
+        gone = state is not None and state.signature == DELETED
+        if gone or (state is None and not expected):
+            return None
+        tombstone = ScheduleState(0, DELETED, version).encode()
+        return TickPlan(expected, tombstone, True, (), forget=True)
     signature = signature_of(recurrence)
     if state is None or state.signature != signature:
         # New, edited, paused or resumed: whatever was planned under another definition goes,

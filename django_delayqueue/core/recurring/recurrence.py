@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -143,24 +144,34 @@ class Recurrence:
             last = until_ms // period
             first = max(after_ms // period + 1, last - limit + 1)
             return [k * period for k in range(first, last + 1)]
-        out: list[int] = []
-        at = after_ms
-        # A cron expression has no closed form: walk it, keeping the latest ``limit``. A
-        # minute-wise expression after a week's outage walks 10,080 steps: bounded, and rare.
-        while (at := self.next_after(at)) <= until_ms:
-            out.append(at)
-            if len(out) > limit:
-                del out[0]
-        return out
+        from cronsim import CronSim
 
-    def signature(self) -> str:
-        """Changes whenever the ticks or what they carry change (an edit replaces the pending
-        tick); catch_up options are not part of it (they apply only to the next outage)."""
+        # Walked backwards from the end: only the ``limit`` latest are wanted, and a week's
+        # outage of a minute-wise expression would be 10,080 steps forwards. cronsim works in
+        # whole minutes, so starting a second late and dropping what is after the end is exact.
+        start = datetime.fromtimestamp((until_ms + 1000) / 1000, self.zone)
+        out: list[int] = []
+        for when in CronSim(str(self.cron), start, reverse=True):
+            at = math.ceil(when.timestamp() * 1000)
+            if at <= after_ms or len(out) >= limit:
+                break
+            if at <= until_ms:
+                out.append(at)
+        return out[::-1]
+
+    @cached_property
+    def _signature(self) -> str:
         values = self.to_mapping()
         for name in ("catch_up", "catch_up_limit"):
             values.pop(name)
         text = json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def signature(self) -> str:
+        """Changes whenever the ticks or what they carry change (an edit replaces the pending
+        tick); catch_up options are not part of it (they apply only to the next outage).
+        Computed once: every consumer round compares it."""
+        return self._signature
 
     def describe(self) -> str:
         if self.cron is not None:

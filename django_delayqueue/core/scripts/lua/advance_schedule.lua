@@ -6,11 +6,12 @@
 -- the ticks and the new state exist, or neither does and the next consumer does it.
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] schedule states hash
--- KEYS[8] future ticks zset (tick id -> instant ms)
+-- KEYS[8] future ticks zset (tick id -> instant ms)   KEYS[9] tick runs hash (name -> last run)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)
--- ARGV[6] the new state ('' deletes it: the schedule is gone from this queue)
--- ARGV[7] '1': first withdraw the schedule's future ticks (it was edited, paused or deleted)
+-- ARGV[6] the new state (a deleted schedule's is a tombstone: see core/recurring/planning.py)
+-- ARGV[7] '1': first withdraw the schedule's future ticks (it was edited or paused); '2': that,
+--         and forget its last run too (it was deleted)
 -- ARGV[8..] triples: tick id, instant (ms), envelope
 -- returns: {1, ticks created} when the state was as expected, else {0, the state found ('')}
 -- A state is "<cursor ms> <signature>": the latest tick created and the definition it
@@ -27,7 +28,7 @@ local now, name = tonumber(ARGV[1]), ARGV[4]
 local found = redis.call('HGET', KEYS[7], name) or ''
 if found ~= ARGV[5] then return {0, found} end
 
-if ARGV[7] == '1' then
+if ARGV[7] ~= '0' then
   local prefix = name .. '@'
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '(' .. now, '+inf')) do
     if string.sub(id, 1, #prefix) == prefix then
@@ -48,9 +49,8 @@ if #ARGV >= 8 then  -- schedule_triples checks the types of what it writes
 end
 -- Ticks that came due are no one's to withdraw any more: the zset holds future ones only.
 redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
-if ARGV[6] == '' then
-  redis.call('HDEL', KEYS[7], name)
-else
-  redis.call('HSET', KEYS[7], name, ARGV[6])
-end
+redis.call('HSET', KEYS[7], name, ARGV[6])
+-- The last run is for display only: a tick runs key of the wrong type must not keep a
+-- schedule from being deleted (pcall: its error is ignored, after every other write).
+if ARGV[7] == '2' then redis.pcall('HDEL', KEYS[9], name) end
 return {1, created}

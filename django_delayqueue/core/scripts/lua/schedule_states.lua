@@ -1,7 +1,6 @@
--- schedule_states: what a queue knows of its recurring schedules, read in one call.
--- KEYS[1] schedule states hash (name -> "<cursor ms> <signature>")
--- KEYS[2] tick runs hash (name -> JSON of the latest run)
--- returns: {flat HGETALL of the states, flat HGETALL of the runs}
+-- schedule_states: the states of a queue's recurring schedules, read in one call.
+-- KEYS[1] schedule states hash (name -> "<cursor ms> <signature> <version>")
+-- returns: flat HGETALL of the states
 --- @include "includes/guard.lua"
-guard(KEYS[1], 'hash', KEYS[2], 'hash')
-return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
+guard(KEYS[1], 'hash')
+return redis.call('HGETALL', KEYS[1])
