@@ -112,9 +112,9 @@ class Rounds:
                 continue
             self._unrecorded.settle(flush, results[: len(flush)])
             _confirm_acks(flush)
-            if self.keeper is not None:
-                self.keeper.read(ticks, results, now)
             claimed = self._read_queue_results(plan, results, now)
+            if self.keeper is not None:  # after the claims, which must reach their handlers
+                self.keeper.read(ticks, results, now)
             self._claimed_total += len(claimed)
             messages.extend(claimed)
             if maintenance:  # last: it never delays a delivery, and its failure loses no claim
