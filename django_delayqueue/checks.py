@@ -10,6 +10,7 @@ delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
 delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
 delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
 delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid or has no queue
+delayqueue.W005     a recurring schedule row that is invalid or has no queue (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
 delayqueue.W003     handlers registered for a queue that is not configured
@@ -65,9 +66,10 @@ def register_checks() -> None:
     register(check_handlers, TAG)
     register(check_redis, TAG, deploy=True)
     register(check_task_backends, TAG)
-    from django_delayqueue.recurring.checks import check_schedules
+    from django_delayqueue.recurring.checks import check_schedule_rows, check_schedules
 
     register(check_schedules, TAG)
+    register(check_schedule_rows, Tags.database)
     # Only with the database checks (`check --database`, `migrate`): not with `--tag delayqueue`,
     # which must not query a database nobody asked for.
     register(check_outbox, Tags.database)

@@ -136,23 +136,44 @@ def test_the_next_tick_follows_once_the_latest_is_due() -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "created", "missed"),
-    [("latest", [9], 7), ("all", [2, 3, 4, 5, 6, 7, 8, 9], 0), ("none", [], 8)],
+    ("policy", "created", "dropped", "missed"),
+    [("latest", [9], [1], 8), ("all", [2, 3, 4, 5, 6, 7, 8, 9], [], 0), ("none", [], [1], 9)],
 )
-def test_catch_up_after_an_outage(policy: str, created: list[int], missed: int) -> None:
+def test_catch_up_after_an_outage(
+    policy: str, created: list[int], dropped: list[int], missed: int
+) -> None:
     r = Recurrence("digest", "q", every=60, catch_up=policy)  # type: ignore[arg-type]
-    # Tick 1 was the latest created; the outage ends 9.5 minutes later: ticks 2..9 missed.
+    # Tick 1 was the latest created, waiting when every consumer went down; the outage ends
+    # 9.5 minutes later: ticks 1..9 were missed (1 was made, the others never were).
     plan = plan_ticks(r, state(T + MINUTE, r), T + 9 * MINUTE + 30_000)
     assert plan is not None
     assert plan.instants == (*(T + n * MINUTE for n in created), T + 10 * MINUTE)
-    assert plan.missed == missed
+    assert plan.drop == tuple(T + n * MINUTE for n in dropped)
+    assert (plan.missed, plan.missed_exact) == (missed, True)
+
+
+def test_the_waiting_tick_only_just_due_is_not_missed() -> None:
+    r = Recurrence("digest", "q", every=60, catch_up="none")
+    plan = plan_ticks(r, state(T, r), T + 1500)  # the round came 1.5 s after the tick
+    assert plan is not None and plan.drop == () and plan.instants == (T + MINUTE,)
+
+
+def test_a_long_outage_counts_every_skipped_tick() -> None:
+    r = Recurrence("beat", "q", every=1, catch_up="latest", catch_up_limit=3)
+    plan = plan_ticks(r, state(T, r), T + 1_000_000)
+    assert plan is not None and plan.missed == 998 and plan.missed_exact
+    nightly = Recurrence("n", "q", cron="* * * * *", catch_up="none", catch_up_limit=3)
+    plan = plan_ticks(nightly, state(T, nightly), T + 1000 * MINUTE)
+    assert plan is not None and plan.missed >= 3 and not plan.missed_exact
 
 
 def test_catch_up_all_is_bounded_to_the_latest_ticks() -> None:
     r = Recurrence("digest", "q", every=60, catch_up="all", catch_up_limit=3)
     plan = plan_ticks(r, state(T, r), T + 100 * MINUTE + 1)
     assert plan is not None
-    assert plan.instants == tuple(T + n * MINUTE for n in (98, 99, 100, 101))
+    # 98 and 99 missed, 100 only just late (within the grace), 101 the next.
+    assert plan.instants == tuple(T + n * MINUTE for n in (97, 98, 99, 100, 101))
+    assert plan.drop == (T,) and plan.missed == 97  # ticks 0..96 skipped, and said so
 
 
 def test_a_tick_only_just_late_is_never_counted_missed() -> None:

@@ -326,3 +326,29 @@ def test_one_schedule_on_a_removed_queue_does_not_blank_the_others(
         )
     assert [bool(s.error) for s in found] == [True, False]
     assert found[1].next_run_ms is not None and found[0].next_run_ms is None
+
+
+@pytest.mark.django_db
+def test_the_database_check_names_a_row_no_runqueue_keeps(redis_client: redis.Redis) -> None:
+    from django_delayqueue.recurring.checks import check_schedule_rows
+
+    with configure({}):
+        RecurringSchedule.objects.create(name="orphan", queue="removed-queue", every=60)
+        RecurringSchedule.objects.create(name="fine", queue=QUEUE, every=60)
+        warnings = check_schedule_rows(databases=["default"])
+        out = io.StringIO()
+        call_command("queuestats", stdout=out, stderr=io.StringIO())
+    assert [w.id for w in warnings] == ["delayqueue.W005"]
+    assert "'orphan': queue 'removed-queue' is not configured" in warnings[0].msg
+    assert "error: unknown queue 'removed-queue'" in out.getvalue()  # said, not a bare "-"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_schedule_of_the_settings_file_in_the_admin_says_it_comes_back(
+    redis_client: redis.Redis, admin_client: Any
+) -> None:
+    with configure({"nightly": {"queue": QUEUE, "cron": "0 3 * * *"}}):
+        sync_schedules()
+        row = RecurringSchedule.objects.get(name="nightly")
+        response = admin_client.post(f"{ADMIN}{row.pk}/delete/", {"post": "yes"}, follow=True)
+    assert "comes from DELAYQUEUE" in response.content.decode().replace("come(s)", "comes")

@@ -57,6 +57,24 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
     def _status(row: RecurringSchedule) -> ScheduleStatus | None:
         return getattr(row, "dq_status", None)
 
+    def delete_model(self, request: HttpRequest, obj: RecurringSchedule) -> None:
+        self._warn_settings_rows(request, [obj])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        self._warn_settings_rows(request, list(queryset))
+        super().delete_queryset(request, queryset)
+
+    def _warn_settings_rows(self, request: HttpRequest, rows: list[RecurringSchedule]) -> None:
+        names = [row.name for row in rows if row.from_settings]
+        if names:
+            self.message_user(
+                request,
+                f"{', '.join(names)} come(s) from DELAYQUEUE['SCHEDULES']: the next migrate or "
+                "runqueue start re-creates it. Remove it from the settings file, or pause it.",
+                messages.WARNING,
+            )
+
     @admin.display(description="when")
     def when(self, row: RecurringSchedule) -> str:
         if row.cron:
@@ -70,13 +88,13 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
             return s.error[:80] if s else "invalid"
         if s.next_run_ms is None:
             return "paused"
-        when = ms_to_datetime(s.next_run_ms)
+        when = _to_the_second(s.next_run_ms)
         return when if s.next_is_waiting else f"{when} (no runqueue has scheduled it yet)"
 
     @admin.display(description="last run")
     def last_run(self, row: RecurringSchedule) -> Any:
         s = self._status(row)
-        return ms_to_datetime(s.last_tick_ms) if s and s.last_tick_ms else "never"
+        return _to_the_second(s.last_tick_ms) if s and s.last_tick_ms else "never"
 
     @admin.display(description="outcome")
     def last_outcome(self, row: RecurringSchedule) -> str:
@@ -105,3 +123,10 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
             self.message_user(request, f"Sent a tick of {', '.join(sent)} now.", messages.SUCCESS)
         for problem in failed:
             self.message_user(request, f"Not sent: {problem}", messages.ERROR)
+
+
+def _to_the_second(ms: int) -> str:
+    """In the site's time zone, to the second: schedules may tick every few seconds."""
+    from django.utils import timezone
+
+    return timezone.localtime(ms_to_datetime(ms)).strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -238,8 +238,6 @@ class Consumer(Rounds):
             maintenance = True
         else:
             maintenance = False
-        if maintenance and self.keeper is not None:
-            self.keeper.refresh()  # read the schedules' states again with this round
         for slots in self._slots.values():
             finished = slots.take_finished()
             self.delivered += len(finished)

@@ -88,8 +88,14 @@ class ScheduleKeeper:
             self.refresh()
 
     def refresh(self) -> None:
-        """Read every queue's schedule states with the next round (maintenance calls this)."""
+        """Read every queue's schedule states with the next round (at the start, and when the
+        definitions change: between, every reply of the script keeps the states current)."""
         self._stale = set(self._by_queue)
+
+    def holds(self, q: Queue) -> bool:
+        """Whether ``q``'s round must wait for its schedule states: a tick waiting since before
+        an outage must meet its catch-up policy before anything promotes and claims it."""
+        return q.name in self._stale and self._failed_until.get(q.name, 0) == 0
 
     def recurrence_of(self, q: Queue, message_id: str) -> tuple[Recurrence, int] | None:
         """The schedule and tick instant of a tick message of ``q``, or None."""
@@ -232,6 +238,8 @@ class ScheduleKeeper:
             plan.expected,
             plan.new_state,
             "2" if plan.forget else "1" if plan.withdraw else "0",
+            len(plan.drop),
+            *(recurrence.tick_id(t) for t in plan.drop if recurrence is not None),
             *triples,
         ]
         return ScriptCall(LuaScript.named("advance_schedule"), keys, args)
@@ -240,13 +248,17 @@ class ScheduleKeeper:
     def _log_advance(q: Queue, name: str, plan: TickPlan, created: int) -> None:
         if plan.missed:
             logger.warning(
-                "queue %s: schedule %s missed %d tick(s) while no consumer ran (catch_up)",
+                "queue %s: schedule %s: %s%d tick(s) missed while no consumer ran were skipped "
+                "(catch_up)",
                 q.name,
                 name,
+                "" if plan.missed_exact else "at least ",
                 plan.missed,
             )
         if plan.forget:
             logger.info("queue %s: schedule %s removed; its waiting tick withdrawn", q.name, name)
+        elif plan.withdraw and not plan.instants:
+            logger.info("queue %s: schedule %s paused; its waiting tick withdrawn", q.name, name)
         elif plan.withdraw:
             logger.info("queue %s: schedule %s changed; its waiting tick replaced", q.name, name)
         logger.debug("queue %s: schedule %s: %d tick(s) created", q.name, name, created)

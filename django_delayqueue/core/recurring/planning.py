@@ -57,6 +57,8 @@ class TickPlan:
     instants: tuple[int, ...]
     missed: int = 0  # ticks skipped by the catch-up policy (at least; a bounded look back)
     forget: bool = False  # the schedule is gone: its last run goes too
+    drop: tuple[int, ...] = ()  # waiting ticks (instants) the catch-up policy skips
+    missed_exact: bool = True  # False: ``missed`` is a lower bound (a long cron outage)
 
 
 def signature_of(recurrence: Recurrence) -> str:
@@ -98,16 +100,35 @@ def plan_ticks(
         return TickPlan(expected, new, state is not None, (first,))
     if recurrence.paused or state.cursor_ms > now_ms:
         return None  # paused, or the next tick is waiting
-    passed = recurrence.instants(state.cursor_ms, now_ms, max(recurrence.catch_up_limit, 2))
-    recent = [t for t in passed if t >= now_ms - LATE_GRACE_MS]
-    old = [t for t in passed if t < now_ms - LATE_GRACE_MS]
+    # The latest tick created (the cursor) is waiting too: if it came due long ago, no one ran
+    # then, and it is a missed tick like those after it that were never created.
+    limit = recurrence.catch_up_limit
+    passed = recurrence.instants(state.cursor_ms, now_ms, limit + 2)
+    cutoff = now_ms - LATE_GRACE_MS
+    recent = [t for t in passed if t >= cutoff]
+    old = [t for t in passed if t < cutoff]
+    cursor_missed = state.cursor_ms < cutoff
+    missed = [state.cursor_ms] if cursor_missed else []
+    missed.extend(old)
     if recurrence.catch_up == "all":
-        chosen = old
+        chosen = missed[-limit:]
     elif recurrence.catch_up == "latest" and not recent:
-        chosen = old[-1:]
+        chosen = missed[-1:]
     else:
         chosen = []
+    # How many were skipped: exact for an interval; for cron, what the bounded look back saw.
+    before = recurrence.count_between(state.cursor_ms, cutoff - 1)
+    skipped = (before if before is not None else len(old)) + cursor_missed - len(chosen)
+    drop = (state.cursor_ms,) if cursor_missed and state.cursor_ms not in chosen else ()
     following = recurrence.next_after(now_ms)
-    instants = (*chosen, *recent, following)
+    create = tuple(t for t in chosen if t != state.cursor_ms)
     new = ScheduleState(following, signature, state.version).encode()
-    return TickPlan(expected, new, False, instants, missed=len(old) - len(chosen))
+    return TickPlan(
+        expected,
+        new,
+        False,
+        (*create, *recent, following),
+        missed=skipped,
+        drop=drop,
+        missed_exact=before is not None or len(passed) < limit + 2,
+    )

@@ -159,6 +159,14 @@ class Recurrence:
                 out.append(at)
         return out[::-1]
 
+    def count_between(self, after_ms: int, until_ms: int) -> int | None:
+        """How many ticks fall in (after_ms, until_ms]: known for an interval, None for cron
+        (which would have to be walked)."""
+        if self.every is None:
+            return None
+        period = round(self.every * 1000)
+        return max(0, until_ms // period - after_ms // period)
+
     @cached_property
     def _signature(self) -> str:
         values = self.to_mapping()

@@ -118,7 +118,9 @@ def render_schedules(schedules: Sequence[ScheduleStatus]) -> str:
 
 
 def _next_run(s: ScheduleStatus) -> str | None:
-    if s.error or s.next_run_ms is None:
+    if s.error:
+        return f"error: {s.error[:60]}"
+    if s.next_run_ms is None:
         return None
     text = _instant(s.next_run_ms)
     return text if s.next_is_waiting else f"{text} (not yet scheduled)"

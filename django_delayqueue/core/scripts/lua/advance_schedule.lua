@@ -12,7 +12,8 @@
 -- ARGV[6] the new state (a deleted schedule's is a tombstone: see core/recurring/planning.py)
 -- ARGV[7] '1': first withdraw the schedule's future ticks (it was edited or paused); '2': that,
 --         and forget its last run too (it was deleted)
--- ARGV[8..] triples: tick id, instant (ms), envelope
+-- ARGV[8] n: how many waiting ticks the catch-up policy skips, ARGV[9..8+n] their ids
+-- ARGV[9+n..] triples: tick id, instant (ms), envelope
 -- returns: {1, ticks created} when the state was as expected, else {0, the state found ('')}
 -- A state is "<cursor ms> <signature>": the latest tick created and the definition it
 -- followed. A tick is an ordinary message (includes/scheduling.lua), idempotent on its id; a
@@ -40,10 +41,18 @@ if ARGV[7] ~= '0' then
   end
 end
 
-local created = 0
-if #ARGV >= 8 then  -- schedule_triples checks the types of what it writes
-  created = schedule_triples(8, #ARGV)[1]
-  for i = 8, #ARGV, 3 do
+-- Ticks that came due while no consumer ran and that catch_up skips: withdrawn if no one has
+-- taken them out of pending yet (one a consumer promoted before it died runs after all).
+local skipped = tonumber(ARGV[8])
+for i = 9, 8 + skipped do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then redis.call('HDEL', KEYS[3], ARGV[i]) end
+  redis.call('ZREM', KEYS[8], ARGV[i])
+end
+
+local created, first = 0, 9 + skipped
+if #ARGV >= first then  -- schedule_triples checks the types of what it writes
+  created = schedule_triples(first, #ARGV)[1]
+  for i = first, #ARGV, 3 do
     if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', KEYS[8], ARGV[i + 1], ARGV[i]) end
   end
 end
