@@ -50,6 +50,7 @@ class Worker(Consumer):
         self._by_name = {q.name: q for q in self.queues}
         self._task_queues = frozenset(task_queue_names())
         self._tasks: Any = None
+        self._said_no_schedule_rows = False
 
     def run(self) -> int:
         if self._task_queues & {q.logical_name for q in self.queues}:
@@ -223,7 +224,10 @@ class Worker(Consumer):
             publish_schedule_rows()
             published = load_published_schedules()
         except DatabaseError as e:  # no table yet: the settings file alone, unpublished
-            logger.warning("recurring schedules read from the settings file only: %s", e)
+            # Said once (at WARNING) per worker, not at every refresh.
+            level = logging.DEBUG if self._said_no_schedule_rows else logging.WARNING
+            logger.log(level, "recurring schedules read from the settings file only: %s", e)
+            self._said_no_schedule_rows = True
             return Published(0, declared_recurrences())
         finally:
             close_old_connections()
