@@ -198,3 +198,45 @@ def test_pending_page_selects_and_cancels_with_the_toggle(
     message = _wait_for(browser, "ul.messagelist li")
     assert "Cancelled 3 message" in message.text
     assert q.counts()["pending"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recurring_schedules_list_and_run_now(
+    browser, live_server, redis_client, django_user_model
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from django_delayqueue.core.recurring import parse_tick_id
+    from django_delayqueue.models import RecurringSchedule
+
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "s3cret-pass")
+    row = RecurringSchedule.objects.create(
+        name="nightly-report",
+        queue="order-close",
+        cron="0 3 * * *",
+        timezone="Europe/Berlin",
+        payload={"kind": "unpaid"},
+    )
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    _wait_for(browser, "#login-form")
+    browser.find_element(By.NAME, "username").send_keys("boss")
+    browser.find_element(By.NAME, "password").send_keys("s3cret-pass")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    _wait_for(browser, "#logout-form")
+
+    _open(browser, f"{live_server.url}/admin/django_delayqueue/recurringschedule/", "#result_list")
+    table = browser.find_element(By.ID, "result_list").text
+    assert "nightly-report" in table and "cron 0 3 * * * (Europe/Berlin)" in table
+    assert "no runqueue has scheduled it yet" in table and "never" in table
+    _screenshot(browser, "recurring-schedules")
+    browser.find_element(By.CSS_SELECTOR, f'input.action-select[value="{row.pk}"]').click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("run_now")
+    browser.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
+    message = _wait_for(browser, "ul.messagelist li")
+    assert "Sent a tick of nightly-report now." in message.text
+    q = Queue(redis_client, "order-close", prefix="dq")
+    (sent,) = q.peek("ready").messages
+    parsed = parse_tick_id(sent.id)
+    assert parsed is not None and parsed[0] == "nightly-report"
+    assert sent.payload == {"kind": "unpaid"}
