@@ -285,3 +285,55 @@ def test_an_unreadable_reply_never_escapes_the_keeper(make_queue: Any) -> None:
     keeper.read(entries, [None], T0)
     assert not keeper.needs_round(T0)  # left alone for a while...
     assert keeper.needs_round(T0 + 60_000)  # ...then read again
+
+
+def _follow(
+    q: Queue, clock: ManualClock, ticks: Ticks, name: str, count: int, client: redis.Redis
+) -> list[str]:
+    """Jump the clock to each next tick the consumers created, and wait for it to run."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    for n in range(count):
+        waiting = wait_until(
+            lambda: [
+                p[1]
+                for m in client.zrange(q.keys.pending, 0, -1)
+                if (p := parse_tick_id(m.decode())) and p[0] == name
+            ]
+        )
+        clock.set(min(waiting))
+        ticks.wait_for(n + 1)
+    berlin = ZoneInfo("Europe/Berlin")
+    return [datetime.fromtimestamp(t / 1000, berlin).isoformat() for t in ticks.instants(name)]
+
+
+def test_consumers_keep_a_berlin_cron_through_spring_forward_and_fall_back(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    q = make_queue("reports")
+    nightly = Recurrence("nightly", "reports", cron="30 2 * * *", timezone="Europe/Berlin")
+    manual_clock.set(datetime(2026, 3, 28, 12, tzinfo=berlin).timestamp() * 1000)
+    ticks = Ticks()
+    for _ in range(2):
+        running(consumer(q, ticks, [nightly]))
+    assert _follow(q, manual_clock, ticks, "nightly", 2, redis_client) == [
+        "2026-03-29T03:00:00+02:00",  # 02:30 does not exist that night: once, at 03:00
+        "2026-03-30T02:30:00+02:00",
+    ]
+    q2 = make_queue("hourly-reports")
+    hourly = Recurrence("hourly", "hourly-reports", cron="0 * * * *", timezone="Europe/Berlin")
+    manual_clock.set(datetime(2026, 10, 25, 0, 30, tzinfo=berlin).timestamp() * 1000)
+    ticks2 = Ticks()
+    for _ in range(2):
+        running(consumer(q2, ticks2, [hourly]))
+    assert _follow(q2, manual_clock, ticks2, "hourly", 4, redis_client) == [
+        "2026-10-25T01:00:00+02:00",
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:00:00+01:00",  # the repeated hour is an hour later: it runs, once
+        "2026-10-25T03:00:00+01:00",
+    ]
