@@ -216,8 +216,20 @@ class Worker(Consumer):
             logger.debug("recurring schedules not refreshed: %s", e)
             return
         self.keeper.set_definitions(
-            published.recurrences, self.queues, published.version, published.unreadable
+            published.recurrences,
+            self.queues,
+            published.version,
+            published.unreadable,
+            # From the settings file alone (nothing published, no rows): schedules added in
+            # the admin are unknown here, not deleted.
+            authoritative=published.version > 0,
         )
+
+    def refresh_wanted(self) -> bool:
+        """Refresh at the next round, not at the next maintenance: the schedules could not be
+        loaded yet (Redis was down), and a round that claims before they are would deliver a
+        tick waiting since before the outage whatever its catch-up policy says."""
+        return self.keeper is not None and not self.keeper.loaded
 
     def _publish_schedules(self) -> Published:
         try:

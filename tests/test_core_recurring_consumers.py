@@ -337,3 +337,37 @@ def test_consumers_keep_a_berlin_cron_through_spring_forward_and_fall_back(
         "2026-10-25T02:00:00+01:00",  # the repeated hour is an hour later: it runs, once
         "2026-10-25T03:00:00+01:00",
     ]
+
+
+@pytest.mark.parametrize("policy", ["none", "latest"])
+def test_a_late_round_of_a_running_consumer_skips_nothing(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis, policy: str
+) -> None:
+    """Missed means no consumer ran: a round 5 s late (a Redis blip's backoff, a stuck refresh)
+    still delivers the tick, whatever catch_up says."""
+    q = make_queue("reports")
+    every = Recurrence("digest", "reports", every=60, catch_up=policy)  # type: ignore[arg-type]
+    ticks = Ticks()
+    running(consumer(q, ticks, [every]))
+    first = (T0 // 60_000 + 1) * 60_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, every.tick_id(first)))
+    manual_clock.set(first + 5_000)
+    ticks.wait_for(1)
+    assert ticks.instants() == [first]
+
+
+def test_a_keeper_from_the_settings_file_alone_deletes_nothing(
+    make_queue: Any, manual_clock: ManualClock, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    redis_client.hset(q.keys.schedules, "by-staff", f"{T0 + 60_000} abc 1700000000000")
+    keeper = ScheduleKeeper()  # the published schedules and the rows were unavailable
+    keeper.set_definitions([], [q], 0, authoritative=False)
+    for _ in range(2):
+        batch = ScriptBatch()
+        entries = keeper.add_to(batch, [q], T0)
+        keeper.read(entries, batch.run(redis_client), T0)
+    assert (
+        redis_client.hget(q.keys.schedules, "by-staff")
+        == f"{T0 + 60_000} abc 1700000000000".encode()
+    )

@@ -85,6 +85,9 @@ def test_tick_ids_name_the_schedule_and_the_instant() -> None:
     assert parse_tick_id(tick_id("x", at + 250)) == ("x", at + 250)
     assert parse_tick_id("an ordinary id") is None
     assert parse_tick_id("a@b") is None
+    # Only the exact form: sharded queues route such ids by the name before the "@".
+    for other in ("invoice@20240501Z", "x@2024-W18Z", "a@2024-05-01Z", "a b@2024-05-01T10:00:00Z"):
+        assert parse_tick_id(other) is None
 
 
 @pytest.mark.parametrize(
@@ -245,3 +248,23 @@ def test_utc_is_the_default_zone() -> None:
     r = Recurrence("u", "q", cron="0 0 * * *")
     start = int(datetime(2026, 6, 1, 12, tzinfo=timezone.utc).timestamp() * 1000)
     assert r.next_after(start) == int(datetime(2026, 6, 2, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def test_a_tombstone_is_forgotten_once_every_consumer_has_seen_it() -> None:
+    from django_delayqueue.core.recurring.planning import forget_tombstone
+
+    r = Recurrence("digest", "q", every=60)
+    deleted = plan_ticks(None, state(T, r, version=5), T, version=T)
+    assert deleted is not None
+    assert forget_tombstone(deleted.new_state, T) is None  # too recent
+    forgotten = forget_tombstone(deleted.new_state, T + 1)
+    assert forgotten is not None and forgotten.new_state == "" and forgotten.instants == ()
+    assert forget_tombstone(state(T, r, version=5), T + 1) is None  # not a tombstone
+
+
+def test_a_consumer_running_all_along_counts_no_tick_missed() -> None:
+    r = Recurrence("beat", "q", every=1, catch_up="none")
+    # Its round came 5 s late, but it has kept the schedules since T - 60 s without a break.
+    plan = plan_ticks(r, state(T, r), T + 5000, running_since_ms=T - 60_000)
+    assert plan is not None and plan.drop == () and plan.missed == 0
+    assert plan.instants == tuple(T + n * 1000 for n in range(1, 7))

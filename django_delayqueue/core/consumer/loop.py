@@ -103,6 +103,10 @@ class Consumer(Rounds):
     def refresh(self) -> None:
         """Called every ``maintenance_seconds``: a subclass reloads queue settings here."""
 
+    def refresh_wanted(self) -> bool:
+        """Whether :meth:`refresh` should run with the next round, before maintenance is due."""
+        return False
+
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
 
@@ -230,7 +234,7 @@ class Consumer(Rounds):
     def step(self, now_ms: int | None = None) -> int:
         """One round: record outcomes, promote, claim into the slots. Returns messages claimed."""
         self._start_slots()
-        if time.monotonic() >= self._next_maintenance:
+        if time.monotonic() >= self._next_maintenance or self.refresh_wanted():
             self.refresh()
             for q in self.queues:
                 self._slots[q.name].resize(self._slot_count(q))

@@ -153,7 +153,7 @@ class Rounds:
         self, batch: ScriptBatch, plan: Plan, q: Queue, claim_until: int, room: int | None
     ) -> int | None:
         """Promote ``q`` and claim what its slots (and ``room``) allow; returns room left."""
-        if self.keeper is not None and self.keeper.holds(q):
+        if self.keeper is not None and self.keeper.holds(q, claim_until):
             return room  # this round reads its schedule states; the next one (at once) claims
         plan.append((q, "promote", batch.add(q.promote_call(claim_until))))
         if q.settings.paused or self.stopping or (room is not None and room <= 0):

@@ -17,7 +17,12 @@ from typing import Any
 
 from django_delayqueue.core.envelope import encode_envelope, encode_payload
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
-from django_delayqueue.core.recurring.planning import ScheduleState, TickPlan, plan_ticks
+from django_delayqueue.core.recurring.planning import (
+    ScheduleState,
+    TickPlan,
+    forget_tombstone,
+    plan_ticks,
+)
 from django_delayqueue.core.recurring.recurrence import Recurrence, parse_tick_id
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 
@@ -27,6 +32,10 @@ logger = logging.getLogger(__name__)
 # How long a queue (or a schedule) whose calls fail is left alone: less than LATE_GRACE_MS,
 # so that a tick delayed by one failed call is late, never missed.
 FAILED_PAUSE_MS = 1000
+# A keeper whose rounds stopped this long (every Redis call failing, the process stuck) was not
+# running: ticks due during the gap were missed, and meet their catch-up policy.
+RUNNING_GAP_MS = 30_000
+TOMBSTONE_DAYS_MS = 86_400_000  # a deleted schedule's tombstone is forgotten after a day
 PayloadFor = Callable[[Recurrence, int], Any]
 Entry = tuple[Queue, str, int, Any]  # queue, kind ("states" | "advance"), index, detail
 
@@ -49,6 +58,10 @@ class ScheduleKeeper:
         self._changed: set[str] = set()  # queues whose states changed: plan them next round
         self._unreadable: frozenset[str] = frozenset()  # published, but not readable here
         self._broken: dict[tuple[str, str], int] = {}  # (queue, schedule) -> retry after (ms)
+        self._running_since: int | None = None  # first round of the current unbroken run
+        self._last_round: int | None = None
+        self._authoritative = True  # may delete what it does not define (see set_definitions)
+        self.loaded = False  # definitions given at least once
 
     # --- definitions -----------------------------------------------------------------------------
 
@@ -58,13 +71,15 @@ class ScheduleKeeper:
         queues: Sequence[Queue],
         version: int = 0,
         unreadable: Iterable[str] = (),
+        authoritative: bool = True,
     ) -> None:
         """Serve ``recurrences`` whose queue is one of ``queues`` (a sharded queue's schedule
         lives on the shard its name maps to); states are read again with the next round.
 
         ``unreadable`` names schedules that are published but that this process cannot read
         (an option of a newer release, a time zone it lacks): they are left alone, never taken
-        for deleted.
+        for deleted. ``authoritative=False`` (definitions from the settings file alone, the
+        published ones being unavailable) deletes nothing it does not define.
         """
         from django_delayqueue.core.sharding import shard_index  # it imports this package
 
@@ -84,6 +99,7 @@ class ScheduleKeeper:
             by_queue != self._by_queue or version != self.version or unknown != self._unreadable
         )
         self._by_queue, self.version, self._unreadable = by_queue, version, unknown
+        self._authoritative, self.loaded = authoritative, True
         if changed:
             self.refresh()
 
@@ -92,10 +108,11 @@ class ScheduleKeeper:
         definitions change: between, every reply of the script keeps the states current)."""
         self._stale = set(self._by_queue)
 
-    def holds(self, q: Queue) -> bool:
-        """Whether ``q``'s round must wait for its schedule states: a tick waiting since before
-        an outage must meet its catch-up policy before anything promotes and claims it."""
-        return q.name in self._stale and self._failed_until.get(q.name, 0) == 0
+    def holds(self, q: Queue, now_ms: int) -> bool:
+        """Whether ``q``'s round must wait for its schedule states (the round that reads them):
+        a tick waiting since before an outage must meet its catch-up policy before anything
+        promotes and claims it. Not while a failing queue is left alone: it delivers."""
+        return q.name in self._stale and self._failed_until.get(q.name, 0) <= now_ms
 
     def recurrence_of(self, q: Queue, message_id: str) -> tuple[Recurrence, int] | None:
         """The schedule and tick instant of a tick message of ``q``, or None."""
@@ -131,6 +148,9 @@ class ScheduleKeeper:
     def read(self, entries: list[Entry], results: list[Any], now_ms: int) -> None:
         """Take in the replies of this round's calls (never raises: the round's claims were
         read before, and must reach their handlers whatever a schedule's reply holds)."""
+        if self._last_round is None or now_ms - self._last_round > RUNNING_GAP_MS:
+            self._running_since = now_ms
+        self._last_round = now_ms
         for entry in entries:
             try:
                 self._read_one(entry, results[entry[2]], now_ms)
@@ -198,8 +218,14 @@ class ScheduleKeeper:
         for name in {*defined, *known}:
             if name in self._unreadable or self._broken.get((q.name, name), 0) > now_ms:
                 continue
+            if name not in defined and not self._authoritative:
+                continue
             try:
-                plan = plan_ticks(defined.get(name), known.get(name), now_ms, self.version)
+                plan = plan_ticks(
+                    defined.get(name), known.get(name), now_ms, self.version, self._running_since
+                )
+                if plan is None and name not in defined:
+                    plan = forget_tombstone(known.get(name), now_ms - TOMBSTONE_DAYS_MS)
             except Exception as e:  # one schedule's computation must never stop the loop
                 logger.error("queue %s: schedule %s: no plan: %s", q.name, name, e)
                 self._broken[(q.name, name)] = now_ms + FAILED_PAUSE_MS

@@ -71,6 +71,7 @@ def plan_ticks(
     raw_state: str | bytes | None,
     now_ms: int,
     version: int = 0,
+    running_since_ms: int | None = None,
 ) -> TickPlan | None:
     """The call that brings the schedule up to date at ``now_ms``, or None if it is.
 
@@ -78,6 +79,10 @@ def plan_ticks(
     future ticks go. ``version`` is that of the definitions the caller holds: a state written
     under newer ones is left alone (this consumer has not refreshed yet), so two consumers a
     refresh apart never undo each other's edit.
+
+    ``running_since_ms``: since when the caller has kept the schedules without a break. A tick
+    due after that was not missed, however late this round is (a slow round, a short Redis
+    blip): only ticks due before it, and before the late grace, meet the catch-up policy.
     """
     expected = raw_state or ""
     state = ScheduleState.parse(raw_state)
@@ -105,6 +110,8 @@ def plan_ticks(
     limit = recurrence.catch_up_limit
     passed = recurrence.instants(state.cursor_ms, now_ms, limit + 2)
     cutoff = now_ms - LATE_GRACE_MS
+    if running_since_ms is not None:
+        cutoff = min(cutoff, running_since_ms)
     recent = [t for t in passed if t >= cutoff]
     old = [t for t in passed if t < cutoff]
     cursor_missed = state.cursor_ms < cutoff
@@ -132,3 +139,12 @@ def plan_ticks(
         drop=drop,
         missed_exact=before is not None or len(passed) < limit + 2,
     )
+
+
+def forget_tombstone(raw_state: str | bytes | None, older_than_ms: int) -> TickPlan | None:
+    """The call that removes a deletion's tombstone once it is old (written by definitions
+    published before ``older_than_ms``: every consumer has refreshed since), or None."""
+    state = ScheduleState.parse(raw_state)
+    if state is None or state.signature != DELETED or not 0 < state.version < older_than_ms:
+        return None
+    return TickPlan(raw_state or "", "", False, ())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
@@ -199,16 +200,25 @@ def tick_id(name: str, instant_ms: int) -> str:
     return f"{name}{TICK_SEPARATOR}{text}Z"
 
 
+_TICK_ID = re.compile(
+    rf"(?P<name>[^@\s]{{1,{MAX_NAME_LENGTH}}})"
+    r"@(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3})?)Z"
+)
+
+
 def parse_tick_id(message_id: str) -> tuple[str, int] | None:
-    """The schedule name and tick instant (ms) of a tick's message id, or None."""
-    name, sep, rest = message_id.rpartition(TICK_SEPARATOR)
-    if not sep or not name or not rest.endswith("Z"):
+    """The schedule name and tick instant (ms) of a tick's message id, or None.
+
+    Only the exact form :func:`tick_id` writes: sharded queues route such ids by the name.
+    """
+    match = _TICK_ID.fullmatch(message_id)
+    if match is None:
         return None
     try:
-        when = datetime.fromisoformat(rest[:-1]).replace(tzinfo=timezone.utc)
-    except ValueError:
+        when = datetime.fromisoformat(match["when"]).replace(tzinfo=timezone.utc)
+    except ValueError:  # 2026-02-30T...
         return None
-    return name, round(when.timestamp() * 1000)
+    return match["name"], round(when.timestamp() * 1000)
 
 
 def _cron_problems(expression: Any) -> list[str]:

@@ -9,7 +9,8 @@
 -- KEYS[8] future ticks zset (tick id -> instant ms)   KEYS[9] tick runs hash (name -> last run)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)
--- ARGV[6] the new state (a deleted schedule's is a tombstone: see core/recurring/planning.py)
+-- ARGV[6] the new state (a deleted schedule's is a tombstone: see core/recurring/planning.py;
+--         '' removes a tombstone every consumer has seen)
 -- ARGV[7] '1': first withdraw the schedule's future ticks (it was edited or paused); '2': that,
 --         and forget its last run too (it was deleted)
 -- ARGV[8] n: how many waiting ticks the catch-up policy skips, ARGV[9..8+n] their ids
@@ -58,7 +59,11 @@ if #ARGV >= first then  -- schedule_triples checks the types of what it writes
 end
 -- Ticks that came due are no one's to withdraw any more: the zset holds future ones only.
 redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
-redis.call('HSET', KEYS[7], name, ARGV[6])
+if ARGV[6] == '' then  -- an old tombstone, forgotten
+  redis.call('HDEL', KEYS[7], name)
+else
+  redis.call('HSET', KEYS[7], name, ARGV[6])
+end
 -- The last run is for display only: a tick runs key of the wrong type must not keep a
 -- schedule from being deleted (pcall: its error is ignored, after every other write).
 if ARGV[7] == '2' then redis.pcall('HDEL', KEYS[9], name) end
