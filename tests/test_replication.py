@@ -22,9 +22,11 @@ from django_delayqueue.embedded import RedisServerProcess
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[RedisServerProcess, RedisServerProcess]]:
-    primary = RedisServerProcess().start()
+    # No 5 s wait before the first full sync (Redis 7's diskless default), and a client read
+    # timeout well past the WAIT below: with redis-py 8.1 that WAIT timed out at the client.
+    primary = RedisServerProcess(args=("--repl-diskless-sync-delay", "0")).start()
     replica = RedisServerProcess(args=("--replicaof", "127.0.0.1", str(primary.port))).start()
-    client = redis.Redis.from_url(primary.url)
+    client = redis.Redis.from_url(primary.url, socket_timeout=30)
     try:
         client.set("sync", 1)
         assert client.execute_command("WAIT", 1, 10_000) == 1  # the replica is online
