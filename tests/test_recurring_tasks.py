@@ -82,3 +82,25 @@ def test_periodic_refuses_what_cannot_run(tasks_on: Any) -> None:
     with pytest.raises(TypeError, match="above @task"):
         periodic(every=5)(lambda: None)
     assert "periodic_examples.beat" in registered()
+
+
+def test_no_tasks_module_is_imported_without_a_backend_of_this_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Django 6 gives every project a default TASKS (the immediate backend): its tasks modules
+    are not ours to import (the demo's would not even import under it)."""
+    import django.utils.module_loading
+
+    imported: list[str] = []
+    monkeypatch.setattr(django.utils.module_loading, "autodiscover_modules", imported.append)
+    from django_delayqueue.tasks.periodic import discover
+
+    immediate = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    with override_settings(TASKS=immediate):
+        discover()
+    assert imported == []
+    from demo_project.settings import TASKS_SETTING
+
+    with override_settings(TASKS=TASKS_SETTING):
+        discover()
+    assert imported == ["tasks"]

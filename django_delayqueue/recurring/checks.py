@@ -21,7 +21,7 @@ HINT = 'See "Recurring schedules" in the docs (docs/recurring.md).'
 
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     try:
-        schedules = declared()
+        schedules = declared(discover_tasks=False)
     except ConfigurationError as e:
         return [Error(f"{e}.", hint=HINT, id="delayqueue.E009")]
     out = []

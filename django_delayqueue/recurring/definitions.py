@@ -40,15 +40,18 @@ def publish_lock() -> Any:
     )
 
 
-def declared() -> dict[str, dict[str, Any]]:
+def declared(*, discover_tasks: bool = True) -> dict[str, dict[str, Any]]:
     """``DELAYQUEUE["SCHEDULES"]`` as given (the checks validate it), after the ``@periodic``
-    tasks (a settings entry of the same name wins)."""
+    tasks (a settings entry of the same name wins). ``discover_tasks=False``: only the tasks
+    modules already imported (the system checks import nothing: importing the framework
+    mid-run would change which checks run)."""
     value = dq_settings.user_settings.get("SCHEDULES") or {}
     if not isinstance(value, dict):
         raise ConfigurationError('DELAYQUEUE["SCHEDULES"] must be a dict of name -> options')
-    from django_delayqueue.tasks.periodic import discover
+    from django_delayqueue.tasks.periodic import discover, registered
 
-    return {**{n: r.to_mapping() for n, r in discover().items()}, **value}
+    found = discover() if discover_tasks else registered()
+    return {**{n: r.to_mapping() for n, r in found.items()}, **value}
 
 
 def declared_recurrences() -> list[Recurrence]:
