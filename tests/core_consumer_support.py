@@ -98,3 +98,17 @@ def burst(queues: list[Queue], handler: Callable[[Message], Any], **kwargs: Any)
     r = Running(consumer)
     assert r.join() == 0
     return consumer
+
+
+def keeper_rounds(
+    keeper: Any, queues: list[Queue], client: Any, now_ms: int, rounds: int = 2
+) -> None:
+    """Drive a ScheduleKeeper as a consumer's rounds do, without a consumer: the first round
+    reads the schedule states, the next one plans and advances."""
+    from django_delayqueue.core.scripts.calls import ScriptBatch
+
+    for _ in range(rounds):
+        for q in queues:
+            batch = ScriptBatch()
+            entries = keeper.add_to(batch, [q], now_ms)
+            keeper.read(entries, batch.run(client), now_ms)

@@ -107,6 +107,20 @@ def _open(driver: Any, url: str, css: str) -> None:
     _wait_for(driver, css)
 
 
+def _log_in(driver: Any, base_url: str) -> None:
+    """Log in as the superuser "boss" through the admin's login page."""
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{base_url}/admin/login/?next=/admin/")
+    _wait_for(driver, "#login-form")
+    driver.find_element(By.NAME, "username").send_keys("boss")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pass")
+    driver.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    # The login page has #content-main too: wait for what only a logged-in page shows, or the
+    # next get() can be overtaken by the login redirect.
+    _wait_for(driver, "#logout-form")
+
+
 def _screenshot(driver: Any, name: str) -> None:
     """Save a screenshot when DELAYQUEUE_SCREENSHOTS names a directory (for looking at)."""
     folder = os.environ.get("DELAYQUEUE_SCREENSHOTS")
@@ -179,14 +193,7 @@ def test_pending_page_selects_and_cancels_with_the_toggle(
     q = Queue(redis_client, "activation-sms", prefix="dq")
     for i in range(3):
         q.schedule({"store_id": i}, delay=3600, id=f"store-{i}")
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
-    _wait_for(browser, "#login-form")
-    browser.find_element(By.NAME, "username").send_keys("boss")
-    browser.find_element(By.NAME, "password").send_keys("s3cret-pass")
-    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    # The login page has #content-main too: wait for what only a logged-in page shows, or the
-    # next get() can be overtaken by the login redirect.
-    _wait_for(browser, "#logout-form")
+    _log_in(browser, live_server.url)
 
     page = f"{live_server.url}/admin/django_delayqueue/queuemessage/activation-sms/?state=pending"
     _open(browser, page, 'tr[data-id="store-2"]')
@@ -218,12 +225,7 @@ def test_recurring_schedules_list_and_run_now(
         timezone="Europe/Berlin",
         payload={"kind": "unpaid"},
     )
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
-    _wait_for(browser, "#login-form")
-    browser.find_element(By.NAME, "username").send_keys("boss")
-    browser.find_element(By.NAME, "password").send_keys("s3cret-pass")
-    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    _wait_for(browser, "#logout-form")
+    _log_in(browser, live_server.url)
 
     _open(browser, f"{live_server.url}/admin/django_delayqueue/recurringschedule/", "#result_list")
     table = browser.find_element(By.ID, "result_list").text

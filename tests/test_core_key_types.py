@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import pytest
 import redis
+from core_consumer_support import keeper_rounds
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, ScriptFailed
 from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
 
 
 @dataclass
@@ -143,11 +144,7 @@ def _advance(h: Held, recurrence: Recurrence | None) -> None:
     """What a consumer's keeper sends: a schedule created, then (again) changed or deleted."""
     keeper = ScheduleKeeper()
     keeper.set_definitions([] if recurrence is None else [recurrence], [h.queue])
-    for _ in range(2):  # read the states, then advance
-        batch = ScriptBatch()
-        entries = keeper.add_to(batch, [h.queue], h.clock.now_ms())
-        results = batch.run(h.queue.client)
-        keeper.read(entries, results, h.clock.now_ms())
+    keeper_rounds(keeper, [h.queue], h.queue.client, h.clock.now_ms())
 
 
 KEY_NAMES = [

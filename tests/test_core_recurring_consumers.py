@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import T0, TIMEOUT, Started, wait_until
+from core_consumer_support import T0, TIMEOUT, Started, keeper_rounds, wait_until
 
 from django_delayqueue.core import Message, Queue
 from django_delayqueue.core.clock import ManualClock
@@ -250,10 +250,7 @@ def test_a_schedule_another_release_published_is_left_alone_not_taken_for_delete
     wait_until(lambda: redis_client.zscore(q.keys.pending, beat.tick_id(first)))
     older = ScheduleKeeper()  # same version, but it could not read "beat"'s options
     older.set_definitions([], [q], 7, unreadable=["beat"])
-    for _ in range(2):
-        batch = ScriptBatch()
-        entries = older.add_to(batch, [q], manual_clock.now_ms())
-        older.read(entries, batch.run(redis_client), manual_clock.now_ms())
+    keeper_rounds(older, [q], redis_client, manual_clock.now_ms())
     assert redis_client.zscore(q.keys.pending, beat.tick_id(first))  # still waiting
     assert not redis_client.hget(q.keys.schedules, "beat").startswith(b"0 deleted")  # type: ignore[union-attr]
 
@@ -363,10 +360,7 @@ def test_a_keeper_from_the_settings_file_alone_deletes_nothing(
     redis_client.hset(q.keys.schedules, "by-staff", f"{T0 + 60_000} abc 1700000000000")
     keeper = ScheduleKeeper()  # the published schedules and the rows were unavailable
     keeper.set_definitions([], [q], 0, authoritative=False)
-    for _ in range(2):
-        batch = ScriptBatch()
-        entries = keeper.add_to(batch, [q], T0)
-        keeper.read(entries, batch.run(redis_client), T0)
+    keeper_rounds(keeper, [q], redis_client, T0)
     assert (
         redis_client.hget(q.keys.schedules, "by-staff")
         == f"{T0 + 60_000} abc 1700000000000".encode()

@@ -121,8 +121,9 @@ def test_peek_takes_queue_peek_s_bounds_and_reads_a_shard_past_its_first_page(
 def test_a_schedule_s_ticks_live_on_its_shard_and_are_found_there_by_id(
     sharded: ShardedQueue, manual_clock: ManualClock
 ) -> None:
+    from core_consumer_support import keeper_rounds
+
     from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper
-    from django_delayqueue.core.scripts.calls import ScriptBatch
 
     beat = Recurrence("beat", "orders", every=60)
     ticks = [beat.tick_id(manual_clock.now_ms() + n * 60_000) for n in range(20)]
@@ -130,13 +131,7 @@ def test_a_schedule_s_ticks_live_on_its_shard_and_are_found_there_by_id(
     assert {shard_index(t, 3) for t in ticks} == {shard_index("beat", 3)}
     keeper = ScheduleKeeper()
     keeper.set_definitions([beat], sharded.shards)
-    for _ in range(2):  # read the states, then create the first tick
-        batch = ScriptBatch()
-        now = manual_clock.now_ms()
-        for q in sharded.shards:
-            entries = keeper.add_to(batch, [q], now)
-            keeper.read(entries, batch.run(q.client), now)
-            batch = ScriptBatch()
+    keeper_rounds(keeper, sharded.shards, sharded.client, manual_clock.now_ms())
     first = beat.tick_id(beat.next_after(manual_clock.now_ms()))
     assert sharded.shard_for(first).counts()["pending"] == 1
     assert sharded.cancel(first) == 1  # cancel by id finds it

@@ -72,24 +72,32 @@ def sync_queue_configs(*, using: str | None = None, publish_to_redis: bool = Tru
         except ConfigurationError as e:
             logger.error("queue %s not synced: %s", name, e)
             continue
-        row = existing.get(name)
-        if row is None:
-            row = QueueConfig(name=name, **file_values, from_settings=file_values)
-            row.save(using=using)
-        else:
-            changed = [f for f, v in file_values.items() if row.from_settings.get(f) != v]
-            for field in changed:
-                setattr(row, field, file_values[field])
-            if changed or row.from_settings != file_values:
-                row.from_settings = file_values
-                row.save(using=using)
-        rows.append(row)
+        rows.append(sync_row(QueueConfig, existing.get(name), name, file_values, using))
     if publish_to_redis:
         try:
             publish_rows(rows)
         except DelayQueueError as e:
             logger.warning("queue settings not published to Redis (will retry): %s", e)
     return rows
+
+
+def sync_row(
+    model: Any, row: Any, name: str, file_values: dict[str, Any], using: str | None
+) -> Any:
+    """Create ``row`` from the settings file, or update it: a field whose file value changed
+    since the last sync takes the new file value, one staff changed in the admin keeps it.
+    Shared by the queue settings rows and the recurring schedule rows."""
+    if row is None:
+        row = model(name=name, **file_values, from_settings=file_values)
+        row.save(using=using)
+        return row
+    changed = [f for f, v in file_values.items() if row.from_settings.get(f) != v]
+    for field in changed:
+        setattr(row, field, file_values[field])
+    if changed or row.from_settings != file_values:
+        row.from_settings = file_values
+        row.save(using=using)
+    return row
 
 
 def sync_after_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:

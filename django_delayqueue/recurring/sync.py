@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from django.db import transaction
 
+from django_delayqueue.conf.sync import sync_row
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, RedisUnavailable
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.models import RecurringSchedule
@@ -77,18 +78,7 @@ def sync_schedules(*, using: str | None = None, publish_to_redis: bool = True) -
         except ConfigurationError as e:
             logger.error("recurring schedule not synced: %s", e)
             continue
-        row = existing.get(name)
-        if row is None:
-            row = RecurringSchedule(name=name, **file_values, from_settings=file_values)
-            row.save(using=using)
-        else:
-            changed = [f for f, v in file_values.items() if row.from_settings.get(f) != v]
-            for field in changed:
-                setattr(row, field, file_values[field])
-            if changed or row.from_settings != file_values:
-                row.from_settings = file_values
-                row.save(using=using)
-        rows.append(row)
+        rows.append(sync_row(RecurringSchedule, existing.get(name), name, file_values, using))
     if discovered_all():
         for name, row in existing.items():
             if row.from_settings and name not in declared_now:
