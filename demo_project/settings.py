@@ -84,7 +84,7 @@ DELAYQUEUE: dict[str, Any] = {
 }
 # Django's Tasks framework (django.tasks on Django 6, the django-tasks backport before) on a
 # delay queue of its own: shop/tasks.py. `make demo` turns it on; the test suite turns it on
-# where it tests it (tests/test_tasks_backend.py), so other tests see the two queues above.
+# where it tests it (tests/app/test_tasks_backend.py), so other tests see the two queues above.
 TASK_QUEUE_SETTINGS = {"max_attempts": 3, "backoff_base": 0.2, "backoff_max": 2}
 TASKS_SETTING = {
     "default": {
@@ -97,7 +97,7 @@ if os.environ.get("DEMO_TASKS") == "1":
     DELAYQUEUE["QUEUES"]["shop-tasks"] = TASK_QUEUE_SETTINGS
     TASKS = TASKS_SETTING
 if os.environ.get("DEMO_SLOW_QUEUE") == "1":
-    # Only for the SIGTERM test (tests/test_runqueue.py): a queue whose handler sleeps.
+    # Only for the SIGTERM test (tests/app/test_runqueue.py): a queue whose handler sleeps.
     DELAYQUEUE["QUEUES"]["demo-slow"] = {"visibility_timeout": 60, "backoff_base": 0.1}
     DELAYQUEUE["SETTINGS_REFRESH_SECONDS"] = 0.5
 

@@ -10,10 +10,16 @@ and also override the loaded settings, which sends ``setting_changed`` to cached
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
+
+# Helpers (tests/support) are imported by their bare names from every folder of the suite, and
+# by the child processes the tests start (support/paths.py gives those the same path).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
 from django_delayqueue.embedded import RedisServerProcess
@@ -46,6 +52,18 @@ def pytest_configure(config: pytest.Config) -> None:
         override = override_settings(REDIS_URL=server.url, DELAYQUEUE=delayqueue)
         override.enable()
         undo.append(override.disable)
+
+
+LAYERS = ("core", "app", "drills", "spark", "docs")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test carries the marker of its folder: ``-m core``, ``-m "not drills"``."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        folder = Path(str(item.path)).resolve().relative_to(tests).parts[0]
+        if folder in LAYERS:
+            item.add_marker(getattr(pytest.mark, folder))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

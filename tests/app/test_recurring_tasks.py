@@ -1,0 +1,107 @@
+"""A Django ``@task`` made periodic with ``@periodic``: runqueue runs it once per tick, and its
+result is readable under the tick's id."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from core_consumer_support import Started
+from django.conf import settings
+from django.test import override_settings
+from waiting import wait_until
+
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.recurring import parse_tick_id
+from django_delayqueue.models import RecurringSchedule
+from django_delayqueue.tasks import framework
+from django_delayqueue.tasks.periodic import periodic, registered, unregister
+from django_delayqueue.worker import Worker
+
+QUEUE = "shop-tasks"
+
+
+@pytest.fixture
+def tasks_on() -> Iterator[Any]:
+    from demo_project.settings import TASKS_SETTING
+
+    queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"max_attempts": 2, "backoff_base": 0}}
+    delayqueue = {**settings.DELAYQUEUE, "QUEUES": queues, "SETTINGS_REFRESH_SECONDS": 0.2}
+    with override_settings(DELAYQUEUE=delayqueue, TASKS=TASKS_SETTING):
+        import periodic_examples
+
+        if "periodic_examples.beat" not in registered():  # unregistered by an earlier test
+            importlib.reload(periodic_examples)
+        yield periodic_examples
+    unregister("periodic_examples.beat")
+
+
+@pytest.fixture
+def running() -> Iterator[Started]:
+    started = Started()
+    yield started
+    started.stop_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_periodic_task_runs_once_per_tick_with_its_result_kept(
+    tasks_on: Any, redis_client: redis.Redis, running: Started
+) -> None:
+    worker = Worker.for_queues([QUEUE], idle_seconds=0.1)
+    worker.sync_settings()  # what runqueue does first: the row comes from @periodic
+    row = RecurringSchedule.objects.get(name="periodic_examples.beat")
+    assert (row.queue, row.every, row.task, row.kwargs) == (
+        QUEUE,
+        1,
+        "periodic_examples.beat",
+        {"kind": "beat"},
+    )
+    running(worker)
+    wait_until(lambda: redis_client.llen(tasks_on.TRACE) >= 2)
+    tick = wait_until(
+        lambda: next(
+            (
+                k.decode().rsplit(":task:", 1)[1]
+                for k in redis_client.scan_iter("{dq:shop-tasks}:task:*")
+                if tasks_on.beat.get_result(k.decode().rsplit(":task:", 1)[1]).status
+                == framework.SUCCESSFUL
+            ),
+            None,
+        )
+    )
+    assert parse_tick_id(tick) is not None and tick.startswith("periodic_examples.beat@")
+    result = tasks_on.beat.get_result(tick)
+    assert result.return_value == "beat done" and result.kwargs == {"kind": "beat"}
+
+
+def test_periodic_refuses_what_cannot_run(tasks_on: Any) -> None:
+    with pytest.raises(ConfigurationError, match="bad cron expression"):
+        periodic(cron="every day")(tasks_on.beat)
+    with pytest.raises(TypeError, match="above @task"):
+        periodic(every=5)(lambda: None)
+    assert "periodic_examples.beat" in registered()
+
+
+def test_no_tasks_module_is_imported_without_a_backend_of_this_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Django 6 gives every project a default TASKS (the immediate backend): its tasks modules
+    are not ours to import (the demo's would not even import under it)."""
+    import django.utils.module_loading
+
+    imported: list[str] = []
+    monkeypatch.setattr(django.utils.module_loading, "autodiscover_modules", imported.append)
+    from django_delayqueue.tasks.periodic import discover
+
+    immediate = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    with override_settings(TASKS=immediate):
+        discover()
+    assert imported == []
+    from demo_project.settings import TASKS_SETTING
+
+    with override_settings(TASKS=TASKS_SETTING):
+        discover()
+    assert imported == ["tasks"]

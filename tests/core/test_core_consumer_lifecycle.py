@@ -1,0 +1,364 @@
+"""The core Consumer over time: stopping, sleeping and waking, the extender, a Redis outage.
+
+Every run is bounded: consumers run on threads and are stopped with ``request_stop()``, and
+waits poll Redis until a generous deadline instead of sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from core_consumer_support import EMPTY, Recorder, Started
+from waiting import TIMEOUT, wait_until
+
+from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.waiter import Wake
+from django_delayqueue.core.envelope import encode_envelope
+from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
+from django_delayqueue.embedded import RedisServerProcess
+
+
+@pytest.fixture
+def running() -> Iterator[Started]:
+    """``running(consumer)`` starts ``consumer.run()`` on a thread, stopped after the test."""
+    started = Started()
+    yield started
+    started.stop_all()
+
+
+# --- stopping -------------------------------------------------------------------------------------
+
+
+def test_graceful_stop_finishes_in_flight_and_releases_unstarted(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    q = make_queue(claim_batch=10)
+    q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(4)])
+    started, proceed = threading.Event(), threading.Event()
+
+    def slow_first(m: Message) -> None:
+        started.set()
+        assert proceed.wait(TIMEOUT)
+
+    handler = Recorder(slow_first)
+    consumer = Consumer([q], handler, grace_seconds=600, idle_seconds=0.1)
+    r = running(consumer)
+    assert started.wait(TIMEOUT)
+    consumer.request_stop()
+    proceed.set()
+    # Stops once the running handler is done, well before the 600 s grace period.
+    assert r.join() == 0
+    assert handler.payloads == [0]
+    assert redis_client.lrange(q.keys.ready, 0, -1) == [b"m1", b"m2", b"m3"]
+    assert q.counts() == {**EMPTY, "ready": 3}  # m0 acknowledged, nothing left in flight
+    assert not redis_client.hexists(q.keys.messages, "m0")
+    assert [(m.id, m.attempt) for m in q.claim(10)] == [("m1", 1), ("m2", 1), ("m3", 1)]
+
+
+def test_a_stopped_consumer_takes_its_heartbeat_away(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    """Health counts a consumer alive while its heartbeat is fresh: one that stopped (SIGTERM
+    is request_stop) must not count for HEALTH_CONSUMER_SECONDS more. Another's stays."""
+    q = make_queue()
+    redis_client.zadd(q.keys.heartbeats, {"other": q.clock.now_ms()})
+    q.schedule("first")
+    handled = threading.Event()
+    consumer = Consumer([q], lambda m: handled.set(), idle_seconds=0.1, name="leaving")
+    r = running(consumer)
+    assert handled.wait(TIMEOUT)
+    assert redis_client.zscore(q.keys.heartbeats, "leaving") is not None  # it beat once
+    consumer.request_stop()
+    assert r.join() == 0
+    assert redis_client.zrange(q.keys.heartbeats, 0, -1) == [b"other"]
+
+
+def test_second_stop_request_gives_back_a_stuck_delivery(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    q = make_queue()
+    q.schedule("stuck", id="stuck")
+    started, proceed = threading.Event(), threading.Event()
+
+    def stuck(m: Message) -> None:
+        started.set()
+        proceed.wait(TIMEOUT)
+
+    consumer = Consumer([q], stuck, grace_seconds=600, idle_seconds=0.1)
+    r = running(consumer)
+    assert started.wait(TIMEOUT)
+    consumer.request_stop()
+    consumer.request_stop()
+    try:
+        assert r.join() == 0
+        # Not left in flight until its visibility timeout: handed back to be delivered again.
+        assert q.counts()["unack"] == 0
+        q.promote()
+        assert [m.id for m in q.claim()] == ["stuck"]
+    finally:
+        proceed.set()
+
+
+# --- waiting and waking ---------------------------------------------------------------------------
+
+
+def test_sleeping_consumer_wakes_for_a_new_message(make_queue: Any, running: Any) -> None:
+    q = make_queue(clock=SystemClock())
+    handler = Recorder()
+    # Idle and maintenance far beyond the bounded wait below: only the wake message can help.
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    consumer.announce_within_ms = 3_600_000  # no poll within the wait either
+    running(consumer)
+    wait_until(lambda: consumer._waiter.subscribed)  # subscribed and sleeping
+    q.schedule("hello")
+    wait_until(lambda: handler.payloads == ["hello"])
+
+
+def test_a_long_idle_consumer_still_finds_a_message_too_far_off_to_be_announced(
+    make_queue: Any, running: Any
+) -> None:
+    q = make_queue(clock=SystemClock())
+    handler = Recorder()
+    # However long idle_seconds is, the consumer reads the pending head within the producers'
+    # announce horizon: a message due after it is not announced, yet delivered.
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: consumer._waiter.subscribed)  # subscribed and sleeping
+    q.schedule("unannounced", delay=ANNOUNCE_WITHIN_MS / 1000 + 0.5)
+    wait_until(lambda: handler.payloads == ["unannounced"])
+    assert handler.started_ms[0] >= handler.calls[0].due_ms
+
+
+def test_sleeping_consumer_wakes_at_the_due_time(make_queue: Any, running: Any) -> None:
+    q = make_queue(clock=SystemClock())
+    q.schedule("later", delay=0.3)
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    consumer.announce_within_ms = 3_600_000  # no poll either: only the due time can wake it
+    running(consumer)
+    wait_until(lambda: handler.calls)
+    assert handler.started_ms[0] >= handler.calls[0].due_ms
+
+
+def test_handlers_never_start_before_their_due_time(make_queue: Any, running: Any) -> None:
+    # The consumer claims up to one claim lead before a due time: without the handler thread
+    # waiting out the rest, the handlers of these messages would start a little early.
+    q = make_queue(clock=SystemClock())
+    start = q.clock.now_ms() + 200
+    q.schedule_many([{"payload": i, "at": start + 7 * i} for i in range(60)])
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=3600, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: len(handler.calls) == 60)
+    starts = zip(handler.calls, handler.started_ms, strict=True)
+    early = [(m.payload, m.due_ms - started) for m, started in starts if started < m.due_ms]
+    assert early == []
+
+
+def test_a_fetch_after_an_early_wake_claims_what_is_due_by_the_time_aimed_at(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    now = manual_clock.now_ms()
+    q.schedule("at the target", at=now + 3)
+    q.schedule("after it", at=now + 4)
+    consumer = Consumer([q], Recorder())
+    consumer._aim = Wake(due_ms=now + 3, planned_ms=now + 0.5, announced=False)
+    claimed = consumer._fetch()
+    assert [m.payload for m in claimed] == ["at the target"]
+    assert claimed[0].claimed_ms == now  # the time it was really claimed
+    # The aim is used once: the next fetch claims only what is due by the clock.
+    q.schedule("also at the target", at=now + 3)
+    assert consumer._fetch() == []
+
+
+def test_a_wake_far_from_its_target_claims_nothing_early(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    now = manual_clock.now_ms()
+    q.schedule("an hour off", at=now + 3_600_000)
+    consumer = Consumer([q], Recorder())
+    # Only a target within the claim lead's bound moves the claim forward (a stop can end a
+    # wait long before its target).
+    consumer._aim = Wake(due_ms=now + 3_600_000, planned_ms=now, announced=False)
+    assert consumer._fetch() == []
+    assert q.counts()["pending"] == 1
+
+
+class CountingQueue(Queue):
+    """A real queue that counts the promote and claim calls a consumer plans with it."""
+
+    promotes = 0
+    claims = 0
+
+    def promote_call(self, *args: Any, **kwargs: Any) -> Any:
+        self.promotes += 1
+        return super().promote_call(*args, **kwargs)
+
+    def claim_call(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return super().claim_call(*args, **kwargs)
+
+
+def test_idle_safety_polls_promote_but_do_not_claim(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    q = CountingQueue(redis_client, "idle", clock=SystemClock())
+    consumer = Consumer([q], Recorder(), idle_seconds=0.05, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: q.promotes >= 6)
+    # The first round claims (nothing was known yet); the safety polls after it only promote.
+    assert q.claims == 1
+
+
+def test_an_idle_consumer_makes_one_round_per_maintenance_not_a_burst_around_it(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    q = CountingQueue(redis_client, "idle", clock=SystemClock())
+    consumer = Consumer([q], Recorder(), idle_seconds=3600, maintenance_seconds=0.2)
+    started = time.monotonic()
+    r = running(consumer)
+    time.sleep(1.0)
+    r.stop()
+    maintenance_rounds = (time.monotonic() - started) / 0.2
+    # A slow host makes fewer rounds, never more: one per maintenance round and the first.
+    # At least three of the ~five maintenance rounds ran on even a slow host.
+    assert 3 <= q.promotes <= maintenance_rounds + 2
+
+
+def test_an_unannounced_ready_message_is_claimed_after_one_safety_poll(
+    redis_client: redis.Redis, running: Any
+) -> None:
+    q = CountingQueue(redis_client, "idle", clock=SystemClock())
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=0.05, maintenance_seconds=3600)
+    running(consumer)
+    wait_until(lambda: q.promotes >= 3)
+    # Written straight into ready, as an operator's script might: nobody announces it.
+    redis_client.hset(q.keys.messages, "quiet", encode_envelope('"quiet"', 1, 1))
+    redis_client.rpush(q.keys.ready, "quiet")
+    wait_until(lambda: handler.payloads == ["quiet"])
+
+
+def test_a_safety_poll_that_skips_the_claim_claims_next_round_if_ready_is_not_empty(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    consumer = Consumer([q], Recorder())
+    assert consumer._fetch() == []  # ready seen empty
+    # Written straight into ready, as an operator's script might: nobody announces it.
+    redis_client.hset(q.keys.messages, "quiet", encode_envelope('"quiet"', 1, 1))
+    redis_client.rpush(q.keys.ready, "quiet")
+    consumer._polling = True  # the next round is an idle safety poll: it skips the claim...
+    assert consumer._fetch() == []
+    assert consumer._due_now()  # ...but its promote saw the ready message: claim next round
+    assert [m.id for m in consumer._fetch()] == ["quiet"]
+
+
+def test_released_messages_are_announced_to_sleeping_consumers(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    q.schedule("given back")
+    [message] = q.claim(1)
+    listener = redis_client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(q.keys.wake_channel)
+    try:
+        wait_until(lambda: listener.get_message(timeout=0.1) is None and listener.subscribed)
+        assert q.release(message) == 1
+        deadline = time.monotonic() + TIMEOUT
+        announcement = None
+        while announcement is None and time.monotonic() < deadline:
+            announcement = listener.get_message(timeout=0.1)
+        assert announcement is not None and announcement["type"] == "message"
+    finally:
+        listener.close()
+
+
+# --- the deadline extender ------------------------------------------------------------------------
+
+
+def test_extender_keeps_a_slow_handler_from_being_redelivered(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any, running: Any
+) -> None:
+    # Deterministic: the queue's clock only moves when the test says so, and the handler ends
+    # when the test lets it. Three visibility timeouts pass on that clock while it runs; each
+    # time the extender must have pushed the deadline out before a reap could take it.
+    q = make_queue(visibility_timeout=3)
+    q.schedule("slow", id="slow")
+    started, finish = threading.Event(), threading.Event()
+
+    def slow(m: Message) -> None:
+        started.set()
+        assert finish.wait(TIMEOUT)
+
+    handler = Recorder(slow)
+    r = running(Consumer([q], handler, maintenance_seconds=0.1, idle_seconds=0.1))
+    assert started.wait(TIMEOUT)
+    for _ in range(3):
+        manual_clock.advance(seconds=2)  # the deadline (+3 s) has not passed yet...
+        extended = manual_clock.now_ms() + 3000
+        # ...and the extender (every 1 s of real time) moves it out again.
+        wait_until(lambda at=extended: redis_client.zscore(q.keys.unack, "slow") == at)
+        assert q.reap().retried == 0
+    finish.set()
+    wait_until(lambda: q.counts() == EMPTY)
+    r.stop()
+    assert [m.attempt for m in handler.calls] == [1]
+    assert not redis_client.exists(q.keys.reasons)  # never reaped
+    rows = [json.loads(f[b"o"]) for _, f in redis_client.xrange(q.keys.journal)]
+    assert [row[6] for batch in rows for row in batch] == ["ack"]  # acknowledged once
+
+
+# --- a Redis outage -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServerProcess]:
+    server = RedisServerProcess().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_consumer_survives_a_redis_outage(own_server: RedisServerProcess, running: Any) -> None:
+    client = redis.Redis.from_url(own_server.url, socket_timeout=2, socket_connect_timeout=1)
+    settings = QueueSettings(visibility_timeout=5)
+    q = Queue(client, "q", settings=settings, clock=SystemClock())
+    handler = Recorder()
+    consumer = Consumer([q], handler, idle_seconds=0.2, maintenance_seconds=0.2)
+    r = running(consumer)
+    q.schedule("before")
+    wait_until(lambda: handler.payloads == ["before"])
+
+    own_server.kill()
+    time.sleep(1.0)  # let the consumer hit the outage a few times
+    assert r.thread.is_alive()
+    own_server.restart()
+    assert own_server.running
+
+    wait_until(lambda: _try(lambda: q.schedule("after", id="after")))
+    wait_until(lambda: "after" in handler.payloads)
+    assert r.thread.is_alive()
+    wait_until(lambda: q.counts() == EMPTY)
+    r.stop()
+    assert r.result == 0
+    client.close()
+
+
+def _try(call: Callable[[], Any]) -> bool:
+    """True when ``call`` worked; the client may need a moment to reconnect."""
+    try:
+        call()
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,131 @@
+"""The benchmark harness runs end to end at tiny sizes and reports every row.
+
+No performance assertions here (the machine is shared): only that each measurement ran and
+produced a number, so a broken section cannot hide until someone runs the full benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXPECTED_ROWS = {
+    "schedule.one",
+    "schedule.many",
+    "deliver.c1",
+    "deliver.c8",
+    "lateness.p50",
+    "lateness.p99",
+    "lateness.max",
+    "lateness_slow.p50",
+    "lateness_slow.p99",
+    "lateness_slow.max",
+    "idle.commands",
+    "memory.per_message",
+    "backlog.schedule",
+    "backlog.counts",
+    "backlog.promote",
+    "django.requests",
+    "django.e2e",
+    "peer.huey.schedule",
+    "peer.huey.deliver",
+    "peer.huey.lateness.p50",
+    "peer.huey.lateness.p99",
+    "peer.huey.lateness.max",
+    "lua.schedule",
+    "lua.promote",
+    "outbox.sqlite.without",
+    "outbox.sqlite.with",
+}
+# The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
+OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--peers", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"json": json.loads(out.read_text()), "stdout": proc.stdout}
+
+
+def test_quick_run_reports_every_row(quick_run: dict) -> None:
+    rows = {row["key"]: row for row in quick_run["json"]["rows"]}
+    postgresql = OUTBOX_PG_ROWS if os.environ.get("CI") else OUTBOX_PG_ROWS & set(rows)
+    assert set(rows) == EXPECTED_ROWS | postgresql
+    for key, row in rows.items():
+        assert isinstance(row["value"], (int, float)), f"{key} has no figure: {row}"
+    assert quick_run["json"]["quick"] is True
+
+
+def test_rows_with_a_baseline_carry_their_ratio(quick_run: dict) -> None:
+    for row in quick_run["json"]["rows"]:
+        if row["baseline"] is not None:
+            assert row["baseline"] > 0 and row["ratio"] > 0, row
+            assert row["baseline_what"], row
+
+
+def test_every_delivery_was_acknowledged(quick_run: dict) -> None:
+    rows = {row["key"]: row for row in quick_run["json"]["rows"]}
+    for key in ("deliver.c1", "deliver.c8"):
+        assert not any(rows[key]["extra"]["left"].values()), rows[key]
+    assert rows["lateness.p50"]["extra"]["samples"] == 200  # every message reached the handler
+    # The fast messages beside the slow handlers all arrived too, and no slow one was measured.
+    assert rows["lateness_slow.p50"]["extra"]["samples"] == 200
+    assert rows["lateness_slow.p50"]["extra"]["slow_messages"] > 0
+
+
+def test_table_is_printed(quick_run: dict) -> None:
+    assert "schedule_many()" in quick_run["stdout"]
+    assert "huey" in quick_run["stdout"]
+
+
+def test_the_tasks_path_bench_runs_every_path_here(tmp_path: Path) -> None:
+    """bench.tasks_path at tiny sizes: the signal and tasks paths measured, every message run
+    (the peer needs Python 3.12 and Django 6: where it is missing its row is left out)."""
+    out = tmp_path / "tasks.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.tasks_path", "--count", "50", "--timed", "20",
+         "--rate", "100", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"signal", "tasks"} <= set(result["paths"])
+    for figures in result["paths"].values():
+        assert figures["enqueue_per_s"] > 0 and figures["delivery_per_s"] > 0
+        assert set(figures["lateness_ms"]) == {"p50", "p99", "max"}
+    assert "tasks / signal delivery" in proc.stdout
+
+
+def test_the_cluster_shards_bench_runs_and_reports_its_rows(tmp_path: Path) -> None:
+    out = tmp_path / "cluster.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cluster_shards", "--count", "200", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {row["key"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {
+        "cluster.schedule.shards1",
+        "cluster.schedule.shards3",
+        "cluster.master_capacity",
+    }
+    assert rows["cluster.schedule.shards3"]["note"].startswith("masters used: 3")
+    assert rows["cluster.master_capacity"]["extra"]["masters_for_target"] >= 1
