@@ -16,6 +16,7 @@ from typing import Any
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.keys import published_schedules_key
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 
@@ -27,7 +28,7 @@ PUBLISH_WAIT_SECONDS = 5.0  # and another waits this long for it before publishi
 
 
 def published_key() -> str:
-    return f"{{{dq_settings.PREFIX}}}:recurring"
+    return published_schedules_key(dq_settings.PREFIX)
 
 
 def publish_lock() -> Any:
