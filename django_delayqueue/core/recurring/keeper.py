@@ -298,7 +298,8 @@ def tick_run(instant_ms: int, finished_ms: int, outcome: str, error: str) -> str
 
 
 def record_tick_call(q: Queue, name: str, run: str) -> ScriptCall:
-    return ScriptCall(LuaScript.named("record_tick"), [q.keys.tick_runs], [name, run])
+    keys = [q.keys.tick_runs, q.keys.schedules]
+    return ScriptCall(LuaScript.named("record_tick"), keys, [name, run])
 
 
 def _text(value: Any) -> str:
