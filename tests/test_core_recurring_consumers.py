@@ -6,7 +6,6 @@ waits (on events, not sleeps) until what that instant must cause has happened.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from typing import Any
@@ -235,23 +234,6 @@ def test_a_tick_that_finishes_after_its_schedule_was_deleted_leaves_no_last_run(
     # The run is recorded before its ack (write_soon), so once the tick is gone it was sent.
     wait_until(lambda: not redis_client.hexists(q.keys.messages, beat.tick_id(first)))
     assert not redis_client.hexists(q.keys.tick_runs, "beat")
-
-
-def test_a_schedule_that_cannot_be_computed_is_logged_once_not_every_second(
-    make_queue: Any, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    q = make_queue("reports")
-    broken = Recurrence("broken", "reports", every=60)
-    object.__setattr__(broken, "every", 4e11)  # past validation: its tick ids are no dates
-    keeper = ScheduleKeeper()
-    keeper.set_definitions([broken, Recurrence("fine", "reports", every=60)], [q])
-    with caplog.at_level(logging.DEBUG, "django_delayqueue.core.recurring.keeper"):
-        for second in range(5):  # past FAILED_PAUSE_MS each time: tried again
-            keeper_rounds(keeper, [q], redis_client, T0 + second * 1000)
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "schedule broken" in errors[0]
-    assert redis_client.hexists(q.keys.schedules, "fine")  # the others go on
-    assert not redis_client.hexists(q.keys.schedules, "broken")
 
 
 def test_a_schedule_that_cannot_make_its_tick_never_holds_up_the_queue(
