@@ -54,7 +54,7 @@ from django_delayqueue.conf.settings import (
     task_queue_names,
 )
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.keys import validate_name, validate_prefix
 
 TAG = "delayqueue"
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
@@ -180,7 +180,7 @@ def _connection_errors() -> list[Any]:
             )
         )
     try:
-        validate_name(dq_settings.PREFIX, "key prefix")
+        validate_prefix(dq_settings.PREFIX)
     except ConfigurationError as e:
         out.append(Error(f"DELAYQUEUE['PREFIX']: {e}.", id="delayqueue.E004"))
     for read in (sentinel_config, replica_ack, cluster_conflicts):
@@ -202,12 +202,20 @@ def _unknown_queue_keys(where: str, options: dict[str, Any]) -> list[Any]:
     ]
 
 
+# Earlier releases accepted ':' in a queue name (whose keys could be another site's).
+_RENAME_HINT = (
+    "Rename the queue in DELAYQUEUE['QUEUES'] and wherever it is scheduled. Messages stored "
+    "under an old name stay in Redis untouched, unseen by the new name: drain the queue with "
+    "the release you upgrade from before renaming it."
+)
+
+
 def _queue_errors(name: Any) -> list[Any]:
     where = f"DELAYQUEUE['QUEUES'][{name!r}]"
     try:
         validate_name(name, "queue name")
     except ConfigurationError as e:
-        return [Error(f"{where}: {e}.", id="delayqueue.E004")]
+        return [Error(f"{where}: {e}.", hint=_RENAME_HINT, id="delayqueue.E004")]
     own = dq_settings.QUEUES[name]
     if own is not None and not isinstance(own, dict):
         return [Error(f"{where} must be a dict of queue settings.", id="delayqueue.E003")]

@@ -18,7 +18,8 @@ from django_delayqueue.core.envelope import ms_to_datetime
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, PayloadError
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.models import RecurringSchedule
-from django_delayqueue.recurring.status import ScheduleStatus, statuses
+from django_delayqueue.recurring.definitions import read_definitions
+from django_delayqueue.recurring.status import ScheduleStatus, invalid_status, statuses
 
 OUTCOMES = {"ack": "succeeded", "retry": "failed (will retry)", "garbage": "failed (dead letter)"}
 
@@ -42,13 +43,11 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
         changelist = super().get_changelist_instance(request)
         # One Redis round trip for the page's rows, not one per cell.
         rows = list(changelist.result_list)
-        recurrences = {}
-        for row in rows:
-            try:
-                recurrences[row.name] = Recurrence.from_mapping(row.name, row.definition())
-            except ConfigurationError:
-                continue
-        found = {s.name: s for s in statuses(list(recurrences.values()))}
+        # A row stored past validation (an update(), an older release) is listed with its
+        # problem, not run.
+        recurrences, invalid = read_definitions({row.name: row.definition() for row in rows})
+        found = {s.name: s for s in statuses(recurrences)}
+        found.update((i.name, invalid_status(i.name, i.options, i.error)) for i in invalid)
         for row in rows:  # on this request's row objects: the ModelAdmin is shared by threads
             row.dq_status = found.get(row.name)
         return changelist
@@ -85,7 +84,7 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
     def next_run(self, row: RecurringSchedule) -> Any:
         s = self._status(row)
         if s is None or s.error:
-            return s.error[:80] if s else "invalid"
+            return s.error[:200] if s else "invalid"
         if s.next_run_ms is None:
             return "paused"
         when = _to_the_second(s.next_run_ms)

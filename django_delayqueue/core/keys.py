@@ -13,7 +13,12 @@ from typing import Literal
 from django_delayqueue.core.errors import ConfigurationError
 
 # Braces would break the hash tag, whitespace and control characters make keys unreadable.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+# A prefix may hold ":" (a namespace such as "shop:eu"), a queue name may not: the queue is the
+# last ":" segment of its tag "{<prefix>:<queue>}", so no two (prefix, queue) pairs share a tag
+# ("shop" + "eu:orders" and "shop:eu" + "orders" would both be {shop:eu:orders}). Neither holds
+# "#", which starts a shard's number.
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 # The five states of a message. Shown in the admin as Pending, Ready, In flight, Retrying and
 # Dead letters; everywhere else (settings, stats, metrics, docs) by these names.
@@ -23,14 +28,38 @@ STATES: tuple[State, ...] = ("pending", "ready", "unack", "retry", "garbage")
 TOMBSTONE_TOTAL = " total"
 
 
-def validate_name(value: str, what: str) -> str:
-    """Return ``value`` if it is a valid queue name or key prefix, else raise."""
+def validate_name(value: str, what: str = "queue name") -> str:
+    """Return ``value`` if it is a valid queue name, else raise (``what`` names it)."""
+    if isinstance(value, str) and ":" in value and _PREFIX_RE.match(value):
+        raise ConfigurationError(
+            f"invalid {what} {value!r}: ':' separates the key prefix from the queue name, so a "
+            "queue name cannot hold it (use '.', '_' or '-'; to keep two sites apart give each "
+            "its own DELAYQUEUE['PREFIX'])"
+        )
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise ConfigurationError(
-            f"invalid {what} {value!r}: use 1-100 characters from A-Z a-z 0-9 . _ : - "
+            f"invalid {what} {value!r}: use 1-100 characters from A-Z a-z 0-9 . _ - "
             "starting with a letter or digit"
         )
     return value
+
+
+def validate_prefix(value: str) -> str:
+    """Return ``value`` if it is a valid key prefix (``DELAYQUEUE['PREFIX']``), else raise."""
+    if not isinstance(value, str) or not _PREFIX_RE.match(value):
+        raise ConfigurationError(
+            f"invalid key prefix {value!r}: use 1-100 characters from A-Z a-z 0-9 . _ : - "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def published_schedules_key(prefix: str) -> str:
+    """Hash: the recurring schedules published for every runqueue of the site
+    (django_delayqueue.recurring.definitions), and with ``:lock`` its publish lock. No queue
+    key ends in ":recurring" or ":recurring:lock", so neither is a queue's key, whatever the
+    two prefixes."""
+    return f"{{{validate_prefix(prefix)}}}:recurring"
 
 
 # Shards of one queue: 1 to this many (core.sharding).
@@ -51,7 +80,7 @@ class QueueKeys:
     shard: int | None = None
 
     def __post_init__(self) -> None:
-        validate_name(self.prefix, "key prefix")
+        validate_prefix(self.prefix)
         validate_name(self.queue, "queue name")
         if self.shard is not None and not (
             isinstance(self.shard, int) and 0 <= self.shard < MAX_SHARDS

@@ -103,13 +103,13 @@ SCHEDULE_FAMILIES: dict[str, str] = {
 def _schedule_families() -> Iterator[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
-    from django_delayqueue.recurring.status import configured_recurrences, statuses
+    from django_delayqueue.recurring.status import configured_statuses
 
     families = {
         name: GaugeMetricFamily(f"delayqueue_schedule_{name}", text, labels=["schedule", "queue"])
         for name, text in SCHEDULE_FAMILIES.items()
     }
-    for s in statuses(configured_recurrences()):
+    for s in configured_statuses():
         labels = [s.name, s.queue]
         families["paused"].add_metric(labels, 1 if s.paused else 0)
         if s.error:

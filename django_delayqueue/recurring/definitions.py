@@ -16,6 +16,7 @@ from typing import Any
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.keys import published_schedules_key
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 
@@ -27,7 +28,7 @@ PUBLISH_WAIT_SECONDS = 5.0  # and another waits this long for it before publishi
 
 
 def published_key() -> str:
-    return f"{{{dq_settings.PREFIX}}}:recurring"
+    return published_schedules_key(dq_settings.PREFIX)
 
 
 def publish_lock() -> Any:
@@ -54,14 +55,33 @@ def declared(*, discover_tasks: bool = True) -> dict[str, dict[str, Any]]:
     return {**{n: r.to_mapping() for n, r in found.items()}, **value}
 
 
+@dataclass(frozen=True)
+class Invalid:
+    """A schedule whose options cannot be read here, and why: shown with its error (admin,
+    queuestats), never run."""
+
+    name: str
+    options: Any
+    error: str
+
+
+def read_definitions(definitions: dict[str, Any]) -> tuple[list[Recurrence], list[Invalid]]:
+    """The schedules of ``definitions`` (name -> options) that are valid, and those that are
+    not with their problem (options stored past validation, or by another release)."""
+    out, invalid = [], []
+    for name, options in definitions.items():
+        try:
+            out.append(Recurrence.from_mapping(name, options))
+        except ConfigurationError as e:
+            invalid.append(Invalid(name, options, str(e)))
+    return out, invalid
+
+
 def declared_recurrences() -> list[Recurrence]:
     """The valid schedules of the settings file; an invalid one is logged and left out."""
-    out = []
-    for name, values in declared().items():
-        try:
-            out.append(Recurrence.from_mapping(name, values))
-        except ConfigurationError as e:
-            logger.error("%s", e)
+    out, invalid = read_definitions(declared())
+    for problem in invalid:
+        logger.error("%s", problem.error)
     return out
 
 
@@ -69,8 +89,12 @@ def publish(definitions: dict[str, dict[str, Any]]) -> int:
     """Publish every schedule (name -> options) at once; returns the new version (which only
     grows, see publish_schedules.lua).
 
-    Raises :class:`RedisUnavailable` when Redis is down.
+    Raises :class:`ConfigurationError` for an invalid definition (nothing is published) and
+    :class:`RedisUnavailable` when Redis is down.
     """
+    _, invalid = read_definitions(definitions)
+    if invalid:  # every runqueue would refuse it: never published
+        raise ConfigurationError("; ".join(i.error for i in invalid))
     text = json.dumps(definitions, sort_keys=True, separators=(",", ":"))
     call = ScriptCall(LuaScript.named("publish_schedules"), [published_key()], [text])
     return int(call.run(get_client()))
@@ -81,8 +105,18 @@ class Published:
     version: int
     recurrences: list[Recurrence]
     # Published, but not readable by this process (an option of a newer release, a time zone
-    # it lacks): consumers leave them alone rather than take them for deleted.
-    unreadable: list[str] = field(default_factory=list)
+    # it lacks, a value an older release let through): consumers leave them alone rather than
+    # take them for deleted.
+    invalid: list[Invalid] = field(default_factory=list)
+
+    @property
+    def unreadable(self) -> list[str]:
+        return [i.name for i in self.invalid]
+
+
+# What load_published said of unreadable schedules: every runqueue loads them each
+# SETTINGS_REFRESH_SECONDS, and one problem is logged once per process, not at every refresh.
+_said: set[str] = set()
 
 
 def load_published() -> Published | None:
@@ -101,11 +135,12 @@ def load_published() -> Published | None:
     except ValueError:
         logger.error("unreadable published recurring schedules: republishing")
         return None
-    out, unreadable = [], []
-    for name, options in definitions.items():
-        try:
-            out.append(Recurrence.from_mapping(name, options))
-        except ConfigurationError as e:
-            logger.error("%s (left alone: another release may read it)", e)
-            unreadable.append(name)
-    return Published(version, out, unreadable)
+    if not isinstance(definitions, dict):
+        logger.error("unreadable published recurring schedules: republishing")
+        return None
+    out, invalid = read_definitions(definitions)
+    for problem in invalid:
+        level = logging.DEBUG if problem.error in _said else logging.ERROR
+        _said.add(problem.error)
+        logger.log(level, "%s (left alone: another release may read it)", problem.error)
+    return Published(version, out, invalid)

@@ -12,8 +12,14 @@ from django_delayqueue.conf.connection import get_client, get_clock
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.recurring.planning import ScheduleState
-from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.core.recurring.recurrence import MAX_INSTANT_MS, Recurrence
 from django_delayqueue.core.scripts.calls import redis_errors
+from django_delayqueue.recurring.definitions import (
+    Invalid,
+    declared,
+    load_published,
+    read_definitions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +88,37 @@ def statuses(recurrences: list[Recurrence]) -> list[ScheduleStatus]:
         error = next((str(x) for x in (state, run) if isinstance(x, Exception)), "")
         if error:
             state = run = None
-        out.append(_status(r, state, run, now, error))
+        try:
+            out.append(_status(r, state, run, now, error))
+        except Exception as e:  # one schedule's status never takes a page down
+            logger.warning("schedule %s: no status: %s", r.name, e)
+            out.append(_status(r, None, None, now, f"status unavailable: {e}"))
     return out
+
+
+def invalid_status(name: str, options: Any, error: str) -> ScheduleStatus:
+    """The status of a schedule whose options are invalid: listed, with its problem as the
+    error (a row stored past validation, a definition another release published)."""
+    values = options if isinstance(options, dict) else {}
+    if values.get("cron") is not None:
+        when = f"cron {values['cron']}"
+    elif values.get("every") is not None:
+        when = f"every {values['every']}s"
+    else:
+        when = "-"
+    return ScheduleStatus(
+        name,
+        str(values.get("queue") or ""),
+        when[:100],
+        values.get("paused") is True,
+        None,
+        False,
+        None,
+        None,
+        "",
+        "",
+        f"invalid: {error}",
+    )
 
 
 def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> ScheduleStatus:
@@ -99,8 +134,13 @@ def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> Schedu
     if run:
         try:
             last = json.loads(run)
+            if not isinstance(last, dict) or not _instant(last.get("tick")):
+                raise ValueError(run)
+            if not _instant(last.get("finished")):
+                last["finished"] = None
         except ValueError:
             logger.warning("schedule %s: unreadable last run %r", r.name, run)
+            last = {}
     return ScheduleStatus(
         r.name,
         r.queue,
@@ -116,22 +156,32 @@ def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> Schedu
     )
 
 
-def configured_recurrences() -> list[Recurrence]:
-    """The schedules as runqueue sees them: published ones, else the rows, else the file."""
-    from django_delayqueue.recurring.definitions import declared_recurrences, load_published
+def _instant(value: Any) -> bool:
+    """Whether a last run's instant is one the pages can show (ms, as record_tick writes)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_INSTANT_MS
 
+
+def configured_statuses() -> list[ScheduleStatus]:
+    """Every schedule as runqueue sees them (published ones, else the rows, else the file),
+    by name, each with its status; one whose options are invalid is listed with the reason."""
+    recurrences, invalid = _configured()
+    out = statuses(recurrences) + [invalid_status(i.name, i.options, i.error) for i in invalid]
+    return sorted(out, key=lambda s: s.name)
+
+
+def _configured() -> tuple[list[Recurrence], list[Invalid]]:
     try:
         published = load_published()
     except DelayQueueError:
         published = None
     if published is not None:
-        return sorted(published.recurrences, key=lambda r: r.name)
+        return published.recurrences, published.invalid
     try:
         from django_delayqueue.models import RecurringSchedule
 
         rows = list(RecurringSchedule.objects.all())
         if rows:
-            return [Recurrence.from_mapping(row.name, row.definition()) for row in rows]
+            return read_definitions({row.name: row.definition() for row in rows})
     except Exception as e:  # no table yet
         logger.debug("recurring schedule rows unavailable: %s", e)
-    return sorted(declared_recurrences(), key=lambda r: r.name)
+    return read_definitions(declared())

@@ -305,3 +305,30 @@ def test_queue_config_list_editable_pauses(
     assert QueueConfig.objects.get(name=QUEUE).paused
     assert not QueueConfig.objects.get(name="activation-sms").paused
     assert admin_client.get(OVERVIEW).context["rows"][0]["paused"] is True
+
+
+# --- recurring schedules: the list stays up whatever a row holds ----------------------------
+
+
+def test_the_schedules_list_shows_a_row_past_validation_with_its_problem(admin_client, q):
+    from django_delayqueue.models import RecurringSchedule
+
+    schedules = "/admin/django_delayqueue/recurringschedule/"
+    # Stored past validation (update() skips clean(); an older release let both through).
+    huge = RecurringSchedule.objects.create(name="huge", queue=QUEUE, every=60)
+    RecurringSchedule.objects.filter(pk=huge.pk).update(every=4e11)
+    RecurringSchedule.objects.create(name="seconds", queue=QUEUE, cron="*/5 * * * * *")
+    RecurringSchedule.objects.create(name="fine", queue=QUEUE, every=60)
+    # A last run nothing could have written, and a state whose cursor no date can show.
+    q.client.hset(q.keys.tick_runs, "fine", '{"tick": 1e300, "outcome": "ack"}')
+    q.client.hset(q.keys.schedules, "fine", f"{4 * 10**14} abc 0")
+    response = admin_client.get(schedules)
+    assert response.status_code == 200
+    rows = {r.name: r.dq_status for r in response.context["cl"].result_list}
+    assert rows["huge"].error.startswith("invalid: schedule 'huge': 'every' must be")
+    assert "at most 315360000" in response.content.decode()
+    assert "five fields" in rows["seconds"].error
+    assert not rows["fine"].error and rows["fine"].last_tick_ms is None
+    assert rows["fine"].next_run_ms is not None and rows["fine"].next_run_ms < 10**14
+    change = admin_client.get(f"{schedules}{huge.pk}/change/")
+    assert change.status_code == 200

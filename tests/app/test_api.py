@@ -204,6 +204,16 @@ def test_unknown_queue(redis_client: redis.Redis) -> None:
         dq.get_queue("nope")
 
 
+def test_a_queue_name_with_the_prefix_separator_is_refused_and_nothing_is_stored(
+    redis_client: redis.Redis,
+) -> None:
+    config = {**settings.DELAYQUEUE, "PREFIX": "shop", "QUEUES": {"eu:orders": {}}}
+    refused = pytest.raises(ConfigurationError, match="a queue name cannot hold it")
+    with override_settings(DELAYQUEUE=config), refused:
+        dq.schedule("eu:orders", {"order": 1}, on_commit=False)
+    assert redis_client.keys("*") == []
+
+
 def test_cancel_is_true_only_while_waiting(redis_client: redis.Redis) -> None:
     dq.schedule("order-close", {}, delay=60, id="order-7", on_commit=False)
     assert dq.cancel("order-close", "order-7") is True

@@ -80,6 +80,17 @@ def test_e004_invalid_queue_name() -> None:
         assert ids(check_settings()) == ["delayqueue.E004"]
 
 
+def test_e004_a_queue_name_with_the_prefix_separator_and_how_to_rename_it() -> None:
+    # PREFIX "shop" + "eu:orders" would share every key with PREFIX "shop:eu" + "orders".
+    with override_settings(DELAYQUEUE=delayqueue(PREFIX="shop", QUEUES={"eu:orders": {}})):
+        (found,) = check_settings()
+    assert found.id == "delayqueue.E004"
+    assert "':' separates the key prefix from the queue name" in found.msg
+    assert "Rename the queue" in found.hint and "drain" in found.hint
+    with override_settings(DELAYQUEUE=delayqueue(PREFIX="shop:eu", QUEUES={"orders": {}})):
+        assert check_settings() == []  # a prefix may hold ':'
+
+
 def test_w001_queue_without_handler() -> None:
     queues = {**settings.DELAYQUEUE["QUEUES"], "lonely": {}}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):

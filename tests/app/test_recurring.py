@@ -218,12 +218,16 @@ def test_the_checks_name_a_bad_schedule_and_an_unknown_queue() -> None:
         "broken": {"queue": QUEUE, "cron": "0 25 * * *"},
         "nowhere": {"queue": "no-such-queue", "every": 60},
         "fine": {"queue": QUEUE, "every": 60},
+        "huge": {"queue": QUEUE, "every": 4e11},
+        "seconds": {"queue": QUEUE, "cron": "*/5 * * * * *"},
     }
     with configure(bad):
         errors = check_schedules()
-    assert [e.id for e in errors] == ["delayqueue.E009", "delayqueue.E009"]
+    assert [e.id for e in errors] == ["delayqueue.E009"] * 4
     assert "schedule 'broken': bad cron expression" in errors[0].msg
     assert "queue 'no-such-queue' is not configured" in errors[1].msg
+    assert "'every' must be a number of seconds, at least 1 and at most" in errors[2].msg
+    assert "it has 6 field(s), a cron expression has five fields" in errors[3].msg
 
 
 @pytest.mark.django_db(transaction=True)
@@ -291,6 +295,9 @@ def test_the_admin_refuses_a_schedule_that_cannot_run(admin_client: Any) -> None
         bad_cron = {**_change_form(RecurringSchedule(name="x", queue=QUEUE)), "cron": "0 3 * *"}
         page = admin_client.post(f"{ADMIN}add/", bad_cron).content.decode()
         assert "bad cron expression" in page
+        huge = _change_form(RecurringSchedule(name="h", queue=QUEUE, every=4e11))
+        page = admin_client.post(f"{ADMIN}add/", huge).content.decode()
+        assert "at most 315360000 (ten years)" in page
         no_queue = {**_change_form(RecurringSchedule(name="y", queue="nowhere", every=60))}
         page = admin_client.post(f"{ADMIN}add/", no_queue).content.decode()
         assert "is not a configured queue" in page

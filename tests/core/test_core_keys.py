@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from hypothesis import given, reject
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from django_delayqueue.core import (
@@ -17,6 +19,7 @@ from django_delayqueue.core import (
     QueueSettings,
     snapshots,
 )
+from django_delayqueue.core.keys import MAX_SHARDS, published_schedules_key
 from django_delayqueue.embedded import RedisServerProcess, free_port
 
 
@@ -49,7 +52,7 @@ def test_all_keys_lists_every_key_once() -> None:
     assert len(k.all_keys()) == len(expected)
 
 
-@pytest.mark.parametrize("prefix,queue", [("dq", "q"), ("shop", "order-close"), ("a.b", "x:y_z")])
+@pytest.mark.parametrize("prefix,queue", [("dq", "q"), ("shop", "order-close"), ("a:b", "x.y_z")])
 def test_every_key_of_a_queue_hashes_to_one_cluster_slot(prefix: str, queue: str) -> None:
     k = QueueKeys(prefix, queue)
     slots = {key_slot(key.encode()) for key in [*k.all_keys(), k.wake_channel]}
@@ -72,6 +75,95 @@ def test_invalid_queue_names_are_refused(name: str) -> None:
 def test_invalid_prefix_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="invalid key prefix"):
         QueueKeys("d{q}", "q")
+
+
+def test_a_queue_name_holding_the_prefix_separator_is_refused_with_the_reason() -> None:
+    # "shop" + "eu:orders" would be {shop:eu:orders}, the tag of "shop:eu" + "orders".
+    with pytest.raises(ConfigurationError, match="':' separates the key prefix from the queue"):
+        QueueKeys("shop", "eu:orders")
+    assert QueueKeys("shop:eu", "orders").tag == "{shop:eu:orders}"  # a prefix may hold ':'
+
+
+def test_sites_whose_prefix_and_queue_split_differently_never_share_a_message(
+    redis_client: redis.Redis,
+) -> None:
+    clock = ManualClock()
+    eu_site = Queue(redis_client, "orders", prefix="shop:eu", clock=clock)
+    eu_site.schedule({"site": "shop:eu"}, id="order-1")
+    with pytest.raises(ConfigurationError, match="a queue name cannot hold it"):
+        Queue(redis_client, "eu:orders", prefix="shop", clock=clock)
+    # What the other site may name that queue instead has keys of its own.
+    other = Queue(redis_client, "eu.orders", prefix="shop", clock=clock)
+    assert other.counts()["ready"] == 0 and other.cancel("order-1") == 0
+    assert eu_site.counts()["ready"] == 1
+
+
+# Short names of few characters, ':' among them: collisions need short, similar names.
+_ALPHABET = "ab0.:_-"
+_names_of = st.text(_ALPHABET, min_size=1, max_size=6).filter(lambda s: s[0].isalnum())
+_shards = st.none() | st.integers(0, 3) | st.integers(0, MAX_SHARDS - 1)
+_segments = st.lists(
+    st.text("ab0._-", min_size=1, max_size=3).filter(lambda s: s[0].isalnum()),
+    min_size=2,
+    max_size=4,
+)
+Triple = tuple[str, str, int | None]
+
+
+@st.composite
+def _two_triples(draw: st.DrawFn) -> tuple[Triple, Triple]:
+    """Two (prefix, queue, shard), unrelated or one text cut at two of its ':' (the collision
+    of "shop" + "eu:orders" with "shop:eu" + "orders")."""
+    if draw(st.booleans()):
+        return (draw(_names_of), draw(_names_of), draw(_shards)), (
+            draw(_names_of),
+            draw(_names_of),
+            draw(_shards),
+        )
+    segments = draw(_segments)
+    cuts = st.integers(1, len(segments) - 1)
+    i, j = draw(cuts), draw(cuts)
+    a = (":".join(segments[:i]), ":".join(segments[i:]), draw(_shards))
+    return a, (":".join(segments[:j]), ":".join(segments[j:]), draw(_shards))
+
+
+def _keys_or_reject(prefix: str, queue: str, shard: int | None) -> QueueKeys:
+    try:
+        return QueueKeys(prefix, queue, shard)
+    except ConfigurationError:
+        reject()  # a name refused with a clear error shares nothing
+
+
+def _names(keys: QueueKeys) -> set[str]:
+    return {*keys.all_keys(), keys.wake_channel, keys.task_result("x")}
+
+
+@given(pair=_two_triples())
+def test_no_two_queues_or_shards_share_a_key_whatever_their_prefixes(
+    pair: tuple[Triple, Triple],
+) -> None:
+    a, b = pair
+    ka, kb = _keys_or_reject(*a), _keys_or_reject(*b)
+    if a == b:
+        assert _names(ka) == _names(kb)
+    else:
+        assert ka.tag != kb.tag and not _names(ka) & _names(kb)
+    # A site's published schedules are no queue's key, of its own site or another.
+    assert not {published_schedules_key(a[0]), f"{published_schedules_key(a[0])}:lock"} & (
+        _names(ka) | _names(kb)
+    )
+
+
+@given(prefix=_names_of, queue=st.text(_ALPHABET, min_size=1, max_size=6))
+def test_every_name_is_either_refused_or_parsed_back_from_its_tag(prefix: str, queue: str) -> None:
+    try:
+        keys = QueueKeys(prefix, queue)
+    except ConfigurationError:
+        assert ":" in queue or not queue[0].isalnum()
+        return
+    # The queue is what follows the last ':' of the tag, the prefix what precedes it.
+    found_prefix, _, found_queue = keys.tag[1:-1].rpartition(":")
+    assert (found_prefix, found_queue) == (prefix, queue)
 
 
 def test_queue_uses_its_prefix(redis_client: redis.Redis) -> None:

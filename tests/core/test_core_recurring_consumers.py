@@ -210,6 +210,33 @@ def test_a_tick_s_last_run_and_outcome_are_recorded(
     assert Counter(o for _, _, o in ticks.seen) == Counter({1: 1})
 
 
+def test_a_tick_that_finishes_after_its_schedule_was_deleted_leaves_no_last_run(
+    make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
+) -> None:
+    q = make_queue("reports")
+    beat = Recurrence("beat", "reports", every=60)
+    started, release = threading.Event(), threading.Event()
+
+    def handler(message: Message) -> None:
+        started.set()
+        assert release.wait(TIMEOUT)
+
+    running(consumer(q, handler, [beat], version=1))
+    first = (T0 // 60_000 + 1) * 60_000
+    wait_until(lambda: redis_client.zscore(q.keys.pending, beat.tick_id(first)))
+    manual_clock.set(first)
+    assert started.wait(TIMEOUT)
+    # Deleted in the admin (version 2 has no "beat") while its tick runs.
+    deleter = ScheduleKeeper()
+    deleter.set_definitions([], [q], 2)
+    keeper_rounds(deleter, [q], redis_client, manual_clock.now_ms())
+    assert (redis_client.hget(q.keys.schedules, "beat") or b"").startswith(b"0 deleted ")
+    release.set()
+    # The run is recorded before its ack (write_soon), so once the tick is gone it was sent.
+    wait_until(lambda: not redis_client.hexists(q.keys.messages, beat.tick_id(first)))
+    assert not redis_client.hexists(q.keys.tick_runs, "beat")
+
+
 def test_a_schedule_that_cannot_make_its_tick_never_holds_up_the_queue(
     make_queue: Any, manual_clock: ManualClock, running: Any, redis_client: redis.Redis
 ) -> None:

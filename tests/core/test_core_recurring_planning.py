@@ -97,6 +97,15 @@ def test_tick_ids_name_the_schedule_and_the_instant() -> None:
         ({"queue": "q", "cron": "0 3 * *", "every": 5}, "exactly one"),
         ({"queue": "q", "cron": "61 * * * *"}, "bad cron expression"),
         ({"queue": "q", "every": 0.5}, "at least 1"),
+        ({"queue": "q", "every": 4e11}, "at most 315360000 (ten years)"),
+        ({"queue": "q", "every": 10**400}, "at most 315360000"),  # no float holds it
+        ({"queue": "q", "every": float("inf")}, "at most 315360000"),
+        ({"queue": "q", "every": float("nan")}, "'every' must be a number of seconds"),
+        ({"queue": "q", "cron": "*/5 * * * * *"}, "five fields (minute hour day-of-month"),
+        ({"queue": "q", "cron": "0 3 * * * 2026"}, "five fields"),
+        # The 1st of a month that is its fifth Monday: valid fields that never fire.
+        ({"queue": "q", "cron": "0 0 */40 * MON#5"}, "never fires"),
+        ({"queue": "q", "every": 60, "catch_up_limit": 10**6}, "between 1 and 10000"),
         ({"queue": "q", "every": 60, "timezone": "Mars/Olympus"}, "unknown timezone"),
         ({"queue": "q", "every": 60, "catch_up": "some"}, "'catch_up' must be one of"),
         ({"queue": "q", "every": 60, "payload": {1, 2}}, "must be JSON"),
@@ -242,6 +251,15 @@ def test_a_cron_catch_up_walks_in_the_schedule_s_zone() -> None:
         "2026-03-31T03:00:00+02:00",
         "2026-04-01T03:00:00+02:00",
     ]
+
+
+def test_the_longest_interval_ticks_and_names_its_ticks() -> None:
+    # Bounded so that every instant the code computes is a date (tick ids, the admin) and a
+    # whole number Lua prints without an exponent (below 1e14 ms, the year 5138).
+    r = Recurrence("decade", "q", every=315_360_000)
+    at = r.next_after(T)
+    assert T < at <= T + 315_360_000_000 and parse_tick_id(r.tick_id(at)) == ("decade", at)
+    assert r.instants(0, T, 3)[-1] <= T < at
 
 
 def test_utc_is_the_default_zone() -> None:

@@ -58,6 +58,9 @@ class ScheduleKeeper:
         self._changed: set[str] = set()  # queues whose states changed: plan them next round
         self._unreadable: frozenset[str] = frozenset()  # published, but not readable here
         self._broken: dict[tuple[str, str], int] = {}  # (queue, schedule) -> retry after (ms)
+        # (queue, schedule) -> the failure logged at ERROR: tried again every FAILED_PAUSE_MS,
+        # but said once, not every second, until it succeeds or fails otherwise.
+        self._reported: dict[tuple[str, str], str] = {}
         self._running_since: int | None = None  # first round of the current unbroken run
         self._last_round: int | None = None
         self._authoritative = True  # may delete what it does not define (see set_definitions)
@@ -99,6 +102,7 @@ class ScheduleKeeper:
             by_queue != self._by_queue or version != self.version or unknown != self._unreadable
         )
         self._by_queue, self.version, self._unreadable = by_queue, version, unknown
+        self._reported = {k: v for k, v in self._reported.items() if k[1] in by_queue.get(k[0], {})}
         self._authoritative, self.loaded = authoritative, True
         if changed:
             self.refresh()
@@ -139,9 +143,9 @@ class ScheduleKeeper:
                 try:
                     call = self._call(q, name, plan, now_ms)
                 except Exception as e:  # a payload that will not encode: never the loop's end
-                    logger.error("queue %s: schedule %s: no tick created: %s", q.name, name, e)
-                    self._broken[(q.name, name)] = now_ms + FAILED_PAUSE_MS
+                    self._fail(q, name, f"no tick created: {e}", now_ms)
                     continue
+                self._reported.pop((q.name, name), None)
                 entries.append((q, "advance", batch.add(call), (name, plan)))
         return entries
 
@@ -227,13 +231,23 @@ class ScheduleKeeper:
                 if plan is None and name not in defined:
                     plan = forget_tombstone(known.get(name), now_ms - TOMBSTONE_DAYS_MS)
             except Exception as e:  # one schedule's computation must never stop the loop
-                logger.error("queue %s: schedule %s: no plan: %s", q.name, name, e)
-                self._broken[(q.name, name)] = now_ms + FAILED_PAUSE_MS
+                self._fail(q, name, f"no plan: {e}", now_ms)
                 continue
             self._broken.pop((q.name, name), None)
             if plan is not None:
                 out.append((name, plan))
+            else:
+                self._reported.pop((q.name, name), None)
         return sorted(out)
+
+    def _fail(self, q: Queue, name: str, problem: str, now_ms: int) -> None:
+        """One schedule failed: left alone for FAILED_PAUSE_MS, then tried again; an error
+        logged once (at DEBUG when it repeats), not every second."""
+        key = (q.name, name)
+        level = logging.DEBUG if self._reported.get(key) == problem else logging.ERROR
+        self._reported[key] = problem
+        logger.log(level, "queue %s: schedule %s: %s", q.name, name, problem)
+        self._broken[key] = now_ms + FAILED_PAUSE_MS
 
     def _call(self, q: Queue, name: str, plan: TickPlan, now_ms: int) -> ScriptCall:
         recurrence = self._by_queue.get(q.name, {}).get(name)
@@ -298,7 +312,8 @@ def tick_run(instant_ms: int, finished_ms: int, outcome: str, error: str) -> str
 
 
 def record_tick_call(q: Queue, name: str, run: str) -> ScriptCall:
-    return ScriptCall(LuaScript.named("record_tick"), [q.keys.tick_runs], [name, run])
+    keys = [q.keys.tick_runs, q.keys.schedules]
+    return ScriptCall(LuaScript.named("record_tick"), keys, [name, run])
 
 
 def _text(value: Any) -> str:

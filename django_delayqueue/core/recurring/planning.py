@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.core.recurring.recurrence import MAX_INSTANT_MS, Recurrence
 
 LATE_GRACE_MS = 2000
 PAUSED = "paused"
@@ -39,9 +39,12 @@ class ScheduleState:
             text = raw.decode() if isinstance(raw, bytes) else raw
             cursor, _, rest = text.partition(" ")
             signature, _, version = rest.partition(" ")
-            return cls(int(cursor), signature, int(version or 0))
+            state = cls(int(cursor), signature, int(version or 0))
         except ValueError:  # UnicodeDecodeError too
             return None  # unreadable: treated as new, and overwritten (see plan_ticks)
+        # A cursor no schedule can reach (written by hand, or past an older release's bounds)
+        # would be a tick waiting for ever: unreadable too.
+        return state if 0 <= state.cursor_ms < MAX_INSTANT_MS else None
 
     def encode(self) -> str:
         return f"{self.cursor_ms} {self.signature} {self.version}"

@@ -24,6 +24,14 @@ from django_delayqueue.core.errors import ConfigurationError
 CatchUp = Literal["latest", "all", "none"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("latest", "all", "none")
 DEFAULT_CATCH_UP_LIMIT = 100  # "all" creates at most this many missed ticks (the latest ones)
+MAX_CATCH_UP_LIMIT = 10_000
+# Instants (ms) the code handles: dates (tick ids, the admin, queuestats) that Lua writes
+# as whole numbers, without an exponent (below 1e14 ms, the year 5138).
+MAX_INSTANT_MS = 10**14
+# The longest interval. Ticks fall within one interval of now, so every instant computed
+# stays far below MAX_INSTANT_MS for centuries to come.
+MAX_EVERY_SECONDS = 10 * 365 * 86_400
+CRON_FIELDS = "minute hour day-of-month month day-of-week"
 TICK_SEPARATOR = "@"
 MAX_NAME_LENGTH = 100
 
@@ -92,13 +100,14 @@ class Recurrence:
             out.append("give exactly one of 'cron' and 'every'")
         elif self.cron is not None:
             out.extend(_cron_problems(self.cron))
-        elif (
-            isinstance(self.every, bool)
-            or not isinstance(self.every, (int, float))
-            or not math.isfinite(self.every)
-            or self.every < 1
-        ):
+        elif isinstance(self.every, bool) or not isinstance(self.every, (int, float)):
             out.append(f"'every' must be a number of seconds, at least 1 (got {self.every!r})")
+        elif not 1 <= self.every <= MAX_EVERY_SECONDS:  # compared exactly: no float overflow
+            out.append(
+                f"'every' must be a number of seconds, at least 1 and at most "
+                f"{MAX_EVERY_SECONDS} (ten years) (got {repr(self.every)[:40]}); use 'cron' "
+                "for a yearly schedule"
+            )
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -107,8 +116,8 @@ class Recurrence:
             out.append(f"'catch_up' must be one of {', '.join(CATCH_UP_POLICIES)}")
         if isinstance(self.catch_up_limit, bool) or not isinstance(self.catch_up_limit, int):
             out.append("'catch_up_limit' must be a whole number")
-        elif not 1 <= self.catch_up_limit <= 10_000:
-            out.append("'catch_up_limit' must be between 1 and 10000")
+        elif not 1 <= self.catch_up_limit <= MAX_CATCH_UP_LIMIT:
+            out.append(f"'catch_up_limit' must be between 1 and {MAX_CATCH_UP_LIMIT}")
         if self.task is not None and (not isinstance(self.task, str) or "." not in self.task):
             out.append(f"'task' must be a dotted path to a @task function (got {self.task!r})")
         if self.task is not None and self.payload is not None:
@@ -224,10 +233,22 @@ def parse_tick_id(message_id: str) -> tuple[str, int] | None:
 def _cron_problems(expression: Any) -> list[str]:
     if not isinstance(expression, str):
         return [f"'cron' must be a string like '0 3 * * *' (got {expression!r})"]
+    fields = len(expression.split())
+    if fields != 5:
+        # cronsim also reads six fields (seconds first), which the docs never promised.
+        return [
+            f"bad cron expression {expression!r}: it has {fields} field(s), a cron expression "
+            f"has five fields ({CRON_FIELDS}), e.g. '0 3 * * *'"
+        ]
     from cronsim import CronSim, CronSimError
 
     try:
-        CronSim(expression, datetime(2000, 1, 1, tzinfo=timezone.utc))
+        # Valid fields may still never meet (the 1st of a month that is its fifth Monday):
+        # cronsim gives up after 50 years, and every computation of its ticks would fail.
+        # A five-field expression that fires at all fires within every 50 years.
+        next(iter(CronSim(expression, datetime(2000, 1, 1, tzinfo=timezone.utc))))
     except CronSimError as e:
         return [f"bad cron expression {expression!r}: {e}"]
+    except StopIteration:
+        return [f"cron expression {expression!r} never fires (its fields never meet)"]
     return []

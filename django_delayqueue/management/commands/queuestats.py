@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
-from django_delayqueue.recurring.status import ScheduleStatus, configured_recurrences, statuses
+from django_delayqueue.recurring.status import ScheduleStatus, configured_statuses
 
 COLUMNS = (
     ("QUEUE", lambda s: s.queue),
@@ -78,9 +78,7 @@ class Command(BaseCommand):
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        schedules = [
-            s for s in statuses(configured_recurrences()) if names is None or s.queue in names
-        ]
+        schedules = [s for s in configured_statuses() if names is None or s.queue in names]
         if as_json:
             document = {
                 "time": now,

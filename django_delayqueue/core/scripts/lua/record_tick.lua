@@ -1,11 +1,17 @@
 -- record_tick: remember how a recurring schedule's latest delivered tick went (for the admin,
 -- queuestats and the metrics). Sent by the consumer with the round trip after the handler.
 -- KEYS[1] tick runs hash (schedule name -> JSON of the latest run)
+-- KEYS[2] schedule states hash (name -> "<cursor ms> <signature> <version>", advance_schedule)
 -- ARGV[1] schedule name   ARGV[2] the run, JSON: {"tick": instant ms, "finished": ms,
 --         "outcome": "ack" | "retry" | "garbage", "error": exception class or ""}
--- returns: 1 when written, 0 when a later tick's run is already there (runs finish out of order)
+-- returns: 1 when written; 0 when a later tick's run is already there (runs finish out of
+-- order), or when the schedule is gone: its state is missing or a deletion's tombstone
+-- (signature "deleted"). A tick that was running while its schedule was deleted must not put
+-- back the last run the deletion removed, where nothing would ever remove it again.
 --- @include "includes/guard.lua"
-guard(KEYS[1], 'hash')
+guard(KEYS[1], 'hash', KEYS[2], 'hash')
+local state = redis.call('HGET', KEYS[2], ARGV[1])
+if not state or string.match(state, '^%S+ (%S+)') == 'deleted' then return 0 end
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then
   local ok, decoded = pcall(cjson.decode, old)
