@@ -192,6 +192,54 @@ def test_schedule_many_lists_bad_due_times_as_rejected_and_schedules_the_rest(
     assert q.counts()["pending"] == 2
 
 
+# --- payloads that a consumer could not decode again ---------------------------------------------
+
+
+def deep(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"child": [value]}
+    return value
+
+
+@pytest.mark.parametrize(
+    "payload,problem",
+    [
+        # Before: accepted from a shallow stack, then RecursionError in the consumer's claim.
+        (deep(495), "payload nests arrays and objects more than 200 levels deep"),
+        # Before: UnicodeEncodeError (what os.fsdecode makes of an undecodable file name).
+        ({"file": "r\udcffport.pdf"}, r"payload holds a lone surrogate '\\udcff' \(character 10"),
+    ],
+    ids=["too-deep", "surrogate"],
+)
+def test_a_payload_a_consumer_could_not_decode_is_refused_by_schedule(
+    redis_client: redis.Redis, make_queue: Any, payload: Any, problem: str
+) -> None:
+    q = make_queue()
+    with pytest.raises(PayloadError, match=problem):
+        q.schedule(payload, id="x")
+    with pytest.raises(PayloadError, match=problem):
+        q.schedule(payload, id="x", replace=True)
+    assert redis_client.hlen(q.keys.messages) == 0
+
+
+def test_schedule_many_reports_undecodable_payloads_as_rejected_and_stores_the_rest(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    items: list[Any] = [{"payload": n, "id": f"m{n}"} for n in range(4_000)]
+    items.insert(10, {"payload": deep(101), "id": "deep"})
+    items += [{"payload": "\udcff", "id": "surrogate"}, "not a mapping"]
+    # Before: the surrogate raised UnicodeEncodeError after 4,000 were stored (no BulkResult).
+    result = q.schedule_many(items)
+    assert result.scheduled == 4_000 and redis_client.hlen(q.keys.messages) == 4_000
+    rejected = {r.index: (r.id, r.reason) for r in result.rejected}
+    assert sorted(rejected) == [10, 4_001, 4_002]
+    assert rejected[10][0] == "deep" and "more than 200 levels deep" in rejected[10][1]
+    assert rejected[4_001][0] == "surrogate" and "lone surrogate" in rejected[4_001][1]
+    assert rejected[4_002] == (None, "item must be a mapping with a payload, not a str")
+
+
 # --- end to end: no handler starts before the instant asked for -------------------------------
 
 

@@ -339,11 +339,12 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         for i in range(0, len(raw), 4):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
-            try:
+            try:  # whatever one envelope holds, it costs only its own message
                 due, scheduled, payload = decode_envelope(raw[i + 1])
-            except CorruptEnvelope as e:
+            except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
-                corrupt.append((stub, str(e)))
+                reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
+                corrupt.append((stub, reason))
                 continue
             messages.append(
                 Message(message_id, self.name, payload, due, scheduled, attempt, token, now_ms)
