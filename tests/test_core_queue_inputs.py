@@ -9,6 +9,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -134,13 +135,19 @@ BAD_DELAYS = [
     (math.nan, "finite"),
     (Decimal("NaN"), "finite"),
     (1e300, "too long"),
-    (10**400, "number of seconds"),  # float() overflows
+    (10**400, "too long"),  # float() overflows
+    (10**5000, "too long"),  # no repr past the int-string limit: the message must not raise
     (timedelta.max, "too long"),
     (MAX_DUE_MS / 1000, "too long"),  # not too long alone, but now + it is
     (-0.001, "zero or more"),
     (timedelta(microseconds=-1), "zero or more"),
     ("soon", "number of seconds"),
     ({"seconds": 5}, "number of seconds"),
+    # Before: float() took these as 5 s, 1 s and 0 s.
+    ("5", "number of seconds or a timedelta, not '5' \\(str\\)"),
+    (b"5", "number of seconds or a timedelta, not b'5' \\(bytes\\)"),
+    (True, "number of seconds or a timedelta, not True \\(bool\\)"),
+    (False, "number of seconds or a timedelta, not False \\(bool\\)"),
 ]
 BAD_ATS = [
     (math.inf, "finite"),
@@ -158,6 +165,8 @@ BAD_ATS = [
 
 
 def _short(value: Any) -> str | None:
+    if isinstance(value, int) and value.bit_length() > 10_000:
+        return "huge-int"  # past the int-string limit: no repr
     return None if isinstance(value, str) else repr(value)[:24]
 
 
@@ -190,6 +199,17 @@ def test_schedule_many_lists_bad_due_times_as_rejected_and_schedules_the_rest(
     assert result.scheduled == 2
     assert [r.index for r in result.rejected] == list(range(1, len(items) - 1))
     assert q.counts()["pending"] == 2
+
+
+@pytest.mark.parametrize(
+    "delay,ms",
+    [(5, 5_000), (2.5, 2_500), (Decimal("0.5"), 500), (Fraction(1, 4), 250), (timedelta(1), 864e5)],
+    ids=_short,
+)
+def test_a_delay_is_a_number_of_seconds_or_a_timedelta(
+    make_queue: Any, delay: Any, ms: float
+) -> None:
+    assert make_queue(clock=ManualClock(T0)).prepare("x", delay=delay)[1] == T0 + ms
 
 
 # --- payloads that a consumer could not decode again ---------------------------------------------
