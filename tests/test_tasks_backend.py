@@ -137,6 +137,13 @@ def test_json_values_go_through_and_come_back(redis_client: redis.Redis) -> None
     }
 
 
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "args, kwargs, problem",
@@ -144,6 +151,9 @@ def test_json_values_go_through_and_come_back(redis_client: redis.Redis) -> None
         ((object(),), {}, "argument 1 is not JSON-serialisable"),
         ((1,), {"b": datetime.now(dt_timezone.utc)}, "keyword argument 'b' is not JSON-seriali"),
         ((float("nan"), 1), {}, "argument 1 is not JSON-serialisable"),
+        # What a worker could not decode, or Redis store (before: UnicodeEncodeError).
+        ((1,), {"b": _nested(201)}, "keyword argument 'b' nests"),
+        (("r\udcffport.pdf", 1), {}, "argument 1 holds a lone surrogate '\\udcff'"),
     ],
 )
 def test_arguments_that_are_not_json_are_refused_at_enqueue(
