@@ -6,6 +6,7 @@ Runs use a ManualClock in burst mode, so due times, retry times and journal time
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -244,3 +245,31 @@ def test_an_undecodable_payload_is_buried_and_the_messages_claimed_with_it_are_d
     assert redis_client.zscore(q.keys.garbage, "bad") is not None
     assert reason in redis_client.hget(q.keys.reasons, "bad").decode()
     assert redis_client.hlen(q.keys.messages) == 1  # only the dead letter's envelope is left
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError("cannot read " + os.fsdecode(b"r\xffport.pdf")),
+        Reject(os.fsdecode(b"r\xffport.pdf") + " is gone"),
+    ],
+    ids=["exception", "reject"],
+)
+def test_a_reason_holding_a_lone_surrogate_is_recorded_escaped(
+    redis_client: redis.Redis, make_queue: Any, failure: Exception
+) -> None:
+    # A file name os.fsdecode could not decode, in an exception's text. Before: redis-py could
+    # not encode the nack, so every round's recording failed again and the consumer never
+    # acked anything (nor returned from burst).
+    q = make_queue(max_attempts=1)
+    q.schedule("bad", id="bad")
+    q.schedule("good", id="good")
+
+    def handler(m: Message) -> None:
+        if m.id == "bad":
+            raise failure
+
+    consumer = burst([q], Recorder(handler))
+    assert consumer.delivered == 2
+    assert q.counts() == {**EMPTY, "garbage": 1}
+    assert "r\\udcffport.pdf" in redis_client.hget(q.keys.reasons, "bad").decode()

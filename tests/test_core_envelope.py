@@ -21,6 +21,7 @@ from django_delayqueue.core.envelope import (
     encode_json,
     encode_payload,
     new_id,
+    storable_text,
     to_str,
     validate_id,
 )
@@ -265,3 +266,17 @@ def test_to_str_decodes_bytes_and_keeps_str() -> None:
     assert to_str(b"abc") == "abc"
     assert to_str("abc") == "abc"
     assert to_str(b"\xff") == "\ufffd"
+
+
+@pytest.mark.parametrize(
+    "text,stored",
+    [
+        ("café ☕", "café ☕"),  # non-ASCII text is kept as it is
+        ("r\udcffport.pdf", "r\\udcffport.pdf"),  # a lone surrogate is escaped, not an error
+        ("x" * 3_000, "x" * 2_000),
+        (None, "None"),  # a Reject(None): text, not a TypeError in the consumer's recording
+    ],
+)
+def test_storable_text_is_bounded_utf8(text: Any, stored: str) -> None:
+    assert storable_text(text, 2_000) == stored
+    assert storable_text(text, 2_000).encode("utf-8")

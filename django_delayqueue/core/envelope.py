@@ -221,5 +221,14 @@ class Message:
         return ms_to_datetime(self.scheduled_ms)
 
 
+def storable_text(text: Any, limit: int) -> str:
+    """``text`` as a script argument Redis can take: a str of at most ``limit`` characters,
+    valid UTF-8. A handler's reason may hold a lone surrogate (a FileNotFoundError names an
+    undecodable file name so): redis-py could not encode it, and the batch carrying it, every
+    ack of the round with it, would fail again every round. Escaped, it is kept visible."""
+    value = (text if isinstance(text, str) else str(text))[:limit]
+    return value if value.isascii() else value.encode("utf-8", "backslashreplace").decode()
+
+
 def to_str(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

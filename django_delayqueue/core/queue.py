@@ -21,6 +21,7 @@ from django_delayqueue.core.envelope import (
     encode_envelope,
     encode_payload,
     new_id,
+    storable_text,
     to_str,
     validate_id,
 )
@@ -396,7 +397,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
                 retry_at = now_ms + retry_ms(seconds, s.backoff_max)
             else:
                 retry_at = now_ms + retry_ms(delay, s.backoff_max)
-            args += (message.id, message.token, retry_at, reason[:2000])
+            args += (message.id, message.token, retry_at, storable_text(reason, 2000))
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua
         keys.append(k.priorities)  # which a successor does not inherit
