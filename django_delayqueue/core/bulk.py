@@ -58,6 +58,10 @@ class BulkScheduling:
         flags: list[bool] = []
         for index, item in enumerate(items):
             try:
+                if not isinstance(item, Mapping):
+                    raise PayloadError(
+                        f"item must be a mapping with a payload, not a {type(item).__name__}"
+                    )
                 pending.append(
                     self.prepare(
                         item.get("payload"),

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 from django_delayqueue.core.errors import MAX_RETRY_DELAY_SECONDS, PayloadError
@@ -20,7 +22,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def delay_ms_of(delay: Delay) -> float:
-    """``delay`` in milliseconds, fraction kept; PayloadError unless finite, >= 0 and bounded.
+    """``delay`` in milliseconds, fraction kept; PayloadError unless a number (int, float,
+    Decimal, Fraction, not a bool or a string) or a timedelta, finite, >= 0 and bounded.
 
     Rounded to the nanosecond: float noise (0.29 * 1000 is 290.00000000000006) must not add a
     whole millisecond when the due time is rounded up.
@@ -28,20 +31,43 @@ def delay_ms_of(delay: Delay) -> float:
     if isinstance(delay, timedelta):
         ms = (delay // timedelta(microseconds=1)) / 1000  # whole microseconds: exact
     else:
+        # A number, not whatever float() takes: "5" or True is a caller's mistake (a form
+        # field not converted, a flag passed in the wrong place), not five seconds or one.
+        if isinstance(delay, bool) or not isinstance(delay, (numbers.Real, Decimal)):
+            raise PayloadError(
+                f"delay must be a number of seconds or a timedelta, not {_shown(delay)} "
+                f"({type(delay).__name__})"
+            )
         try:
             seconds = float(delay)
-        except (TypeError, ValueError, OverflowError):
+        except OverflowError:  # an int beyond a float: far past year 9999
             raise PayloadError(
-                f"delay must be a number of seconds or a timedelta, not {delay!r}"
+                f"delay {_shown(delay)} is too long: due times end with year 9999"
+            ) from None
+        except (TypeError, ValueError):  # Decimal("sNaN")
+            raise PayloadError(
+                f"delay must be zero or more seconds and finite, not {_shown(delay)}"
             ) from None
         if not math.isfinite(seconds):
-            raise PayloadError(f"delay must be zero or more seconds and finite, not {delay!r}")
+            raise PayloadError(
+                f"delay must be zero or more seconds and finite, not {_shown(delay)}"
+            )
         ms = round(seconds * 1000, 6)
     if ms < 0:
-        raise PayloadError(f"delay must be zero or more seconds, not {delay!r}")
+        raise PayloadError(f"delay must be zero or more seconds, not {_shown(delay)}")
     if ms > MAX_DUE_MS:
-        raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
+        raise PayloadError(f"delay {_shown(delay)} is too long: due times end with year 9999")
     return ms
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message: its repr, shortened (a 10**5000 delay has no repr at
+    all past Python's int-string limit, and would turn a PayloadError into a ValueError)."""
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ must not hide the PayloadError either
+        return f"an int of {value.bit_length()} bits" if isinstance(value, int) else "?"
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def round_up_ms(ms: float) -> int:
@@ -63,14 +89,14 @@ def at_ms(at: datetime | int | float) -> int:
         due = at  # epoch milliseconds
     elif isinstance(at, float):
         if not math.isfinite(at):
-            raise PayloadError(f"at= must be finite epoch milliseconds, not {at!r}")
+            raise PayloadError(f"at= must be finite epoch milliseconds, not {_shown(at)}")
         if abs(at) > MAX_DUE_MS:  # before rounding: ceil(1e300) is a 300-digit int
-            raise PayloadError(f"at= {at!r} is beyond year 9999 (epoch milliseconds)")
+            raise PayloadError(f"at= {_shown(at)} is beyond year 9999 (epoch milliseconds)")
         due = round_up_ms(at)
     else:
-        raise PayloadError(f"at= must be an aware datetime or epoch milliseconds, not {at!r}")
+        raise PayloadError(f"at= must be an aware datetime or epoch milliseconds, not {_shown(at)}")
     if abs(due) > MAX_DUE_MS:
-        raise PayloadError(f"at= {at!r} is beyond year 9999, where due times end")
+        raise PayloadError(f"at= {_shown(at)} is beyond year 9999, where due times end")
     return due
 
 

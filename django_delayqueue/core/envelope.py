@@ -8,6 +8,11 @@ rather than the 160-byte one. The queue name lives in the key and the attempt in
 Payloads are JSON only: nothing read from Redis is ever unpickled or evaluated. Envelopes
 written by earlier versions (a JSON object ``{"d":due,"s":scheduled,"p":payload}``) are still
 read.
+
+A payload is accepted only when every consumer can decode it again: JSON that nests at most
+:data:`MAX_PAYLOAD_DEPTH` levels and is valid UTF-8. Decoding never raises anything but
+:class:`CorruptEnvelope`, whatever Redis holds (a too-deep payload written by an older producer
+or another language included), so one bad message costs only itself.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import re
 from base64 import urlsafe_b64encode
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -24,11 +30,19 @@ from django_delayqueue.core.errors import CorruptEnvelope, PayloadError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
 MAX_ID_LENGTH = 200
+# The deepest nesting of arrays and objects a payload may have. Python's json decodes each
+# level with one step of the recursion limit (1000 by default), where the consumer's own stack
+# takes some: a payload encoded by a shallow producer (a script, a Spark task) just under that
+# limit raised RecursionError in the consumer. With at most 200 levels a payload decodes in any
+# consumer whose own stack is up to ~750 frames deep (tests/test_core_envelope.py checks it).
+MAX_PAYLOAD_DEPTH = 200
+_CONTAINERS = (dict, list, tuple)  # what json encodes as an object or an array
 
 # "<due>,<due - scheduled>," in hex; the same pattern as envelope_times() in
 # lua/includes/envelope.lua.
 _HEAD = re.compile(r"(-?[0-9a-fA-F]+),(-?[0-9a-fA-F]+),")
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_encode_ascii = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def new_id() -> str:
@@ -52,17 +66,77 @@ def validate_id(message_id: Any) -> str:
 
 
 def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
-    """JSON-encode a payload, refusing what is not JSON or is larger than ``max_bytes``."""
-    try:
-        text = _encode(payload)
-    except (TypeError, ValueError) as e:
-        raise PayloadError(f"payload is not JSON-serialisable: {e}") from e
-    size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+    """JSON-encode a payload, refusing what is not JSON, what a consumer could not decode again
+    (see :func:`encode_json`) or what is larger than ``max_bytes``."""
+    text, size = _checked_json(payload, "payload", _encode)
     if size > max_bytes:
         raise PayloadError(
             f"payload is {size} bytes of JSON, over the {max_bytes}-byte limit (max_payload_bytes)"
         )
     return text
+
+
+def encode_json(value: Any, what: str = "payload", *, ascii_only: bool = False) -> str:
+    """``value`` as compact JSON that decodes back to it anywhere, else PayloadError naming why.
+
+    Refused: what json cannot encode (PayloadError from the TypeError or ValueError it raised),
+    nesting deeper than :data:`MAX_PAYLOAD_DEPTH`, and text with a lone surrogate (what
+    ``os.fsdecode`` makes of an undecodable file name), which is not UTF-8 and cannot be sent
+    to Redis. With ``ascii_only`` non-ASCII text is escaped, so lone surrogates are kept.
+    """
+    return _checked_json(value, what, _encode_ascii if ascii_only else _encode)[0]
+
+
+def _checked_json(value: Any, what: str, encode: Callable[[Any], str]) -> tuple[str, int]:
+    """The JSON text of ``value`` and its size in UTF-8 bytes; PayloadError if refused."""
+    try:
+        text = encode(value)
+    except RecursionError:  # nested near the recursion limit: far beyond MAX_PAYLOAD_DEPTH
+        raise PayloadError(_too_deep(what)) from None
+    except (TypeError, ValueError) as e:
+        raise PayloadError(f"{what} is not JSON-serialisable: {e}") from e
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise PayloadError(
+                f"{what} holds a lone surrogate {e.object[e.start]!r} (character {e.start} of "
+                "its JSON), which is not valid UTF-8: decode bytes with a real encoding, or "
+                "escape them (e.g. 'backslashreplace') before scheduling"
+            ) from None
+    # Only JSON with more opening brackets than the limit can nest deeper than it: a count at
+    # C speed spares almost every payload the walk below.
+    if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH and _nests_deeper(value):
+        raise PayloadError(_too_deep(what))
+    return text, size
+
+
+def _nests_deeper(value: Any, limit: int = MAX_PAYLOAD_DEPTH) -> bool:
+    """Whether ``value`` nests objects and arrays more than ``limit`` levels deep.
+
+    Level by level, without recursion (the caller's stack may be deep already); each container
+    is looked at once.
+    """
+    level = [value] if isinstance(value, _CONTAINERS) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, _CONTAINERS)
+        ]
+    return bool(level)
+
+
+def _too_deep(what: str) -> str:
+    return (
+        f"{what} nests arrays and objects more than {MAX_PAYLOAD_DEPTH} levels deep, "
+        "which not every consumer could decode"
+    )
 
 
 def encode_envelope(payload_json: str, due_ms: int, scheduled_ms: int) -> str:
@@ -71,7 +145,26 @@ def encode_envelope(payload_json: str, due_ms: int, scheduled_ms: int) -> str:
 
 
 def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
-    """Return ``(due_ms, scheduled_ms, payload)``; raise :class:`CorruptEnvelope` otherwise."""
+    """Return ``(due_ms, scheduled_ms, payload)``; raise :class:`CorruptEnvelope` otherwise.
+
+    Nothing else, whatever ``raw`` is: a payload nested deeper than the recursion limit allows
+    here (RecursionError), or a number past Python's int-string limit (ValueError), is a
+    corrupt envelope too, so a consumer buries that one message and delivers the others.
+    """
+    try:
+        return _decode_envelope(raw)
+    except CorruptEnvelope:
+        raise
+    except RecursionError:
+        raise CorruptEnvelope(
+            "corrupt: envelope payload nests too deeply to decode (RecursionError); "
+            f"payloads are refused at schedule time beyond {MAX_PAYLOAD_DEPTH} levels"
+        ) from None
+    except Exception as e:
+        raise CorruptEnvelope(f"corrupt: envelope cannot be decoded ({e!r})") from e
+
+
+def _decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
     if raw is None or raw == b"" or raw == "":
         raise CorruptEnvelope("corrupt: envelope missing")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -126,6 +219,15 @@ class Message:
     @property
     def scheduled_at(self) -> datetime:
         return ms_to_datetime(self.scheduled_ms)
+
+
+def storable_text(text: Any, limit: int) -> str:
+    """``text`` as a script argument Redis can take: a str of at most ``limit`` characters,
+    valid UTF-8. A handler's reason may hold a lone surrogate (a FileNotFoundError names an
+    undecodable file name so): redis-py could not encode it, and the batch carrying it, every
+    ack of the round with it, would fail again every round. Escaped, it is kept visible."""
+    value = (text if isinstance(text, str) else str(text))[:limit]
+    return value if value.isascii() else value.encode("utf-8", "backslashreplace").decode()
 
 
 def to_str(value: bytes | str) -> str:

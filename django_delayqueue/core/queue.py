@@ -21,6 +21,7 @@ from django_delayqueue.core.envelope import (
     encode_envelope,
     encode_payload,
     new_id,
+    storable_text,
     to_str,
     validate_id,
 )
@@ -339,11 +340,12 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         for i in range(0, len(raw), 4):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
-            try:
+            try:  # whatever one envelope holds, it costs only its own message
                 due, scheduled, payload = decode_envelope(raw[i + 1])
-            except CorruptEnvelope as e:
+            except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
-                corrupt.append((stub, str(e)))
+                reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
+                corrupt.append((stub, reason))
                 continue
             messages.append(
                 Message(message_id, self.name, payload, due, scheduled, attempt, token, now_ms)
@@ -395,7 +397,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
                 retry_at = now_ms + retry_ms(seconds, s.backoff_max)
             else:
                 retry_at = now_ms + retry_ms(delay, s.backoff_max)
-            args += (message.id, message.token, retry_at, reason[:2000])
+            args += (message.id, message.token, retry_at, storable_text(reason, 2000))
         keys = [k.unack, k.retry, k.garbage, k.attempts, k.tokens, k.reasons, k.successors]
         keys += (k.messages, k.pending, k.ready)  # where a successor goes: see nack.lua
         keys.append(k.priorities)  # which a successor does not inherit

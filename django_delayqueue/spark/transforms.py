@@ -17,7 +17,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ID_LENGTH
+from django_delayqueue.core.envelope import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ID_LENGTH,
+    MAX_PAYLOAD_DEPTH,
+)
 from django_delayqueue.core.errors import ConfigurationError
 
 ID, DUE, PAYLOAD, REASON = "dq_id", "dq_due_ms", "dq_payload", "dq_reason"
@@ -123,6 +127,12 @@ def due_ms(df: DataFrame, spec: MessageSpec, now_ms: int) -> tuple[Column, Colum
 def payload_json(df: DataFrame, spec: MessageSpec) -> tuple[Column, Column]:
     """``(payload JSON, reason or null)``: nulls are kept as JSON null, NaN/Infinity refused."""
     names = list(spec.payload_columns) or list(df.columns)
+    depth = payload_depth(df.schema, names)
+    if depth > MAX_PAYLOAD_DEPTH:  # what the core refuses of any payload: see its envelope
+        raise ConfigurationError(
+            f"payload columns nest arrays and objects {depth} levels deep, over the "
+            f"{MAX_PAYLOAD_DEPTH} that every consumer can decode"
+        )
     payload = F.to_json(F.struct(*[F.col(n) for n in names]), {"ignoreNullFields": "false"})
     reason = F.lit(None).cast("string")
     floats = [f.name for f in df.schema.fields if f.name in names and _is_float(f.dataType)]
@@ -133,6 +143,21 @@ def payload_json(df: DataFrame, spec: MessageSpec) -> tuple[Column, Column]:
     too_large = F.octet_length(payload) > spec.max_payload_bytes
     reason = F.coalesce(reason, F.when(too_large, F.lit(f"{TOO_LARGE}{spec.max_payload_bytes}")))
     return payload, reason
+
+
+def payload_depth(schema: T.StructType, names: Sequence[str]) -> int:
+    """How deeply the JSON of ``names`` (one object of those columns) can nest, at most."""
+    return 1 + max((_type_depth(schema[n].dataType) for n in names), default=0)
+
+
+def _type_depth(data_type: T.DataType) -> int:
+    if isinstance(data_type, T.StructType):
+        return 1 + max((_type_depth(f.dataType) for f in data_type.fields), default=0)
+    if isinstance(data_type, T.ArrayType):
+        return 1 + _type_depth(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return 1 + _type_depth(data_type.valueType)
+    return 0
 
 
 def id_reason(message_id: Column) -> Column:

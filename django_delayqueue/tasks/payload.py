@@ -130,7 +130,8 @@ class TaskRecord:
             if RETURN_VALUE in fields_:
                 record.return_value = json.loads(fields_[RETURN_VALUE])
             return record
-        except (KeyError, ValueError, TypeError) as e:
+        except (KeyError, ValueError, TypeError, RecursionError) as e:
+            # RecursionError: a return value nested too deep, stored by an earlier version.
             raise CorruptEnvelope(f"corrupt task result record: {e!r}") from e
 
     @classmethod

@@ -6,6 +6,8 @@ imported and runs (``async def`` ones on an event loop of their own, ``takes_con
 with a ``TaskContext``); then:
 
 - it returned: SUCCESSFUL with its JSON return value, ``task_finished``, the message acked;
+  a value that cannot be stored (not JSON, nested deeper than a reader could decode) fails it
+  at once, as ``dq.Reject`` would: it ran, and must not run again;
 - it raised, or could not be imported (a worker deployed before the code that enqueued it),
   and attempts are left: READY again with the error recorded, and the exception goes on to
   the consumer, which retries with the queue's backoff (``dq.Retry`` chooses its delay and
@@ -44,8 +46,8 @@ from typing import Any
 from django.db import close_old_connections
 
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
-from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import CorruptEnvelope, Reject, Retry
+from django_delayqueue.core.envelope import Message, encode_json
+from django_delayqueue.core.errors import CorruptEnvelope, PayloadError, Reject, Retry
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 from django_delayqueue.tasks import framework
@@ -121,20 +123,26 @@ class TaskRunner:
                 logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
             raise
         try:
-            returned = json.dumps(value, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as e:
-            # It ran: running it again would repeat its effects for the same bad value. So the
-            # Reject stands even when the record cannot be written (a retry would run it again).
+            # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
+            returned = encode_json(value, "return value", ascii_only=True)
+            return_value = json.loads(returned)  # what a reader gets: lists, not tuples
+            finished_at = queue.clock.now_ms()
+            write = attempt.write(
+                SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=finished_at
+            )
+        except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
+            # It ran: running it again would repeat its effects for the same bad value. So
+            # whatever keeps its result from being stored fails it once, with the error
+            # recorded; and the Reject stands even when that cannot be written (a retry would
+            # run it again).
+            error = _cause(e)
             try:
-                self._failed(attempt, record, e, backend, task)
+                self._failed(attempt, record, error, backend, task)
             except Exception:
                 logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
-            raise Reject(f"task returned a value that is not JSON: {e}") from e
-        record.status, record.finished_at = SUCCESSFUL, queue.clock.now_ms()
-        record.return_value = json.loads(returned)  # what a reader gets: lists, not tuples
-        write = attempt.write(
-            SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=record.finished_at
-        )
+            raise Reject(f"task ran, but its result cannot be stored: {e}") from e
+        record.status, record.finished_at = SUCCESSFUL, finished_at
+        record.return_value = return_value
 
         def finished() -> None:  # on the consumer's thread: its receivers' connections closed
             try:
@@ -245,6 +253,15 @@ def _send_robust(signal: Any, backend: Any, result: Any) -> None:
                 getattr(receiver, "__qualname__", receiver),
                 exc_info=response,
             )
+
+
+def _cause(error: Exception) -> BaseException:
+    """What a task's result records for ``error``: json's own TypeError or ValueError when
+    that is what PayloadError wraps (as Django's backends record a value that is not JSON)."""
+    cause = error.__cause__
+    if isinstance(error, PayloadError) and isinstance(cause, (TypeError, ValueError)):
+        return cause
+    return error
 
 
 def _error(error: BaseException) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -178,6 +179,10 @@ def test_a_send_in_the_callers_frame_that_finds_redis_down_raises(
         ({"payload": {}, "at": datetime(2100, 1, 1)}, "timezone-aware"),
         ({"payload": {}, "id": ""}, "non-empty"),
         ({"payload": {}, "delay": 1, "at": datetime.now(timezone.utc)}, "not both"),
+        ({"payload": {}, "delay": True}, "not True \\(bool\\)"),
+        ({"payload": {}, "delay": "5"}, "not '5' \\(str\\)"),
+        ({"payload": {"name": "r\udcffport.pdf"}}, "lone surrogate"),
+        ({"payload": json.loads("[" * 201 + "]" * 201)}, "more than 200 levels deep"),
     ],
 )
 @pytest.mark.django_db(transaction=True)

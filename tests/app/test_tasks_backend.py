@@ -138,6 +138,13 @@ def test_json_values_go_through_and_come_back(redis_client: redis.Redis) -> None
     }
 
 
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "args, kwargs, problem",
@@ -145,6 +152,9 @@ def test_json_values_go_through_and_come_back(redis_client: redis.Redis) -> None
         ((object(),), {}, "argument 1 is not JSON-serialisable"),
         ((1,), {"b": datetime.now(dt_timezone.utc)}, "keyword argument 'b' is not JSON-seriali"),
         ((float("nan"), 1), {}, "argument 1 is not JSON-serialisable"),
+        # What a worker could not decode, or Redis store (before: UnicodeEncodeError).
+        ((1,), {"b": _nested(201)}, "keyword argument 'b' nests"),
+        (("r\udcffport.pdf", 1), {}, "argument 1 holds a lone surrogate '\\udcff'"),
     ],
 )
 def test_arguments_that_are_not_json_are_refused_at_enqueue(
@@ -585,6 +595,36 @@ def test_a_task_that_cannot_be_imported_is_retried_not_dead_at_once(
     assert stored.status == "FAILED" and len(stored.errors) == 3
     assert all("ImportError" in e["traceback"] for e in stored.errors)
     assert redis_client.zscore(KEYS.garbage, "early") is not None
+
+
+@pytest.mark.parametrize("levels", [5_000, 201])
+@pytest.mark.django_db(transaction=True)
+def test_a_return_value_nested_too_deep_to_store_fails_once_with_the_error_recorded(
+    redis_client: redis.Redis, levels: int
+) -> None:
+    # Before: 5000 levels raised RecursionError, so the task ran max_attempts (3) times; 201
+    # were stored, for a reader with a deeper stack to fail on (as a consumer did on payloads).
+    result = examples.returns_nested.enqueue(levels)
+    burst()
+    assert redis_client.lrange(examples.TRACE, 0, -1) == [f"returns_nested {levels}".encode()]
+    failed = examples.returns_nested.get_result(result.id)
+    assert failed.status == Status.FAILED and failed.attempts == 1
+    assert len(failed.errors) == 1
+    assert failed.errors[0].exception_class_path == "django_delayqueue.core.errors.PayloadError"
+    assert "return value nests arrays and objects more than 200" in failed.errors[0].traceback
+    reason = (redis_client.hget(KEYS.reasons, result.id) or b"").decode()
+    assert reason.startswith("task ran, but its result cannot be stored: return value nests")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_return_value_holding_a_lone_surrogate_is_stored_escaped(
+    redis_client: redis.Redis,
+) -> None:
+    # Unlike a payload (refused: not UTF-8), a return value keeps it as an ASCII escape.
+    result = examples.returns_a_file_name.enqueue()
+    burst()
+    done = examples.returns_a_file_name.get_result(result.id)
+    assert done.status == Status.SUCCESSFUL and done.return_value == "r\udcffport.pdf"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,6 +18,7 @@ import test_tasks_backend as backend_tests
 from test_tasks_backend import KEYS, QUEUE, burst, tasks_on_the_demo_queue  # noqa: F401
 
 from django_delayqueue.conf.queues import get_queue
+from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
 from django_delayqueue.tasks import framework, runner
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
@@ -187,6 +188,14 @@ def test_a_payload_priority_is_read_as_a_whole_number_or_0(given: Any, read: int
 
 
 # --- a value that is not JSON -----------------------------------------------------------------
+
+
+def test_a_record_whose_return_value_nests_too_deep_to_read_is_corrupt() -> None:
+    # As an earlier version could store it. Before: RecursionError (a 500 in the admin's list).
+    stored = {"enqueued": TaskRecord("t.f", QUEUE, 0, "default", [], {}).enqueued_json()}
+    stored |= {"status": SUCCESSFUL, "return_value": "[" * 100_000 + "]" * 100_000}
+    with pytest.raises(CorruptEnvelope, match="RecursionError"):
+        TaskRecord.from_hash(stored)
 
 
 @pytest.mark.django_db(transaction=True)

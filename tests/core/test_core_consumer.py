@@ -6,6 +6,7 @@ Runs use a ManualClock in burst mode, so due times, retry times and journal time
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -211,3 +212,64 @@ def test_a_broken_heartbeats_key_loses_no_claimed_message(
     burst([q], handler, maintenance_seconds=0)
     assert sorted(handler.payloads) == [0, 1, 2]
     assert q.counts() == EMPTY
+
+
+# --- one undecodable envelope costs only its own message ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload_json,reason",
+    [
+        # Deeper than any recursion limit lets json decode (an old producer, another language):
+        # RecursionError in the consumer, which failed the whole round.
+        ("[" * 100_000 + "]" * 100_000, "nests too deeply to decode"),
+        # Past Python's int-string limit (4300 digits): json raises ValueError.
+        ("9" * 5000, "corrupt: envelope payload is not JSON"),
+    ],
+    ids=["too-deep", "huge-int"],
+)
+def test_an_undecodable_payload_is_buried_and_the_messages_claimed_with_it_are_delivered(
+    redis_client: redis.Redis, make_queue: Any, payload_json: str, reason: str
+) -> None:
+    q = make_queue(claim_batch=10)
+    q.schedule({"n": 1}, id="a")
+    # Written straight into Redis, bypassing schedule(), as another producer would.
+    redis_client.hset(q.keys.messages, "bad", f"{T0:x},0,{payload_json}")
+    redis_client.rpush(q.keys.ready, "bad")
+    q.schedule_many([{"payload": {"n": 2}, "id": "b"}, {"payload": {"n": 3}, "id": "c"}])
+    handler = Recorder()
+    consumer = burst([q], handler)
+    assert sorted(m.id for m in handler.calls) == ["a", "b", "c"]  # claimed with it, and acked
+    assert consumer.delivered == 3
+    assert q.counts() == {**EMPTY, "garbage": 1}
+    assert redis_client.zscore(q.keys.garbage, "bad") is not None
+    assert reason in redis_client.hget(q.keys.reasons, "bad").decode()
+    assert redis_client.hlen(q.keys.messages) == 1  # only the dead letter's envelope is left
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError("cannot read " + os.fsdecode(b"r\xffport.pdf")),
+        Reject(os.fsdecode(b"r\xffport.pdf") + " is gone"),
+    ],
+    ids=["exception", "reject"],
+)
+def test_a_reason_holding_a_lone_surrogate_is_recorded_escaped(
+    redis_client: redis.Redis, make_queue: Any, failure: Exception
+) -> None:
+    # A file name os.fsdecode could not decode, in an exception's text. Before: redis-py could
+    # not encode the nack, so every round's recording failed again and the consumer never
+    # acked anything (nor returned from burst).
+    q = make_queue(max_attempts=1)
+    q.schedule("bad", id="bad")
+    q.schedule("good", id="good")
+
+    def handler(m: Message) -> None:
+        if m.id == "bad":
+            raise failure
+
+    consumer = burst([q], Recorder(handler))
+    assert consumer.delivered == 2
+    assert q.counts() == {**EMPTY, "garbage": 1}
+    assert "r\\udcffport.pdf" in redis_client.hget(q.keys.reasons, "bad").decode()

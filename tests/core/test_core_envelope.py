@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -12,10 +15,13 @@ from django_delayqueue.core import CorruptEnvelope, Message, PayloadError
 from django_delayqueue.core.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_ID_LENGTH,
+    MAX_PAYLOAD_DEPTH,
     decode_envelope,
     encode_envelope,
+    encode_json,
     encode_payload,
     new_id,
+    storable_text,
     to_str,
     validate_id,
 )
@@ -103,6 +109,99 @@ def test_size_is_counted_in_utf8_bytes_not_characters() -> None:
         encode_payload(text, 100)
 
 
+# --- what every consumer can decode again: nesting, surrogates, huge ints --------------------
+
+
+def nested(depth: int, kind: str = "list") -> Any:
+    """A value nesting ``depth`` levels of arrays and/or objects around 1."""
+    value: Any = 1
+    for level in range(depth):
+        shape = kind if kind != "mixed" else ("list", "dict", "tuple")[level % 3]
+        value = {"k": value} if shape == "dict" else (value,) if shape == "tuple" else [value]
+    return value
+
+
+def at_stack_depth(frames: int, call: Callable[[], Any]) -> Any:
+    """``call()`` made with ``frames`` frames on the stack, as in a deep consumer."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return _deeper(frames - depth, call)
+
+
+def _deeper(left: int, call: Callable[[], Any]) -> Any:
+    return call() if left <= 0 else _deeper(left - 1, call)
+
+
+@pytest.mark.parametrize("kind", ["list", "dict", "tuple", "mixed"])
+def test_a_payload_at_the_depth_limit_decodes_in_a_consumer_with_a_deep_stack(kind: str) -> None:
+    text = encode_payload(nested(MAX_PAYLOAD_DEPTH, kind))
+    envelope = encode_envelope(text, 2_000, 1_000)
+    # What the limit is for: whatever the producer's stack, a consumer with up to 750 frames of
+    # its own (under the default recursion limit of 1000) decodes it.
+    frames = sys.getrecursionlimit() - MAX_PAYLOAD_DEPTH - 50
+    due, _, payload = at_stack_depth(frames, lambda: decode_envelope(envelope))
+    assert due == 2_000 and payload == json.loads(text)
+
+
+@pytest.mark.parametrize("kind", ["list", "dict", "tuple", "mixed"])
+@pytest.mark.parametrize("depth", [MAX_PAYLOAD_DEPTH + 1, 990, 5_000])
+def test_a_payload_nested_deeper_than_the_limit_is_refused(kind: str, depth: int) -> None:
+    # Before: 990 levels were accepted from a shallow stack (and raised RecursionError in the
+    # consumer); 5000 raised RecursionError here, not a PayloadError.
+    with pytest.raises(PayloadError, match="more than 200 levels deep"):
+        encode_payload(nested(depth, kind))
+
+
+def test_many_brackets_that_do_not_nest_deeply_are_accepted() -> None:
+    shallow = {"rows": [[i, {"x": [i]}] for i in range(1_000)], "text": "[{" * 1_000}
+    assert json.loads(encode_payload(shallow)) == shallow
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ["\udcff", {"name": "report-\udcff.pdf"}, {"\ud800": 1}, [["x", "\udfff"]], "é\ud83d"],
+)
+def test_a_lone_surrogate_is_a_payload_error(payload: object) -> None:
+    # What os.fsdecode makes of an undecodable file name. Before: UnicodeEncodeError.
+    with pytest.raises(PayloadError, match=r"lone surrogate .* not valid UTF-8"):
+        encode_payload(payload)
+
+
+def test_a_surrogate_pair_written_as_one_character_is_fine() -> None:
+    assert json.loads(encode_payload("\U0001f600")) == "\U0001f600"
+
+
+def test_ascii_only_json_keeps_a_lone_surrogate_as_an_escape() -> None:
+    text = encode_json({"name": "\udcff"}, "return value", ascii_only=True)
+    assert text == '{"name":"\\udcff"}' and json.loads(text) == {"name": "\udcff"}
+    with pytest.raises(PayloadError, match=r"^return value nests"):
+        encode_json(nested(MAX_PAYLOAD_DEPTH + 1), "return value", ascii_only=True)
+
+
+def test_an_int_past_pythons_int_string_limit_is_refused() -> None:
+    # The consumer could not decode it (json.loads raises ValueError past 4300 digits).
+    with pytest.raises(PayloadError, match=r"JSON-serialisable.*integer string conversion"):
+        encode_payload({"n": 10**5000})
+
+
+@pytest.mark.parametrize(
+    "raw,problem",
+    [
+        ("1f,1," + "[" * 100_000 + "]" * 100_000, "nests too deeply to decode"),
+        ('{"d":1,"s":1,"p":' + "[" * 100_000 + "]" * 100_000 + "}", "nests too deeply"),
+        ("1f,1," + "9" * 5_000, "payload is not JSON"),
+    ],
+    ids=["too-deep", "too-deep-old-form", "huge-int"],
+)
+def test_an_envelope_that_cannot_be_decoded_is_corrupt(raw: str, problem: str) -> None:
+    # Before: the deep ones raised RecursionError, which failed a consumer's whole round.
+    with pytest.raises(CorruptEnvelope, match=problem):
+        decode_envelope(raw)
+    with pytest.raises(CorruptEnvelope, match=problem):
+        decode_envelope(raw.encode())
+
+
 @pytest.mark.parametrize(
     "raw,problem",
     [
@@ -167,3 +266,17 @@ def test_to_str_decodes_bytes_and_keeps_str() -> None:
     assert to_str(b"abc") == "abc"
     assert to_str("abc") == "abc"
     assert to_str(b"\xff") == "\ufffd"
+
+
+@pytest.mark.parametrize(
+    "text,stored",
+    [
+        ("café ☕", "café ☕"),  # non-ASCII text is kept as it is
+        ("r\udcffport.pdf", "r\\udcffport.pdf"),  # a lone surrogate is escaped, not an error
+        ("x" * 3_000, "x" * 2_000),
+        (None, "None"),  # a Reject(None): text, not a TypeError in the consumer's recording
+    ],
+)
+def test_storable_text_is_bounded_utf8(text: Any, stored: str) -> None:
+    assert storable_text(text, 2_000) == stored
+    assert storable_text(text, 2_000).encode("utf-8")

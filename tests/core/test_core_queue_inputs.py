@@ -9,6 +9,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -134,13 +135,19 @@ BAD_DELAYS = [
     (math.nan, "finite"),
     (Decimal("NaN"), "finite"),
     (1e300, "too long"),
-    (10**400, "number of seconds"),  # float() overflows
+    (10**400, "too long"),  # float() overflows
+    (10**5000, "too long"),  # no repr past the int-string limit: the message must not raise
     (timedelta.max, "too long"),
     (MAX_DUE_MS / 1000, "too long"),  # not too long alone, but now + it is
     (-0.001, "zero or more"),
     (timedelta(microseconds=-1), "zero or more"),
     ("soon", "number of seconds"),
     ({"seconds": 5}, "number of seconds"),
+    # Before: float() took these as 5 s, 1 s and 0 s.
+    ("5", "number of seconds or a timedelta, not '5' \\(str\\)"),
+    (b"5", "number of seconds or a timedelta, not b'5' \\(bytes\\)"),
+    (True, "number of seconds or a timedelta, not True \\(bool\\)"),
+    (False, "number of seconds or a timedelta, not False \\(bool\\)"),
 ]
 BAD_ATS = [
     (math.inf, "finite"),
@@ -158,6 +165,8 @@ BAD_ATS = [
 
 
 def _short(value: Any) -> str | None:
+    if isinstance(value, int) and value.bit_length() > 10_000:
+        return "huge-int"  # past the int-string limit: no repr
     return None if isinstance(value, str) else repr(value)[:24]
 
 
@@ -190,6 +199,65 @@ def test_schedule_many_lists_bad_due_times_as_rejected_and_schedules_the_rest(
     assert result.scheduled == 2
     assert [r.index for r in result.rejected] == list(range(1, len(items) - 1))
     assert q.counts()["pending"] == 2
+
+
+@pytest.mark.parametrize(
+    "delay,ms",
+    [(5, 5_000), (2.5, 2_500), (Decimal("0.5"), 500), (Fraction(1, 4), 250), (timedelta(1), 864e5)],
+    ids=_short,
+)
+def test_a_delay_is_a_number_of_seconds_or_a_timedelta(
+    make_queue: Any, delay: Any, ms: float
+) -> None:
+    assert make_queue(clock=ManualClock(T0)).prepare("x", delay=delay)[1] == T0 + ms
+
+
+# --- payloads that a consumer could not decode again ---------------------------------------------
+
+
+def deep(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"child": [value]}
+    return value
+
+
+@pytest.mark.parametrize(
+    "payload,problem",
+    [
+        # Before: accepted from a shallow stack, then RecursionError in the consumer's claim.
+        (deep(495), "payload nests arrays and objects more than 200 levels deep"),
+        # Before: UnicodeEncodeError (what os.fsdecode makes of an undecodable file name).
+        ({"file": "r\udcffport.pdf"}, r"payload holds a lone surrogate '\\udcff' \(character 10"),
+    ],
+    ids=["too-deep", "surrogate"],
+)
+def test_a_payload_a_consumer_could_not_decode_is_refused_by_schedule(
+    redis_client: redis.Redis, make_queue: Any, payload: Any, problem: str
+) -> None:
+    q = make_queue()
+    with pytest.raises(PayloadError, match=problem):
+        q.schedule(payload, id="x")
+    with pytest.raises(PayloadError, match=problem):
+        q.schedule(payload, id="x", replace=True)
+    assert redis_client.hlen(q.keys.messages) == 0
+
+
+def test_schedule_many_reports_undecodable_payloads_as_rejected_and_stores_the_rest(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    items: list[Any] = [{"payload": n, "id": f"m{n}"} for n in range(4_000)]
+    items.insert(10, {"payload": deep(101), "id": "deep"})
+    items += [{"payload": "\udcff", "id": "surrogate"}, "not a mapping"]
+    # Before: the surrogate raised UnicodeEncodeError after 4,000 were stored (no BulkResult).
+    result = q.schedule_many(items)
+    assert result.scheduled == 4_000 and redis_client.hlen(q.keys.messages) == 4_000
+    rejected = {r.index: (r.id, r.reason) for r in result.rejected}
+    assert sorted(rejected) == [10, 4_001, 4_002]
+    assert rejected[10][0] == "deep" and "more than 200 levels deep" in rejected[10][1]
+    assert rejected[4_001][0] == "surrogate" and "lone surrogate" in rejected[4_001][1]
+    assert rejected[4_002] == (None, "item must be a mapping with a payload, not a str")
 
 
 # --- end to end: no handler starts before the instant asked for -------------------------------

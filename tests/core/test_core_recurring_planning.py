@@ -90,6 +90,13 @@ def test_tick_ids_name_the_schedule_and_the_instant() -> None:
         assert parse_tick_id(other) is None
 
 
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -109,6 +116,13 @@ def test_tick_ids_name_the_schedule_and_the_instant() -> None:
         ({"queue": "q", "every": 60, "timezone": "Mars/Olympus"}, "unknown timezone"),
         ({"queue": "q", "every": 60, "catch_up": "some"}, "'catch_up' must be one of"),
         ({"queue": "q", "every": 60, "payload": {1, 2}}, "must be JSON"),
+        # Before: accepted, then every tick failed to encode (surrogate) or, in a consumer with
+        # a deeper stack, to decode; 5000 levels raised RecursionError out of the check.
+        ({"queue": "q", "every": 60, "payload": "\udcff"}, "'payload' holds a lone surrogate"),
+        ({"queue": "q", "every": 60, "payload": nested(201)}, "'payload' nests arrays and"),
+        ({"queue": "q", "every": 60, "payload": nested(5_000)}, "more than 200 levels deep"),
+        ({"queue": "q", "every": 60, "task": "a.b", "args": [nested(199)]}, "'args'/'kwargs' nes"),
+        ({"queue": "q", "every": 60, "task": "a.b", "kwargs": {"k": "\ud800"}}, "surrogate"),
         ({"queue": "q", "every": 60, "when": "daily"}, "unknown option(s) when"),
         ({"every": 60}, "'queue'"),
     ],

@@ -11,9 +11,11 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from pyspark.sql import types as T
+
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.spark import transforms as t
-from django_delayqueue.spark.transforms import MessageSpec, prepare, split
+from django_delayqueue.spark.transforms import PAYLOAD, MessageSpec, prepare, split
 
 NOW = 1_700_000_000_000
 
@@ -139,3 +141,33 @@ def test_a_spec_that_does_not_fit_is_a_configuration_error(
     df = rows(spark, "key string, d long", [("a", 1)])
     with pytest.raises(ConfigurationError, match=message):
         prepare(df, spec, NOW)
+
+
+def nested_array(levels: int) -> str:
+    return "array<" * levels + "int" + ">" * levels
+
+
+def test_payload_depth_counts_the_object_and_every_nested_type() -> None:
+    schema = T.StructType(
+        [
+            T.StructField("flat", T.LongType()),
+            T.StructField("tags", T.ArrayType(T.StringType())),
+            T.StructField("m", T.MapType(T.StringType(), T.ArrayType(T.StructType([])))),
+        ]
+    )
+    assert t.payload_depth(schema, ["flat"]) == 1  # {"flat": 1}
+    assert t.payload_depth(schema, ["flat", "tags"]) == 2  # {"tags": ["a"]}
+    assert t.payload_depth(schema, ["m"]) == 4  # {"m": {"k": [{}]}}
+
+
+@pytest.mark.parametrize("levels,refused", [(199, False), (200, True)])
+def test_payload_columns_nested_deeper_than_a_consumer_decodes_are_refused(
+    spark: Any, levels: int, refused: bool
+) -> None:
+    df = rows(spark, f"key string, deep {nested_array(levels)}", [])
+    spec = MessageSpec(id_column="key")
+    if refused:  # one level for the payload's own object: 201
+        with pytest.raises(ConfigurationError, match="201 levels deep, over the 200"):
+            prepare(df, spec, NOW)
+    else:
+        assert PAYLOAD in prepare(df, spec, NOW).columns

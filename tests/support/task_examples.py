@@ -82,6 +82,21 @@ def returns_a_set() -> Any:
 
 
 @task(queue_name="shop-tasks")
+def returns_nested(levels: int) -> Any:
+    """A value nested ``levels`` lists deep; counts its runs in ``TRACE``."""
+    _redis().rpush(TRACE, f"returns_nested {levels}")
+    value: Any = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@task(queue_name="shop-tasks")
+def returns_a_file_name() -> str:
+    return os.fsdecode(b"r\xffport.pdf")  # not UTF-8: a lone surrogate, "r\udcffport.pdf"
+
+
+@task(queue_name="shop-tasks")
 async def sleeps_async(label: str) -> str:
     await asyncio.sleep(0)
     loop = asyncio.get_running_loop()

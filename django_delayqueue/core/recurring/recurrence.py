@@ -19,7 +19,8 @@ from functools import cached_property
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.envelope import encode_json
+from django_delayqueue.core.errors import ConfigurationError, PayloadError
 
 CatchUp = Literal["latest", "all", "none"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("latest", "all", "none")
@@ -124,9 +125,11 @@ class Recurrence:
             out.append("give 'payload' or 'task', not both (a task takes 'args' and 'kwargs')")
         if not isinstance(self.args, (list, tuple)) or not isinstance(self.kwargs, dict):
             out.append("'args' must be a list and 'kwargs' a dict")
-        try:
-            json.dumps([self.payload, list(self.args), self.kwargs])
-        except (TypeError, ValueError) as e:
+        try:  # as schedule() checks a payload: every consumer must decode each tick again
+            encode_json(self.payload, "'payload'")
+            # As a task's tick carries them (task_payload): nested one level deeper.
+            encode_json({"args": list(self.args), "kwargs": self.kwargs}, "'args'/'kwargs'")
+        except (PayloadError, TypeError) as e:
             out.append(f"payload, args and kwargs must be JSON: {e}")
         return out
 
