@@ -66,6 +66,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, folder))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Escape what a test's captured output holds that UTF-8 cannot encode.
+
+    Some tests log a lone surrogate on purpose (a file name ``os.fsdecode`` could not decode);
+    pytest-xdist cannot send such text from a worker, and its whole run would fail.
+    """
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     for step in reversed(config.stash.get(_UNDO, [])):
         step()
