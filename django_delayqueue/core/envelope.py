@@ -34,7 +34,7 @@ MAX_ID_LENGTH = 200
 # level with one step of the recursion limit (1000 by default), where the consumer's own stack
 # takes some: a payload encoded by a shallow producer (a script, a Spark task) just under that
 # limit raised RecursionError in the consumer. With at most 200 levels a payload decodes in any
-# consumer whose own stack is up to ~750 frames deep (tests/test_core_envelope.py checks it).
+# consumer whose own stack is up to ~750 frames deep (tests/core/test_core_envelope.py checks it).
 MAX_PAYLOAD_DEPTH = 200
 _CONTAINERS = (dict, list, tuple)  # what json encodes as an object or an array
 

@@ -182,7 +182,8 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
     Raises :class:`~django_delayqueue.core.ConfigurationError` for a name that is not a
     configured queue; Redis errors never raise (see :class:`QueueStats`).
     """
-    queues = []
+    queues: list[list[Any]] = []
+    unreadable: dict[int, QueueStats] = {}  # position -> a queue whose keys cannot be named
     for name in configured(queue_names):
         # Not get_queue: it re-reads each queue's published settings (a round trip per
         # queue); stats.lua reads them in the one pipeline. The file settings are only the
@@ -193,8 +194,15 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
             settings = QueueSettings()
         try:
             queues.append(shard_queues(name, settings))
+            continue
         except ConfigurationError:  # a bad "shards" (reported by the checks): read it unsharded
+            pass
+        try:
             queues.append(shard_queues(name, settings, count=1))
+        except ConfigurationError as e:  # a name no key can hold (E004): this queue alone
+            unreadable[len(queues) + len(unreadable)] = QueueStats(
+                queue=name, now_ms=0, counts=dict.fromkeys(STATES), errors=[str(e)]
+            )
     # One pipeline over every queue and shard (a round trip per Redis node); a sharded
     # queue's stats are its shards' added up.
     flat = gather([q for shards in queues for q in shards], alive_seconds=consumer_alive_seconds())
@@ -203,6 +211,8 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
         parts = flat[start : start + len(shards)]
         start += len(shards)
         merged.append(parts[0] if len(parts) == 1 else merge_stats(parts))
+    for position, stats in sorted(unreadable.items()):
+        merged.insert(position, stats)
     return merged
 
 

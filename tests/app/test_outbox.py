@@ -333,7 +333,7 @@ def test_a_task_enqueued_while_redis_is_down_runs_once_the_relay_sent_it(
             assert OutboxRelay().relay_once().sent == 1
             Worker.for_queues(["shop-tasks"], burst=True, name="outbox-test").run()
             done = task_examples.add.get_result(result.id)
-            assert done.status == framework.TaskResultStatus.SUCCESSFUL
+            assert done.status == framework.SUCCESSFUL
             assert done.return_value == 5
             assert enqueued == [result.id]
     finally:

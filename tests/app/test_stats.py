@@ -234,6 +234,19 @@ def test_collect_reads_the_configured_queues_in_settings_order(redis_client):
         stats.collect(["order-close", "nope"])
 
 
+def test_a_queue_whose_name_no_key_can_hold_does_not_hide_the_others(redis_client, settings):
+    # A queue named with ':' (refused since by E004, but left in a settings file after an
+    # upgrade): before, collect() raised for every queue, and the admin overview with it.
+    settings.DELAYQUEUE = {
+        **settings.DELAYQUEUE,
+        "QUEUES": {"eu:orders": {}, **settings.DELAYQUEUE["QUEUES"]},
+    }
+    Queue(redis_client, "activation-sms", prefix="dq").schedule({"store": 7}, delay=60)
+    bad, orders, sms = stats.collect()
+    assert bad.queue == "eu:orders" and not bad.ok and "':'" in bad.error
+    assert orders.ok and sms.ok and sms.counts["pending"] == 1
+
+
 def test_collect_sees_what_the_settings_mirror_publishes(redis_client):
     from django_delayqueue.conf.overrides import publish
 

@@ -624,7 +624,7 @@ def test_a_return_value_holding_a_lone_surrogate_is_stored_escaped(
     result = examples.returns_a_file_name.enqueue()
     burst()
     done = examples.returns_a_file_name.get_result(result.id)
-    assert done.status == Status.SUCCESSFUL and done.return_value == "r\udcffport.pdf"
+    assert done.status == framework.SUCCESSFUL and done.return_value == "r\udcffport.pdf"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -114,6 +114,8 @@ def nested(levels: int) -> Any:
         ({"queue": "q", "cron": "0 0 */40 * MON#5"}, "never fires"),
         ({"queue": "q", "every": 60, "catch_up_limit": 10**6}, "between 1 and 10000"),
         ({"queue": "q", "every": 60, "timezone": "Mars/Olympus"}, "unknown timezone"),
+        # Before: ZoneInfo raised OSError (a file name too long) out of every reader.
+        ({"queue": "q", "every": 60, "timezone": "a" * 300}, "unknown timezone"),
         ({"queue": "q", "every": 60, "catch_up": "some"}, "'catch_up' must be one of"),
         ({"queue": "q", "every": 60, "payload": {1, 2}}, "must be JSON"),
         # Before: accepted, then every tick failed to encode (surrogate) or, in a consumer with
@@ -130,6 +132,22 @@ def nested(levels: int) -> Any:
 def test_bad_definitions_are_refused_with_the_problem_named(options: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match="schedule 'nightly'") as e:
         Recurrence.from_mapping("nightly", options)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("night ly", "may not contain '@', spaces or control"),
+        ("night\nly", "may not contain '@', spaces or control"),
+        ("night@ly", "may not contain '@'"),
+        # Before: accepted by the check, then every runqueue failed to route its ticks.
+        ("night\udcffly", "lone surrogate"),
+    ],
+)
+def test_bad_names_are_refused(name: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as e:
+        Recurrence.from_mapping(name, {"queue": "q", "every": 60})
     assert message in str(e.value)
 
 

@@ -93,8 +93,10 @@ class Recurrence:
         out: list[str] = []
         if not isinstance(self.name, str) or not self.name or len(self.name) > MAX_NAME_LENGTH:
             out.append(f"the name must be 1 to {MAX_NAME_LENGTH} characters")
-        elif TICK_SEPARATOR in self.name or any(c.isspace() for c in self.name):
-            out.append(f"the name may not contain {TICK_SEPARATOR!r} or spaces")
+        elif not _utf8(self.name):
+            out.append("the name must be text UTF-8 can hold (it holds a lone surrogate)")
+        elif TICK_SEPARATOR in self.name or not self.name.isprintable() or " " in self.name:
+            out.append(f"the name may not contain {TICK_SEPARATOR!r}, spaces or control characters")
         if not isinstance(self.queue, str) or not self.queue:
             out.append("'queue' must name a queue")
         if (self.cron is None) == (self.every is None):
@@ -111,7 +113,8 @@ class Recurrence:
             )
         try:
             ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
+        # OSError: a name too long to be a file name (ZoneInfo reads the zone from a file).
+        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
             out.append(f"unknown timezone {self.timezone!r} (an IANA name, e.g. Europe/Berlin)")
         if self.catch_up not in CATCH_UP_POLICIES:
             out.append(f"'catch_up' must be one of {', '.join(CATCH_UP_POLICIES)}")
@@ -201,6 +204,14 @@ class Recurrence:
 
     def tick_id(self, instant_ms: int) -> str:
         return tick_id(self.name, instant_ms)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def tick_id(name: str, instant_ms: int) -> str:

@@ -4,7 +4,7 @@
 -- calls guard() on the keys it is about to write before its first write, naming the type each
 -- must hold, and changes nothing if one holds another. A key whose type an earlier command of
 -- the script already proved (a read, or the first write itself) needs no check: that is what
--- keeps an idle poll at a couple of commands. tests/test_core_key_types.py breaks every key
+-- keeps an idle poll at a couple of commands. tests/core/test_core_key_types.py breaks every key
 -- under every operation.
 
 -- guard(key, type, key, type, ...): raise a WRONGTYPE error, before anything is written,
