@@ -102,13 +102,13 @@ format: venv
 
 # CI runs this (.ci/run). Where each test folder runs: core (newest versions and the floor), app
 # (newest, floor, Django 6.1), drills, spark and docs (newest only). After the install and the
-# linters, two lanes run side by side: the xdist runs of core and app on each version, and the
-# serial folders, which spend much of their time waiting on child processes (drills, Spark's
-# JVMs). Every part of both lanes runs even when one fails (so one red part hides no other), and
+# linters, two lanes run side by side: the xdist runs of core and app on each version (then the
+# docs), and the drills and Spark, which spend much of their time waiting on child processes and
+# JVMs. Every part of both lanes runs even when one fails (so one red part hides no other), and
 # the run fails if any did; the time and outcome of every part is printed at the end. A lane's
 # output is printed when the lane ends, so that the two lanes' lines do not interleave.
-LANE_VERSIONS := test-fast test-min test-django6
-LANE_SERIAL := test-drills test-spark test-docs
+LANE_VERSIONS := test-fast test-min test-django6 test-docs
+LANE_SERIAL := test-drills test-spark
 
 test:
 	@.ci/timed $(TIMES) --start
