@@ -105,6 +105,85 @@ def test_second_stop_request_gives_back_a_stuck_delivery(
         proceed.set()
 
 
+def idle_ends_on_a_nudge_only(consumer: Consumer) -> threading.Event:
+    """Make the loop's idle waits end on a nudge alone, never on their timeout: a stop that
+    waits on something already finished then never ends, instead of ending a second late.
+    The event returned is set when the loop is about to block in such a wait."""
+    idle = consumer._waiter.idle
+    blocking = threading.Event()
+
+    def only_a_nudge(timeout: float, **kwargs: Any) -> None:
+        if not consumer._waiter._nudged and not kwargs:
+            blocking.set()
+        idle(3600.0, **kwargs)
+
+    consumer._waiter.idle = only_a_nudge  # type: ignore[method-assign]
+    return blocking
+
+
+def test_a_graceful_stop_ends_when_the_last_handler_returns(make_queue: Any, running: Any) -> None:
+    """After recording the last outcome, the stopping loop idled for a second with nothing
+    left to nudge it (runqueue exited ~1.1 s after its last handler returned)."""
+    q = make_queue()
+    q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(2)])
+    started, proceed = threading.Semaphore(0), threading.Event()
+
+    def slow(m: Message) -> None:
+        started.release()
+        assert proceed.wait(TIMEOUT)
+
+    consumer = Consumer([q], slow, concurrency=2, grace_seconds=600, idle_seconds=0.1)
+    idle_ends_on_a_nudge_only(consumer)
+    r = running(consumer)
+    for _ in range(2):
+        assert started.acquire(timeout=TIMEOUT)
+    consumer.request_stop()
+    proceed.set()
+    assert r.join() == 0
+    assert q.counts() == EMPTY  # both acknowledged
+
+
+def test_a_second_stop_request_is_not_lost_when_the_waiter_is_busy(
+    make_queue: Any, running: Any
+) -> None:
+    """A signal handler cannot wait for the waiter's lock: when another thread held it (a
+    handler finishing, an announcement), the second request's wake-up was dropped and the
+    loop slept on until its idle timed out."""
+    q = make_queue()
+    q.schedule("stuck", id="stuck")
+    started, proceed = threading.Event(), threading.Event()
+
+    def stuck(m: Message) -> None:
+        started.set()
+        proceed.wait(TIMEOUT)
+
+    consumer = Consumer([q], stuck, grace_seconds=600, idle_seconds=0.1)
+    idling = idle_ends_on_a_nudge_only(consumer)
+    r = running(consumer)
+    assert started.wait(TIMEOUT)
+    consumer.request_stop()
+    assert idling.wait(TIMEOUT)  # the loop waits for the running handler
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_waiters_lock() -> None:
+        with consumer._waiter._cond:
+            held.set()
+            release.wait(TIMEOUT)
+
+    holder = threading.Thread(target=hold_the_waiters_lock)
+    holder.start()
+    try:
+        assert held.wait(TIMEOUT)
+        consumer.request_stop()  # its wake-up cannot take the lock
+    finally:
+        release.set()
+        holder.join()
+    try:
+        assert r.join() == 0
+    finally:
+        proceed.set()
+
+
 # --- waiting and waking ---------------------------------------------------------------------------
 
 

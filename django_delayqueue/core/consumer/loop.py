@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -81,15 +80,14 @@ class Consumer(Rounds):
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self.keeper = keeper
         self._queue_named = {q.name: q for q in self.queues}
+        # Only counted by request_stop (a signal handler): no Event, whose set() would take a
+        # lock that the main thread may hold in the very frame the signal interrupted.
         self._stop_requests = 0
-        self._stop_event = threading.Event()  # set by the first stop request
-        self._stop_now = threading.Event()  # set by the second
         self._grace_deadline = math.inf  # set by the first
         self._waiter = Waiter(
             [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
             lambda: self.stopping,
-            self._stop_event,
         )
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
@@ -144,14 +142,12 @@ class Consumer(Rounds):
     def request_stop(self) -> None:
         """First call: finish in-flight handlers and stop. Second call: stop at once.
 
-        Safe from a signal handler: it only sets flags (and wakes the loop if it can).
+        Safe from a signal handler: it only sets flags and wakes the loop without blocking
+        (or, when another thread holds the waiter's lock, within a wait slice).
         """
         self._stop_requests += 1
         if self._stop_requests == 1:
             self._grace_deadline = time.monotonic() + self.grace_seconds
-        self._stop_event.set()
-        if self._stop_requests > 1:
-            self._stop_now.set()
         self._waiter.nudge(blocking=False)
         if self._stop_requests == 1:
             logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
@@ -206,17 +202,23 @@ class Consumer(Rounds):
                     logger.warning("%s; trying again in %.1fs", e, pause)
                 else:
                     logger.exception("consumer step failed; trying again in %.1fs", pause)
-                # Once stopping, _stop_event is set for good: wait on what only a second stop
-                # request (or the end of the grace period) ends, not spin against the outage.
+                # A backoff that a handler's nudge does not cut short; a stop request does
+                # (the first, or once stopping the second: the grace period bounds it too).
                 if self.stopping:
-                    self._stop_now.wait(min(pause, self._grace_left()))
+                    self._waiter.idle(
+                        min(pause, self._grace_left()), until=lambda: self._stop_requests > 1
+                    )
                 else:
-                    self._stop_event.wait(pause)
+                    self._waiter.idle(pause, until=lambda: self.stopping)
                 continue
             if self._limit_reached() and not self._busy():
                 return
             if self.stopping:  # asked during this round, maybe: the top of the loop decides
-                self._waiter.idle(min(1.0, self._grace_left()))
+                # Wait only for what is left: a running handler nudges as it ends. With nothing
+                # left, the top of the loop returns now (an idle here waited out a whole second
+                # after the last outcome was recorded, with nothing left to nudge it).
+                if self._busy():
+                    self._waiter.idle(min(1.0, self._grace_left()))
                 continue
             if self._due_now():
                 continue
