@@ -79,10 +79,15 @@ def test_a_stopped_consumer_takes_its_heartbeat_away(
     assert redis_client.zrange(q.keys.heartbeats, 0, -1) == [b"other"]
 
 
-def test_second_stop_request_gives_back_a_stuck_delivery(
-    redis_client: redis.Redis, make_queue: Any, running: Any
+@pytest.mark.parametrize("how", ["second request", "grace over"])
+def test_a_stop_never_lets_another_consumer_start_a_running_delivery(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any, running: Any, how: str
 ) -> None:
-    q = make_queue()
+    """At a second stop request or the end of the grace period, a handler still running kept
+    running while its message was given back for an immediate retry: another consumer could
+    start it beside the first. It stays in flight, no longer extended: the visibility timeout
+    brings it back (that attempt counts)."""
+    q = make_queue(visibility_timeout=30)
     q.schedule("stuck", id="stuck")
     started, proceed = threading.Event(), threading.Event()
 
@@ -90,17 +95,26 @@ def test_second_stop_request_gives_back_a_stuck_delivery(
         started.set()
         proceed.wait(TIMEOUT)
 
-    consumer = Consumer([q], stuck, grace_seconds=600, idle_seconds=0.1)
+    grace = 600 if how == "second request" else 0
+    consumer = Consumer([q], stuck, grace_seconds=grace, idle_seconds=0.1)
     r = running(consumer)
     assert started.wait(TIMEOUT)
     consumer.request_stop()
-    consumer.request_stop()
+    if how == "second request":
+        consumer.request_stop()
     try:
         assert r.join() == 0
-        # Not left in flight until its visibility timeout: handed back to be delivered again.
-        assert q.counts()["unack"] == 0
+        assert not proceed.is_set()  # the handler still runs
+        # Another consumer finds nothing to start: the message is still in flight.
+        assert q.counts() == {**EMPTY, "unack": 1}
         q.promote()
-        assert [m.id for m in q.claim()] == ["stuck"]
+        assert q.claim() == []
+        # Not extended any more: past its visibility timeout it is delivered again.
+        manual_clock.advance(31)
+        assert q.reap().retried == 1
+        manual_clock.advance(600)
+        q.promote()
+        assert [(m.id, m.attempt) for m in q.claim()] == [("stuck", 2)]
     finally:
         proceed.set()
 

@@ -152,7 +152,7 @@ class Consumer(Rounds):
         if self._stop_requests == 1:
             logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
         else:
-            logger.warning("stopping at once; unfinished messages are given back")
+            logger.warning("stopping at once; running messages stay in flight")
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT ask the loop to stop (from the main thread only)."""
@@ -190,7 +190,7 @@ class Consumer(Rounds):
                 if not self._busy():
                     return
                 if time.monotonic() >= self._grace_deadline:
-                    logger.warning("grace period over: giving back unfinished messages")
+                    logger.warning("grace period over: running messages stay in flight")
                     return
             try:
                 self.step()
@@ -314,12 +314,12 @@ class Consumer(Rounds):
         self._release_unstarted()
         for q in self.queues:
             # One instant: a handler finishing now is either among the finished (recorded) or
-            # abandoned with the running (given back), never dropped in between.
+            # abandoned with the running (left in flight), never dropped in between.
             finished, running = self._slots[q.name].finished_and_abandoned()
             self.delivered += len(finished)
             self._unrecorded.extend(finished)
             if running:
-                self._give_back(q, running)
+                self._leave_in_flight(q, running)
         seconds = FORCED_FLUSH_SECONDS if self._stop_requests > 1 else SHUTDOWN_FLUSH_SECONDS
         deadline = time.monotonic() + seconds
         while self._unrecorded and time.monotonic() < deadline:
@@ -338,18 +338,20 @@ class Consumer(Rounds):
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
 
-    def _give_back(self, q: Queue, running: list[Message]) -> None:
-        # Handlers still running when we must stop: they started, so the attempt counts; hand
-        # them back for an immediate retry (if Redis is unreachable they stay in unack and the
-        # visibility timeout brings them back). Their outcome, if they finish, is not recorded.
-        reason = "consumer stopped before the handler finished"
-        logger.warning("queue %s: giving back %d running message(s)", q.name, len(running))
-        try:
-            q.nack_many([(m, 0.0, reason) for m in running])
-        except DelayQueueError as e:
-            logger.warning(
-                "queue %s: could not give back %d message(s): %s", q.name, len(running), e
-            )
+    def _leave_in_flight(self, q: Queue, running: list[Message]) -> None:
+        # Handlers still running when we must stop (grace over, or a second request): given
+        # back now, another consumer could start a message while its handler still runs here
+        # (a library caller's process goes on; runqueue's lives on for its last writes). So
+        # they stay in unack, no longer extended: the visibility timeout brings them back
+        # (the attempt counts: they started), by when a process that exits has ended them.
+        # Their outcome, if they finish meanwhile, is not recorded.
+        logger.warning(
+            "queue %s: %d message(s) still running left in flight: delivered again after "
+            "their visibility timeout (%ss at most), never beside their running handler",
+            q.name,
+            len(running),
+            f"{q.settings.visibility_timeout:g}",
+        )
 
     # --- waiting ---------------------------------------------------------------------------------
 
