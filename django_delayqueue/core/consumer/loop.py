@@ -214,6 +214,7 @@ class Consumer(Rounds):
             if self._limit_reached() and not self._busy():
                 return
             if self.stopping:  # asked during this round, maybe: the top of the loop decides
+                self._release_unstarted()  # what this round claimed (a lost claim's replay)
                 # Wait only for what is left: a running handler nudges as it ends. With nothing
                 # left, the top of the loop returns now (an idle here waited out a whole second
                 # after the last outcome was recorded, with nothing left to nudge it).
@@ -311,6 +312,7 @@ class Consumer(Rounds):
 
     def _shutdown(self) -> int:
         """Give back what is left, record what finished; a forced stop gives it a short try."""
+        self._give_back_lost_claims()
         self._release_unstarted()
         for q in self.queues:
             # One instant: a handler finishing now is either among the finished (recorded) or
@@ -337,6 +339,19 @@ class Consumer(Rounds):
         self._leave_heartbeats()
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
+
+    def _give_back_lost_claims(self) -> None:
+        """Ask once more for what claims whose reply was lost took (a stopping round claims
+        nothing new), so that it is given back unstarted rather than left to time out."""
+        if not self._claims.any_unseen:
+            return
+        try:
+            messages = self._fetch()
+        except DelayQueueError as e:  # Redis still down: they come back after their timeout
+            logger.warning("claims whose reply was lost not asked for again: %s", e)
+            return
+        for m in messages:
+            self._slots[m.queue].add([m])
 
     def _leave_in_flight(self, q: Queue, running: list[Message]) -> None:
         # Handlers still running when we must stop (grace over, or a second request): given
