@@ -25,7 +25,9 @@ def connect(url: str | Sequence[str], *, cluster: bool = False, **options: Any) 
     node of, or a list of start nodes (the first URL's credentials and TLS apply to all).
 
     Picklable arguments, so a Spark executor can build its own from what the driver passed.
+    RESP2 unless ``options`` say otherwise: what the code expects, whichever redis-py default.
     """
+    options.setdefault("protocol", 2)
     if not cluster:
         if not isinstance(url, str):
             raise ConfigurationError("a list of Redis URLs needs a cluster (CLUSTER = True)")

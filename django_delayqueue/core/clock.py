@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 from django_delayqueue.core.client import RedisClient
+
+# How often a RedisClock reading makes sure the server has not changed (see RedisClock).
+CHECK_SECONDS = 1.0
 
 
 class Clock(Protocol):
@@ -67,6 +71,13 @@ class RedisClock:
 
     Two readings come from each sync: :meth:`now_exact_ms` (and ``now_ms``) never ahead of the
     server, for consumers, and :meth:`now_upper_ms` never behind it, for producers.
+
+    The server itself can change under the client: a Sentinel failover, a cluster node
+    replaced. Its clock is another host's, and the old offset would make consumers deliver
+    early (or producers compute early due times) until the next resync. So every
+    ``check_seconds`` one reading first reads ``TIME`` once and re-anchors (a full sync) when
+    that reply falls outside what the current sample allows: a new server, or a step of its
+    clock. One round trip a second at most; a reply that agrees changes nothing.
     """
 
     def __init__(
@@ -74,15 +85,19 @@ class RedisClock:
         client: RedisClient,
         resync_seconds: float = 60.0,
         *,
+        check_seconds: float = CHECK_SECONDS,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._client = client
         self._resync_seconds = resync_seconds
+        self._check_seconds = check_seconds
         # Looked up now, not as a default argument, so a test may patch time.monotonic.
         self._monotonic = monotonic or time.monotonic
         # The best sample of the last sync: the server's time (ms) and our monotonic clock (s)
         # just before and just after it was read. One tuple, so a reader never mixes two syncs.
         self._sample: tuple[float, float, float] | None = None
+        self._checked_at = -math.inf  # monotonic time of the last check (or sync)
+        self._checking = threading.Lock()  # one thread checks; the others read meanwhile
 
     def sync(self, samples: int = 3) -> None:
         """Measure the server's clock against ours from the quickest of a few ``TIME`` calls.
@@ -103,6 +118,7 @@ class RedisClock:
             if best is None or after - before < best[2] - best[1]:
                 best = (server_ms, before, after)
         self._sample = best
+        self._checked_at = self._monotonic()
 
     def now_ms(self) -> int:
         return math.floor(self.now_exact_ms())
@@ -128,13 +144,41 @@ class RedisClock:
 
     def _current_sample(self) -> tuple[float, float, float] | None:
         sample = self._sample
-        if sample is None or self._monotonic() - sample[2] > self._resync_seconds:
+        now = self._monotonic()
+        if sample is None or now - sample[2] > self._resync_seconds:
             # Redis is down: keep the last sample (or none: the local wall clock) rather than
             # fail a read of the time; the Redis call that follows reports the outage properly.
             with contextlib.suppress(Exception):
                 self.sync()
             sample = self._sample
+        elif now - self._checked_at >= self._check_seconds and self._checking.acquire(False):
+            try:
+                self._check(sample)
+            except Exception:  # Redis down: the sample stands (as above)
+                pass
+            finally:
+                self._checking.release()
+            sample = self._sample
         return sample
+
+    def _check(self, sample: tuple[float, float, float]) -> None:
+        """Read ``TIME`` once; re-anchor if the reply shows ``sample`` reads wrong now.
+
+        The server read its clock at some instant between ``before`` and ``after`` and dropped
+        the fraction of a microsecond. A consumer's reading at ``before`` above the reply (plus
+        that microsecond) is ahead of the server; a producer's at ``after`` below it is behind.
+        Either cannot happen on the server the sample was taken from (its clock unstepped).
+        """
+        self._checked_at = self._monotonic()
+        before = self._monotonic()
+        seconds, micros = self._client.time()
+        after = self._monotonic()
+        reply_ms = int(seconds) * 1000 + int(micros) / 1000
+        server_ms, sample_before, sample_after = sample
+        consumer_ms = server_ms + (before - sample_after) * 1000
+        producer_ms = server_ms + 0.001 + (after - sample_before) * 1000
+        if consumer_ms > reply_ms + 0.001 or producer_ms < reply_ms:
+            self.sync()
 
 
 class ManualClock:

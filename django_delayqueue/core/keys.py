@@ -229,6 +229,12 @@ class QueueKeys:
     def heartbeats(self) -> str:  # zset: consumer name -> last seen (ms)
         return self._key("consumers")
 
+    def claim_receipt(self, consumer: str) -> str:
+        """String: the last claim of consumer instance ``consumer`` that took messages, its
+        claim id and what it took (claim.lua), so that a claim whose reply was lost can be
+        asked for again. Expires with the claimed messages' visibility deadline."""
+        return self._key(f"claimed:{consumer}")
+
     def task_result(self, message_id: str) -> str:
         """Hash: the result record of the task whose message is ``message_id``.
 

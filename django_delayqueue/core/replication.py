@@ -12,15 +12,23 @@ unconfirmed attempt had already written the message.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, ScriptFailed
 from django_delayqueue.core.scripts.calls import ScriptCall, is_noscript, redis_errors
 from django_delayqueue.core.scripts.fast_path import get_connection
+
+# WAIT answers once its own timeout is over: its reply is read with that much and this margin,
+# whatever the client's socket_timeout (redis-py 8 defaults it to 5 s; ours is 30 s), which
+# would otherwise cut a longer MIN_REPLICAS_TIMEOUT_SECONDS short.
+WAIT_READ_MARGIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -45,33 +53,30 @@ class ReplicaAck:
             )
 
     def run(self, client: RedisClient, call: ScriptCall, probe_key: str, what: str) -> Any:
-        """Run ``call``, then the probe and WAIT, in one pipeline on one connection, and return
-        the script's reply once the replicas confirmed it (else :class:`NotReplicated`).
+        """Run ``call``, then the probe and WAIT, on one connection in one round trip, and
+        return the script's reply once the replicas confirmed it (else :class:`NotReplicated`).
 
-        One pipeline, because a check sent apart could be retried by redis-py across a failover
-        and confirm, on the promoted replica, a write that died with the old primary. If the
-        pipeline itself is retried, the script runs again with it, on whichever primary the
-        probe and WAIT then reach: what is confirmed is always a write on that server.
+        One connection, and without redis-py's retries: a check sent apart, or retried, could
+        reconnect to a newly promoted replica and confirm there a write that died with the old
+        primary.
         """
         with redis_errors(f"{call.script.name} with replica acknowledgement ({what})"):
             node = _node_client(client, probe_key)
-            replies = self._send(node, call, probe_key)
+            script, keys, args = call
+            commands = [
+                ("EVALSHA", script.sha, len(keys), *keys, *args),
+                ("INCR", probe_key),
+                ("WAIT", self.replicas, self.timeout_ms),
+            ]
+            replies = self._send(node, commands)
             if is_noscript(replies[0]):  # a fresh primary (after a failover) lacks the script
-                node.script_load(call.script.source)
-                replies = self._send(node, call, probe_key)
+                node.script_load(script.source)
+                replies = self._send(node, commands)
         reply, _, acknowledged = replies
         if isinstance(reply, Exception):
             raise ScriptFailed(f"{call.script.name}.lua failed: {reply}") from reply
         self._check(acknowledged, what, reply)
         return reply
-
-    def _send(self, client: Any, call: ScriptCall, probe_key: str) -> list[Any]:
-        script, keys, args = call
-        pipe = client.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        pipe.incr(probe_key)
-        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
-        return list(pipe.execute(raise_on_error=False))
 
     def confirm(self, client: RedisClient, probe_key: str, what: str, result: Any = None) -> int:
         """Return once the replicas have every write that returned before this call; raise
@@ -83,19 +88,31 @@ class ReplicaAck:
         """
         with redis_errors(f"waiting for replicas ({what})"):
             node = _node_client(client, probe_key)
-            connection = get_connection(node.connection_pool)
-            try:
-                connection.send_command("INCR", probe_key)
-                connection.send_command("WAIT", self.replicas, self.timeout_ms)
-                connection.read_response()
-                acknowledged = connection.read_response()
-            except BaseException:
-                connection.disconnect()  # an unread reply must never be left on it
-                raise
-            finally:
-                node.connection_pool.release(connection)
+            commands = [("INCR", probe_key), ("WAIT", self.replicas, self.timeout_ms)]
+            _, acknowledged = self._send(node, commands)
         self._check(acknowledged, what, result)
         return int(acknowledged)
+
+    def _send(self, node: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` (the last a WAIT) in one write on one pooled connection and read
+        every reply (an error reply in its place), the WAIT's with a timeout past its own."""
+        wait_seconds = self.timeout_ms / 1000 + WAIT_READ_MARGIN_SECONDS
+        connection = get_connection(node.connection_pool)
+        try:
+            connection.send_packed_command(connection.pack_commands(commands))
+            replies: list[Any] = []
+            for i in range(len(commands)):
+                last = i == len(commands) - 1
+                try:
+                    replies.append(read_reply(connection, wait_seconds if last else None))
+                except redis.exceptions.ResponseError as e:
+                    replies.append(e)
+        except BaseException:
+            connection.disconnect()  # an unread reply must never be left on it
+            raise
+        finally:
+            node.connection_pool.release(connection)
+        return replies
 
     def _check(self, acknowledged: Any, what: str, result: Any) -> None:
         if isinstance(acknowledged, Exception):
@@ -114,3 +131,33 @@ def _node_client(client: RedisClient, probe_key: str) -> Any:
     if isinstance(client, RedisCluster):
         return client.get_node_from_key(probe_key).redis_connection
     return client
+
+
+def read_reply(connection: Any, at_least_seconds: float | None = None) -> Any:
+    """The next reply on ``connection``; with ``at_least_seconds``, read with that timeout
+    when its ``socket_timeout`` is shorter (a blocking command such as WAIT). A connection
+    without a socket timeout keeps waiting as configured."""
+    current = connection.socket_timeout
+    if at_least_seconds is None or current is None or current >= at_least_seconds:
+        return connection.read_response()
+    if _read_takes_timeout(type(connection)):
+        return connection.read_response(timeout=at_least_seconds)
+    # An older redis-py reads with the socket's own timeout: set it for this read only.
+    sock = connection._sock
+    sock.settimeout(at_least_seconds)
+    try:
+        return connection.read_response()
+    finally:
+        if connection._sock is sock:
+            sock.settimeout(current)
+
+
+_takes_timeout_by_class: dict[type, bool] = {}
+
+
+def _read_takes_timeout(connection_class: type[Any]) -> bool:
+    takes = _takes_timeout_by_class.get(connection_class)
+    if takes is None:
+        parameters = inspect.signature(connection_class.read_response).parameters
+        takes = _takes_timeout_by_class[connection_class] = "timeout" in parameters
+    return takes

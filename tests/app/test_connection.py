@@ -25,6 +25,24 @@ def test_client_is_cached_and_returns_bytes(redis_client: redis.Redis) -> None:
     assert client.get("k") == b"v"
 
 
+def test_clients_speak_resp2_whatever_redis_py_defaults_to(
+    redis_client: redis.Redis, redis_server: RedisServerProcess
+) -> None:
+    """redis-py 8 speaks RESP3 unless told (redis-py 5: RESP2): the client is declared RESP2,
+    built from the settings or by ``core.client.connect`` (Spark executors), unless
+    ``REDIS_OPTIONS`` ask for another."""
+    from django_delayqueue.core.client import connect
+
+    for client in (make_client(), connect(redis_server.url)):
+        assert client.connection_pool.connection_kwargs["protocol"] == 2
+        assert client.client_info().get("resp", "2") == "2"  # Redis 7 says which it speaks
+        client.close()
+    with override_settings(DELAYQUEUE=delayqueue(REDIS_OPTIONS={"protocol": 3})):
+        client = make_client()
+        assert client.connection_pool.connection_kwargs["protocol"] == 3
+        client.close()
+
+
 def test_settings_change_builds_a_new_client(redis_client: redis.Redis) -> None:
     before = get_client()
     with override_settings(DELAYQUEUE=delayqueue(PREFIX="other")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -17,6 +18,7 @@ from django_delayqueue.conf.connection import make_client, replica_ack
 from django_delayqueue.core import Queue
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated
 from django_delayqueue.core.replication import ReplicaAck
+from django_delayqueue.core.scripts.fast_path import get_connection
 from django_delayqueue.embedded import RedisServerProcess
 
 
@@ -131,3 +133,55 @@ def test_an_infinite_replica_timeout_is_a_configuration_error() -> None:
         bad = override_settings(DELAYQUEUE={**settings.DELAYQUEUE, **changed})
         with bad, pytest.raises(ConfigurationError):
             replica_ack()
+
+
+@pytest.mark.parametrize("call", ["schedule", "confirm"])
+def test_a_replica_timeout_longer_than_the_socket_timeout_is_waited_out(
+    redis_server: RedisServerProcess, redis_client: redis.Redis, call: str
+) -> None:
+    """WAIT answers when its own timeout is over: a client whose socket_timeout is shorter
+    (redis-py 8 defaults it to 5 s) cut it short and reported Redis unavailable (after redis-py
+    sent it all again on each retry) instead of NotReplicated. No replica here: WAIT blocks its
+    whole 600 ms and answers 0."""
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=0.2)
+    q = Queue(client, "replicated", replicas=ReplicaAck(1, timeout_ms=600))
+    try:
+        with pytest.raises(NotReplicated, match="0 of 1 replica"):
+            if call == "schedule":
+                q.schedule({"n": 1}, delay=60, id="slow-ack")
+            else:
+                q.confirm_replicas("acknowledgements")
+        if call == "schedule":  # written on the primary all the same
+            assert redis_client.zscore(q.keys.pending, "slow-ack") is not None
+    finally:
+        client.close()
+
+
+class ReadWithoutTimeout(redis.Connection):
+    """A connection whose ``read_response`` takes no ``timeout``, as in older redis-py."""
+
+    def read_response(  # type: ignore[override]
+        self, disable_decoding: bool = False, *, disconnect_on_error: bool = True
+    ) -> Any:
+        return super().read_response(disable_decoding, disconnect_on_error=disconnect_on_error)
+
+
+def test_a_long_wait_is_read_past_the_socket_timeout_on_an_older_redis_py_too(
+    redis_server: RedisServerProcess,
+) -> None:
+    pool = redis.ConnectionPool.from_url(
+        redis_server.url, socket_timeout=0.2, connection_class=ReadWithoutTimeout
+    )
+    client = redis.Redis(connection_pool=pool)
+    q = Queue(client, "replicated", replicas=ReplicaAck(1, timeout_ms=600))
+    try:
+        with pytest.raises(NotReplicated, match="0 of 1 replica"):
+            q.confirm_replicas("acknowledgements")
+        # The socket's own timeout is back for the next command.
+        connection = get_connection(pool)
+        try:
+            assert connection._sock.gettimeout() == 0.2
+        finally:
+            pool.release(connection)
+    finally:
+        client.close()

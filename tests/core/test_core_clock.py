@@ -208,3 +208,85 @@ def test_clocks_without_an_upper_reading_give_producers_their_exact_one() -> Non
     assert (clock.now_ms(), clock.now_exact_ms()) == (1_002, 1_002.25)
     before = time.time() * 1000
     assert before <= producer_now_ms(SystemClock()) <= time.time() * 1000
+
+
+# --- the server changes under the client (a failover) -------------------------------------------
+
+
+class FailoverClient:
+    """TIME from one of two real redis-servers, as a client sees it when a Sentinel failover or
+    a cluster change moves it from one to the other. A host's clock cannot be set in a test, so
+    each server's reply is shifted by an offset of its own (``offsets_ms``)."""
+
+    def __init__(self, servers: list[redis.Redis], offsets_ms: list[float]) -> None:
+        self.servers = servers
+        self.offsets_ms = offsets_ms
+        self.current = 0
+
+    def time(self) -> tuple[int, int]:
+        seconds, micros = self.servers[self.current].time()
+        us = seconds * 1_000_000 + micros + round(self.offsets_ms[self.current] * 1000)
+        return us // 1_000_000, us % 1_000_000
+
+    def server_ms(self) -> float:
+        seconds, micros = self.time()
+        return seconds * 1000 + micros / 1000
+
+
+@pytest.mark.parametrize("new_offset_ms", [5_000, -5_000])
+def test_a_redis_clock_follows_a_failover_to_a_server_whose_clock_differs(
+    redis_client: redis.Redis, new_offset_ms: int
+) -> None:
+    """The clock kept the old primary's offset until its next resync, up to a minute: with the
+    new one 5 s behind, consumers read 5 s ahead of it (deliveries 5 s early); 5 s ahead,
+    producers read 5 s behind it (due times 5 s early)."""
+    from django_delayqueue.embedded import RedisServerProcess
+
+    with RedisServerProcess() as other:
+        second = redis.Redis.from_url(other.url)
+        client = FailoverClient([redis_client, second], [0, new_offset_ms])
+        clock = RedisClock(client)  # the defaults the library uses
+        clock.sync()
+        client.current = 1  # the failover
+        # A second later (no timing involved: the check is due after at most one second).
+        time.sleep(1.05)
+        before = client.server_ms()
+        consumer, producer = clock.now_exact_ms(), clock.now_upper_ms()
+        after = client.server_ms()
+        assert consumer <= after  # never ahead of the new server
+        assert producer >= before  # never behind it
+        assert before - 1_000 < consumer  # on the new server's clock, not 5 s away from it
+        second.close()
+
+
+def test_a_redis_clock_checks_the_server_once_a_check_interval_and_keeps_a_sample_that_agrees() -> (
+    None
+):
+    fake = FakeTime()
+    server = SlowServer(fake, rtt_ms=0.5, read_at=0.5)
+    calls: list[float] = []
+    original = server.time
+
+    def counted() -> tuple[int, int]:
+        calls.append(fake.real)
+        return original()
+
+    server.time = counted  # type: ignore[method-assign]
+    clock = RedisClock(server, resync_seconds=3600, check_seconds=1.0, monotonic=fake.monotonic)
+    clock.sync()
+    synced = clock._sample
+    assert len(calls) == 3
+    for _ in range(10):  # readings within the interval: no round trip
+        fake.real += 0.05
+        clock.now_exact_ms()
+    assert len(calls) == 3
+    fake.real += 1.0
+    clock.now_exact_ms()
+    assert len(calls) == 4  # one TIME: the check
+    assert clock._sample is synced  # it agreed: the tighter sample stays
+    server.offset_ms += 2.0  # the server changed (or stepped): 2 ms off
+    fake.real += 1.0
+    lower, upper = clock.now_exact_ms(), clock.now_upper_ms()
+    assert len(calls) == 4 + 1 + 3  # the check, then a full sync
+    true = server.server_ms()
+    assert lower <= true + 0.001 and upper >= true - 0.001

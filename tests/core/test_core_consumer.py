@@ -273,3 +273,26 @@ def test_a_reason_holding_a_lone_surrogate_is_recorded_escaped(
     assert consumer.delivered == 2
     assert q.counts() == {**EMPTY, "garbage": 1}
     assert "r\\udcffport.pdf" in redis_client.hget(q.keys.reasons, "bad").decode()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_consumer_delivers_on_either_redis_protocol(
+    redis_server: Any, redis_client: redis.Redis, protocol: int
+) -> None:
+    """The library builds its clients RESP2, but a client handed to it (a django-redis cache's,
+    say) may speak RESP3, redis-py 8's default: the replies it parses mean the same either way.
+    """
+    from django_delayqueue.core import Queue, SystemClock
+
+    client = redis.Redis.from_url(redis_server.url, protocol=protocol)
+    try:
+        q = Queue(client, "q", clock=SystemClock())
+        q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(3)])
+        q.schedule("later", id="later", delay=3600)
+        handler = Recorder()
+        burst([q], handler)
+        assert sorted(handler.payloads) == [0, 1, 2]
+        assert q.counts() == {**EMPTY, "pending": 1}
+        assert [m.id for m in q.peek("pending").messages] == ["later"]
+    finally:
+        client.close()

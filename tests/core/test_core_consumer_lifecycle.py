@@ -80,9 +80,90 @@ def test_a_stopped_consumer_takes_its_heartbeat_away(
     assert redis_client.zrange(q.keys.heartbeats, 0, -1) == [b"other"]
 
 
-def test_second_stop_request_gives_back_a_stuck_delivery(
-    redis_client: redis.Redis, make_queue: Any, running: Any
+@pytest.mark.parametrize("how", ["second request", "grace over"])
+def test_a_stop_never_lets_another_consumer_start_a_running_delivery(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any, running: Any, how: str
 ) -> None:
+    """At a second stop request or the end of the grace period, a handler still running kept
+    running while its message was given back for an immediate retry: another consumer could
+    start it beside the first. It stays in flight, no longer extended: the visibility timeout
+    brings it back (that attempt counts)."""
+    q = make_queue(visibility_timeout=30)
+    q.schedule("stuck", id="stuck")
+    started, proceed = threading.Event(), threading.Event()
+
+    def stuck(m: Message) -> None:
+        started.set()
+        proceed.wait(TIMEOUT)
+
+    grace = 600 if how == "second request" else 0
+    consumer = Consumer([q], stuck, grace_seconds=grace, idle_seconds=0.1)
+    r = running(consumer)
+    assert started.wait(TIMEOUT)
+    consumer.request_stop()
+    if how == "second request":
+        consumer.request_stop()
+    try:
+        assert r.join() == 0
+        assert not proceed.is_set()  # the handler still runs
+        # Another consumer finds nothing to start: the message is still in flight.
+        assert q.counts() == {**EMPTY, "unack": 1}
+        q.promote()
+        assert q.claim() == []
+        # Not extended any more: past its visibility timeout it is delivered again.
+        manual_clock.advance(31)
+        assert q.reap().retried == 1
+        manual_clock.advance(600)
+        q.promote()
+        assert [(m.id, m.attempt) for m in q.claim()] == [("stuck", 2)]
+    finally:
+        proceed.set()
+
+
+def idle_ends_on_a_nudge_only(consumer: Consumer) -> threading.Event:
+    """Make the loop's idle waits end on a nudge alone, never on their timeout: a stop that
+    waits on something already finished then never ends, instead of ending a second late.
+    The event returned is set when the loop is about to block in such a wait."""
+    idle = consumer._waiter.idle
+    blocking = threading.Event()
+
+    def only_a_nudge(timeout: float, **kwargs: Any) -> None:
+        if not consumer._waiter._nudged and not kwargs:
+            blocking.set()
+        idle(3600.0, **kwargs)
+
+    consumer._waiter.idle = only_a_nudge  # type: ignore[method-assign]
+    return blocking
+
+
+def test_a_graceful_stop_ends_when_the_last_handler_returns(make_queue: Any, running: Any) -> None:
+    """After recording the last outcome, the stopping loop idled for a second with nothing
+    left to nudge it (runqueue exited ~1.1 s after its last handler returned)."""
+    q = make_queue()
+    q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(2)])
+    started, proceed = threading.Semaphore(0), threading.Event()
+
+    def slow(m: Message) -> None:
+        started.release()
+        assert proceed.wait(TIMEOUT)
+
+    consumer = Consumer([q], slow, concurrency=2, grace_seconds=600, idle_seconds=0.1)
+    idle_ends_on_a_nudge_only(consumer)
+    r = running(consumer)
+    for _ in range(2):
+        assert started.acquire(timeout=TIMEOUT)
+    consumer.request_stop()
+    proceed.set()
+    assert r.join() == 0
+    assert q.counts() == EMPTY  # both acknowledged
+
+
+def test_a_second_stop_request_is_not_lost_when_the_waiter_is_busy(
+    make_queue: Any, running: Any
+) -> None:
+    """A signal handler cannot wait for the waiter's lock: when another thread held it (a
+    handler finishing, an announcement), the second request's wake-up was dropped and the
+    loop slept on until its idle timed out."""
     q = make_queue()
     q.schedule("stuck", id="stuck")
     started, proceed = threading.Event(), threading.Event()
@@ -92,16 +173,28 @@ def test_second_stop_request_gives_back_a_stuck_delivery(
         proceed.wait(TIMEOUT)
 
     consumer = Consumer([q], stuck, grace_seconds=600, idle_seconds=0.1)
+    idling = idle_ends_on_a_nudge_only(consumer)
     r = running(consumer)
     assert started.wait(TIMEOUT)
     consumer.request_stop()
-    consumer.request_stop()
+    assert idling.wait(TIMEOUT)  # the loop waits for the running handler
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_waiters_lock() -> None:
+        with consumer._waiter._cond:
+            held.set()
+            release.wait(TIMEOUT)
+
+    holder = threading.Thread(target=hold_the_waiters_lock)
+    holder.start()
+    try:
+        assert held.wait(TIMEOUT)
+        consumer.request_stop()  # its wake-up cannot take the lock
+    finally:
+        release.set()
+        holder.join()
     try:
         assert r.join() == 0
-        # Not left in flight until its visibility timeout: handed back to be delivered again.
-        assert q.counts()["unack"] == 0
-        q.promote()
-        assert [m.id for m in q.claim()] == ["stuck"]
     finally:
         proceed.set()
 

@@ -441,7 +441,7 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
         assert [o.message.id for o in finished] == ["done"]
         assert [m.id for m in abandoned] == ["stuck"]
         release.set()
-        wait_until(lambda: not slots.busy)  # its late outcome is dropped: it was given back
+        wait_until(lambda: not slots.busy)  # its late outcome is dropped: it was given up on
         assert slots.take_finished() == []
     finally:
         release.set()

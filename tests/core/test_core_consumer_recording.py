@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -148,3 +150,37 @@ def test_a_retry_that_used_the_last_attempt_is_logged(
     assert "message m0 used its last attempt: retry m0" in caplog.text
     assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0"]
     assert not redis_client.exists(q.keys.journal)  # journal_maxlen=0: no journal
+
+
+def test_counting_while_handler_threads_write_soon_never_races(make_queue: Any) -> None:
+    """The loop asks ``len()`` (``_busy()``, outside its error handling) while handler threads
+    add early writes (a task's RUNNING, a tick's record). Iterated without the lock while a
+    thread added a queue to it, the dict raised "dictionary changed size during iteration" and
+    crashed ``run()``. Threads adding many names at a tiny switch interval make it near certain.
+    """
+    call = make_queue().promote_call(T0)
+    unrecorded = UnrecordedOutcomes([], journal_maxlen=0)
+    errors: list[BaseException] = []
+
+    def handler_thread(n: int) -> None:
+        for i in range(2000):  # a name per call: every call adds a key
+            unrecorded.write_soon(f"queue-{n}-{i}", call)
+
+    threads = [threading.Thread(target=handler_thread, args=(n,)) for n in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            try:
+                len(unrecorded)  # what the loop asks
+            except RuntimeError as e:
+                errors.append(e)
+                break
+    finally:
+        for t in threads:
+            t.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(unrecorded) == 4 * 2000

@@ -67,7 +67,7 @@ def test_sleep_until_due_gives_up_after_longest_ms_on_a_clock_that_does_not_move
 
 
 def make_waiter(client: redis.Redis, clock: Any, channel: str = "wake") -> Waiter:
-    return Waiter([(client, [channel])], clock, lambda: False, threading.Event())
+    return Waiter([(client, [channel])], clock, lambda: False)
 
 
 def test_wait_ends_one_claim_lead_before_a_due_time(redis_client: redis.Redis) -> None:
@@ -130,7 +130,7 @@ def test_a_due_time_learnt_too_late_to_wake_early_is_not_counted_as_lead(
 def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
     stop = threading.Event()
     clock = SystemClock()
-    waiter = Waiter([(redis_client, ["wake"])], clock, stop.is_set, stop)
+    waiter = Waiter([(redis_client, ["wake"])], clock, stop.is_set)
     threading.Timer(0.1, stop.set).start()
     started = time.monotonic()
     try:

@@ -86,11 +86,12 @@ def test_runqueue_sigterm_once_then_twice(
     assert report.ok, report.summary()
 
 
-def test_runqueue_gives_back_a_handler_that_outlives_grace(
+def test_runqueue_leaves_a_handler_that_outlives_grace_in_flight(
     runqueues: Runqueues, redis_server: RedisServerProcess, redis_client: redis.Redis
 ) -> None:
     """One SIGTERM, a handler that blocks for 10 minutes, --grace 1: exit 0 without waiting for
-    it, the message back in the queue with its attempt counted, nothing lost."""
+    it, its message still in flight (never given to another consumer while the handler runs),
+    delivered again after its visibility timeout with its attempt counted; nothing lost."""
     q = producer(redis_server.url, "drill")
     stuck = q.schedule({"do": ["sleep:600", "ok"]}).id  # first in the ready list: runs first
     waiting = [q.schedule({"n": i}).id for i in range(3)]
@@ -105,14 +106,13 @@ def test_runqueue_gives_back_a_handler_that_outlives_grace(
     assert code == 0, runqueues.logs()
     assert "grace period over" in runqueues.logs()
 
-    # Given back: in retry at once, its attempt counted, with the reason; not in flight.
-    (back,) = q.peek("retry").messages
-    assert (back.id, back.attempts) == (stuck, 1)
-    assert back.reason == "consumer stopped before the handler finished"
+    # Still in flight with its attempt counted: not in retry or ready for another consumer.
+    (held,) = q.peek("unack").messages
+    assert (held.id, held.attempts) == (stuck, 1)
     # The three that never started are ready again, no attempt used.
     ready = q.peek("ready").messages
     assert [m.id for m in ready] == waiting and all(m.attempts == 0 for m in ready)
-    assert q.counts() == {"pending": 0, "ready": 3, "unack": 0, "retry": 1, "garbage": 0}
+    assert q.counts() == {"pending": 0, "ready": 3, "unack": 1, "retry": 0, "garbage": 0}
     assert len(read(runqueues.ledger)) == 1  # nothing else started after the signal
 
     # Nothing lost: the next consumer delivers all four, the stuck one on its second attempt.
@@ -123,7 +123,7 @@ def test_runqueue_gives_back_a_handler_that_outlives_grace(
     deliveries = read(runqueues.ledger)
     report = check([stuck, *waiting], deliveries, Causes(outgraced_pids={proc.pid}))
     assert report.ok, report.summary()
-    assert report.duplicates == {"handler outlived --grace and was given back": 1}
+    assert report.duplicates == {"handler outlived --grace (visibility timeout)": 1}
     assert [(d.attempt, d.pid) for d in deliveries if d.id == stuck] == [
         (1, proc.pid),
         (2, rescuer.pid),

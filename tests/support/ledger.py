@@ -154,7 +154,8 @@ class Causes:
     killed_pids: set[int] = field(default_factory=set)  # consumers killed (or force-stopped)
     outages: list[tuple[int, int]] = field(default_factory=list)  # Redis down/paused, wall ms
     outage_margin_ms: int = 0  # e.g. the visibility timeout: deadlines that ran out meanwhile
-    # consumers stopped by one SIGTERM while a handler ran past --grace (it was given back);
+    # consumers stopped by one SIGTERM while a handler ran past --grace (its message stayed in
+    # flight until its visibility timeout);
     # last, so that positional arguments (bench/soak.py) keep their meaning
     outgraced_pids: set[int] = field(default_factory=set)
 
@@ -169,7 +170,7 @@ class Causes:
         if previous.pid in self.killed_pids:
             return "consumer killed mid-handler"
         if previous.pid in self.outgraced_pids:
-            return "handler outlived --grace and was given back"
+            return "handler outlived --grace (visibility timeout)"
         for start, end in self.outages:
             if (
                 start - self.outage_margin_ms
@@ -182,14 +183,12 @@ class Causes:
     def explain_overlap(self, previous: Delivery) -> str | None:
         """Why a delivery may *start while* ``previous`` still runs, or None if it must not.
 
-        Only a consumer that let go of the message while its handler ran: killed, or stopped
-        by one SIGTERM with the handler past --grace (given back). A handler that raised or
-        ran long explains a later delivery, never a concurrent one.
+        Only a consumer killed while its handler ran. One stopped past --grace leaves the
+        message in flight until its visibility timeout, by when it has exited; a handler that
+        raised or ran long explains a later delivery, never a concurrent one.
         """
         if previous.pid in self.killed_pids:
             return "consumer killed mid-handler"
-        if previous.pid in self.outgraced_pids:
-            return "handler outlived --grace and was given back"
         return None
 
 

@@ -109,7 +109,8 @@ class Exploration:
         self.stop_which = r.randrange(len(self.layouts))
         self.stop_grace = r.choice([0.5, 1.5, 30.0])
         # Most stops wait for a sleeping handler on that runqueue first: with a short --grace
-        # it is given back (the case to prove), with 30 s it finishes before the exit.
+        # it stays in flight past the exit (the case to prove: never redelivered beside its
+        # running handler), with 30 s it finishes before the exit.
         self.stop_mid_handler = r.random() < 0.7
         self.count = r.randint(24, 40)
         self.slow_left = MAX_SLOW
@@ -388,7 +389,7 @@ class Exploration:
         exits = {s.pid: s.exited_ms for s in self.stops}
         for c in calls:
             if c.run is None:
-                # Never finished: only a handler given back by a SIGTERMed runqueue may (its
+                # Never finished: only a handler left running by a SIGTERMed runqueue may (its
                 # process exited under it).
                 assert c.start.pid in exits, f"{self.fail}: a handler never finished: {c.start}"
                 c.end_ms = exits[c.start.pid] or int(time.time() * 1000)

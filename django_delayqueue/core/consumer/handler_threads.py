@@ -12,7 +12,7 @@ Messages are tracked by their delivery token: tokens come from a per-queue count
 and queue B's token "1" live in different objects).
 
 Handlers run on daemon threads so that a forced exit is not held up by a stuck handler (whose
-message is given back, or brought back by its visibility timeout).
+message is brought back by its visibility timeout).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class HandlerThreads:
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._running: dict[str, Message] = {}  # by token
         self._finished: list[Outcome] = []  # not yet taken by the loop
-        self._abandoned: set[str] = set()  # tokens given back while their handler ran
+        self._abandoned: set[str] = set()  # tokens given up on while their handler ran
         self._cond = threading.Condition()
         self._size = 0
         self._threads: list[threading.Thread] = []
@@ -155,8 +155,9 @@ class HandlerThreads:
     def finished_and_abandoned(self) -> tuple[list[Outcome], list[Message]]:
         """The untaken outcomes, and the running messages, given up on, at one instant.
 
-        The running ones are to be given back: their outcomes, if their handlers ever finish,
-        are dropped. Read apart, a handler finishing in between would be in neither list.
+        The running ones are no longer held (nor extended): their outcomes, if their handlers
+        ever finish, are dropped. Read apart, a handler finishing in between would be in
+        neither list.
         """
         with self._cond:
             finished, self._finished = self._finished, []
@@ -186,7 +187,7 @@ class HandlerThreads:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            # Not the threads still in a handler (given back at the end of the grace period):
+            # Not the threads still in a handler (left in flight at the end of the grace period):
             # waiting for them would only delay the exit; they are daemons and end with it.
             threads = [t for t in self._threads if t not in self._working]
         deadline = time.monotonic() + JOIN_SECONDS
@@ -232,7 +233,7 @@ class HandlerThreads:
         with self._cond:
             self._working.discard(threading.current_thread())
             token = outcome.message.token
-            if token in self._abandoned:  # given back at a forced stop: not ours to record
+            if token in self._abandoned:  # given up on at a stop: not ours to record
                 self._abandoned.discard(token)
                 return
             self._running.pop(token, None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -81,15 +80,14 @@ class Consumer(Rounds):
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self.keeper = keeper
         self._queue_named = {q.name: q for q in self.queues}
+        # Only counted by request_stop (a signal handler): no Event, whose set() would take a
+        # lock that the main thread may hold in the very frame the signal interrupted.
         self._stop_requests = 0
-        self._stop_event = threading.Event()  # set by the first stop request
-        self._stop_now = threading.Event()  # set by the second
         self._grace_deadline = math.inf  # set by the first
         self._waiter = Waiter(
             [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
             lambda: self.stopping,
-            self._stop_event,
         )
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
@@ -144,19 +142,17 @@ class Consumer(Rounds):
     def request_stop(self) -> None:
         """First call: finish in-flight handlers and stop. Second call: stop at once.
 
-        Safe from a signal handler: it only sets flags (and wakes the loop if it can).
+        Safe from a signal handler: it only sets flags and wakes the loop without blocking
+        (or, when another thread holds the waiter's lock, within a wait slice).
         """
         self._stop_requests += 1
         if self._stop_requests == 1:
             self._grace_deadline = time.monotonic() + self.grace_seconds
-        self._stop_event.set()
-        if self._stop_requests > 1:
-            self._stop_now.set()
         self._waiter.nudge(blocking=False)
         if self._stop_requests == 1:
             logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
         else:
-            logger.warning("stopping at once; unfinished messages are given back")
+            logger.warning("stopping at once; running messages stay in flight")
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT ask the loop to stop (from the main thread only)."""
@@ -194,7 +190,7 @@ class Consumer(Rounds):
                 if not self._busy():
                     return
                 if time.monotonic() >= self._grace_deadline:
-                    logger.warning("grace period over: giving back unfinished messages")
+                    logger.warning("grace period over: running messages stay in flight")
                     return
             try:
                 self.step()
@@ -206,17 +202,24 @@ class Consumer(Rounds):
                     logger.warning("%s; trying again in %.1fs", e, pause)
                 else:
                     logger.exception("consumer step failed; trying again in %.1fs", pause)
-                # Once stopping, _stop_event is set for good: wait on what only a second stop
-                # request (or the end of the grace period) ends, not spin against the outage.
+                # A backoff that a handler's nudge does not cut short; a stop request does
+                # (the first, or once stopping the second: the grace period bounds it too).
                 if self.stopping:
-                    self._stop_now.wait(min(pause, self._grace_left()))
+                    self._waiter.idle(
+                        min(pause, self._grace_left()), until=lambda: self._stop_requests > 1
+                    )
                 else:
-                    self._stop_event.wait(pause)
+                    self._waiter.idle(pause, until=lambda: self.stopping)
                 continue
             if self._limit_reached() and not self._busy():
                 return
             if self.stopping:  # asked during this round, maybe: the top of the loop decides
-                self._waiter.idle(min(1.0, self._grace_left()))
+                self._release_unstarted()  # what this round claimed (a lost claim's replay)
+                # Wait only for what is left: a running handler nudges as it ends. With nothing
+                # left, the top of the loop returns now (an idle here waited out a whole second
+                # after the last outcome was recorded, with nothing left to nudge it).
+                if self._busy():
+                    self._waiter.idle(min(1.0, self._grace_left()))
                 continue
             if self._due_now():
                 continue
@@ -309,15 +312,16 @@ class Consumer(Rounds):
 
     def _shutdown(self) -> int:
         """Give back what is left, record what finished; a forced stop gives it a short try."""
+        self._give_back_lost_claims()
         self._release_unstarted()
         for q in self.queues:
             # One instant: a handler finishing now is either among the finished (recorded) or
-            # abandoned with the running (given back), never dropped in between.
+            # abandoned with the running (left in flight), never dropped in between.
             finished, running = self._slots[q.name].finished_and_abandoned()
             self.delivered += len(finished)
             self._unrecorded.extend(finished)
             if running:
-                self._give_back(q, running)
+                self._leave_in_flight(q, running)
         seconds = FORCED_FLUSH_SECONDS if self._stop_requests > 1 else SHUTDOWN_FLUSH_SECONDS
         deadline = time.monotonic() + seconds
         while self._unrecorded and time.monotonic() < deadline:
@@ -336,18 +340,33 @@ class Consumer(Rounds):
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
 
-    def _give_back(self, q: Queue, running: list[Message]) -> None:
-        # Handlers still running when we must stop: they started, so the attempt counts; hand
-        # them back for an immediate retry (if Redis is unreachable they stay in unack and the
-        # visibility timeout brings them back). Their outcome, if they finish, is not recorded.
-        reason = "consumer stopped before the handler finished"
-        logger.warning("queue %s: giving back %d running message(s)", q.name, len(running))
+    def _give_back_lost_claims(self) -> None:
+        """Ask once more for what claims whose reply was lost took (a stopping round claims
+        nothing new), so that it is given back unstarted rather than left to time out."""
+        if not self._claims.any_unseen:
+            return
         try:
-            q.nack_many([(m, 0.0, reason) for m in running])
-        except DelayQueueError as e:
-            logger.warning(
-                "queue %s: could not give back %d message(s): %s", q.name, len(running), e
-            )
+            messages = self._fetch()
+        except DelayQueueError as e:  # Redis still down: they come back after their timeout
+            logger.warning("claims whose reply was lost not asked for again: %s", e)
+            return
+        for m in messages:
+            self._slots[m.queue].add([m])
+
+    def _leave_in_flight(self, q: Queue, running: list[Message]) -> None:
+        # Handlers still running when we must stop (grace over, or a second request): given
+        # back now, another consumer could start a message while its handler still runs here
+        # (a library caller's process goes on; runqueue's lives on for its last writes). So
+        # they stay in unack, no longer extended: the visibility timeout brings them back
+        # (the attempt counts: they started), by when a process that exits has ended them.
+        # Their outcome, if they finish meanwhile, is not recorded.
+        logger.warning(
+            "queue %s: %d message(s) still running left in flight: delivered again after "
+            "their visibility timeout (%ss at most), never beside their running handler",
+            q.name,
+            len(running),
+            f"{q.settings.visibility_timeout:g}",
+        )
 
     # --- waiting ---------------------------------------------------------------------------------
 

@@ -74,8 +74,11 @@ class UnrecordedOutcomes:
             self._early.setdefault(name, []).append(call)
 
     def __len__(self) -> int:
-        early = sum(len(calls) for calls in self._early.values())
-        return early + sum(len(entries) for entries in self._entries.values())
+        # Under the lock: handler threads add queues to _early (write_soon) while the loop
+        # counts, and a dict that grows while iterated raises.
+        with self._lock:
+            early = sum(len(calls) for calls in self._early.values())
+            return early + sum(len(entries) for entries in self._entries.values())
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
         journalled = not self.journal_maxlen

@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock
+from django_delayqueue.core.consumer.claims import ClaimReceipts
 from django_delayqueue.core.consumer.handler_threads import HandlerThreads
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
@@ -50,6 +51,7 @@ class Rounds:
         self._clients = list(by_client.values())
         self._slots: dict[str, HandlerThreads] = {}
         self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen)
+        self._claims = ClaimReceipts()  # a claim whose reply was lost is asked for again
         self._next_wake: dict[str, int | None] = {}
         # Ready-list lengths seen by the last promote (less what the same round claimed), and
         # whether the coming round is only the idle safety poll: such a round claims only from
@@ -104,8 +106,10 @@ class Rounds:
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
                 # This server is down: its queues wait, the others' round goes on (and what
-                # they claimed is delivered: raising here would strand it in unack).
+                # they claimed is delivered: raising here would strand it in unack). Its
+                # claims may have run: the next round asks for them again by their ids.
                 failures.append(e)
+                self._claims.lost([q.name for q in queues])
                 for q in queues:
                     self._next_wake[q.name] = now + SERVER_DOWN_PAUSE_MS
                     self._ready_seen[q.name] = 0
@@ -156,15 +160,18 @@ class Rounds:
         if self.keeper is not None and self.keeper.holds(q, claim_until):
             return room  # this round reads its schedule states; the next one (at once) claims
         plan.append((q, "promote", batch.add(q.promote_call(claim_until))))
-        if q.settings.paused or self.stopping or (room is not None and room <= 0):
-            return room
-        count = self._room(q) if room is None else min(self._room(q), room)
+        count = 0
+        if not (q.settings.paused or self.stopping or (room is not None and room <= 0)):
+            count = self._room(q) if room is None else min(self._room(q), room)
         if count <= 0:
+            if self._claims.unseen(q.name):  # its messages, nothing new (given back if stopping)
+                replay = self._claims.call(q, claim_until, 1, replay_only=True)
+                plan.append((q, "claim", batch.add(replay)))
             return room
-        if self._nothing_to_claim(q, claim_until):
+        if self._nothing_to_claim(q, claim_until) and not self._claims.unseen(q.name):
             self._claim_skipped.add(q.name)
             return room
-        plan.append((q, "claim", batch.add(q.claim_call(claim_until, count))))
+        plan.append((q, "claim", batch.add(self._claims.call(q, claim_until, count))))
         return None if room is None else room - count
 
     def _nothing_to_claim(self, q: Queue, now: int) -> bool:
@@ -185,6 +192,8 @@ class Rounds:
                 # A broken queue (e.g. a key of the wrong type) must not stop the others or
                 # make the loop spin: log it and look at that queue again a little later.
                 logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                if kind == "claim":  # it changed nothing (claim.lua reads before it writes)
+                    self._claims.answered(q.name)
                 if kind == "reap":  # promote and claim worked: keep what they told
                     continue
                 self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS
@@ -198,6 +207,7 @@ class Rounds:
                 late = promoted.ready > 0 and q.name in self._claim_skipped
                 self._next_wake[q.name] = now if promoted.more or late else promoted.next_due_ms
             elif kind == "claim":
+                self._claims.answered(q.name)
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
                 messages.extend(q.claimed(raw, now))

@@ -152,13 +152,11 @@ class Waiter:
         subscriptions: Sequence[tuple[Any, Sequence[str]]],
         clock: Clock,
         stopping: Callable[[], bool],
-        stop_event: threading.Event,
     ) -> None:
         self.subscriptions = [(client, list(channels)) for client, channels in subscriptions]
         self.clock = clock
         self.lead = ClaimLead()
         self._stopping = stopping
-        self._stop_event = stop_event
         self._listeners: list[_Listener] = []
         self._cond = threading.Condition()
         self._announced: int | None = None  # earliest due time announced since the last wait
@@ -200,6 +198,9 @@ class Waiter:
     def nudge(self, blocking: bool = True) -> None:
         """End the current (or next) wait now. Non-blocking from a signal handler."""
         if not self._cond.acquire(blocking=blocking):
+            # Another thread holds the lock (a handler's nudge, an announcement): no notify
+            # without it, but the flag alone ends a wait within one slice (see idle and wait).
+            self._nudged = True
             return
         try:
             self._nudged = True
@@ -207,12 +208,25 @@ class Waiter:
         finally:
             self._cond.release()
 
-    def idle(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for a nudge, stopping or not (a graceful stop)."""
+    def idle(self, timeout: float, until: Callable[[], bool] | None = None) -> None:
+        """Wait up to ``timeout`` seconds for a nudge (a handler finished, a stop request), or,
+        given ``until``, for ``until()`` alone (a backoff that a nudge must not cut short).
+
+        In slices: a nudge from a signal handler that found the lock taken only sets its flag.
+        """
+        deadline = time.monotonic() + timeout
         with self._cond:
-            if not self._nudged:
-                self._cond.wait(timeout)
-            self._nudged = False
+            while True:
+                if until is not None:
+                    if until():
+                        return
+                elif self._nudged:
+                    self._nudged = False
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, WAIT_SLICE_SECONDS))
 
     def wait(self, due_ms: int | None, poll_ms: int) -> Wake:
         """Sleep until one claim lead before ``due_ms`` or until ``poll_ms``, whichever is first.

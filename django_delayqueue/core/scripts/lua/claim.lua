@@ -2,8 +2,19 @@
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
 -- KEYS[9] cancelled hash   KEYS[10] ready_since hash   KEYS[11] ranked zset
+-- KEYS[12] claim receipt string (optional: one per consumer, see below)
 -- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
+-- ARGV[4] claim id (with KEYS[12])   ARGV[5] '1': replay the receipt only, claim nothing new
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
+-- The receipt: a claim that took messages records its claim id and what it took in KEYS[12]
+-- (one SET, expiring with their visibility deadline). A reply can be lost after the script ran
+-- (the connection broke; redis-py may even send the pipeline again): called again with the
+-- same claim id, the claim takes nothing new and returns those messages again (those still in
+-- unack under the token it gave them), with the new deadline. A message that never reached
+-- its consumer is then delivered, not left to time out and lose an attempt (or die on its
+-- last one). A different claim id claims as usual; '1' in ARGV[5] (a consumer stopping) only
+-- replays, so that the consumer can give those messages back. The receipt costs a GET, and a
+-- SET when something was claimed.
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
 -- hundred costs Redis little more than one message. Chunks keep unpack() under Lua's limit.
 -- Redis does not roll a script back, so everything is read before the first write, and the
@@ -12,12 +23,36 @@
 -- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
 -- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
--- not count towards N. An empty ready costs two reads.
+-- not count towards N. An empty ready costs two reads (three with a receipt).
 -- Order: the ranked entries above priority 0, the list, the ranked entries below 0 (see
 -- ready_list.lua); a queue without priorities pays one ZCARD for it.
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
+local receipt = KEYS[12]
+if receipt then
+  local held = redis.call('GET', receipt)
+  local record = held and cmsgpack.unpack(held)  -- {claim id, first token, ids...}
+  if record and record[1] == ARGV[4] then
+    local out, deadlines = {}, {}
+    for k = 3, #record do
+      local id, token = record[k], string.format('%d', record[2] + k - 3)
+      if redis.call('HGET', KEYS[5], id) == token and redis.call('ZSCORE', KEYS[2], id) then
+        out[#out + 1] = id
+        out[#out + 1] = redis.call('HGET', KEYS[3], id) or ''
+        out[#out + 1] = redis.call('HGET', KEYS[4], id)
+        out[#out + 1] = token
+        deadlines[#deadlines + 1] = ARGV[2]
+        deadlines[#deadlines + 1] = id
+      end
+    end
+    for i = 1, #deadlines, 2000 do  -- after every read (see above)
+      redis.call('ZADD', KEYS[2], 'XX', unpack(deadlines, i, math.min(i + 1999, #deadlines)))
+    end
+    return out
+  end
+  if ARGV[5] == '1' then return {} end
+end
 local len, nranked = redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[11])
 if len == 0 and nranked == 0 then return {} end
 local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
@@ -112,5 +147,11 @@ end
 for _, dead in ipairs(bad) do
   redis.call('ZADD', KEYS[7], ARGV[1], dead[1])
   redis.call('HSET', KEYS[8], dead[1], dead[2])
+end
+if receipt and #deliver > 0 then
+  local record = {ARGV[4], first}
+  for d = 1, #deliver do record[d + 2] = ids[deliver[d]] end
+  local ttl = math.max(1, tonumber(ARGV[2]) - tonumber(ARGV[1]))
+  redis.call('SET', receipt, cmsgpack.pack(record), 'PX', ttl)
 end
 return out
