@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import EMPTY, T0, Recorder, wait_until
+from core_consumer_support import EMPTY, T0, Recorder
+from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
 from django_delayqueue.core.consumer.claims import ClaimReceipts
