@@ -21,13 +21,13 @@ from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
-from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall, redis_errors
 
 logger = logging.getLogger(__name__)
 
 QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
 SERVER_DOWN_PAUSE_MS = 1000  # how long the queues of an unreachable server are left alone
-HEARTBEAT_PRUNE_MS = 3_600_000
+HEARTBEAT_FORGET_MS = 86_400_000  # consumers silent this long leave the heartbeats zset
 
 Plan = list[tuple[Queue, str, int]]
 
@@ -57,7 +57,6 @@ class Rounds:
         self._ready_seen: dict[str, int] = {}
         self._polling = False
         self._claim_skipped: set[str] = set()
-        self._heartbeats_pruned_at: dict[int, int] = {}  # per client
         self._next_maintenance = 0.0
         self._aim: Wake | None = None  # the wait that ended just before the next fetch
         self.keeper: ScheduleKeeper | None = None  # recurring schedules this consumer keeps
@@ -241,19 +240,15 @@ class Rounds:
         return min(times, default=None)
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
-        """Record that this consumer is alive (read by the health check)."""
+        """Record that this consumer is alive (read by the health check), also when Redis is
+        out of memory (heartbeat.lua); consumers silent for a day are forgotten."""
+        batch = ScriptBatch()
+        script = LuaScript.named("heartbeat")
+        for q in queues:
+            args = [now, now - HEARTBEAT_FORGET_MS, self.name]
+            batch.add(ScriptCall(script, [q.keys.heartbeats], args))
         try:
-            pipe = client.pipeline(transaction=False)
-            # Forget consumers silent for a day so the set stays small (hourly is plenty).
-            prune = now - self._heartbeats_pruned_at.get(id(client), 0) > HEARTBEAT_PRUNE_MS
-            for q in queues:
-                pipe.zadd(q.keys.heartbeats, {self.name: now})
-                if prune:
-                    pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
-            with redis_errors("heartbeat"):
-                pipe.execute()
-            if prune:
-                self._heartbeats_pruned_at[id(client)] = now
+            batch.run(client)
         except Exception as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
 

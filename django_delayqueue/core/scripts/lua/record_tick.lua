@@ -4,8 +4,12 @@
 -- ARGV[1] schedule name   ARGV[2] the run, JSON: {"tick": instant ms, "finished": ms,
 --         "outcome": "ack" | "retry" | "garbage", "error": exception class or ""}
 -- returns: 1 when written, 0 when a later tick's run is already there (runs finish out of order)
+-- Runs when Redis is out of memory (see includes/memory.lua): it overwrites one field per
+-- schedule, and a delivered tick's outcome must not be lost because the server is full.
 --- @include "includes/guard.lua"
+--- @include "includes/memory.lua"
 guard(KEYS[1], 'hash')
+allow_oom(KEYS[1], 'hash')
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then
   local ok, decoded = pcall(cjson.decode, old)
