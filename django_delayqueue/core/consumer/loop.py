@@ -80,6 +80,9 @@ class Consumer(Rounds):
         self.maintenance_seconds = maintenance_seconds
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self.keeper = keeper
+        self.memory.who = self.name
+        if keeper is not None:
+            keeper.memory = self.memory  # one "out of memory" log line for the whole consumer
         self._queue_named = {q.name: q for q in self.queues}
         self._stop_requests = 0
         self._stop_event = threading.Event()  # set by the first stop request

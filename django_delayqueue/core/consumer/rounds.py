@@ -19,6 +19,7 @@ from django_delayqueue.core.consumer.handler_threads import HandlerThreads
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall, redis_errors
@@ -49,7 +50,10 @@ class Rounds:
             by_client.setdefault(id(q.client), (q.client, []))[1].append(q)
         self._clients = list(by_client.values())
         self._slots: dict[str, HandlerThreads] = {}
-        self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen)
+        # Redis refusing writes for memory is logged once, not every round (shared with the
+        # recording of outcomes and the recurring schedules).
+        self.memory = OutOfMemoryLog(logger)
+        self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen, self.memory)
         self._next_wake: dict[str, int | None] = {}
         # Ready-list lengths seen by the last promote (less what the same round claimed), and
         # whether the coming round is only the idle safety poll: such a round claims only from
@@ -183,7 +187,8 @@ class Rounds:
             if isinstance(raw, Exception):
                 # A broken queue (e.g. a key of the wrong type) must not stop the others or
                 # make the loop spin: log it and look at that queue again a little later.
-                logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                if not self.memory.check(raw, f"queue {q.name}: {kind}"):
+                    logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
                 if kind == "reap":  # promote and claim worked: keep what they told
                     continue
                 self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS

@@ -132,11 +132,11 @@ def is_noscript(result: Any) -> bool:
 
 
 def is_out_of_memory(error: object) -> bool:
-    """Whether ``error`` (a redis-py error, or a script's error reply) is Redis refusing a
-    write because ``used_memory`` is above ``maxmemory`` (with the ``noeviction`` policy)."""
-    return isinstance(error, redis.exceptions.OutOfMemoryError) or (
-        isinstance(error, redis.exceptions.ResponseError) and _OUT_OF_MEMORY in str(error)
-    )
+    """Whether ``error`` (ours, a redis-py error, or a script's error reply) is Redis refusing
+    a write because ``used_memory`` is above ``maxmemory`` (with the ``noeviction`` policy)."""
+    if isinstance(error, (RedisOutOfMemory, redis.exceptions.OutOfMemoryError)):
+        return True
+    return isinstance(error, redis.exceptions.ResponseError) and _OUT_OF_MEMORY in str(error)
 
 
 def out_of_memory(what: str, error: object) -> RedisOutOfMemory:
