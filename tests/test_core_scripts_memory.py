@@ -155,3 +155,27 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
         "schedule", "send_once",
     }  # fmt: skip
     assert set(script_names()) == run_when_full | refused_when_full
+
+
+@pytest.mark.parametrize("binary", redis_binaries())
+def test_a_tiny_maxmemory_refuses_schedules_clearly_and_loses_none_of_those_taken(
+    binary: str,
+) -> None:
+    """A shop's 6,000 messages of 1 KB on a small Redis with noeviction: every call either
+    stores its message or raises RedisOutOfMemory, and a consumer's acks make room again."""
+    with server_of(binary, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction") as (_, c):
+        q = queue(c)
+        taken, refused = [], 0
+        for n in range(6000):
+            try:
+                q.schedule({"text": "x" * 1000}, id=f"m{n}")
+            except RedisOutOfMemory:
+                refused += 1
+                continue
+            taken.append(f"m{n}")
+        assert refused > 0 and taken  # it filled up, and said so
+        assert c.hlen(q.keys.messages) == len(taken) == q.counts()["ready"]  # none lost
+        assert c.info("stats")["evicted_keys"] == 0
+        while claimed := q.claim(500):  # a consumer drains the queue: its acks free memory
+            q.ack(*claimed)
+        assert q.schedule({"text": "again"}, id="after").created

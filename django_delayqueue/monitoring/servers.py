@@ -120,6 +120,27 @@ def memory_problems(servers: list[ServerInfo], percent: float) -> dict[str, str]
     return out
 
 
+def format_bytes(size: int | None) -> str:
+    """A short human size ("950 B", "1.2 MB", "3.0 GB"); "—" when not known."""
+    if size is None:
+        return "—"
+    value = float(size)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def memory_text(s: ServerInfo) -> str:
+    """``used_memory`` against ``maxmemory``: "1.2 MB of 100.0 MB (1%)", or "1.2 MB (no
+    maxmemory)"."""
+    used = format_bytes(s.used_memory)
+    if not s.maxmemory:
+        return f"{used} (no maxmemory)"
+    return f"{used} of {format_bytes(s.maxmemory)} ({s.memory_percent or 0:.0f}%)"
+
+
 class ServerGuard:
     """What ``runqueue`` checks of its Redis servers before it delivers: once they answer
     (a Redis down at start is checked when it is back), never again."""
