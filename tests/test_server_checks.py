@@ -18,6 +18,7 @@ from django.test import override_settings
 from django_delayqueue.checks import check_settings
 from django_delayqueue.embedded import RedisServerProcess, free_port
 from django_delayqueue.monitoring.server_checks import check_redis_servers
+from django_delayqueue.monitoring.servers import app_servers, findings
 
 SERVER_IDS = {"delayqueue.E001", "delayqueue.E010", "delayqueue.W006", "delayqueue.W007"}
 
@@ -67,6 +68,11 @@ def test_w006_a_redis_that_keeps_nothing_on_disk() -> None:
     assert warning.id == "delayqueue.W006"
     assert "restart" in warning.msg and "appendonly yes" in warning.hint
     assert "SILENCED_SYSTEM_CHECKS" in warning.hint
+
+
+def test_w006_silenced_is_not_said_by_runqueue_or_the_admin_either() -> None:
+    with app_on("--save", ""), override_settings(SILENCED_SYSTEM_CHECKS=["delayqueue.W006"]):
+        assert findings(app_servers()) == []  # what runqueue and the admin's banner read
 
 
 @pytest.mark.parametrize(

@@ -14,16 +14,9 @@ from django.core.checks import CheckMessage, Error, Warning
 
 from django_delayqueue.conf.connection import make_client
 from django_delayqueue.conf.settings import dq_settings
-from django_delayqueue.monitoring.servers import (
-    ACCEPT,
-    EVICTING,
-    EVICTING_ACCEPTED,
-    app_servers,
-    findings,
-)
+from django_delayqueue.monitoring.servers import ACCEPT, CHECK_IDS, EVICTING, app_servers, findings
 
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
-IDS = {EVICTING: "delayqueue.E010", EVICTING_ACCEPTED: "delayqueue.W007"}
 
 
 def server_setting_errors() -> list[Error]:
@@ -69,5 +62,5 @@ def check_redis_servers(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     out: list[CheckMessage] = []
     for f in findings(servers):
         kind = Error if f.kind == EVICTING else Warning
-        out.append(kind(f.message, hint=f.hint, id=IDS.get(f.kind, "delayqueue.W006")))
+        out.append(kind(f.message, hint=f.hint, id=CHECK_IDS[f.kind]))
     return out

@@ -18,6 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
@@ -27,6 +29,12 @@ logger = logging.getLogger(__name__)
 
 ACCEPT = "ACCEPT_DATA_LOSS_ON_EVICTION"
 EVICTING, EVICTING_ACCEPTED, NOT_PERSISTENT = "evicting", "evicting-accepted", "not-persistent"
+# The system check id of each kind (monitoring.server_checks).
+CHECK_IDS = {
+    EVICTING: "delayqueue.E010",
+    EVICTING_ACCEPTED: "delayqueue.W007",
+    NOT_PERSISTENT: "delayqueue.W006",
+}
 DOC = "docs/redis.md of django-delayqueue"
 
 
@@ -61,14 +69,17 @@ def eviction_accepted() -> bool:
 
 
 def findings(servers: list[ServerInfo]) -> list[Finding]:
-    """What is wrong with ``servers`` (those read without an error)."""
+    """What is wrong with ``servers`` (those read without an error). A server that keeps
+    nothing is not mentioned when its check is in ``SILENCED_SYSTEM_CHECKS`` (the eviction
+    policy is accepted only by its own setting)."""
+    silenced = CHECK_IDS[NOT_PERSISTENT] in getattr(settings, "SILENCED_SYSTEM_CHECKS", [])
     out: list[Finding] = []
     for s in servers:
         if not s.ok:
             continue
         if s.evicts:
             out.append(_eviction(s))
-        if s.persistent is False and not s.embedded:
+        if s.persistent is False and not s.embedded and not silenced:
             out.append(
                 Finding(
                     s.address,
