@@ -57,13 +57,15 @@ def test_a_running_consumer_says_when_redis_has_room_again(
     q.schedule({"n": "later"}, id="later", delay=20)
     seen = Recorder()
     caplog.set_level(logging.WARNING)
-    consumer = Consumer([q], seen, idle_seconds=0.05)
+    consumer = Consumer([q], seen, idle_seconds=0.05, maintenance_seconds=0.05)
     run = Running(consumer)
+    beat = lambda: redis_client.zscore(q.keys.heartbeats, consumer.name)  # noqa: E731
     try:
         with full(redis_client):
             manual_clock.advance(10)
             wait_until(lambda: len(seen.calls) == 3 and consumer.memory.dropped == 3)
             assert q.counts()["unack"] == 0  # acknowledged while full
+            wait_until(lambda: beat() == manual_clock.now_ms())  # alive, for the health check
         manual_clock.advance(10)
         wait_until(lambda: len(seen.calls) == 4 and warnings(caplog, BACK))
     finally:
