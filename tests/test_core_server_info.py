@@ -103,3 +103,20 @@ def test_every_primary_of_a_cluster_is_read(cluster: list[RedisServerProcess]) -
     client.close()
     assert set(found) == {f"127.0.0.1:{n.port}" for n in cluster}
     assert [a for a, info in found.items() if info.evicts] == [f"127.0.0.1:{cluster[1].port}"]
+
+
+@pytest.mark.slow
+def test_a_sentinel_client_reads_the_primary() -> None:
+    from redis.sentinel import Sentinel
+    from sentinel_support import SERVICE, SentinelGroup
+
+    group = SentinelGroup().start()
+    try:
+        sentinel = Sentinel([tuple(h) for h in group.hosts], socket_timeout=2)
+        client = sentinel.master_for(SERVICE)
+        (info,) = read_servers(client)
+        client.close()
+    finally:
+        group.stop()
+    assert info.ok and info.policy == "noeviction"
+    assert info.address == f"127.0.0.1:{group.primary.port} (sentinel service {SERVICE})"
