@@ -72,7 +72,8 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
     outbox = _outbox_report()
     if outbox:
         checks["outbox"] = outbox
-    servers = app_servers()
+    # Not asked again when the stats could not be read: the probe must answer fast.
+    servers = [] if redis_errors else app_servers()
     checks.update(_server_checks(servers))
     healthy = all(c["ok"] for c in checks.values())
     report = {
