@@ -80,7 +80,7 @@ class BulkScheduling:
                 self._send_prepared(pending, now, chunk_size, flags, indexes, total)
                 pending, flags, indexes = [], [], []
         self._send_prepared(pending, now, chunk_size, flags, indexes, total)
-        self.confirm_replicas(f"{total.scheduled + total.replaced} scheduled message(s)", total)
+        _confirm(self, total)
         return total
 
     def schedule_prepared(
@@ -96,7 +96,7 @@ class BulkScheduling:
         result = BulkResult()
         indexes = list(range(len(prepared)))
         self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags, indexes, result)
-        self.confirm_replicas(f"{result.scheduled + result.replaced} scheduled message(s)", result)
+        _confirm(self, result)
         return result
 
     def _send_prepared(
@@ -139,6 +139,14 @@ class BulkScheduling:
                 result.replaced += taken if replace else 0
                 result.already_present += 0 if replace else len(chunk) - stored
             start = end
+
+
+def _confirm(queue: BulkScheduling, result: BulkResult) -> None:
+    """With MIN_REPLICAS, wait for the replicas to have what was stored; nothing to wait for
+    when a full Redis refused everything (its probe write would be refused too)."""
+    stored = result.scheduled + result.replaced
+    if stored or result.already_present or not result.not_scheduled:
+        queue.confirm_replicas(f"{stored} scheduled message(s)", result)
 
 
 def _safe_id(item: Mapping[str, Any]) -> str | None:

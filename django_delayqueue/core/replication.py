@@ -15,11 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, ScriptFailed
-from django_delayqueue.core.scripts.calls import ScriptCall, is_noscript, redis_errors
+from django_delayqueue.core.scripts.calls import (
+    ScriptCall,
+    is_noscript,
+    is_out_of_memory,
+    redis_errors,
+    script_error,
+)
 from django_delayqueue.core.scripts.fast_path import get_connection
 
 
@@ -60,8 +67,8 @@ class ReplicaAck:
                 node.script_load(call.script.source)
                 replies = self._send(node, call, probe_key)
         reply, _, acknowledged = replies
-        if isinstance(reply, Exception):
-            raise ScriptFailed(f"{call.script.name}.lua failed: {reply}") from reply
+        if isinstance(reply, Exception):  # RedisOutOfMemory when refused for memory
+            raise script_error(call.script.name, reply) from reply
         self._check(acknowledged, what, reply)
         return reply
 
@@ -87,13 +94,22 @@ class ReplicaAck:
             try:
                 connection.send_command("INCR", probe_key)
                 connection.send_command("WAIT", self.replicas, self.timeout_ms)
-                connection.read_response()
+                probed = _reply(connection)
                 acknowledged = connection.read_response()
             except BaseException:
                 connection.disconnect()  # an unread reply must never be left on it
                 raise
             finally:
                 node.connection_pool.release(connection)
+        if is_out_of_memory(probed):  # the writes are on the primary; nothing can confirm them
+            raise NotReplicated(
+                f"{what}: not confirmed by the replicas: Redis is out of memory and refused the "
+                f"probe write ({probed}); it is on the primary but not known to be safe from a "
+                "failover",
+                result=result,
+            )
+        if isinstance(probed, Exception):  # a probe key of the wrong type, say
+            raise ScriptFailed(f"waiting for replicas ({what}) failed: {probed}") from probed
         self._check(acknowledged, what, result)
         return int(acknowledged)
 
@@ -106,6 +122,14 @@ class ReplicaAck:
                 f"{self.timeout_ms} ms; it is on the primary but not safe from a failover yet",
                 result=result,
             )
+
+
+def _reply(connection: Any) -> Any:
+    """The next reply on ``connection``, an error reply returned rather than raised."""
+    try:
+        return connection.read_response()
+    except redis.exceptions.ResponseError as e:
+        return e
 
 
 def _node_client(client: RedisClient, probe_key: str) -> Any:
