@@ -296,21 +296,25 @@ def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
     except ConfigurationError:
         return []  # reported by E004
+    except Exception as e:  # a cluster client connects as it is built
+        return [_unreachable(e)]
     try:
         client.ping()
     except Exception as e:  # any failure to talk to Redis is the finding
-        return [
-            Error(
-                f"Redis is unreachable: {e}",
-                hint="Check DELAYQUEUE['REDIS_URL'] (or CACHE_ALIAS), credentials and "
-                "network; runqueue waits and retries, but nothing is delivered meanwhile.",
-                id="delayqueue.E001",
-            )
-        ]
+        return [_unreachable(e)]
     finally:
         if not dq_settings.CACHE_ALIAS:  # a borrowed cache connection is not ours to close
             client.close()
     return []
+
+
+def _unreachable(error: Exception) -> Error:
+    return Error(
+        f"Redis is unreachable: {error}",
+        hint="Check DELAYQUEUE['REDIS_URL'] (or CACHE_ALIAS), credentials and "
+        "network; runqueue waits and retries, but nothing is delivered meanwhile.",
+        id="delayqueue.E001",
+    )
 
 
 OUTBOX_SECONDS = ("OUTBOX_RELAY_SECONDS", "OUTBOX_LEASE_SECONDS", "OUTBOX_MAX_AGE_SECONDS")

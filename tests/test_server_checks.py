@@ -101,6 +101,9 @@ def test_a_redis_that_is_down_is_e001_and_never_a_crash() -> None:
     with override_settings(DELAYQUEUE=dead):
         assert check_redis_servers() == []
         assert SERVER_IDS & set(ids(deploy_checks())) == {"delayqueue.E001"}
+    cluster = {**dead, "CLUSTER": True}  # a cluster client connects as it is built
+    with override_settings(DELAYQUEUE=cluster):
+        assert SERVER_IDS & set(ids(deploy_checks())) == {"delayqueue.E001"}
     broken = {**settings.DELAYQUEUE, "REDIS_URL": "http://nope"}
     with override_settings(DELAYQUEUE=broken):
         assert check_redis_servers() == []  # E004 says what is wrong
