@@ -60,6 +60,8 @@ def app_servers(client: Any = None) -> list[ServerInfo]:
             client = get_client()
         except ConfigurationError as e:  # reported by the checks (E004)
             return [ServerInfo("(Redis not configured)", error=str(e))]
+        except Exception as e:  # a cluster client connects as it is built: down
+            return [ServerInfo("(Redis cluster)", error=str(e), unreachable=True)]
     return read_servers(client)
 
 
