@@ -10,17 +10,23 @@ delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
 delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
 delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
 delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid or has no queue
+delayqueue.E010     a Redis whose ``maxmemory-policy`` evicts keys (``check --deploy``)
+delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION`` or ``HEALTH_MAX_MEMORY_PERCENT``
 delayqueue.W005     a recurring schedule row that is invalid or has no queue (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
 delayqueue.W003     handlers registered for a queue that is not configured
 delayqueue.W004     outbox messages older than ``OUTBOX_MAX_AGE_SECONDS``: no relay sent
                     them (``check --database default``, and ``migrate``)
+delayqueue.W006     a Redis without AOF or RDB snapshots (``check --deploy``; not the
+                    embedded one of the demo and the tests)
+delayqueue.W007     E010 accepted by ``ACCEPT_DATA_LOSS_ON_EVICTION`` (``check --deploy``)
 ==================  ================================================================
 
-Only E001 and W004 do I/O: E001 runs with the deployment checks (and on demand), W004 with
-the database checks: a Redis that is
-down must not stop ``migrate`` or ``runqueue``, which waits for it. E005-E007 are the Tasks
+Only E001, E010, W006, W007 and W004 do I/O: the first four (monitoring.server_checks) run
+with the deployment checks (and on demand), W004 with the database checks: a Redis that is
+down must not stop ``migrate`` or ``runqueue``, which waits for it (and judges the servers
+itself once they answer: monitoring.servers.ServerGuard). E005-E007 are the Tasks
 backend's own ``check()``: run by the framework's check once the framework is imported (and,
 for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
 """
@@ -55,6 +61,7 @@ from django_delayqueue.conf.settings import (
 )
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_name, validate_prefix
+from django_delayqueue.monitoring.server_checks import check_redis_servers, server_setting_errors
 
 TAG = "delayqueue"
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
@@ -65,6 +72,7 @@ def register_checks() -> None:
     register(check_settings, TAG)
     register(check_handlers, TAG)
     register(check_redis, TAG, deploy=True)
+    register(check_redis_servers, TAG, deploy=True)
     register(check_task_backends, TAG)
     from django_delayqueue.recurring.checks import check_schedule_rows, check_schedules
 
@@ -109,7 +117,7 @@ def _framework_checks_registered() -> bool:
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """E002, E003, E004 and W002: the DELAYQUEUE dict itself."""
+    """E002, E003, E004, E011 and W002: the DELAYQUEUE dict itself."""
     raw = getattr(settings, "DELAYQUEUE", None)
     if raw is None:
         return []
@@ -125,6 +133,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     ]
     out += _connection_errors()
     out += _outbox_errors()
+    out += server_setting_errors()
     queues = dq_settings.QUEUES
     if not isinstance(queues, dict) or not isinstance(dq_settings.DEFAULTS or {}, dict):
         out.append(
@@ -295,21 +304,25 @@ def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
     except ConfigurationError:
         return []  # reported by E004
+    except Exception as e:  # a cluster client connects as it is built
+        return [_unreachable(e)]
     try:
         client.ping()
     except Exception as e:  # any failure to talk to Redis is the finding
-        return [
-            Error(
-                f"Redis is unreachable: {e}",
-                hint="Check DELAYQUEUE['REDIS_URL'] (or CACHE_ALIAS), credentials and "
-                "network; runqueue waits and retries, but nothing is delivered meanwhile.",
-                id="delayqueue.E001",
-            )
-        ]
+        return [_unreachable(e)]
     finally:
         if not dq_settings.CACHE_ALIAS:  # a borrowed cache connection is not ours to close
             client.close()
     return []
+
+
+def _unreachable(error: Exception) -> Error:
+    return Error(
+        f"Redis is unreachable: {error}",
+        hint="Check DELAYQUEUE['REDIS_URL'] (or CACHE_ALIAS), credentials and "
+        "network; runqueue waits and retries, but nothing is delivered meanwhile.",
+        id="delayqueue.E001",
+    )
 
 
 OUTBOX_SECONDS = ("OUTBOX_RELAY_SECONDS", "OUTBOX_LEASE_SECONDS", "OUTBOX_MAX_AGE_SECONDS")

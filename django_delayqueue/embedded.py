@@ -22,6 +22,8 @@ from types import TracebackType
 
 import redis
 
+from django_delayqueue.core.server_info import EMBEDDED_CONFIG_NAME
+
 __all__ = [
     "BINARY_ENV",
     "DEFAULT_URL",
@@ -35,8 +37,18 @@ __all__ = [
 BINARY_ENV = "DELAYQUEUE_REDIS_SERVER"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 HOST = "127.0.0.1"
-# Nothing goes to disk unless the caller asks (e.g. ``--appendonly yes``): later arguments win.
-DEFAULT_ARGS: tuple[str, ...] = ("--save", "", "--appendonly", "no")
+# Nothing goes to disk unless the caller asks (e.g. ``--appendonly yes``), and no key is ever
+# evicted (the checks refuse another policy, see docs/redis.md): later arguments win.
+DEFAULT_ARGS: tuple[str, ...] = (
+    *("--save", "", "--appendonly", "no"),
+    *("--maxmemory-policy", "noeviction"),
+)
+# The config file (in the data dir) that marks a server as ours: disposable, so the check that
+# warns of a server without persistence leaves it alone (core.server_info reads its name).
+MARK = (
+    "# A redis-server started by django_delayqueue.embedded for the tests or the demo: its data\n"
+    "# is disposable, and the delayqueue checks do not ask it to persist anything.\n"
+)
 # A free_port() can be taken by someone else before redis-server binds it; pick again this often.
 PORT_RETRIES = 5
 
@@ -110,11 +122,15 @@ def free_port(host: str = HOST) -> int:
 
 
 class RedisServerProcess:
-    """One redis-server child on 127.0.0.1 with a private data dir.
+    """One redis-server child on 127.0.0.1 with a private data dir, keeping nothing on disk
+    and evicting nothing (``DEFAULT_ARGS``; ``args`` may say otherwise).
 
-    ``start()`` returns once the server answers and reports our PID (so a foreign server on
-    the same port is never mistaken for it). ``stop()`` ends it and removes the data dir it
-    created; ``kill()`` and ``restart()`` keep the dir, for crash and recovery tests.
+    Its config file is named ``delayqueue-embedded.conf`` (unless ``mark_embedded`` is False): the
+    system checks recognise the server by it as disposable and do not warn that it persists nothing.
+
+        ``start()`` returns once the server answers and reports our PID (so a foreign server on
+        the same port is never mistaken for it). ``stop()`` ends it and removes the data dir it
+        created; ``kill()`` and ``restart()`` keep the dir, for crash and recovery tests.
     """
 
     def __init__(
@@ -125,9 +141,12 @@ class RedisServerProcess:
         binary: str | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 10.0,
+        mark_embedded: bool = True,
     ) -> None:
         self.binary = binary or find_redis_server()
         self.extra_args = tuple(args)
+        # False: a server that looks like any other (say, to test the persistence check).
+        self.mark_embedded = mark_embedded
         self.startup_timeout = startup_timeout
         self._fixed_port = port is not None
         self._port = port if port is not None else free_port()
@@ -244,8 +263,12 @@ class RedisServerProcess:
             self._data_dir = Path(tempfile.mkdtemp(prefix="delayqueue-redis-"))
         self._data_dir.mkdir(parents=True, exist_ok=True)
         # Command-line options override in order, so extra_args can undo DEFAULT_ARGS.
-        cmd = [
-            self.binary,
+        cmd = [self.binary]
+        if self.mark_embedded:
+            config = self._data_dir / EMBEDDED_CONFIG_NAME
+            config.write_text(MARK)
+            cmd.append(str(config))  # first: a config file comes before the options
+        cmd += [
             *("--port", str(self._port), "--bind", HOST, "--daemonize", "no"),
             *("--dir", str(self._data_dir)),
             *DEFAULT_ARGS,

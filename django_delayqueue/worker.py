@@ -21,6 +21,7 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, R
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.monitoring.servers import ServerGuard
 from django_delayqueue.recurring.definitions import Published, declared_recurrences
 from django_delayqueue.recurring.definitions import load_published as load_published_schedules
 from django_delayqueue.recurring.sync import publish_rows as publish_schedule_rows
@@ -51,8 +52,16 @@ class Worker(Consumer):
         self._task_queues = frozenset(task_queue_names())
         self._tasks: Any = None
         self._said_no_schedule_rows = False
+        # The Redis servers are judged before the first delivery, or once they answer: one
+        # whose policy evicts keys stops the worker (see monitoring.servers).
+        self.servers = ServerGuard()
+        self.refused: str | None = None
 
     def run(self) -> int:
+        code = self._run()
+        return 1 if self.refused else code
+
+    def _run(self) -> int:
         if self._task_queues & {q.logical_name for q in self.queues}:
             self._prepare_for_tasks()
         # The outbox: messages committed while Redis was down are sent from here. A burst sends
@@ -183,7 +192,9 @@ class Worker(Consumer):
         connections.close_all()
 
     def refresh(self) -> None:
-        """Reload the published settings of every queue (and republish them if missing)."""
+        """Reload the published settings of every queue (and republish them if missing); the
+        first refresh that reaches Redis judges its servers (:meth:`guard_servers`)."""
+        self.guard_servers()
         names = list(dict.fromkeys(q.logical_name for q in self.queues))  # shards share theirs
         try:
             published = load_published(names)
@@ -203,6 +214,17 @@ class Worker(Consumer):
         if missing:  # recomputed every refresh, so a failed republish is tried again
             self._republish(missing)
         self._refresh_schedules()
+
+    def guard_servers(self) -> None:
+        """Stop (and set ``refused``) on a Redis whose policy evicts keys, unless accepted."""
+        if self.refused:
+            return
+        try:
+            self.servers.check()
+        except ConfigurationError as e:
+            self.refused = str(e)
+            logger.error("%s will not deliver: %s", self.name, e)
+            self.request_stop()
 
     def _refresh_schedules(self) -> None:
         """Give the keeper the published recurring schedules (the admin's edits included)."""
@@ -226,9 +248,12 @@ class Worker(Consumer):
         )
 
     def refresh_wanted(self) -> bool:
-        """Refresh at the next round, not at the next maintenance: the schedules could not be
-        loaded yet (Redis was down), and a round that claims before they are would deliver a
-        tick waiting since before the outage whatever its catch-up policy says."""
+        """Refresh at the next round, not at the next maintenance: the servers or the schedules
+        could not be read yet (Redis was down), and a round that claims before they are would
+        deliver on a server that evicts, or a tick waiting since before the outage whatever
+        its catch-up policy says."""
+        if not self.servers.verified:  # Redis was down: judge it before a claim on it
+            return True
         return self.keeper is not None and not self.keeper.loaded
 
     def _publish_schedules(self) -> Published:

@@ -41,7 +41,14 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core import STATES, DelayQueueError, PeekedMessage
 from django_delayqueue.core.envelope import decode_envelope, ms_to_datetime
 from django_delayqueue.core.errors import CorruptEnvelope
+from django_delayqueue.core.server_info import ServerInfo
 from django_delayqueue.models import QueueConfig
+from django_delayqueue.monitoring.servers import (
+    NOT_PERSISTENT,
+    app_servers,
+    findings,
+    memory_text,
+)
 from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
 from django_delayqueue.spark.chart_files import CHART_KINDS, chart_path
 
@@ -73,14 +80,51 @@ def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     all_stats = collect()
     rows = [_overview_row(site, s) for s in all_stats]
     errors = sorted({e for s in all_stats for e in s.errors})
+    servers = app_servers()
     context = {
         **base_context(model_admin, request, "Delay queues"),
         "rows": rows,
         "states": [(s, STATE_LABELS[s]) for s in STATES],
         "errors": errors,
         "outbox": _outbox_summary(site, request),
+        "servers": [_server_row(s) for s in servers],
+        "server_banners": _server_banners(servers),
     }
     return TemplateResponse(request, "admin/django_delayqueue/overview.html", context)
+
+
+def _server_row(s: ServerInfo) -> dict[str, Any]:
+    return {
+        "address": s.address,
+        "version": s.version,
+        "memory": memory_text(s) if s.ok else None,
+        "full": s.out_of_memory,
+        "policy": s.policy,
+        "evicts": s.evicts,
+        "persistence": s.persistence if s.ok else None,
+        "error": s.error,
+    }
+
+
+def _server_banners(servers: list[ServerInfo]) -> list[dict[str, Any]]:
+    """What the overview says above the queues while it holds: a policy that evicts
+    messages, a server that keeps nothing on disk, a server out of memory."""
+    banners = [
+        {"kind": f.kind, "text": f"{f.message} {f.hint}", "error": f.kind != NOT_PERSISTENT}
+        for f in findings(servers)
+    ]
+    banners += [
+        {
+            "kind": "out-of-memory",
+            "text": f"Redis {s.address} is out of memory ({memory_text(s)}): new messages are "
+            "refused (deliveries and acks go on, and free memory). Raise its maxmemory, or let "
+            "the consumers drain the queues.",
+            "error": True,
+        }
+        for s in servers
+        if s.ok and s.out_of_memory
+    ]
+    return banners
 
 
 def _outbox_summary(site: str, request: HttpRequest) -> dict[str, Any] | None:

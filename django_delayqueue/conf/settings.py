@@ -48,6 +48,11 @@ DEFAULTS: dict[str, Any] = {
     "CLOCK": "redis",  # "redis" (shared server time) | "system" (local wall clock)
     "HEALTH_MAX_OVERDUE_SECONDS": 60,
     "HEALTH_CONSUMER_SECONDS": 30,  # a consumer is alive if it beat within this many seconds
+    # The health probe fails when a Redis server uses this share of its maxmemory (None: off).
+    "HEALTH_MAX_MEMORY_PERCENT": None,
+    # runqueue refuses a Redis whose maxmemory-policy evicts keys (and messages with them)
+    # unless this is True: the operator accepts that messages may vanish (docs/redis.md).
+    "ACCEPT_DATA_LOSS_ON_EVICTION": False,
     "SETTINGS_REFRESH_SECONDS": 2,
     "REPORT_DIR": None,  # queue_report's --out directory; the admin shows its charts
     # Recurring schedules kept by runqueue: name -> {"queue", "cron" | "every", "timezone",

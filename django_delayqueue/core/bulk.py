@@ -6,17 +6,19 @@ A mixin of :class:`~django_delayqueue.core.queue.Queue`, which provides ``clock`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.errors import PayloadError
 from django_delayqueue.core.results import BulkResult, Prepared, Rejected
+from django_delayqueue.core.scripts.calls import is_out_of_memory, script_error
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
     from django_delayqueue.core.scripts.fast_path import BoundScript
 
 DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
+NOT_STORED = "Redis is out of memory (used_memory above maxmemory): not stored, send it again"
 
 
 class BulkScheduling:
@@ -50,12 +52,15 @@ class BulkScheduling:
 
         Each item is a mapping with ``payload`` and optional ``id``, ``delay``, ``at`` and
         ``replace`` (default: the ``replace`` argument). A pipeline holds several chunks so a
-        batch costs few round trips; items keep their order, replacing or not.
+        batch costs few round trips; items keep their order, replacing or not. When Redis is out
+        of memory, a chunk it refuses (nothing of it is written) and every item after it are
+        reported in ``not_scheduled``, and no more is sent.
         """
         total = BulkResult()
         now = self.clock.now_ms()
         pending: list[Prepared] = []
         flags: list[bool] = []
+        indexes: list[int] = []
         for index, item in enumerate(items):
             try:
                 if not isinstance(item, Mapping):
@@ -72,13 +77,14 @@ class BulkScheduling:
                     )
                 )
                 flags.append(bool(item.get("replace", replace)))
+                indexes.append(index)
             except PayloadError as e:
                 total.rejected.append(Rejected(index, _safe_id(item), str(e)))
             if len(pending) >= chunk_size * 8:
-                total.merge(self._send_prepared(pending, now, chunk_size, flags))
-                pending, flags = [], []
-        total.merge(self._send_prepared(pending, now, chunk_size, flags))
-        self.confirm_replicas(f"{total.scheduled + total.replaced} scheduled message(s)", total)
+                self._send_prepared(pending, now, chunk_size, flags, indexes, total)
+                pending, flags, indexes = [], [], []
+        self._send_prepared(pending, now, chunk_size, flags, indexes, total)
+        _confirm(self, total)
         return total
 
     def schedule_prepared(
@@ -88,10 +94,13 @@ class BulkScheduling:
         chunk_size: int = DEFAULT_CHUNK,
         replace: bool = False,
     ) -> BulkResult:
-        """Schedule messages already validated by :meth:`prepare` (used by the Spark job)."""
+        """Schedule messages already validated by :meth:`prepare` (used by the Spark job); those
+        Redis refused for memory are in ``not_scheduled`` (indexes into ``prepared``)."""
         flags = [replace] * len(prepared)
-        result = self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags)
-        self.confirm_replicas(f"{result.scheduled + result.replaced} scheduled message(s)", result)
+        result = BulkResult()
+        indexes = list(range(len(prepared)))
+        self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags, indexes, result)
+        _confirm(self, result)
         return result
 
     def _send_prepared(
@@ -100,34 +109,48 @@ class BulkScheduling:
         now: int,
         chunk_size: int,
         flags: Sequence[bool],
-    ) -> BulkResult:
-        """Send runs of items that replace or not, in order (one pipeline per run)."""
-        result = BulkResult()
+        indexes: Sequence[int],
+        result: BulkResult,
+    ) -> None:
+        """Send runs of items that replace or not, in order (one pipeline per run), counting
+        what became of them in ``result``. Once a chunk was refused for memory, the rest is
+        reported as not scheduled without being sent (each refused chunk changed nothing: see
+        lua/includes/memory.lua)."""
         start = 0
         while start < len(prepared):
             replace, end = flags[start], start + 1
             while end < len(prepared) and flags[end] == replace:
                 end += 1
-            calls, sizes = [], []
-            for chunk in _chunks(prepared[start:end], chunk_size):
-                args: list[Any] = [now, *self.announce_args]
-                for message_id, due, envelope in chunk:
-                    args += (message_id, due, envelope)
-                calls.append(args)
-                sizes.append(len(chunk))
+            chunks = [range(i, min(i + chunk_size, end)) for i in range(start, end, chunk_size)]
             script = self._replace_one if replace else self._schedule_one
-            for size, reply in zip(sizes, script.call_many(calls), strict=True):
+            replies: list[Any] = [None] * len(chunks)  # None: not sent
+            if not result.not_scheduled:
+                calls = [
+                    [now, *self.announce_args, *(part for i in chunk for part in prepared[i])]
+                    for chunk in chunks
+                ]
+                replies = script.call_many(calls, raise_errors=False)
+            for chunk, reply in zip(chunks, replies, strict=True):
+                if reply is None or is_out_of_memory(reply):
+                    result.not_scheduled += [
+                        Rejected(indexes[i], prepared[i].id, NOT_STORED) for i in chunk
+                    ]
+                    continue
+                if isinstance(reply, Exception):
+                    raise script_error(script.script.name, reply) from reply
                 stored, taken = int(reply[0]), (len(reply) - 1) // 2
                 result.scheduled += stored - (taken if replace else 0)
                 result.replaced += taken if replace else 0
-                result.already_present += 0 if replace else size - stored
+                result.already_present += 0 if replace else len(chunk) - stored
             start = end
-        return result
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _confirm(queue: BulkScheduling, result: BulkResult) -> None:
+    """With MIN_REPLICAS, wait for the replicas to have what was stored; nothing to wait for
+    when a full Redis refused everything (its probe write would be refused too)."""
+    stored = result.scheduled + result.replaced
+    if stored or result.already_present or not result.not_scheduled:
+        queue.confirm_replicas(f"{stored} scheduled message(s)", result)
 
 
 def _safe_id(item: Mapping[str, Any]) -> str | None:

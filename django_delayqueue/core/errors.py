@@ -43,6 +43,15 @@ class NotReplicated(RedisUnavailable):
         self.result = result
 
 
+class RedisOutOfMemory(RedisUnavailable):
+    """Redis refused a write because its memory is full (``used_memory`` above ``maxmemory``,
+    with the ``noeviction`` policy): nothing of the refused call was changed.
+
+    Retry once memory is freed: consumers keep delivering and acknowledging (which frees
+    memory) while the server is full; raising ``maxmemory`` helps at once (docs/redis.md).
+    """
+
+
 class ScriptFailed(DelayQueueError):
     """A Lua script raised an error (for example a key holds the wrong type)."""
 

@@ -22,7 +22,13 @@ from redis.cluster import RedisCluster
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, ScriptFailed
-from django_delayqueue.core.scripts.calls import ScriptCall, is_noscript, redis_errors
+from django_delayqueue.core.scripts.calls import (
+    ScriptCall,
+    is_noscript,
+    is_out_of_memory,
+    redis_errors,
+    script_error,
+)
 from django_delayqueue.core.scripts.fast_path import get_connection
 
 # WAIT answers once its own timeout is over: its reply is read with that much and this margin,
@@ -73,8 +79,8 @@ class ReplicaAck:
                 node.script_load(script.source)
                 replies = self._send(node, commands)
         reply, _, acknowledged = replies
-        if isinstance(reply, Exception):
-            raise ScriptFailed(f"{call.script.name}.lua failed: {reply}") from reply
+        if isinstance(reply, Exception):  # RedisOutOfMemory when refused for memory
+            raise script_error(call.script.name, reply) from reply
         self._check(acknowledged, what, reply)
         return reply
 
@@ -89,7 +95,16 @@ class ReplicaAck:
         with redis_errors(f"waiting for replicas ({what})"):
             node = _node_client(client, probe_key)
             commands = [("INCR", probe_key), ("WAIT", self.replicas, self.timeout_ms)]
-            _, acknowledged = self._send(node, commands)
+            probed, acknowledged = self._send(node, commands)
+        if is_out_of_memory(probed):  # the writes are on the primary; nothing can confirm them
+            raise NotReplicated(
+                f"{what}: not confirmed by the replicas: Redis is out of memory and refused the "
+                f"probe write ({probed}); it is on the primary but not known to be safe from a "
+                "failover",
+                result=result,
+            )
+        if isinstance(probed, Exception):  # a probe key of the wrong type, say
+            raise ScriptFailed(f"waiting for replicas ({what}) failed: {probed}") from probed
         self._check(acknowledged, what, result)
         return int(acknowledged)
 

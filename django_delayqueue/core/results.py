@@ -55,14 +55,18 @@ class Rejected:
 class BulkResult:
     scheduled: int = 0  # new messages under free ids
     already_present: int = 0  # not created: the id was taken and replace was not asked for
-    rejected: list[Rejected] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)  # invalid: not sent
     replaced: int = 0  # stored with replace over a message holding the id (or as a successor)
+    # Valid, but not stored: Redis was out of memory (see RedisOutOfMemory). Nothing of them
+    # was written; send them again (with their ids) once it has room.
+    not_scheduled: list[Rejected] = field(default_factory=list)
 
     def merge(self, other: BulkResult) -> None:
         self.scheduled += other.scheduled
         self.already_present += other.already_present
         self.replaced += other.replaced
         self.rejected.extend(other.rejected)
+        self.not_scheduled.extend(other.not_scheduled)
 
 
 @dataclass(frozen=True)

@@ -114,15 +114,18 @@ class ShardedQueue:
         for index, chunk in by_shard.items():
             done = self.shards[index].schedule_many(chunk, **kwargs)
             # A refused item is reported at its place in the caller's items, not in the chunk.
-            done.rejected = [replace(r, index=positions[index][r.index]) for r in done.rejected]
-            total.merge(done)
+            total.merge(_placed(done, positions[index]))
         total.rejected.sort(key=lambda r: r.index)
+        total.not_scheduled.sort(key=lambda r: r.index)
         return total
 
     def schedule_prepared(self, prepared: Sequence[Prepared], **kwargs: Any) -> BulkResult:
         total = BulkResult()
-        for index, chunk in self._by_shard([p.id for p in prepared], prepared).items():
-            total.merge(self.shards[index].schedule_prepared(chunk, **kwargs))
+        positions = self._by_shard([p.id for p in prepared], range(len(prepared)))
+        for index, places in positions.items():
+            done = self.shards[index].schedule_prepared([prepared[i] for i in places], **kwargs)
+            total.merge(_placed(done, places))
+        total.not_scheduled.sort(key=lambda r: r.index)
         return total
 
     # --- by id, or on every shard ------------------------------------------------------------
@@ -183,6 +186,13 @@ class ShardedQueue:
                 message_id if items is None else items[n]
             )
         return chosen
+
+
+def _placed(done: BulkResult, positions: Sequence[int]) -> BulkResult:
+    """A shard's result with the items it reports at their places in the caller's items."""
+    done.rejected = [replace(r, index=positions[r.index]) for r in done.rejected]
+    done.not_scheduled = [replace(r, index=positions[r.index]) for r in done.not_scheduled]
+    return done
 
 
 def merge_snapshots(name: str, parts: Sequence[Snapshot]) -> Snapshot:

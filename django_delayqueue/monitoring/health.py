@@ -12,6 +12,12 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
 
 - ``OUTBOX_MAX_AGE_SECONDS`` (60): an outbox message (committed while Redis was down) that has
   waited longer for a relay fails the ``outbox`` check.
+- ``HEALTH_MAX_MEMORY_PERCENT`` (None: off): a Redis server that uses this share of its
+  ``maxmemory`` or more (or is full) fails the ``memory`` check.
+
+A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` check, unless
+``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers); ``servers`` in the report has each
+server's memory, policy and persistence.
 
 Paused queues are expected to have a backlog and may have no consumer: they are not checked.
 """
@@ -24,6 +30,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
 from django_delayqueue.conf.connection import get_client
+from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.monitoring.servers import app_servers, findings, memory_problems
 from django_delayqueue.monitoring.stats import (
     DEFAULT_ALIVE_SECONDS,
     QueueStats,
@@ -64,6 +72,9 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
     outbox = _outbox_report()
     if outbox:
         checks["outbox"] = outbox
+    # Not asked again when the stats could not be read: the probe must answer fast.
+    servers = [] if redis_errors else app_servers()
+    checks.update(_server_checks(servers))
     healthy = all(c["ok"] for c in checks.values())
     report = {
         "status": "ok" if healthy else "fail",
@@ -77,8 +88,22 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             }
             for s in all_stats
         },
+        "servers": [s.to_dict() for s in servers],
     }
     return healthy, report
+
+
+def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:
+    """``eviction`` (a policy that deletes messages, not accepted) and, when asked for with
+    ``HEALTH_MAX_MEMORY_PERCENT``, ``memory``; servers that could not be read fail ``redis``."""
+    out: dict[str, dict[str, Any]] = {}
+    if any(s.ok for s in servers):
+        failing = {f.server: f.message for f in findings(servers) if f.refuses_runqueue}
+        out["eviction"] = _check(failing)
+    percent = setting("HEALTH_MAX_MEMORY_PERCENT", None)
+    if percent is not None:
+        out["memory"] = _check(memory_problems(servers, percent), max_percent=percent)
+    return out
 
 
 def _outbox_report() -> dict[str, Any]:

@@ -49,6 +49,7 @@ class StatsCollector:
             _add(s, families)
         yield from families.values()
         yield from _schedule_families()
+        yield from _server_families()
 
 
 # name (after "delayqueue_") -> (kind, help text, labels after "queue")
@@ -119,6 +120,45 @@ def _schedule_families() -> Iterator[Any]:
         if s.last_tick_ms is not None:
             families["last_run_timestamp_seconds"].add_metric(labels, s.last_tick_ms / 1000)
             families["last_run_succeeded"].add_metric(labels, 1 if s.last_outcome == "ack" else 0)
+    yield from families.values()
+
+
+# Each Redis server the app writes to: name (after "delayqueue_redis_") -> help text; label
+# server (host:port), and policy for "evicts".
+SERVER_FAMILIES: dict[str, str] = {
+    "up": "1 if the server's INFO could be read.",
+    "used_memory_bytes": "Memory the server uses (INFO used_memory).",
+    "maxmemory_bytes": "The server's maxmemory (0: no limit).",
+    "evicts": "1 if the server's maxmemory-policy deletes keys (messages) when memory is full.",
+    "persistent": "1 if the server keeps its data on disk (AOF or RDB snapshots); absent: unknown.",
+}
+
+
+def _server_families() -> Iterator[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from django_delayqueue.monitoring.servers import app_servers
+
+    families = {
+        name: GaugeMetricFamily(
+            f"delayqueue_redis_{name}",
+            text,
+            labels=["server", "policy"] if name == "evicts" else ["server"],
+        )
+        for name, text in SERVER_FAMILIES.items()
+    }
+    for s in app_servers():
+        families["up"].add_metric([s.address], 1 if s.ok else 0)
+        if not s.ok:
+            continue
+        if s.used_memory is not None:
+            families["used_memory_bytes"].add_metric([s.address], s.used_memory)
+        if s.maxmemory is not None:
+            families["maxmemory_bytes"].add_metric([s.address], s.maxmemory)
+        if s.policy is not None:
+            families["evicts"].add_metric([s.address, s.policy], 1 if s.evicts else 0)
+        if s.persistent is not None:
+            families["persistent"].add_metric([s.address], 1 if s.persistent else 0)
     yield from families.values()
 
 

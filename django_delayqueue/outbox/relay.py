@@ -25,6 +25,7 @@ from django.utils import timezone
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import DelayQueueError, RedisUnavailable
+from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.results import Prepared
 from django_delayqueue.models import OutboxMessage
 from django_delayqueue.outbox.committing import (
@@ -88,6 +89,8 @@ class OutboxRelay:
         self.batch = batch
         self.databases = databases
         self._table_missing_logged: set[str] = set()
+        # A full Redis refuses every pass: said once, and once when it takes rows again.
+        self.memory = OutOfMemoryLog(logger, "outbox")
 
     def relay_once(self) -> RelayPass:
         """One pass over every database; never raises for a database or Redis that is down."""
@@ -161,7 +164,9 @@ class OutboxRelay:
                 result = outgoing_of(row).send_once(str(row.pk))
             except RedisUnavailable as e:
                 # The rest would fail alike: all go back at once, for the next pass.
-                logger.warning("outbox: %d row(s) wait for Redis: %s", len(claimed) - i, e)
+                waiting = len(claimed) - i
+                if not self.memory.check(e, f"sending {waiting} row(s)"):
+                    logger.warning("outbox: %d row(s) wait for Redis: %s", waiting, e)
                 for left in claimed[i:]:
                     release(left, alias, e)
                 done.failed += len(claimed) - i
@@ -174,6 +179,7 @@ class OutboxRelay:
                 release(row, alias, e, wait=ROW_FAILURE_WAIT)
                 done.failed += 1
                 continue
+            self.memory.taken()
             delete_sent(row, alias)
             if result is None:
                 done.already_sent += 1

@@ -29,10 +29,10 @@ from pyspark.sql import DataFrame, SparkSession
 from django_delayqueue.core.client import connect
 from django_delayqueue.core.clock import RedisClock
 from django_delayqueue.core.envelope import encode_envelope, validate_id
-from django_delayqueue.core.errors import ConfigurationError, PayloadError
+from django_delayqueue.core.errors import ConfigurationError, PayloadError, RedisOutOfMemory
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
-from django_delayqueue.core.results import Prepared
+from django_delayqueue.core.results import BulkResult, Prepared
 from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.spark.progress import ProgressCallback, watch_progress
 from django_delayqueue.spark.transforms import DUE, ID, PAYLOAD, REASON, MessageSpec, prepare, split
@@ -258,13 +258,23 @@ def _send(
                 continue
             prepared.append(Prepared(message_id, due, encode_envelope(payload, due, now_ms)))
             if len(prepared) >= flush_at:
-                result = q.schedule_prepared(prepared, chunk_size=chunk_size)
+                result = _stored(q, prepared, chunk_size)
                 scheduled, present = scheduled + result.scheduled, present + result.already_present
                 prepared = []
     if prepared:
-        result = q.schedule_prepared(prepared, chunk_size=chunk_size)
+        result = _stored(q, prepared, chunk_size)
         scheduled, present = scheduled + result.scheduled, present + result.already_present
     return scheduled, present, refused
+
+
+def _stored(q: Queue | ShardedQueue, prepared: list[Prepared], chunk_size: int) -> BulkResult:
+    """``prepared`` scheduled; RedisOutOfMemory if Redis had no room for some: the task fails,
+    as it does when Redis is down, and Spark runs it again (the rows' ids make that safe)."""
+    result = q.schedule_prepared(prepared, chunk_size=chunk_size)
+    if result.not_scheduled:
+        first = result.not_scheduled[0]
+        raise RedisOutOfMemory(f"{len(result.not_scheduled)} message(s) not stored: {first.reason}")
+    return result
 
 
 def _result(

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
 from admin_support import OVERVIEW, QUEUE, action_url, bury, page, where
 from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_delayqueue.core import Queue
-from django_delayqueue.embedded import free_port
+from django_delayqueue.embedded import RedisServerProcess, free_port
 from django_delayqueue.models import QueueConfig
 
 pytestmark = pytest.mark.django_db
@@ -49,6 +50,39 @@ def test_overview_lists_every_queue_with_its_counts(admin_client, q, redis_clien
     assert 'td class="dq-num dq-count" data-state="garbage"' in html
     assert page(QUEUE, "garbage") in html  # the count links to the state's page
     assert "admin/base_site.html" in [t.name for t in response.templates]
+
+
+def test_overview_shows_each_redis_server_and_no_banner_when_all_is_well(admin_client, q):
+    response = admin_client.get(OVERVIEW)
+    (server,) = response.context["servers"]
+    assert server["policy"] == "noeviction" and not server["evicts"]
+    assert "(no maxmemory)" in server["memory"]
+    assert response.context["server_banners"] == []  # the embedded server: disposable
+    assert 'id="dq-servers"' in response.content.decode()
+
+
+def test_overview_banner_while_redis_evicts_or_is_full(admin_client):
+    args = ("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru")
+    with RedisServerProcess(args=args, mark_embedded=False) as server:
+        config = {"REDIS_URL": server.url, "PREFIX": "dq", "QUEUES": {"order-close": {}}}
+        with override_settings(DELAYQUEUE=config):
+            evicting = admin_client.get(OVERVIEW)
+            admin = redis.Redis.from_url(server.url)
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("appendonly", "yes")
+            admin.config_set("maxmemory", 1)
+            full = admin_client.get(OVERVIEW)
+            admin.config_set("maxmemory", 0)
+            fine = admin_client.get(OVERVIEW)
+            admin.close()
+    kinds = [b["kind"] for b in evicting.context["server_banners"]]
+    assert kinds == ["evicting", "not-persistent"]
+    html = evicting.content.decode()
+    assert 'data-kind="evicting"' in html and "maxmemory-policy allkeys-lru" in html
+    assert "of 100.0 MB" in evicting.context["servers"][0]["memory"]
+    (banner,) = full.context["server_banners"]
+    assert banner["kind"] == "out-of-memory" and banner["error"]
+    assert fine.context["server_banners"] == []  # only while the condition holds
 
 
 def test_overview_is_listed_in_the_admin_index(admin_client):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
+import redis
 from django.conf import settings
 from django.test import override_settings
 
@@ -41,11 +44,15 @@ def test_healthy(client, queues):
         "consumers": True,
         "overdue": True,
         "outbox": True,
+        "eviction": True,
     }
     assert report["checks"]["outbox"]["databases"] == {
         "default": {"waiting": 0, "oldest_seconds": 0.0}
     }
     assert report["queues"]["order-close"]["consumers_alive"] == 1
+    (server,) = report["servers"]
+    assert server["policy"] == "noeviction" and server["embedded"] is True
+    assert server["used_memory"] > 0 and server["maxmemory"] == 0
     assert response["Cache-Control"] == "no-store"
 
 
@@ -142,3 +149,49 @@ def test_an_outbox_message_waiting_too_long_fails_the_outbox_check(client, queue
     assert not outbox["ok"] and outbox["max_seconds"] == 60
     assert outbox["databases"]["default"]["waiting"] == 1
     assert "has waited 1 min" in outbox["failing"]["default"]
+
+
+@pytest.fixture
+def own_redis():
+    """Settings on a redis-server of the test's own (``args``), with no queue to look at."""
+    from django_delayqueue.embedded import RedisServerProcess
+
+    @contextmanager
+    def start(*args, **extra):
+        with RedisServerProcess(args=args) as server:
+            admin = redis.Redis.from_url(server.url)
+            with delayqueue(REDIS_URL=server.url, QUEUES={}, **extra):
+                yield admin
+            admin.close()
+
+    return start
+
+
+def test_a_redis_that_evicts_keys_fails_the_eviction_check(client, own_redis):
+    with own_redis("--maxmemory-policy", "allkeys-lru"):
+        response = client.get(URL)
+    assert response.status_code == 503
+    (failing,) = response.json()["checks"]["eviction"]["failing"].values()
+    assert "maxmemory-policy allkeys-lru" in failing
+    with own_redis("--maxmemory-policy", "allkeys-lru", ACCEPT_DATA_LOSS_ON_EVICTION=True):
+        response = client.get(URL)
+    assert response.status_code == 200  # accepted: the servers report still says it
+    assert response.json()["servers"][0]["evicts"] is True
+
+
+def test_memory_past_the_threshold_fails_when_asked_for(client, own_redis):
+    with own_redis("--maxmemory", "100mb"):
+        assert "memory" not in client.get(URL).json()["checks"]  # off by default
+    with own_redis("--maxmemory", "100mb", HEALTH_MAX_MEMORY_PERCENT=90) as admin:
+        assert client.get(URL).status_code == 200  # a few MB of 100: fine
+        used = admin.info("memory")["used_memory"]
+        admin.config_set("maxmemory", int(used / 0.95))  # 95% used
+        response = client.get(URL)
+        assert response.status_code == 503
+        memory = response.json()["checks"]["memory"]
+        assert memory["max_percent"] == 90
+        (said,) = memory["failing"].values()
+        assert said.endswith("% of maxmemory used")
+        admin.config_set("maxmemory", 1)  # full: writes are refused
+        (said,) = client.get(URL).json()["checks"]["memory"]["failing"].values()
+        assert said.startswith("out of memory")

@@ -10,7 +10,7 @@ from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_delayqueue.core import Queue
-from django_delayqueue.embedded import free_port
+from django_delayqueue.embedded import RedisServerProcess, free_port
 
 URL = "/delayqueue/metrics/"
 
@@ -82,6 +82,23 @@ def test_redis_down_reports_up_0_and_no_values(client):
     assert m[("delayqueue_up", (("queue", "order-close"),))] == 0
     assert not any(name == "delayqueue_messages" for name, _ in m)
     assert not any(name == "delayqueue_deliveries_total" for name, _ in m)
+    ((_, server),) = [(n, labels) for n, labels in m if n == "delayqueue_redis_up"]
+    assert m[("delayqueue_redis_up", server)] == 0
+    assert not any(name == "delayqueue_redis_used_memory_bytes" for name, _ in m)
+
+
+def test_each_redis_server_memory_policy_and_persistence(client):
+    args = ("--maxmemory", "100mb", "--maxmemory-policy", "volatile-ttl", "--appendonly", "yes")
+    with RedisServerProcess(args=args) as server:
+        settings = override_settings(DELAYQUEUE={"REDIS_URL": server.url, "QUEUES": {}})
+        with settings:
+            m = scrape(client)
+    s = (("server", f"127.0.0.1:{server.port}"),)
+    assert m[("delayqueue_redis_up", s)] == 1
+    assert 0 < m[("delayqueue_redis_used_memory_bytes", s)] < 100 * 1024 * 1024
+    assert m[("delayqueue_redis_maxmemory_bytes", s)] == 100 * 1024 * 1024
+    assert m[("delayqueue_redis_evicts", (("policy", "volatile-ttl"), *s))] == 1
+    assert m[("delayqueue_redis_persistent", s)] == 1
 
 
 def test_without_prometheus_client_it_says_how_to_get_it(client, monkeypatch, redis_client):

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
+from memory_support import full
 
 import django_delayqueue as dq
 from django_delayqueue.core import QueueKeys
@@ -120,6 +121,29 @@ def test_a_relay_that_finds_redis_still_down_keeps_the_rows(
     ]
     assert OutboxRelay().relay_once().sent == 2
     assert set(pending(redis_client)) == {b"a", b"b"}
+
+
+def test_a_full_redis_at_commit_keeps_the_row_and_the_relay_sends_it_once_there_is_room(
+    redis_client: redis.Redis, outbox_on: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    relay = OutboxRelay()
+    with full(redis_client):
+        with transaction.atomic():
+            dq.schedule("order-close", {"order_id": 5}, delay=600, id="close-5")
+            dq.schedule("order-close", {"order_id": 6}, delay=600, id="close-6")
+        rows = list(OutboxMessage.objects.order_by("message_id"))
+        assert [r.message_id for r in rows] == ["close-5", "close-6"]  # kept, not lost
+        assert "out of memory" in rows[0].last_error
+        for _ in range(3):  # relay passes while Redis is still full: the rows wait
+            assert relay.relay_once().failed == 2
+        assert pending(redis_client) == {}  # nothing half-written
+    said = [r for r in caplog.records if r.getMessage().startswith("outbox: Redis is out of")]
+    assert len(said) == 1  # the relay said it once, not at every pass
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert relay.relay_once().sent == 2  # memory is back
+    assert OutboxMessage.objects.count() == 0
+    assert set(pending(redis_client)) == {b"close-5", b"close-6"}
+    assert "room again" in caplog.text
 
 
 def test_an_overdue_row_goes_straight_to_ready(redis_client: redis.Redis, outbox_on: None) -> None:

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_delayqueue.core import Queue
-from django_delayqueue.embedded import free_port
+from django_delayqueue.embedded import RedisServerProcess, free_port
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -98,3 +98,35 @@ def test_redis_down_prints_dashes_and_fails():
     # Everything read from Redis is "-"; paused falls back to the settings file.
     assert row == ["order-close", *["-"] * 7, "no", "-", "-"]
     assert "error:" in err.getvalue()
+
+
+def test_each_redis_server_is_shown_with_its_memory_and_policy(q):
+    out, err = run()
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("REDIS SERVER"))
+    assert lines[header].split() == [
+        "REDIS",
+        "SERVER",
+        "VERSION",
+        "MEMORY",
+        "POLICY",
+        "PERSISTENCE",
+    ]
+    row = lines[header + 1]
+    assert "(no maxmemory)" in row and row.split()[-2:] == ["noeviction", "none"]
+    assert err == ""  # the embedded server of the tests: nothing to warn of
+    (server,) = json.loads(run("--json")[0])["servers"]
+    assert server["policy"] == "noeviction" and server["maxmemory"] == 0
+    assert server["used_memory"] > 0 and server["evicts"] is False
+
+
+def test_a_redis_that_evicts_is_shown_and_warned_of():
+    args = ("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru")
+    with RedisServerProcess(args=args, mark_embedded=False) as server:
+        config = {"REDIS_URL": server.url, "QUEUES": {"order-close": {}}}
+        with override_settings(DELAYQUEUE=config):
+            out, err = run()
+    row = out.splitlines()[-1]
+    assert "of 100.0 MB" in row and "allkeys-lru" in row and row.endswith("none")
+    assert "warning: Redis" in err and "maxmemory-policy allkeys-lru" in err
+    assert "keeps nothing on disk" in err

@@ -13,10 +13,11 @@ import pytest
 import redis
 from django.conf import settings
 from django.test import override_settings
+from memory_support import full
 
 from django_delayqueue.conf.connection import make_client, replica_ack
 from django_delayqueue.core import Queue
-from django_delayqueue.core.errors import ConfigurationError, NotReplicated
+from django_delayqueue.core.errors import ConfigurationError, NotReplicated, RedisOutOfMemory
 from django_delayqueue.core.replication import ReplicaAck
 from django_delayqueue.core.scripts.fast_path import get_connection
 from django_delayqueue.embedded import RedisServerProcess
@@ -54,6 +55,23 @@ def test_a_schedule_returns_once_the_replica_has_it(
     copy = redis.Redis.from_url(replica.url)
     assert copy.zscore(q.keys.pending, "safe") == result.due_ms  # already there on return
     copy.close()
+
+
+def test_a_full_primary_refuses_with_out_of_memory_and_never_says_not_replicated(
+    pair: tuple[RedisServerProcess, RedisServerProcess],
+) -> None:
+    primary, _ = pair
+    q = queue_on(primary)
+    stored = q.schedule({"n": 1}, delay=60, id="before")
+    with full(q.client):
+        with pytest.raises(RedisOutOfMemory):
+            q.schedule({"n": 2}, delay=60, id="refused")
+        result = q.schedule_many([{"payload": 3, "id": "bulk"}])  # nothing to confirm
+        assert [r.id for r in result.not_scheduled] == ["bulk"]
+        with pytest.raises(NotReplicated, match="out of memory") as caught:
+            q.confirm_replicas("the earlier schedule", stored)  # the probe write is refused
+        assert caught.value.result == stored
+    assert not q.client.hexists(q.keys.messages, "refused")
 
 
 def test_a_replica_that_does_not_confirm_makes_the_schedule_raise_not_replicated(

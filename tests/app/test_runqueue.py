@@ -157,6 +157,44 @@ def test_concurrency_and_its_short_form_set_the_handler_threads(
     assert seen == [[8], [1]]
 
 
+@pytest.fixture
+def evicting() -> Iterator[redis.Redis]:
+    """The settings point at a Redis with a cache's policy: it evicts keys when full."""
+    with RedisServerProcess(args=("--maxmemory-policy", "allkeys-lru")) as server:
+        config = {**settings.DELAYQUEUE, "REDIS_URL": server.url}
+        with override_settings(DELAYQUEUE=config):
+            client = redis.Redis.from_url(server.url)
+            yield client
+            client.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_that_evicts_keys_is_refused_at_start(
+    evicting: redis.Redis, delivered: list[Any]
+) -> None:
+    Queue(evicting, QUEUE, prefix="dq").schedule({"n": 1})
+    with pytest.raises(CommandError) as refused:
+        call_command("runqueue", QUEUE, "--burst")
+    text = str(refused.value)
+    assert "maxmemory-policy allkeys-lru" in text and "noeviction" in text
+    assert "ACCEPT_DATA_LOSS_ON_EVICTION" in text
+    assert delivered == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_accepted_eviction_policy_runs_with_a_warning_at_every_start(
+    evicting: redis.Redis, delivered: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    Queue(evicting, QUEUE, prefix="dq").schedule({"n": 1})
+    accepted = {**settings.DELAYQUEUE, "ACCEPT_DATA_LOSS_ON_EVICTION": True}
+    with override_settings(DELAYQUEUE=accepted), caplog.at_level(logging.WARNING):
+        call_command("runqueue", QUEUE, "--burst")
+        call_command("runqueue", QUEUE, "--burst")
+    assert delivered == [{"n": 1}]
+    said = [r for r in caplog.records if "maxmemory-policy allkeys-lru" in r.getMessage()]
+    assert len(said) == 2 and all("Accepted by" in r.getMessage() for r in said)
+
+
 # --- a real process -----------------------------------------------------------------------------
 
 
@@ -302,4 +340,20 @@ def test_redis_down_at_start_is_waited_for(
         )
         child.signal(signal.SIGINT)
         assert child.exit_code() == 0, child.output()
+        client.close()
+
+
+@pytest.mark.slow
+def test_a_redis_that_comes_up_evicting_keys_stops_the_worker_before_it_delivers(
+    runqueue: Any,
+) -> None:
+    port = free_port()
+    child = runqueue(f"redis://127.0.0.1:{port}/0", "demo-slow")
+    child.wait_until(lambda: "trying again" in child.output(), "a retry was logged")
+    with RedisServerProcess(port=port, args=("--maxmemory-policy", "volatile-ttl")) as server:
+        client = redis.Redis.from_url(server.url)
+        schedule_slow(client, 1, seconds=0)
+        assert child.exit_code() == 1, child.output()
+        assert "maxmemory-policy volatile-ttl" in child.output()
+        assert client.lrange("demo:slow:done", 0, -1) == []  # nothing delivered on it
         client.close()

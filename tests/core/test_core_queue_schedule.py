@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import redis
+from memory_support import fill, full, make_room
 
 from django_delayqueue.core import PayloadError, Queue, ScheduleResult
 from django_delayqueue.core.envelope import decode_envelope
@@ -253,6 +254,48 @@ def test_schedule_many_of_a_generator_larger_than_one_pipeline(
     result = q.schedule_many(({"payload": i, "id": f"m{i}"} for i in range(250)), chunk_size=10)
     assert (result.scheduled, result.already_present, result.rejected) == (250, 0, [])
     assert ready_ids(redis_client, q) == [f"m{i}" for i in range(250)]
+
+
+def test_schedule_many_reports_what_a_full_redis_refused_and_sends_no_more(
+    redis_client: redis.Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_queue()
+    real = q._schedule_one.call_many
+    pipelines: list[int] = []
+
+    def then_full(calls: Any, **kwargs: Any) -> Any:
+        replies = real(calls, **kwargs)
+        pipelines.append(len(calls))
+        fill(redis_client)  # memory is full from the second pipeline on
+        return replies
+
+    monkeypatch.setattr(q._schedule_one, "call_many", then_full)
+    items: list[dict[str, Any]] = [{"payload": i, "id": f"m{i}"} for i in range(200)]
+    items.insert(100, {"payload": object(), "id": "bad"})
+    try:
+        result = q.schedule_many(items, chunk_size=10)  # 8 chunks of 10 a pipeline
+    finally:
+        make_room(redis_client)
+    assert pipelines == [8, 8]  # the third was never sent
+    assert (result.scheduled, result.already_present) == (80, 0)
+    assert [(r.index, r.id) for r in result.rejected] == [(100, "bad")]
+    expected = [(i, f"m{i}") for i in range(80, 100)] + [(i + 1, f"m{i}") for i in range(100, 200)]
+    assert [(r.index, r.id) for r in result.not_scheduled] == expected
+    assert "out of memory" in result.not_scheduled[0].reason
+    assert ready_ids(redis_client, q) == [f"m{i}" for i in range(80)]  # nothing else stored
+    assert redis_client.hlen(q.keys.messages) == 80
+
+
+def test_schedule_prepared_reports_the_indexes_refused_for_memory(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue()
+    prepared = [q.prepare({"n": i}, id=f"p{i}") for i in range(3)]
+    with full(redis_client):
+        result = q.schedule_prepared(prepared)
+    assert result.scheduled == 0
+    assert [(r.index, r.id) for r in result.not_scheduled] == [(0, "p0"), (1, "p1"), (2, "p2")]
+    assert q.schedule_prepared(prepared).scheduled == 3  # sent again once there is room
 
 
 def test_schedule_prepared_uses_the_same_script(redis_client: redis.Redis, make_queue: Any) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from memory_support import full
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
 from django_delayqueue.core.keys import QueueKeys
@@ -71,6 +72,20 @@ def test_schedule_many_routes_items_and_reports_refusals_at_their_place(
     assert result.scheduled == 11
     assert [(r.index, r.id) for r in result.rejected] == [(4, "bad")]
     assert sharded.counts()["ready"] == 11
+
+
+def test_what_a_full_redis_refused_is_reported_at_its_place(
+    sharded: ShardedQueue, redis_client: redis.Redis
+) -> None:
+    items = [{"payload": i, "id": f"b{i}"} for i in range(10)]
+    items.insert(3, {"payload": object(), "id": "bad"})
+    with full(redis_client):
+        result = sharded.schedule_many(items)
+        prepared = sharded.schedule_prepared([sharded.prepare(i, id=f"p{i}") for i in range(5)])
+    assert [r.index for r in result.not_scheduled] == [i for i in range(11) if i != 3]
+    assert [r.id for r in result.not_scheduled] == [f"b{i}" for i in range(10)]
+    assert [(r.index, r.id) for r in prepared.not_scheduled] == [(i, f"p{i}") for i in range(5)]
+    assert sharded.counts()["ready"] == 0
 
 
 def test_peek_pages_through_every_shard(sharded: ShardedQueue) -> None:

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 import redis
+from memory_support import full
 
 pytest.importorskip("pyspark")
 
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from django_delayqueue.core import Queue
+from django_delayqueue.core import Queue, RedisOutOfMemory
 from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.spark import transforms as t
@@ -130,6 +131,27 @@ def test_the_executor_function_refuses_ids_the_core_refuses_instead_of_dropping_
     assert rows[1][t.ID] == "bad\u2028id" and rows[1][t.REASON].startswith("bad id")
     assert json.loads(rows[1][t.PAYLOAD]) == {"n": 2}
     assert redis_client.hkeys(Queue(redis_client, "bulk").keys.messages) == [b"good"]
+
+
+def test_the_executor_function_fails_its_task_when_redis_is_out_of_memory(
+    redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    # As when Redis is down: the task fails and Spark runs it again (the ids make that safe),
+    # rather than counting rows Redis did not store as done.
+    batch = pa.RecordBatch.from_pydict(
+        {
+            t.ID: ["a", "b"],
+            t.DUE: [NOW + 1000, NOW + 2000],
+            t.PAYLOAD: ['{"n":1}', '{"n":2}'],
+            t.REASON: pa.array([None, None], pa.string()),
+        }
+    )
+    write = partition_writer(redis_server.url, "dq", "bulk-full", NOW, chunk_size=10)
+    with full(redis_client), pytest.raises(RedisOutOfMemory, match="2 message"):
+        list(write(iter([batch])))
+    assert redis_client.hkeys(Queue(redis_client, "bulk-full").keys.messages) == []
+    (result,) = list(write(iter([batch])))  # run again once there is room
+    assert result.to_pylist()[0]["scheduled"] == 2
 
 
 def test_the_executor_function_counts_the_rows_the_transforms_rejected(

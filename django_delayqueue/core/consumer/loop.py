@@ -79,6 +79,9 @@ class Consumer(Rounds):
         self.maintenance_seconds = maintenance_seconds
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self.keeper = keeper
+        self.memory.who = self.name
+        if keeper is not None:
+            keeper.memory = self.memory  # one "out of memory" log line for the whole consumer
         self._queue_named = {q.name: q for q in self.queues}
         # Only counted by request_stop (a signal handler): no Event, whose set() would take a
         # lock that the main thread may hold in the very frame the signal interrupted.

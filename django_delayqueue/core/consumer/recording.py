@@ -10,7 +10,10 @@ repeated because a journal write failed, and one broken queue never holds back a
 outcomes. A queue whose calls fail is tried again after a pause, not every round; a journal row
 that keeps failing on a script error (say, the journal key holds the wrong type) is dropped
 after a few tries, with an error naming the ids, rather than kept in memory for ever. An outage
-(the whole pipeline fails) keeps everything.
+(the whole pipeline fails) keeps everything. When Redis is out of memory the journal rows it
+refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
+consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
+condition once rather than every round.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import redis
 
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
 
@@ -58,9 +62,15 @@ Flush = list[tuple[Queue, CallKind, list[Any]]]
 class UnrecordedOutcomes:
     """What finished deliveries did, until Redis has it (acks, nacks, the journal)."""
 
-    def __init__(self, queues: Sequence[Queue], journal_maxlen: int) -> None:
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        journal_maxlen: int,
+        memory: OutOfMemoryLog | None = None,
+    ) -> None:
         self._by_name = {q.name: q for q in queues}
         self.journal_maxlen = journal_maxlen
+        self.memory = memory or OutOfMemoryLog(logger)
         self._entries: dict[str, list[_Entry]] = {}
         self._lock = threading.Lock()  # the extender reads unrecorded_messages() on its thread
         self._paused_until: dict[str, float] = {}
@@ -160,6 +170,8 @@ class UnrecordedOutcomes:
                 self._written(q, entries[0], result)
                 continue
             if isinstance(result, Exception):
+                if kind == "journal" and self._journal_refused(q, entries, result):
+                    continue
                 failed.setdefault(q.name, result)
                 if kind == "journal":
                     self._journal_failed(q, entries, result)
@@ -167,6 +179,7 @@ class UnrecordedOutcomes:
             if kind == "journal":
                 for e in entries:
                     e.journalled = True
+                self.memory.taken()  # an XADD went through: Redis has room
                 continue
             for e in entries:
                 e.recorded = True
@@ -174,7 +187,8 @@ class UnrecordedOutcomes:
                 self._warn_last_attempts(q, entries, result)
         for name, error in failed.items():
             left = sum(1 for e in self._entries.get(name, []) if not e.done)
-            logger.error("queue %s: could not record %d outcome(s): %s", name, left, error)
+            if not self.memory.check(error, f"queue {name}: recording {left} outcome(s)"):
+                logger.error("queue %s: could not record %d outcome(s): %s", name, left, error)
             self._paused_until[name] = time.monotonic() + FAILED_QUEUE_PAUSE_SECONDS
         with self._lock:
             for name in list(self._entries):
@@ -198,18 +212,20 @@ class UnrecordedOutcomes:
     def _early_done(self, q: Queue, call: ScriptCall, result: Any) -> None:
         if not isinstance(result, Exception):
             return
-        if isinstance(result, redis.exceptions.ResponseError):  # refused: for ever
+        full = self.memory.check(result, f"queue {q.name}: an early write")
+        if isinstance(result, redis.exceptions.ResponseError) and not full:  # refused: for ever
             logger.error("queue %s: an early write dropped: %s", q.name, result)
             return
         with self._lock:  # not the script's fault: first again in the next round
             self._early.setdefault(q.name, []).insert(0, call)
 
-    @staticmethod
-    def _written(q: Queue, entry: _Entry, result: Any) -> None:
+    def _written(self, q: Queue, entry: _Entry, result: Any) -> None:
         """A handler's write ran (then its ``then``), or failed: sent again unless the script
         refused it (a key of the wrong type would refuse it for ever: dropped, logged)."""
         message_id = entry.outcome.message.id
         if isinstance(result, Exception):
+            if self.memory.check(result, f"queue {q.name}: message {message_id}'s write"):
+                return  # Redis is full: try again with the next round
             if not isinstance(result, redis.exceptions.ResponseError):
                 return  # not the script's fault: try again with the next round
             logger.error(
@@ -222,6 +238,16 @@ class UnrecordedOutcomes:
                 writes.then()
             except Exception:
                 logger.exception("queue %s: message %s: after its write", q.name, message_id)
+
+    def _journal_refused(self, q: Queue, entries: list[_Entry], error: Any) -> bool:
+        """Whether Redis refused the journal rows for memory: then they are dropped now (kept,
+        they would pile up in this process for as long as Redis is full) and counted."""
+        count = len(entries)
+        if not self.memory.check(error, f"queue {q.name}: the journal", dropped=count):
+            return False
+        for e in entries:
+            e.journalled = True
+        return True
 
     def _journal_failed(self, q: Queue, entries: list[_Entry], error: Any) -> None:
         if not isinstance(error, redis.exceptions.ResponseError):

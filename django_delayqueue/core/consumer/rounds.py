@@ -20,15 +20,23 @@ from django_delayqueue.core.consumer.handler_threads import HandlerThreads
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
-from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import (
+    LuaScript,
+    ScriptBatch,
+    ScriptCall,
+    is_out_of_memory,
+    redis_errors,
+)
 
 logger = logging.getLogger(__name__)
 
 QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
 SERVER_DOWN_PAUSE_MS = 1000  # how long the queues of an unreachable server are left alone
 HEARTBEAT_PRUNE_MS = 3_600_000
+HEARTBEAT_FORGET_MS = 86_400_000  # consumers silent this long leave the heartbeats zset
 
 Plan = list[tuple[Queue, str, int]]
 
@@ -50,7 +58,11 @@ class Rounds:
             by_client.setdefault(id(q.client), (q.client, []))[1].append(q)
         self._clients = list(by_client.values())
         self._slots: dict[str, HandlerThreads] = {}
-        self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen)
+        self._heartbeats_pruned_at: dict[int, int] = {}  # per client
+        # Redis refusing writes for memory is logged once, not every round (shared with the
+        # recording of outcomes and the recurring schedules).
+        self.memory = OutOfMemoryLog(logger)
+        self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen, self.memory)
         self._claims = ClaimReceipts()  # a claim whose reply was lost is asked for again
         self._next_wake: dict[str, int | None] = {}
         # Ready-list lengths seen by the last promote (less what the same round claimed), and
@@ -59,7 +71,6 @@ class Rounds:
         self._ready_seen: dict[str, int] = {}
         self._polling = False
         self._claim_skipped: set[str] = set()
-        self._heartbeats_pruned_at: dict[int, int] = {}  # per client
         self._next_maintenance = 0.0
         self._aim: Wake | None = None  # the wait that ended just before the next fetch
         self.keeper: ScheduleKeeper | None = None  # recurring schedules this consumer keeps
@@ -191,7 +202,8 @@ class Rounds:
             if isinstance(raw, Exception):
                 # A broken queue (e.g. a key of the wrong type) must not stop the others or
                 # make the loop spin: log it and look at that queue again a little later.
-                logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
+                if not self.memory.check(raw, f"queue {q.name}: {kind}"):
+                    logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
                 if kind == "claim":  # it changed nothing (claim.lua reads before it writes)
                     self._claims.answered(q.name)
                 if kind == "reap":  # promote and claim worked: keep what they told
@@ -251,19 +263,36 @@ class Rounds:
         return min(times, default=None)
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
-        """Record that this consumer is alive (read by the health check)."""
+        """Record that this consumer is alive (read by the health check). A Redis out of memory
+        refuses the plain ZADD: for those queues heartbeat.lua, whose first write is a removal,
+        goes through (see lua/includes/memory.lua), so a consumer that goes on delivering on a
+        full server does not look dead."""
+        forget_before = now - HEARTBEAT_FORGET_MS
         try:
             pipe = client.pipeline(transaction=False)
             # Forget consumers silent for a day so the set stays small (hourly is plenty).
             prune = now - self._heartbeats_pruned_at.get(id(client), 0) > HEARTBEAT_PRUNE_MS
             for q in queues:
                 pipe.zadd(q.keys.heartbeats, {self.name: now})
-                if prune:
-                    pipe.zremrangebyscore(q.keys.heartbeats, "-inf", now - 86_400_000)
+            for q in queues if prune else []:
+                pipe.zremrangebyscore(q.keys.heartbeats, "-inf", forget_before)
             with redis_errors("heartbeat"):
-                pipe.execute()
+                replies = pipe.execute(raise_on_error=False)
+            batch = ScriptBatch()
+            for q, reply in zip(queues, replies, strict=False):
+                if is_out_of_memory(reply):
+                    call = ScriptCall(
+                        LuaScript.named("heartbeat"),
+                        [q.keys.heartbeats],
+                        [now, forget_before, self.name],
+                    )
+                    batch.add(call)
+            batch.run(client)
             if prune:
                 self._heartbeats_pruned_at[id(client)] = now
+            for reply in replies:
+                if isinstance(reply, Exception) and not is_out_of_memory(reply):
+                    logger.debug("heartbeat skipped: %s", reply)  # a key of the wrong type
         except Exception as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django_delayqueue.core.envelope import encode_envelope, encode_payload
+from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.recurring.planning import (
     ScheduleState,
@@ -49,6 +50,8 @@ class ScheduleKeeper:
 
     def __init__(self, payload_for: PayloadFor = schedule_payload) -> None:
         self.payload_for = payload_for
+        # Ticks refused because Redis is full are logged here once (the consumer shares its own).
+        self.memory = OutOfMemoryLog(logger)
         self.version = 0
         self._by_queue: dict[str, dict[str, Recurrence]] = {}  # Queue.name -> name -> schedule
         # Queue.name -> name -> state as stored (bytes: compared byte for byte by the script)
@@ -168,8 +171,10 @@ class ScheduleKeeper:
         q, kind, _, detail = entry
         if isinstance(raw, Exception):
             # A broken key (say, of the wrong type): logged, and left alone for a while,
-            # never a loop that spins on it; the states are read again after.
-            logger.error("queue %s: recurring schedules: %s", q.name, raw)
+            # never a loop that spins on it; the states are read again after. Redis out of
+            # memory: the same, logged once until it has room.
+            if not self.memory.check(raw, f"queue {q.name}: recurring ticks"):
+                logger.error("queue %s: recurring schedules: %s", q.name, raw)
             self._stale.add(q.name)
             self._failed_until[q.name] = now_ms + FAILED_PAUSE_MS
             return
@@ -183,6 +188,8 @@ class ScheduleKeeper:
         name, plan = detail
         known = self._states.setdefault(q.name, {})
         applied, value = int(raw[0]), raw[1]
+        if applied and int(value):
+            self.memory.taken()  # ticks were written: Redis has room
         if applied:
             self._log_advance(q, name, plan, int(value))
             known[name] = plan.new_state

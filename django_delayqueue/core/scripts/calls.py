@@ -23,10 +23,18 @@ from typing import Any, Literal, NamedTuple
 import redis
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.errors import RedisUnavailable, ScriptFailed
+from django_delayqueue.core.errors import (
+    DelayQueueError,
+    RedisOutOfMemory,
+    RedisUnavailable,
+    ScriptFailed,
+)
 from django_delayqueue.core.scripts.loader import render
 
 _NOSCRIPT = "NOSCRIPT"
+# How Redis words a write refused for memory: a reply of its own (-OOM ...), or, from inside a
+# script on Redis 6.2, wrapped in the script's error (ERR Error running script ... -OOM ...).
+_OUT_OF_MEMORY = "command not allowed when used memory > 'maxmemory'"
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,7 @@ class ScriptBatch:
                     results[i] = result
         for (script, _, _), result in zip(self.calls, results, strict=False):
             if isinstance(result, Exception) and raise_errors:
-                raise ScriptFailed(f"{script.name}.lua failed: {result}") from result
+                raise script_error(script.name, result) from result
         return results
 
 
@@ -123,6 +131,36 @@ def is_noscript(result: Any) -> bool:
     )
 
 
+def is_out_of_memory(error: object) -> bool:
+    """Whether ``error`` (ours, a redis-py error, or a script's error reply) is Redis refusing
+    a write because ``used_memory`` is above ``maxmemory`` (with the ``noeviction`` policy)."""
+    if isinstance(error, (RedisOutOfMemory, redis.exceptions.OutOfMemoryError)):
+        return True
+    return isinstance(error, redis.exceptions.ResponseError) and _OUT_OF_MEMORY in str(error)
+
+
+def out_of_memory(what: str, error: object) -> RedisOutOfMemory:
+    """The error to raise for ``what`` (a script call, say) refused for memory.
+
+    Redis refuses a script's writes for memory only until its first write (6.2 and 7.x alike,
+    for scripts without a shebang), so a refused script changed nothing: see
+    ``lua/includes/memory.lua``.
+    """
+    return RedisOutOfMemory(
+        f"Redis is out of memory (used_memory above maxmemory): {what} was refused and changed "
+        f"nothing. Deliveries and acks go on and free memory; raise maxmemory or free memory "
+        f"to write again (docs/redis.md). Redis said: {error}"
+    )
+
+
+def script_error(name: str, error: Exception) -> DelayQueueError:
+    """What a script's error reply raises: RedisOutOfMemory when refused for memory, else
+    ScriptFailed."""
+    if is_out_of_memory(error):
+        return out_of_memory(f"{name}.lua", error)
+    return ScriptFailed(f"{name}.lua failed: {error}")
+
+
 class redis_errors:
     """Context manager mapping redis-py errors onto this library's exceptions."""
 
@@ -139,4 +177,6 @@ class redis_errors:
             raise RedisUnavailable(f"Redis unavailable during {self.what}: {exc}") from exc
         if isinstance(exc, redis.exceptions.BusyLoadingError):
             raise RedisUnavailable(f"Redis is loading its data during {self.what}") from exc
+        if is_out_of_memory(exc):
+            raise out_of_memory(self.what, exc) from exc
         raise ScriptFailed(f"{self.what} failed: {exc}") from exc

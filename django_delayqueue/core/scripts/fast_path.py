@@ -31,13 +31,13 @@ from typing import Any
 import redis
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.errors import ScriptFailed
 from django_delayqueue.core.scripts.calls import (
     LuaScript,
     ScriptBatch,
     ScriptCall,
     is_noscript,
     redis_errors,
+    script_error,
 )
 
 _BROKEN_CONNECTION = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -147,8 +147,11 @@ class BoundScript:
             return self.call_many([args])[0]
         return _raise_script_errors(self.script, replies)[0]
 
-    def call_many(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
-        """One call per argument list, all sent in one round trip; a script error raises.
+    def call_many(
+        self, arg_lists: Sequence[Sequence[Any]], *, raise_errors: bool = True
+    ) -> list[Any]:
+        """One call per argument list, all sent in one round trip; a script error raises
+        (or, without ``raise_errors``, is returned in its place: a redis-py ResponseError).
 
         After a ``SCRIPT FLUSH`` only the calls that got NOSCRIPT (which did nothing) are sent
         again, so no call runs twice. A connection that breaks mid-batch keeps the replies
@@ -159,22 +162,23 @@ class BoundScript:
         if not arg_lists:
             return []
         if not self._direct:
-            return self._through_redis_py(arg_lists)
+            return self._through_redis_py(arg_lists, raise_errors)
         commands = [self._encode(args) for args in arg_lists]
         with redis_errors(self.script.name):
             replies = self._send(commands)
             if len(replies) < len(commands):
-                replies += self._through_redis_py(arg_lists[len(replies) :])
+                replies += self._through_redis_py(arg_lists[len(replies) :], raise_errors)
             missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
             if missing:
                 self.client.script_load(self.script.source)
                 again = self._send([commands[i] for i in missing])
                 unanswered = missing[len(again) :]
                 if unanswered:
-                    again += self._through_redis_py([arg_lists[i] for i in unanswered])
+                    unsent = [arg_lists[i] for i in unanswered]
+                    again += self._through_redis_py(unsent, raise_errors)
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
-        return _raise_script_errors(self.script, replies)
+        return _raise_script_errors(self.script, replies) if raise_errors else replies
 
     def _encode(self, args: Sequence[Any]) -> bytes:
         count = self._head_count + len(args)
@@ -197,16 +201,18 @@ class BoundScript:
         finally:
             pool.release(connection)
 
-    def _through_redis_py(self, arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
+    def _through_redis_py(
+        self, arg_lists: Sequence[Sequence[Any]], raise_errors: bool = True
+    ) -> list[Any]:
         """The same calls through redis-py (a retry policy, any kind of client)."""
-        if len(arg_lists) == 1:  # an outage is then reported as "during <script name>"
+        if len(arg_lists) == 1 and raise_errors:  # an outage is reported "during <script>"
             return [
                 ScriptCall(self.script, self.keys, [*self.fixed, *arg_lists[0]]).run(self.client)
             ]
         batch = ScriptBatch()
         for args in arg_lists:
             batch.add(ScriptCall(self.script, self.keys, [*self.fixed, *args]))
-        return batch.run(self.client)
+        return batch.run(self.client, raise_errors)
 
 
 def _exchange(connection: Any, commands: list[bytes]) -> list[Any]:
@@ -233,8 +239,9 @@ def _exchange(connection: Any, commands: list[bytes]) -> list[Any]:
 
 
 def _raise_script_errors(script: LuaScript, replies: list[Any]) -> list[Any]:
-    """``replies``, or ScriptFailed for the first error among them (no call is sent again)."""
+    """``replies``, or the error of the first error among them (ScriptFailed, or
+    RedisOutOfMemory for a call refused for memory); no call is sent again."""
     for reply in replies:
         if isinstance(reply, redis.exceptions.ResponseError):
-            raise ScriptFailed(f"{script.name}.lua failed: {reply}") from reply
+            raise script_error(script.name, reply) from reply
     return replies

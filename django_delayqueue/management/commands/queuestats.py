@@ -11,6 +11,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.monitoring.servers import app_servers, findings, memory_text
 from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
 from django_delayqueue.recurring.status import ScheduleStatus, configured_statuses
 
@@ -33,7 +35,8 @@ class Command(BaseCommand):
     help = (
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
         "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
-        "then each recurring schedule's next run, last run and its outcome."
+        "then each recurring schedule's next run, last run and its outcome; then each Redis "
+        "server's memory (used against maxmemory), eviction policy and persistence."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -79,11 +82,13 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from e
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         schedules = [s for s in configured_statuses() if names is None or s.queue in names]
+        servers = app_servers()
         if as_json:
             document = {
                 "time": now,
                 "queues": [s.to_dict() for s in stats],
                 "schedules": [s.to_dict() for s in schedules],
+                "servers": [s.to_dict() for s in servers],
             }
             # One line per refresh in watch mode (JSON lines), readable indentation otherwise.
             self.stdout.write(json.dumps(document, indent=None if watching else 2))
@@ -93,6 +98,9 @@ class Command(BaseCommand):
             self.stdout.write(render_table(stats))
             if schedules:
                 self.stdout.write("\n" + render_schedules(schedules))
+            self.stdout.write("\n" + render_servers(servers))
+            for finding in findings(servers):
+                self.stderr.write(f"warning: {finding.message}")
         errors = sorted({e for s in stats for e in s.errors})
         for error in errors:
             self.stderr.write(f"error: {error}")
@@ -108,6 +116,20 @@ SCHEDULE_COLUMNS = (
     ("OUTCOME", lambda s: s.last_outcome or None),
     ("PAUSED", lambda s: "yes" if s.paused else "no"),
 )
+
+
+SERVER_COLUMNS = (
+    ("REDIS SERVER", lambda s: s.address),
+    ("VERSION", lambda s: s.version),
+    ("MEMORY", lambda s: memory_text(s) if s.ok else None),
+    ("POLICY", lambda s: s.policy),
+    ("PERSISTENCE", lambda s: s.persistence if s.ok else None),
+)
+
+
+def render_servers(servers: Sequence[ServerInfo]) -> str:
+    """Each Redis server: memory used against maxmemory, eviction policy, persistence."""
+    return _table(servers, SERVER_COLUMNS, left=1)
 
 
 def render_schedules(schedules: Sequence[ScheduleStatus]) -> str:

@@ -19,7 +19,8 @@ class Command(BaseCommand):
         "Deliver due messages of the configured delay queues (or only the QUEUEs named) to "
         "their handlers. Sleeps until the next due time; SIGTERM/SIGINT finish in-flight "
         "handlers (within --grace) and exit 0, a second signal exits at once. Also relays the "
-        "outbox: messages committed while Redis was down are sent when it is back."
+        "outbox: messages committed while Redis was down are sent when it is back. Refuses a "
+        "Redis whose maxmemory-policy evicts keys (docs/redis.md)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -62,7 +63,11 @@ class Command(BaseCommand):
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
         worker.sync_settings()
-        worker.refresh()  # start with what staff published (a paused queue stays paused)
+        # Start with what staff published (a paused queue stays paused), and judge the Redis
+        # servers: one whose maxmemory-policy evicts keys is refused (docs/redis.md).
+        worker.refresh()
+        if worker.refused:
+            raise CommandError(worker.refused)
         # None: each queue's own 'concurrency' setting, followed when staff edit it.
         worker.concurrency = options["concurrency"]
         previous = _install_signal_handlers(worker)

@@ -18,8 +18,10 @@
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
 -- hundred costs Redis little more than one message. Chunks keep unpack() under Lua's limit.
 -- Redis does not roll a script back, so everything is read before the first write, and the
--- first write is the INCRBY of the token counter, which fails on a counter that is not an
--- integer: a bad value or a key of the wrong type fails the claim with nothing changed. The
+-- first write that changes anything is the INCRBY of the token counter, which fails on a
+-- counter that is not an integer: a bad value or a key of the wrong type fails the claim with
+-- nothing changed. Before it, allow_oom() lets the claim run when Redis is out of memory
+-- (includes/memory.lua): deliveries go on, and their acks free memory. The
 -- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
 -- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
@@ -29,6 +31,7 @@
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
+--- @include "includes/memory.lua"
 local receipt = KEYS[12]
 if receipt then
   local held = redis.call('GET', receipt)
@@ -46,6 +49,7 @@ if receipt then
         deadlines[#deadlines + 1] = id
       end
     end
+    allow_oom(KEYS[2], 'zset')  -- a replay runs when Redis is out of memory, as a claim does
     for i = 1, #deadlines, 2000 do  -- after every read (see above)
       redis.call('ZADD', KEYS[2], 'XX', unpack(deadlines, i, math.min(i + 1999, #deadlines)))
     end
@@ -100,6 +104,7 @@ for j = 1, n do
 end
 guard(KEYS[2], 'zset', KEYS[5], 'hash')
 if #bad > 0 then guard(KEYS[7], 'zset', KEYS[8], 'hash') end
+allow_oom(KEYS[2], 'zset')
 local first = 0
 if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end
 if walked > 0 then redis.call('LTRIM', KEYS[1], walked, -1) end

@@ -8,10 +8,14 @@
 -- order), or when the schedule is gone: its state is missing or a deletion's tombstone
 -- (signature "deleted"). A tick that was running while its schedule was deleted must not put
 -- back the last run the deletion removed, where nothing would ever remove it again.
+-- Runs when Redis is out of memory (see includes/memory.lua): it overwrites one field per
+-- schedule, and a delivered tick's outcome must not be lost because the server is full.
 --- @include "includes/guard.lua"
+--- @include "includes/memory.lua"
 guard(KEYS[1], 'hash', KEYS[2], 'hash')
 local state = redis.call('HGET', KEYS[2], ARGV[1])
 if not state or string.match(state, '^%S+ (%S+)') == 'deleted' then return 0 end
+allow_oom(KEYS[1], 'hash')
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then
   local ok, decoded = pcall(cjson.decode, old)

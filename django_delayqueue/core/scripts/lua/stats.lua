@@ -8,7 +8,10 @@
 -- ARGV[3] most consumers listed
 -- returns: {ack total, retry total, garbage total, more (1: journal entries left to tally),
 --           consumers alive, {consumer, last seen ms, ... newest first}, {field, value, ...}}
+-- Runs when Redis is out of memory (see includes/memory.lua): the stats must be readable
+-- exactly then, and the tally is a hash of four fields.
 --- @include "includes/guard.lua"
+--- @include "includes/memory.lua"
 guard(KEYS[1], 'stream', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash')
 local limit = tonumber(ARGV[1])
 local cursor = redis.call('HGET', KEYS[2], 'cursor') or '0-0'
@@ -29,6 +32,7 @@ if #entries > 0 then
       end
     end
   end
+  allow_oom(KEYS[2], 'hash')
   for outcome, n in pairs(added) do
     if n > 0 then redis.call('HINCRBY', KEYS[2], outcome, n) end
   end

@@ -15,8 +15,12 @@
 -- of a record whose latest attempt still runs, and a write in order that is not final (a
 -- requeued task running again, or READY for a retry) takes back the expiry and finished_at
 -- an earlier end left, so a record never expires while its task may still run.
+-- Runs when Redis is out of memory (see includes/memory.lua): a task's result goes with the
+-- ack that frees its message, and must not be lost because the server is full.
 --- @include "includes/guard.lua"
+--- @include "includes/memory.lua"
 guard(KEYS[1], 'hash')
+allow_oom(KEYS[1], 'hash')
 local ttl, order = tonumber(ARGV[1]), tonumber(ARGV[2])
 local absent, ordered, deleted = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_ordered = 6 + 2 * absent

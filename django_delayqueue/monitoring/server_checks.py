@@ -1,0 +1,66 @@
+"""System checks of the Redis servers the app uses (see monitoring.servers for the judging).
+
+They talk to Redis, so, like E001, they run with the deployment checks (``check --deploy``):
+a Redis that is down must not stop ``migrate`` or ``runserver``, and ``--tag delayqueue``
+alone queries nothing. A server that does not answer is E001's to report, never a crash here.
+``runqueue`` runs the same judgement at start (monitoring.servers.ServerGuard).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Warning
+
+from django_delayqueue.conf.connection import make_client
+from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.monitoring.servers import ACCEPT, CHECK_IDS, EVICTING, app_servers, findings
+
+PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
+
+
+def server_setting_errors() -> list[Error]:
+    """E011: the settings of the Redis servers checks (part of check_settings)."""
+    out: list[Error] = []
+    accept = dq_settings.ACCEPT_DATA_LOSS_ON_EVICTION
+    if not isinstance(accept, bool):
+        out.append(
+            Error(
+                f"DELAYQUEUE[{ACCEPT!r}] must be True or False, not {accept!r}.",
+                hint="Only True runs runqueue on a Redis that evicts keys; see docs/redis.md.",
+                id="delayqueue.E011",
+            )
+        )
+    percent = dq_settings.HEALTH_MAX_MEMORY_PERCENT
+    if percent is not None and (
+        isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 < percent <= 100
+    ):
+        out.append(
+            Error(
+                f"DELAYQUEUE['HEALTH_MAX_MEMORY_PERCENT'] must be a number above 0 and up to "
+                f"100, or None, not {percent!r}.",
+                hint="e.g. 90: the health probe fails once a server uses 90% of its maxmemory.",
+                id="delayqueue.E011",
+            )
+        )
+    return out
+
+
+def check_redis_servers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E010, W007 and W006: each server's eviction policy and persistence."""
+    if server_setting_errors():
+        return []  # E011 says what to fix first
+    try:
+        client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
+    except Exception:  # bad settings (E004), or a cluster that cannot be reached (E001)
+        return []
+    try:
+        servers = app_servers(client)
+    finally:
+        if not dq_settings.CACHE_ALIAS:  # a borrowed cache connection is not ours to close
+            client.close()
+    out: list[CheckMessage] = []
+    for f in findings(servers):
+        kind = Error if f.kind == EVICTING else Warning
+        out.append(kind(f.message, hint=f.hint, id=CHECK_IDS[f.kind]))
+    return out

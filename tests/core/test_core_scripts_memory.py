@@ -1,0 +1,181 @@
+"""Every script on a Redis whose memory is full (used_memory above maxmemory, noeviction), on
+each Redis version at hand (the suite's redis-server and the embedded extra's 6.2).
+
+The consumer's transitions run (deliveries go on, and their acks free memory); what grows
+memory is refused with RedisOutOfMemory and changes nothing at all. Redis refuses a script's
+growing writes only until its first write (lua/includes/memory.lua): these tests hold every
+script to that, so a change to a script's first write cannot quietly stop consumers on a full
+server, or leave a transition half-done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from memory_support import full, redis_binaries, server_of, snapshot
+
+from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, RedisUnavailable
+from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
+from django_delayqueue.core.errors import RedisOutOfMemory
+from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+from django_delayqueue.core.scripts.loader import script_names
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(params=redis_binaries())
+def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    with server_of(request.param) as (_, c):
+        yield c
+
+
+def queue(client: redis.Redis, clock: ManualClock | None = None) -> Queue:
+    settings = QueueSettings(visibility_timeout=10, max_attempts=3)
+    return Queue(client, "mem", clock=clock or ManualClock(T0), settings=settings)
+
+
+def journal_call(q: Queue, message: Message) -> ScriptCall:
+    row = journal_entry([Outcome(message, ACK, T0, T0 + 1)], q.settings.max_attempts)
+    fields = [item for pair in row.items() for item in pair]
+    return ScriptCall(LuaScript.named("journal"), [q.keys.journal], [1000, *fields])
+
+
+def record_call(key: str, status: str) -> ScriptCall:
+    # ttl 0, order 1, no absent pairs, one ordered pair, nothing deleted
+    return ScriptCall(LuaScript.named("write_record"), [key], [0, 1, 0, 1, 0, "status", status])
+
+
+# --- refused, changing nothing ----------------------------------------------------------------
+
+
+def test_growing_writes_are_refused_with_out_of_memory_and_change_nothing(
+    client: redis.Redis,
+) -> None:
+    q = queue(client)
+    q.schedule({"n": 1}, id="old", delay=60)  # a waiting message with a taken id
+    before = snapshot(client)
+    refused = {
+        "schedule": lambda: q.schedule({"n": 2}, id="new"),
+        "schedule a due one": lambda: q.schedule({"n": 3}),
+        "schedule a taken id": lambda: q.schedule({"n": 4}, id="old"),
+        "replace with a new id": lambda: q.schedule({"n": 5}, id="fresh", replace=True),
+        "send_once": lambda: q.send_once(q.prepare({"n": 6}), "token-1"),
+        "task with its record": lambda: q.send_with_record(
+            q.prepare({"n": 7}, id="t1"), q.keys.task_result("t1"), "{}"
+        ),
+        "journal": lambda: journal_call(q, Message("x", q.name, {}, T0, T0, 1, "1", T0)).run(
+            client
+        ),
+    }
+    with full(client):
+        for what, call in refused.items():
+            with pytest.raises(RedisOutOfMemory) as caught:
+                call()
+            assert "out of memory" in str(caught.value), what
+            assert isinstance(caught.value, RedisUnavailable)  # callers retry it as an outage
+            assert snapshot(client) == before, f"{what} changed something"
+    assert q.schedule({"n": 2}, id="new").created  # memory is back: taken again
+
+
+# --- the consumer's transitions run -----------------------------------------------------------
+
+
+def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
+    client: redis.Redis,
+) -> None:
+    clock = ManualClock(T0)
+    q = queue(client, clock)
+    for n in range(6):
+        q.schedule({"n": n}, id=f"m{n}", delay=1)
+    q.schedule({"n": "late"}, id="late", delay=3600)
+    task_key = q.keys.task_result("m0")
+    record_call(task_key, "READY").run(client)
+    done = Message("done", q.name, {}, T0, T0, 1, "1", T0)
+    journal_call(q, done).run(client)  # an entry stats.lua has not tallied yet
+    clock.advance(2000)
+    with full(client):
+        assert q.promote().moved == 6
+        claimed = q.claim(6)
+        assert [m.id for m in claimed] == [f"m{n}" for n in range(6)]
+        ok, failed, dropped, given_back, *_ = claimed
+        assert q.extend(ok, failed, seconds=60) == 2
+        record_call(task_key, "SUCCESSFUL").run(client)  # a task's result, with its ack
+        assert q.ack(ok) == 1
+        assert q.nack(failed, delay=1, reason="boom") == 1
+        assert q.bury(dropped, "poison")
+        assert q.release(given_back) == 1
+        run = tick_run(T0, T0 + 5, "ack", "")
+        assert record_tick_call(q, "nightly", run).run(client) == 1
+        heartbeat = LuaScript.named("heartbeat")
+        ScriptCall(heartbeat, [q.keys.heartbeats], [clock.now_ms(), 0, "c1"]).run(client)
+        stats = ScriptCall(
+            LuaScript.named("stats"),
+            [q.keys.journal, q.keys.tally, q.keys.heartbeats, q.keys.config],
+            [100, 0, 10],
+        ).run(client)
+        assert stats[0] == 1 and stats[4] == 1  # the journal entry tallied, one consumer alive
+        clock.advance(60_000)
+        assert q.reap().retried == 2  # the 5th and 6th claimed were never recorded: timed out
+        assert q.counts() == {"pending": 1, "ready": 1, "unack": 0, "retry": 3, "garbage": 1}
+    assert client.hget(task_key, "status") == b"SUCCESSFUL"
+    assert client.hget(q.keys.tick_runs, "nightly") == run.encode()
+
+
+def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
+    client: redis.Redis,
+) -> None:
+    q = queue(client)
+    for name in ("a", "b"):
+        q.schedule({"n": name}, id=name)
+    for name in ("c", "d"):
+        q.schedule({"n": name}, id=name, delay=60)
+    dead, other = q.claim(2)
+    q.bury(dead, "poison")
+    q.bury(other, "poison")
+    with full(client):
+        assert q.cancel("c") == 1
+        assert q.run_now("d") == 1
+        assert q.requeue(dead.id) == 1
+        assert q.purge(other.id) == 1
+        assert q.counts() == {"pending": 0, "ready": 2, "unack": 0, "retry": 0, "garbage": 0}
+
+
+def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> None:
+    """A new script must be added to one of these lists, and to the tests above."""
+    run_when_full = {
+        "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek", "promote",
+        "purge", "reap", "record_tick", "release", "requeue", "run_now", "schedule_states",
+        "stats", "write_record",
+    }  # fmt: skip
+    refused_when_full = {
+        "advance_schedule", "enqueue_task", "journal", "publish_schedules", "replace",
+        "schedule", "send_once",
+    }  # fmt: skip
+    assert set(script_names()) == run_when_full | refused_when_full
+
+
+@pytest.mark.parametrize("binary", redis_binaries())
+def test_a_tiny_maxmemory_refuses_schedules_clearly_and_loses_none_of_those_taken(
+    binary: str,
+) -> None:
+    """A shop's 6,000 messages of 1 KB on a small Redis with noeviction: every call either
+    stores its message or raises RedisOutOfMemory, and a consumer's acks make room again."""
+    with server_of(binary, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction") as (_, c):
+        q = queue(c)
+        taken, refused = [], 0
+        for n in range(6000):
+            try:
+                q.schedule({"text": "x" * 1000}, id=f"m{n}")
+            except RedisOutOfMemory:
+                refused += 1
+                continue
+            taken.append(f"m{n}")
+        assert refused > 0 and taken  # it filled up, and said so
+        assert c.hlen(q.keys.messages) == len(taken) == q.counts()["ready"]  # none lost
+        assert c.info("stats")["evicted_keys"] == 0
+        while claimed := q.claim(500):  # a consumer drains the queue: its acks free memory
+            q.ack(*claimed)
+        assert q.schedule({"text": "again"}, id="after").created
