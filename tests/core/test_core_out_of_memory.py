@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import Recorder, Running, burst, keeper_rounds, wait_until
+from core_consumer_support import Recorder, Running, burst, keeper_rounds
 from memory_support import full
+from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Queue
 from django_delayqueue.core.consumer.loop import Consumer

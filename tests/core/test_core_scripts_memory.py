@@ -95,6 +95,9 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
     record_call(task_key, "READY").run(client)
     done = Message("done", q.name, {}, T0, T0, 1, "1", T0)
     journal_call(q, done).run(client)  # an entry stats.lua has not tallied yet
+    client.hset(
+        q.keys.schedules, "nightly", f"{T0} signature 1"
+    )  # a tick is recorded only for a live schedule
     clock.advance(2000)
     with full(client):
         assert q.promote().moved == 6
