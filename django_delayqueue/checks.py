@@ -51,8 +51,8 @@ from django_delayqueue.conf.settings import (
     raw_queue_options,
     settings_problems,
     shards_problem,
-    task_queue_names,
 )
+from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_name
 
@@ -258,6 +258,8 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         return []
     configured = set(queue_names())
     task_queues = set(task_queue_names())  # a TASKS backend runs their tasks
+    if any_task_queue():  # "QUEUES": [] takes any queue: each may be a task queue
+        task_queues |= configured
     signals = topics()
     out = [
         Warning(

@@ -65,7 +65,12 @@ from django_delayqueue.tasks.payload import (
     TaskRecord,
     write_order,
 )
-from django_delayqueue.tasks.results import load_task, task_as_enqueued, to_task_result
+from django_delayqueue.tasks.results import (
+    load_task,
+    stand_in_task,
+    task_as_enqueued,
+    to_task_result,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +99,18 @@ class TaskRunner:
         attempt = _Attempt(self.worker_id, message, queue, record.enqueued_json())
         backend = task = None
         try:
+            # First: a task that cannot be imported still ends as its backend says (its
+            # RESULT_TTL, task_finished, the errors of its earlier attempts).
+            backend = framework.task_backends[record.backend]
+            if message.attempt > 1:
+                record = attempt.read(record)
             loaded = load_task(record.task)
-            if loaded.takes_context or message.attempt > 1:
+            if loaded.takes_context and message.attempt == 1:
                 record = attempt.read(record)
             attempt.mark_running(record)
             running = attempt.write(RUNNING)
             self._send_soon(queue, running)
             task = task_as_enqueued(loaded, record)
-            backend = framework.task_backends[record.backend]
             result = to_task_result(record, message.id, task)
             _send_robust(framework.task_started, backend, result)
             if task.takes_context:
@@ -161,7 +170,8 @@ class TaskRunner:
     def _failed(
         attempt: _Attempt, record: TaskRecord, error: BaseException, backend: Any, task: Any
     ) -> None:
-        """FAILED, written now; then ``task_finished`` (when the backend is known)."""
+        """FAILED, written now; then ``task_finished`` (when the backend is known; for a task
+        that could not be imported, with a stand-in Task of its module path)."""
         record.status, record.finished_at = FAILED, attempt.queue.clock.now_ms()
         record.errors.append(_error(error))
         write = attempt.write(
@@ -169,6 +179,7 @@ class TaskRunner:
         )
         write.run(attempt.queue.client)
         if backend is not None:
+            task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
             _send_robust(framework.task_finished, backend, result)
 

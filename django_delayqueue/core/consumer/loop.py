@@ -31,6 +31,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper, record_tick_call, tick_run
+from django_delayqueue.core.scripts.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ SUBSCRIBE_WAIT_SECONDS = 2.0  # how long run() waits to be subscribed before its
 SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record outcomes
 FORCED_FLUSH_SECONDS = 1.0
 FLUSH_RETRY_PAUSE_SECONDS = 0.2
+# A write_soon() (a task's RUNNING) goes this soon, in one round with those of the same instant.
+WRITE_SOON_WITHIN_SECONDS = 0.005
 
 
 class Consumer(Rounds):
@@ -85,6 +88,7 @@ class Consumer(Rounds):
         self._stop_event = threading.Event()  # set by the first stop request
         self._stop_now = threading.Event()  # set by the second
         self._grace_deadline = math.inf  # set by the first
+        self._extender: Extender | None = None  # while run() runs
         self._waiter = Waiter(
             [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
@@ -109,6 +113,20 @@ class Consumer(Rounds):
 
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
+
+    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
+        super().write_soon(queue, call)  # not at the next poll, seconds away: get_result reads it
+        self._waiter.remind(time.monotonic() + WRITE_SOON_WITHIN_SECONDS)
+
+    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
+        added = super().add_queues(queues)
+        for q in added:
+            self._queue_named[q.name] = q
+            self._waiter.add_channels(q.client, [q.keys.wake_channel])
+            if self._extender is not None:
+                self._extender.add(q)
+        self._start_slots()
+        return added
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
@@ -171,7 +189,7 @@ class Consumer(Rounds):
         # Subscribed before the first round: an announcement between that round's promote
         # and the subscription would otherwise be missed until the next poll.
         self._waiter.wait_subscribed(SUBSCRIBE_WAIT_SECONDS)
-        extender = Extender(self.queues, self._in_flight)
+        extender = self._extender = Extender(self.queues, self._in_flight)
         logger.info(
             "%s consuming %s",
             self.name,

@@ -76,12 +76,26 @@ class _Listener:
     def __init__(self, waiter: Waiter, client: RedisClient, channels: Sequence[str]) -> None:
         self._waiter = waiter
         self._client = client
+        self.client = client
         self._channels = list(channels)
+        self._added: list[str] = []  # by add(), for the thread to subscribe
+        self._added_lock = threading.Lock()
         self.subscribed = threading.Event()
         self._stop = threading.Event()
         self._pubsub: Any = None
         self._thread = threading.Thread(target=self._run, name="delayqueue-wake", daemon=True)
         self._thread.start()
+
+    def add(self, channels: Sequence[str]) -> None:
+        """Listen on ``channels`` too, from the thread's next wait slice (pub/sub connections
+        are not thread-safe: the thread subscribes); it nudges the waiter once subscribed."""
+        with self._added_lock:
+            self._added.extend(channels)
+
+    def _take_added(self) -> list[str]:
+        with self._added_lock:
+            added, self._added = self._added, []
+        return added
 
     def stop(self) -> None:
         """Ask the thread to end, and cut its connection so it need not finish a wait slice."""
@@ -100,15 +114,22 @@ class _Listener:
             pubsub = None
             try:
                 pubsub = self._pubsub = self._client.pubsub()
+                self._channels += self._take_added()
                 pubsub.subscribe(*self._channels)
                 confirmed = 0
                 while not self._stop.is_set():
+                    added = self._take_added()
+                    if added:  # confirmed below like a resubscribe: then a nudge
+                        self._channels += added
+                        pubsub.subscribe(*added)
                     message = pubsub.get_message(timeout=WAIT_SLICE_SECONDS)
                     if not message:
                         continue
                     if message.get("type") == "subscribe":
                         # redis-py may reconnect and subscribe again by itself: every full
-                        # set of confirmations after the first is a resubscribe.
+                        # set of confirmations after the first is a resubscribe (and so is
+                        # the set completed by channels added since: announcements on them
+                        # before they were confirmed are lost).
                         confirmed += 1
                         if confirmed % len(self._channels) == 0:
                             self.subscribed.set()
@@ -183,6 +204,21 @@ class Waiter:
             if left <= 0 or not listener.subscribed.wait(left):
                 return False
         return True
+
+    def add_channels(self, client: RedisClient, channels: Sequence[str]) -> None:
+        """Listen on ``channels`` of ``client`` too (a queue added to a running consumer)."""
+        known = next((chans for c, chans in self.subscriptions if c is client), None)
+        if known is None:
+            self.subscriptions.append((client, list(channels)))
+        else:
+            known.extend(channels)
+        if not self._listeners:  # start() subscribes to all of them
+            return
+        listener = next((x for x in self._listeners if x.client is client), None)
+        if listener is None:
+            self._listeners.append(_Listener(self, client, channels))
+        else:
+            listener.add(channels)
 
     def announce(self, due_ms: int) -> None:
         with self._cond:
