@@ -130,7 +130,7 @@ class TaskRunner:
                 logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
             raise
         try:
-            returned = json.dumps(value, allow_nan=False, separators=(",", ":"))
+            returned = json.dumps(_normalized(value), allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as e:
             # It ran: running it again would repeat its effects for the same bad value. So the
             # Reject stands even when the record cannot be written (a retry would run it again).
@@ -240,6 +240,13 @@ class _Attempt:
         counts = [len(absent) // 2, len(in_order) // 2, len(deleted)]
         arguments = [ttl, order, *counts, *absent, *in_order, *deleted, *fields]
         return ScriptCall(LuaScript.named("write_record"), [self.key], arguments)
+
+
+def _normalized(value: Any) -> Any:
+    """The return value as the framework's own backends keep it (Django 6: a tuple is a list,
+    bytes are text, anything else that is not JSON a TypeError "Unsupported type: ...")."""
+    normalize = framework.normalize_json
+    return value if normalize is None else normalize(value)
 
 
 def _ttl(backend: Any) -> int:
