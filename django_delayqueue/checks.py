@@ -9,8 +9,10 @@ delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
 delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
 delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
 delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
-delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid or has no queue
-delayqueue.W005     a recurring schedule row that is invalid or has no queue (``--database``)
+delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid, has no queue, or
+                    puts a task where no backend runs it (or a payload where only tasks run)
+delayqueue.E010     ``django_delayqueue`` missing from INSTALLED_APPS (a TASKS backend's check)
+delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
 delayqueue.W003     handlers registered for a queue that is not configured
@@ -20,9 +22,9 @@ delayqueue.W004     outbox messages older than ``OUTBOX_MAX_AGE_SECONDS``: no re
 
 Only E001 and W004 do I/O: E001 runs with the deployment checks (and on demand), W004 with
 the database checks: a Redis that is
-down must not stop ``migrate`` or ``runqueue``, which waits for it. E005-E007 are the Tasks
-backend's own ``check()``: run by the framework's check once the framework is imported (and,
-for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
+down must not stop ``migrate`` or ``runqueue``, which waits for it. E005-E007 and E010 are the
+Tasks backend's own ``check()``: run by the framework's check once the framework is imported
+(and, for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
 """
 
 from __future__ import annotations
