@@ -20,7 +20,7 @@ MIN_TESTS ?= tests/test_core_*.py tests/test_api.py tests/test_connection.py tes
 	tests/test_checks.py tests/test_models.py tests/test_worker.py tests/test_stats.py \
 	tests/test_queuestats.py tests/test_health.py tests/test_admin.py tests/test_admin_charts.py \
 	tests/test_admin_permissions.py tests/test_shop.py tests/test_tasks_backend.py \
-	tests/test_recurring.py tests/test_recurring_tasks.py
+	tests/test_recurring.py tests/test_recurring_tasks.py tests/test_tasks_semantics.py
 MIN_PYTEST_ARGS ?=
 MIN_BIN := $(MIN_VENV)/bin
 MIN_STAMP := $(MIN_VENV)/.stamp-$(DEPS_HASH)

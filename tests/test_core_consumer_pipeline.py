@@ -503,3 +503,49 @@ def test_closing_slots_does_not_wait_for_a_handler_still_running(
         assert not closer.is_alive()  # the idle thread was joined, the stuck one not waited for
     finally:
         release.set()
+
+
+# --- queues added while it runs (a Tasks backend taking any queue: issue 24) ---------------------
+
+
+class AddsQueues(Consumer):
+    """Adds ``later`` at its first refresh, as the Django worker adds a registered task queue."""
+
+    def __init__(self, queues: list[Queue], later: list[Queue], **kwargs: Any) -> None:
+        super().__init__(queues, **kwargs)
+        self.later = later
+        self.added = threading.Event()  # set once the round that added them is over
+
+    def refresh(self) -> None:
+        if self.later:
+            self.add_queues(self.later)
+            self.later = []
+
+    def step(self, now_ms: int | None = None) -> int:
+        claimed = super().step(now_ms)
+        self.added.set()
+        return claimed
+
+
+def test_a_queue_added_while_it_runs_is_claimed_extended_and_woken_for(
+    make_queue: Any, running: Any
+) -> None:
+    """Nothing but its wake channel brings the new queue's message: no poll for an hour."""
+    first = make_queue("first", clock=SystemClock())
+    later = make_queue("later", clock=SystemClock(), visibility_timeout=1)
+    gate = Gate("slow")
+    handler = Recorder(gate)
+    consumer = AddsQueues(
+        [first], [later], handler=handler, idle_seconds=3600, maintenance_seconds=3600
+    )
+    consumer.announce_within_ms = 3_600_000
+    running(consumer)
+    assert consumer.added.wait(TIMEOUT)  # a message now is not seen by that round's promote
+    later.schedule("slow", delay=0.05)  # announced on its wake channel, and only there
+    wait_until(lambda: gate.waiting == ["slow"])
+    deadline = later.client.zscore(later.keys.unack, handler.calls[0].id)
+    # Its deadline is pushed out while the handler runs (a third of the visibility timeout).
+    wait_until(lambda: later.client.zscore(later.keys.unack, handler.calls[0].id) > deadline)
+    gate.open.set()
+    wait_until(lambda: later.counts() == EMPTY)
+    assert [m.queue for m in handler.calls] == ["later"]

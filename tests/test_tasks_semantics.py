@@ -36,6 +36,25 @@ def examples() -> Any:
     return backend_tests.examples  # tests/task_examples.py, once the fixture imported it
 
 
+@pytest.fixture(autouse=True)
+def backends_follow_the_tasks_setting(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Django and django-tasks 0.9+ forget their backends when TASKS changes; 0.8 kept them.
+    Inside the demo's TASKS: what a test changes is undone before the demo's is."""
+    request.getfixturevalue("tasks_on_the_demo_queue")
+    from asgiref.local import Local
+    from django.core.signals import setting_changed
+
+    def forget(*, setting: str, **kwargs: Any) -> None:
+        if setting == "TASKS":
+            handler = framework.task_backends
+            handler._settings = handler.settings = handler.configure_settings(None)
+            handler._connections = Local()
+
+    setting_changed.connect(forget)
+    yield
+    setting_changed.disconnect(forget)
+
+
 @pytest.fixture
 def running() -> Iterator[Started]:
     started = Started()
@@ -60,10 +79,14 @@ def queue_settings(**values: Any) -> Any:
 @pytest.mark.django_db(transaction=True)
 def test_an_argument_that_is_not_json_is_a_type_error(redis_client: redis.Redis) -> None:
     """Django documents TypeError (its own backends: "Unsupported type: ...")."""
-    with pytest.raises(TypeError, match="Unsupported type") as caught:
+    with pytest.raises(TypeError) as caught:
         examples().add.enqueue(datetime.now(dt_timezone.utc), 1)
-    assert isinstance(caught.value, PayloadError)  # what this app raised before, still
-    assert "task_examples.add: argument 1" in str(caught.value)
+    # django-tasks up to 0.8 refuses it itself, in Task.enqueue, before any backend sees it.
+    if not backend_tests._backport_normalises_arguments():
+        assert isinstance(caught.value, PayloadError)  # what this app raised before, still
+        assert "task_examples.add: argument 1" in str(caught.value)
+        if framework.normalize_json is not None:  # Django 6, django-tasks 0.9+: their words
+            assert "Unsupported type" in str(caught.value)
     with pytest.raises(TypeError):
         asyncio.run(examples().add.aenqueue(1, object()))
     assert redis_client.keys("dq*shop-tasks*") == []  # nothing was written

@@ -73,11 +73,11 @@ def stand_in_task(record: TaskRecord) -> Any:
         name,
     )
     task = object.__new__(framework.Task)
-    for spec in dataclasses.fields(task):
-        if spec.default is not dataclasses.MISSING:
-            object.__setattr__(task, spec.name, spec.default)
-        elif spec.default_factory is not dataclasses.MISSING:
-            object.__setattr__(task, spec.name, spec.default_factory())
+    for spec in dataclasses.fields(task):  # defaults (none before django-tasks 0.9), then ours
+        value = None if spec.default is dataclasses.MISSING else spec.default
+        if spec.default_factory is not dataclasses.MISSING:
+            value = spec.default_factory()
+        object.__setattr__(task, spec.name, value)
     object.__setattr__(task, "func", cannot_import)
     return task_as_enqueued(task, record)
 
