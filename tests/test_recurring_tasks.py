@@ -159,3 +159,18 @@ def test_schedules_that_run_as_they_say_pass_the_checks() -> None:
     any_queue = {"default": {**TASKS_SETTING["default"], "QUEUES": []}}
     anywhere = {"task": {"queue": "anywhere", "every": 60, "task": "periodic_examples.beat"}}
     assert _schedule_errors(anywhere, any_queue) == []  # any queue takes tasks: Django's []
+
+
+@pytest.mark.django_db
+def test_a_schedule_row_with_a_task_where_no_backend_runs_it_is_a_warning() -> None:
+    """The same of a row added in the admin: W005, with the database checks."""
+    from demo_project.settings import TASKS_SETTING
+    from django_delayqueue.recurring.checks import check_schedule_rows
+
+    RecurringSchedule.objects.create(
+        name="by-staff", queue="order-close", every=60, task="periodic_examples.beat"
+    )
+    with override_settings(TASKS=TASKS_SETTING):
+        warnings = check_schedule_rows(databases=["default"])
+    assert [w.id for w in warnings] == ["delayqueue.W005"]
+    assert "task 'periodic_examples.beat' on queue 'order-close'" in warnings[0].msg
