@@ -16,6 +16,8 @@ from django_delayqueue.core.consumer.waiter import (
     CLAIM_LEAD_MARGIN_MS,
     FIRST_CLAIM_LEAD_MS,
     MAX_CLAIM_LEAD_MS,
+    WRITE_SOON_GAP_SECONDS,
+    WRITE_SOON_SECONDS,
     ClaimLead,
     Waiter,
     sleep_until_due,
@@ -141,6 +143,23 @@ def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
         waiter.close()
     assert not wake.announced
     assert time.monotonic() - started < 60  # not the hour it aimed at
+
+
+# --- writes waiting for a round (a task's RUNNING) ----------------------------------------------
+
+
+def test_a_write_soon_ends_a_wait_at_once_but_quick_ones_do_not_end_one_wait_each() -> None:
+    """Lower bounds only: a wait never ends before the time written_soon() set."""
+    waiter = Waiter([], SystemClock(), lambda: False, threading.Event())
+    far = SystemClock().now_ms() + 3_600_000  # no due time, no poll for an hour
+    start = time.monotonic()
+    waiter.written_soon()
+    assert waiter.wait(None, far).nudged  # within WRITE_SOON_SECONDS, not at the poll
+    assert time.monotonic() - start >= WRITE_SOON_SECONDS
+    waiter.written_soon()
+    waiter.written_soon()  # rides on the round the first one asked for
+    assert waiter.wait(None, far).nudged
+    assert time.monotonic() - start >= WRITE_SOON_SECONDS + WRITE_SOON_GAP_SECONDS
 
 
 # --- a queue added while the consumer runs (a Tasks backend taking any queue: issue 24) ----------

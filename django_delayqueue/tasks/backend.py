@@ -77,8 +77,6 @@ class DelayQueueBackend(framework.BaseTaskBackend):
             super().validate_task(dataclasses.replace(task, run_after=None))
         else:
             super().validate_task(task)
-        if not self.queues and not isinstance(task.queue_name, str):
-            raise framework.InvalidTask(f"Queue {task.queue_name!r} is not a queue name.")
         if self.queues and task.queue_name not in queue_names():
             raise framework.InvalidTask(
                 f"Queue {task.queue_name!r} is not a delay queue: add it to "

@@ -40,8 +40,6 @@ SUBSCRIBE_WAIT_SECONDS = 2.0  # how long run() waits to be subscribed before its
 SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record outcomes
 FORCED_FLUSH_SECONDS = 1.0
 FLUSH_RETRY_PAUSE_SECONDS = 0.2
-# A write_soon() (a task's RUNNING) goes this soon, in one round with those of the same instant.
-WRITE_SOON_WITHIN_SECONDS = 0.005
 
 
 class Consumer(Rounds):
@@ -116,7 +114,7 @@ class Consumer(Rounds):
 
     def write_soon(self, queue: Queue, call: ScriptCall) -> None:
         super().write_soon(queue, call)  # not at the next poll, seconds away: get_result reads it
-        self._waiter.remind(time.monotonic() + WRITE_SOON_WITHIN_SECONDS)
+        self._waiter.written_soon()
 
     def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
         added = super().add_queues(queues)

@@ -37,6 +37,11 @@ FIRST_CLAIM_LEAD_MS = 1.5  # until a round has been measured
 CLOCK_SKEW_ALLOWANCE_MS = 100.0
 HOLD_AT_MOST_MS = MAX_CLAIM_LEAD_MS + CLOCK_SKEW_ALLOWANCE_MS
 WAIT_SLICE_SECONDS = 0.25  # short slices keep signals responsive; they cost no Redis commands
+# A write waiting for a round (a task's RUNNING) ends the wait this soon, but waits end for
+# that at most once per gap: quick handlers starting one after another must not bring a round
+# each (what is written with a round costs nothing more; rounds do).
+WRITE_SOON_SECONDS = 0.005
+WRITE_SOON_GAP_SECONDS = 0.02
 
 
 class ClaimLead:
@@ -75,7 +80,6 @@ class _Listener:
 
     def __init__(self, waiter: Waiter, client: RedisClient, channels: Sequence[str]) -> None:
         self._waiter = waiter
-        self._client = client
         self.client = client
         self._channels = list(channels)
         self._added: list[str] = []  # by add(), for the thread to subscribe
@@ -113,7 +117,7 @@ class _Listener:
         while not self._stop.is_set():
             pubsub = None
             try:
-                pubsub = self._pubsub = self._client.pubsub()
+                pubsub = self._pubsub = self.client.pubsub()
                 self._channels += self._take_added()
                 pubsub.subscribe(*self._channels)
                 confirmed = 0
@@ -185,6 +189,7 @@ class Waiter:
         self._announced: int | None = None  # earliest due time announced since the last wait
         self._nudged = False
         self._remind_at: float | None = None  # see remind()
+        self._written_at = -WRITE_SOON_GAP_SECONDS  # see written_soon()
 
     @property
     def subscribed(self) -> bool:
@@ -231,6 +236,18 @@ class Waiter:
         with self._cond:
             if self._remind_at is None or at_monotonic < self._remind_at:
                 self._remind_at = at_monotonic
+            self._cond.notify_all()
+
+    def written_soon(self) -> None:
+        """A write waits for the next round: end the wait within WRITE_SOON_SECONDS, or ride
+        on a round already due by then (at most one round per WRITE_SOON_GAP_SECONDS)."""
+        with self._cond:
+            at = max(
+                time.monotonic() + WRITE_SOON_SECONDS, self._written_at + WRITE_SOON_GAP_SECONDS
+            )
+            if self._remind_at is not None and self._remind_at <= at:
+                return
+            self._written_at = self._remind_at = at
             self._cond.notify_all()
 
     def nudge(self, blocking: bool = True) -> None:
