@@ -9,10 +9,12 @@ delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
 delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
 delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
 delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
-delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid or has no queue
+delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid, has no queue, or
+                    puts a task where no backend runs it (or a payload where only tasks run)
 delayqueue.E010     a Redis whose ``maxmemory-policy`` evicts keys (``check --deploy``)
 delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION`` or ``HEALTH_MAX_MEMORY_PERCENT``
-delayqueue.W005     a recurring schedule row that is invalid or has no queue (``--database``)
+delayqueue.E012     ``django_delayqueue`` missing from INSTALLED_APPS (a TASKS backend's check)
+delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
 delayqueue.W003     handlers registered for a queue that is not configured
@@ -26,7 +28,7 @@ delayqueue.W007     E010 accepted by ``ACCEPT_DATA_LOSS_ON_EVICTION`` (``check -
 Only E001, E010, W006, W007 and W004 do I/O: the first four (monitoring.server_checks) run
 with the deployment checks (and on demand), W004 with the database checks: a Redis that is
 down must not stop ``migrate`` or ``runqueue``, which waits for it (and judges the servers
-itself once they answer: monitoring.servers.ServerGuard). E005-E007 are the Tasks
+itself once they answer: monitoring.servers.ServerGuard). E005-E007 and E012 are the Tasks
 backend's own ``check()``: run by the framework's check once the framework is imported (and,
 for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
 """
@@ -57,8 +59,8 @@ from django_delayqueue.conf.settings import (
     raw_queue_options,
     settings_problems,
     shards_problem,
-    task_queue_names,
 )
+from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_name, validate_prefix
 from django_delayqueue.monitoring.server_checks import check_redis_servers, server_setting_errors
@@ -275,6 +277,8 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         return []
     configured = set(queue_names())
     task_queues = set(task_queue_names())  # a TASKS backend runs their tasks
+    if any_task_queue():  # "QUEUES": [] takes any queue: each may be a task queue
+        task_queues |= configured
     signals = topics()
     out = [
         Warning(

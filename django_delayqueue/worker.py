@@ -13,8 +13,15 @@ from django.db import DatabaseError, close_old_connections, connections
 from django_delayqueue.api import topic
 from django_delayqueue.conf.overrides import load_published, merge
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings, file_queue_settings, task_queue_names
+from django_delayqueue.conf.settings import dq_settings, file_queue_settings, queue_names
 from django_delayqueue.conf.sync import publish_from_db, sync_queue_configs
+from django_delayqueue.conf.task_backends import (
+    DEFAULT_TASK_QUEUE,
+    any_task_queue,
+    backend_takes,
+    task_queue_names,
+)
+from django_delayqueue.conf.task_registry import is_registered, register, registered
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
@@ -40,16 +47,22 @@ class Worker(Consumer):
     """Delivers the due messages of some configured queues to their Django handlers.
 
     Every ``SETTINGS_REFRESH_SECONDS`` it re-reads the settings staff published from the admin
-    (one Redis round trip for all its queues), so a pause stops it within seconds.
+    (one Redis round trip for all its queues), so a pause stops it within seconds. With a
+    TASKS backend that takes any queue (``"QUEUES": []``), a worker started for every queue
+    (``discover``) also serves each queue tasks are sent to, found in the registry of task
+    queues (``conf.task_registry``) at that refresh.
     """
 
-    def __init__(self, queues: Sequence[Queue], **kwargs: Any) -> None:
+    def __init__(self, queues: Sequence[Queue], *, discover: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload))
         super().__init__(queues, **kwargs)
         self._by_name = {q.name: q for q in self.queues}
+        # Read by handler threads, replaced (never changed in place) by the loop's.
         self._task_queues = frozenset(task_queue_names())
+        self._any_queue = any_task_queue()
+        self._discover = discover and self._any_queue
         self._tasks: Any = None
         self._said_no_schedule_rows = False
         # The Redis servers are judged before the first delivery, or once they answer: one
@@ -62,7 +75,7 @@ class Worker(Consumer):
         return 1 if self.refused else code
 
     def _run(self) -> int:
-        if self._task_queues & {q.logical_name for q in self.queues}:
+        if self._any_queue or self._task_queues & {q.logical_name for q in self.queues}:
             self._prepare_for_tasks()
         # The outbox: messages committed while Redis was down are sent from here. A burst sends
         # them first, so that what is due among them is delivered by this very run.
@@ -89,7 +102,7 @@ class Worker(Consumer):
         loading the script that writes results. Nothing here stops the worker: a module that
         fails to import is logged, and its tasks fail (and retry) as they would have."""
         try:
-            runner = self._task_runner()
+            self._task_runner()
         except Reject as e:
             logger.warning("%s", e)
             return
@@ -104,8 +117,13 @@ class Worker(Consumer):
             logger.exception(
                 "%s: preparing for tasks failed; they will import as they run", self.name
             )
-        for q in self.queues:
-            if q.logical_name in self._task_queues:
+        self._load_task_scripts(self.queues)
+
+    def _load_task_scripts(self, queues: Sequence[Queue]) -> None:
+        """Load the script that writes results on the task queues among ``queues``."""
+        runner = self._tasks
+        for q in queues:
+            if runner is not None and (self._any_queue or q.logical_name in self._task_queues):
                 try:
                     runner.load_scripts(q)
                 except DelayQueueError as e:
@@ -125,14 +143,24 @@ class Worker(Consumer):
     def for_queues(cls, names: Sequence[str] | None = None, **kwargs: Any) -> Worker:
         """A worker for ``names`` (default: every configured queue), with fresh Queue objects.
 
-        Raises ConfigurationError for a name that is not configured.
+        Raises ConfigurationError for a name that is not configured. With a TASKS backend that
+        takes any queue, any name is a task queue, and the default adds Django's default
+        queue and the registered ones (and those registered later: ``discover``).
         """
-        chosen = configured(names or None)
+        chosen = configured(names or None, tasks=True)
+        discover = not names and any_task_queue()
+        if discover:
+            try:
+                found = registered()
+            except DelayQueueError as e:  # Redis down: found at a refresh once it is back
+                logger.warning("task queues not read from the registry yet: %s", e)
+                found = []
+            chosen = list(dict.fromkeys([*chosen, DEFAULT_TASK_QUEUE, *found]))
         if not chosen:
             raise ConfigurationError("no queues configured in DELAYQUEUE['QUEUES']")
         # A sharded queue is claimed from shard by shard: each shard is a queue of the loop.
         queues = [q for name in chosen for q in shard_queues(name)]
-        return cls(queues, **kwargs)
+        return cls(queues, discover=discover, **kwargs)
 
     def sync_settings(self) -> None:
         """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
@@ -157,7 +185,7 @@ class Worker(Consumer):
         shard = self._by_name[message.queue]
         if shard.logical_name != message.queue:  # a shard: handlers see the logical queue
             message = dataclasses.replace(message, queue=shard.logical_name)
-        if message.queue in self._task_queues and is_task_payload(message.payload):
+        if is_task_payload(message.payload) and self._is_task_queue(message.queue):
             close_old_connections()
             try:
                 return self._task_runner().run(message, shard)
@@ -210,10 +238,13 @@ class Worker(Consumer):
             if new != q.settings:
                 logger.info("queue %s: settings now %s", q.name, _diff(q.settings, new))
                 q.settings = new
-        missing = [name for name, values in published.items() if values is None]
+        configured_names = set(queue_names())  # a queue only the registry knows has no row
+        missing = [n for n, values in published.items() if values is None and n in configured_names]
         if missing:  # recomputed every refresh, so a failed republish is tried again
             self._republish(missing)
         self._refresh_schedules()
+        if self._any_queue:
+            self._follow_registry()
 
     def guard_servers(self) -> None:
         """Stop (and set ``refused``) on a Redis whose policy evicts keys, unless accepted."""
@@ -237,6 +268,8 @@ class Worker(Consumer):
         except DelayQueueError as e:
             logger.debug("recurring schedules not refreshed: %s", e)
             return
+        if self._any_queue:
+            self._register_task_schedules(published.recurrences)
         self.keeper.set_definitions(
             published.recurrences,
             self.queues,
@@ -246,6 +279,52 @@ class Worker(Consumer):
             # the admin are unknown here, not deleted.
             authoritative=published.version > 0,
         )
+
+    def _is_task_queue(self, name: str) -> bool:
+        """A queue a TASKS backend lists, or, with one that takes any queue, one in the
+        registry of task queues (asked at once for a queue registered since the last
+        refresh). Never a queue only signal messages go to: a payload shaped like a task
+        there (a webhook's JSON) must not import and run anything."""
+        if name in self._task_queues:
+            return True
+        if not self._any_queue or not is_registered(name):  # Redis down: raises, retried
+            return False
+        self._task_queues = self._task_queues | {name}
+        return True
+
+    def _follow_registry(self) -> None:
+        """Take the registry's queues as task queues, and serve the new ones (``discover``)."""
+        try:
+            names = registered()
+        except DelayQueueError as e:
+            logger.debug("task queues not read from the registry: %s", e)
+            return
+        self._task_queues = self._task_queues | set(names)
+        if not self._discover:
+            return
+        served = {q.logical_name for q in self.queues}
+        for name in [n for n in names if n not in served]:
+            try:
+                shards = shard_queues(name)
+            except ConfigurationError as e:  # its DELAYQUEUE settings became invalid
+                logger.warning("task queue %s not served: %s", name, e)
+                continue
+            added = self.add_queues(shards)
+            self._by_name.update((q.name, q) for q in added)
+            self._load_task_scripts(added)
+            logger.info("%s now consuming %s (tasks were sent there)", self.name, name)
+
+    def _register_task_schedules(self, recurrences: Sequence[Recurrence]) -> None:
+        """A ``task`` schedule on a queue only a backend taking any queue takes: that queue
+        runs tasks, and goes into the registry so that get_result and runqueue find it."""
+        for r in recurrences:
+            if r.task and r.queue not in self._task_queues and backend_takes(r.backend, r.queue):
+                try:
+                    register(r.queue)
+                except DelayQueueError as e:
+                    logger.debug("task queue %s not registered: %s", r.queue, e)
+                    continue
+                self._task_queues = self._task_queues | {r.queue}
 
     def refresh_wanted(self) -> bool:
         """Refresh at the next round, not at the next maintenance: the servers or the schedules

@@ -2,7 +2,7 @@
 
 ``override_settings(DELAYQUEUE=...)`` in a test (or anything else sending ``setting_changed``)
 must reach all of them at once: the settings dict, the Redis client and clock, the published
-overrides and the Queue objects built from them.
+overrides, the Queue objects built from them and the task queues registered.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from django_delayqueue.conf import connection, overrides, queues
+from django_delayqueue.conf import connection, overrides, queues, task_registry
 from django_delayqueue.conf.settings import SETTING_NAME, dq_settings
 
 
@@ -21,10 +21,11 @@ def reset_all() -> None:
     connection.reset()
     overrides.forget()
     queues.reset()
+    task_registry.forget()
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTING_NAME:
+    if setting in (SETTING_NAME, "TASKS"):  # TASKS: which queues take tasks, and their settings
         reset_all()
 
 

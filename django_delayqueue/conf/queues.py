@@ -18,6 +18,8 @@ from django_delayqueue.conf.settings import (
     queue_shards,
     unknown_queue,
 )
+from django_delayqueue.conf.task_backends import any_task_queue
+from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.sharding import ShardedQueue
@@ -26,17 +28,21 @@ _queues: dict[str, Queue | ShardedQueue] = {}
 _lock = threading.Lock()
 
 
-def configured(names: Iterable[str] | None = None) -> list[str]:
+def configured(names: Iterable[str] | None = None, *, tasks: bool = False) -> list[str]:
     """``names`` (default: every configured queue) without repeats, in the order given.
 
     Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a name that is not
-    in ``DELAYQUEUE['QUEUES']``.
+    in ``DELAYQUEUE['QUEUES']`` (nor a TASKS backend's). With ``tasks``, any valid name when a
+    TASKS backend of this app takes any queue (``"QUEUES": []``): a task queue of its own.
     """
     known = queue_names()
     chosen = known if names is None else list(dict.fromkeys(names))
     for name in chosen:
-        if name not in known:
+        if name in known:
+            continue
+        if not (tasks and any_task_queue()):
             raise unknown_queue(name)
+        validate_name(name, "queue name")
     return chosen
 
 
@@ -77,15 +83,15 @@ def queue_settings(name: str) -> QueueSettings:
     return effective_settings(name)
 
 
-def get_queue(name: str) -> Queue | ShardedQueue:
+def get_queue(name: str, *, task: bool = False) -> Queue | ShardedQueue:
     """The configured queue ``name`` (one object per name; its settings kept current).
 
     Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a queue that is not
-    in ``DELAYQUEUE['QUEUES']``.
+    in ``DELAYQUEUE['QUEUES']``. ``task``: a task's queue (see :func:`configured`).
     """
     q = _queues.get(name)
     if q is None:
-        configured([name])
+        configured([name], tasks=task)
         with _lock:
             q = _queues.get(name)
             if q is None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import MAX_SHARDS
 from django_delayqueue.core.settings import QueueSettings
@@ -125,29 +126,12 @@ class DelayQueueSettings:
 dq_settings = DelayQueueSettings()
 
 
-# The Tasks backend as settings.TASKS may name it (the package re-exports the class).
-TASKS_BACKENDS = (
-    "django_delayqueue.tasks.DelayQueueBackend",
-    "django_delayqueue.tasks.backend.DelayQueueBackend",
-)
-DEFAULT_TASK_QUEUE = "default"  # Django's default QUEUES for a backend
-
-
-def task_queue_names() -> list[str]:
-    """The queues of every ``settings.TASKS`` backend of this app (read, nothing imported)."""
-    names: list[str] = []
-    tasks = getattr(django_settings, "TASKS", None) or {}
-    for params in tasks.values() if isinstance(tasks, dict) else ():
-        if isinstance(params, dict) and params.get("BACKEND") in TASKS_BACKENDS:
-            names += [str(name) for name in params.get("QUEUES", [DEFAULT_TASK_QUEUE]) or ()]
-    return names
-
-
 def queue_names() -> list[str]:
     """The configured queue names, in settings order, then those only a TASKS backend names.
 
     A task queue need not be in ``DELAYQUEUE['QUEUES']``: there it gets its settings, without
-    them the ``DEFAULTS``.
+    them the ``DEFAULTS``. Not here: the queues a backend with ``"QUEUES": []`` enqueued to
+    without naming them (``conf.task_registry``).
     """
     names = [str(name) for name in dq_settings.QUEUES or {}]
     return list(dict.fromkeys([*names, *task_queue_names()]))
@@ -157,7 +141,9 @@ def raw_queue_options(name: str) -> dict[str, Any]:
     """``DEFAULTS`` merged with the queue's own dict, unknown keys included (for the checks)."""
     queues = dq_settings.QUEUES or {}
     if name not in queues:
-        if name in task_queue_names():
+        # Callers check the name first (conf.queues.configured): with a backend that takes
+        # any queue ("QUEUES": []), an unlisted task queue gets the DEFAULTS too.
+        if name in task_queue_names() or any_task_queue():
             return dict(dq_settings.DEFAULTS or {})
         raise unknown_queue(name)
     return {**(dq_settings.DEFAULTS or {}), **(queues[name] or {})}

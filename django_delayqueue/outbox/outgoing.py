@@ -28,6 +28,7 @@ class Outgoing:
 
     def send(self) -> ScheduleResult:
         """Send it now (no outbox): one script call; DelayQueueError if Redis refuses."""
+        self._register_task_queue()
         if self.record is not None:
             key = self.queue.keys_for(self.prepared.id).task_result(self.prepared.id)
             return self.queue.send_with_record(
@@ -37,6 +38,7 @@ class Outgoing:
 
     def send_once(self, token: str) -> ScheduleResult | None:
         """Send it under ``token`` (an outbox row's): None if that token was sent already."""
+        self._register_task_queue()
         message_id = self.prepared.id
         key = (
             None if self.record is None else self.queue.keys_for(message_id).task_result(message_id)
@@ -49,3 +51,11 @@ class Outgoing:
             record=self.record,
             priority=self.priority,
         )
+
+    def _register_task_queue(self) -> None:
+        """A task's queue that no TASKS backend lists (one of ``"QUEUES": []``): in the
+        registry before its message, so that runqueue finds it (conf.task_registry)."""
+        if self.record is not None:
+            from django_delayqueue.conf.task_registry import register_unlisted
+
+            register_unlisted(self.queue.name)

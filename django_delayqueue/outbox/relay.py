@@ -75,9 +75,10 @@ def outbox_databases() -> list[str]:
 
 def outgoing_of(row: OutboxMessage) -> Outgoing:
     """The message a row holds, as the commit path would have sent it."""
-    queue = get_queue(row.queue)
+    task = row.mode == OutboxMessage.TASK
+    queue = get_queue(row.queue, task=task)  # a task's: maybe of a backend taking any queue
     prepared = Prepared(row.message_id, row.due_ms, row.envelope)
-    record = row.record if row.mode == OutboxMessage.TASK else None
+    record = row.record if task else None
     replace = row.mode == OutboxMessage.REPLACE
     return Outgoing(queue, prepared, replace=replace, record=record, priority=row.priority)
 

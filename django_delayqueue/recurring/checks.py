@@ -1,6 +1,9 @@
 """System checks of ``DELAYQUEUE["SCHEDULES"]`` (registered by ``django_delayqueue.checks``).
 
-delayqueue.E009: a schedule that cannot run: invalid options, or a queue no runqueue serves.
+delayqueue.E009: a schedule that cannot run: invalid options, a queue no runqueue serves, a
+``task`` on a queue no TASKS backend of this app takes (its ticks would go to the queue's
+signal handlers, and never run the task), or a ``payload`` on a task queue without a signal
+handler (every tick would be dead-lettered: "no handler").
 delayqueue.W005: the same of a schedule row (added in the admin), with the database checks.
 """
 
@@ -11,7 +14,9 @@ from typing import Any
 from django.core.checks import Error, Warning
 from django.db import DatabaseError
 
+from django_delayqueue.api import topics
 from django_delayqueue.conf.settings import queue_names
+from django_delayqueue.conf.task_backends import backend_takes, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.recurring.definitions import declared
@@ -32,7 +37,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         except ConfigurationError as e:
             out.append(Error(f'DELAYQUEUE["SCHEDULES"]: {e}.', hint=HINT, id="delayqueue.E009"))
             continue
-        if recurrence.queue not in queues:
+        if recurrence.queue not in queues and not _takes_its_task(recurrence):
             out.append(
                 Error(
                     f'DELAYQUEUE["SCHEDULES"][{name!r}]: queue {recurrence.queue!r} is not '
@@ -41,7 +46,45 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                     id="delayqueue.E009",
                 )
             )
+            continue
+        problem = task_problem(recurrence)
+        if problem is not None:
+            what, hint = problem
+            out.append(
+                Error(f'DELAYQUEUE["SCHEDULES"][{name!r}]: {what}', hint=hint, id="delayqueue.E009")
+            )
     return out
+
+
+def _takes_its_task(recurrence: Recurrence) -> bool:
+    """A ``task`` schedule whose backend takes any queue: its queue needs no configuring."""
+    return bool(recurrence.task) and backend_takes(recurrence.backend, recurrence.queue)
+
+
+def task_problem(recurrence: Recurrence) -> tuple[str, str] | None:
+    """Why the ticks of ``recurrence`` would never do what it says (what, and what to change):
+    a ``task`` on a queue its backend does not take, a ``payload`` on a task queue that no
+    signal handler takes. None when they would."""
+    queue, alias = recurrence.queue, recurrence.backend
+    if recurrence.task:
+        if backend_takes(alias, queue):
+            return None
+        return (
+            f"task {recurrence.task!r} on queue {queue!r}, which TASKS[{alias!r}] does not "
+            "list (or is no DelayQueueBackend), so runqueue would send each tick to the "
+            "queue's signal handlers and never run the task.",
+            f"Add {queue!r} to TASKS[{alias!r}]['QUEUES'], or give the schedule a queue that "
+            'backend lists (and "backend": the TASKS alias, if not "default").',
+        )
+    signal = topics().get(queue)
+    if queue in task_queue_names() and (signal is None or not signal.has_listeners()):
+        return (
+            f"a payload on queue {queue!r}, a queue of a TASKS backend that no signal handler "
+            "takes, so every tick would be dead-lettered ('no handler').",
+            f'Give the schedule "task" (the dotted path of a @task) instead of "payload", '
+            f"or a signal queue, or connect a handler with @receiver(dq.topic({queue!r})).",
+        )
+    return None
 
 
 def check_schedule_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
@@ -70,5 +113,12 @@ def check_schedule_rows(app_configs: Any = None, databases: Any = None, **kwargs
                     hint="Configure the queue, or edit or delete the schedule in the admin.",
                     id="delayqueue.W005",
                 )
+            )
+            continue
+        problem = task_problem(recurrence)
+        if problem is not None:
+            what, hint = problem
+            out.append(
+                Warning(f"recurring schedule {row.name!r}: {what}", hint=hint, id="delayqueue.W005")
             )
     return out

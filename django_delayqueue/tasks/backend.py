@@ -31,18 +31,15 @@ from django_delayqueue.core.envelope import encode_payload, new_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import redis_errors
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
-from django_delayqueue.tasks.payload import (
-    FAILED,
-    ORDER,
-    READY,
-    RUNNING,
-    TaskRecord,
-    task_payload,
-    write_order,
+from django_delayqueue.tasks.payload import TaskRecord, task_payload
+from django_delayqueue.tasks.reading import (
+    find_in_outbox,
+    find_record,
+    reconcile,
+    registered_queues,
 )
 from django_delayqueue.tasks.results import to_task_result
 
@@ -70,21 +67,29 @@ class DelayQueueBackend(framework.BaseTaskBackend):
     # --- enqueueing ------------------------------------------------------------------------
 
     def validate_task(self, task: Any) -> None:
-        """The framework's checks, a ``timedelta`` run_after, and a queue this app knows."""
+        """The framework's checks, a ``timedelta`` run_after, and a queue name Redis can hold.
+
+        With ``"QUEUES": []`` any queue name is valid, as Django documents: a queue
+        ``DELAYQUEUE`` does not configure gets the ``DEFAULTS``.
+        """
         if isinstance(task.run_after, timedelta):
             # The framework wants an aware datetime; a delay is converted at enqueue.
             super().validate_task(dataclasses.replace(task, run_after=None))
         else:
             super().validate_task(task)
-        if task.queue_name not in queue_names():
+        if self.queues and task.queue_name not in queue_names():
             raise framework.InvalidTask(
                 f"Queue {task.queue_name!r} is not a delay queue: add it to "
                 "DELAYQUEUE['QUEUES'] or to this backend's QUEUES."
             )
+        try:
+            validate_name(task.queue_name, "queue name")
+        except ConfigurationError as e:
+            raise framework.InvalidTask(f"{e}.") from e
 
     def enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)
-        queue = get_queue(task.queue_name)
+        queue = get_queue(task.queue_name, task=not self.queues)
         args, kwargs = _json_arguments(task, args, kwargs)
         result_id = new_id()
         deferred = task.run_after is not None
@@ -131,59 +136,43 @@ class DelayQueueBackend(framework.BaseTaskBackend):
     def get_result(self, result_id: str) -> Any:
         found = self.find_record(result_id)
         if found is None:
-            waiting = self._find_in_outbox(result_id) if isinstance(result_id, str) else None
+            listed = self._queue_names() if self.queues else None
+            waiting = find_in_outbox(result_id, listed) if isinstance(result_id, str) else None
             if waiting is None:
                 raise framework.TaskResultDoesNotExist(result_id)
             return to_task_result(waiting, result_id)
         queue, record = found
-        _reconcile(queue, result_id, record)
+        reconcile(queue, result_id, record)
         return to_task_result(record, result_id)
 
     def find_record(self, result_id: str) -> tuple[Queue, TaskRecord] | None:
         """The queue and record of ``result_id`` among this backend's queues (None: nowhere)."""
-        if not isinstance(result_id, str) or not result_id:
-            return None
-        for name in self._queue_names():
-            queue = get_queue(name).shard_for(result_id)  # a sharded queue's shard of the id
-            with redis_errors(f"reading task result {result_id!r}"):
-                stored = queue.client.hgetall(queue.keys.task_result(result_id))
-            if stored:
-                return queue, TaskRecord.from_hash(stored)
-        return None
-
-    def _find_in_outbox(self, result_id: str) -> TaskRecord | None:
-        """A task committed while Redis was down waits in the outbox: READY, as it will be."""
-        from django.db import DatabaseError, transaction
-
-        from django_delayqueue.models import OutboxMessage
-        from django_delayqueue.outbox.relay import outbox_databases
-
-        names = set(self._queue_names())
-        for alias in outbox_databases():
-            try:
-                # A savepoint: a failed read must not abort the caller's open transaction.
-                with transaction.atomic(using=alias):
-                    row = (
-                        OutboxMessage.objects.using(alias)
-                        .filter(message_id=result_id, mode=OutboxMessage.TASK, queue__in=names)
-                        .first()
-                    )
-            except DatabaseError:  # no table there (not migrated): nothing waits in it
-                continue
-            if row is not None:
-                return TaskRecord.from_hash({"enqueued": row.record, "status": READY})
-        return None
+        found = find_record(result_id, self._queue_names())
+        if found is None and not self.queues:  # sent to a queue only the registry knows?
+            found = find_record(result_id, registered_queues())
+        return found
 
     def _queue_names(self) -> list[str]:
+        """The configured queues this backend sends to (all of them, if it takes any)."""
         known = queue_names()
         return [name for name in self.queues if name in known] if self.queues else known
 
     # --- checks ----------------------------------------------------------------------------
 
     def check(self, **kwargs: Any) -> Iterable[Any]:
+        from django.apps import apps
         from django.core.checks import Error
 
         yield from super().check(**kwargs) or []
+        if not apps.is_installed("django_delayqueue"):
+            yield Error(
+                f"TASKS[{self.alias!r}] uses {type(self).__name__}, but 'django_delayqueue' is "
+                "not in INSTALLED_APPS.",
+                hint="Add 'django_delayqueue' to INSTALLED_APPS: runqueue, the outbox table "
+                "the backend writes to in a transaction, and the admin of queues and results "
+                "come with it.",
+                id="delayqueue.E012",
+            )
         if self.result_ttl <= 0:
             yield Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['RESULT_TTL'] must be a positive number of "
@@ -203,54 +192,37 @@ class DelayQueueBackend(framework.BaseTaskBackend):
             )
 
 
+class TaskArgumentError(PayloadError, TypeError):
+    """An argument that is not JSON: a ``TypeError``, as Django documents (its own backends say
+    "Unsupported type: ..."), and a ``PayloadError`` as every payload this app refuses."""
+
+
 def _json_arguments(
     task: Any, args: Iterable[Any], kwargs: dict[str, Any]
 ) -> tuple[list[Any], dict[str, Any]]:
-    """``args`` and ``kwargs`` as JSON gives them back; PayloadError naming the first bad one."""
+    """``args`` and ``kwargs`` as JSON gives them back; an error naming the first bad one.
+
+    What the framework's ``TaskResult`` normalises (a tuple, bytes) is normalised the same way
+    first; what stays (a datetime, a set, NaN) raises :class:`TaskArgumentError`.
+    """
+    normalize = framework.normalize_json or (lambda value: value)
     args = list(args)
     named = [(f"argument {i + 1}", value) for i, value in enumerate(args)]
     named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
     for what, value in named:
+        where = f"task {task.module_path}: {what}"
         try:
-            encode_payload(value)
+            encode_payload(normalize(value))
         except PayloadError as e:
             detail = str(e).removeprefix("payload ")
-            raise PayloadError(f"task {task.module_path}: {what} {detail}") from e
-    decoded = json.loads(encode_payload({"args": args, "kwargs": dict(kwargs)}))
+            if isinstance(e.__cause__, (TypeError, ValueError)):  # not JSON
+                raise TaskArgumentError(f"{where} {detail}") from e
+            raise PayloadError(f"{where} {detail}") from e  # too large
+        except (TypeError, ValueError) as e:  # the framework's: "Unsupported type: ..."
+            raise TaskArgumentError(f"{where} is not JSON-serialisable: {e}") from e
+    values = {"args": normalize(args), "kwargs": normalize(dict(kwargs))}
+    decoded = json.loads(encode_payload(values))
     return decoded["args"], decoded["kwargs"]
-
-
-def _reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
-    """Correct what the record cannot know from where its message is now.
-
-    A dead task requeued (the admin's Requeue) is waiting again: READY, and so is a RUNNING one
-    whose message waits again without its worker having written (reaped, or given back at a
-    shutdown). An unfinished task whose message is a dead letter (buried by a reap or a claim)
-    or gone (cancelled, purged) will never run: FAILED. A message in flight is RUNNING until
-    the delivery running it writes its end (a requeued task's FAILED is its last run's).
-    """
-    if record.status not in (FAILED, READY, RUNNING):
-        return
-    k = queue.keys
-    with redis_errors("reading a task's message"):
-        pipe = queue.client.pipeline(transaction=False)
-        pipe.hexists(k.messages, message_id)
-        pipe.zscore(k.garbage, message_id)
-        pipe.zscore(k.unack, message_id)
-        pipe.hget(k.tokens, message_id)
-        pipe.hget(k.task_result(message_id), ORDER)
-        stored, dead_since, in_flight, token, order = pipe.execute()
-    if in_flight is not None:
-        # Claimed: its RUNNING write comes with its worker's round. Its end, once written (a
-        # FAILED read inside task_finished, before the message is buried), is the record's.
-        ended = int(order or -1) >= write_order(token, FAILED)  # by this delivery
-        if not ended:
-            record.status, record.finished_at = RUNNING, None
-        return
-    if stored and dead_since is None:
-        record.status, record.finished_at = READY, None
-    else:
-        record.status = FAILED
 
 
 def _seconds(value: Any) -> int:

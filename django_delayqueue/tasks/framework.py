@@ -60,3 +60,6 @@ task_enqueued: Any = _signals.task_enqueued
 task_started: Any = _signals.task_started
 task_finished: Any = _signals.task_finished
 task_backends: Any = _pick(_root, "task_backends", "tasks")  # "tasks" up to 0.8
+# What TaskResult does to args and kwargs (Django 6.0, the backport from 0.9): a TypeError
+# "Unsupported type: ..." for what is not JSON. None where the framework has none.
+normalize_json: Any = getattr(_base, "normalize_json", None)

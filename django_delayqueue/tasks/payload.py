@@ -54,6 +54,12 @@ def task_payload(
     return payload
 
 
+class DeadLettered(Exception):
+    """A task's message went to the dead letters (or away) without a run of it failing: its
+    consumer stopped or died on the last attempt, no handler took it, it was cancelled. The
+    class of the error ``get_result`` lists for it, with the reason."""
+
+
 def is_task_payload(payload: Any) -> bool:
     return isinstance(payload, dict) and isinstance(payload.get(TASK_KEY), str)
 

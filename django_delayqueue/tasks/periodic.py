@@ -87,11 +87,11 @@ def unregister(name: str) -> None:
 def discover() -> dict[str, Recurrence]:
     """Import every installed app's ``tasks`` module, then return what registered."""
     global _discovered_all
-    from django_delayqueue.conf.settings import task_queue_names
+    from django_delayqueue.conf.task_backends import delayqueue_backends
 
     # Only with a TASKS backend of this app: Django 6 has a default TASKS (the immediate
     # backend) in every project, whose tasks modules are none of our business.
-    if task_queue_names():
+    if delayqueue_backends():
         from django.utils.module_loading import autodiscover_modules
 
         try:

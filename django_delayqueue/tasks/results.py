@@ -57,6 +57,31 @@ def task_as_enqueued(task: Any, record: TaskRecord) -> Any:
     return changed
 
 
+def stand_in_task(record: TaskRecord) -> Any:
+    """A Task for ``record`` whose function this process cannot import (a worker deployed
+    before the code that enqueued it): its module path and the record's options, so that
+    ``task_finished`` can say the task failed. Calling it raises ImportError."""
+    path = record.task
+    module, _, name = path.rpartition(".")
+
+    def cannot_import(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(f"cannot import task {path!r}")
+
+    cannot_import.__module__, cannot_import.__name__, cannot_import.__qualname__ = (
+        module,
+        name,
+        name,
+    )
+    task = object.__new__(framework.Task)
+    for spec in dataclasses.fields(task):  # defaults (none before django-tasks 0.9), then ours
+        value = None if spec.default is dataclasses.MISSING else spec.default
+        if spec.default_factory is not dataclasses.MISSING:
+            value = spec.default_factory()
+        object.__setattr__(task, spec.name, value)
+    object.__setattr__(task, "func", cannot_import)
+    return task_as_enqueued(task, record)
+
+
 def load_task(path: str) -> Any:
     """The Task object at ``path``; ImportError for anything else (never a plain function)."""
     try:

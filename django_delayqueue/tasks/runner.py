@@ -67,7 +67,12 @@ from django_delayqueue.tasks.payload import (
     TaskRecord,
     write_order,
 )
-from django_delayqueue.tasks.results import load_task, task_as_enqueued, to_task_result
+from django_delayqueue.tasks.results import (
+    load_task,
+    stand_in_task,
+    task_as_enqueued,
+    to_task_result,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,14 +101,18 @@ class TaskRunner:
         attempt = _Attempt(self.worker_id, message, queue, record.enqueued_json())
         backend = task = None
         try:
+            # First: a task that cannot be imported still ends as its backend says (its
+            # RESULT_TTL, task_finished, the errors of its earlier attempts).
+            backend = framework.task_backends[record.backend]
+            if message.attempt > 1:
+                record = attempt.read(record)
             loaded = load_task(record.task)
-            if loaded.takes_context or message.attempt > 1:
+            if loaded.takes_context and message.attempt == 1:
                 record = attempt.read(record)
             attempt.mark_running(record)
             running = attempt.write(RUNNING)
             self._send_soon(queue, running)
             task = task_as_enqueued(loaded, record)
-            backend = framework.task_backends[record.backend]
             result = to_task_result(record, message.id, task)
             _send_robust(framework.task_started, backend, result)
             if task.takes_context:
@@ -124,7 +133,7 @@ class TaskRunner:
             raise
         try:
             # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
-            returned = encode_json(value, "return value", ascii_only=True)
+            returned = encode_json(_normalized(value), "return value", ascii_only=True)
             return_value = json.loads(returned)  # what a reader gets: lists, not tuples
             finished_at = queue.clock.now_ms()
             write = attempt.write(
@@ -169,7 +178,8 @@ class TaskRunner:
     def _failed(
         attempt: _Attempt, record: TaskRecord, error: BaseException, backend: Any, task: Any
     ) -> None:
-        """FAILED, written now; then ``task_finished`` (when the backend is known)."""
+        """FAILED, written now; then ``task_finished`` (when the backend is known; for a task
+        that could not be imported, with a stand-in Task of its module path)."""
         record.status, record.finished_at = FAILED, attempt.queue.clock.now_ms()
         record.errors.append(_error(error))
         write = attempt.write(
@@ -177,6 +187,7 @@ class TaskRunner:
         )
         write.run(attempt.queue.client)
         if backend is not None:
+            task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
             _send_robust(framework.task_finished, backend, result)
 
@@ -237,6 +248,13 @@ class _Attempt:
         counts = [len(absent) // 2, len(in_order) // 2, len(deleted)]
         arguments = [ttl, order, *counts, *absent, *in_order, *deleted, *fields]
         return ScriptCall(LuaScript.named("write_record"), [self.key], arguments)
+
+
+def _normalized(value: Any) -> Any:
+    """The return value as the framework's own backends keep it (Django 6: a tuple is a list,
+    bytes are text, anything else that is not JSON a TypeError "Unsupported type: ...")."""
+    normalize = framework.normalize_json
+    return value if normalize is None else normalize(value)
 
 
 def _ttl(backend: Any) -> int:

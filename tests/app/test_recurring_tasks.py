@@ -105,3 +105,73 @@ def test_no_tasks_module_is_imported_without_a_backend_of_this_app(
     with override_settings(TASKS=TASKS_SETTING):
         discover()
     assert imported == ["tasks"]
+
+
+# --- the checks: a task where a signal handler would get it, and the reverse ----------------------
+
+
+def _schedule_errors(schedules: dict[str, Any], tasks: dict[str, Any]) -> list[Any]:
+    from django_delayqueue.recurring.checks import check_schedules
+
+    queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"max_attempts": 2}}
+    delayqueue = {**settings.DELAYQUEUE, "QUEUES": queues, "SCHEDULES": schedules}
+    with override_settings(DELAYQUEUE=delayqueue, TASKS=tasks):
+        return check_schedules()
+
+
+def test_a_task_schedule_on_a_queue_its_backend_does_not_list_is_refused() -> None:
+    """Before: E009 passed, and each tick went to order-close's receivers as a payload."""
+    from demo_project.settings import TASKS_SETTING
+
+    errors = _schedule_errors(
+        {"nightly": {"queue": "order-close", "every": 60, "task": "periodic_examples.beat"}},
+        TASKS_SETTING,
+    )
+    assert [e.id for e in errors] == ["delayqueue.E009"]
+    assert "task 'periodic_examples.beat' on queue 'order-close'" in errors[0].msg
+    assert "TASKS['default'] does not list" in errors[0].msg
+    assert "Add 'order-close' to TASKS['default']['QUEUES']" in errors[0].hint
+    errors = _schedule_errors(  # a backend alias that is no backend of this app
+        {"nightly": {"queue": QUEUE, "every": 60, "task": "a.b", "backend": "other"}},
+        TASKS_SETTING,
+    )
+    assert [e.id for e in errors] == ["delayqueue.E009"]
+    assert "TASKS['other'] does not list" in errors[0].msg
+
+
+def test_a_payload_schedule_on_a_task_queue_without_handlers_is_refused() -> None:
+    """Before: every tick was dead-lettered as "no handler"."""
+    from demo_project.settings import TASKS_SETTING
+
+    errors = _schedule_errors({"ping": {"queue": QUEUE, "every": 60}}, TASKS_SETTING)
+    assert [e.id for e in errors] == ["delayqueue.E009"]
+    assert "a payload on queue 'shop-tasks', a queue of a TASKS backend" in errors[0].msg
+    assert '"task"' in errors[0].hint and "dq.topic('shop-tasks')" in errors[0].hint
+
+
+def test_schedules_that_run_as_they_say_pass_the_checks() -> None:
+    from demo_project.settings import TASKS_SETTING
+
+    fine = {
+        "task": {"queue": QUEUE, "every": 60, "task": "periodic_examples.beat"},
+        "payload": {"queue": "order-close", "every": 60, "payload": {"order_id": 1}},
+    }
+    assert _schedule_errors(fine, TASKS_SETTING) == []
+    any_queue = {"default": {**TASKS_SETTING["default"], "QUEUES": []}}
+    anywhere = {"task": {"queue": "anywhere", "every": 60, "task": "periodic_examples.beat"}}
+    assert _schedule_errors(anywhere, any_queue) == []  # any queue takes tasks: Django's []
+
+
+@pytest.mark.django_db
+def test_a_schedule_row_with_a_task_where_no_backend_runs_it_is_a_warning() -> None:
+    """The same of a row added in the admin: W005, with the database checks."""
+    from demo_project.settings import TASKS_SETTING
+    from django_delayqueue.recurring.checks import check_schedule_rows
+
+    RecurringSchedule.objects.create(
+        name="by-staff", queue="order-close", every=60, task="periodic_examples.beat"
+    )
+    with override_settings(TASKS=TASKS_SETTING):
+        warnings = check_schedule_rows(databases=["default"])
+    assert [w.id for w in warnings] == ["delayqueue.W005"]
+    assert "task 'periodic_examples.beat' on queue 'order-close'" in warnings[0].msg

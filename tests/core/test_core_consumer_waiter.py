@@ -7,13 +7,17 @@ import time
 from typing import Any
 
 import redis
+from core_consumer_support import EMPTY, TIMEOUT, Recorder, Running, wait_until
 
-from django_delayqueue.core import ManualClock, SystemClock
+from django_delayqueue.core import ManualClock, Queue, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
+from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.waiter import (
     CLAIM_LEAD_MARGIN_MS,
     FIRST_CLAIM_LEAD_MS,
     MAX_CLAIM_LEAD_MS,
+    WRITE_SOON_GAP_SECONDS,
+    WRITE_SOON_SECONDS,
     ClaimLead,
     Waiter,
     sleep_until_due,
@@ -139,3 +143,69 @@ def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
         waiter.close()
     assert not wake.announced
     assert time.monotonic() - started < 60  # not the hour it aimed at
+
+
+# --- writes waiting for a round (a task's RUNNING) ----------------------------------------------
+
+
+def test_a_write_soon_ends_a_wait_at_once_but_quick_ones_do_not_end_one_wait_each() -> None:
+    """Lower bounds only: a wait never ends before the time written_soon() set."""
+    waiter = Waiter([], SystemClock(), lambda: False, threading.Event())
+    far = SystemClock().now_ms() + 3_600_000  # no due time, no poll for an hour
+    start = time.monotonic()
+    waiter.written_soon()
+    assert waiter.wait(None, far).nudged  # within WRITE_SOON_SECONDS, not at the poll
+    assert time.monotonic() - start >= WRITE_SOON_SECONDS
+    waiter.written_soon()
+    waiter.written_soon()  # rides on the round the first one asked for
+    assert waiter.wait(None, far).nudged
+    assert time.monotonic() - start >= WRITE_SOON_SECONDS + WRITE_SOON_GAP_SECONDS
+
+
+# --- a queue added while the consumer runs (a Tasks backend taking any queue: issue 24) ----------
+
+
+class AddsQueues(Consumer):
+    """Adds ``later`` at its first refresh, as the Django worker adds a registered task queue."""
+
+    def __init__(self, queues: list[Queue], later: list[Queue], **kwargs: Any) -> None:
+        super().__init__(queues, **kwargs)
+        self.later = later
+        self.added = threading.Event()  # set once the round that added them is over
+
+    def refresh(self) -> None:
+        if self.later:
+            self.add_queues(self.later)
+            self.later = []
+
+    def step(self, now_ms: int | None = None) -> int:
+        claimed = super().step(now_ms)
+        self.added.set()
+        return claimed
+
+
+def test_a_queue_added_while_it_runs_is_woken_for_claimed_and_extended(make_queue: Any) -> None:
+    """Nothing but its wake channel brings the new queue's message: no poll for an hour."""
+    first = make_queue("first", clock=SystemClock())
+    later = make_queue("later", clock=SystemClock(), visibility_timeout=1)
+    release = threading.Event()
+    handler = Recorder(lambda m: release.wait(TIMEOUT))
+    consumer = AddsQueues(
+        [first], [later], handler=handler, idle_seconds=3600, maintenance_seconds=3600
+    )
+    consumer.announce_within_ms = 3_600_000
+    running = Running(consumer)
+    try:
+        assert consumer.added.wait(TIMEOUT)  # a message now is not seen by that round's promote
+        later.schedule("slow", delay=0.05)  # announced on its wake channel, and only there
+        wait_until(lambda: handler.calls)
+        message_id = handler.calls[0].id
+        deadline = later.client.zscore(later.keys.unack, message_id)
+        # Its deadline is pushed out while the handler runs (a third of the visibility timeout).
+        wait_until(lambda: later.client.zscore(later.keys.unack, message_id) > deadline)
+        release.set()
+        wait_until(lambda: later.counts() == EMPTY)
+        assert [m.queue for m in handler.calls] == ["later"]
+    finally:
+        release.set()
+        running.stop()

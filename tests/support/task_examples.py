@@ -13,6 +13,7 @@ from typing import Any
 import redis
 
 import django_delayqueue as dq
+from django_delayqueue.tasks.backend import DelayQueueBackend
 
 try:
     from django.tasks import task
@@ -109,3 +110,17 @@ def reads_its_own_result(context: Any) -> str:
     """What ``get_result`` says of this task while it runs (read from Redis, not the context)."""
     mine = context.task_result
     return str(mine.task.get_result(mine.id).status)
+
+
+@task(queue_name="shop-tasks")
+def waits_for_release(key: str) -> str:
+    """Runs until the test pushes to ``key`` (at most a minute)."""
+    client = _redis()
+    for _ in range(60):  # short waits: redis-py 8 times a read out after 5 s by default
+        if client.blpop([key], timeout=1):
+            break
+    return "released"
+
+
+class SubclassedBackend(DelayQueueBackend):
+    """DelayQueueBackend under another import path, as a project's own subclass would be."""

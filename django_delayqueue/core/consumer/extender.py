@@ -44,6 +44,11 @@ class Extender:
         self._thread = threading.Thread(target=self._run, name="delayqueue-extender", daemon=True)
         self._thread.start()
 
+    def add(self, q: Queue) -> None:
+        """Extend ``q``'s messages too (a queue added to the running consumer)."""
+        self._extended_at[q.name] = time.monotonic()
+        self._queues = [*self._queues, q]  # a new list: the thread may be iterating the old
+
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
             self.extend_due()

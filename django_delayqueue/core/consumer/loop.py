@@ -30,6 +30,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper, record_tick_call, tick_run
+from django_delayqueue.core.scripts.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Consumer(Rounds):
         # lock that the main thread may hold in the very frame the signal interrupted.
         self._stop_requests = 0
         self._grace_deadline = math.inf  # set by the first
+        self._extender: Extender | None = None  # while run() runs
         self._waiter = Waiter(
             [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
             self.clock,
@@ -110,6 +112,20 @@ class Consumer(Rounds):
 
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
+
+    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
+        super().write_soon(queue, call)  # not at the next poll, seconds away: get_result reads it
+        self._waiter.written_soon()
+
+    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
+        added = super().add_queues(queues)
+        for q in added:
+            self._queue_named[q.name] = q
+            self._waiter.add_channels(q.client, [q.keys.wake_channel])
+            if self._extender is not None:
+                self._extender.add(q)
+        self._start_slots()
+        return added
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
@@ -170,7 +186,7 @@ class Consumer(Rounds):
         # Subscribed before the first round: an announcement between that round's promote
         # and the subscription would otherwise be missed until the next poll.
         self._waiter.wait_subscribed(SUBSCRIBE_WAIT_SECONDS)
-        extender = Extender(self.queues, self._in_flight)
+        extender = self._extender = Extender(self.queues, self._in_flight)
         logger.info(
             "%s consuming %s",
             self.name,

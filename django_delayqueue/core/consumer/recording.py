@@ -76,6 +76,11 @@ class UnrecordedOutcomes:
         self._paused_until: dict[str, float] = {}
         self._early: dict[str, list[ScriptCall]] = {}  # write_soon(), per queue, in order
 
+    def add_queue(self, q: Queue) -> None:
+        """Record the outcomes of queue ``q`` too (a queue added to a running consumer)."""
+        with self._lock:
+            self._by_name[q.name] = q
+
     def write_soon(self, name: str, call: ScriptCall) -> None:
         """Send ``call`` (a script call on queue ``name``) with the next round trip, before
         every write and ack of an outcome, without waiting for it: a running task's RUNNING

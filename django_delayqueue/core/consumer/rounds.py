@@ -83,6 +83,23 @@ class Rounds:
         """
         self._unrecorded.write_soon(queue.name, call)
 
+    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
+        """Consume ``queues`` too, from the next round (on the loop's thread, say from
+        ``refresh``); returns those that were new."""
+        added = []
+        for q in queues:
+            if any(q.name == known.name for known in self.queues):
+                continue
+            self.queues.append(q)
+            group = next((g for client, g in self._clients if client is q.client), None)
+            if group is None:
+                self._clients.append((q.client, [q]))
+            else:
+                group.append(q)
+            self._unrecorded.add_queue(q)
+            added.append(q)
+        return added
+
     def _room(self, q: Queue) -> int:
         """How many messages of ``q`` this round may claim (the consumer's slots say)."""
         return q.settings.claim_batch

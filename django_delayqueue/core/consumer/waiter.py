@@ -37,6 +37,11 @@ FIRST_CLAIM_LEAD_MS = 1.5  # until a round has been measured
 CLOCK_SKEW_ALLOWANCE_MS = 100.0
 HOLD_AT_MOST_MS = MAX_CLAIM_LEAD_MS + CLOCK_SKEW_ALLOWANCE_MS
 WAIT_SLICE_SECONDS = 0.25  # short slices keep signals responsive; they cost no Redis commands
+# A write waiting for a round (a task's RUNNING) ends the wait this soon, but waits end for
+# that at most once per gap: quick handlers starting one after another must not bring a round
+# each (what is written with a round costs nothing more; rounds do).
+WRITE_SOON_SECONDS = 0.005
+WRITE_SOON_GAP_SECONDS = 0.02
 
 
 class ClaimLead:
@@ -75,13 +80,26 @@ class _Listener:
 
     def __init__(self, waiter: Waiter, client: RedisClient, channels: Sequence[str]) -> None:
         self._waiter = waiter
-        self._client = client
+        self.client = client
         self._channels = list(channels)
+        self._added: list[str] = []  # by add(), for the thread to subscribe
+        self._added_lock = threading.Lock()
         self.subscribed = threading.Event()
         self._stop = threading.Event()
         self._pubsub: Any = None
         self._thread = threading.Thread(target=self._run, name="delayqueue-wake", daemon=True)
         self._thread.start()
+
+    def add(self, channels: Sequence[str]) -> None:
+        """Listen on ``channels`` too, from the thread's next wait slice (pub/sub connections
+        are not thread-safe: the thread subscribes); it nudges the waiter once subscribed."""
+        with self._added_lock:
+            self._added.extend(channels)
+
+    def _take_added(self) -> list[str]:
+        with self._added_lock:
+            added, self._added = self._added, []
+        return added
 
     def stop(self) -> None:
         """Ask the thread to end, and cut its connection so it need not finish a wait slice."""
@@ -99,16 +117,23 @@ class _Listener:
         while not self._stop.is_set():
             pubsub = None
             try:
-                pubsub = self._pubsub = self._client.pubsub()
+                pubsub = self._pubsub = self.client.pubsub()
+                self._channels += self._take_added()
                 pubsub.subscribe(*self._channels)
                 confirmed = 0
                 while not self._stop.is_set():
+                    added = self._take_added()
+                    if added:  # confirmed below like a resubscribe: then a nudge
+                        self._channels += added
+                        pubsub.subscribe(*added)
                     message = pubsub.get_message(timeout=WAIT_SLICE_SECONDS)
                     if not message:
                         continue
                     if message.get("type") == "subscribe":
                         # redis-py may reconnect and subscribe again by itself: every full
-                        # set of confirmations after the first is a resubscribe.
+                        # set of confirmations after the first is a resubscribe (and so is
+                        # the set completed by channels added since: announcements on them
+                        # before they were confirmed are lost).
                         confirmed += 1
                         if confirmed % len(self._channels) == 0:
                             self.subscribed.set()
@@ -162,6 +187,7 @@ class Waiter:
         self._announced: int | None = None  # earliest due time announced since the last wait
         self._nudged = False
         self._remind_at: float | None = None  # see remind()
+        self._written_at = -WRITE_SOON_GAP_SECONDS  # see written_soon()
 
     @property
     def subscribed(self) -> bool:
@@ -182,6 +208,21 @@ class Waiter:
                 return False
         return True
 
+    def add_channels(self, client: RedisClient, channels: Sequence[str]) -> None:
+        """Listen on ``channels`` of ``client`` too (a queue added to a running consumer)."""
+        known = next((chans for c, chans in self.subscriptions if c is client), None)
+        if known is None:
+            self.subscriptions.append((client, list(channels)))
+        else:
+            known.extend(channels)
+        if not self._listeners:  # start() subscribes to all of them
+            return
+        listener = next((x for x in self._listeners if x.client is client), None)
+        if listener is None:
+            self._listeners.append(_Listener(self, client, channels))
+        else:
+            listener.add(channels)
+
     def announce(self, due_ms: int) -> None:
         with self._cond:
             if self._announced is None or due_ms < self._announced:
@@ -193,6 +234,18 @@ class Waiter:
         with self._cond:
             if self._remind_at is None or at_monotonic < self._remind_at:
                 self._remind_at = at_monotonic
+            self._cond.notify_all()
+
+    def written_soon(self) -> None:
+        """A write waits for the next round: end the wait within WRITE_SOON_SECONDS, or ride
+        on a round already due by then (at most one round per WRITE_SOON_GAP_SECONDS)."""
+        with self._cond:
+            at = max(
+                time.monotonic() + WRITE_SOON_SECONDS, self._written_at + WRITE_SOON_GAP_SECONDS
+            )
+            if self._remind_at is not None and self._remind_at <= at:
+                return
+            self._written_at = self._remind_at = at
             self._cond.notify_all()
 
     def nudge(self, blocking: bool = True) -> None:
