@@ -254,7 +254,15 @@ def _normalized(value: Any) -> Any:
     """The return value as the framework's own backends keep it (Django 6: a tuple is a list,
     bytes are text, anything else that is not JSON a TypeError "Unsupported type: ...")."""
     normalize = framework.normalize_json
-    return value if normalize is None else normalize(value)
+    if normalize is None:
+        return value
+    try:
+        return normalize(value)
+    except RecursionError:  # nested far too deep: the PayloadError that says how deep
+        encode_json(value, "return value")
+        raise
+    except TypeError as e:  # recorded as the TypeError it is (see _cause)
+        raise PayloadError(f"return value is not JSON-serialisable: {e}") from e
 
 
 def _ttl(backend: Any) -> int:

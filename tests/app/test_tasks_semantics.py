@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import redis
 import test_tasks_backend as backend_tests
-from core_consumer_support import Started, wait_until
+from core_consumer_support import Started
 from django.conf import settings
 from django.test import override_settings
 from test_tasks_backend import KEYS, QUEUE, burst, tasks_on_the_demo_queue  # noqa: F401
+from waiting import wait_until
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import PayloadError

@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 import redis
-from core_consumer_support import EMPTY, TIMEOUT, Recorder, Running, wait_until
+from core_consumer_support import EMPTY, Recorder, Running
+from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Queue, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
@@ -150,7 +151,7 @@ def test_a_stop_ends_the_wait(redis_client: redis.Redis) -> None:
 
 def test_a_write_soon_ends_a_wait_at_once_but_quick_ones_do_not_end_one_wait_each() -> None:
     """Lower bounds only: a wait never ends before the time written_soon() set."""
-    waiter = Waiter([], SystemClock(), lambda: False, threading.Event())
+    waiter = Waiter([], SystemClock(), lambda: False)
     far = SystemClock().now_ms() + 3_600_000  # no due time, no poll for an hour
     start = time.monotonic()
     waiter.written_soon()
