@@ -126,7 +126,8 @@ def test_bad_sentinel_settings_are_reported_by_the_checks(sentinel: object, matc
     from django.core.checks import run_checks
 
     with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "SENTINEL": sentinel}):
-        errors = [m for m in run_checks() if m.id == "delayqueue.E004"]
+        # Ours only: Django 6.1's model checks would read the database (JSONField support).
+        errors = [m for m in run_checks(tags=["delayqueue"]) if m.id == "delayqueue.E004"]
         with pytest.raises(ConfigurationError, match=match):
             make_client()
     assert any("SENTINEL" in e.msg for e in errors)
