@@ -59,18 +59,25 @@ def test_a_running_consumer_says_when_redis_has_room_again(
     seen = Recorder()
     caplog.set_level(logging.WARNING)
     consumer = Consumer([q], seen, idle_seconds=0.05, maintenance_seconds=0.05)
-    run = Running(consumer)
     beat = lambda: redis_client.zscore(q.keys.heartbeats, consumer.name)  # noqa: E731
+    run: Running | None = None
     try:
         with full(redis_client):
             manual_clock.advance(10)
+            # Started once the server is full and the clock reads the delivery time: its first
+            # round, a maintenance round, must write the heartbeat by heartbeat.lua (the plain
+            # ZADD is refused). Started earlier, that round could read the time before the
+            # advance, and the next maintenance round might never come: it is due by wall
+            # time, but an idle consumer's wait ends by this clock, which moves only when told.
+            run = Running(consumer)
             wait_until(lambda: len(seen.calls) == 3 and consumer.memory.dropped == 3)
             assert q.counts()["unack"] == 0  # acknowledged while full
             wait_until(lambda: beat() == manual_clock.now_ms())  # alive, for the health check
         manual_clock.advance(10)
         wait_until(lambda: len(seen.calls) == 4 and warnings(caplog, BACK))
     finally:
-        run.stop()
+        if run is not None:
+            run.stop()
     assert len(warnings(caplog, OUT)) == 1
     (back,) = warnings(caplog, BACK)
     assert "3 journal row(s)" in back
