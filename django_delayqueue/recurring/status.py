@@ -11,7 +11,7 @@ from typing import Any
 from django_delayqueue.conf.connection import get_client, get_clock
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import DelayQueueError
-from django_delayqueue.core.recurring.planning import ScheduleState
+from django_delayqueue.core.recurring.planning import RecurrenceState
 from django_delayqueue.core.recurring.recurrence import MAX_INSTANT_MS, Recurrence
 from django_delayqueue.core.scripts.calls import redis_errors
 from django_delayqueue.recurring.definitions import (
@@ -71,7 +71,7 @@ def statuses(recurrences: list[Recurrence]) -> list[ScheduleStatus]:
     try:
         pipe = get_client().pipeline(transaction=False)
         for r, k in readable:
-            pipe.hget(k.schedules, r.name)
+            pipe.hget(k.recurrence_states, r.name)
             pipe.hget(k.tick_runs, r.name)
         with redis_errors("reading recurring schedules"):
             replies = pipe.execute(raise_on_error=False) if readable else []
@@ -122,7 +122,7 @@ def invalid_status(name: str, options: Any, error: str) -> ScheduleStatus:
 
 
 def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> ScheduleStatus:
-    parsed = ScheduleState.parse(state)
+    parsed = RecurrenceState.parse(state)
     waiting = parsed is not None and not r.paused and parsed.cursor_ms > now
     if r.paused or error:
         next_run = None

@@ -132,7 +132,9 @@ def test_admin_edits_reach_a_running_worker(
         # Pause: the waiting tick is withdrawn and nothing more is created.
         form = _change_form(RecurringSchedule.objects.get(pk=row.pk), paused="on")
         assert admin_client.post(f"{ADMIN}{row.pk}/change/", form).status_code == 302
-        wait_until(lambda: b"paused:" in (redis_client.hget(KEYS.schedules, "digest") or b""))
+        wait_until(
+            lambda: b"paused:" in (redis_client.hget(KEYS.recurrence_states, "digest") or b"")
+        )
         assert redis_client.zcard(KEYS.pending) == 0
 
         # Delete: the schedule's state becomes a tombstone, its last run goes.
@@ -140,7 +142,9 @@ def test_admin_edits_reach_a_running_worker(
         response = admin_client.post(f"{ADMIN}{row.pk}/delete/", {"post": "yes"})
         assert response.status_code == 302
         wait_until(
-            lambda: (redis_client.hget(KEYS.schedules, "digest") or b"").startswith(b"0 deleted ")
+            lambda: (redis_client.hget(KEYS.recurrence_states, "digest") or b"").startswith(
+                b"0 deleted "
+            )
         )
         assert not redis_client.hexists(KEYS.tick_runs, "digest")
 
