@@ -22,12 +22,12 @@ from django.test import override_settings
 from waiting import wait_until
 
 import django_delayqueue as dq
+from django_delayqueue.checks.recurrences import check_schedules
 from django_delayqueue.core import Message, QueueKeys
 from django_delayqueue.core.recurring import Recurrence, parse_tick_id
 from django_delayqueue.mirror.kinds import recurrences_mirror
 from django_delayqueue.mirror.recurrences import load_published
 from django_delayqueue.models import RecurringSchedule
-from django_delayqueue.recurring.checks import check_schedules
 from django_delayqueue.worker import Worker
 
 QUEUE = "reports"
@@ -341,7 +341,7 @@ def test_one_schedule_on_a_removed_queue_does_not_blank_the_others(
 
 @pytest.mark.django_db
 def test_the_database_check_names_a_row_no_runqueue_keeps(redis_client: redis.Redis) -> None:
-    from django_delayqueue.recurring.checks import check_schedule_rows
+    from django_delayqueue.checks.recurrences import check_schedule_rows
 
     with configure({}):
         RecurringSchedule.objects.create(name="orphan", queue="removed-queue", every=60)
