@@ -11,22 +11,14 @@ class DelayQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete, post_migrate, post_save
         from django.utils.module_loading import autodiscover_modules
 
         from django_delayqueue import checks
-        from django_delayqueue.conf import sync
-        from django_delayqueue.models import QueueConfig, RecurringSchedule
-        from django_delayqueue.recurring import sync as recurring
+        from django_delayqueue.mirror.kinds import MIRRORS
 
         checks.register_checks()
-        post_migrate.connect(sync.sync_after_migrate, sender=self, dispatch_uid="dq-sync")
-        post_save.connect(sync.on_config_saved, sender=QueueConfig, dispatch_uid="dq-publish")
-        post_migrate.connect(recurring.sync_after_migrate, sender=self, dispatch_uid="dq-rsync")
-        for signal in (post_save, post_delete):
-            signal.connect(
-                recurring.on_schedule_changed, sender=RecurringSchedule, dispatch_uid="dq-rpub"
-            )
+        for mirror in MIRRORS:  # the settings file -> rows -> Redis, at migrate and on save
+            mirror.connect(self)
         # A delivery's handler errors are logged once, by the worker (see _handled_elsewhere).
         logging.getLogger("django.dispatch").addFilter(_handled_elsewhere)
         # Each installed app's handlers.py registers its receivers on the queue signals.

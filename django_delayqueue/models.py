@@ -1,8 +1,8 @@
 """Rows that mirror the queue settings, so staff can tune a queue in the admin.
 
 Consumers and producers never read these rows per message: a saved row is published to the
-queue's ``config`` hash in Redis (see ``conf.overrides``), which processes re-read every few
-seconds.
+queue's ``config`` hash in Redis (see ``django_delayqueue.mirror``), which processes re-read
+every few seconds.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from django_delayqueue.conf.settings import MIRRORED_FIELDS, settings_problems
+from django_delayqueue.conf.settings import settings_problems
 from django_delayqueue.core.envelope import MAX_ID_LENGTH
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
 
 _D = QueueSettings()
 
@@ -47,7 +48,7 @@ class QueueConfig(models.Model):
     )
     updated_at = models.DateTimeField(auto_now=True)
     # What the settings file said at the last sync: a field whose file value changed since
-    # is taken from the file, one that staff changed is kept (see conf.sync.sync_queue_configs).
+    # is taken from the file, one that staff changed is kept (see mirror.pipeline.Mirror.sync).
     from_settings = models.JSONField(default=dict, editable=False)
 
     class Meta:
@@ -124,7 +125,7 @@ class RecurringSchedule(models.Model):
 
     Rows come from ``DELAYQUEUE["SCHEDULES"]`` (kept in step at each migrate and runqueue
     start) or are added in the admin. Saved rows are published to Redis, where every runqueue
-    reads them within ``SETTINGS_REFRESH_SECONDS`` (``django_delayqueue.recurring``).
+    reads them within ``SETTINGS_REFRESH_SECONDS`` (``django_delayqueue.mirror``).
     """
 
     CATCH_UP = [

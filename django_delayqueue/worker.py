@@ -11,10 +11,8 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 
 from django_delayqueue.api import topic
-from django_delayqueue.conf.overrides import load_published, merge
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, file_queue_settings, queue_names
-from django_delayqueue.conf.sync import publish_from_db, sync_queue_configs
 from django_delayqueue.conf.task_backends import (
     DEFAULT_TASK_QUEUE,
     any_task_queue,
@@ -28,11 +26,9 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, R
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.mirror import queue_overrides, recurrences
+from django_delayqueue.mirror.kinds import MIRRORS, queue_settings_mirror, recurrences_mirror
 from django_delayqueue.monitoring.servers import ServerGuard
-from django_delayqueue.recurring.definitions import Published, declared_recurrences
-from django_delayqueue.recurring.definitions import load_published as load_published_schedules
-from django_delayqueue.recurring.sync import publish_rows as publish_schedule_rows
-from django_delayqueue.recurring.sync import sync_schedules
 from django_delayqueue.tasks.payload import is_task_payload, task_payload
 
 logger = logging.getLogger(__name__)
@@ -165,8 +161,8 @@ class Worker(Consumer):
     def sync_settings(self) -> None:
         """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
         try:
-            sync_queue_configs()
-            sync_schedules()
+            for mirror in MIRRORS:
+                mirror.sync()
         except DatabaseError as e:
             logger.warning("settings rows not synced (database unavailable?): %s", e)
         finally:
@@ -225,7 +221,7 @@ class Worker(Consumer):
         self.guard_servers()
         names = list(dict.fromkeys(q.logical_name for q in self.queues))  # shards share theirs
         try:
-            published = load_published(names)
+            published = queue_overrides.load_published(names)
         except DelayQueueError as e:
             logger.debug("settings refresh skipped: %s", e)
             return
@@ -234,7 +230,7 @@ class Worker(Consumer):
                 base = file_queue_settings(q.logical_name)
             except ConfigurationError:
                 continue  # settings became invalid under override_settings; keep the last
-            new = merge(base, published[q.logical_name])
+            new = queue_overrides.merge(base, published[q.logical_name])
             if new != q.settings:
                 logger.info("queue %s: settings now %s", q.name, _diff(q.settings, new))
                 q.settings = new
@@ -262,7 +258,7 @@ class Worker(Consumer):
         if self.keeper is None:
             return
         try:
-            published = load_published_schedules()
+            published = recurrences.load_published()
             if published is None:  # never published, or Redis lost it: from the rows
                 published = self._publish_schedules()
         except DelayQueueError as e:
@@ -314,10 +310,10 @@ class Worker(Consumer):
             self._load_task_scripts(added)
             logger.info("%s now consuming %s (tasks were sent there)", self.name, name)
 
-    def _register_task_schedules(self, recurrences: Sequence[Recurrence]) -> None:
+    def _register_task_schedules(self, found: Sequence[Recurrence]) -> None:
         """A ``task`` schedule on a queue only a backend taking any queue takes: that queue
         runs tasks, and goes into the registry so that get_result and runqueue find it."""
-        for r in recurrences:
+        for r in found:
             if r.task and r.queue not in self._task_queues and backend_takes(r.backend, r.queue):
                 try:
                     register(r.queue)
@@ -335,25 +331,27 @@ class Worker(Consumer):
             return True
         return self.keeper is not None and not self.keeper.loaded
 
-    def _publish_schedules(self) -> Published:
+    def _publish_schedules(self) -> recurrences.Published:
         try:
-            publish_schedule_rows()
-            published = load_published_schedules()
+            recurrences_mirror.publish_from_db()
+            published = recurrences.load_published()
         except DatabaseError as e:  # no table yet: the settings file alone, unpublished
             # Said once (at WARNING) per worker, not at every refresh.
             level = logging.DEBUG if self._said_no_schedule_rows else logging.WARNING
             logger.log(level, "recurring schedules read from the settings file only: %s", e)
             self._said_no_schedule_rows = True
-            return Published(0, declared_recurrences())
+            return recurrences.Published(0, recurrences.declared_recurrences())
         finally:
             close_old_connections()
-        return published if published is not None else Published(0, declared_recurrences())
+        if published is None:
+            return recurrences.Published(0, recurrences.declared_recurrences())
+        return published
 
     def _republish(self, names: list[str]) -> None:
         # Redis lost the config hashes (restart without persistence, FLUSHALL): put the rows
         # back. One DB query per refresh at most, and only in that case.
         try:
-            count = publish_from_db(names)
+            count = queue_settings_mirror.publish_from_db(names=names)
         except (DatabaseError, DelayQueueError) as e:
             logger.debug("settings not republished: %s", e)
             return

@@ -33,8 +33,8 @@ from django_delayqueue.admin.common import (
     require_view,
 )
 from django_delayqueue.api import get_queue
-from django_delayqueue.conf.sync import set_paused
 from django_delayqueue.core import STATES, DelayQueueError
+from django_delayqueue.mirror.kinds import set_paused
 from django_delayqueue.monitoring.stats import collect
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from django.urls import URLPattern, path
 
 from django_delayqueue.admin import actions as admin_actions
 from django_delayqueue.admin import views as admin_views
-from django_delayqueue.conf.settings import MIRRORED_FIELDS
 from django_delayqueue.core.envelope import ms_to_datetime
+from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
 from django_delayqueue.models import OutboxMessage, QueueConfig, QueueMessage
 
 
@@ -97,8 +97,8 @@ class QueueConfigAdmin(admin.ModelAdmin):
     ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        # Rows follow DELAYQUEUE["QUEUES"] (conf.sync.sync_queue_configs); a row for a queue the
-        # settings do not declare would configure nothing.
+        # Rows follow DELAYQUEUE["QUEUES"] (mirror.kinds.queue_settings_mirror); a row for a
+        # queue the settings do not declare would configure nothing.
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

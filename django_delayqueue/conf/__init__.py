@@ -2,9 +2,9 @@
 
 - ``settings``: the ``DELAYQUEUE`` dict read lazily over defaults, per-queue file settings;
 - ``connection``: the one Redis client and clock the settings describe;
-- ``overrides``: queue settings staff changed in the admin, published to Redis;
-- ``sync``: the ``QueueConfig`` rows kept in step with the settings file (needs the models);
-- ``queues``: the one place that builds a ``Queue`` for Django;
+- ``queues``: the one place that builds a ``Queue`` for Django, with the effective settings
+  (the file's, and what staff changed in the admin: see ``django_delayqueue.mirror``);
+- ``task_backends``, ``task_registry``: the queues a TASKS backend of this app takes;
 - ``caches``: one ``setting_changed`` receiver resetting all of the above.
 """
 

@@ -2,7 +2,8 @@
 
 ``override_settings(DELAYQUEUE=...)`` in a test (or anything else sending ``setting_changed``)
 must reach all of them at once: the settings dict, the Redis client and clock, the published
-overrides, the Queue objects built from them and the task queues registered.
+queue settings (``mirror.queue_overrides``), the Queue objects built from them and the task
+queues registered.
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from django_delayqueue.conf import connection, overrides, queues, task_registry
+from django_delayqueue.conf import connection, queues, task_registry
 from django_delayqueue.conf.settings import SETTING_NAME, dq_settings
+from django_delayqueue.mirror import queue_overrides
 
 
 def reset_all() -> None:
     """Forget every cached value built from ``settings.DELAYQUEUE``."""
     dq_settings.reload()
     connection.reset()
-    overrides.forget()
+    queue_overrides.forget()
     queues.reset()
     task_registry.forget()
 

@@ -10,7 +10,6 @@ import threading
 from collections.abc import Iterable
 
 from django_delayqueue.conf.connection import get_client, get_clock, replica_ack
-from django_delayqueue.conf.overrides import effective_settings
 from django_delayqueue.conf.settings import (
     dq_settings,
     file_queue_settings,
@@ -23,6 +22,7 @@ from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.sharding import ShardedQueue
+from django_delayqueue.mirror.queue_overrides import effective_settings
 
 _queues: dict[str, Queue | ShardedQueue] = {}
 _lock = threading.Lock()

@@ -10,7 +10,7 @@
 ``dq_settings`` is reloaded when ``override_settings`` (or anything sending ``setting_changed``)
 changes ``DELAYQUEUE``. ``conf.queues.queue_settings`` gives the *effective* settings of a
 queue: the settings file merged with the overrides staff published from the admin (see
-``conf.overrides``).
+``mirror.queue_overrides``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "SETTINGS_REFRESH_SECONDS": 2,
     "REPORT_DIR": None,  # queue_report's --out directory; the admin shows its charts
     # Recurring schedules kept by runqueue: name -> {"queue", "cron" | "every", "timezone",
-    # "payload" | "task", "catch_up", ...} (django_delayqueue.recurring, docs/recurring.md).
+    # "payload" | "task", "catch_up", ...} (django_delayqueue.mirror, docs/recurring.md).
     "SCHEDULES": {},
     # The transactional outbox (django_delayqueue.outbox): a message scheduled in a transaction
     # is written to the database with it, so a Redis down at commit time loses nothing.
@@ -74,18 +74,6 @@ QUEUE_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSetting
 # shards a queue is spread over (core.sharding).
 CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("handler_time_limit", "shards")
 QUEUE_KEYS: frozenset[str] = frozenset(QUEUE_SETTING_NAMES + CHECK_ONLY_QUEUE_KEYS)
-
-# The queue settings staff may change in the admin (QueueConfig rows, published to Redis); the
-# rest (payload limit, promote batch) stay in the settings file.
-MIRRORED_FIELDS: tuple[str, ...] = (
-    "max_attempts",
-    "backoff_base",
-    "backoff_max",
-    "visibility_timeout",
-    "claim_batch",
-    "concurrency",
-    "paused",
-)
 
 
 class DelayQueueSettings:

@@ -54,9 +54,9 @@ def validate_prefix(value: str) -> str:
     return value
 
 
-def published_schedules_key(prefix: str) -> str:
+def published_recurrences_key(prefix: str) -> str:
     """Hash: the recurring schedules published for every runqueue of the site
-    (django_delayqueue.recurring.definitions), and with ``:lock`` its publish lock. No queue
+    (django_delayqueue.mirror.recurrences), and with ``:lock`` its publish lock. No queue
     key ends in ":recurring" or ":recurring:lock", so neither is a queue's key, whatever the
     two prefixes."""
     return f"{{{validate_prefix(prefix)}}}:recurring"
@@ -244,9 +244,11 @@ class QueueKeys:
         return self._key(f"task:{message_id}")
 
     @property
-    def schedules(self) -> str:
+    def recurrence_states(self) -> str:
         """Hash: recurring schedule name -> "<cursor ms> <signature>": the latest tick created
-        for it on this queue and the definition it followed (advance_schedule.lua)."""
+        for it on this queue and the definition it followed (advance_recurrence.lua).
+
+        The key keeps its first name, ``schedules``: existing deployments hold states there."""
         return self._key("schedules")
 
     @property
@@ -289,7 +291,7 @@ class QueueKeys:
             self.ranked,
             self.sent,
             self.replicated,
-            self.schedules,
+            self.recurrence_states,
             self.ticks,
             self.tick_runs,
         ]

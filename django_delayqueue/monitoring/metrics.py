@@ -104,7 +104,7 @@ SCHEDULE_FAMILIES: dict[str, str] = {
 def _schedule_families() -> Iterator[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
-    from django_delayqueue.recurring.status import configured_statuses
+    from django_delayqueue.monitoring.recurrences import configured_statuses
 
     families = {
         name: GaugeMetricFamily(f"delayqueue_schedule_{name}", text, labels=["schedule", "queue"])

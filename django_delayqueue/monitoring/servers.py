@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 ACCEPT = "ACCEPT_DATA_LOSS_ON_EVICTION"
 EVICTING, EVICTING_ACCEPTED, NOT_PERSISTENT = "evicting", "evicting-accepted", "not-persistent"
-# The system check id of each kind (monitoring.server_checks).
+# The system check id of each kind (checks.servers).
 CHECK_IDS = {
     EVICTING: "delayqueue.E010",
     EVICTING_ACCEPTED: "delayqueue.W007",

@@ -355,7 +355,7 @@ def test_the_schedules_list_shows_a_row_past_validation_with_its_problem(admin_c
     RecurringSchedule.objects.create(name="fine", queue=QUEUE, every=60)
     # A last run nothing could have written, and a state whose cursor no date can show.
     q.client.hset(q.keys.tick_runs, "fine", '{"tick": 1e300, "outcome": "ack"}')
-    q.client.hset(q.keys.schedules, "fine", f"{4 * 10**14} abc 0")
+    q.client.hset(q.keys.recurrence_states, "fine", f"{4 * 10**14} abc 0")
     response = admin_client.get(schedules)
     assert response.status_code == 200
     rows = {r.name: r.dq_status for r in response.context["cl"].result_list}

@@ -9,7 +9,6 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from django_delayqueue.conf import overrides
 from django_delayqueue.conf.queues import queue_settings
 from django_delayqueue.conf.settings import (
     dq_settings,
@@ -19,6 +18,7 @@ from django_delayqueue.conf.settings import (
 )
 from django_delayqueue.core import ConfigurationError, QueueKeys
 from django_delayqueue.embedded import free_port
+from django_delayqueue.mirror import queue_overrides
 
 
 def delayqueue(**changes: Any) -> dict[str, Any]:
@@ -90,9 +90,9 @@ def test_settings_problems_lists_types_then_ranges() -> None:
 
 
 def test_queue_settings_apply_published_overrides(redis_client: redis.Redis) -> None:
-    overrides.forget()
+    queue_overrides.forget()
     assert queue_settings("order-close").max_attempts == 5
-    overrides.publish({"order-close": {"max_attempts": 11, "paused": True}})
+    queue_overrides.publish({"order-close": {"max_attempts": 11, "paused": True}})
     effective = queue_settings("order-close")
     assert (effective.max_attempts, effective.paused) == (11, True)
     # Settings that are not mirrored come from the file still.
@@ -105,12 +105,12 @@ def test_queue_settings_read_redis_at_most_once_per_refresh(redis_client: redis.
         assert queue_settings("order-close").max_attempts == 5
         redis_client.hset(key, "max_attempts", "7")  # another process published
         assert queue_settings("order-close").max_attempts == 5  # cached
-        overrides.forget(["order-close"])
+        queue_overrides.forget(["order-close"])
         assert queue_settings("order-close").max_attempts == 7
 
 
 def test_invalid_published_values_are_ignored(redis_client: redis.Redis) -> None:
-    overrides.forget()
+    queue_overrides.forget()
     redis_client.hset(QueueKeys("dq", "order-close").config, "max_attempts", "0")
     assert queue_settings("order-close").max_attempts == 5
 
@@ -125,10 +125,10 @@ def test_one_setting_changed_receiver_resets_every_cache(redis_client: redis.Red
     from django_delayqueue.conf import connection, queues
 
     before = (connection.get_client(), queues.get_queue("order-close"))
-    overrides.effective_settings("order-close")
-    assert "order-close" in overrides._cache
+    queue_overrides.effective_settings("order-close")
+    assert "order-close" in queue_overrides._cache
     with override_settings(DELAYQUEUE=delayqueue(PREFIX="other")):
-        assert "order-close" not in overrides._cache
+        assert "order-close" not in queue_overrides._cache
         assert connection.get_client() is not before[0]
         q = queues.get_queue("order-close")
         assert q is not before[1] and q.keys.prefix == "other"

@@ -18,8 +18,9 @@ from django.test import override_settings
 from waiting import wait_until
 
 import django_delayqueue as dq
-from django_delayqueue.conf import overrides, sync
 from django_delayqueue.core import QueueKeys
+from django_delayqueue.mirror import queue_overrides
+from django_delayqueue.mirror.kinds import queue_settings_mirror, set_paused
 from django_delayqueue.models import MIRRORED_FIELDS, QueueConfig, QueueMessage
 from django_delayqueue.worker import Worker
 
@@ -70,13 +71,13 @@ def test_sync_keeps_staff_edits_and_takes_settings_changes(redis_client: redis.R
     row.save()
     queues = {**settings.DELAYQUEUE["QUEUES"], "order-close": {"backoff_base": 4.0}}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
-        sync.sync_queue_configs()
+        queue_settings_mirror.sync()
     row.refresh_from_db()
     assert (row.max_attempts, row.backoff_base) == (9, 4.0)
     # A later change of the same field in the settings file wins over the staff value.
     queues["order-close"] = {"backoff_base": 4.0, "max_attempts": 2}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
-        sync.sync_queue_configs()
+        queue_settings_mirror.sync()
     row.refresh_from_db()
     assert row.max_attempts == 2
 
@@ -85,7 +86,7 @@ def test_sync_keeps_staff_edits_and_takes_settings_changes(redis_client: redis.R
 def test_sync_adds_rows_for_new_queues_and_skips_invalid_ones(redis_client: redis.Redis) -> None:
     queues = {**settings.DELAYQUEUE["QUEUES"], "new": {"paused": True}, "bad": {"claim_batch": 0}}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
-        rows = sync.sync_queue_configs()
+        rows = queue_settings_mirror.sync()
     assert {r.name for r in rows} == {"order-close", "activation-sms", "new"}
     assert QueueConfig.objects.get(name="new").paused is True
     assert not QueueConfig.objects.filter(name="bad").exists()
@@ -127,7 +128,7 @@ def test_saving_a_row_publishes_it_on_commit(
     assert (first["max_attempts"], first["paused"]) == ("8", "true")
     assert int(first["updated_ms"]) > 0
     with django_capture_on_commit_callbacks(execute=True):
-        sync.set_paused("order-close", False)
+        set_paused("order-close", False)
     second = published(redis_client)
     assert second["paused"] == "false"
     assert int(second["version"]) == int(first["version"]) + 1
@@ -150,7 +151,7 @@ def test_publish_failure_does_not_fail_the_save(redis_client: redis.Redis) -> No
 
     dead = delayqueue(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
     with override_settings(DELAYQUEUE=dead):
-        sync.set_paused("order-close", True)  # logged, not raised
+        set_paused("order-close", True)  # logged, not raised
     assert QueueConfig.objects.get(name="order-close").paused is True
 
 
@@ -182,7 +183,7 @@ def test_a_pause_in_the_admin_stops_a_running_worker(redis_client: redis.Redis) 
         with override_settings(DELAYQUEUE=delayqueue(SETTINGS_REFRESH_SECONDS=FAST)):
             worker = Worker.for_queues(["order-close"], grace_seconds=2, idle_seconds=FAST)
             with running(worker):
-                sync.set_paused("order-close", True)  # autocommit: published at once
+                set_paused("order-close", True)  # autocommit: published at once
                 wait_until(lambda: worker.queues[0].settings.paused, WAIT)
                 message_id = dq.schedule("order-close", {"order_id": 0}, on_commit=False)
                 # A few refresh rounds go by; the worker claims nothing meanwhile.
@@ -191,7 +192,7 @@ def test_a_pause_in_the_admin_stops_a_running_worker(redis_client: redis.Redis) 
                 assert redis_client.lrange(QueueKeys("dq", "order-close").ready, 0, -1) == [
                     message_id.encode()
                 ]
-                sync.set_paused("order-close", False)
+                set_paused("order-close", False)
                 wait_until(lambda: delivered == [message_id], WAIT)
     finally:
         dq.topic("order-close").disconnect(record)
@@ -199,7 +200,7 @@ def test_a_pause_in_the_admin_stops_a_running_worker(redis_client: redis.Redis) 
 
 @pytest.mark.django_db
 def test_worker_starts_from_the_published_settings(redis_client: redis.Redis) -> None:
-    overrides.publish({"order-close": {"max_attempts": 7, "paused": True}})
+    queue_overrides.publish({"order-close": {"max_attempts": 7, "paused": True}})
     worker = Worker.for_queues(["order-close"])
     assert worker.queues[0].settings.max_attempts == 5  # the file, until the first refresh
     worker.refresh()

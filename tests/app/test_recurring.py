@@ -22,12 +22,12 @@ from django.test import override_settings
 from waiting import wait_until
 
 import django_delayqueue as dq
+from django_delayqueue.checks.recurrences import check_schedules
 from django_delayqueue.core import Message, QueueKeys
 from django_delayqueue.core.recurring import Recurrence, parse_tick_id
+from django_delayqueue.mirror.kinds import recurrences_mirror
+from django_delayqueue.mirror.recurrences import load_published
 from django_delayqueue.models import RecurringSchedule
-from django_delayqueue.recurring.checks import check_schedules
-from django_delayqueue.recurring.definitions import load_published
-from django_delayqueue.recurring.sync import sync_schedules
 from django_delayqueue.worker import Worker
 
 QUEUE = "reports"
@@ -132,7 +132,9 @@ def test_admin_edits_reach_a_running_worker(
         # Pause: the waiting tick is withdrawn and nothing more is created.
         form = _change_form(RecurringSchedule.objects.get(pk=row.pk), paused="on")
         assert admin_client.post(f"{ADMIN}{row.pk}/change/", form).status_code == 302
-        wait_until(lambda: b"paused:" in (redis_client.hget(KEYS.schedules, "digest") or b""))
+        wait_until(
+            lambda: b"paused:" in (redis_client.hget(KEYS.recurrence_states, "digest") or b"")
+        )
         assert redis_client.zcard(KEYS.pending) == 0
 
         # Delete: the schedule's state becomes a tombstone, its last run goes.
@@ -140,7 +142,9 @@ def test_admin_edits_reach_a_running_worker(
         response = admin_client.post(f"{ADMIN}{row.pk}/delete/", {"post": "yes"})
         assert response.status_code == 302
         wait_until(
-            lambda: (redis_client.hget(KEYS.schedules, "digest") or b"").startswith(b"0 deleted ")
+            lambda: (redis_client.hget(KEYS.recurrence_states, "digest") or b"").startswith(
+                b"0 deleted "
+            )
         )
         assert not redis_client.hexists(KEYS.tick_runs, "digest")
 
@@ -200,11 +204,11 @@ def test_settings_sync_keeps_staff_edits_and_drops_schedules_that_left_the_file(
     redis_client: redis.Redis,
 ) -> None:
     with configure({"a": {"queue": QUEUE, "every": 60}, "b": {"queue": QUEUE, "every": 30}}):
-        sync_schedules()
+        recurrences_mirror.sync()
         RecurringSchedule.objects.filter(name="a").update(paused=True)  # a staff edit
         RecurringSchedule.objects.create(name="by-staff", queue=QUEUE, every=10)
     with configure({"a": {"queue": QUEUE, "every": 120}}):
-        sync_schedules()
+        recurrences_mirror.sync()
         a = RecurringSchedule.objects.get(name="a")
         assert (a.every, a.paused) == (120, True)  # the file's change, and the staff's
         assert sorted(RecurringSchedule.objects.values_list("name", flat=True)) == ["a", "by-staff"]
@@ -310,23 +314,22 @@ def test_the_admin_refuses_a_schedule_that_cannot_run(admin_client: Any) -> None
 def test_the_published_version_only_grows_even_when_its_key_is_lost(
     redis_client: redis.Redis,
 ) -> None:
-    from django_delayqueue.recurring.definitions import published_key
-    from django_delayqueue.recurring.sync import publish_rows
+    from django_delayqueue.mirror.recurrences import published_key
 
     with configure({"a": {"queue": QUEUE, "every": 60}}):
-        sync_schedules()
+        recurrences_mirror.sync()
         first = load_published()
         assert first is not None and first.version > 0
-        assert publish_rows() > first.version
+        assert recurrences_mirror.publish_from_db() > first.version
         redis_client.delete(published_key())  # Redis lost it: the next publish still grows
-        assert publish_rows() > first.version
+        assert recurrences_mirror.publish_from_db() > first.version
 
 
 @pytest.mark.django_db
 def test_one_schedule_on_a_removed_queue_does_not_blank_the_others(
     redis_client: redis.Redis,
 ) -> None:
-    from django_delayqueue.recurring.status import statuses
+    from django_delayqueue.monitoring.recurrences import statuses
 
     with configure({}):
         found = statuses(
@@ -338,7 +341,7 @@ def test_one_schedule_on_a_removed_queue_does_not_blank_the_others(
 
 @pytest.mark.django_db
 def test_the_database_check_names_a_row_no_runqueue_keeps(redis_client: redis.Redis) -> None:
-    from django_delayqueue.recurring.checks import check_schedule_rows
+    from django_delayqueue.checks.recurrences import check_schedule_rows
 
     with configure({}):
         RecurringSchedule.objects.create(name="orphan", queue="removed-queue", every=60)
@@ -356,7 +359,7 @@ def test_deleting_a_schedule_of_the_settings_file_in_the_admin_says_it_comes_bac
     redis_client: redis.Redis, admin_client: Any
 ) -> None:
     with configure({"nightly": {"queue": QUEUE, "cron": "0 3 * * *"}}):
-        sync_schedules()
+        recurrences_mirror.sync()
         row = RecurringSchedule.objects.get(name="nightly")
         response = admin_client.post(f"{ADMIN}{row.pk}/delete/", {"post": "yes"}, follow=True)
     assert "comes from DELAYQUEUE" in response.content.decode().replace("come(s)", "comes")

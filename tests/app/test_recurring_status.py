@@ -1,4 +1,4 @@
-"""django_delayqueue.recurring.status (and the definitions it reads): what queuestats, the
+"""django_delayqueue.monitoring.recurrences (and the definitions it reads): what queuestats, the
 metrics and the admin show of each schedule, whatever a row or the published set holds."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from django.core.management import call_command
 from test_recurring import QUEUE, configure
 
 from django_delayqueue.core import ConfigurationError
+from django_delayqueue.mirror.kinds import recurrences_mirror
+from django_delayqueue.mirror.recurrences import load_published, publish, published_key
 from django_delayqueue.models import RecurringSchedule
-from django_delayqueue.recurring.definitions import load_published, publish, published_key
-from django_delayqueue.recurring.sync import publish_rows
 
 # What an older release let through: an interval whose ticks no date can name.
 HUGE = {"queue": QUEUE, "every": 4e11, "timezone": "UTC", "payload": None}
@@ -38,7 +38,7 @@ def test_a_row_past_validation_is_listed_with_its_error_and_never_published(
         RecurringSchedule.objects.filter(pk=huge.pk).update(every=4e11)  # skips clean()
         RecurringSchedule.objects.create(name="fine", queue=QUEUE, every=60)
         table = _queuestats(QUEUE)  # from the rows: nothing published yet
-        publish_rows()
+        recurrences_mirror.publish_from_db()
         published = load_published()
         document = json.loads(_queuestats(QUEUE, "--json"))  # from the published set
     (line,) = [x for x in table.splitlines() if x.startswith("huge")]
@@ -52,7 +52,7 @@ def test_a_definition_an_older_release_published_is_shown_as_an_error_and_logged
     redis_client: redis.Redis, client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     definitions = {"huge": HUGE, "fine": {"queue": QUEUE, "every": 60}}
-    with configure({}), caplog.at_level(logging.ERROR, "django_delayqueue.recurring"):
+    with configure({}), caplog.at_level(logging.ERROR, "django_delayqueue.mirror"):
         with pytest.raises(ConfigurationError, match="schedule 'huge': 'every' must be"):
             publish(definitions)  # refused now, so written as an older release did:
         redis_client.hset(

@@ -111,7 +111,7 @@ def test_no_tasks_module_is_imported_without_a_backend_of_this_app(
 
 
 def _schedule_errors(schedules: dict[str, Any], tasks: dict[str, Any]) -> list[Any]:
-    from django_delayqueue.recurring.checks import check_schedules
+    from django_delayqueue.checks.recurrences import check_schedules
 
     queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"max_attempts": 2}}
     delayqueue = {**settings.DELAYQUEUE, "QUEUES": queues, "SCHEDULES": schedules}
@@ -166,7 +166,7 @@ def test_schedules_that_run_as_they_say_pass_the_checks() -> None:
 def test_a_schedule_row_with_a_task_where_no_backend_runs_it_is_a_warning() -> None:
     """The same of a row added in the admin: W005, with the database checks."""
     from demo_project.settings import TASKS_SETTING
-    from django_delayqueue.recurring.checks import check_schedule_rows
+    from django_delayqueue.checks.recurrences import check_schedule_rows
 
     RecurringSchedule.objects.create(
         name="by-staff", queue="order-close", every=60, task="periodic_examples.beat"

@@ -20,10 +20,10 @@ from django.test import override_settings
 from waiting import wait_until
 
 import django_delayqueue as dq
-from django_delayqueue.conf import sync
 from django_delayqueue.core import Queue, QueueKeys
 from django_delayqueue.embedded import RedisServerProcess, free_port
 from django_delayqueue.management.commands.runqueue import Command
+from django_delayqueue.mirror.kinds import queue_settings_mirror, set_paused
 from django_delayqueue.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,12 +88,12 @@ def test_max_messages(redis_client: redis.Redis, delivered: list[Any]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_paused_queue_delivers_nothing(redis_client: redis.Redis, delivered: list[Any]) -> None:
-    sync.sync_queue_configs()
-    sync.set_paused(QUEUE, True)
+    queue_settings_mirror.sync()
+    set_paused(QUEUE, True)
     dq.schedule(QUEUE, {"n": 1}, on_commit=False)
     call_command("runqueue", QUEUE, "--burst")
     assert delivered == []
-    sync.set_paused(QUEUE, False)
+    set_paused(QUEUE, False)
     call_command("runqueue", QUEUE, "--burst")
     assert delivered == [{"n": 1}]
 

@@ -1,4 +1,4 @@
-"""monitoring.server_checks: E010, W006, W007 and E011 against real redis-servers configured as
+"""checks.servers: E010, W006, W007 and E011 against real redis-servers configured as
 a shop's cache would be, with the deployment checks only, and never a crash."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from django_delayqueue.checks import check_settings
+from django_delayqueue.checks.servers import check_redis_servers
 from django_delayqueue.embedded import RedisServerProcess, free_port
-from django_delayqueue.monitoring.server_checks import check_redis_servers
 from django_delayqueue.monitoring.servers import app_servers, findings
 
 SERVER_IDS = {"delayqueue.E001", "delayqueue.E010", "delayqueue.W006", "delayqueue.W007"}

@@ -248,7 +248,7 @@ def test_a_queue_whose_name_no_key_can_hold_does_not_hide_the_others(redis_clien
 
 
 def test_collect_sees_what_the_settings_mirror_publishes(redis_client):
-    from django_delayqueue.conf.overrides import publish
+    from django_delayqueue.mirror.queue_overrides import publish
 
     publish({"order-close": {"paused": True, "max_attempts": 3}})
     paused, running = stats.collect()

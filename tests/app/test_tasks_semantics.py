@@ -371,7 +371,7 @@ def test_with_no_queues_listed_a_task_schedule_runs_on_a_queue_nobody_configured
 ) -> None:
     schedule = {"queue": "tick-lane", "every": 1, "task": "task_examples.add", "args": [1, 2]}
     with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "SCHEDULES": {"sum": schedule}}):
-        from django_delayqueue.recurring.checks import check_schedules
+        from django_delayqueue.checks.recurrences import check_schedules
 
         assert check_schedules() == []
         worker = Worker.for_queues(name="ticking")

@@ -134,8 +134,10 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "record a tick's run": lambda h: record_tick_call(
         h.queue, "beat", tick_run(h.clock.now_ms(), h.clock.now_ms(), "ack", "")
     ).run(h.queue.client),
-    "read schedule states": lambda h: ScriptCall(
-        LuaScript.named("schedule_states"), [h.queue.keys.schedules, h.queue.keys.tick_runs], []
+    "read recurrence states": lambda h: ScriptCall(
+        LuaScript.named("recurrence_states"),
+        [h.queue.keys.recurrence_states, h.queue.keys.tick_runs],
+        [],
     ).run(h.queue.client),
 }
 
@@ -151,7 +153,7 @@ KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
-    "schedules", "ticks", "tick_runs",
+    "recurrence_states", "ticks", "tick_runs",
 ]  # fmt: skip
 
 
@@ -321,6 +323,6 @@ def test_the_operations_write_when_nothing_is_broken(redis_client: redis.Redis) 
         all_keys = held.queue.keys.all_keys()
         before = dump_all(redis_client, all_keys)
         OPERATIONS[operation](held)
-        if operation not in ("counts", "peek", "read schedule states"):  # reads
+        if operation not in ("counts", "peek", "read recurrence states"):  # reads
             assert dump_all(redis_client, all_keys) != before, f"{operation} changed nothing"
         redis_client.delete(*all_keys)

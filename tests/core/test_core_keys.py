@@ -19,7 +19,7 @@ from django_delayqueue.core import (
     QueueSettings,
     snapshots,
 )
-from django_delayqueue.core.keys import MAX_SHARDS, published_schedules_key
+from django_delayqueue.core.keys import MAX_SHARDS, published_recurrences_key
 from django_delayqueue.embedded import RedisServerProcess, free_port
 
 
@@ -42,6 +42,12 @@ def test_keys_are_spelled_under_the_hash_tag() -> None:
     assert k.garbage == "{dq:order-close}:garbage"
     assert k.messages == "{dq:order-close}:messages"
     assert k.wake_channel == "{dq:order-close}:wake"
+
+
+def test_the_recurring_keys_keep_the_text_deployments_hold() -> None:
+    # Renamed in the code (a recurrence is no "schedule", the verb), never in Redis.
+    assert QueueKeys("dq", "order-close").recurrence_states == "{dq:order-close}:schedules"
+    assert published_recurrences_key("dq") == "{dq}:recurring"
 
 
 def test_all_keys_lists_every_key_once() -> None:
@@ -149,7 +155,7 @@ def test_no_two_queues_or_shards_share_a_key_whatever_their_prefixes(
     else:
         assert ka.tag != kb.tag and not _names(ka) & _names(kb)
     # A site's published schedules are no queue's key, of its own site or another.
-    assert not {published_schedules_key(a[0]), f"{published_schedules_key(a[0])}:lock"} & (
+    assert not {published_recurrences_key(a[0]), f"{published_recurrences_key(a[0])}:lock"} & (
         _names(ka) | _names(kb)
     )
 

@@ -161,7 +161,7 @@ def test_an_edited_schedule_replaces_its_waiting_tick_and_a_deleted_one_withdraw
     assert ticks.instants() == [new_first]
     c.keeper.set_definitions([], c.queues, 2)  # type: ignore[union-attr]
     manual_clock.advance(ms=100)
-    wait_until(lambda: redis_client.hget(q.keys.schedules, "report") == b"0 deleted 2")
+    wait_until(lambda: redis_client.hget(q.keys.recurrence_states, "report") == b"0 deleted 2")
     assert q.counts()["pending"] == 0  # the waiting tick was withdrawn
     assert redis_client.zcard(q.keys.ticks) == 0
 
@@ -183,7 +183,7 @@ def test_a_consumer_behind_on_the_definitions_does_not_undo_an_edit(
         manual_clock.advance(ms=100)
         wait_until(lambda: not behind.keeper.needs_round(manual_clock.now_ms()))  # type: ignore[union-attr]
     assert redis_client.zrange(q.keys.pending, 0, -1) == [new.tick_id(new_first).encode()]
-    state = redis_client.hget(q.keys.schedules, "report")
+    state = redis_client.hget(q.keys.recurrence_states, "report")
     assert state is not None and state.endswith(b" 2")  # type: ignore[arg-type]
 
 
@@ -230,7 +230,7 @@ def test_a_tick_that_finishes_after_its_schedule_was_deleted_leaves_no_last_run(
     deleter = ScheduleKeeper()
     deleter.set_definitions([], [q], 2)
     keeper_rounds(deleter, [q], redis_client, manual_clock.now_ms())
-    assert (redis_client.hget(q.keys.schedules, "beat") or b"").startswith(b"0 deleted ")
+    assert (redis_client.hget(q.keys.recurrence_states, "beat") or b"").startswith(b"0 deleted ")
     release.set()
     # The run is recorded before its ack (write_soon), so once the tick is gone it was sent.
     wait_until(lambda: not redis_client.hexists(q.keys.messages, beat.tick_id(first)))
@@ -280,7 +280,7 @@ def test_a_schedule_another_release_published_is_left_alone_not_taken_for_delete
     older.set_definitions([], [q], 7, unreadable=["beat"])
     keeper_rounds(older, [q], redis_client, manual_clock.now_ms())
     assert redis_client.zscore(q.keys.pending, beat.tick_id(first))  # still waiting
-    assert not redis_client.hget(q.keys.schedules, "beat").startswith(b"0 deleted")  # type: ignore[union-attr]
+    assert not redis_client.hget(q.keys.recurrence_states, "beat").startswith(b"0 deleted")  # type: ignore[union-attr]
 
 
 def test_a_broken_last_runs_key_stops_no_schedule(
@@ -385,11 +385,11 @@ def test_a_keeper_from_the_settings_file_alone_deletes_nothing(
     make_queue: Any, manual_clock: ManualClock, redis_client: redis.Redis
 ) -> None:
     q = make_queue("reports")
-    redis_client.hset(q.keys.schedules, "by-staff", f"{T0 + 60_000} abc 1700000000000")
+    redis_client.hset(q.keys.recurrence_states, "by-staff", f"{T0 + 60_000} abc 1700000000000")
     keeper = ScheduleKeeper()  # the published schedules and the rows were unavailable
     keeper.set_definitions([], [q], 0, authoritative=False)
     keeper_rounds(keeper, [q], redis_client, T0)
     assert (
-        redis_client.hget(q.keys.schedules, "by-staff")
+        redis_client.hget(q.keys.recurrence_states, "by-staff")
         == f"{T0 + 60_000} abc 1700000000000".encode()
     )

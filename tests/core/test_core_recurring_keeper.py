@@ -26,5 +26,5 @@ def test_a_schedule_that_cannot_be_computed_is_logged_once_not_every_second(
             keeper_rounds(keeper, [q], redis_client, T0 + second * 1000)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "schedule broken" in errors[0]
-    assert redis_client.hexists(q.keys.schedules, "fine")  # the others go on
-    assert not redis_client.hexists(q.keys.schedules, "broken")
+    assert redis_client.hexists(q.keys.recurrence_states, "fine")  # the others go on
+    assert not redis_client.hexists(q.keys.recurrence_states, "broken")

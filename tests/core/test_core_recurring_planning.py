@@ -12,7 +12,7 @@ import pytest
 
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.recurring import Recurrence, parse_tick_id, tick_id
-from django_delayqueue.core.recurring.planning import ScheduleState, plan_ticks, signature_of
+from django_delayqueue.core.recurring.planning import RecurrenceState, plan_ticks, signature_of
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -158,7 +158,7 @@ T = 1_700_000_040_000  # a whole minute
 
 
 def state(cursor: int, r: Recurrence, version: int = 0) -> str:
-    return ScheduleState(cursor, signature_of(r), version).encode()
+    return RecurrenceState(cursor, signature_of(r), version).encode()
 
 
 def test_a_new_schedule_starts_with_its_next_tick() -> None:

@@ -96,7 +96,7 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
     done = Message("done", q.name, {}, T0, T0, 1, "1", T0)
     journal_call(q, done).run(client)  # an entry stats.lua has not tallied yet
     client.hset(
-        q.keys.schedules, "nightly", f"{T0} signature 1"
+        q.keys.recurrence_states, "nightly", f"{T0} signature 1"
     )  # a tick is recorded only for a live schedule
     clock.advance(2000)
     with full(client):
@@ -150,11 +150,11 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
     """A new script must be added to one of these lists, and to the tests above."""
     run_when_full = {
         "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek", "promote",
-        "purge", "reap", "record_tick", "release", "requeue", "run_now", "schedule_states",
+        "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
         "stats", "write_record",
     }  # fmt: skip
     refused_when_full = {
-        "advance_schedule", "enqueue_task", "journal", "publish_schedules", "replace",
+        "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",
         "schedule", "send_once",
     }  # fmt: skip
     assert set(script_names()) == run_when_full | refused_when_full

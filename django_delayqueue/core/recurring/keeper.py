@@ -1,7 +1,7 @@
 """Keeps recurring schedules going from inside the consumer: no beat process.
 
 Each consumer round, for the queues it serves, the keeper adds to the round's pipeline an
-``advance_schedule.lua`` call for every schedule whose latest tick is due (or that is new,
+``advance_recurrence.lua`` call for every schedule whose latest tick is due (or that is new,
 edited, paused or deleted), computed by :func:`~.planning.plan_ticks`. The script creates the
 ticks only if the schedule's state is still what this consumer saw, so any number of consumers
 race safely: one creates the ticks, the others are told the new state. States are read once
@@ -19,7 +19,7 @@ from django_delayqueue.core.envelope import encode_envelope, encode_payload
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.recurring.planning import (
-    ScheduleState,
+    RecurrenceState,
     TickPlan,
     forget_tombstone,
     plan_ticks,
@@ -138,7 +138,9 @@ class ScheduleKeeper:
             if q.name not in self._by_queue or self._failed_until.get(q.name, 0) > now_ms:
                 continue
             if q.name in self._stale:
-                call = ScriptCall(LuaScript.named("schedule_states"), [q.keys.schedules], [])
+                call = ScriptCall(
+                    LuaScript.named("recurrence_states"), [q.keys.recurrence_states], []
+                )
                 entries.append((q, "states", batch.add(call), None))
                 continue  # plans follow the read, next round
             self._changed.discard(q.name)
@@ -209,7 +211,7 @@ class ScheduleKeeper:
             for name, raw in states.items()
             if name in self._by_queue.get(q_name, {})
             and not self._by_queue[q_name][name].paused
-            and (state := ScheduleState.parse(raw)) is not None
+            and (state := RecurrenceState.parse(raw)) is not None
             and state.version <= self.version  # else nothing to do before a refresh
         ]
         due.extend(self._failed_until.values())
@@ -273,7 +275,7 @@ class ScheduleKeeper:
             q.keys.unack,
             q.keys.retry,
             q.keys.garbage,
-            q.keys.schedules,
+            q.keys.recurrence_states,
             q.keys.ticks,
             q.keys.tick_runs,
         ]
@@ -289,7 +291,7 @@ class ScheduleKeeper:
             *(recurrence.tick_id(t) for t in plan.drop if recurrence is not None),
             *triples,
         ]
-        return ScriptCall(LuaScript.named("advance_schedule"), keys, args)
+        return ScriptCall(LuaScript.named("advance_recurrence"), keys, args)
 
     @staticmethod
     def _log_advance(q: Queue, name: str, plan: TickPlan, created: int) -> None:
@@ -319,7 +321,7 @@ def tick_run(instant_ms: int, finished_ms: int, outcome: str, error: str) -> str
 
 
 def record_tick_call(q: Queue, name: str, run: str) -> ScriptCall:
-    keys = [q.keys.tick_runs, q.keys.schedules]
+    keys = [q.keys.tick_runs, q.keys.recurrence_states]
     return ScriptCall(LuaScript.named("record_tick"), keys, [name, run])
 
 

@@ -24,15 +24,15 @@ DELETED = "deleted"
 
 
 @dataclass(frozen=True)
-class ScheduleState:
-    """What advance_schedule.lua keeps for a schedule on its queue."""
+class RecurrenceState:
+    """What advance_recurrence.lua keeps for a schedule on its queue."""
 
     cursor_ms: int  # the latest tick created (or, paused, when it was paused)
     signature: str  # the definition it followed; "paused:<sig>" while paused
     version: int = 0  # of the published definitions it followed (see plan_ticks)
 
     @classmethod
-    def parse(cls, raw: str | bytes | None) -> ScheduleState | None:
+    def parse(cls, raw: str | bytes | None) -> RecurrenceState | None:
         if not raw:
             return None
         try:
@@ -52,7 +52,7 @@ class ScheduleState:
 
 @dataclass(frozen=True)
 class TickPlan:
-    """One call of advance_schedule.lua: expected state, new state, ticks to create."""
+    """One call of advance_recurrence.lua: expected state, new state, ticks to create."""
 
     expected: str | bytes  # the state as read, byte for byte ("" for none)
     new_state: str
@@ -88,23 +88,25 @@ def plan_ticks(
     blip): only ticks due before it, and before the late grace, meet the catch-up policy.
     """
     expected = raw_state or ""
-    state = ScheduleState.parse(raw_state)
+    state = RecurrenceState.parse(raw_state)
     if state is not None and state.version > version:
         return None
     if recurrence is None:
         gone = state is not None and state.signature == DELETED
         if gone or (state is None and not expected):
             return None
-        tombstone = ScheduleState(0, DELETED, version).encode()
+        tombstone = RecurrenceState(0, DELETED, version).encode()
         return TickPlan(expected, tombstone, True, (), forget=True)
     signature = signature_of(recurrence)
     if state is None or state.signature != signature:
         # New, edited, paused or resumed: whatever was planned under another definition goes,
         # and the schedule starts from now (an edit does not catch up on the old definition).
         if recurrence.paused:
-            return TickPlan(expected, ScheduleState(now_ms, signature, version).encode(), True, ())
+            return TickPlan(
+                expected, RecurrenceState(now_ms, signature, version).encode(), True, ()
+            )
         first = recurrence.next_after(now_ms)
-        new = ScheduleState(first, signature, version).encode()
+        new = RecurrenceState(first, signature, version).encode()
         return TickPlan(expected, new, state is not None, (first,))
     if recurrence.paused or state.cursor_ms > now_ms:
         return None  # paused, or the next tick is waiting
@@ -132,7 +134,7 @@ def plan_ticks(
     drop = (state.cursor_ms,) if cursor_missed and state.cursor_ms not in chosen else ()
     following = recurrence.next_after(now_ms)
     create = tuple(t for t in chosen if t != state.cursor_ms)
-    new = ScheduleState(following, signature, state.version).encode()
+    new = RecurrenceState(following, signature, state.version).encode()
     return TickPlan(
         expected,
         new,
@@ -147,7 +149,7 @@ def plan_ticks(
 def forget_tombstone(raw_state: str | bytes | None, older_than_ms: int) -> TickPlan | None:
     """The call that removes a deletion's tombstone once it is old (written by definitions
     published before ``older_than_ms``: every consumer has refreshed since), or None."""
-    state = ScheduleState.parse(raw_state)
+    state = RecurrenceState.parse(raw_state)
     if state is None or state.signature != DELETED or not 0 < state.version < older_than_ms:
         return None
     return TickPlan(raw_state or "", "", False, ())

@@ -12,9 +12,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.monitoring.recurrences import RecurrenceStatus, configured_statuses
 from django_delayqueue.monitoring.servers import app_servers, findings, memory_text
 from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
-from django_delayqueue.recurring.status import ScheduleStatus, configured_statuses
 
 COLUMNS = (
     ("QUEUE", lambda s: s.queue),
@@ -132,12 +132,12 @@ def render_servers(servers: Sequence[ServerInfo]) -> str:
     return _table(servers, SERVER_COLUMNS, left=1)
 
 
-def render_schedules(schedules: Sequence[ScheduleStatus]) -> str:
+def render_schedules(schedules: Sequence[RecurrenceStatus]) -> str:
     """The recurring schedules: next and last run (UTC) and the last outcome."""
     return _table(schedules, SCHEDULE_COLUMNS, left=3)
 
 
-def _next_run(s: ScheduleStatus) -> str | None:
+def _next_run(s: RecurrenceStatus) -> str | None:
     if s.error:
         return f"error: {s.error[:60]}"
     if s.next_run_ms is None:

@@ -1,7 +1,7 @@
 -- record_tick: remember how a recurring schedule's latest delivered tick went (for the admin,
 -- queuestats and the metrics). Sent by the consumer with the round trip after the handler.
 -- KEYS[1] tick runs hash (schedule name -> JSON of the latest run)
--- KEYS[2] schedule states hash (name -> "<cursor ms> <signature> <version>", advance_schedule)
+-- KEYS[2] recurrence states hash (name -> "<cursor ms> <signature> <version>", advance_recurrence)
 -- ARGV[1] schedule name   ARGV[2] the run, JSON: {"tick": instant ms, "finished": ms,
 --         "outcome": "ack" | "retry" | "garbage", "error": exception class or ""}
 -- returns: 1 when written; 0 when a later tick's run is already there (runs finish out of

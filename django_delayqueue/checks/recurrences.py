@@ -19,7 +19,7 @@ from django_delayqueue.conf.settings import queue_names
 from django_delayqueue.conf.task_backends import backend_takes, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.recurring.recurrence import Recurrence
-from django_delayqueue.recurring.definitions import declared
+from django_delayqueue.mirror.recurrences import declared
 
 HINT = 'See "Recurring schedules" in the docs (docs/recurring.md).'
 

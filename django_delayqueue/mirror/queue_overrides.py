@@ -1,6 +1,6 @@
 """Queue settings staff changed in the admin, published to Redis for every process.
 
-The path is settings file -> ``QueueConfig`` rows (``conf.sync``) -> the queue's ``config``
+The path is settings file -> ``QueueConfig`` rows (``mirror.kinds``) -> the queue's ``config``
 hash in Redis (here, with a version and an update stamp) -> every process:
 - :func:`effective_settings` (producers, via ``get_queue``) and :func:`load_published`
   (the worker, every ``SETTINGS_REFRESH_SECONDS``) merge the file settings with what is
@@ -17,18 +17,25 @@ from collections.abc import Iterable
 from typing import Any
 
 from django_delayqueue.conf.connection import get_client, get_clock
-from django_delayqueue.conf.settings import (
-    MIRRORED_FIELDS,
-    dq_settings,
-    file_queue_settings,
-    queue_shards,
-)
+from django_delayqueue.conf.settings import dq_settings, file_queue_settings, queue_shards
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import redis_errors
 from django_delayqueue.core.settings import QueueSettings
 
 logger = logging.getLogger(__name__)
+
+# The queue settings staff may change in the admin (QueueConfig rows, published to Redis); the
+# rest (payload limit, promote batch) stay in the settings file.
+MIRRORED_FIELDS: tuple[str, ...] = (
+    "max_attempts",
+    "backoff_base",
+    "backoff_max",
+    "visibility_timeout",
+    "claim_batch",
+    "concurrency",
+    "paused",
+)
 
 VERSION_FIELD, UPDATED_FIELD = "version", "updated_ms"
 

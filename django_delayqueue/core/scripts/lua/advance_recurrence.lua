@@ -1,11 +1,11 @@
--- advance_schedule: create a recurring schedule's next ticks, once, whoever asks first.
+-- advance_recurrence: create a recurring schedule's next ticks, once, whoever asks first.
 -- Every runqueue that serves the schedule's queue computes the same plan (core/recurring) and
 -- sends it here with the schedule state it last saw; only the first call whose expectation
 -- still holds changes anything. So ticks are created exactly once, by any number of racing
 -- consumers, and a consumer killed before or after this call leaves the state whole: either
 -- the ticks and the new state exist, or neither does and the next consumer does it.
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
--- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] schedule states hash
+-- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] recurrence states hash
 -- KEYS[8] future ticks zset (tick id -> instant ms)   KEYS[9] tick runs hash (name -> last run)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)

@@ -16,7 +16,7 @@ from typing import Any
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.keys import published_schedules_key
+from django_delayqueue.core.keys import published_recurrences_key
 from django_delayqueue.core.recurring.recurrence import Recurrence
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 
@@ -28,7 +28,7 @@ PUBLISH_WAIT_SECONDS = 5.0  # and another waits this long for it before publishi
 
 
 def published_key() -> str:
-    return published_schedules_key(dq_settings.PREFIX)
+    return published_recurrences_key(dq_settings.PREFIX)
 
 
 def publish_lock() -> Any:
@@ -87,7 +87,7 @@ def declared_recurrences() -> list[Recurrence]:
 
 def publish(definitions: dict[str, dict[str, Any]]) -> int:
     """Publish every schedule (name -> options) at once; returns the new version (which only
-    grows, see publish_schedules.lua).
+    grows, see publish_recurrences.lua).
 
     Raises :class:`ConfigurationError` for an invalid definition (nothing is published) and
     :class:`RedisUnavailable` when Redis is down.
@@ -96,7 +96,7 @@ def publish(definitions: dict[str, dict[str, Any]]) -> int:
     if invalid:  # every runqueue would refuse it: never published
         raise ConfigurationError("; ".join(i.error for i in invalid))
     text = json.dumps(definitions, sort_keys=True, separators=(",", ":"))
-    call = ScriptCall(LuaScript.named("publish_schedules"), [published_key()], [text])
+    call = ScriptCall(LuaScript.named("publish_recurrences"), [published_key()], [text])
     return int(call.run(get_client()))
 
 

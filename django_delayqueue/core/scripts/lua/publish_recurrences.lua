@@ -1,5 +1,5 @@
--- publish_schedules: every recurring schedule's definition, published at once with a version.
--- KEYS[1] the published schedules hash (fields "definitions" (JSON) and "version")
+-- publish_recurrences: every recurring schedule's definition, published at once with a version.
+-- KEYS[1] the published recurrences hash (fields "definitions" (JSON) and "version")
 -- ARGV[1] the definitions, JSON
 -- returns: the new version
 -- The version only grows, even when the hash was lost (a restart without persistence, a

@@ -11,10 +11,10 @@ from typing import Any
 from django_delayqueue.conf.connection import get_client, get_clock
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import DelayQueueError
-from django_delayqueue.core.recurring.planning import ScheduleState
+from django_delayqueue.core.recurring.planning import RecurrenceState
 from django_delayqueue.core.recurring.recurrence import MAX_INSTANT_MS, Recurrence
 from django_delayqueue.core.scripts.calls import redis_errors
-from django_delayqueue.recurring.definitions import (
+from django_delayqueue.mirror.recurrences import (
     Invalid,
     declared,
     load_published,
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ScheduleStatus:
+class RecurrenceStatus:
     name: str
     queue: str
     when: str  # "cron 0 3 * * * (Europe/Berlin)" or "every 300s"
@@ -54,7 +54,7 @@ class ScheduleStatus:
         }
 
 
-def statuses(recurrences: list[Recurrence]) -> list[ScheduleStatus]:
+def statuses(recurrences: list[Recurrence]) -> list[RecurrenceStatus]:
     """One status per schedule, read in one round trip (never raises: ``error`` says, per
     schedule: one whose queue is no longer configured does not blank the others)."""
     if not recurrences:
@@ -71,7 +71,7 @@ def statuses(recurrences: list[Recurrence]) -> list[ScheduleStatus]:
     try:
         pipe = get_client().pipeline(transaction=False)
         for r, k in readable:
-            pipe.hget(k.schedules, r.name)
+            pipe.hget(k.recurrence_states, r.name)
             pipe.hget(k.tick_runs, r.name)
         with redis_errors("reading recurring schedules"):
             replies = pipe.execute(raise_on_error=False) if readable else []
@@ -96,7 +96,7 @@ def statuses(recurrences: list[Recurrence]) -> list[ScheduleStatus]:
     return out
 
 
-def invalid_status(name: str, options: Any, error: str) -> ScheduleStatus:
+def invalid_status(name: str, options: Any, error: str) -> RecurrenceStatus:
     """The status of a schedule whose options are invalid: listed, with its problem as the
     error (a row stored past validation, a definition another release published)."""
     values = options if isinstance(options, dict) else {}
@@ -106,7 +106,7 @@ def invalid_status(name: str, options: Any, error: str) -> ScheduleStatus:
         when = f"every {values['every']}s"
     else:
         when = "-"
-    return ScheduleStatus(
+    return RecurrenceStatus(
         name,
         str(values.get("queue") or ""),
         when[:100],
@@ -121,8 +121,8 @@ def invalid_status(name: str, options: Any, error: str) -> ScheduleStatus:
     )
 
 
-def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> ScheduleStatus:
-    parsed = ScheduleState.parse(state)
+def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> RecurrenceStatus:
+    parsed = RecurrenceState.parse(state)
     waiting = parsed is not None and not r.paused and parsed.cursor_ms > now
     if r.paused or error:
         next_run = None
@@ -141,7 +141,7 @@ def _status(r: Recurrence, state: Any, run: Any, now: int, error: str) -> Schedu
         except ValueError:
             logger.warning("schedule %s: unreadable last run %r", r.name, run)
             last = {}
-    return ScheduleStatus(
+    return RecurrenceStatus(
         r.name,
         r.queue,
         r.describe(),
@@ -161,7 +161,7 @@ def _instant(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_INSTANT_MS
 
 
-def configured_statuses() -> list[ScheduleStatus]:
+def configured_statuses() -> list[RecurrenceStatus]:
     """Every schedule as runqueue sees them (published ones, else the rows, else the file),
     by name, each with its status; one whose options are invalid is listed with the reason."""
     recurrences, invalid = _configured()

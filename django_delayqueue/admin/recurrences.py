@@ -17,9 +17,9 @@ from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.envelope import ms_to_datetime
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, PayloadError
 from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.mirror.recurrences import read_definitions
 from django_delayqueue.models import RecurringSchedule
-from django_delayqueue.recurring.definitions import read_definitions
-from django_delayqueue.recurring.status import ScheduleStatus, invalid_status, statuses
+from django_delayqueue.monitoring.recurrences import RecurrenceStatus, invalid_status, statuses
 
 OUTCOMES = {"ack": "succeeded", "retry": "failed (will retry)", "garbage": "failed (dead letter)"}
 
@@ -53,7 +53,7 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
         return changelist
 
     @staticmethod
-    def _status(row: RecurringSchedule) -> ScheduleStatus | None:
+    def _status(row: RecurringSchedule) -> RecurrenceStatus | None:
         return getattr(row, "dq_status", None)
 
     def delete_model(self, request: HttpRequest, obj: RecurringSchedule) -> None:

@@ -1,8 +1,10 @@
-"""System checks of the Redis servers the app uses (see monitoring.servers for the judging).
+"""System checks of the Redis servers the app uses: E001 (reachable), E010, W006 and W007
+(each server's eviction policy and persistence, judged in monitoring.servers), E011 (their
+settings, part of check_settings).
 
-They talk to Redis, so, like E001, they run with the deployment checks (``check --deploy``):
-a Redis that is down must not stop ``migrate`` or ``runserver``, and ``--tag delayqueue``
-alone queries nothing. A server that does not answer is E001's to report, never a crash here.
+They talk to Redis, so they run with the deployment checks (``check --deploy``): a Redis that
+is down must not stop ``migrate`` or ``runserver``, and ``--tag delayqueue`` alone queries
+nothing. A server that does not answer is E001's to report, never a crash of the others.
 ``runqueue`` runs the same judgement at start (monitoring.servers.ServerGuard).
 """
 
@@ -14,6 +16,7 @@ from django.core.checks import CheckMessage, Error, Warning
 
 from django_delayqueue.conf.connection import make_client
 from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.monitoring.servers import ACCEPT, CHECK_IDS, EVICTING, app_servers, findings
 
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
@@ -64,3 +67,30 @@ def check_redis_servers(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         kind = Error if f.kind == EVICTING else Warning
         out.append(kind(f.message, hint=f.hint, id=CHECK_IDS[f.kind]))
     return out
+
+
+def check_redis(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """E001: PING Redis with a short timeout."""
+    try:
+        client = make_client(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
+    except ConfigurationError:
+        return []  # reported by E004
+    except Exception as e:  # a cluster client connects as it is built
+        return [_unreachable(e)]
+    try:
+        client.ping()
+    except Exception as e:  # any failure to talk to Redis is the finding
+        return [_unreachable(e)]
+    finally:
+        if not dq_settings.CACHE_ALIAS:  # a borrowed cache connection is not ours to close
+            client.close()
+    return []
+
+
+def _unreachable(error: Exception) -> Error:
+    return Error(
+        f"Redis is unreachable: {error}",
+        hint="Check DELAYQUEUE['REDIS_URL'] (or CACHE_ALIAS), credentials and "
+        "network; runqueue waits and retries, but nothing is delivered meanwhile.",
+        id="delayqueue.E001",
+    )

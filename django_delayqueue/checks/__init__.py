@@ -1,0 +1,78 @@
+"""System checks (``manage.py check``): bad configuration is reported here, with a hint.
+
+==================  ================================================================
+delayqueue.E001     Redis unreachable (``check --deploy [--tag delayqueue]``)
+delayqueue.E002     unknown key in ``DELAYQUEUE``, its ``DEFAULTS`` or a queue
+delayqueue.E003     invalid per-queue settings values
+delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix, names)
+delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
+delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
+delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
+delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
+delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid, has no queue, or
+                    puts a task where no backend runs it (or a payload where only tasks run)
+delayqueue.E010     a Redis whose ``maxmemory-policy`` evicts keys (``check --deploy``)
+delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION`` or ``HEALTH_MAX_MEMORY_PERCENT``
+delayqueue.E012     ``django_delayqueue`` missing from INSTALLED_APPS (a TASKS backend's check)
+delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
+delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
+delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
+delayqueue.W003     handlers registered for a queue that is not configured
+delayqueue.W004     outbox messages older than ``OUTBOX_MAX_AGE_SECONDS``: no relay sent
+                    them (``check --database default``, and ``migrate``)
+delayqueue.W006     a Redis without AOF or RDB snapshots (``check --deploy``; not the
+                    embedded one of the demo and the tests)
+delayqueue.W007     E010 accepted by ``ACCEPT_DATA_LOSS_ON_EVICTION`` (``check --deploy``)
+==================  ================================================================
+
+Only E001, E010, W006, W007 and W004 do I/O: the first four (``servers``) run
+with the deployment checks (and on demand), W004 with the database checks: a Redis that is
+down must not stop ``migrate`` or ``runqueue``, which waits for it (and judges the servers
+itself once they answer: monitoring.servers.ServerGuard). E005-E007 and E012 are the Tasks
+backend's own ``check()``: run by the framework's check once the framework is imported (and,
+for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
+
+One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
+E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, W002 of a
+queue; W001, W003), ``servers`` (E001, E010, E011, W006, W007), ``tasks`` (E005-E007, E012),
+``recurrences`` (E009, W005) and ``outbox`` (E008, W004).
+"""
+
+from __future__ import annotations
+
+from django.core.checks import Tags, register
+
+from django_delayqueue.checks.outbox import check_outbox
+from django_delayqueue.checks.queues import check_handlers
+from django_delayqueue.checks.recurrences import check_schedule_rows, check_schedules
+from django_delayqueue.checks.servers import check_redis, check_redis_servers
+from django_delayqueue.checks.settings import check_settings
+from django_delayqueue.checks.tasks import check_task_backends
+
+TAG = "delayqueue"
+
+__all__ = [
+    "TAG",
+    "check_handlers",
+    "check_outbox",
+    "check_redis",
+    "check_redis_servers",
+    "check_schedule_rows",
+    "check_schedules",
+    "check_settings",
+    "check_task_backends",
+    "register_checks",
+]
+
+
+def register_checks() -> None:
+    register(check_settings, TAG)
+    register(check_handlers, TAG)
+    register(check_redis, TAG, deploy=True)
+    register(check_redis_servers, TAG, deploy=True)
+    register(check_task_backends, TAG)
+    register(check_schedules, TAG)
+    register(check_schedule_rows, Tags.database)
+    # Only with the database checks (`check --database`, `migrate`): not with `--tag delayqueue`,
+    # which must not query a database nobody asked for.
+    register(check_outbox, Tags.database)
