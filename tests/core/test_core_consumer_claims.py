@@ -79,9 +79,12 @@ def test_a_replay_returns_only_what_is_still_in_flight_under_its_token(
     assert redis_client.zscore(q.keys.unack, "m2") == manual_clock.now_ms() + 10_000
 
 
-def test_the_receipt_lives_as_long_as_the_claimed_messages_deadline(
+def test_the_receipt_outlives_the_claimed_messages_deadline_by_a_minute(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:
+    """Expiring with the deadline, the receipt was gone after an outage longer than the
+    visibility timeout while its messages could still sit in unack (not reaped yet): the
+    replay found nothing and they timed out, an attempt lost, though they never started."""
     q = make_queue(visibility_timeout=30)
     q.schedule("x", id="x")
     q.promote()
@@ -89,7 +92,7 @@ def test_the_receipt_lives_as_long_as_the_claimed_messages_deadline(
     assert run(q, claims, 1)
     key = q.keys.claim_receipt(claims.consumer)
     assert key.startswith(q.keys.tag)  # the queue's slot on a cluster
-    assert 29_000 < redis_client.pttl(key) <= 30_000
+    assert 89_000 < redis_client.pttl(key) <= 90_000
 
 
 def test_replay_only_takes_nothing_new_and_an_empty_claim_writes_no_receipt(
