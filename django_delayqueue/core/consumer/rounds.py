@@ -297,7 +297,11 @@ class Rounds:
                 replies = pipe.execute(raise_on_error=False)
             batch = ScriptBatch()
             for q, reply in zip(queues, replies, strict=False):
-                if is_out_of_memory(reply):
+                # The one write of every maintenance round: with no journal and no recurring
+                # schedule, the only way this consumer learns that Redis is full, or has room.
+                if not isinstance(reply, Exception):
+                    self.memory.taken()
+                elif self.memory.check(reply, f"queue {q.name}: the heartbeat"):
                     call = ScriptCall(
                         LuaScript.named("heartbeat"),
                         [q.keys.heartbeats],
