@@ -229,3 +229,55 @@ def test_a_consumer_stopping_gives_back_what_a_lost_claim_took(
     assert handler.calls == []
     assert redis_client.lrange(q.keys.ready, 0, -1) == [b"x"]
     assert not redis_client.hexists(q.keys.attempts, "x")  # no attempt used
+
+
+def test_a_shutdown_replays_a_lost_claim_only_and_starts_nothing(
+    redis_client: redis.Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst consumer's end, or two stop requests in one round: the loop returns before
+    it holds the slots, and ``stopping`` may be False. The give-back was a full round: it
+    claimed new messages on every queue and put them, with the lost claim's, into slots no
+    one held, whose idle threads started them (then abandoned: attempt used, outcome lost)."""
+    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.scripts.calls import ScriptBatch
+
+    q, other = make_queue("q"), make_queue("other")
+    q.schedule("lost", id="lost")
+    q.promote()
+    handler = Recorder()
+    consumer = Consumer([q, other], handler, burst=True)  # not stopping: a burst's end
+    consumer._start_slots()
+    consumer._claims.call(q, T0, 10).run(redis_client)  # the claim ran; its reply is lost
+    consumer._claims.lost([q.name])
+    q.schedule("new", id="new")
+    other.schedule("new elsewhere", id="elsewhere")
+    q.promote()
+    other.promote()
+    sent: list[tuple[str, str]] = []  # (queue, claim's replay flag) of every claim sent
+    added: list[tuple[bool, list[str]]] = []  # (slots held?, ids) of every add to the slots
+    run_batch, add = ScriptBatch.run, HandlerThreads.add
+
+    def spy_run(self: ScriptBatch, client: Any, raise_errors: bool = True) -> Any:
+        for call in self.calls:
+            if call.script.name == "claim":
+                sent.append((call.keys[0], call.args[-1]))
+        return run_batch(self, client, raise_errors=raise_errors)
+
+    def spy_add(self: HandlerThreads, messages: list[Any]) -> None:
+        added.append((self._holding, [m.id for m in messages]))
+        add(self, messages)
+
+    monkeypatch.setattr(ScriptBatch, "run", spy_run)
+    monkeypatch.setattr(HandlerThreads, "add", spy_add)
+    try:
+        assert consumer._shutdown() == 0
+    finally:
+        for slots in consumer._slots.values():
+            slots.close()
+        consumer._waiter.close()
+    assert sent == [(q.keys.ready, "1")]  # one replay, on the queue whose reply was lost
+    assert added == [(True, ["lost"])]  # into held slots: no thread may start it
+    assert handler.calls == []
+    assert sorted(redis_client.lrange(q.keys.ready, 0, -1)) == [b"lost", b"new"]
+    assert redis_client.lrange(other.keys.ready, 0, -1) == [b"elsewhere"]
+    assert not redis_client.hexists(q.keys.attempts, "lost")  # no attempt used

@@ -331,6 +331,8 @@ class Consumer(Rounds):
 
     def _shutdown(self) -> int:
         """Give back what is left, record what finished; a forced stop gives it a short try."""
+        for slots in self._slots.values():  # first: a lost claim's messages must not start
+            slots.hold()
         self._give_back_lost_claims()
         self._release_unstarted()
         for q in self.queues:
@@ -360,16 +362,9 @@ class Consumer(Rounds):
         return 0
 
     def _give_back_lost_claims(self) -> None:
-        """Ask once more for what claims whose reply was lost took (a stopping round claims
-        nothing new), so that it is given back unstarted rather than left to time out."""
-        if not self._claims.any_unseen:
-            return
-        try:
-            messages = self._fetch()
-        except DelayQueueError as e:  # Redis still down: they come back after their timeout
-            logger.warning("claims whose reply was lost not asked for again: %s", e)
-            return
-        for m in messages:
+        """Ask once more for what claims whose reply was lost took (a replay: nothing new), so
+        that it is given back unstarted rather than left to time out (the slots are held)."""
+        for m in self._replay_lost_claims():
             self._slots[m.queue].add([m])
 
     def _leave_in_flight(self, q: Queue, running: list[Message]) -> None:
