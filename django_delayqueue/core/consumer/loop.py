@@ -196,7 +196,10 @@ class Consumer(Rounds):
             self._loop()
             return self._shutdown()
         finally:
-            extender.stop()
+            if any(slots.abandoned() for slots in self._slots.values()):
+                extender.linger(self._abandoned)  # until their handlers end
+            else:
+                extender.stop()
             self._waiter.close()
             for slots in self._slots.values():
                 slots.close()
@@ -311,6 +314,11 @@ class Consumer(Rounds):
         held = slots.in_flight() if slots is not None else []
         return held + self._unrecorded.unrecorded_messages(name)
 
+    def _abandoned(self, name: str) -> list[Message]:
+        """Left in flight at a stop while their handler still runs (see Extender.linger)."""
+        slots = self._slots.get(name)
+        return slots.abandoned() if slots is not None else []
+
     def _release_unstarted(self) -> None:
         """Hold every slot and give back what was claimed but not started (no attempt used)."""
         for q in self.queues:
@@ -371,12 +379,12 @@ class Consumer(Rounds):
         # Handlers still running when we must stop (grace over, or a second request): given
         # back now, another consumer could start a message while its handler still runs here
         # (a library caller's process goes on; runqueue's lives on for its last writes). So
-        # they stay in unack, no longer extended: the visibility timeout brings them back
-        # (the attempt counts: they started), by when a process that exits has ended them.
-        # Their outcome, if they finish meanwhile, is not recorded.
+        # they stay in unack, extended while their handler runs (Extender.linger): the
+        # visibility timeout brings them back (the attempt counts: they started) once it has
+        # ended, or the process has. Their outcome, if they finish, is not recorded.
         logger.warning(
-            "queue %s: %d message(s) still running left in flight: delivered again after "
-            "their visibility timeout (%ss at most), never beside their running handler",
+            "queue %s: %d message(s) still running left in flight, extended while they run: "
+            "delivered again %ss after their handler (or this process) ends, never beside it",
             q.name,
             len(running),
             f"{q.settings.visibility_timeout:g}",
