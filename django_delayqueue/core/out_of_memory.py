@@ -1,10 +1,10 @@
 """Telling once that Redis is out of memory, and once that it has room again.
 
 A consumer on a full Redis goes on delivering and acknowledging (see
-``scripts/lua/includes/memory.lua``), but its journal rows and recurring ticks, and the outbox's
-sends, are refused round after round: a log line per refusal would bury everything else. An
-:class:`OutOfMemoryLog` logs the first refusal (WARNING), counts the rest, and logs when a
-write is taken again.
+``scripts/lua/includes/memory.lua``), but its journal rows, recurring ticks and heartbeat
+ZADDs, and the outbox's sends, are refused round after round: a log line per refusal would
+bury everything else. An :class:`OutOfMemoryLog` logs the first refusal (WARNING), counts the
+rest, and logs when a write is taken again.
 """
 
 from __future__ import annotations

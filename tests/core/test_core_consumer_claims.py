@@ -79,9 +79,12 @@ def test_a_replay_returns_only_what_is_still_in_flight_under_its_token(
     assert redis_client.zscore(q.keys.unack, "m2") == manual_clock.now_ms() + 10_000
 
 
-def test_the_receipt_lives_as_long_as_the_claimed_messages_deadline(
+def test_the_receipt_outlives_the_claimed_messages_deadline_by_a_minute(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:
+    """Expiring with the deadline, the receipt was gone after an outage longer than the
+    visibility timeout while its messages could still sit in unack (not reaped yet): the
+    replay found nothing and they timed out, an attempt lost, though they never started."""
     q = make_queue(visibility_timeout=30)
     q.schedule("x", id="x")
     q.promote()
@@ -89,7 +92,7 @@ def test_the_receipt_lives_as_long_as_the_claimed_messages_deadline(
     assert run(q, claims, 1)
     key = q.keys.claim_receipt(claims.consumer)
     assert key.startswith(q.keys.tag)  # the queue's slot on a cluster
-    assert 29_000 < redis_client.pttl(key) <= 30_000
+    assert 89_000 < redis_client.pttl(key) <= 90_000
 
 
 def test_replay_only_takes_nothing_new_and_an_empty_claim_writes_no_receipt(
@@ -226,3 +229,55 @@ def test_a_consumer_stopping_gives_back_what_a_lost_claim_took(
     assert handler.calls == []
     assert redis_client.lrange(q.keys.ready, 0, -1) == [b"x"]
     assert not redis_client.hexists(q.keys.attempts, "x")  # no attempt used
+
+
+def test_a_shutdown_replays_a_lost_claim_only_and_starts_nothing(
+    redis_client: redis.Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst consumer's end, or two stop requests in one round: the loop returns before
+    it holds the slots, and ``stopping`` may be False. The give-back was a full round: it
+    claimed new messages on every queue and put them, with the lost claim's, into slots no
+    one held, whose idle threads started them (then abandoned: attempt used, outcome lost)."""
+    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.scripts.calls import ScriptBatch
+
+    q, other = make_queue("q"), make_queue("other")
+    q.schedule("lost", id="lost")
+    q.promote()
+    handler = Recorder()
+    consumer = Consumer([q, other], handler, burst=True)  # not stopping: a burst's end
+    consumer._start_slots()
+    consumer._claims.call(q, T0, 10).run(redis_client)  # the claim ran; its reply is lost
+    consumer._claims.lost([q.name])
+    q.schedule("new", id="new")
+    other.schedule("new elsewhere", id="elsewhere")
+    q.promote()
+    other.promote()
+    sent: list[tuple[str, str]] = []  # (queue, claim's replay flag) of every claim sent
+    added: list[tuple[bool, list[str]]] = []  # (slots held?, ids) of every add to the slots
+    run_batch, add = ScriptBatch.run, HandlerThreads.add
+
+    def spy_run(self: ScriptBatch, client: Any, raise_errors: bool = True) -> Any:
+        for call in self.calls:
+            if call.script.name == "claim":
+                sent.append((call.keys[0], call.args[-1]))
+        return run_batch(self, client, raise_errors=raise_errors)
+
+    def spy_add(self: HandlerThreads, messages: list[Any]) -> None:
+        added.append((self._holding, [m.id for m in messages]))
+        add(self, messages)
+
+    monkeypatch.setattr(ScriptBatch, "run", spy_run)
+    monkeypatch.setattr(HandlerThreads, "add", spy_add)
+    try:
+        assert consumer._shutdown() == 0
+    finally:
+        for slots in consumer._slots.values():
+            slots.close()
+        consumer._waiter.close()
+    assert sent == [(q.keys.ready, "1")]  # one replay, on the queue whose reply was lost
+    assert added == [(True, ["lost"])]  # into held slots: no thread may start it
+    assert handler.calls == []
+    assert sorted(redis_client.lrange(q.keys.ready, 0, -1)) == [b"lost", b"new"]
+    assert redis_client.lrange(other.keys.ready, 0, -1) == [b"elsewhere"]
+    assert not redis_client.hexists(q.keys.attempts, "lost")  # no attempt used

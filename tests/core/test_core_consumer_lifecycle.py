@@ -86,9 +86,11 @@ def test_a_stop_never_lets_another_consumer_start_a_running_delivery(
 ) -> None:
     """At a second stop request or the end of the grace period, a handler still running kept
     running while its message was given back for an immediate retry: another consumer could
-    start it beside the first. It stays in flight, no longer extended: the visibility timeout
-    brings it back (that attempt counts)."""
-    q = make_queue(visibility_timeout=30)
+    start it beside the first. It stays in flight, extended while its handler runs, even once
+    run() has returned in a process that goes on (a library caller's): no longer extended, it
+    came back after its visibility timeout beside the handler still running. Once the handler
+    ends, the visibility timeout brings it back (that attempt counts)."""
+    q = make_queue(visibility_timeout=1)  # extended every third of a second
     q.schedule("stuck", id="stuck")
     started, proceed = threading.Event(), threading.Event()
 
@@ -103,6 +105,7 @@ def test_a_stop_never_lets_another_consumer_start_a_running_delivery(
     consumer.request_stop()
     if how == "second request":
         consumer.request_stop()
+    deadline = lambda: redis_client.zscore(q.keys.unack, "stuck")  # noqa: E731
     try:
         assert r.join() == 0
         assert not proceed.is_set()  # the handler still runs
@@ -110,14 +113,22 @@ def test_a_stop_never_lets_another_consumer_start_a_running_delivery(
         assert q.counts() == {**EMPTY, "unack": 1}
         q.promote()
         assert q.claim() == []
-        # Not extended any more: past its visibility timeout it is delivered again.
-        manual_clock.advance(31)
-        assert q.reap().retried == 1
+        # Long past its visibility timeout, its deadline still moves while the handler runs.
         manual_clock.advance(600)
-        q.promote()
-        assert [(m.id, m.attempt) for m in q.claim()] == [("stuck", 2)]
+        wait_until(lambda: deadline() > manual_clock.now_ms())
+        assert q.reap().retried == 0
     finally:
         proceed.set()
+    # The handler ended: no longer extended (the extender's thread ends), and past its
+    # visibility timeout the message is delivered again.
+    extender = consumer._extender
+    assert extender is not None
+    wait_until(lambda: not extender._thread.is_alive())
+    manual_clock.advance(2)
+    assert q.reap().retried == 1
+    manual_clock.advance(600)
+    q.promote()
+    assert [(m.id, m.attempt) for m in q.claim()] == [("stuck", 2)]
 
 
 def idle_ends_on_a_nudge_only(consumer: Consumer) -> threading.Event:

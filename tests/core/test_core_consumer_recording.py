@@ -184,3 +184,63 @@ def test_counting_while_handler_threads_write_soon_never_races(make_queue: Any) 
         sys.setswitchinterval(interval)
     assert errors == []
     assert len(unrecorded) == 4 * 2000
+
+
+def running_record_call(q: Any) -> Any:
+    """An early write as a task's RUNNING (or a recurring tick's last run) leaves it."""
+    from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+
+    key = q.keys.task_result("t1")
+    return ScriptCall(LuaScript.named("write_record"), [key], [0, 2, 0, 1, 0, "status", "RUNNING"])
+
+
+@pytest.mark.parametrize("how", ["round", "shutdown flush"])
+def test_an_outage_keeps_the_early_writes(
+    redis_client: redis.Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A round whose whole pipeline fails never reaches settle(): the early writes it carried
+    (taken out of the pending ones to build it) were lost, and the RUNNING record never
+    written. They stay until a reply says they ran."""
+    from django_delayqueue.core.consumer.loop import Consumer
+    from django_delayqueue.core.errors import RedisUnavailable
+
+    q = make_queue()
+    consumer = Consumer([q], lambda m: None)
+    try:
+        consumer.step()
+        consumer.write_soon(q, running_record_call(q))
+
+        def outage(self: ScriptBatch, client: Any, raise_errors: bool = True) -> Any:
+            raise RedisUnavailable("simulated outage")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(ScriptBatch, "run", outage)
+            with pytest.raises(RedisUnavailable):
+                consumer.step() if how == "round" else consumer._flush_only(force=True)
+        assert len(consumer._unrecorded) == 1
+        consumer.step() if how == "round" else consumer._flush_only(force=True)
+        assert len(consumer._unrecorded) == 0
+        assert redis_client.hget(q.keys.task_result("t1"), "status") == b"RUNNING"
+    finally:
+        for slots in consumer._slots.values():
+            slots.close()
+        consumer._waiter.close()
+
+
+def test_an_early_write_refused_by_its_script_is_dropped_once(
+    redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kept until settled, an early write the script refuses (a key of the wrong type) still
+    leaves at once, logged, and the one behind it is written."""
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=0)
+    redis_client.set(q.keys.task_result("t1"), "not a hash")
+    unrecorded.write_soon(q.name, running_record_call(q))
+    other = running_record_call(q)
+    other.keys[0] = q.keys.task_result("t2")
+    unrecorded.write_soon(q.name, other)
+    with caplog.at_level(logging.ERROR):
+        flush(redis_client, unrecorded)
+    assert "an early write dropped" in caplog.text
+    assert len(unrecorded) == 0
+    assert redis_client.hget(q.keys.task_result("t2"), "status") == b"RUNNING"

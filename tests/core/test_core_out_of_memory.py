@@ -125,3 +125,29 @@ def test_recurring_ticks_refused_for_memory_are_said_once(
     keeper_rounds(keeper, [q], redis_client, clock.now_ms() + 5 * 60_000)
     assert redis_client.zcard(q.keys.pending) == 1  # room again: the next tick waits
     assert len(warnings(caplog, BACK)) == 1
+
+
+def test_a_consumer_with_no_journal_nor_schedules_notices_a_full_redis_by_its_heartbeat(
+    redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With JOURNAL_MAXLEN=0 and no recurring schedule no write of the consumer was refused
+    but the heartbeat's ZADD, which was not counted: a full server was never logged."""
+    q = make_queue("quiet")
+    consumer = Consumer([q], Recorder(), journal_maxlen=0, name="worker-1")
+    caplog.set_level(logging.WARNING)
+    try:
+        with full(redis_client):
+            for _ in range(2):
+                consumer._next_maintenance = 0.0  # a maintenance round: it writes the heartbeat
+                consumer.step()
+            assert consumer.memory.full and consumer.memory.refusals == 2
+        consumer._next_maintenance = 0.0
+        consumer.step()
+    finally:
+        for slots in consumer._slots.values():
+            slots.close()
+        consumer._waiter.close()
+    (said,) = warnings(caplog, OUT)
+    assert said.startswith("worker-1: ") and "heartbeat" in said
+    (back,) = warnings(caplog, BACK)
+    assert "2 write(s) refused" in back and not consumer.memory.full

@@ -47,10 +47,6 @@ class ClaimReceipts:
         """Whether queue ``name``'s last claim may have run without its reply arriving."""
         return name in self._unseen
 
-    @property
-    def any_unseen(self) -> bool:
-        return bool(self._unseen)
-
     def answered(self, name: str) -> None:
         """Queue ``name``'s claim got its reply (messages, or a script error: that claim
         changed nothing, see claim.lua): a new claim id next time."""

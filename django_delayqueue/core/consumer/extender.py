@@ -41,6 +41,7 @@ class Extender:
         started = time.monotonic()
         self._extended_at = {q.name: started for q in self._queues}
         self._stop = threading.Event()
+        self._lingering = False  # extending only the abandoned, until none is left
         self._thread = threading.Thread(target=self._run, name="delayqueue-extender", daemon=True)
         self._thread.start()
 
@@ -52,6 +53,8 @@ class Extender:
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
             self.extend_due()
+            if self._lingering and not any(self._in_flight(q.name) for q in self._queues):
+                return
 
     def extend_due(self) -> None:
         """Extend every queue whose interval has passed since its last extension."""
@@ -69,6 +72,15 @@ class Extender:
                 logger.warning(
                     "queue %s: could not extend %d deadline(s): %s", q.name, len(messages), e
                 )
+
+    def linger(self, abandoned: Callable[[str], list[Message]]) -> None:
+        """From now on extend only ``abandoned(queue name)`` (the messages of handlers still
+        running when the consumer stopped), and end once it is empty for every queue. The
+        thread is a daemon: a process that exits stops extending, and they come back after
+        their visibility timeout; a process that lives on (``run()`` used as a library) never
+        sees them delivered again beside their running handler."""
+        self._in_flight = abandoned
+        self._lingering = True
 
     def stop(self) -> None:
         self._stop.set()

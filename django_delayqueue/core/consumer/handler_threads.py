@@ -59,7 +59,9 @@ class HandlerThreads:
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._running: dict[str, Message] = {}  # by token
         self._finished: list[Outcome] = []  # not yet taken by the loop
-        self._abandoned: set[str] = set()  # tokens given up on while their handler ran
+        # Given up on at a stop while their handler ran, by token: still extended (see
+        # abandoned()) until their handler ends, so they are never delivered beside it.
+        self._abandoned: dict[str, Message] = {}
         self._cond = threading.Condition()
         self._size = 0
         self._threads: list[threading.Thread] = []
@@ -155,18 +157,24 @@ class HandlerThreads:
     def finished_and_abandoned(self) -> tuple[list[Outcome], list[Message]]:
         """The untaken outcomes, and the running messages, given up on, at one instant.
 
-        The running ones are no longer held (nor extended): their outcomes, if their handlers
-        ever finish, are dropped. Read apart, a handler finishing in between would be in
-        neither list.
+        The running ones are no longer held: their outcomes, if their handlers ever finish,
+        are dropped; until then :meth:`abandoned` lists them. Read apart, a handler finishing
+        in between would be in neither list.
         """
         with self._cond:
             finished, self._finished = self._finished, []
             self._first_finished_at = None
             running = list(self._running.values())
             for m in running:
-                self._abandoned.add(m.token)
+                self._abandoned[m.token] = m
             self._running.clear()
             return finished, running
+
+    def abandoned(self) -> list[Message]:
+        """The messages given up on at a stop whose handler still runs: their deadlines must
+        still move out, or a reap would deliver them again beside it."""
+        with self._cond:
+            return list(self._abandoned.values())
 
     def record_due_in(self) -> float | None:
         """Seconds until the oldest untaken outcome must be recorded; None if there is none."""
@@ -233,9 +241,8 @@ class HandlerThreads:
         with self._cond:
             self._working.discard(threading.current_thread())
             token = outcome.message.token
-            if token in self._abandoned:  # given up on at a stop: not ours to record
-                self._abandoned.discard(token)
-                return
+            if self._abandoned.pop(token, None) is not None:  # given up on at a stop: not
+                return  # ours to record; no longer extended, it comes back after its timeout
             self._running.pop(token, None)
             self._finished.append(outcome)
             now = time.monotonic()

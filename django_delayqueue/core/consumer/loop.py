@@ -196,7 +196,10 @@ class Consumer(Rounds):
             self._loop()
             return self._shutdown()
         finally:
-            extender.stop()
+            if any(slots.abandoned() for slots in self._slots.values()):
+                extender.linger(self._abandoned)  # until their handlers end
+            else:
+                extender.stop()
             self._waiter.close()
             for slots in self._slots.values():
                 slots.close()
@@ -311,6 +314,11 @@ class Consumer(Rounds):
         held = slots.in_flight() if slots is not None else []
         return held + self._unrecorded.unrecorded_messages(name)
 
+    def _abandoned(self, name: str) -> list[Message]:
+        """Left in flight at a stop while their handler still runs (see Extender.linger)."""
+        slots = self._slots.get(name)
+        return slots.abandoned() if slots is not None else []
+
     def _release_unstarted(self) -> None:
         """Hold every slot and give back what was claimed but not started (no attempt used)."""
         for q in self.queues:
@@ -331,6 +339,8 @@ class Consumer(Rounds):
 
     def _shutdown(self) -> int:
         """Give back what is left, record what finished; a forced stop gives it a short try."""
+        for slots in self._slots.values():  # first: a lost claim's messages must not start
+            slots.hold()
         self._give_back_lost_claims()
         self._release_unstarted()
         for q in self.queues:
@@ -360,28 +370,21 @@ class Consumer(Rounds):
         return 0
 
     def _give_back_lost_claims(self) -> None:
-        """Ask once more for what claims whose reply was lost took (a stopping round claims
-        nothing new), so that it is given back unstarted rather than left to time out."""
-        if not self._claims.any_unseen:
-            return
-        try:
-            messages = self._fetch()
-        except DelayQueueError as e:  # Redis still down: they come back after their timeout
-            logger.warning("claims whose reply was lost not asked for again: %s", e)
-            return
-        for m in messages:
+        """Ask once more for what claims whose reply was lost took (a replay: nothing new), so
+        that it is given back unstarted rather than left to time out (the slots are held)."""
+        for m in self._replay_lost_claims():
             self._slots[m.queue].add([m])
 
     def _leave_in_flight(self, q: Queue, running: list[Message]) -> None:
         # Handlers still running when we must stop (grace over, or a second request): given
         # back now, another consumer could start a message while its handler still runs here
         # (a library caller's process goes on; runqueue's lives on for its last writes). So
-        # they stay in unack, no longer extended: the visibility timeout brings them back
-        # (the attempt counts: they started), by when a process that exits has ended them.
-        # Their outcome, if they finish meanwhile, is not recorded.
+        # they stay in unack, extended while their handler runs (Extender.linger): the
+        # visibility timeout brings them back (the attempt counts: they started) once it has
+        # ended, or the process has. Their outcome, if they finish, is not recorded.
         logger.warning(
-            "queue %s: %d message(s) still running left in flight: delivered again after "
-            "their visibility timeout (%ss at most), never beside their running handler",
+            "queue %s: %d message(s) still running left in flight, extended while they run: "
+            "delivered again %ss after their handler (or this process) ends, never beside it",
             q.name,
             len(running),
             f"{q.settings.visibility_timeout:g}",

@@ -10,7 +10,8 @@ repeated because a journal write failed, and one broken queue never holds back a
 outcomes. A queue whose calls fail is tried again after a pause, not every round; a journal row
 that keeps failing on a script error (say, the journal key holds the wrong type) is dropped
 after a few tries, with an error naming the ids, rather than kept in memory for ever. An outage
-(the whole pipeline fails) keeps everything. When Redis is out of memory the journal rows it
+(the whole pipeline fails) keeps everything, the early writes (``write_soon``) included: each
+leaves only once a reply says it ran. When Redis is out of memory the journal rows it
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round.
@@ -128,11 +129,16 @@ class UnrecordedOutcomes:
         with self._lock:
             for name in [n for n in self._early if names is None or n in names]:
                 if force or self._paused_until.get(name, 0.0) <= clock:
+                    # Left in _early until settle() sees them run: a round whose pipeline
+                    # fails (an outage) never reaches settle(), and must not lose them.
                     needless = self._superseded(name)
-                    for call in self._early.pop(name):
-                        if id(call) not in needless:
-                            batch.add(call)
-                            flush.append((self._by_name[name], "early", [call]))
+                    kept = [c for c in self._early[name] if id(c) not in needless]
+                    self._early[name] = kept
+                    for call in kept:
+                        batch.add(call)
+                        flush.append((self._by_name[name], "early", [call]))
+                    if not kept:
+                        del self._early[name]
         for name, entries in self._entries.items():
             if names is not None and name not in names:
                 continue
@@ -215,14 +221,19 @@ class UnrecordedOutcomes:
         return found
 
     def _early_done(self, q: Queue, call: ScriptCall, result: Any) -> None:
-        if not isinstance(result, Exception):
-            return
-        full = self.memory.check(result, f"queue {q.name}: an early write")
-        if isinstance(result, redis.exceptions.ResponseError) and not full:  # refused: for ever
+        """An early call ran, or was refused for ever: it leaves _early. Any other failure
+        (Redis full, a connection error) keeps it there, in its place, for the next round."""
+        if isinstance(result, Exception):
+            full = self.memory.check(result, f"queue {q.name}: an early write")
+            if not isinstance(result, redis.exceptions.ResponseError) or full:
+                return  # not the script's fault: sent again with the next round
             logger.error("queue %s: an early write dropped: %s", q.name, result)
-            return
-        with self._lock:  # not the script's fault: first again in the next round
-            self._early.setdefault(q.name, []).insert(0, call)
+        with self._lock:
+            calls = [c for c in self._early.get(q.name, []) if c is not call]
+            if calls:
+                self._early[q.name] = calls
+            else:
+                self._early.pop(q.name, None)
 
     def _written(self, q: Queue, entry: _Entry, result: Any) -> None:
         """A handler's write ran (then its ``then``), or failed: sent again unless the script

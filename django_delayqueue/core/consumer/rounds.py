@@ -181,6 +181,30 @@ class Rounds:
         if failure is not None:
             raise failure
 
+    def _replay_lost_claims(self) -> list[Any]:
+        """Ask, replay only, for what the claims whose reply was lost took (shutting down):
+        their messages, nothing new, on those queues only, whatever else the round would hold
+        back (a schedule's states to read first). Returns them, to be given back unstarted."""
+        now = self.clock.now_ms()
+        messages: list[Any] = []
+        for client, group in self._clients:
+            queues = [q for q in group if self._claims.unseen(q.name)]
+            if not queues:
+                continue
+            batch = ScriptBatch()
+            for q in queues:
+                batch.add(self._claims.call(q, now, 1, replay_only=True))
+            try:
+                results = batch.run(client, raise_errors=False)
+            except DelayQueueError as e:  # still down: they come back after their timeout
+                logger.warning("claims whose reply was lost not asked for again: %s", e)
+                continue
+            plan: Plan = [(q, "claim", index) for index, q in enumerate(queues)]
+            claimed = self._read_queue_results(plan, results, now)
+            self._claimed_total += len(claimed)
+            messages.extend(claimed)
+        return messages
+
     def _plan_queue(
         self, batch: ScriptBatch, plan: Plan, q: Queue, claim_until: int, room: int | None
     ) -> int | None:
@@ -297,7 +321,11 @@ class Rounds:
                 replies = pipe.execute(raise_on_error=False)
             batch = ScriptBatch()
             for q, reply in zip(queues, replies, strict=False):
-                if is_out_of_memory(reply):
+                # The one write of every maintenance round: with no journal and no recurring
+                # schedule, the only way this consumer learns that Redis is full, or has room.
+                if not isinstance(reply, Exception):
+                    self.memory.taken()
+                elif self.memory.check(reply, f"queue {q.name}: the heartbeat"):
                     call = ScriptCall(
                         LuaScript.named("heartbeat"),
                         [q.keys.heartbeats],

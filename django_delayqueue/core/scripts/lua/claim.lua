@@ -7,7 +7,8 @@
 -- ARGV[4] claim id (with KEYS[12])   ARGV[5] '1': replay the receipt only, claim nothing new
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
 -- The receipt: a claim that took messages records its claim id and what it took in KEYS[12]
--- (one SET, expiring with their visibility deadline). A reply can be lost after the script ran
+-- (one SET, expiring a minute after their visibility deadline: after an outage longer than the
+-- timeout they may still sit in unack, not reaped yet). A reply can be lost after the script ran
 -- (the connection broke; redis-py may even send the pipeline again): called again with the
 -- same claim id, the claim takes nothing new and returns those messages again (those still in
 -- unack under the token it gave them), with the new deadline. A message that never reached
@@ -156,7 +157,7 @@ end
 if receipt and #deliver > 0 then
   local record = {ARGV[4], first}
   for d = 1, #deliver do record[d + 2] = ids[deliver[d]] end
-  local ttl = math.max(1, tonumber(ARGV[2]) - tonumber(ARGV[1]))
+  local ttl = math.max(0, tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60000  -- see the header
   redis.call('SET', receipt, cmsgpack.pack(record), 'PX', ttl)
 end
 return out
