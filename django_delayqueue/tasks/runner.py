@@ -45,6 +45,7 @@ from typing import Any
 
 from django.db import close_old_connections
 
+from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message, encode_json
 from django_delayqueue.core.errors import CorruptEnvelope, PayloadError, Reject, Retry
@@ -103,7 +104,11 @@ class TaskRunner:
         try:
             # First: a task that cannot be imported still ends as its backend says (its
             # RESULT_TTL, task_finished, the errors of its earlier attempts).
-            backend = framework.task_backends[record.backend]
+            try:
+                backend = framework.task_backends[record.backend]
+            except Exception:  # an alias gone from TASKS: fails as an import failure does,
+                backend = _backend_of_queue(queue.logical_name)  # told by its queue's backend
+                raise
             if message.attempt > 1:
                 record = attempt.read(record)
             loaded = load_task(record.task)
@@ -263,6 +268,17 @@ def _normalized(value: Any) -> Any:
         raise
     except TypeError as e:  # recorded as the TypeError it is (see _cause)
         raise PayloadError(f"return value is not JSON-serialisable: {e}") from e
+
+
+def _backend_of_queue(name: str) -> Any:
+    """A backend of this app that takes queue ``name`` (None: none does)."""
+    for alias in delayqueue_backends():
+        if backend_takes(alias, name):
+            try:
+                return framework.task_backends[alias]
+            except Exception:  # cannot be loaded: the next one, or none
+                continue
+    return None
 
 
 def _ttl(backend: Any) -> int:

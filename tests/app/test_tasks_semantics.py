@@ -187,6 +187,38 @@ def test_a_task_that_cannot_be_imported_finishes_with_the_backends_ttl(
     assert len(errors) == 3 and "not_deployed_yet" in errors[-1].traceback
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_task_of_an_unknown_backend_finishes_with_the_ttl_of_the_backend_of_its_queue(
+    redis_client: redis.Redis,
+) -> None:
+    """Its TASKS alias is gone from this worker's settings: as a task that cannot be
+    imported, it fails, and its end is told by the backend that takes its queue."""
+    finished: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append((sender, task_result.id, str(task_result.status), task_result.errors))
+
+    queue = get_queue(QUEUE)
+    path = "task_examples.add"
+    prepared = queue.prepare(task_payload(path, [1, 2], {}, "gone"), id="orphan", task=True)
+    enqueued = TaskRecord(path, QUEUE, 0, "gone", [1, 2], {}, enqueued_at=prepared.due_ms)
+    queue.send_with_record(prepared, KEYS.task_result("orphan"), enqueued.enqueued_json())
+    options = {"ON_COMMIT": True, "RESULT_TTL": 900}
+    framework.task_finished.connect(receiver)
+    try:
+        with override_settings(TASKS=demo_backend(OPTIONS=options)):
+            burst()
+            backend = type(framework.task_backends["default"])
+    finally:
+        framework.task_finished.disconnect(receiver)
+    assert redis_client.lrange(examples().TRACE, 0, -1) == []  # never run
+    assert 0 < redis_client.ttl(KEYS.task_result("orphan")) <= 900
+    assert [(sender, id_, status) for sender, id_, status, _ in finished] == [
+        (backend, "orphan", str(Status.FAILED))
+    ]
+    assert "gone" in finished[0][3][-1].traceback
+
+
 # --- dead-lettered by the consumer -----------------------------------------------------------
 
 
