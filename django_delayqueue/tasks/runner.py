@@ -48,7 +48,13 @@ from django.db import close_old_connections
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message, encode_json
-from django_delayqueue.core.errors import CorruptEnvelope, PayloadError, Reject, Retry
+from django_delayqueue.core.errors import (
+    CorruptEnvelope,
+    PayloadError,
+    RedisUnavailable,
+    Reject,
+    Retry,
+)
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 from django_delayqueue.tasks import framework
@@ -207,9 +213,22 @@ class _Attempt:
         self.started_at = queue.clock.now_ms()
 
     def read(self, from_message: TaskRecord) -> TaskRecord:
-        """The record in Redis (one round trip), or the message's when it is gone or bad."""
+        """The record in Redis (one round trip), or the message's when it is gone or bad, or
+        cannot be read: the read only gives the task its history (errors so far), and a Redis
+        blip before the task starts must not use up one of its attempts (on the last one, fail
+        it unstarted). Every write of the attempt sets its own fields whole, without it."""
         try:
-            return TaskRecord.from_hash(self.queue.client.hgetall(self.key))
+            with redis_errors(f"reading task result {self.message.id}"):
+                stored = self.queue.client.hgetall(self.key)
+            return TaskRecord.from_hash(stored)
+        except RedisUnavailable as e:
+            logger.warning(
+                "queue %s: task result %s not read (%s): run with what its message says",
+                self.queue.name,
+                self.message.id,
+                e,
+            )
+            return from_message
         except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
             logger.warning(
                 "queue %s: task result %s %s: rebuilt", self.queue.name, self.message.id, e

@@ -10,6 +10,7 @@ fixture of test_tasks_backend.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -217,6 +218,31 @@ def test_a_task_of_an_unknown_backend_finishes_with_the_ttl_of_the_backend_of_it
         (backend, "orphan", str(Status.FAILED))
     ]
     assert "gone" in finished[0][3][-1].traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_blip_before_a_task_starts_does_not_use_up_its_last_attempt(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a later attempt the runner reads the task's record first (its history): Redis
+    failing that read must not fail the task unstarted; it runs."""
+    import redis as redis_py
+
+    from django_delayqueue.tasks.runner import TaskRunner
+
+    with queue_settings(max_attempts=2):
+        sent = examples().add.enqueue(1, 2)
+        queue = get_queue(QUEUE)
+        message = dataclasses.replace(queue.claim(1)[0], attempt=2)  # its last attempt
+
+        def blip(*args: Any, **kwargs: Any) -> Any:
+            raise redis_py.ConnectionError("Connection reset by peer")
+
+        monkeypatch.setattr(queue.client, "hgetall", blip)
+        TaskRunner("blipped").run(message, queue).call.run(queue.client)
+        monkeypatch.undo()
+        assert redis_client.lrange(examples().TRACE, 0, -1) == [b"add 1 2"]  # it ran
+        assert examples().add.get_result(sent.id).status == framework.SUCCESSFUL
 
 
 # --- dead-lettered by the consumer -----------------------------------------------------------
