@@ -176,12 +176,10 @@ class Worker(Consumer):
         Re-raises what the task or a receiver raised: the consumer turns it into a retry or a
         dead letter.
         """
-        # Only on a queue a TASKS backend names: a signal queue's payload (a webhook's JSON,
-        # say) that happens to carry the key must never import and run a task.
         shard = self._by_name[message.queue]
         if shard.logical_name != message.queue:  # a shard: handlers see the logical queue
             message = dataclasses.replace(message, queue=shard.logical_name)
-        if is_task_payload(message.payload) and self._is_task_queue(message.queue):
+        if self._is_task(message):
             close_old_connections()
             try:
                 return self._task_runner().run(message, shard)
@@ -274,6 +272,24 @@ class Worker(Consumer):
             # From the settings file alone (nothing published, no rows): schedules added in
             # the admin are unknown here, not deleted.
             authoritative=published.version > 0,
+        )
+
+    def _is_task(self, message: Message) -> bool:
+        """Whether ``message`` is a task to run: its envelope carries the task mark, which only
+        the Tasks backend's enqueue (and a recurring ``task`` schedule) sets, never a payload.
+        A signal message whose payload has a "django.task" key (a webhook's JSON, say) goes to
+        its receivers: it must never import and run anything.
+
+        A task enqueued by an earlier version has no mark: it is still run where that version
+        ran it (a queue a TASKS backend takes) if no signal receiver listens there, so the
+        messages waiting across an upgrade keep working and a signal queue never runs one.
+        """
+        if message.task:
+            return True
+        return (
+            is_task_payload(message.payload)
+            and self._is_task_queue(message.queue)
+            and not topic(message.queue).has_listeners(sender=message.queue)
         )
 
     def _is_task_queue(self, name: str) -> bool:

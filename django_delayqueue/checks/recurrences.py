@@ -105,7 +105,7 @@ def check_schedule_rows(app_configs: Any = None, databases: Any = None, **kwargs
         except ConfigurationError as e:
             out.append(Warning(f"recurring schedule row: {e}.", hint=HINT, id="delayqueue.W005"))
             continue
-        if recurrence.queue not in queues:
+        if recurrence.queue not in queues and not _takes_its_task(recurrence):
             out.append(
                 Warning(
                     f"recurring schedule {row.name!r}: queue {recurrence.queue!r} is not "

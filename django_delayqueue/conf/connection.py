@@ -177,6 +177,7 @@ def _sentinel_client(config: dict[str, Any], overrides: dict[str, Any]) -> Any:
     sentinel_kwargs = {
         "socket_connect_timeout": options["socket_connect_timeout"],
         "socket_timeout": options["socket_connect_timeout"],
+        "protocol": options["protocol"],  # RESP2 as the primary's (redis-py 8: RESP3 else)
         **(config.get("sentinel_kwargs") or {}),
     }
     for key in ("password", "username"):

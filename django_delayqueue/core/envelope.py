@@ -139,9 +139,19 @@ def _too_deep(what: str) -> str:
     )
 
 
-def encode_envelope(payload_json: str, due_ms: int, scheduled_ms: int) -> str:
+# Between the times and the payload of a task's envelope (``<due>,<lead>,t,<payload>``): put
+# there only by the Tasks backend and by a recurring ``task`` schedule, never from a payload, so
+# what a caller of ``dq.schedule`` sends (a webhook's JSON, say) is never run as a task. No JSON
+# text starts with "t," (``true`` goes on with "r"), and the Lua scripts read only the times.
+TASK_MARK = "t,"
+
+
+def encode_envelope(
+    payload_json: str, due_ms: int, scheduled_ms: int, *, task: bool = False
+) -> str:
     due = int(due_ms)
-    return f"{due:x},{due - int(scheduled_ms):x},{payload_json}"
+    mark = TASK_MARK if task else ""
+    return f"{due:x},{due - int(scheduled_ms):x},{mark}{payload_json}"
 
 
 def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
@@ -151,6 +161,12 @@ def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
     here (RecursionError), or a number past Python's int-string limit (ValueError), is a
     corrupt envelope too, so a consumer buries that one message and delivers the others.
     """
+    due, scheduled, payload, _task = decode_marked_envelope(raw)
+    return due, scheduled, payload
+
+
+def decode_marked_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool]:
+    """:func:`decode_envelope`, and whether the envelope carries the task mark."""
     try:
         return _decode_envelope(raw)
     except CorruptEnvelope:
@@ -164,21 +180,23 @@ def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
         raise CorruptEnvelope(f"corrupt: envelope cannot be decoded ({e!r})") from e
 
 
-def _decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
+def _decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool]:
     if raw is None or raw == b"" or raw == "":
         raise CorruptEnvelope("corrupt: envelope missing")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     if text.startswith("{"):
-        return _decode_json_envelope(raw)
+        return (*_decode_json_envelope(raw), False)
     head = _HEAD.match(text)
     if head is None:
         raise CorruptEnvelope("corrupt: envelope does not start with hex due and lead times")
     due, lead = int(head[1], 16), int(head[2], 16)
+    start = head.end()
+    task = text.startswith(TASK_MARK, start)
     try:
-        payload = json.loads(text[head.end() :])
+        payload = json.loads(text[start + len(TASK_MARK) if task else start :])
     except ValueError as e:
         raise CorruptEnvelope(f"corrupt: envelope payload is not JSON ({e})") from e
-    return due, due - lead, payload
+    return due, due - lead, payload, task
 
 
 def _decode_json_envelope(raw: bytes | str) -> tuple[int, int, Any]:
@@ -211,6 +229,9 @@ class Message:
     attempt: int
     token: str = ""
     claimed_ms: int = 0
+    # Sent as a task by the Tasks backend (or a recurring ``task`` schedule): its envelope's
+    # TASK_MARK, which no payload can set.
+    task: bool = False
 
     @property
     def due_at(self) -> datetime:

@@ -17,7 +17,7 @@ from django_delayqueue.core.due_times import MAX_DUE_MS as MAX_DUE_MS  # re-expo
 from django_delayqueue.core.due_times import Delay, at_ms, delay_ms_of, retry_ms, round_up_ms
 from django_delayqueue.core.envelope import (
     Message,
-    decode_envelope,
+    decode_marked_envelope,
     encode_envelope,
     encode_payload,
     new_id,
@@ -146,8 +146,12 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
         at: datetime | int | float | None = None,
         id: str | None = None,
         now_ms: int | None = None,
+        task: bool = False,
     ) -> Prepared:
         """Validate one message and return it encoded (:class:`Prepared`); raise PayloadError.
+
+        ``task``: the envelope carries the task mark (``envelope.TASK_MARK``), for the Tasks
+        backend alone: its consumer runs the payload as a task.
 
         Never early: the due time is the instant asked for rounded up to a whole millisecond,
         a delay counted from the producer's reading of the clock (never behind the server's,
@@ -168,7 +172,7 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
-        return Prepared(message_id, due, encode_envelope(payload_json, due, now))
+        return Prepared(message_id, due, encode_envelope(payload_json, due, now, task=task))
 
     def schedule(
         self,
@@ -341,14 +345,16 @@ class Queue(Inspection, Housekeeping, BulkScheduling):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
             try:  # whatever one envelope holds, it costs only its own message
-                due, scheduled, payload = decode_envelope(raw[i + 1])
+                due, scheduled, payload, task = decode_marked_envelope(raw[i + 1])
             except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
                 reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
                 corrupt.append((stub, reason))
                 continue
             messages.append(
-                Message(message_id, self.name, payload, due, scheduled, attempt, token, now_ms)
+                Message(
+                    message_id, self.name, payload, due, scheduled, attempt, token, now_ms, task
+                )
             )
         if corrupt:
             logger.warning(

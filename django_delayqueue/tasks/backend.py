@@ -98,14 +98,16 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         )
         now = queue.clock.now_ms()
         if isinstance(task.run_after, timedelta):
-            prepared = queue.prepare(payload, delay=task.run_after, id=result_id, now_ms=now)
+            prepared = queue.prepare(
+                payload, delay=task.run_after, id=result_id, now_ms=now, task=True
+            )
         elif isinstance(task.run_after, datetime):
             run_after = task.run_after
             if timezone.is_naive(run_after):  # USE_TZ = False: the framework allows it
                 run_after = timezone.make_aware(run_after)
-            prepared = queue.prepare(payload, at=run_after, id=result_id, now_ms=now)
+            prepared = queue.prepare(payload, at=run_after, id=result_id, now_ms=now, task=True)
         else:
-            prepared = queue.prepare(payload, id=result_id, now_ms=now)
+            prepared = queue.prepare(payload, id=result_id, now_ms=now, task=True)
         record = TaskRecord(
             task=task.module_path,
             queue=queue.name,

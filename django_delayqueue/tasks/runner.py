@@ -45,9 +45,16 @@ from typing import Any
 
 from django.db import close_old_connections
 
+from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message, encode_json
-from django_delayqueue.core.errors import CorruptEnvelope, PayloadError, Reject, Retry
+from django_delayqueue.core.errors import (
+    CorruptEnvelope,
+    PayloadError,
+    RedisUnavailable,
+    Reject,
+    Retry,
+)
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 from django_delayqueue.tasks import framework
@@ -103,7 +110,11 @@ class TaskRunner:
         try:
             # First: a task that cannot be imported still ends as its backend says (its
             # RESULT_TTL, task_finished, the errors of its earlier attempts).
-            backend = framework.task_backends[record.backend]
+            try:
+                backend = framework.task_backends[record.backend]
+            except Exception:  # an alias gone from TASKS: fails as an import failure does,
+                backend = _backend_of_queue(queue.logical_name)  # told by its queue's backend
+                raise
             if message.attempt > 1:
                 record = attempt.read(record)
             loaded = load_task(record.task)
@@ -202,9 +213,22 @@ class _Attempt:
         self.started_at = queue.clock.now_ms()
 
     def read(self, from_message: TaskRecord) -> TaskRecord:
-        """The record in Redis (one round trip), or the message's when it is gone or bad."""
+        """The record in Redis (one round trip), or the message's when it is gone or bad, or
+        cannot be read: the read only gives the task its history (errors so far), and a Redis
+        blip before the task starts must not use up one of its attempts (on the last one, fail
+        it unstarted). Every write of the attempt sets its own fields whole, without it."""
         try:
-            return TaskRecord.from_hash(self.queue.client.hgetall(self.key))
+            with redis_errors(f"reading task result {self.message.id}"):
+                stored = self.queue.client.hgetall(self.key)
+            return TaskRecord.from_hash(stored)
+        except RedisUnavailable as e:
+            logger.warning(
+                "queue %s: task result %s not read (%s): run with what its message says",
+                self.queue.name,
+                self.message.id,
+                e,
+            )
+            return from_message
         except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
             logger.warning(
                 "queue %s: task result %s %s: rebuilt", self.queue.name, self.message.id, e
@@ -263,6 +287,17 @@ def _normalized(value: Any) -> Any:
         raise
     except TypeError as e:  # recorded as the TypeError it is (see _cause)
         raise PayloadError(f"return value is not JSON-serialisable: {e}") from e
+
+
+def _backend_of_queue(name: str) -> Any:
+    """A backend of this app that takes queue ``name`` (None: none does)."""
+    for alias in delayqueue_backends():
+        if backend_takes(alias, name):
+            try:
+                return framework.task_backends[alias]
+            except Exception:  # cannot be loaded: the next one, or none
+                continue
+    return None
 
 
 def _ttl(backend: Any) -> int:

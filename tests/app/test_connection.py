@@ -122,3 +122,12 @@ def test_clock_setting() -> None:
         pytest.raises(ConfigurationError, match="CLOCK"),
     ):
         get_clock()
+
+
+def test_the_sentinels_are_asked_in_resp2_too() -> None:
+    """The Sentinel object's own connections (sentinel_kwargs) speak what the primary's do."""
+    sentinel = {"hosts": [("127.0.0.1", 1)], "service_name": "main"}
+    with override_settings(DELAYQUEUE=delayqueue(SENTINEL=sentinel)):
+        client = make_client()  # connects lazily: no sentinel needed to build it
+    sentinels = client.connection_pool.sentinel_manager.sentinels
+    assert [s.connection_pool.connection_kwargs["protocol"] for s in sentinels] == [2]

@@ -175,3 +175,20 @@ def test_a_schedule_row_with_a_task_where_no_backend_runs_it_is_a_warning() -> N
         warnings = check_schedule_rows(databases=["default"])
     assert [w.id for w in warnings] == ["delayqueue.W005"]
     assert "task 'periodic_examples.beat' on queue 'order-close'" in warnings[0].msg
+
+
+@pytest.mark.django_db
+def test_a_schedule_row_with_a_task_on_a_queue_only_a_backend_taking_any_queue_runs_is_fine() -> (
+    None
+):
+    """As E009 for the settings file: with ``"QUEUES": []`` runqueue keeps the row's schedule
+    on a queue DELAYQUEUE does not configure (it registers that queue), so no W005."""
+    from demo_project.settings import TASKS_SETTING
+    from django_delayqueue.checks.recurrences import check_schedule_rows
+
+    any_queue = {"default": {**TASKS_SETTING["default"], "QUEUES": []}}
+    RecurringSchedule.objects.create(
+        name="by-staff", queue="tick-lane", every=60, task="task_examples.add", args=[1, 2]
+    )
+    with override_settings(TASKS=any_queue):
+        assert check_schedule_rows(databases=["default"]) == []

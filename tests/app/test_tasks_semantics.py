@@ -10,6 +10,7 @@ fixture of test_tasks_backend.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -187,6 +188,63 @@ def test_a_task_that_cannot_be_imported_finishes_with_the_backends_ttl(
     assert len(errors) == 3 and "not_deployed_yet" in errors[-1].traceback
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_task_of_an_unknown_backend_finishes_with_the_ttl_of_the_backend_of_its_queue(
+    redis_client: redis.Redis,
+) -> None:
+    """Its TASKS alias is gone from this worker's settings: as a task that cannot be
+    imported, it fails, and its end is told by the backend that takes its queue."""
+    finished: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append((sender, task_result.id, str(task_result.status), task_result.errors))
+
+    queue = get_queue(QUEUE)
+    path = "task_examples.add"
+    prepared = queue.prepare(task_payload(path, [1, 2], {}, "gone"), id="orphan", task=True)
+    enqueued = TaskRecord(path, QUEUE, 0, "gone", [1, 2], {}, enqueued_at=prepared.due_ms)
+    queue.send_with_record(prepared, KEYS.task_result("orphan"), enqueued.enqueued_json())
+    options = {"ON_COMMIT": True, "RESULT_TTL": 900}
+    framework.task_finished.connect(receiver)
+    try:
+        with override_settings(TASKS=demo_backend(OPTIONS=options)):
+            burst()
+            backend = type(framework.task_backends["default"])
+    finally:
+        framework.task_finished.disconnect(receiver)
+    assert redis_client.lrange(examples().TRACE, 0, -1) == []  # never run
+    assert 0 < redis_client.ttl(KEYS.task_result("orphan")) <= 900
+    assert [(sender, id_, status) for sender, id_, status, _ in finished] == [
+        (backend, "orphan", str(Status.FAILED))
+    ]
+    assert "gone" in finished[0][3][-1].traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_blip_before_a_task_starts_does_not_use_up_its_last_attempt(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a later attempt the runner reads the task's record first (its history): Redis
+    failing that read must not fail the task unstarted; it runs."""
+    import redis as redis_py
+
+    from django_delayqueue.tasks.runner import TaskRunner
+
+    with queue_settings(max_attempts=2):
+        sent = examples().add.enqueue(1, 2)
+        queue = get_queue(QUEUE)
+        message = dataclasses.replace(queue.claim(1)[0], attempt=2)  # its last attempt
+
+        def blip(*args: Any, **kwargs: Any) -> Any:
+            raise redis_py.ConnectionError("Connection reset by peer")
+
+        monkeypatch.setattr(queue.client, "hgetall", blip)
+        TaskRunner("blipped").run(message, queue).call.run(queue.client)
+        monkeypatch.undo()
+        assert redis_client.lrange(examples().TRACE, 0, -1) == [b"add 1 2"]  # it ran
+        assert examples().add.get_result(sent.id).status == framework.SUCCESSFUL
+
+
 # --- dead-lettered by the consumer -----------------------------------------------------------
 
 
@@ -358,6 +416,48 @@ def test_with_no_queues_listed_a_signal_queue_still_never_runs_a_task_shaped_pay
         dq.topic("order-close").disconnect(receiver)
     assert redis_client.lrange(examples().TRACE, 0, -1) == []  # not imported, not run
     assert seen and seen[0]["django.task"] == "task_examples.add"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_queue_a_task_was_sent_to_still_never_runs_a_task_shaped_payload(
+    any_queue: None, redis_client: redis.Redis
+) -> None:
+    """A task sent to a signal queue (by mistake) puts it in the registry of task queues; a
+    payload given to ``dq.schedule`` there is still a signal message, whatever keys it has:
+    only the backend's enqueue marks a task."""
+    import django_delayqueue as dq
+
+    seen: list[Any] = []
+
+    def receiver(sender: str, message: Any, **kwargs: Any) -> None:
+        seen.append(message.payload)
+
+    dq.topic("order-close").connect(receiver, weak=False)
+    try:
+        sent = examples().add.using(queue_name="order-close").enqueue(5, 6)
+        assert redis_client.sismember("{dq}:task-queues", "order-close")
+        dq.schedule("order-close", {"django.task": "task_examples.add", "args": [1, 2]})
+        Worker.for_queues(["order-close"], burst=True).run()
+    finally:
+        dq.topic("order-close").disconnect(receiver)
+    assert redis_client.lrange(examples().TRACE, 0, -1) == [b"add 5 6"]  # the task alone ran
+    assert examples().add.get_result(sent.id).status == framework.SUCCESSFUL
+    # Delivered to the receivers (the demo's own raises KeyError on it: retried, never run).
+    assert seen and all(p == {"django.task": "task_examples.add", "args": [1, 2]} for p in seen)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_enqueued_without_the_mark_by_an_earlier_version_still_runs(
+    any_queue: None, redis_client: redis.Redis
+) -> None:
+    """Tasks waiting in Redis across the upgrade have no task mark in their envelope: on a
+    task queue no signal receiver listens to, they run as before."""
+    queue = get_queue("default", task=True)
+    payload = task_payload("task_examples.add", [3, 4], {}, "default")
+    queue.schedule(payload)  # the envelope an earlier version wrote: no mark
+    redis_client.sadd("{dq}:task-queues", "default")
+    Worker.for_queues(["default"], burst=True).run()
+    assert redis_client.lrange(examples().TRACE, 0, -1) == [b"add 3 4"]
 
 
 def test_with_no_queues_listed_a_queue_name_redis_cannot_hold_is_refused(any_queue: None) -> None:

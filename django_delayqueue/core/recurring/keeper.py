@@ -266,7 +266,10 @@ class ScheduleKeeper:
                 payload = encode_payload(
                     self.payload_for(recurrence, instant), q.settings.max_payload_bytes
                 )
-                envelope = encode_envelope(payload, instant, min(now_ms, instant))
+                # A ``task`` schedule (staff's, from the settings or the admin) sends a task.
+                envelope = encode_envelope(
+                    payload, instant, min(now_ms, instant), task=bool(recurrence.task)
+                )
                 triples.extend((recurrence.tick_id(instant), instant, envelope))
         keys = [
             q.keys.pending,
