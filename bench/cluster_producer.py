@@ -10,6 +10,7 @@ import sys
 import time
 
 from django_delayqueue.core.client import connect
+from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.sharding import ShardedQueue
 
@@ -20,7 +21,7 @@ def main() -> int:
     url, prefix, name = sys.argv[1], sys.argv[2], sys.argv[3]
     shards, count, first = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
     client = connect(url, cluster=True, decode_responses=False)
-    queue: Queue | ShardedQueue = Queue(client, name, prefix=prefix)
+    queue: LogicalQueue = Queue(client, name, prefix=prefix)
     if shards > 1:
         queue = ShardedQueue([Queue(client, name, prefix=prefix, shard=i) for i in range(shards)])
     queue.schedule(PAYLOAD_100, delay=3600, id=f"warm-{first}")  # scripts loaded, slots known

@@ -12,6 +12,7 @@ import redis
 
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import LuaScript
+from django_delayqueue.core.scripts.contracts import PROMOTE, SCHEDULE
 from django_delayqueue.core.scripts.loader import render
 
 from .harness import Bench, Row, interleave
@@ -31,13 +32,11 @@ def function_library(names: list[str]) -> str:
 
 
 def _schedule_keys(queue: str) -> list[str]:
-    k = QueueKeys("bench", queue)
-    return [k.pending, k.ready, k.messages, k.unack, k.retry, k.garbage]
+    return SCHEDULE.keys_for(QueueKeys("bench", queue))
 
 
 def _promote_keys(queue: str) -> list[str]:
-    k = QueueKeys("bench", queue)
-    return [k.pending, k.retry, k.ready, k.tokens, k.ready_since, *k.priority_keys()]
+    return PROMOTE.keys_for(QueueKeys("bench", queue))
 
 
 def _evalsha(client: redis.Redis, name: str, queue: str, count: int) -> Callable[[int], int]:

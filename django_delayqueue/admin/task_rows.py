@@ -16,8 +16,7 @@ import redis
 from django.utils.text import Truncator
 
 from django_delayqueue.core.errors import CorruptEnvelope
-from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.sharding import ShardedQueue
+from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.tasks.payload import TASK_KEY, TaskRecord, is_task_payload
 
 CALL_CHARS = 120
@@ -35,7 +34,7 @@ def task_call(payload: dict[str, Any]) -> str:
     return Truncator(f"{name}({', '.join(parts)})").chars(CALL_CHARS)
 
 
-def annotate(queue: Queue | ShardedQueue, rows: Sequence[dict[str, Any]]) -> bool:
+def annotate(queue: LogicalQueue, rows: Sequence[dict[str, Any]]) -> bool:
     """Give each task row a ``task`` entry (name, call, status, errors); True if any is one."""
     tasks = [row for row in rows if is_task_payload(row.get("payload"))]
     if not tasks:

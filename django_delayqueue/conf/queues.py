@@ -19,12 +19,13 @@ from django_delayqueue.conf.settings import (
 )
 from django_delayqueue.conf.task_backends import any_task_queue
 from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.mirror.queue_overrides import effective_settings
 
-_queues: dict[str, Queue | ShardedQueue] = {}
+_queues: dict[str, LogicalQueue] = {}
 _lock = threading.Lock()
 
 
@@ -46,7 +47,7 @@ def configured(names: Iterable[str] | None = None, *, tasks: bool = False) -> li
     return chosen
 
 
-def build_queue(name: str, settings: QueueSettings | None = None) -> Queue | ShardedQueue:
+def build_queue(name: str, settings: QueueSettings | None = None) -> LogicalQueue:
     """A new Queue object for configured queue ``name`` (default settings: the file's); a
     :class:`ShardedQueue` over its shards when it has ``shards`` > 1."""
     shards = shard_queues(name, settings)
@@ -83,7 +84,7 @@ def queue_settings(name: str) -> QueueSettings:
     return effective_settings(name)
 
 
-def get_queue(name: str, *, task: bool = False) -> Queue | ShardedQueue:
+def get_queue(name: str, *, task: bool = False) -> LogicalQueue:
     """The configured queue ``name`` (one object per name; its settings kept current).
 
     Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a queue that is not

@@ -15,6 +15,7 @@ from django_delayqueue.core.errors import (
 )
 from django_delayqueue.core.inspection import snapshots
 from django_delayqueue.core.keys import STATES, QueueKeys
+from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.results import BulkResult, Page, PeekedMessage, ScheduleResult, Snapshot
 from django_delayqueue.core.settings import QueueSettings
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptEnvelope",
     "DelayQueueError",
+    "LogicalQueue",
     "ManualClock",
     "Message",
     "Page",

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.scripts.contracts import CANCEL, PURGE, REQUEUE, RUN_NOW
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -40,23 +41,24 @@ class Housekeeping:
         """
         if not ids:
             return 0
-        k = self.keys
-        keys = [k.pending, k.retry, k.ready, k.messages, k.attempts, k.tokens, k.reasons]
-        keys += (k.journal, k.unack, k.garbage, k.cancelled, k.ready_since, k.successors)
-        keys += (k.ranked, k.priorities, *(k.task_result(i) for i in ids))
-        args = [self.clock.now_ms(), max(0, self.journal_maxlen or 0), ENDED_RECORD_TTL_SECONDS]
-        return ScriptCall(LuaScript.named("cancel"), keys, [*args, *ids]).run(self.client)
+        call = CANCEL.call(
+            self.keys,
+            records=[self.keys.task_result(i) for i in ids],
+            now_ms=self.clock.now_ms(),
+            journal_max_length=max(0, self.journal_maxlen or 0),
+            record_kept_seconds=ENDED_RECORD_TTL_SECONDS,
+            ids=ids,
+        )
+        return call.run(self.client)
 
     def run_now(self, *ids: str) -> int:
         """Move waiting messages (pending or retry) to ready, ahead of their due time."""
         if not ids:
             return 0
-        k = self.keys
-        return ScriptCall(
-            LuaScript.named("run_now"),
-            [k.pending, k.retry, k.ready, k.tokens, k.ready_since, k.ranked, k.priorities],
-            [self.clock.now_ms(), k.wake_channel, *ids],
-        ).run(self.client)
+        call = RUN_NOW.call(
+            self.keys, now_ms=self.clock.now_ms(), wake_channel=self.keys.wake_channel, ids=ids
+        )
+        return call.run(self.client)
 
     def requeue(self, *ids: str, limit: int = 1000) -> int:
         """Dead letters back to ready with fresh attempts (all of them when no ids are given).
@@ -68,11 +70,13 @@ class Housekeeping:
         return sum(_drain(lambda: self._each_oldest("requeue", limit, self._requeue_call)))
 
     def _requeue_call(self, ids: Sequence[str]) -> ScriptCall:
-        k = self.keys
-        keys = [k.garbage, k.ready, k.attempts, k.tokens, k.reasons, k.ready_since]
-        keys += (k.ranked, k.priorities, *(k.task_result(i) for i in ids))
-        args = [self.clock.now_ms(), k.wake_channel, *ids]
-        return ScriptCall(LuaScript.named("requeue"), keys, args)
+        return REQUEUE.call(
+            self.keys,
+            records=[self.keys.task_result(i) for i in ids],
+            now_ms=self.clock.now_ms(),
+            wake_channel=self.keys.wake_channel,
+            ids=ids,
+        )
 
     def purge(self, *ids: str, limit: int = 1000) -> int:
         """Purge dead letters: deleted for good (all of them when no ids are given).
@@ -98,10 +102,12 @@ class Housekeeping:
         return call(chosen).run(self.client) if chosen else [0, 0]
 
     def _purge_call(self, ids: Sequence[str]) -> ScriptCall:
-        k = self.keys
-        keys = [k.garbage, k.messages, k.attempts, k.tokens, k.reasons, k.successors]
-        keys += (k.priorities, *(k.task_result(i) for i in ids))
-        return ScriptCall(LuaScript.named("purge"), keys, [ENDED_RECORD_TTL_SECONDS, *ids])
+        return PURGE.call(
+            self.keys,
+            records=[self.keys.task_result(i) for i in ids],
+            record_kept_seconds=ENDED_RECORD_TTL_SECONDS,
+            ids=ids,
+        )
 
 
 def _drain(call: Any) -> Iterator[int]:

@@ -1,4 +1,4 @@
-"""The read-only side of a queue: counts, how overdue it is, and pages of messages.
+"""The read-only side of a queue: counts, how overdue it is, pages of messages, activity.
 
 A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
 ``keys`` and ``clock``), kept apart because it changes nothing in Redis.
@@ -14,7 +14,8 @@ from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import STATES, QueueKeys
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.contracts import COUNTS, PEEK, STATS
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -29,10 +30,20 @@ class Inspection:
     clock: Clock
 
     def counts_call(self) -> ScriptCall:
-        k = self.keys
-        keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.cancelled]
-        keys += (k.ready_since, k.ranked)
-        return ScriptCall(LuaScript.named("counts"), keys, [])
+        return COUNTS.call(self.keys)
+
+    def activity_call(
+        self, alive_since_ms: int, most_entries: int, most_consumers: int
+    ) -> ScriptCall:
+        """``stats.lua``: delivery totals (tallying at most ``most_entries`` new journal
+        entries), the consumers seen since ``alive_since_ms`` (at most ``most_consumers``
+        listed) and the settings published to Redis; its reply is described in the script."""
+        return STATS.call(
+            self.keys,
+            most_entries=most_entries,
+            alive_since_ms=alive_since_ms,
+            most_consumers=most_consumers,
+        )
 
     def counts(self) -> dict[str, int]:
         """How many messages are in each state."""
@@ -62,10 +73,7 @@ class Inspection:
             raise ConfigurationError(f"unknown state {state!r}; use one of {', '.join(STATES)}")
         if not (offset >= 0 and 1 <= limit <= MAX_PAGE):
             raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
-        k = self.keys
-        keys = [k.pending, k.ready, k.unack, k.retry, k.garbage, k.messages, k.attempts]
-        keys += (k.reasons, k.cancelled, k.ranked)
-        raw = ScriptCall(LuaScript.named("peek"), keys, [state, offset, limit]).run(self.client)
+        raw = PEEK.call(self.keys, state=state, offset=offset, limit=limit).run(self.client)
         rows = [
             PeekedMessage(
                 id=to_str(raw[i]),
@@ -92,3 +100,17 @@ def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[S
         q.snapshot_result(raw, now)
         for q, raw in zip(queues, batch.run(queues[0].client), strict=False)
     ]
+
+
+def counts_and_activity(
+    queues: Sequence[Inspection], alive_since_ms: int, most_entries: int, most_consumers: int
+) -> list[tuple[Any, Any]]:
+    """The replies of :meth:`~Inspection.counts_call` and :meth:`~Inspection.activity_call` of
+    each of ``queues`` (which share one client), in one round trip: a script's error is
+    returned in its place; DelayQueueError when the round trip fails."""
+    batch = ScriptBatch()
+    for q in queues:
+        batch.add(q.counts_call())
+        batch.add(q.activity_call(alive_since_ms, most_entries, most_consumers))
+    results = batch.run(queues[0].client, raise_errors=False) if queues else []
+    return [(results[2 * i], results[2 * i + 1]) for i in range(len(queues))]

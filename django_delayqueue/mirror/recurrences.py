@@ -17,8 +17,9 @@ from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import published_recurrences_key
+from django_delayqueue.core.recurring.publishing import publish_definitions
 from django_delayqueue.core.recurring.recurrence import Recurrence
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import redis_errors
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +97,7 @@ def publish(definitions: dict[str, dict[str, Any]]) -> int:
     if invalid:  # every runqueue would refuse it: never published
         raise ConfigurationError("; ".join(i.error for i in invalid))
     text = json.dumps(definitions, sort_keys=True, separators=(",", ":"))
-    call = ScriptCall(LuaScript.named("publish_recurrences"), [published_key()], [text])
-    return int(call.run(get_client()))
+    return publish_definitions(get_client(), dq_settings.PREFIX, text)
 
 
 @dataclass(frozen=True)

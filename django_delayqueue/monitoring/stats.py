@@ -27,7 +27,7 @@ from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
+from django_delayqueue.core.inspection import counts_and_activity
 
 logger = logging.getLogger(__name__)
 
@@ -111,24 +111,14 @@ def gather(
         return []
     now = queues[0].clock.now_ms() if now_ms is None else now_ms
     alive_since = now - int(alive_seconds * 1000)
-    batch = ScriptBatch()
-    script = LuaScript.named("stats")
-    for q in queues:
-        batch.add(q.counts_call())
-        k = q.keys
-        batch.add(
-            ScriptCall(
-                script,
-                [k.journal, k.tally, k.heartbeats, k.config],
-                [journal_batch, alive_since, MAX_CONSUMERS_LISTED],
-            )
-        )
     try:
-        results = batch.run(queues[0].client, raise_errors=False)
+        replies = counts_and_activity(queues, alive_since, journal_batch, MAX_CONSUMERS_LISTED)
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
-    return [_read(q, results[2 * i], results[2 * i + 1], now) for i, q in enumerate(queues)]
+    return [
+        _read(q, counts, stats, now) for q, (counts, stats) in zip(queues, replies, strict=True)
+    ]
 
 
 def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.core.results import Prepared, ScheduleResult
-from django_delayqueue.core.sharding import ShardedQueue
 
 
 @dataclass(frozen=True)
 class Outgoing:
     """One prepared message of ``queue``; a task's when ``record`` (its enqueued JSON) is set."""
 
-    queue: Queue | ShardedQueue
+    queue: LogicalQueue
     prepared: Prepared
     replace: bool = False
     record: str | None = None

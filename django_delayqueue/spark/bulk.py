@@ -31,6 +31,7 @@ from django_delayqueue.core.clock import RedisClock
 from django_delayqueue.core.envelope import encode_envelope, validate_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError, RedisOutOfMemory
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
 from django_delayqueue.core.results import BulkResult, Prepared
 from django_delayqueue.core.sharding import ShardedQueue
@@ -208,7 +209,7 @@ def partition_writer(
         client = connect(redis_url, cluster=redis_cluster, **CLIENT_OPTIONS)
         rejected: dict[str, int] = {}
         try:
-            q: Queue | ShardedQueue = Queue(client, queue, prefix=prefix)
+            q: LogicalQueue = Queue(client, queue, prefix=prefix)
             if shards > 1:  # each row to its id's shard, as dq.schedule would send it
                 q = ShardedQueue(
                     [Queue(client, queue, prefix=prefix, shard=i) for i in range(shards)]
@@ -240,7 +241,7 @@ def _good_rows(
 
 
 def _send(
-    q: Queue | ShardedQueue, batches: Iterator[pa.RecordBatch], now_ms: int, chunk_size: int
+    q: LogicalQueue, batches: Iterator[pa.RecordBatch], now_ms: int, chunk_size: int
 ) -> tuple[int, int, list[tuple[str, int, str, str]]]:
     scheduled = present = 0
     refused: list[tuple[str, int, str, str]] = []
@@ -267,7 +268,7 @@ def _send(
     return scheduled, present, refused
 
 
-def _stored(q: Queue | ShardedQueue, prepared: list[Prepared], chunk_size: int) -> BulkResult:
+def _stored(q: LogicalQueue, prepared: list[Prepared], chunk_size: int) -> BulkResult:
     """``prepared`` scheduled; RedisOutOfMemory if Redis had no room for some: the task fails,
     as it does when Redis is down, and Spark runs it again (the rows' ids make that safe)."""
     result = q.schedule_prepared(prepared, chunk_size=chunk_size)

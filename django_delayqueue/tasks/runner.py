@@ -56,7 +56,7 @@ from django_delayqueue.core.errors import (
     Retry,
 )
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
@@ -176,8 +176,7 @@ class TaskRunner:
     @staticmethod
     def load_scripts(queue: Queue) -> None:
         """Load the scripts a task's run sends, ahead of the first (a NOSCRIPT costs a trip)."""
-        with redis_errors(f"loading scripts on {queue.name}"):
-            queue.client.script_load(LuaScript.named("write_record").source)
+        queue.load_record_script()
 
     def _send_soon(self, queue: Queue, call: ScriptCall) -> None:
         if self.write_soon is None:
@@ -269,9 +268,15 @@ class _Attempt:
         fields: list[Any] = [f"{WORKER_PREFIX}{self.message.token}", self.worker_id]
         if error is not None:
             fields += (f"{ERROR_PREFIX}{self.message.token}", json.dumps(_error(error)))
-        counts = [len(absent) // 2, len(in_order) // 2, len(deleted)]
-        arguments = [ttl, order, *counts, *absent, *in_order, *deleted, *fields]
-        return ScriptCall(LuaScript.named("write_record"), [self.key], arguments)
+        return self.queue.record_write_call(
+            self.message.id,
+            order=order,
+            kept_seconds=ttl,
+            absent=absent,
+            in_order=in_order,
+            deleted=deleted,
+            always=fields,
+        )
 
 
 def _normalized(value: Any) -> Any:

@@ -19,7 +19,8 @@ from test_tasks_backend import KEYS, QUEUE, burst, tasks_on_the_demo_queue  # no
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import CorruptEnvelope
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.tasks import framework, runner
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
@@ -41,9 +42,16 @@ def write_record(
     plain: Sequence[Any] = (),
 ) -> int:
     """write_record.lua called as its header says (no pairs set only where absent)."""
-    counts = [0, len(ordered) // 2, len(deleted)]
-    args = [ttl, order, *counts, *ordered, *deleted, *plain]
-    return ScriptCall(LuaScript.named("write_record"), [key], args).run(client)
+    call = WRITE_RECORD.call(
+        record=key,
+        kept_seconds=ttl,
+        order=order,
+        absent_pairs=0,
+        order_pairs=len(ordered) // 2,
+        deleted_fields=len(deleted),
+        fields=[*ordered, *deleted, *plain],
+    )
+    return call.run(client)
 
 
 # --- write_record.lua -----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+from django_delayqueue.core.scripts.contracts import JOURNAL, RECURRENCE_STATES
 
 
 @dataclass
@@ -76,17 +76,14 @@ def _task(q: Queue, message_id: str, priority: int, delay: float | None = None) 
 
 def _stats(h: Held) -> None:
     # The script alone: gather() batches it with counts.lua and reports errors, not raises.
-    k = h.queue.keys
-    keys = [k.journal, k.tally, k.heartbeats, k.config]
-    ScriptCall(LuaScript.named("stats"), keys, [100, 0, 10]).run(h.queue.client)
+    h.queue.activity_call(0, 100, 10).run(h.queue.client)
 
 
 def _journal(h: Held) -> None:
-    k = h.queue.keys
     now = h.clock.now_ms()
     fields = journal_entry([Outcome(h.inflight, ACK, now, now)])
-    args = [100, *sum(fields.items(), ())]
-    ScriptCall(LuaScript.named("journal"), [k.journal], args).run(h.queue.client)
+    call = JOURNAL.call(h.queue.keys, max_length=100, fields=sum(fields.items(), ()))
+    call.run(h.queue.client)
 
 
 OPERATIONS: dict[str, Callable[[Held], object]] = {
@@ -134,11 +131,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "record a tick's run": lambda h: record_tick_call(
         h.queue, "beat", tick_run(h.clock.now_ms(), h.clock.now_ms(), "ack", "")
     ).run(h.queue.client),
-    "read recurrence states": lambda h: ScriptCall(
-        LuaScript.named("recurrence_states"),
-        [h.queue.keys.recurrence_states, h.queue.keys.tick_runs],
-        [],
-    ).run(h.queue.client),
+    "read recurrence states": lambda h: RECURRENCE_STATES.call(h.queue.keys).run(h.queue.client),
 }
 
 

@@ -20,7 +20,8 @@ from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, R
 from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.errors import RedisOutOfMemory
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.core.scripts.contracts import HEARTBEAT, JOURNAL
 from django_delayqueue.core.scripts.loader import script_names
 
 T0 = 1_700_000_000_000
@@ -40,12 +41,11 @@ def queue(client: redis.Redis, clock: ManualClock | None = None) -> Queue:
 def journal_call(q: Queue, message: Message) -> ScriptCall:
     row = journal_entry([Outcome(message, ACK, T0, T0 + 1)], q.settings.max_attempts)
     fields = [item for pair in row.items() for item in pair]
-    return ScriptCall(LuaScript.named("journal"), [q.keys.journal], [1000, *fields])
+    return JOURNAL.call(q.keys, max_length=1000, fields=fields)
 
 
-def record_call(key: str, status: str) -> ScriptCall:
-    # ttl 0, order 1, no absent pairs, one ordered pair, nothing deleted
-    return ScriptCall(LuaScript.named("write_record"), [key], [0, 1, 0, 1, 0, "status", status])
+def record_call(q: Queue, message_id: str, status: str) -> ScriptCall:
+    return q.record_write_call(message_id, order=1, in_order=["status", status])
 
 
 # --- refused, changing nothing ----------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
         q.schedule({"n": n}, id=f"m{n}", delay=1)
     q.schedule({"n": "late"}, id="late", delay=3600)
     task_key = q.keys.task_result("m0")
-    record_call(task_key, "READY").run(client)
+    record_call(q, "m0", "READY").run(client)
     done = Message("done", q.name, {}, T0, T0, 1, "1", T0)
     journal_call(q, done).run(client)  # an entry stats.lua has not tallied yet
     client.hset(
@@ -105,20 +105,16 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
         assert [m.id for m in claimed] == [f"m{n}" for n in range(6)]
         ok, failed, dropped, given_back, *_ = claimed
         assert q.extend(ok, failed, seconds=60) == 2
-        record_call(task_key, "SUCCESSFUL").run(client)  # a task's result, with its ack
+        record_call(q, "m0", "SUCCESSFUL").run(client)  # a task's result, with its ack
         assert q.ack(ok) == 1
         assert q.nack(failed, delay=1, reason="boom") == 1
         assert q.bury(dropped, "poison")
         assert q.release(given_back) == 1
         run = tick_run(T0, T0 + 5, "ack", "")
         assert record_tick_call(q, "nightly", run).run(client) == 1
-        heartbeat = LuaScript.named("heartbeat")
-        ScriptCall(heartbeat, [q.keys.heartbeats], [clock.now_ms(), 0, "c1"]).run(client)
-        stats = ScriptCall(
-            LuaScript.named("stats"),
-            [q.keys.journal, q.keys.tally, q.keys.heartbeats, q.keys.config],
-            [100, 0, 10],
-        ).run(client)
+        heartbeat = HEARTBEAT.call(q.keys, now_ms=clock.now_ms(), forget_before_ms=0, consumer="c1")
+        heartbeat.run(client)
+        stats = q.activity_call(0, 100, 10).run(client)
         assert stats[0] == 1 and stats[4] == 1  # the journal entry tallied, one consumer alive
         clock.advance(60_000)
         assert q.reap().retried == 2  # the 5th and 6th claimed were never recorded: timed out

@@ -36,11 +36,9 @@ class ClaimReceipts:
             self._serial += 1
             claim_id = str(self._serial)
         self._sent[q.name] = claim_id
-        call = q.claim_call(now_ms, count)
-        return ScriptCall(
-            call.script,
-            [*call.keys, q.keys.claim_receipt(self.consumer)],
-            [*call.args, claim_id, "1" if replay_only else "0"],
+        receipt = q.keys.claim_receipt(self.consumer)
+        return q.claim_call(
+            now_ms, count, receipt=receipt, claim_id=claim_id, replay_only=replay_only
         )
 
     def unseen(self, name: str) -> bool:

@@ -32,7 +32,8 @@ from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, jour
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.contracts import JOURNAL
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +302,4 @@ class UnrecordedOutcomes:
             for pair in journal_entry(outcomes, q.settings.max_attempts).items()
             for item in pair
         ]
-        return ScriptCall(
-            LuaScript.named("journal"), [q.keys.journal], [self.journal_maxlen, *fields]
-        )
+        return JOURNAL.call(q.keys, max_length=self.journal_maxlen, fields=fields)

@@ -24,12 +24,12 @@ from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.scripts.calls import (
-    LuaScript,
     ScriptBatch,
     ScriptCall,
     is_out_of_memory,
     redis_errors,
 )
+from django_delayqueue.core.scripts.contracts import HEARTBEAT
 
 logger = logging.getLogger(__name__)
 
@@ -326,10 +326,8 @@ class Rounds:
                 if not isinstance(reply, Exception):
                     self.memory.taken()
                 elif self.memory.check(reply, f"queue {q.name}: the heartbeat"):
-                    call = ScriptCall(
-                        LuaScript.named("heartbeat"),
-                        [q.keys.heartbeats],
-                        [now, forget_before, self.name],
+                    call = HEARTBEAT.call(
+                        q.keys, now_ms=now, forget_before_ms=forget_before, consumer=self.name
                     )
                     batch.add(call)
             batch.run(client)

@@ -17,7 +17,7 @@ from typing import Any
 
 from django_delayqueue.core.envelope import encode_envelope, encode_payload
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
-from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
+from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.planning import (
     RecurrenceState,
     TickPlan,
@@ -25,7 +25,12 @@ from django_delayqueue.core.recurring.planning import (
     plan_ticks,
 )
 from django_delayqueue.core.recurring.recurrence import Recurrence, parse_tick_id
-from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.contracts import (
+    ADVANCE_RECURRENCE,
+    RECORD_TICK,
+    RECURRENCE_STATES,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +143,7 @@ class ScheduleKeeper:
             if q.name not in self._by_queue or self._failed_until.get(q.name, 0) > now_ms:
                 continue
             if q.name in self._stale:
-                call = ScriptCall(
-                    LuaScript.named("recurrence_states"), [q.keys.recurrence_states], []
-                )
+                call = RECURRENCE_STATES.call(q.keys)
                 entries.append((q, "states", batch.add(call), None))
                 continue  # plans follow the read, next round
             self._changed.discard(q.name)
@@ -271,30 +274,20 @@ class ScheduleKeeper:
                     payload, instant, min(now_ms, instant), task=bool(recurrence.task)
                 )
                 triples.extend((recurrence.tick_id(instant), instant, envelope))
-        keys = [
-            q.keys.pending,
-            q.keys.ready,
-            q.keys.messages,
-            q.keys.unack,
-            q.keys.retry,
-            q.keys.garbage,
-            q.keys.recurrence_states,
-            q.keys.ticks,
-            q.keys.tick_runs,
-        ]
-        args = [
-            now_ms,
-            ANNOUNCE_WITHIN_MS,
-            q.keys.wake_channel,
-            name,
-            plan.expected,
-            plan.new_state,
-            "2" if plan.forget else "1" if plan.withdraw else "0",
-            len(plan.drop),
-            *(recurrence.tick_id(t) for t in plan.drop if recurrence is not None),
-            *triples,
-        ]
-        return ScriptCall(LuaScript.named("advance_recurrence"), keys, args)
+        horizon, channel = q.announce_args
+        return ADVANCE_RECURRENCE.call(
+            q.keys,
+            now_ms=now_ms,
+            horizon_ms=horizon,
+            wake_channel=channel,
+            name=name,
+            expected=plan.expected,
+            new_state=plan.new_state,
+            withdraw="2" if plan.forget else "1" if plan.withdraw else "0",
+            skips=len(plan.drop),
+            skipped_ids=[recurrence.tick_id(t) for t in plan.drop if recurrence is not None],
+            triples=triples,
+        )
 
     @staticmethod
     def _log_advance(q: Queue, name: str, plan: TickPlan, created: int) -> None:
@@ -324,8 +317,7 @@ def tick_run(instant_ms: int, finished_ms: int, outcome: str, error: str) -> str
 
 
 def record_tick_call(q: Queue, name: str, run: str) -> ScriptCall:
-    keys = [q.keys.tick_runs, q.keys.recurrence_states]
-    return ScriptCall(LuaScript.named("record_tick"), keys, [name, run])
+    return RECORD_TICK.call(q.keys, name=name, run=run)
 
 
 def _text(value: Any) -> str:

@@ -1,4 +1,5 @@
-"""The Lua scripts (``lua/``, one per state transition) and how Python runs them."""
+"""The Lua scripts (``lua/``, one per state transition), what each takes (``contracts.py``) and
+how Python runs them."""
 
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptBatch, ScriptCall, redis_errors
 

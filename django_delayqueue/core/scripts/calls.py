@@ -1,9 +1,10 @@
 """Running the scripts: a :class:`ScriptCall` (script, keys, arguments) is the one unit.
 
 Every operation of a ``Queue`` describes itself as a ScriptCall (``Queue.claim_call`` and the
-like); a call runs alone (:meth:`ScriptCall.run`), with others in one pipeline
-(:class:`ScriptBatch`), or, for ``schedule()``, pre-encoded on a kept connection
-(``fast_path.BoundScript``). All three send EVALSHA and recover from NOSCRIPT the same way.
+like), built from its script's contract (``contracts.py``); a call runs alone
+(:meth:`ScriptCall.run`), with others in one pipeline (:class:`ScriptBatch`), or, for
+``schedule()``, pre-encoded on a kept connection (``fast_path.BoundScript``). All three send
+EVALSHA and recover from NOSCRIPT the same way.
 
 Why not ``redis.Script`` in pipelines: redis-py sends ``SCRIPT EXISTS`` before every pipeline
 that holds a script, which doubles the round trips of the consumer's hot path. Here a pipeline

@@ -13,7 +13,7 @@
 --         '' removes a tombstone every consumer has seen)
 -- ARGV[7] '1': first withdraw the schedule's future ticks (it was edited or paused); '2': that,
 --         and forget its last run too (it was deleted)
--- ARGV[8] n: how many waiting ticks the catch-up policy skips, ARGV[9..8+n] their ids
+-- ARGV[8] n: how many waiting ticks the catch-up policy skips   ARGV[9..8+n] the skipped ids
 -- ARGV[9+n..] triples: tick id, instant (ms), envelope
 -- returns: {1, ticks created} when the state was as expected, else {0, the state found ('')}
 -- A state is "<cursor ms> <signature>": the latest tick created and the definition it

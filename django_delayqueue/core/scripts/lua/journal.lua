@@ -1,5 +1,5 @@
 -- journal: append one entry (a consumer batch of outcomes) to the queue's capped stream.
 -- KEYS[1] journal stream
--- ARGV[1] approximate maximum length   ARGV[2..] field, value pairs
+-- ARGV[1] max length (approximate)   ARGV[2..] field, value pairs
 -- returns: the entry id
 return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 2))

@@ -1,0 +1,245 @@
+"""The consumer's transitions of a queue: promote, claim, ack, nack, reap, release, extend.
+
+A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
+``keys``, ``settings``, ``clock`` and ``announce_args``). Each transition the consumer sends
+in its pipelines has a ``*_call`` method that builds it (a ScriptCall, from the script's
+contract) and a method that runs it alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django_delayqueue.core.client import RedisClient
+from django_delayqueue.core.due_times import retry_ms
+from django_delayqueue.core.envelope import (
+    Message,
+    decode_marked_envelope,
+    storable_text,
+    to_str,
+)
+from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope, DelayQueueError
+from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.results import PromoteResult, ReapResult
+from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.core.scripts.contracts import (
+    ACK,
+    CLAIM,
+    EXTEND,
+    NACK,
+    PROMOTE,
+    REAP,
+    RELEASE,
+)
+from django_delayqueue.core.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from django_delayqueue.core.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
+
+
+class Delivery:
+    client: RedisClient
+    name: str
+    keys: QueueKeys
+    settings: QueueSettings
+    clock: Clock
+    announce_args: tuple[int, str]
+
+    def promote_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
+        return PROMOTE.call(self.keys, now_ms=now_ms, limit=limit or self.settings.promote_batch)
+
+    def promote(self, now_ms: int | None = None, limit: int | None = None) -> PromoteResult:
+        """Move due pending and retry messages to ready (at most ``limit`` from each)."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        call = self.promote_call(now, limit)
+        return self.promote_result(call.run(self.client))
+
+    @staticmethod
+    def promote_result(raw: Sequence[Any]) -> PromoteResult:
+        moved, more, next_due, ready = (int(x) for x in raw)
+        return PromoteResult(moved, bool(more), None if next_due < 0 else next_due, ready)
+
+    def claim_call(
+        self,
+        now_ms: int,
+        count: int | None = None,
+        *,
+        receipt: str | None = None,
+        claim_id: str = "",
+        replay_only: bool = False,
+    ) -> ScriptCall:
+        """The claim of ``count`` messages; with ``receipt`` (a consumer's receipt key, see
+        consumer/claims.py) recorded there under ``claim_id``, or that claim's messages again
+        when it is the claim recorded (and, with ``replay_only``, nothing new)."""
+        deadline = now_ms + int(self.settings.visibility_timeout * 1000)
+        count = count or self.settings.claim_batch
+        # The same bound as the claim_batch setting: one claim is one bounded script call.
+        if not 1 <= count <= MAX_CLAIM:
+            raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
+        if receipt is None:
+            return CLAIM.call(self.keys, now_ms=now_ms, deadline_ms=deadline, most_ids=count)
+        return CLAIM.call(
+            self.keys,
+            now_ms=now_ms,
+            deadline_ms=deadline,
+            most_ids=count,
+            receipt=receipt,
+            claim_id=claim_id,
+            replay_only="1" if replay_only else "0",
+        )
+
+    def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
+        """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        call = self.claim_call(now, count)
+        return self.claimed(call.run(self.client), now)
+
+    def claimed(self, raw: Sequence[Any], now_ms: int) -> list[Message]:
+        """Turn a claim script's reply into messages, burying the corrupt ones."""
+        messages: list[Message] = []
+        corrupt: list[tuple[Message, str]] = []
+        for i in range(0, len(raw), 4):
+            message_id, token = to_str(raw[i]), to_str(raw[i + 3])
+            attempt = int(raw[i + 2])
+            try:  # whatever one envelope holds, it costs only its own message
+                due, scheduled, payload, task = decode_marked_envelope(raw[i + 1])
+            except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
+                stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
+                reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
+                corrupt.append((stub, reason))
+                continue
+            messages.append(
+                Message(
+                    message_id, self.name, payload, due, scheduled, attempt, token, now_ms, task
+                )
+            )
+        if corrupt:
+            logger.warning(
+                "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
+            )
+            try:
+                self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
+            except DelayQueueError as e:  # the good ones are claimed: deliver them anyway
+                logger.error("queue %s: could not bury corrupt envelopes: %s", self.name, e)
+        return messages
+
+    def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
+        horizon, channel = self.announce_args
+        return ACK.call(
+            self.keys,
+            now_ms=self.clock.now_ms(),  # it decides where a successor goes: see ack.lua
+            horizon_ms=horizon,
+            wake_channel=channel,
+            pairs=[part for m in messages for part in (m.id, m.token)],
+        )
+
+    def ack(self, *messages: Message) -> int:
+        """Acknowledge deliveries; returns how many were current (stale tokens are ignored)."""
+        if not messages:
+            return 0
+        call = self.ack_call(messages)
+        return call.run(self.client)
+
+    def nack_call(
+        self,
+        failures: Iterable[tuple[Message, float | None, str]],
+        now_ms: int,
+        bury: bool = False,
+    ) -> ScriptCall:
+        s = self.settings
+        quadruples: list[Any] = []
+        for message, delay, reason in failures:
+            if bury:
+                retry_at = -1
+            elif delay is None:
+                try:
+                    seconds = s.backoff(message.attempt)
+                except OverflowError:  # 2 ** attempt beyond a float: past the cap anyway
+                    seconds = s.backoff_max
+                retry_at = now_ms + retry_ms(seconds, s.backoff_max)
+            else:
+                retry_at = now_ms + retry_ms(delay, s.backoff_max)
+            quadruples += (message.id, message.token, retry_at, storable_text(reason, 2000))
+        horizon, channel = self.announce_args
+        return NACK.call(
+            self.keys,
+            now_ms=now_ms,
+            max_attempts=s.max_attempts,
+            horizon_ms=horizon,
+            wake_channel=channel,
+            quadruples=quadruples,
+        )
+
+    def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
+        """A delivery failed: retry after ``delay`` seconds (default: backoff with jitter).
+
+        Returns 1 (will retry), 2 (no attempts left: now in garbage) or 0 (stale token).
+        """
+        return self.nack_many([(message, delay, reason)])[0]
+
+    def nack_many(
+        self, failures: Sequence[tuple[Message, float | None, str]], *, bury: bool = False
+    ) -> list[int]:
+        if not failures:
+            return []
+        call = self.nack_call(failures, self.clock.now_ms(), bury)
+        return [int(x) for x in call.run(self.client)]
+
+    def bury(self, message: Message, reason: str) -> bool:
+        """Send an in-flight message straight to garbage with ``reason``."""
+        return self.nack_many([(message, None, reason)], bury=True)[0] == 2
+
+    def reap_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
+        s = self.settings
+        horizon, channel = self.announce_args
+        return REAP.call(
+            self.keys,
+            now_ms=now_ms,
+            limit=limit or s.promote_batch,
+            max_attempts=s.max_attempts,
+            backoff_base_ms=int(s.backoff_base * 1000),
+            backoff_max_ms=int(s.backoff_max * 1000),
+            horizon_ms=horizon,
+            wake_channel=channel,
+        )
+
+    def reap(self, now_ms: int | None = None, limit: int | None = None) -> ReapResult:
+        """Deliveries past their deadline go to retry, or to garbage on their last attempt."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        call = self.reap_call(now, limit)
+        return self.reap_result(call.run(self.client))
+
+    @staticmethod
+    def reap_result(raw: Sequence[Any]) -> ReapResult:
+        retried, buried, more, next_deadline = (int(x) for x in raw)
+        return ReapResult(retried, buried, bool(more), None if next_deadline < 0 else next_deadline)
+
+    def release(self, *messages: Message) -> int:
+        """Give back claimed deliveries that never started, without using up an attempt."""
+        if not messages:
+            return 0
+        call = RELEASE.call(
+            self.keys,
+            now_ms=self.clock.now_ms(),
+            wake_channel=self.keys.wake_channel,
+            pairs=[part for m in messages for part in (m.id, m.token)],
+        )
+        return call.run(self.client)
+
+    def extend(self, *messages: Message, seconds: float | None = None) -> int:
+        """Push the deadline of running deliveries out by ``seconds`` (default: visibility)."""
+        if not messages:
+            return 0
+        deadline = self.clock.now_ms() + int((seconds or self.settings.visibility_timeout) * 1000)
+        call = EXTEND.call(
+            self.keys,
+            deadline_ms=deadline,
+            pairs=[part for m in messages for part in (m.id, m.token)],
+        )
+        return call.run(self.client)

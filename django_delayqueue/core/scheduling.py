@@ -1,0 +1,244 @@
+"""The producer's side of a queue: one message checked, encoded and stored, in one script call.
+
+A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
+``keys``, ``settings``, ``clock``, ``replicas``, the bound schedule and replace scripts and
+``announce_args``); many messages at once are ``bulk.py``'s.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django_delayqueue.core.client import RedisClient
+from django_delayqueue.core.clock import producer_now_ms
+from django_delayqueue.core.due_times import MAX_DUE_MS, Delay, at_ms, delay_ms_of, round_up_ms
+from django_delayqueue.core.envelope import (
+    encode_envelope,
+    encode_payload,
+    new_id,
+    to_str,
+    validate_id,
+)
+from django_delayqueue.core.errors import ConfigurationError, NotReplicated, PayloadError
+from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.results import Prepared, ScheduleResult
+from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.core.scripts.contracts import ENQUEUE_TASK, REPLACE, SCHEDULE, SEND_ONCE
+from django_delayqueue.core.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from django_delayqueue.core.clock import Clock
+    from django_delayqueue.core.replication import ReplicaAck
+    from django_delayqueue.core.scripts.fast_path import BoundScript
+
+# How long send_once remembers a token: the outbox sends a row again only when its sender held
+# it past its lease (30 s) without deleting it, so an hour is ample; every message scheduled in
+# a transaction leaves one (~140 bytes), so a week would cost gigabytes on a busy site.
+SEND_TOKEN_MEMORY_MS = 3600 * 1000
+
+
+class Scheduling:
+    client: RedisClient
+    name: str
+    keys: QueueKeys
+    settings: QueueSettings
+    clock: Clock
+    replicas: ReplicaAck | None
+    _schedule_one: BoundScript
+    _replace_one: BoundScript
+    announce_args: tuple[int, str]
+
+    def prepare(
+        self,
+        payload: Any,
+        *,
+        delay: Delay | None = None,
+        at: datetime | int | float | None = None,
+        id: str | None = None,
+        now_ms: int | None = None,
+        task: bool = False,
+    ) -> Prepared:
+        """Validate one message and return it encoded (:class:`Prepared`); raise PayloadError.
+
+        ``task``: the envelope carries the task mark (``envelope.TASK_MARK``), for the Tasks
+        backend alone: its consumer runs the payload as a task.
+
+        Never early: the due time is the instant asked for rounded up to a whole millisecond,
+        a delay counted from the producer's reading of the clock (never behind the server's,
+        see :func:`~.clock.producer_now_ms`) or from ``now_ms`` if that is later. ``now_ms``
+        (default: the clock's ``now_ms``) is the envelope's scheduled time, and the due time
+        without a delay (or with a zero one): due at once, straight to ready.
+        """
+        if delay is not None and at is not None:
+            raise PayloadError("give delay= or at=, not both")
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        if at is not None:
+            due = at_ms(at)
+        elif delay is None or (delay_ms := delay_ms_of(delay)) == 0:
+            due = now
+        else:
+            due = round_up_ms(max(now, producer_now_ms(self.clock)) + delay_ms)
+            if due > MAX_DUE_MS:
+                raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
+        message_id = new_id() if id is None else validate_id(id)
+        payload_json = encode_payload(payload, self.settings.max_payload_bytes)
+        return Prepared(message_id, due, encode_envelope(payload_json, due, now, task=task))
+
+    def schedule(
+        self,
+        payload: Any,
+        *,
+        delay: Delay | None = None,
+        at: datetime | int | float | None = None,
+        id: str | None = None,
+        replace: bool = False,
+    ) -> ScheduleResult:
+        """Schedule one message.
+
+        A message already holding ``id`` is left as it is: nothing is created and the result
+        names its state. With ``replace=True`` the new message replaces a waiting or dead one
+        at once, or follows one in flight (scheduled by its ack): see :class:`ScheduleResult`.
+        """
+        now = self.clock.now_ms()
+        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+        return self.send_prepared(prepared, now_ms=now, replace=replace)
+
+    def send_prepared(
+        self,
+        prepared: Prepared,
+        *,
+        now_ms: int | None = None,
+        replace: bool = False,
+    ) -> ScheduleResult:
+        """Send one message validated by :meth:`prepare`, in one script call (no pipeline).
+
+        ``dq.schedule`` prepares at call time and sends on commit through this.
+        """
+        message_id, due, envelope = prepared
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        if self.replicas is None:  # the fast path: the bound script's arguments, in order
+            script = self._replace_one if replace else self._schedule_one
+            reply = script(now, *self.announce_args, message_id, due, envelope)
+        else:
+            horizon, channel = self.announce_args
+            call = (REPLACE if replace else SCHEDULE).call(
+                self.keys,
+                now_ms=now,
+                horizon_ms=horizon,
+                wake_channel=channel,
+                triples=prepared,
+            )
+            reply = self._run_message_call(call, message_id, due)
+        state = to_str(reply[2]) if len(reply) > 1 else None
+        return ScheduleResult(message_id, bool(reply[0]), due, state)
+
+    def send_with_record(
+        self,
+        prepared: Prepared,
+        record_key: str,
+        record: str,
+        *,
+        priority: int = 0,
+        now_ms: int | None = None,
+    ) -> ScheduleResult:
+        """Send one prepared message and create its record at ``record_key``, atomically.
+
+        The record (a hash: a task's result, see django_delayqueue.tasks.payload) gets
+        ``record`` as its ``enqueued`` field and status READY, only when the message is
+        created; ``record_key`` must carry this queue's hash tag. Among messages
+        that are ready, those of a higher ``priority`` (-100..100; 0 is every other message's)
+        are claimed first, and within one priority the oldest first.
+        """
+        self._check_record(record_key, priority)
+        message_id, due, envelope = prepared
+        horizon, channel = self.announce_args
+        call = ENQUEUE_TASK.call(
+            self.keys,
+            record=record_key,
+            now_ms=self.clock.now_ms() if now_ms is None else now_ms,
+            horizon_ms=horizon,
+            wake_channel=channel,
+            id=message_id,
+            due_ms=due,
+            envelope=envelope,
+            enqueued=record,
+            priority=priority,
+        )
+        reply = self._run_message_call(call, message_id, due)
+        state = to_str(reply[2]) if len(reply) > 1 else None
+        return ScheduleResult(message_id, bool(reply[0]), due, state)
+
+    def send_once(
+        self,
+        prepared: Prepared,
+        token: str,
+        *,
+        replace: bool = False,
+        record_key: str | None = None,
+        record: str | None = None,
+        priority: int = 0,
+        now_ms: int | None = None,
+    ) -> ScheduleResult | None:
+        """Send one prepared message as :meth:`send_prepared` (or, with ``record_key`` and
+        ``record``, :meth:`send_with_record`) would, unless ``token`` was sent in the last
+        :data:`SEND_TOKEN_MEMORY_MS`: then nothing changes and the result is None.
+
+        The transactional outbox sends each row under the row's token, so a row that is sent
+        again (its first sender died or timed out before deleting it) never becomes a second
+        message, even when the first was delivered and acknowledged in between.
+        """
+        if not token or not isinstance(token, str):
+            raise PayloadError(f"a send token must be a non-empty string, not {token!r}")
+        if (record_key is None) != (record is None):
+            raise ConfigurationError("record_key and record go together")
+        if record_key is not None:
+            if replace:
+                raise ConfigurationError("a task with its record cannot replace a message")
+            self._check_record(record_key, priority)
+            mode = "task"
+        else:
+            mode = "replace" if replace else "schedule"
+        message_id, due, envelope = prepared
+        horizon, channel = self.announce_args
+        call = SEND_ONCE.call(
+            self.keys,
+            record=record_key or self.keys.sent,  # any key of the queue when there is none
+            now_ms=self.clock.now_ms() if now_ms is None else now_ms,
+            horizon_ms=horizon,
+            wake_channel=channel,
+            id=message_id,
+            due_ms=due,
+            envelope=envelope,
+            mode=mode,
+            token=token,
+            remembered_ms=SEND_TOKEN_MEMORY_MS,
+            enqueued=record or "",
+            priority=priority,
+        )
+        reply = self._run_message_call(call, message_id, due)
+        if int(reply[0]) < 0:
+            return None
+        state = to_str(reply[2]) if len(reply) > 1 else None
+        return ScheduleResult(message_id, bool(reply[0]), due, state)
+
+    def _check_record(self, record_key: str, priority: int) -> None:
+        if not record_key.startswith(self.keys.tag):
+            raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
+            raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
+
+    def _run_message_call(self, call: ScriptCall, message_id: str, due: int) -> Any:
+        """Run a call that stores one message; with ``replicas``, in one pipeline with their
+        acknowledgement (core.replication), its NotReplicated carrying the ScheduleResult."""
+        if self.replicas is None:
+            return call.run(self.client)
+        what = f"queue {self.name}: message {message_id}"
+        try:
+            return self.replicas.run(self.client, call, self.keys.replicated, what)
+        except NotReplicated as e:
+            reply = e.result
+            if isinstance(reply, list) and reply and int(reply[0]) >= 0:
+                state = to_str(reply[2]) if len(reply) > 1 else None
+                e.result = ScheduleResult(message_id, bool(reply[0]), due, state)
+            raise

@@ -1,0 +1,136 @@
+"""Every script's KEYS and ARGV, by name and in the order of its ``.lua`` header.
+
+One declaration per file of ``lua/`` (names separated by spaces, as a namedtuple's fields; see
+:class:`~.contract.Contract` for what a name means). tests/core/test_core_scripts_contracts.py
+checks that each header says the same, name by name, and that no script is left without one.
+Every script call is built from these.
+"""
+
+from __future__ import annotations
+
+from django_delayqueue.core.scripts.contract import Contract
+
+# What every script that stores a message reads first: where an id may already be.
+_STATES = "pending ready messages unack retry garbage"
+# What replace.lua (and send_once.lua, which may replace) clear of the message they replace.
+_REPLACED = "attempts tokens reasons successors cancelled ready_since ranked priorities"
+# The time, then when and where to announce a message due soon (includes/scheduling.lua).
+_ANNOUNCE = "now_ms horizon_ms wake_channel"
+
+# --- storing messages ------------------------------------------------------------------------
+SCHEDULE = Contract("schedule", keys=_STATES, args=f"{_ANNOUNCE} *triples")
+REPLACE = Contract("replace", keys=f"{_STATES} {_REPLACED}", args=f"{_ANNOUNCE} *triples")
+ENQUEUE_TASK = Contract(
+    "enqueue_task",
+    keys=f"{_STATES} record ranked priorities",
+    args=f"{_ANNOUNCE} id due_ms envelope enqueued priority",
+)
+SEND_ONCE = Contract(
+    "send_once",
+    keys=f"{_STATES} {_REPLACED} sent record",
+    args=f"{_ANNOUNCE} id due_ms envelope mode token remembered_ms enqueued priority",
+)
+
+# --- the consumer's transitions ---------------------------------------------------------------
+PROMOTE = Contract(
+    "promote",
+    keys="pending retry ready tokens ready_since ranked priorities",
+    args="now_ms limit",
+)
+CLAIM = Contract(
+    "claim",
+    keys="ready unack messages attempts tokens seq garbage reasons cancelled ready_since ranked "
+    "receipt",
+    args="now_ms deadline_ms most_ids claim_id replay_only",
+    optional="receipt claim_id replay_only",  # a consumer's claims carry them (consumer/claims)
+)
+ACK = Contract(
+    "ack",
+    keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities",
+    args=f"{_ANNOUNCE} *pairs",
+)
+NACK = Contract(
+    "nack",
+    keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities",
+    args="now_ms max_attempts horizon_ms wake_channel *quadruples",
+)
+REAP = Contract(
+    "reap",
+    keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities",
+    args="now_ms limit max_attempts backoff_base_ms backoff_max_ms horizon_ms wake_channel",
+)
+RELEASE = Contract(
+    "release",
+    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities",
+    args="now_ms wake_channel *pairs",
+)
+EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
+JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
+HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_ms consumer")
+
+# --- reading -----------------------------------------------------------------------------------
+COUNTS = Contract(
+    "counts", keys="pending ready unack retry garbage messages cancelled ready_since ranked"
+)
+PEEK = Contract(
+    "peek",
+    keys="pending ready unack retry garbage messages attempts reasons cancelled ranked",
+    args="state offset limit",
+)
+STATS = Contract(
+    "stats",
+    keys="journal tally heartbeats config",
+    args="most_entries alive_since_ms most_consumers",
+)
+
+# --- staff's actions on waiting and dead messages ----------------------------------------------
+CANCEL = Contract(
+    "cancel",
+    keys="pending retry ready messages attempts tokens reasons journal unack garbage cancelled "
+    "ready_since successors ranked priorities *records",
+    args="now_ms journal_max_length record_kept_seconds *ids",
+)
+RUN_NOW = Contract(
+    "run_now",
+    keys="pending retry ready tokens ready_since ranked priorities",
+    args="now_ms wake_channel *ids",
+)
+REQUEUE = Contract(
+    "requeue",
+    keys="garbage ready attempts tokens reasons ready_since ranked priorities *records",
+    args="now_ms wake_channel *ids",
+)
+PURGE = Contract(
+    "purge",
+    keys="garbage messages attempts tokens reasons successors priorities *records",
+    args="record_kept_seconds *ids",
+)
+
+# --- a task's result record --------------------------------------------------------------------
+WRITE_RECORD = Contract(
+    "write_record",
+    keys="record",
+    args="kept_seconds order absent_pairs order_pairs deleted_fields *fields",
+)
+
+# --- recurrences (recurring schedules) ------------------------------------------------------
+ADVANCE_RECURRENCE = Contract(
+    "advance_recurrence",
+    keys=f"{_STATES} recurrence_states ticks tick_runs",
+    args=f"{_ANNOUNCE} name expected new_state withdraw skips *skipped_ids *triples",
+)
+RECURRENCE_STATES = Contract("recurrence_states", keys="recurrence_states")
+RECORD_TICK = Contract("record_tick", keys="tick_runs recurrence_states", args="name run")
+PUBLISH_RECURRENCES = Contract("publish_recurrences", keys="published", args="definitions")
+
+CONTRACTS: dict[str, Contract] = {
+    contract.name: contract
+    for contract in (
+        *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE),
+        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT),
+        *(COUNTS, PEEK, STATS),
+        *(CANCEL, RUN_NOW, REQUEUE, PURGE),
+        WRITE_RECORD,
+        *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),
+    )
+}

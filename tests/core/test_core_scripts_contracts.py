@@ -1,0 +1,194 @@
+"""core.scripts.contracts: each script's KEYS and ARGV declared once, and said the same in its
+.lua header; calls built from the declaration, refusing a missing or unexpected name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+import redis
+
+from django_delayqueue.core import ManualClock, Queue, QueueKeys
+from django_delayqueue.core.scripts import loader
+from django_delayqueue.core.scripts.contract import Contract
+from django_delayqueue.core.scripts.contracts import CANCEL, CLAIM, CONTRACTS, PROMOTE, SCHEDULE
+from django_delayqueue.core.scripts.loader import script_names
+
+# A header entry: KEYS[n] or ARGV[n] (n, or a range "n.." / "n..m+k" for a group of any length)
+# at the start of a contract line or after two spaces, followed by its description.
+_LINE = re.compile(r"^-- (?:KEYS|ARGV)\[")
+_CONTINUED = re.compile(r"^--\s{2,}\S")
+_ENTRY = re.compile(r"(?:^-- |\s{2,})(KEYS|ARGV)\[([^\]]+)\] ")
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # KEYS or ARGV
+    index: str  # "3", or "4.." for a group
+    text: str  # its description, continuation lines included
+
+    @property
+    def group(self) -> bool:
+        return ".." in self.index
+
+
+def header_entries(name: str) -> list[Entry]:
+    """The KEYS and ARGV entries of ``<name>.lua``'s header, in order."""
+    lines: list[str] = []
+    for line in loader.read_lua(f"{name}.lua").splitlines():
+        if _LINE.match(line):
+            lines.append(line)
+        elif lines and _CONTINUED.match(line) and not line.startswith("--- "):
+            lines[-1] += " " + line[2:].strip()
+        elif lines:
+            break  # the header's contract lines are together
+    entries = []
+    for line in lines:
+        marks = list(_ENTRY.finditer(line))
+        for mark, after in zip(marks, [*marks[1:], None], strict=True):
+            end = after.start() if after is not None else len(line)
+            entries.append(Entry(mark.group(1), mark.group(2), line[mark.end() : end].strip()))
+    return entries
+
+
+def words(text: str) -> set[str]:
+    """The words of ``text`` (or of a name, split at "_"), lower case, a plural's "s" dropped."""
+    found = re.findall(r"[a-z0-9]+", text.lower().replace("_", " "))
+    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in found}
+
+
+# Every name a key may have: a queue's keys, and those its callers give.
+KEY_NAMES = sorted(
+    {n for n, v in vars(QueueKeys).items() if isinstance(v, property)}
+    | {n for contract in CONTRACTS.values() for n in contract.keys}
+)
+
+
+def says(text: str, name: str, vocabulary: Sequence[str]) -> bool:
+    """Whether a header entry saying ``text`` names ``name``: all its words are there, and no
+    name of ``vocabulary`` with more words is ("ready_since hash" is not ``ready``)."""
+    said = words(text)
+    fits = [len(words(n)) for n in vocabulary if words(n) <= said]
+    return words(name) <= said and len(words(name)) == max(fits)
+
+
+def test_every_script_has_a_contract_and_every_contract_a_script() -> None:
+    assert sorted(CONTRACTS) == script_names()
+    assert all(name == contract.name for name, contract in CONTRACTS.items())
+
+
+def test_every_key_name_is_a_queue_key_or_given_by_name() -> None:
+    # A name that is not a QueueKeys property is given by the caller: list them all here, so
+    # that a QueueKeys property renamed (or misspelled in a contract) fails this test rather
+    # than turning into a key the caller is asked for.
+    given = {
+        name.lstrip("*")
+        for contract in CONTRACTS.values()
+        for name in contract.keys
+        if not isinstance(getattr(QueueKeys, name.lstrip("*"), None), property)
+    }
+    assert given == {"record", "records", "receipt", "published"}
+
+
+@pytest.mark.parametrize("name", script_names())
+def test_the_header_says_what_the_contract_declares(name: str) -> None:
+    contract = CONTRACTS[name]
+    entries = header_entries(name)
+    for kind, declared in (("KEYS", contract.keys), ("ARGV", contract.args)):
+        said = [e for e in entries if e.kind == kind]
+        assert len(said) == len(declared), f"{name}.lua {kind}: {said} against {declared}"
+        fixed = [e for e in said if not e.group]
+        # Numbered in order from 1; then the groups of any length, the first right after.
+        assert [e.index for e in fixed] == [str(i) for i in range(1, len(fixed) + 1)], said
+        assert all(e.group for e in said[len(fixed) :]), f"{name}.lua: a fixed {kind} last"
+        if len(said) > len(fixed):
+            assert said[len(fixed)].index.startswith(f"{len(fixed) + 1}.."), said
+        for entry, declared_name in zip(said, declared, strict=True):
+            assert entry.group == declared_name.startswith("*"), (entry, declared_name)
+            # A group is told from the other groups: its description lists what it holds.
+            vocabulary = [
+                n
+                for n in (KEY_NAMES if kind == "KEYS" else contract.args)
+                if n.startswith("*") == entry.group
+            ]
+            assert says(entry.text, declared_name, vocabulary), (
+                f"{name}.lua {kind}[{entry.index}] says {entry.text!r}, "
+                f"the contract {declared_name!r}"
+            )
+
+
+def test_the_header_check_catches_names_out_of_order() -> None:
+    # What the test above relies on: two names swapped, or one name for another it is part of.
+    keys = {e.index: e.text for e in header_entries("claim") if e.kind == "KEYS"}
+    assert says(keys["1"], "ready", KEY_NAMES) and says(keys["10"], "ready_since", KEY_NAMES)
+    assert not says(keys["10"], "ready", KEY_NAMES)
+    assert not says(keys["1"], "unack", KEY_NAMES)
+    args = {e.index: e.text for e in header_entries("claim") if e.kind == "ARGV"}
+    assert not says(args["1"], "deadline_ms", CLAIM.args)
+    assert not says(args["2"], "now_ms", CLAIM.args)
+
+
+def test_a_group_of_any_length_and_a_range_in_the_header_are_read() -> None:
+    entries = header_entries("advance_recurrence")
+    assert [e.index for e in entries if e.kind == "ARGV"][-2:] == ["9..8+n", "9+n.."]
+    assert [e.index for e in header_entries("send_once") if e.kind == "ARGV"][-2:] == [
+        "10",
+        "11",
+    ]  # "(ARGV[10] and ARGV[11]: mode 'task' only)" is a remark, not an entry
+
+
+def test_a_call_is_built_in_the_declared_order() -> None:
+    keys = QueueKeys("dq", "q")
+    call = CANCEL.call(
+        keys,
+        ids=["a", "b"],
+        records=[keys.task_result("a"), keys.task_result("b")],
+        record_kept_seconds=60,
+        journal_max_length=10,
+        now_ms=5,
+    )
+    assert call.script.name == "cancel"
+    assert call.keys[:3] == [keys.pending, keys.retry, keys.ready]
+    assert call.keys[-3:] == [keys.priorities, keys.task_result("a"), keys.task_result("b")]
+    assert len(call.keys) == 17
+    assert call.args == [5, 10, 60, "a", "b"]
+    claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3)
+    assert (len(claim.keys), claim.args) == (11, [1, 2, 3])
+    receipt = keys.claim_receipt("c")
+    given = {"receipt": receipt, "claim_id": "7", "replay_only": "0"}
+    claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, **given)
+    assert (claim.keys[-1], claim.args) == (receipt, [1, 2, 3, "7", "0"])
+
+
+def test_a_missing_or_unexpected_name_is_refused_naming_the_script() -> None:
+    keys = QueueKeys("dq", "q")
+    with pytest.raises(TypeError, match=r"promote\.lua: missing limit"):
+        PROMOTE.call(keys, now_ms=1)
+    with pytest.raises(TypeError, match=r"promote\.lua: unexpected count"):
+        PROMOTE.call(keys, now_ms=1, limit=2, count=3)
+    with pytest.raises(TypeError, match=r"claim\.lua: missing claim_id, replay_only"):
+        CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, receipt="r")
+    with pytest.raises(TypeError, match=r"schedule\.lua: triples takes a sequence"):
+        SCHEDULE.call(keys, now_ms=1, horizon_ms=2, wake_channel="w", triples="abc")
+    with pytest.raises(TypeError, match=r"promote\.lua takes a queue's keys"):
+        PROMOTE.call(now_ms=1, limit=2)
+
+
+def test_a_contract_that_cannot_be_followed_is_refused_when_declared() -> None:
+    with pytest.raises(ValueError, match="used twice"):
+        Contract("s", keys="pending", args="pending")
+    with pytest.raises(ValueError, match="only \\*groups may follow"):
+        Contract("s", keys="pending", args="*ids now_ms")
+    with pytest.raises(ValueError, match="must end their list"):
+        Contract("s", keys="pending", args="a b", optional="a")
+
+
+def test_a_bound_call_runs_what_the_contract_builds(redis_client: redis.Redis) -> None:
+    q = Queue(redis_client, "q", clock=ManualClock())
+    assert q._schedule_one.keys == SCHEDULE.keys_for(q.keys)
+    with pytest.raises(TypeError, match=r"cancel\.lua: its keys take"):
+        CANCEL.keys_for(q.keys)
+    assert q.schedule("x", id="m1").created
+    assert redis_client.hexists(q.keys.messages, "m1")
