@@ -216,7 +216,7 @@ class Worker(Consumer):
         return responses
 
     def handler_thread_exit(self) -> None:
-        """A handler thread ends (fewer slots, or the worker stops): close its DB connections."""
+        """A handler thread ends (fewer threads, or the worker stops): close its DB connections."""
         connections.close_all()
 
     def refresh(self) -> None:
@@ -259,7 +259,8 @@ class Worker(Consumer):
 
     def _refresh_schedules(self) -> None:
         """Give the keeper the published recurring schedules (the admin's edits included)."""
-        if self.keeper is None:
+        keeper = self.keeper
+        if not isinstance(keeper, ScheduleKeeper):  # built with keeper=None: no schedules
             return
         try:
             published = load_published_schedules()
@@ -270,7 +271,7 @@ class Worker(Consumer):
             return
         if self._any_queue:
             self._register_task_schedules(published.recurrences)
-        self.keeper.set_definitions(
+        keeper.set_definitions(
             published.recurrences,
             self.queues,
             published.version,
@@ -333,7 +334,7 @@ class Worker(Consumer):
         its catch-up policy says."""
         if not self.servers.verified:  # Redis was down: judge it before a claim on it
             return True
-        return self.keeper is not None and not self.keeper.loaded
+        return isinstance(self.keeper, ScheduleKeeper) and not self.keeper.loaded
 
     def _publish_schedules(self) -> Published:
         try:
