@@ -11,7 +11,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +19,7 @@ import redis
 from core_consumer_support import EMPTY, Recorder, Started, burst, threads_alone
 from waiting import TIMEOUT, wait_until
 
-from django_delayqueue.core import Message, Queue, QueueSettings, Retry, SystemClock
+from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
 from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.embedded import RedisServerProcess
@@ -342,34 +342,61 @@ def test_a_queue_on_a_server_that_is_down_does_not_strand_another_servers_messag
         down.close()
 
 
-class CountingSteps(Consumer):
-    steps = 0
+def back_off_on_the_clock(consumer: Consumer, clock: ManualClock, for_ms: int) -> list[float]:
+    """Make ``consumer``'s backoffs (its idle waits that only ``until`` ends) sleep on the
+    manual ``clock``: each moves the clock by its length, as if nothing happened meanwhile,
+    unless ``until()`` already holds (then it returns at once, as the waiter does). Once
+    ``for_ms`` have passed since the first, or after 50 (backoffs that end at once would never
+    get there), the consumer is asked to stop at once. Returns the backoffs slept (seconds)."""
+    real_idle = consumer._waiter.idle
+    slept: list[float] = []
+    asked = [0]
+    start = clock.now_exact_ms()
 
-    def step(self, now_ms: int | None = None) -> int:
-        self.steps += 1
-        return super().step(now_ms)
+    def idle(timeout: float, until: Callable[[], bool] | None = None) -> None:
+        if until is None:  # the wait for running handlers to finish: no backoff
+            real_idle(timeout)
+            return
+        asked[0] += 1
+        if clock.now_exact_ms() - start >= for_ms or asked[0] > 50:
+            consumer.request_stop()
+            return
+        if until():
+            return
+        slept.append(timeout)
+        clock.advance(ms=round(timeout * 1000))
+
+    consumer._waiter.idle = idle  # type: ignore[method-assign]
+    return slept
 
 
-def test_a_graceful_stop_during_an_outage_does_not_spin(running: Any) -> None:
+def test_a_graceful_stop_during_an_outage_does_not_spin(
+    running: Any, manual_clock: ManualClock
+) -> None:
     server = RedisServerProcess().start()
     client = redis.Redis.from_url(server.url, socket_connect_timeout=0.2, socket_timeout=0.5)
+    gate = Gate("held")
     try:
         q = Queue(client, "q", clock=SystemClock())
         q.schedule("held")
-        gate = Gate("held")
-        consumer = CountingSteps([q], Recorder(gate), idle_seconds=0.1, grace_seconds=600)
+        consumer = Consumer(
+            [q],
+            Recorder(gate),
+            idle_seconds=0.1,
+            grace_seconds=600,
+            monotonic=lambda: manual_clock.now_exact_ms() / 1000,
+        )
+        backoffs = back_off_on_the_clock(consumer, manual_clock, for_ms=1000)
         r = running(consumer)
         wait_until(lambda: gate.waiting)
+        consumer.request_stop()  # while Redis is up: every failed try below is a stopping one
         server.stop()
-        consumer.request_stop()
-        before = consumer.steps
-        time.sleep(1.0)
-        # Backing off between tries: a handful of steps, not tens of thousands.
-        assert consumer.steps - before < 20
-        gate.open.set()
-        consumer.request_stop()
-        r.join()
+        assert r.join() == 0
+        # Backing off between tries from the first: three tries in the first second of the
+        # outage (at 0, 0.2 and 0.6 s), not tens of thousands.
+        assert backoffs == [0.2, 0.4, 0.8]
     finally:
+        gate.open.set()
         client.close()
         server.stop()
 
