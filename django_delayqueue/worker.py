@@ -210,7 +210,7 @@ class Worker(Consumer):
         return responses
 
     def handler_thread_exit(self) -> None:
-        """A handler thread ends (fewer slots, or the worker stops): close its DB connections."""
+        """A handler thread ends (fewer threads, or the worker stops): close its DB connections."""
         connections.close_all()
 
     def refresh(self) -> None:
@@ -253,7 +253,8 @@ class Worker(Consumer):
 
     def _refresh_schedules(self) -> None:
         """Give the keeper the published recurring schedules (the admin's edits included)."""
-        if self.keeper is None:
+        keeper = self.keeper
+        if not isinstance(keeper, ScheduleKeeper):  # built with keeper=None: no schedules
             return
         try:
             published = recurrences.load_published()
@@ -264,7 +265,7 @@ class Worker(Consumer):
             return
         if self._any_queue:
             self._register_task_schedules(published.recurrences)
-        self.keeper.set_definitions(
+        keeper.set_definitions(
             published.recurrences,
             self.queues,
             published.version,
@@ -345,7 +346,7 @@ class Worker(Consumer):
         its catch-up policy says."""
         if not self.servers.verified:  # Redis was down: judge it before a claim on it
             return True
-        return self.keeper is not None and not self.keeper.loaded
+        return isinstance(self.keeper, ScheduleKeeper) and not self.keeper.loaded
 
     def _publish_schedules(self) -> recurrences.Published:
         try:

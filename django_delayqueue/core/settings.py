@@ -17,7 +17,7 @@ class QueueSettings:
     backoff_max: float = 3600.0  # cap on the exponential backoff, seconds
     visibility_timeout: float = 60.0  # seconds a claimed message stays invisible
     claim_batch: int = 100  # messages claimed per round trip
-    concurrency: int = 1  # handler threads (slots) per queue in each consumer
+    concurrency: int = 1  # handler threads per queue in each consumer
     paused: bool = False
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     promote_batch: int = 1000  # bound on ids moved per promote/reap call

@@ -145,10 +145,9 @@ def test_concurrency_and_its_short_form_set_the_handler_threads(
     seen: list[list[int]] = []
 
     def run(worker: Worker) -> int:
-        worker._start_slots()
-        seen.append([worker._slots[q.name].size for q in worker.queues])
-        for slots in worker._slots.values():
-            slots.close()
+        worker._start_threads()
+        seen.append([worker._threads[q.name].size for q in worker.queues])
+        worker._threads.close()
         return 0
 
     monkeypatch.setattr(Worker, "run", run)

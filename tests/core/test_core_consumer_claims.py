@@ -201,8 +201,7 @@ def test_a_message_whose_claim_reply_was_lost_is_delivered_on_its_only_attempt(
         assert [(m.id, m.attempt) for m in handler.calls] == [("lost-1", 1)]
         assert redis_client.zcard(q.keys.garbage) == 0
     finally:
-        for slots in consumer._slots.values():
-            slots.close()
+        consumer._threads.close()
         client.close()
 
 
@@ -216,16 +215,16 @@ def test_a_consumer_stopping_gives_back_what_a_lost_claim_took(
     handler = Recorder()
     consumer = Consumer([q], handler)
     q.promote()
-    consumer._start_slots()
-    call = consumer._claims.call(q, T0, 10)
+    consumer._start_threads()
+    claims = consumer._round_trip.claims
+    call = claims.call(q, T0, 10)
     call.run(redis_client)  # the claim ran; its reply is lost
-    consumer._claims.lost([q.name])
+    claims.lost([q.name])
     consumer.request_stop()
     try:
         assert consumer._shutdown() == 0
     finally:
-        for slots in consumer._slots.values():
-            slots.close()
+        consumer._threads.close()
     assert handler.calls == []
     assert redis_client.lrange(q.keys.ready, 0, -1) == [b"x"]
     assert not redis_client.hexists(q.keys.attempts, "x")  # no attempt used

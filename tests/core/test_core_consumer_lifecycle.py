@@ -17,7 +17,7 @@ import redis
 from core_consumer_support import EMPTY, Recorder, Started
 from waiting import TIMEOUT, wait_until
 
-from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
+from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.waiter import Wake
 from django_delayqueue.core.envelope import encode_envelope
@@ -323,19 +323,57 @@ def test_idle_safety_polls_promote_but_do_not_claim(
     assert q.claims == 1
 
 
+class Maintaining(Consumer):
+    refreshes = 0
+
+    def refresh(self) -> None:
+        self.refreshes += 1
+
+
+def sleep_on_the_clock(consumer: Consumer, clock: ManualClock, for_ms: int) -> list[float]:
+    """Make ``consumer``'s waits between rounds sleep on the manual ``clock``: each moves the
+    clock to the time it was asked to end at, as if nothing happened meanwhile, and returns
+    what the waiter would. The first wait once ``for_ms`` have passed (or the 50th: waits that
+    end at once would never get there) asks the consumer to stop instead. Returns the list of
+    the waits (ms), filled as they happen."""
+    start = clock.now_exact_ms()
+    waits: list[float] = []
+
+    def wait(due_ms: int | None, poll_ms: int) -> Wake:
+        now = clock.now_exact_ms()
+        if now - start >= for_ms or len(waits) >= 50:
+            consumer.request_stop()
+            return Wake(None, now, announced=False, nudged=True)
+        lead = consumer._waiter.lead.ms
+        woken_for_due = due_ms is not None and due_ms - lead <= poll_ms
+        end = due_ms - lead if due_ms is not None and woken_for_due else poll_ms
+        waits.append(end - now)
+        clock.set(max(now, end))
+        return Wake(due_ms if woken_for_due else None, end, announced=False)
+
+    consumer._waiter.wait = wait  # type: ignore[method-assign]
+    return waits
+
+
 def test_an_idle_consumer_makes_one_round_per_maintenance_not_a_burst_around_it(
-    redis_client: redis.Redis, running: Any
+    redis_client: redis.Redis, manual_clock: ManualClock, running: Any
 ) -> None:
-    q = CountingQueue(redis_client, "idle", clock=SystemClock())
-    consumer = Consumer([q], Recorder(), idle_seconds=3600, maintenance_seconds=0.2)
-    started = time.monotonic()
-    r = running(consumer)
-    time.sleep(1.0)
-    r.stop()
-    maintenance_rounds = (time.monotonic() - started) / 0.2
-    # A slow host makes fewer rounds, never more: one per maintenance round and the first.
-    # At least three of the ~five maintenance rounds ran on even a slow host.
-    assert 3 <= q.promotes <= maintenance_rounds + 2
+    q = CountingQueue(redis_client, "idle", clock=manual_clock)
+    # Its monotonic clock (maintenance) is the manual one too, out of step with the whole
+    # milliseconds of the shared clock, as real ones are.
+    consumer = Maintaining(
+        [q],
+        Recorder(),
+        idle_seconds=3600,
+        maintenance_seconds=0.2,
+        monotonic=lambda: manual_clock.now_exact_ms() / 1000 + 0.0004,
+    )
+    waits = sleep_on_the_clock(consumer, manual_clock, for_ms=1000)
+    assert running(consumer).join() == 0
+    # One second of the clock: the first round and one per maintenance, each a maintenance
+    # round (it refreshed), none before or after one: every wait lasted a whole period.
+    assert q.promotes == consumer.refreshes == 6
+    assert len(waits) == 5 and all(wait >= 200 for wait in waits)
 
 
 def test_an_unannounced_ready_message_is_claimed_after_one_safety_poll(

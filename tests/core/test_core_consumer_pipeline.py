@@ -1,5 +1,5 @@
-"""The consumer as a continuous pipeline: per-queue slots, several queues and Redis servers,
-handlers that misbehave, settings that change while it runs, and a clean end.
+"""The consumer as a continuous pipeline: per-queue handler threads, several queues and Redis
+servers, handlers that misbehave, settings that change while it runs, and a clean end.
 
 Each test failed on the round-based consumer it replaced (see issue 11). Waits are on events
 or poll Redis to a generous bound; nothing passes because a sleep was long enough.
@@ -11,15 +11,15 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import EMPTY, Recorder, Started, burst
+from core_consumer_support import EMPTY, Recorder, Started, burst, threads_alone
 from waiting import TIMEOUT, wait_until
 
-from django_delayqueue.core import Message, Queue, QueueSettings, Retry, SystemClock
+from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
 from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.embedded import RedisServerProcess
@@ -58,9 +58,9 @@ def test_a_slow_queue_does_not_hold_up_another(make_queue: Any, running: Any) ->
     gate = Gate("s0", "s1")
     handler = Recorder(gate)
     r = running(Consumer([slow, fast], handler, idle_seconds=0.1))
-    wait_until(lambda: len(gate.waiting) == 2)  # every slot of "slow" is busy
+    wait_until(lambda: len(gate.waiting) == 2)  # every thread of "slow" is busy
     fast.schedule_many([{"payload": i} for i in range(50)])
-    # All delivered while the slow handlers still run: their queue's slots are their own.
+    # All delivered while the slow handlers still run: their queue's threads are its own.
     wait_until(lambda: fast.counts() == EMPTY)
     assert sorted(p for p in handler.payloads if isinstance(p, int)) == list(range(50))
     assert slow.counts()["unack"] == 2
@@ -69,7 +69,7 @@ def test_a_slow_queue_does_not_hold_up_another(make_queue: Any, running: Any) ->
     r.stop()
 
 
-def test_free_slots_keep_delivering_while_others_are_busy(make_queue: Any, running: Any) -> None:
+def test_idle_threads_keep_delivering_while_others_are_busy(make_queue: Any, running: Any) -> None:
     q = make_queue(clock=SystemClock(), concurrency=3, claim_batch=3)
     q.schedule_many([{"payload": "slow"}])
     gate = Gate("slow")
@@ -214,7 +214,9 @@ class Refreshing(Consumer):
             self.queues[0].settings = self.next_settings
 
 
-def test_concurrency_edited_while_running_changes_the_slots(make_queue: Any, running: Any) -> None:
+def test_concurrency_edited_while_running_changes_the_threads(
+    make_queue: Any, running: Any
+) -> None:
     q = make_queue(clock=SystemClock(), concurrency=1)
     q.schedule_many([{"payload": i} for i in range(3)])
     gate = Gate(0, 1, 2)
@@ -222,7 +224,7 @@ def test_concurrency_edited_while_running_changes_the_slots(make_queue: Any, run
     running(consumer)
     wait_until(lambda: gate.waiting)
     consumer.next_settings = q.settings.replace(concurrency=3)
-    wait_until(lambda: len(gate.waiting) == 3)  # three handlers at once: three slots
+    wait_until(lambda: len(gate.waiting) == 3)  # three handlers at once: three threads
     gate.open.set()
     wait_until(lambda: q.counts() == EMPTY)
 
@@ -293,29 +295,29 @@ def test_run_leaves_no_threads_behind(make_queue: Any) -> None:
     assert ours() == before
 
 
-class CountingFlushes(Consumer):
-    flushes = 0
-
-    def _flush_only(self, force: bool = False) -> None:
-        self.flushes += 1
-        super()._flush_only(force)
-
-
 def test_a_shutdown_flush_that_fails_is_retried_with_a_pause() -> None:
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.05)
     q = Queue(dead, "q", clock=SystemClock())
-    consumer = CountingFlushes([q], Recorder())
-    consumer._start_slots()
+    consumer = Consumer([q], Recorder())
+    flushes = []
+    record_only = consumer._round_trip.record_only
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        flushes.append(1)
+        record_only(*args, **kwargs)
+
+    consumer._round_trip.record_only = counting  # type: ignore[method-assign]
+    consumer._start_threads()
     message = Message("m", "q", None, 0, 0, 1, "1", 0)
     from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     consumer._unrecorded.extend([Outcome(message, ACK, 0, 0)])
-    consumer._stop_requests = 2  # a forced stop: one second of tries
+    consumer.request_stop()
+    consumer.request_stop()  # a forced stop: one second of tries
     consumer._shutdown()
     # Paused between tries: a handful in that second, not thousands.
-    assert 1 <= consumer.flushes <= 10
-    for slots in consumer._slots.values():
-        slots.close()
+    assert 1 <= len(flushes) <= 10
+    consumer._threads.close()
 
 
 # --- found by the review of this redesign -------------------------------------------------------
@@ -340,39 +342,66 @@ def test_a_queue_on_a_server_that_is_down_does_not_strand_another_servers_messag
         down.close()
 
 
-class CountingSteps(Consumer):
-    steps = 0
+def back_off_on_the_clock(consumer: Consumer, clock: ManualClock, for_ms: int) -> list[float]:
+    """Make ``consumer``'s backoffs (its idle waits that only ``until`` ends) sleep on the
+    manual ``clock``: each moves the clock by its length, as if nothing happened meanwhile,
+    unless ``until()`` already holds (then it returns at once, as the waiter does). Once
+    ``for_ms`` have passed since the first, or after 50 (backoffs that end at once would never
+    get there), the consumer is asked to stop at once. Returns the backoffs slept (seconds)."""
+    real_idle = consumer._waiter.idle
+    slept: list[float] = []
+    asked = [0]
+    start = clock.now_exact_ms()
 
-    def step(self, now_ms: int | None = None) -> int:
-        self.steps += 1
-        return super().step(now_ms)
+    def idle(timeout: float, until: Callable[[], bool] | None = None) -> None:
+        if until is None:  # the wait for running handlers to finish: no backoff
+            real_idle(timeout)
+            return
+        asked[0] += 1
+        if clock.now_exact_ms() - start >= for_ms or asked[0] > 50:
+            consumer.request_stop()
+            return
+        if until():
+            return
+        slept.append(timeout)
+        clock.advance(ms=round(timeout * 1000))
+
+    consumer._waiter.idle = idle  # type: ignore[method-assign]
+    return slept
 
 
-def test_a_graceful_stop_during_an_outage_does_not_spin(running: Any) -> None:
+def test_a_graceful_stop_during_an_outage_does_not_spin(
+    running: Any, manual_clock: ManualClock
+) -> None:
     server = RedisServerProcess().start()
     client = redis.Redis.from_url(server.url, socket_connect_timeout=0.2, socket_timeout=0.5)
+    gate = Gate("held")
     try:
         q = Queue(client, "q", clock=SystemClock())
         q.schedule("held")
-        gate = Gate("held")
-        consumer = CountingSteps([q], Recorder(gate), idle_seconds=0.1, grace_seconds=600)
+        consumer = Consumer(
+            [q],
+            Recorder(gate),
+            idle_seconds=0.1,
+            grace_seconds=600,
+            monotonic=lambda: manual_clock.now_exact_ms() / 1000,
+        )
+        backoffs = back_off_on_the_clock(consumer, manual_clock, for_ms=1000)
         r = running(consumer)
         wait_until(lambda: gate.waiting)
+        consumer.request_stop()  # while Redis is up: every failed try below is a stopping one
         server.stop()
-        consumer.request_stop()
-        before = consumer.steps
-        time.sleep(1.0)
-        # Backing off between tries: a handful of steps, not tens of thousands.
-        assert consumer.steps - before < 20
-        gate.open.set()
-        consumer.request_stop()
-        r.join()
+        assert r.join() == 0
+        # Backing off between tries from the first: three tries in the first second of the
+        # outage (at 0, 0.2 and 0.6 s), not tens of thousands.
+        assert backoffs == [0.2, 0.4, 0.8]
     finally:
+        gate.open.set()
         client.close()
         server.stop()
 
 
-def test_a_quick_outcome_is_recorded_while_a_slow_handler_holds_the_slot(
+def test_a_quick_outcome_is_recorded_while_a_slow_handler_holds_the_thread(
     redis_client: redis.Redis, make_queue: Any, running: Any
 ) -> None:
     q = make_queue(clock=SystemClock(), concurrency=1, claim_batch=10)
@@ -389,7 +418,7 @@ def test_a_quick_outcome_is_recorded_while_a_slow_handler_holds_the_slot(
         + [{"payload": f"q{i}", "id": f"q{i}"} for i in range(8)]
     )
     wait_until(lambda: gate.waiting)
-    # "quick" finished before "slow" started: its ack must not wait for the slot to free.
+    # "quick" finished before "slow" started: its ack must not wait for the thread to free.
     wait_until(lambda: not redis_client.hexists(q.keys.messages, "quick"))
     gate.open.set()
     wait_until(lambda: q.counts() == EMPTY)
@@ -397,7 +426,6 @@ def test_a_quick_outcome_is_recorded_while_a_slow_handler_holds_the_slot(
 
 
 def test_a_finished_but_unrecorded_message_is_still_extended() -> None:
-    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
     from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     release = threading.Event()
@@ -407,20 +435,19 @@ def test_a_finished_but_unrecorded_message_is_still_extended() -> None:
             release.wait(TIMEOUT)
         return Outcome(m, ACK, 0, 0)
 
-    slots = HandlerThreads("q", 1, work, lambda: None)
+    threads = threads_alone(1, work)
     try:
         first = Message("first", "q", None, 0, 0, 1, "1", 0)
         second = Message("second", "q", None, 0, 0, 1, "2", 0)
-        slots.add([first, second])
-        wait_until(lambda: [o.message.id for o in slots._finished] == ["first"])
-        assert {m.id for m in slots.in_flight()} == {"first", "second"}
+        threads.add([first, second])
+        wait_until(lambda: [o.message.id for o in threads._finished] == ["first"])
+        assert {m.id for m in threads.in_flight()} == {"first", "second"}
     finally:
         release.set()
-        slots.close()
+        threads.close()
 
 
 def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
-    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
     from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     release, started = threading.Event(), threading.Event()
@@ -431,21 +458,21 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
             release.wait(TIMEOUT)
         return Outcome(m, ACK, 0, 0)
 
-    slots = HandlerThreads("q", 2, work, lambda: None)
+    threads = threads_alone(2, work)
     try:
-        slots.add([Message("done", "q", None, 0, 0, 1, "1", 0)])
-        wait_until(lambda: slots._finished)
-        slots.add([Message("stuck", "q", None, 0, 0, 1, "2", 0)])
+        threads.add([Message("done", "q", None, 0, 0, 1, "1", 0)])
+        wait_until(lambda: threads._finished)
+        threads.add([Message("stuck", "q", None, 0, 0, 1, "2", 0)])
         assert started.wait(TIMEOUT)
-        finished, abandoned = slots.finished_and_abandoned()
+        finished, abandoned = threads.finished_and_abandoned()
         assert [o.message.id for o in finished] == ["done"]
         assert [m.id for m in abandoned] == ["stuck"]
         release.set()
-        wait_until(lambda: not slots.busy)  # its late outcome is dropped: it was given up on
-        assert slots.take_finished() == []
+        wait_until(lambda: not threads.busy)  # its late outcome is dropped: it was given up on
+        assert threads.take_finished() == []
     finally:
         release.set()
-        slots.close()
+        threads.close()
 
 
 def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() -> None:
@@ -479,14 +506,13 @@ def test_a_base_exception_from_a_handler_is_logged_with_its_traceback(
     assert "message m (attempt 1)" in record.getMessage() and record.exc_info
 
 
-def test_closing_slots_does_not_wait_for_a_handler_still_running(
+def test_closing_handler_threads_does_not_wait_for_a_handler_still_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from django_delayqueue.core.consumer import handler_threads as slots_module
-    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.consumer import handler_threads
     from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
-    monkeypatch.setattr(slots_module, "JOIN_SECONDS", 3600.0)  # waiting on it would hang
+    monkeypatch.setattr(handler_threads, "JOIN_SECONDS", 3600.0)  # waiting on it would hang
     release, started = threading.Event(), threading.Event()
 
     def work(m: Message) -> Outcome:
@@ -494,10 +520,10 @@ def test_closing_slots_does_not_wait_for_a_handler_still_running(
         release.wait(3 * TIMEOUT)  # longer than the test waits for close()
         return Outcome(m, ACK, 0, 0)
 
-    slots = HandlerThreads("q", 2, work, lambda: None)
-    slots.add([Message("stuck", "q", None, 0, 0, 1, "1", 0)])
+    threads = threads_alone(2, work)
+    threads.add([Message("stuck", "q", None, 0, 0, 1, "1", 0)])
     assert started.wait(TIMEOUT)
-    closer = threading.Thread(target=slots.close, daemon=True)
+    closer = threading.Thread(target=threads.close, daemon=True)
     closer.start()
     closer.join(TIMEOUT)
     try:

@@ -27,11 +27,14 @@ def claimed_outcomes(q: Any, statuses: list[str]) -> list[Outcome]:
     ]
 
 
-def flush(client: redis.Redis, unrecorded: UnrecordedOutcomes, now: int = T0) -> None:
-    """One flush, as the consumer sends it; ``force`` skips a failed queue's pause."""
+def flush(
+    client: redis.Redis, unrecorded: UnrecordedOutcomes, queues: list[Any], now: int = T0
+) -> None:
+    """One flush of ``queues``, as the consumer sends it; ``force`` skips a failed queue's
+    pause."""
     batch = ScriptBatch()
-    calls = unrecorded.add_to(batch, now, force=True)
-    unrecorded.settle(calls, batch.run(client, raise_errors=False))
+    calls = unrecorded.add_to(batch, queues, now, force=True)
+    unrecorded.read(calls, batch.run(client, raise_errors=False), now)
 
 
 def journal_rows(client: redis.Redis, q: Any) -> list[list[Any]]:
@@ -45,7 +48,7 @@ def test_one_flush_records_acks_retries_burials_and_a_journal_entry(
     unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
     unrecorded.extend(claimed_outcomes(q, [ACK, RETRY, GARBAGE]))
     with caplog.at_level(logging.WARNING):
-        flush(redis_client, unrecorded)
+        flush(redis_client, unrecorded, [q])
     assert "used its last attempt" not in caplog.text  # a burial is not a last retry
     assert len(unrecorded) == 0
     assert q.counts()["unack"] == 0
@@ -65,14 +68,14 @@ def test_a_failure_on_the_last_attempt_is_journalled_as_garbage(
     outcomes = claimed_outcomes(q, [RETRY, RETRY])
     outcomes[1].delay = 30.0  # what raising Retry(delay=30) gives
     unrecorded.extend(outcomes)
-    flush(redis_client, unrecorded)
+    flush(redis_client, unrecorded, [q])
     assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0", b"m1"]
     assert [row[6] for row in journal_rows(redis_client, q)] == [GARBAGE, GARBAGE]
 
     roomy = make_queue("roomy", max_attempts=2)  # a first failure of two attempts: a retry
     unrecorded = UnrecordedOutcomes([roomy], journal_maxlen=100)
     unrecorded.extend(claimed_outcomes(roomy, [RETRY]))
-    flush(redis_client, unrecorded)
+    flush(redis_client, unrecorded, [roomy])
     assert [row[6] for row in journal_rows(redis_client, roomy)] == [RETRY]
 
 
@@ -84,15 +87,15 @@ def test_a_failed_journal_write_is_sent_again_alone(
     unrecorded.extend(claimed_outcomes(q, [ACK, ACK]))
     redis_client.set(q.keys.journal, "not a stream")  # the journal call fails
     with caplog.at_level(logging.ERROR):
-        flush(redis_client, unrecorded)
+        flush(redis_client, unrecorded, [q])
     assert "queue q: could not record 2 outcome(s)" in caplog.text
     assert len(unrecorded) == 2  # their journal rows are still owed...
     assert q.counts()["unack"] == 0  # ...but the acks went through, and are not sent again
     redis_client.delete(q.keys.journal)
-    flush(redis_client, unrecorded)
+    flush(redis_client, unrecorded, [q])
     assert len(unrecorded) == 0
     assert sorted(row[0] for row in journal_rows(redis_client, q)) == ["m0", "m1"]
-    flush(redis_client, unrecorded)  # nothing left: no second copy of any row
+    flush(redis_client, unrecorded, [q])  # nothing left: no second copy of any row
     assert len(journal_rows(redis_client, q)) == 2
 
 
@@ -105,7 +108,7 @@ def test_one_broken_queue_does_not_hold_back_another(
     unrecorded.extend(claimed_outcomes(healthy, [ACK, RETRY, ACK, ACK, ACK]))
     redis_client.set(broken.keys.journal, "not a stream")
     for _ in range(2):  # JOURNAL_TRIES is 3: the broken queue's row is still kept after two
-        flush(redis_client, unrecorded)
+        flush(redis_client, unrecorded, [broken, healthy])
     # Every outcome of the healthy queue recorded once: five rows, not five per round.
     assert len(journal_rows(redis_client, healthy)) == 5
     assert healthy.counts()["unack"] == 0
@@ -121,7 +124,7 @@ def test_a_journal_row_that_keeps_failing_is_dropped_with_an_error(
     redis_client.set(q.keys.journal, "not a stream")
     with caplog.at_level(logging.ERROR):
         for _ in range(JOURNAL_TRIES):
-            flush(redis_client, unrecorded)
+            flush(redis_client, unrecorded, [q])
     assert len(unrecorded) == 0  # memory does not grow for ever
     assert "journal rows of 1 delivery(ies) dropped" in caplog.text and "m0" in caplog.text
     assert q.counts()["unack"] == 0
@@ -134,9 +137,9 @@ def test_a_failed_queue_waits_its_pause_before_the_next_try(
     unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
     unrecorded.extend(claimed_outcomes(q, [ACK]))
     redis_client.set(q.keys.journal, "not a stream")
-    flush(redis_client, unrecorded)
+    flush(redis_client, unrecorded, [q])
     # Without force, the next round leaves it alone (no error logged every round trip).
-    assert unrecorded.add_to(ScriptBatch(), T0) == []
+    assert unrecorded.add_to(ScriptBatch(), [q], T0) == []
 
 
 def test_a_retry_that_used_the_last_attempt_is_logged(
@@ -146,7 +149,7 @@ def test_a_retry_that_used_the_last_attempt_is_logged(
     unrecorded = UnrecordedOutcomes([q], journal_maxlen=0)
     unrecorded.extend(claimed_outcomes(q, [RETRY]))
     with caplog.at_level(logging.WARNING):
-        flush(redis_client, unrecorded)
+        flush(redis_client, unrecorded, [q])
     assert "message m0 used its last attempt: retry m0" in caplog.text
     assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0"]
     assert not redis_client.exists(q.keys.journal)  # journal_maxlen=0: no journal

@@ -11,7 +11,9 @@ import pytest
 from waiting import TIMEOUT
 
 from django_delayqueue.core import STATES, Message, Queue
+from django_delayqueue.core.consumer.handler_threads import HandlerThreads
 from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.outcomes import Outcome
 
 T0 = 1_700_000_000_000  # the manual_clock fixture's start
 EMPTY = dict.fromkeys(STATES, 0)
@@ -88,6 +90,29 @@ def burst(queues: list[Queue], handler: Callable[[Message], Any], **kwargs: Any)
     r = Running(consumer)
     assert r.join() == 0
     return consumer
+
+
+class _NoConsumer:
+    """What handler threads need of a consumer, for tests of the threads alone: ``work`` runs
+    each message, and there is no loop to wake."""
+
+    def __init__(self, work: Callable[[Message], Outcome]) -> None:
+        self.deliver = work
+
+    def handler_thread_exit(self) -> None:
+        pass
+
+    def nudge(self) -> None:
+        pass
+
+    def remind(self, at_monotonic: float) -> None:
+        pass
+
+
+def threads_alone(size: int, work: Callable[[Message], Outcome]) -> HandlerThreads:
+    """Queue "q"'s handler threads, ``size`` of them, running ``work``, with no consumer."""
+    alone = _NoConsumer(work)
+    return HandlerThreads("q", size, alone, alone)
 
 
 def keeper_rounds(

@@ -62,7 +62,7 @@ GIVE_BACK_SLACK_MS = 50
 # extension went wrong inside runqueue (handler failures are logged too, but not like this).
 ALARMS = (
     "consumer step failed",
-    "handler slot failed",
+    "handler thread failed",
     ".lua failed",
     "could not ",
     "not recorded",

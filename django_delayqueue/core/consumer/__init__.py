@@ -1,10 +1,13 @@
-"""The consumer: the loop class (``loop.Consumer``) and its parts.
+"""The consumer: the loop class (``loop.Consumer``) and the parts it owns.
 
-- ``rounds``: one pipelined round trip per Redis server (promote, claim, record outcomes);
-- ``waiter``: sleeping until the earliest due time or a producer's wake-up;
-- ``handler_threads``: each queue's handler threads and their inbox;
-- ``outcomes``: what one handler call did (ack, retry, dead letter);
+- ``rounds``: the round trip, one pipeline per Redis server (record, promote, claim);
+- ``round_parts``: the one interface of what rides on a round trip besides promote and claim
+  (the outcomes to record, the recurring keeper, or ``NoKeeper``);
 - ``recording``: outcomes waiting to be written to Redis, and the journal rows;
+- ``claims``: claims whose reply was lost, asked for again;
+- ``waiter``: sleeping until the earliest due time or a producer's wake-up;
+- ``handler_threads``: each queue's handler threads and the messages claimed for them;
+- ``outcomes``: what one handler call did (ack, retry, dead letter);
 - ``extender``: extending the visibility deadline of long handlers.
 """
 

@@ -1,11 +1,15 @@
-"""Each queue's handler slots: the threads that run its handlers, and what they hold.
+"""Each queue's handler threads, and the messages claimed for them.
 
-A consumer gives every queue its own slots (its ``concurrency``), so a queue whose handlers are
-slow keeps only its own messages waiting, never another queue's. The loop thread claims into a
-queue's slots only what they have room for (:meth:`HandlerThreads.room`): the free slots, plus a
-bounded prefetch while that queue's handlers are quick (then round trips are a real share of
-the time; with slow handlers a prefetched message would only wait here instead of on another
-consumer's free thread).
+A consumer gives every queue its own handler threads (its ``concurrency``), so a queue whose
+handlers are slow keeps only its own messages waiting, never another queue's. The loop thread
+claims for a queue only what its threads have room for (:meth:`HandlerThreads.room`): one
+message per idle thread, plus a bounded prefetch while that queue's handlers are quick (then
+round trips are a real share of the time; with slow handlers a prefetched message would only
+wait here instead of on another consumer's idle thread).
+
+The threads know two things of the consumer: what runs a message (a :class:`Deliverer`: the
+consumer) and how to wake its loop (a :class:`LoopWaker`: the consumer's waiter), which they
+nudge when a finished handler is worth a round trip.
 
 Messages are tracked by their delivery token: tokens come from a per-queue counter, and every
 ``HandlerThreads`` holds one queue's messages, so a token is unique within it (queue A's token "1"
@@ -21,10 +25,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
 
@@ -33,29 +39,43 @@ logger = logging.getLogger(__name__)
 PREFETCH_UNDER_SECONDS = 0.05
 # How much one finished handler moves the average (an exponentially weighted mean).
 DURATION_WEIGHT = 0.2
-JOIN_SECONDS = 1.0
-# While claimed messages wait for a quick queue's slots, outcomes ride with the next claim;
+JOIN_SECONDS = 1.0  # how long close() waits for the idle threads to end
+# While claimed messages wait for a quick queue's threads, outcomes ride with the next claim;
 # none waits longer than this to be recorded.
-RECORD_WITHIN_SECONDS = 0.1  # how long stop() waits for each idle thread to end
+RECORD_WITHIN_SECONDS = 0.1
+
+
+class Deliverer(Protocol):
+    """What the handler threads run (the consumer)."""
+
+    def deliver(self, message: Message) -> Outcome:
+        """Run ``message``'s handler on the calling handler thread (never raises)."""
+        ...
+
+    def handler_thread_exit(self) -> None:
+        """Called on a handler thread as it ends."""
+        ...
+
+
+class LoopWaker(Protocol):
+    """How the handler threads wake the consumer's loop (its waiter)."""
+
+    def nudge(self) -> None:
+        """End the loop's wait now: a round trip is worth it."""
+        ...
+
+    def remind(self, at_monotonic: float) -> None:
+        """End the loop's wait at ``at_monotonic`` (``time.monotonic()``) at the latest."""
+        ...
 
 
 class HandlerThreads:
     """The handler threads of one queue and the messages claimed for them."""
 
-    def __init__(
-        self,
-        queue_name: str,
-        size: int,
-        work: Callable[[Message], Outcome],
-        on_finish: Callable[[], None],
-        on_thread_exit: Callable[[], None] | None = None,
-        remind: Callable[[float], None] | None = None,
-    ) -> None:
+    def __init__(self, queue_name: str, size: int, deliverer: Deliverer, waker: LoopWaker) -> None:
         self.queue_name = queue_name
-        self._work = work
-        self._on_finish = on_finish
-        self._on_thread_exit = on_thread_exit
-        self._remind = remind  # remind(t): wake the loop at monotonic time t
+        self._deliverer = deliverer
+        self._waker = waker
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._running: dict[str, Message] = {}  # by token
         self._finished: list[Outcome] = []  # not yet taken by the loop
@@ -81,7 +101,7 @@ class HandlerThreads:
         return self._size
 
     def resize(self, size: int) -> None:
-        """Use ``size`` slots from now on (a setting edited in the admin); threads follow."""
+        """Use ``size`` threads from now on (a setting edited in the admin); threads follow."""
         size = max(1, int(size))
         with self._cond:
             if self._closed or size == self._size:
@@ -101,7 +121,7 @@ class HandlerThreads:
             self._cond.notify_all()  # threads beyond the new size see it and end
 
     def room(self, claim_batch: int | None = None) -> int:
-        """How many more messages the loop may claim for these slots now."""
+        """How many more messages the loop may claim for these threads now."""
         with self._cond:
             if claim_batch is not None:
                 self.claim_batch = claim_batch
@@ -114,7 +134,7 @@ class HandlerThreads:
         capacity = self._size + (self.claim_batch if quick else 0)
         held = len(self._claimed) + len(self._running)
         free = capacity - held
-        # With a prefetch, claim in batches of at least half of one (or when the slots would
+        # With a prefetch, claim in batches of at least half of one (or when the threads would
         # otherwise run dry), not a message or two per round trip.
         if quick and self._claimed and free < min(self.claim_batch, capacity) // 2:
             return 0
@@ -224,17 +244,16 @@ class HandlerThreads:
         while True:
             message = self._next(me)
             if message is None:
-                if self._on_thread_exit is not None:
-                    try:
-                        self._on_thread_exit()
-                    except Exception:
-                        logger.exception("handler slot cleanup failed")
+                try:
+                    self._deliverer.handler_thread_exit()
+                except Exception:
+                    logger.exception("handler thread cleanup failed")
                 return
             try:
-                outcome = self._work(message)
-            except BaseException as e:  # run_handler never raises; this guards the slot itself
-                logger.exception("handler slot failed on message %s", message.id)
-                outcome = Outcome(message, RETRY, 0, 0, None, f"handler slot failed: {e!r}")
+                outcome = self._deliverer.deliver(message)
+            except BaseException as e:  # run_handler never raises; this guards the thread itself
+                logger.exception("handler thread failed on message %s", message.id)
+                outcome = Outcome(message, RETRY, 0, 0, None, f"handler thread failed: {e!r}")
             self._finish(outcome)
 
     def _finish(self, outcome: Outcome) -> None:
@@ -255,7 +274,7 @@ class HandlerThreads:
             self._mean_seconds = (
                 seconds if mean is None else mean + DURATION_WEIGHT * (seconds - mean)
             )
-            # Wake the loop when a round trip is worth it: these slots may claim again, or ran
+            # Wake the loop when a round trip is worth it: these threads may take more, or ran
             # dry, or an outcome has waited long enough. Not for every quick handler: a round
             # per message would cost more than the handlers.
             worth_a_round = (
@@ -264,6 +283,97 @@ class HandlerThreads:
                 or now - first_finished_at >= RECORD_WITHIN_SECONDS
             )
         if worth_a_round:
-            self._on_finish()
-        elif first and self._remind is not None:  # recorded with a claim, or by this time
-            self._remind(now + RECORD_WITHIN_SECONDS)
+            self._waker.nudge()
+        elif first:  # recorded with a claim, or by this time
+            self._waker.remind(now + RECORD_WITHIN_SECONDS)
+
+
+class ThreadsByQueue:
+    """The handler threads of every queue of one consumer, by queue name."""
+
+    def __init__(self, deliverer: Deliverer, waker: LoopWaker) -> None:
+        self._deliverer = deliverer
+        self._waker = waker
+        self._by_name: dict[str, HandlerThreads] = {}
+
+    def __getitem__(self, name: str) -> HandlerThreads:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[HandlerThreads]:
+        return iter(list(self._by_name.values()))
+
+    def get(self, name: str) -> HandlerThreads | None:
+        return self._by_name.get(name)
+
+    def start(self, name: str, size: int) -> None:
+        """Start ``size`` threads for queue ``name``, unless it has its threads already."""
+        if name not in self._by_name:
+            self._by_name[name] = HandlerThreads(name, size, self._deliverer, self._waker)
+
+    def add(self, messages: Sequence[Message]) -> None:
+        """Hand claimed messages to the threads of their queues."""
+        by_queue: dict[str, list[Message]] = {}
+        for m in messages:
+            by_queue.setdefault(m.queue, []).append(m)
+        for name, claimed in by_queue.items():
+            self._by_name[name].add(claimed)
+
+    def take_finished(self) -> list[Outcome]:
+        return [o for threads in self for o in threads.take_finished()]
+
+    def hold(self) -> None:
+        """Start nothing more on any queue (what is added later waits, given back at a stop)."""
+        for threads in self:
+            threads.hold()
+
+    def hold_and_take_unstarted(self, name: str) -> list[Message]:
+        """Start nothing more for queue ``name``; returns what was claimed and not started."""
+        threads = self._by_name[name]
+        threads.hold()
+        return threads.take_unstarted()
+
+    def finished_and_abandoned(self, queues: Sequence[Queue]) -> list[Outcome]:
+        """At the end of a stop: the outcomes still to record; the handlers still running are
+        given up on (their messages stay in unack, extended while they run: Extender.linger)."""
+        finished: list[Outcome] = []
+        for q in queues:
+            # One instant: a handler finishing now is either among the finished (recorded) or
+            # abandoned with the running (left in flight), never dropped in between.
+            done, running = self._by_name[q.name].finished_and_abandoned()
+            finished.extend(done)
+            if running:
+                _leave_in_flight(q, running)
+        return finished
+
+    def in_flight(self, name: str) -> list[Message]:
+        threads = self._by_name.get(name)
+        return threads.in_flight() if threads is not None else []
+
+    @property
+    def busy(self) -> bool:
+        return any(threads.busy for threads in self)
+
+    def record_due_in(self) -> float | None:
+        """Seconds until the oldest untaken outcome of any queue must be recorded, or None."""
+        due = [d for threads in self if (d := threads.record_due_in()) is not None]
+        return min(due, default=None)
+
+    def close(self) -> None:
+        for threads in self:
+            threads.close()
+
+
+def _leave_in_flight(q: Queue, running: list[Message]) -> None:
+    # Handlers still running when we must stop (grace over, or a second request): given
+    # back now, another consumer could start a message while its handler still runs here
+    # (a library caller's process goes on; runqueue's lives on for its last writes). So
+    # they stay in unack, extended while their handler runs (Extender.linger): the
+    # visibility timeout brings them back (the attempt counts: they started) once it has
+    # ended, or the process has. Their outcome, if they finish, is not recorded.
+    logger.warning(
+        "queue %s: %d message(s) still running left in flight, extended while they run: "
+        "delivered again %ss after their handler (or this process) ends, never beside it",
+        q.name,
+        len(running),
+        f"{q.settings.visibility_timeout:g}",
+    )

@@ -1,13 +1,11 @@
 """The consumer loop: promote, claim, dispatch, record; sleep until the next due time.
 
-A continuous pipeline. One loop thread talks to Redis; each queue has its own handler slots
-(:mod:`.slots`), so a queue with slow handlers never holds up another. A message is claimed as
-soon as a slot of its queue is free, and a finished handler nudges the loop, which records its
-outcome with the next round trip: one pipeline per Redis client per round, carrying the
-outcomes finished since the last one (acks, nacks, journal), then per queue promote + claim
-(+ reap and heartbeat now and then). With nothing due the loop waits on the queues' wake
-channels until the earliest due time, so it is on time to the millisecond without polling
-Redis while idle.
+A continuous pipeline. One loop thread talks to Redis; each queue has its own handler threads
+(:mod:`.handler_threads`), so a queue with slow handlers never holds up another. A message is
+claimed as soon as a handler thread of its queue is free, and a finished handler nudges the
+loop, which records its outcome with the next round trip (:mod:`.rounds`, which says what one
+carries). With nothing due the loop waits on the queues' wake channels until the earliest due
+time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis while idle.
 """
 
 from __future__ import annotations
@@ -22,14 +20,17 @@ from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.extender import Extender
-from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+from django_delayqueue.core.consumer.handler_threads import ThreadsByQueue
 from django_delayqueue.core.consumer.outcomes import Outcome, run_handler
-from django_delayqueue.core.consumer.rounds import Rounds
-from django_delayqueue.core.consumer.waiter import Waiter, sleep_until_due
+from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
+from django_delayqueue.core.consumer.rounds import RoundTrip
+from django_delayqueue.core.consumer.stopping import StopRequests
+from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Waiter, Wake, sleep_until_due
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
-from django_delayqueue.core.recurring.keeper import ScheduleKeeper, record_tick_call, tick_run
 from django_delayqueue.core.scripts.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -38,14 +39,15 @@ Handler = Callable[[Message], Any]
 SUBSCRIBE_WAIT_SECONDS = 2.0  # how long run() waits to be subscribed before its first round
 SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record outcomes
 FORCED_FLUSH_SECONDS = 1.0
-FLUSH_RETRY_PAUSE_SECONDS = 0.2
 
 
-class Consumer(Rounds):
+class Consumer:
     """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`).
 
-    ``concurrency`` is the number of handler slots *per queue*; None uses each queue's
-    ``settings.concurrency``, re-read when the settings change.
+    ``concurrency`` is the number of handler threads *per queue*; None uses each queue's
+    ``settings.concurrency``, re-read when the settings change. ``keeper`` keeps recurring
+    schedules (``core.recurring.ScheduleKeeper``); ``monotonic`` is the clock, in seconds,
+    that times maintenance, the grace period and the shutdown (tests inject a manual one).
     """
 
     announce_within_ms = ANNOUNCE_WITHIN_MS  # longest sleep without reading the pending heads
@@ -63,14 +65,16 @@ class Consumer(Rounds):
         maintenance_seconds: float = 5.0,
         journal_maxlen: int = 100_000,
         name: str | None = None,
-        keeper: ScheduleKeeper | None = None,
+        keeper: Keeper | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         if not queues:
             raise DelayQueueError("a consumer needs at least one queue")
         names = [q.name for q in queues]
         if len(set(names)) != len(names):
             raise DelayQueueError(f"a queue may be consumed once per consumer: {names}")
-        super().__init__(list(queues), journal_maxlen)
+        self.queues = list(queues)
+        self.clock = self.queues[0].clock
         self.handler = handler
         self.concurrency = concurrency
         self.burst = burst
@@ -78,22 +82,32 @@ class Consumer(Rounds):
         self.grace_seconds = grace_seconds
         self.idle_seconds = idle_seconds
         self.maintenance_seconds = maintenance_seconds
+        self.journal_maxlen = journal_maxlen
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
-        self.keeper = keeper
-        self.memory.who = self.name
-        if keeper is not None:
-            keeper.memory = self.memory  # one "out of memory" log line for the whole consumer
-        self._queue_named = {q.name: q for q in self.queues}
-        # Only counted by request_stop (a signal handler): no Event, whose set() would take a
-        # lock that the main thread may hold in the very frame the signal interrupted.
-        self._stop_requests = 0
-        self._grace_deadline = math.inf  # set by the first
-        self._extender: Extender | None = None  # while run() runs
-        self._waiter = Waiter(
-            [(client, [q.keys.wake_channel for q in group]) for client, group in self._clients],
-            self.clock,
-            lambda: self.stopping,
+        # Looked up now, not as a default argument, so a test may patch time.monotonic.
+        self._monotonic = monotonic or time.monotonic
+        self.delivered = 0  # handlers finished
+        self._claimed_total = 0  # claimed and not given back unstarted (for max_messages)
+        # One "out of memory" log line for the whole consumer: outcomes, rounds and ticks.
+        self.memory = OutOfMemoryLog(logger, self.name)
+        self._unrecorded = UnrecordedOutcomes(self.queues, journal_maxlen, self.memory)
+        self.keeper: Keeper = keeper if keeper is not None else NoKeeper()
+        self.keeper.memory = self.memory
+        self._round_trip = RoundTrip(
+            self.queues, self._unrecorded, self.keeper, self.name, self.memory
         )
+        self._queue_named = {q.name: q for q in self.queues}
+        self._stop = StopRequests(self._monotonic)
+        self._next_maintenance = -math.inf
+        self._extender: Extender | None = None  # while run() runs
+        self._waiter = Waiter([], self.clock, lambda: self.stopping)
+        for q in self.queues:  # one listener per Redis client
+            self._waiter.add_channels(q.client, [q.keys.wake_channel])
+        self._threads = ThreadsByQueue(self, self._waiter)
+        # The wait that ended just before the next round (see _fetch), and whether that round
+        # is only the idle safety poll (it claims only where something is known to be ready).
+        self._aim: Wake | None = None
+        self._polling = False
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
 
@@ -113,50 +127,50 @@ class Consumer(Rounds):
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
 
-    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
-        super().write_soon(queue, call)  # not at the next poll, seconds away: get_result reads it
-        self._waiter.written_soon()
-
-    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
-        added = super().add_queues(queues)
-        for q in added:
-            self._queue_named[q.name] = q
-            self._waiter.add_channels(q.client, [q.keys.wake_channel])
-            if self._extender is not None:
-                self._extender.add(q)
-        self._start_slots()
-        return added
-
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
 
-    def _start_when_due(self, message: Message) -> Outcome:
+    # --- what handler threads call ----------------------------------------------------------------
+
+    def deliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the calling handler thread (never raises)."""
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
         outcome = self.around_handler(message)
-        if self.keeper is not None:
-            self._record_tick(outcome)
+        q = self._queue_named.get(message.queue)
+        write = None if q is None else self.keeper.finished(q, outcome)
+        if q is not None and write is not None:
+            self.write_soon(q, write)  # a recurring tick's run, with the next round
         return outcome
 
-    def _record_tick(self, outcome: Outcome) -> None:
-        """A recurring schedule's tick ran: its last run and outcome go with the next round."""
-        q = self._queue_named.get(outcome.message.queue)
-        tick = (
-            None
-            if q is None or self.keeper is None
-            else self.keeper.recurrence_of(q, outcome.message.id)
-        )
-        if q is None or tick is None:
-            return
-        status = outcome.journal_row(q.settings.max_attempts)[6]
-        run = tick_run(tick[1], outcome.finished_ms, status, outcome.error)
-        self.write_soon(q, record_tick_call(q, tick[0].name, run))
+    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
+        """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe):
+        a write a handler wants done without a round trip of its own (a task's RUNNING). It
+        goes before any outcome's writes and acks of the same round, and the wait ends soon
+        for it (not at the next poll, seconds away: get_result reads it)."""
+        self._unrecorded.write_soon(queue.name, call)
+        self._waiter.written_soon()
+
+    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
+        """Consume ``queues`` too, from the next round (on the loop's thread, say from
+        ``refresh``); returns those that were new."""
+        added = [q for q in queues if q.name not in self._queue_named]
+        for q in added:
+            self.queues.append(q)
+            self._queue_named[q.name] = q
+            self._unrecorded.add_queue(q)
+            self._round_trip.add_queue(q)
+            self._waiter.add_channels(q.client, [q.keys.wake_channel])
+            if self._extender is not None:
+                self._extender.add(q)
+        self._start_threads()
+        return added
 
     # --- stopping -------------------------------------------------------------------------------
 
     @property
     def stopping(self) -> bool:
-        return self._stop_requests > 0
+        return self._stop.stopping
 
     def request_stop(self) -> None:
         """First call: finish in-flight handlers and stop. Second call: stop at once.
@@ -164,11 +178,9 @@ class Consumer(Rounds):
         Safe from a signal handler: it only sets flags and wakes the loop without blocking
         (or, when another thread holds the waiter's lock, within a wait slice).
         """
-        self._stop_requests += 1
-        if self._stop_requests == 1:
-            self._grace_deadline = time.monotonic() + self.grace_seconds
+        count = self._stop.request(self.grace_seconds)
         self._waiter.nudge(blocking=False)
-        if self._stop_requests == 1:
+        if count == 1:
             logger.info("stopping: finishing in-flight handlers (send again to stop at once)")
         else:
             logger.warning("stopping at once; running messages stay in flight")
@@ -182,7 +194,7 @@ class Consumer(Rounds):
 
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until nothing is due). Returns an exit code."""
-        self._start_slots()
+        self._start_threads()
         # Subscribed before the first round: an announcement between that round's promote
         # and the subscription would otherwise be missed until the next poll.
         self._waiter.wait_subscribed(SUBSCRIBE_WAIT_SECONDS)
@@ -190,28 +202,27 @@ class Consumer(Rounds):
         logger.info(
             "%s consuming %s",
             self.name,
-            ", ".join(f"{q.name} ({self._slots[q.name].size} slot(s))" for q in self.queues),
+            ", ".join(f"{q.name} ({self._threads[q.name].size} thread(s))" for q in self.queues),
         )
         try:
             self._loop()
             return self._shutdown()
         finally:
-            if any(slots.abandoned() for slots in self._slots.values()):
+            if any(threads.abandoned() for threads in self._threads):
                 extender.linger(self._abandoned)  # until their handlers end
             else:
                 extender.stop()
             self._waiter.close()
-            for slots in self._slots.values():
-                slots.close()
+            self._threads.close()
 
     def _loop(self) -> None:
         failures = 0
-        while self._stop_requests < 2:
+        while not self._stop.at_once:
             if self.stopping:
                 self._release_unstarted()
                 if not self._busy():
                     return
-                if time.monotonic() >= self._grace_deadline:
+                if self._stop.grace_left() <= 0:
                     logger.warning("grace period over: running messages stay in flight")
                     return
             try:
@@ -227,9 +238,8 @@ class Consumer(Rounds):
                 # A backoff that a handler's nudge does not cut short; a stop request does
                 # (the first, or once stopping the second: the grace period bounds it too).
                 if self.stopping:
-                    self._waiter.idle(
-                        min(pause, self._grace_left()), until=lambda: self._stop_requests > 1
-                    )
+                    left = min(pause, self._stop.grace_left())
+                    self._waiter.idle(left, until=lambda: self._stop.at_once)
                 else:
                     self._waiter.idle(pause, until=lambda: self.stopping)
                 continue
@@ -241,159 +251,136 @@ class Consumer(Rounds):
                 # left, the top of the loop returns now (an idle here waited out a whole second
                 # after the last outcome was recorded, with nothing left to nudge it).
                 if self._busy():
-                    self._waiter.idle(min(1.0, self._grace_left()))
+                    self._waiter.idle(min(1.0, self._stop.grace_left()))
                 continue
             if self._due_now():
                 continue
             if self.burst and not self._busy():
                 return
-            aim = self._waiter.wait(self._next_due(), self._poll_at())
+            aim = self._waiter.wait(self._round_trip.next_due(), self._poll_at())
             self._aim = None if aim.nudged else aim
             # A nudge (a handler finished) or a safety poll says nothing about new messages:
             # the round after it claims only where something is known to be ready.
             self._polling = aim.nudged or (not aim.announced and not self._due_now(aim.due_ms))
 
-    def _grace_left(self) -> float:
-        return max(0.0, self._grace_deadline - time.monotonic())
-
     def step(self, now_ms: int | None = None) -> int:
-        """One round: record outcomes, promote, claim into the slots. Returns messages claimed."""
-        self._start_slots()
-        if time.monotonic() >= self._next_maintenance or self.refresh_wanted():
+        """One round, in this order: maintenance if due (refresh the settings, resize the
+        threads), take the finished outcomes, one round trip (record them, promote, claim),
+        hand the claimed messages to their threads. Returns the messages claimed."""
+        self._start_threads()
+        maintenance = self._monotonic() >= self._next_maintenance or self.refresh_wanted()
+        if maintenance:
             self.refresh()
             for q in self.queues:
-                self._slots[q.name].resize(self._slot_count(q))
-            self._next_maintenance = time.monotonic() + self.maintenance_seconds
-            maintenance = True
-        else:
-            maintenance = False
-        for slots in self._slots.values():
-            finished = slots.take_finished()
-            self.delivered += len(finished)
-            self._unrecorded.extend(finished)
+                self._threads[q.name].resize(self._thread_count(q))
+            self._next_maintenance = self._monotonic() + self.maintenance_seconds
+        finished = self._threads.take_finished()
+        self.delivered += len(finished)
+        self._unrecorded.extend(finished)
         aim = self._aim  # _fetch uses it up
-        by_queue: dict[str, list[Message]] = {}
-        for m in self._fetch(now_ms, maintenance=maintenance):
-            by_queue.setdefault(m.queue, []).append(m)
-        for name, messages in by_queue.items():
-            self._slots[name].add(messages)
+        messages = self._fetch(now_ms, maintenance=maintenance)
+        self._threads.add(messages)
         if aim is not None and aim.due_ms is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
-        return sum(len(messages) for messages in by_queue.values())
+        return len(messages)
+
+    def _fetch(self, now_ms: int | None = None, *, maintenance: bool = False) -> list[Message]:
+        """One round trip (:meth:`RoundTrip.run`); returns the claimed messages.
+
+        After a wait that ended one claim lead early (``_aim``), it claims what is due by the
+        time the wait aimed at; the handler threads hold those messages until they are due.
+        """
+        aim, self._aim = self._aim, None  # an aim is used once
+        poll, self._polling = self._polling, False
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        claim_until = now
+        aimed = None if now_ms is not None or aim is None else aim.due_ms
+        if aimed is not None and 0 < aimed - now <= MAX_CLAIM_LEAD_MS:
+            claim_until = aimed
+        room = {q.name: self._room(q) for q in self.queues}
+        budget = None if self.max_messages is None else self.max_messages - self._claimed_total
+        done = self._round_trip.run(
+            now, claim_until, room, budget, poll=poll, maintenance=maintenance
+        )
+        self._claimed_total += len(done.claimed)
+        if done.reap_again:
+            self._next_maintenance = -math.inf
+        return done.claimed
 
     def _room(self, q: Queue) -> int:
-        slots = self._slots.get(q.name)
-        count = q.settings.claim_batch
-        if slots is not None:
-            count = min(count, slots.room(q.settings.claim_batch))
-        return count
+        """How many messages of ``q`` the next round may claim: none while ``q`` is paused or
+        the consumer stops; else what its threads have room for, one claim batch at most."""
+        if q.settings.paused or self.stopping:
+            return 0
+        batch = q.settings.claim_batch
+        threads = self._threads.get(q.name)
+        return batch if threads is None else min(batch, threads.room(batch))
 
-    # --- slots ------------------------------------------------------------------------------------
+    # --- handler threads --------------------------------------------------------------------------
 
-    def _slot_count(self, q: Queue) -> int:
+    def _thread_count(self, q: Queue) -> int:
         return self.concurrency or q.settings.concurrency
 
-    def _start_slots(self) -> None:
+    def _start_threads(self) -> None:
         for q in self.queues:
-            if q.name not in self._slots:
-                self._slots[q.name] = HandlerThreads(
-                    q.name,
-                    self._slot_count(q),
-                    self._start_when_due,
-                    self._waiter.nudge,
-                    self.handler_thread_exit,
-                    self._waiter.remind,
-                )
+            self._threads.start(q.name, self._thread_count(q))
 
     def _busy(self) -> bool:
-        return bool(self._unrecorded) or any(s.busy for s in self._slots.values())
+        return bool(self._unrecorded) or self._threads.busy
 
     def _in_flight(self, name: str) -> list[Message]:
         """What this consumer holds in unack: claimed, running, or finished and unrecorded."""
-        slots = self._slots.get(name)
-        held = slots.in_flight() if slots is not None else []
-        return held + self._unrecorded.unrecorded_messages(name)
+        return self._threads.in_flight(name) + self._unrecorded.unrecorded_messages(name)
 
     def _abandoned(self, name: str) -> list[Message]:
         """Left in flight at a stop while their handler still runs (see Extender.linger)."""
-        slots = self._slots.get(name)
-        return slots.abandoned() if slots is not None else []
+        threads = self._threads.get(name)
+        return threads.abandoned() if threads is not None else []
 
     def _release_unstarted(self) -> None:
-        """Hold every slot and give back what was claimed but not started (no attempt used)."""
+        """Hold every thread and give back what was claimed but not started (no attempt used)."""
         for q in self.queues:
-            slots = self._slots[q.name]
-            slots.hold()
-            unstarted = slots.take_unstarted()
-            if not unstarted:
-                continue
-            self._claimed_total -= len(unstarted)
-            try:
-                q.release(*unstarted)
-            except DelayQueueError as e:  # they come back after their visibility timeout
-                logger.warning(
-                    "queue %s: could not give back %d message(s): %s", q.name, len(unstarted), e
-                )
+            unstarted = self._threads.hold_and_take_unstarted(q.name)
+            if unstarted:
+                self._claimed_total -= len(unstarted)
+                self._round_trip.give_back(q, unstarted)
 
     # --- shutdown ---------------------------------------------------------------------------------
 
     def _shutdown(self) -> int:
         """Give back what is left, record what finished; a forced stop gives it a short try."""
-        for slots in self._slots.values():  # first: a lost claim's messages must not start
-            slots.hold()
-        self._give_back_lost_claims()
+        self._threads.hold()  # first: a lost claim's messages must not start
+        replayed = self._round_trip.replay_lost_claims()
+        self._claimed_total += len(replayed)  # given back with the unstarted, just below
+        self._threads.add(replayed)
         self._release_unstarted()
-        for q in self.queues:
-            # One instant: a handler finishing now is either among the finished (recorded) or
-            # abandoned with the running (left in flight), never dropped in between.
-            finished, running = self._slots[q.name].finished_and_abandoned()
-            self.delivered += len(finished)
-            self._unrecorded.extend(finished)
-            if running:
-                self._leave_in_flight(q, running)
-        seconds = FORCED_FLUSH_SECONDS if self._stop_requests > 1 else SHUTDOWN_FLUSH_SECONDS
-        deadline = time.monotonic() + seconds
-        while self._unrecorded and time.monotonic() < deadline:
-            try:
-                self._flush_only(force=True)
-            except DelayQueueError as e:
-                logger.warning("could not record outcomes on shutdown: %s", e)
-            if self._unrecorded:
-                time.sleep(FLUSH_RETRY_PAUSE_SECONDS)
-        if self._unrecorded:
-            logger.warning(
-                "%d outcome(s) not recorded: those messages will be delivered again",
-                len(self._unrecorded),
-            )
-        self._leave_heartbeats()
+        finished = self._threads.finished_and_abandoned(self.queues)
+        self.delivered += len(finished)
+        self._unrecorded.extend(finished)
+        seconds = FORCED_FLUSH_SECONDS if self._stop.at_once else SHUTDOWN_FLUSH_SECONDS
+        self._round_trip.record_left(seconds, self._monotonic)
+        self._round_trip.leave_heartbeats()
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
-
-    def _give_back_lost_claims(self) -> None:
-        """Ask once more for what claims whose reply was lost took (a replay: nothing new), so
-        that it is given back unstarted rather than left to time out (the slots are held)."""
-        for m in self._replay_lost_claims():
-            self._slots[m.queue].add([m])
-
-    def _leave_in_flight(self, q: Queue, running: list[Message]) -> None:
-        # Handlers still running when we must stop (grace over, or a second request): given
-        # back now, another consumer could start a message while its handler still runs here
-        # (a library caller's process goes on; runqueue's lives on for its last writes). So
-        # they stay in unack, extended while their handler runs (Extender.linger): the
-        # visibility timeout brings them back (the attempt counts: they started) once it has
-        # ended, or the process has. Their outcome, if they finish, is not recorded.
-        logger.warning(
-            "queue %s: %d message(s) still running left in flight, extended while they run: "
-            "delivered again %ss after their handler (or this process) ends, never beside it",
-            q.name,
-            len(running),
-            f"{q.settings.visibility_timeout:g}",
-        )
 
     # --- waiting ---------------------------------------------------------------------------------
 
     def _limit_reached(self) -> bool:
         return self.max_messages is not None and self.delivered >= self.max_messages
+
+    def _due_now(self, now: int | None = None) -> bool:
+        """Whether the next round has work now: something due, or ready and room to claim it."""
+        now = self.clock.now_ms() if now is None else now
+        if self._round_trip.due_by(now):
+            return True
+        if self.stopping:
+            return False
+        if self.keeper.needs_round(now):
+            return True
+        under_limit = self.max_messages is None or self._claimed_total < self.max_messages
+        return under_limit and any(
+            self._round_trip.has_ready(q) and self._room(q) > 0 for q in self.queues
+        )
 
     def _poll_at(self) -> int:
         """When to look again even if nothing is known to be due: a poll or maintenance."""
@@ -402,17 +389,12 @@ class Consumer(Rounds):
         idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
         # Rounded up: a wait that ended before the (monotonic) maintenance time would find
         # no maintenance due, and wait again for a fraction of a millisecond.
-        maintenance_in = math.ceil(max(0.0, self._next_maintenance - time.monotonic()) * 1000)
+        left = max(0.0, self._next_maintenance - self._monotonic())
+        maintenance_in = math.ceil(left * 1000)
+        wait_ms = min(idle_ms, maintenance_in + 1)
         # An outcome that no round trip was worth waking for (a quick queue with messages
         # still claimed) is recorded within RECORD_WITHIN_SECONDS of its handler's end.
-        record_in = min(
-            (s.record_due_in() for s in self._slots.values()), default=None, key=_none_last
-        )
-        wait_ms = min(idle_ms, maintenance_in + 1)
+        record_in = self._threads.record_due_in()
         if record_in is not None:
             wait_ms = min(wait_ms, math.ceil(record_in * 1000))
         return self.clock.now_ms() + wait_ms
-
-
-def _none_last(value: float | None) -> float:
-    return math.inf if value is None else value

@@ -30,7 +30,7 @@ class WritesWithAck:
 
     call: ScriptCall
     then: Callable[[], None] | None = None
-    # A call the handler gave ``Rounds.write_soon`` that ``call`` makes needless (it writes the
+    # A call the handler gave ``Consumer.write_soon`` that ``call`` makes needless (it writes the
     # same and more): not sent if it is still waiting when this one goes.
     supersedes: ScriptCall | None = None
 

@@ -15,6 +15,10 @@ leaves only once a reply says it ran. When Redis is out of memory the journal ro
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round.
+
+The recorder is one of the two parts that ride on every round trip (the recurring keeper is
+the other: see :mod:`.round_parts`): :meth:`UnrecordedOutcomes.add_to` adds its calls to a
+server's pipeline, :meth:`UnrecordedOutcomes.read` takes in their replies.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
+from redis.cluster import RedisCluster
 
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
@@ -56,9 +62,9 @@ class _Entry:
         return self.recorded and self.journalled and self.written
 
 
-# One flushed call: the queue, what kind of call, and the entries it carries (for "early": the
-# call itself).
-Flush = list[tuple[Queue, CallKind, list[Any]]]
+# One flushed call: the queue, what kind of call, the entries it carries (for "early": the
+# call itself), and its index in the batch's results.
+Flush = list[tuple[Queue, CallKind, list[Any], int]]
 
 
 class UnrecordedOutcomes:
@@ -116,19 +122,20 @@ class UnrecordedOutcomes:
     def add_to(
         self,
         batch: ScriptBatch,
-        now: int,
-        names: Collection[str] | None = None,
+        queues: Sequence[Queue],
+        now_ms: int,
         *,
         force: bool = False,
     ) -> Flush:
-        """Queue the acks, nacks and journal entry of the queues ``names`` (default: all).
+        """Queue the early writes, acks, nacks and journal entry of ``queues`` (one server's).
 
         A queue whose last calls failed waits out its pause, unless ``force`` (at shutdown).
         """
+        names = {q.name for q in queues}
         flush: Flush = []
         clock = time.monotonic()
         with self._lock:
-            for name in [n for n in self._early if names is None or n in names]:
+            for name in [n for n in self._early if n in names]:
                 if force or self._paused_until.get(name, 0.0) <= clock:
                     # Left in _early until settle() sees them run: a round whose pipeline
                     # fails (an outage) never reaches settle(), and must not lose them.
@@ -136,45 +143,49 @@ class UnrecordedOutcomes:
                     kept = [c for c in self._early[name] if id(c) not in needless]
                     self._early[name] = kept
                     for call in kept:
-                        batch.add(call)
-                        flush.append((self._by_name[name], "early", [call]))
+                        flush.append((self._by_name[name], "early", [call], batch.add(call)))
                     if not kept:
                         del self._early[name]
         for name, entries in self._entries.items():
-            if names is not None and name not in names:
+            if name not in names:
                 continue
             if not force and self._paused_until.get(name, 0.0) > clock:
                 continue
             q = self._by_name[name]
             for e in entries:  # before the acks: a task's result before its message goes
                 if not e.written and e.outcome.writes is not None:
-                    batch.add(e.outcome.writes.call)
-                    flush.append((q, "write", [e]))
+                    flush.append((q, "write", [e], batch.add(e.outcome.writes.call)))
             todo = [e for e in entries if not e.recorded]
             acks = [e for e in todo if e.outcome.status == ACK]
             retry = [e for e in todo if e.outcome.status not in (ACK, GARBAGE)]
             bury = [e for e in todo if e.outcome.status == GARBAGE]
             if acks:
-                batch.add(q.ack_call([e.outcome.message for e in acks]))
-                flush.append((q, "ack", acks))
+                call = q.ack_call([e.outcome.message for e in acks])
+                flush.append((q, "ack", acks, batch.add(call)))
             if retry:
                 failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
-                batch.add(q.nack_call(failures, now))
-                flush.append((q, "retry", retry))
+                flush.append((q, "retry", retry, batch.add(q.nack_call(failures, now_ms))))
             if bury:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
-                batch.add(q.nack_call(failures, now, bury=True))
-                flush.append((q, "bury", bury))
+                call = q.nack_call(failures, now_ms, bury=True)
+                flush.append((q, "bury", bury, batch.add(call)))
             unjournalled = [e for e in entries if not e.journalled]
             if unjournalled:
-                batch.add(self._journal_call(q, [e.outcome for e in unjournalled]))
-                flush.append((q, "journal", unjournalled))
+                call = self._journal_call(q, [e.outcome for e in unjournalled])
+                flush.append((q, "journal", unjournalled, batch.add(call)))
         return flush
+
+    def read(self, flush: Flush, results: Sequence[Any], now_ms: int) -> None:
+        """Take in the replies to ``flush`` (``results``: the whole batch's), then, with
+        ``MIN_REPLICAS``, wait for the replicas to have the acks."""
+        self.settle(flush, results)
+        _confirm_acks(flush)
 
     def settle(self, flush: Flush, results: Sequence[Any]) -> None:
         """Mark what Redis now has; keep, per call, only what a failed call carried."""
         failed: dict[str, Any] = {}
-        for (q, kind, entries), result in zip(flush, results, strict=True):
+        for q, kind, entries, index in flush:
+            result = results[index]
             if kind == "early":
                 self._early_done(q, entries[0], result)
                 continue
@@ -303,3 +314,27 @@ class UnrecordedOutcomes:
             for item in pair
         ]
         return JOURNAL.call(q.keys, max_length=self.journal_maxlen, fields=fields)
+
+
+def _confirm_acks(flush: Flush) -> None:
+    """With ``MIN_REPLICAS``, wait for the replicas to have the acks just sent, so that a
+    failover does not bring acknowledged messages back. One WAIT covers every queue of the
+    server; a timeout is logged, not raised: the deliveries are done, and at worst a failover
+    delivers them again (at least once)."""
+    queues = [q for q, kind, _, _ in flush if kind == "ack" and q.replicas is not None]
+    # One check per server: every queue of a plain client shares it; on a cluster, each
+    # queue's slot has its own primary.
+    by_server: dict[object, Queue] = {}
+    for q in queues:
+        client = q.client
+        server = (
+            client.get_node_from_key(q.keys.replicated).name
+            if isinstance(client, RedisCluster)
+            else id(client)
+        )
+        by_server.setdefault(server, q)
+    for q in by_server.values():
+        try:
+            q.confirm_replicas("acknowledgements")
+        except DelayQueueError as e:
+            logger.warning("%s; a failover now may deliver them again", e)

@@ -1,31 +1,29 @@
-"""One round of the consumer: a pipeline per Redis client that records, promotes and claims.
+"""The consumer's round trip: a pipeline per Redis server that records, promotes and claims.
 
 Queues may live on different Redis servers (or cluster nodes): each client gets its own
-pipeline with its own queues' calls. A queue whose scripts fail is logged and left alone for a
-while; it never stops the others.
+pipeline with its own queues' calls, in the order :meth:`RoundTrip.run` writes out. A queue
+whose scripts fail is logged and left alone for a while; it never stops the others. Besides
+the promotes and claims, two parts ride on every round trip through one interface
+(:mod:`.round_parts`): the outcomes to record and the recurring schedules' keeper.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
-
-from redis.cluster import RedisCluster
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.consumer.claims import ClaimReceipts
-from django_delayqueue.core.consumer.handler_threads import HandlerThreads
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
-from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
+from django_delayqueue.core.consumer.round_parts import Keeper
+from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.scripts.calls import (
     ScriptBatch,
-    ScriptCall,
     is_out_of_memory,
     redis_errors,
 )
@@ -37,97 +35,87 @@ QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
 SERVER_DOWN_PAUSE_MS = 1000  # how long the queues of an unreachable server are left alone
 HEARTBEAT_PRUNE_MS = 3_600_000
 HEARTBEAT_FORGET_MS = 86_400_000  # consumers silent this long leave the heartbeats zset
+RECORD_RETRY_PAUSE_SECONDS = 0.2  # between two tries to record what is left at shutdown
 
 Plan = list[tuple[Queue, str, int]]
 
 
-class Rounds:
-    """The Redis side of a consumer; :class:`~.consumer.Consumer` adds threads and waiting."""
+class Round(NamedTuple):
+    """What one round trip brought back."""
 
-    name: str
-    max_messages: int | None
+    claimed: list[Message]
+    reap_again: bool  # a reap left timed-out deliveries behind: reap again next round
 
-    def __init__(self, queues: list[Queue], journal_maxlen: int) -> None:
-        self.queues = queues
-        self.clock: Clock = queues[0].clock
-        self.journal_maxlen = journal_maxlen
-        self.delivered = 0  # handlers finished
-        self._claimed_total = 0  # claimed and not given back unstarted (for max_messages)
-        by_client: dict[int, tuple[Any, list[Queue]]] = {}
-        for q in queues:
-            by_client.setdefault(id(q.client), (q.client, []))[1].append(q)
-        self._clients = list(by_client.values())
-        self._slots: dict[str, HandlerThreads] = {}
-        self._heartbeats_pruned_at: dict[int, int] = {}  # per client
+
+class RoundTrip:
+    """The consumer's round trips to Redis, and what they last told about each queue."""
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        outcomes: UnrecordedOutcomes,
+        keeper: Keeper,
+        name: str,
+        memory: OutOfMemoryLog,
+    ) -> None:
+        self.clock = queues[0].clock
+        self.outcomes = outcomes
+        self.keeper = keeper
+        self.name = name  # the consumer's, in the heartbeats
         # Redis refusing writes for memory is logged once, not every round (shared with the
         # recording of outcomes and the recurring schedules).
-        self.memory = OutOfMemoryLog(logger)
-        self._unrecorded = UnrecordedOutcomes(queues, journal_maxlen, self.memory)
-        self._claims = ClaimReceipts()  # a claim whose reply was lost is asked for again
-        self._next_wake: dict[str, int | None] = {}
-        # Ready-list lengths seen by the last promote (less what the same round claimed), and
-        # whether the coming round is only the idle safety poll: such a round claims only from
-        # queues with something to claim, so an idle consumer costs Redis a few reads a second.
-        self._ready_seen: dict[str, int] = {}
-        self._polling = False
-        self._claim_skipped: set[str] = set()
-        self._next_maintenance = 0.0
-        self._aim: Wake | None = None  # the wait that ended just before the next fetch
-        self.keeper: ScheduleKeeper | None = None  # recurring schedules this consumer keeps
-
-    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
-        """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe).
-
-        For writes a handler wants done without a round trip of its own (a task's RUNNING);
-        they go before any outcome's writes and acks of the same round.
-        """
-        self._unrecorded.write_soon(queue.name, call)
-
-    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
-        """Consume ``queues`` too, from the next round (on the loop's thread, say from
-        ``refresh``); returns those that were new."""
-        added = []
+        self.memory = memory
+        self.claims = ClaimReceipts()  # a claim whose reply was lost is asked for again
+        self._clients: list[tuple[RedisClient, list[Queue]]] = []
         for q in queues:
-            if any(q.name == known.name for known in self.queues):
-                continue
-            self.queues.append(q)
-            group = next((g for client, g in self._clients if client is q.client), None)
-            if group is None:
-                self._clients.append((q.client, [q]))
-            else:
-                group.append(q)
-            self._unrecorded.add_queue(q)
-            added.append(q)
-        return added
+            self.add_queue(q)
+        self._heartbeats_pruned_at: dict[int, int] = {}  # per client
+        self._next_wake: dict[str, int | None] = {}
+        # Ready-list lengths seen by the last promote (less what the same round claimed): a
+        # round that is only the idle safety poll claims only from queues with something to
+        # claim, so an idle consumer costs Redis a few reads a second.
+        self._ready_seen: dict[str, int] = {}
+        self._claim_skipped: set[str] = set()
 
-    def _room(self, q: Queue) -> int:
-        """How many messages of ``q`` this round may claim (the consumer's slots say)."""
-        return q.settings.claim_batch
+    def add_queue(self, q: Queue) -> None:
+        """Send ``q``'s calls with its server's pipeline from the next round."""
+        group = next((g for client, g in self._clients if client is q.client), None)
+        if group is None:
+            self._clients.append((q.client, [q]))
+        else:
+            group.append(q)
 
-    def _fetch(self, now_ms: int | None = None, *, maintenance: bool = False) -> list[Any]:
-        """One round trip per client: record, promote, claim. Returns the claimed messages.
+    def run(
+        self,
+        now: int,
+        claim_until: int,
+        room: Mapping[str, int],
+        budget: int | None = None,
+        *,
+        poll: bool = False,
+        maintenance: bool = False,
+    ) -> Round:
+        """One round trip per Redis server. ``room``: how many messages each queue may claim
+        (its handler threads say); ``budget``: how many in all (None: no limit); ``poll``: the
+        round is only the idle safety poll; ``maintenance``: reap and heartbeat too.
 
-        After a wait that ended one claim lead early (``aim``), it claims what is due by the
-        time the wait aimed at; the handler threads hold those messages until they are due.
+        Promote and claim what is due by ``claim_until``; everything else uses ``now``.
         """
-        aim, self._aim = self._aim, None  # an aim is used once
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        claim_until = now  # promote and claim what is due by then; everything else uses now
-        aimed = None if now_ms is not None or aim is None else aim.due_ms
-        if aimed is not None and 0 < aimed - now <= MAX_CLAIM_LEAD_MS:
-            claim_until = aimed
-        room = None if self.max_messages is None else self.max_messages - self._claimed_total
         self._claim_skipped = set()
-        messages: list[Any] = []
+        messages: list[Message] = []
+        reap_again = False
         failures: list[DelayQueueError] = []
         for client, queues in self._clients:
+            # The calls, in the order Redis runs them:
             batch = ScriptBatch()
-            flush = self._unrecorded.add_to(batch, now, {q.name for q in queues})
-            # Before the promotes: a tick created due (a catch-up) is claimed by this round.
-            ticks = self.keeper.add_to(batch, queues, now) if self.keeper is not None else []
+            # 1. what finished since the last round: early writes, acks, nacks, the journal;
+            recorded = self.outcomes.add_to(batch, queues, now)
+            # 2. recurring ticks, before the promotes: a tick created due is claimed by this round;
+            ticks = self.keeper.add_to(batch, queues, now)
+            # 3. per queue, promote and claim (and, at maintenance, reap).
             plan: Plan = []
             for q in queues:
-                room = self._plan_queue(batch, plan, q, claim_until, room)
+                budget = self._plan_queue(batch, plan, q, claim_until, room, budget, poll)
                 if maintenance:
                     plan.append((q, "reap", batch.add(q.reap_call(now))))
             try:
@@ -137,94 +125,137 @@ class Rounds:
                 # they claimed is delivered: raising here would strand it in unack). Its
                 # claims may have run: the next round asks for them again by their ids.
                 failures.append(e)
-                self._claims.lost([q.name for q in queues])
+                self.claims.lost([q.name for q in queues])
                 for q in queues:
                     self._next_wake[q.name] = now + SERVER_DOWN_PAUSE_MS
                     self._ready_seen[q.name] = 0
                 continue
-            self._unrecorded.settle(flush, results[: len(flush)])
-            _confirm_acks(flush)
-            claimed = self._read_queue_results(plan, results, now)
-            if self.keeper is not None:  # after the claims, which must reach their handlers
-                self.keeper.read(ticks, results, now)
-            self._claimed_total += len(claimed)
+            # The replies: the outcomes, the claimed messages, then the keeper's (after the
+            # claims, which must reach their handlers whatever a schedule's reply holds).
+            self.outcomes.read(recorded, results, now)
+            claimed, reaped_all = self._read_queue_results(plan, results, now)
+            reap_again = reap_again or not reaped_all
+            self.keeper.read(ticks, results, now)
             messages.extend(claimed)
             if maintenance:  # last: it never delays a delivery, and its failure loses no claim
                 self._heartbeat(client, queues, now)
-        self._polling = False
         if failures and len(failures) == len(self._clients):
             raise failures[0]  # every server is down: the loop backs off
         for failure in failures:
             logger.warning("%s; its queues are tried again in %d ms", failure, SERVER_DOWN_PAUSE_MS)
-        return messages
+        return Round(messages, reap_again)
 
-    @property
-    def stopping(self) -> bool:
-        """Whether the loop is stopping (the loop class, which handles signals, says)."""
-        raise NotImplementedError
-
-    def _flush_only(self, force: bool = False) -> None:
+    def record_only(self, now: int, *, force: bool = False) -> None:
         """Record finished outcomes without promoting or claiming (shutting down)."""
-        now = self.clock.now_ms()
         failure: DelayQueueError | None = None
         for client, queues in self._clients:
             batch = ScriptBatch()
-            flush = self._unrecorded.add_to(batch, now, {q.name for q in queues}, force=force)
-            if not flush:
+            recorded = self.outcomes.add_to(batch, queues, now, force=force)
+            if not recorded:
                 continue
             try:  # one server down must not keep the others' outcomes from being recorded
-                self._unrecorded.settle(flush, batch.run(client, raise_errors=False))
+                results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
                 failure = e
             else:
-                _confirm_acks(flush)
+                self.outcomes.read(recorded, results, now)
         if failure is not None:
             raise failure
 
-    def _replay_lost_claims(self) -> list[Any]:
-        """Ask, replay only, for what the claims whose reply was lost took (shutting down):
-        their messages, nothing new, on those queues only, whatever else the round would hold
-        back (a schedule's states to read first). Returns them, to be given back unstarted."""
+    @staticmethod
+    def give_back(q: Queue, unstarted: list[Message]) -> None:
+        """Put messages claimed but never started back in ``q``'s ready list (no attempt used)."""
+        try:
+            q.release(*unstarted)
+        except DelayQueueError as e:  # they come back after their visibility timeout
+            logger.warning(
+                "queue %s: could not give back %d message(s): %s", q.name, len(unstarted), e
+            )
+
+    def replay_lost_claims(self) -> list[Message]:
+        """At a stop: ask, replay only, for what the claims whose reply was lost took: their
+        messages, nothing new, on those queues only, whatever else a round would hold back (a
+        schedule's states to read first). Returns them, to be given back unstarted rather than
+        left to time out."""
         now = self.clock.now_ms()
-        messages: list[Any] = []
+        messages: list[Message] = []
         for client, group in self._clients:
-            queues = [q for q in group if self._claims.unseen(q.name)]
+            queues = [q for q in group if self.claims.unseen(q.name)]
             if not queues:
                 continue
             batch = ScriptBatch()
             for q in queues:
-                batch.add(self._claims.call(q, now, 1, replay_only=True))
+                batch.add(self.claims.call(q, now, 1, replay_only=True))
             try:
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:  # still down: they come back after their timeout
                 logger.warning("claims whose reply was lost not asked for again: %s", e)
                 continue
             plan: Plan = [(q, "claim", index) for index, q in enumerate(queues)]
-            claimed = self._read_queue_results(plan, results, now)
-            self._claimed_total += len(claimed)
+            claimed, _ = self._read_queue_results(plan, results, now)
             messages.extend(claimed)
         return messages
 
+    def record_left(self, seconds: float, monotonic: Callable[[], float]) -> None:
+        """Record what is left (shutting down), trying for ``seconds`` with a pause between."""
+        deadline = monotonic() + seconds
+        while self.outcomes and monotonic() < deadline:
+            try:
+                self.record_only(self.clock.now_ms(), force=True)
+            except DelayQueueError as e:
+                logger.warning("could not record outcomes on shutdown: %s", e)
+            if self.outcomes:
+                time.sleep(RECORD_RETRY_PAUSE_SECONDS)
+        if self.outcomes:
+            logger.warning(
+                "%d outcome(s) not recorded: those messages will be delivered again",
+                len(self.outcomes),
+            )
+
+    def due_by(self, now: int) -> bool:
+        """Whether something is known to be due on a queue by ``now`` (or its retry is)."""
+        return any(t is not None and t <= now for t in self._next_wake.values())
+
+    def has_ready(self, q: Queue) -> bool:
+        """Whether the last round saw messages in ``q``'s ready list that it did not claim."""
+        return self._ready_seen.get(q.name, 0) > 0
+
+    def next_due(self) -> int | None:
+        """The earliest due time (or retry time, or "now") known on any queue, or the time a
+        recurring schedule needs its next tick."""
+        times = [t for t in self._next_wake.values() if t is not None]
+        if (due := self.keeper.next_due()) is not None:
+            times.append(due)
+        return min(times, default=None)
+
     def _plan_queue(
-        self, batch: ScriptBatch, plan: Plan, q: Queue, claim_until: int, room: int | None
+        self,
+        batch: ScriptBatch,
+        plan: Plan,
+        q: Queue,
+        claim_until: int,
+        room: Mapping[str, int],
+        budget: int | None,
+        poll: bool,
     ) -> int | None:
-        """Promote ``q`` and claim what its slots (and ``room``) allow; returns room left."""
-        if self.keeper is not None and self.keeper.holds(q, claim_until):
-            return room  # this round reads its schedule states; the next one (at once) claims
+        """Promote ``q`` and claim what its room (and ``budget``) allow; returns the budget
+        left."""
+        if self.keeper.holds(q, claim_until):
+            return budget  # this round reads its schedule states; the next one (at once) claims
         plan.append((q, "promote", batch.add(q.promote_call(claim_until))))
-        count = 0
-        if not (q.settings.paused or self.stopping or (room is not None and room <= 0)):
-            count = self._room(q) if room is None else min(self._room(q), room)
+        count = room.get(q.name, 0)
+        if budget is not None:
+            count = min(count, budget)
         if count <= 0:
-            if self._claims.unseen(q.name):  # its messages, nothing new (given back if stopping)
-                replay = self._claims.call(q, claim_until, 1, replay_only=True)
+            if self.claims.unseen(q.name):  # its messages, nothing new (given back if stopping)
+                replay = self.claims.call(q, claim_until, 1, replay_only=True)
                 plan.append((q, "claim", batch.add(replay)))
-            return room
-        if self._nothing_to_claim(q, claim_until) and not self._claims.unseen(q.name):
+            return budget
+        if poll and self._nothing_to_claim(q, claim_until) and not self.claims.unseen(q.name):
             self._claim_skipped.add(q.name)
-            return room
-        plan.append((q, "claim", batch.add(self._claims.call(q, claim_until, count))))
-        return None if room is None else room - count
+            return budget
+        plan.append((q, "claim", batch.add(self.claims.call(q, claim_until, count))))
+        return None if budget is None else budget - count
 
     def _nothing_to_claim(self, q: Queue, now: int) -> bool:
         """On a safety poll, a queue last seen with an empty ready list and nothing due.
@@ -234,10 +265,14 @@ class Rounds:
         _read_queue_results), so skipping the claim here delays nothing.
         """
         due = self._next_wake.get(q.name)
-        return self._polling and self._ready_seen.get(q.name, 1) == 0 and (due is None or due > now)
+        return self._ready_seen.get(q.name, 1) == 0 and (due is None or due > now)
 
-    def _read_queue_results(self, plan: Plan, results: list[Any], now: int) -> list[Any]:
-        messages: list[Any] = []
+    def _read_queue_results(
+        self, plan: Plan, results: list[Any], now: int
+    ) -> tuple[list[Message], bool]:
+        """The claimed messages, and whether every reap reaped all it found."""
+        messages: list[Message] = []
+        reaped_all = True
         for q, kind, index in plan:
             raw = results[index]
             if isinstance(raw, Exception):
@@ -246,7 +281,7 @@ class Rounds:
                 if not self.memory.check(raw, f"queue {q.name}: {kind}"):
                     logger.error("queue %s: %s.lua failed: %s", q.name, kind, raw)
                 if kind == "claim":  # it changed nothing (claim.lua reads before it writes)
-                    self._claims.answered(q.name)
+                    self.claims.answered(q.name)
                 if kind == "reap":  # promote and claim worked: keep what they told
                     continue
                 self._next_wake[q.name] = now + QUEUE_ERROR_PAUSE_MS
@@ -260,15 +295,17 @@ class Rounds:
                 late = promoted.ready > 0 and q.name in self._claim_skipped
                 self._next_wake[q.name] = now if promoted.more or late else promoted.next_due_ms
             elif kind == "claim":
-                self._claims.answered(q.name)
+                self.claims.answered(q.name)
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
                 messages.extend(q.claimed(raw, now))
             elif kind == "reap":
-                self._log_reaped(q, raw)
-        return messages
+                reaped_all = self._log_reaped(q, raw) and reaped_all
+        return messages, reaped_all
 
-    def _log_reaped(self, q: Queue, raw: Any) -> None:
+    @staticmethod
+    def _log_reaped(q: Queue, raw: Any) -> bool:
+        """Log what a reap found; returns whether it reaped all of it."""
         reaped = q.reap_result(raw)
         if reaped.retried or reaped.buried:
             logger.warning(
@@ -278,30 +315,7 @@ class Rounds:
                 reaped.retried,
                 reaped.buried,
             )
-        if reaped.more:
-            self._next_maintenance = 0.0
-
-    def _due_now(self, now: int | None = None) -> bool:
-        """Whether the next round has work now: something due, or ready and a free slot."""
-        now = self.clock.now_ms() if now is None else now
-        if any(t is not None and t <= now for t in self._next_wake.values()):
-            return True
-        if self.keeper is not None and not self.stopping and self.keeper.needs_round(now):
-            return True
-        if self.stopping:
-            return False
-        return any(
-            self._ready_seen.get(q.name, 0) > 0 and not q.settings.paused and self._room(q) > 0
-            for q in self.queues
-        ) and (self.max_messages is None or self._claimed_total < self.max_messages)
-
-    def _next_due(self) -> int | None:
-        """The earliest due time (or retry time, or "now") known on any queue, or the time a
-        recurring schedule needs its next tick."""
-        times = [t for t in self._next_wake.values() if t is not None]
-        if self.keeper is not None and (due := self.keeper.next_due()) is not None:
-            times.append(due)
-        return min(times, default=None)
+        return not reaped.more
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
         """Record that this consumer is alive (read by the health check). A Redis out of memory
@@ -339,7 +353,7 @@ class Rounds:
         except Exception as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
 
-    def _leave_heartbeats(self) -> None:
+    def leave_heartbeats(self) -> None:
         """Say this consumer is gone, so health stops counting it alive as soon as it stops
         (not ``HEALTH_CONSUMER_SECONDS`` later). Best effort: Redis may be down."""
         for client, queues in self._clients:
@@ -351,27 +365,3 @@ class Rounds:
                     pipe.execute()
             except Exception as e:  # down, or a heartbeats key of the wrong type
                 logger.debug("heartbeat not removed: %s", e)
-
-
-def _confirm_acks(flush: Sequence[Any]) -> None:
-    """With ``MIN_REPLICAS``, wait for the replicas to have the acks just sent, so that a
-    failover does not bring acknowledged messages back. One WAIT covers every queue of the
-    server; a timeout is logged, not raised: the deliveries are done, and at worst a failover
-    delivers them again (at least once)."""
-    queues = [q for q, kind, _ in flush if kind == "ack" and q.replicas is not None]
-    # One check per server: every queue of a plain client shares it; on a cluster, each
-    # queue's slot has its own primary.
-    by_server: dict[object, Queue] = {}
-    for q in queues:
-        client = q.client
-        server = (
-            client.get_node_from_key(q.keys.replicated).name
-            if isinstance(client, RedisCluster)
-            else id(client)
-        )
-        by_server.setdefault(server, q)
-    for q in by_server.values():
-        try:
-            q.confirm_replicas("acknowledgements")
-        except DelayQueueError as e:
-            logger.warning("%s; a failover now may deliver them again", e)

@@ -169,7 +169,7 @@ class Waiter:
 
     Producers announce due times on the queues' wake channels (one pub/sub listener per Redis
     client); handler threads nudge when they finish, so their outcome is recorded and their
-    slot refilled at once.
+    thread given another message at once.
     """
 
     def __init__(

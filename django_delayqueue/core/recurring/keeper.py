@@ -6,6 +6,11 @@ edited, paused or deleted), computed by :func:`~.planning.plan_ticks`. The scrip
 ticks only if the schedule's state is still what this consumer saw, so any number of consumers
 race safely: one creates the ticks, the others are told the new state. States are read once
 at the start and again at each maintenance (``refresh``), and corrected by every reply.
+
+The consumer sees the keeper through a small interface
+(:class:`~django_delayqueue.core.consumer.round_parts.Keeper`): its calls and replies in each
+round (:meth:`ScheduleKeeper.add_to`, :meth:`ScheduleKeeper.read`), when it needs a round, and
+what a finished tick leaves to write (:meth:`ScheduleKeeper.finished`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.envelope import encode_envelope, encode_payload
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -31,6 +36,9 @@ from django_delayqueue.core.scripts.contracts import (
     RECORD_TICK,
     RECURRENCE_STATES,
 )
+
+if TYPE_CHECKING:  # the consumer's package imports a keeper's interface, never this module
+    from django_delayqueue.core.consumer.outcomes import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +142,16 @@ class ScheduleKeeper:
         recurrence = self._by_queue.get(q.name, {}).get(parsed[0])
         return None if recurrence is None else (recurrence, parsed[1])
 
+    def finished(self, q: Queue, outcome: Outcome) -> ScriptCall | None:
+        """A tick of ``q`` ran: its schedule's last run and outcome, to write with the next
+        round (None for a message that is no tick of a schedule served here)."""
+        tick = self.recurrence_of(q, outcome.message.id)
+        if tick is None:
+            return None
+        status = outcome.journal_row(q.settings.max_attempts)[6]
+        run = tick_run(tick[1], outcome.finished_ms, status, outcome.error)
+        return record_tick_call(q, tick[0].name, run)
+
     # --- the round -------------------------------------------------------------------------------
 
     def add_to(self, batch: ScriptBatch, queues: Sequence[Queue], now_ms: int) -> list[Entry]:
@@ -157,7 +175,7 @@ class ScheduleKeeper:
                 entries.append((q, "advance", batch.add(call), (name, plan)))
         return entries
 
-    def read(self, entries: list[Entry], results: list[Any], now_ms: int) -> None:
+    def read(self, entries: list[Entry], results: Sequence[Any], now_ms: int) -> None:
         """Take in the replies of this round's calls (never raises: the round's claims were
         read before, and must reach their handlers whatever a schedule's reply holds)."""
         if self._last_round is None or now_ms - self._last_round > RUNNING_GAP_MS:
