@@ -245,9 +245,11 @@ def test_a_shutdown_replays_a_lost_claim_only_and_starts_nothing(
     q.promote()
     handler = Recorder()
     consumer = Consumer([q, other], handler, burst=True)  # not stopping: a burst's end
-    consumer._start_slots()
-    consumer._claims.call(q, T0, 10).run(redis_client)  # the claim ran; its reply is lost
-    consumer._claims.lost([q.name])
+    consumer._start_threads()
+    consumer._round_trip.claims.call(q, T0, 10).run(
+        redis_client
+    )  # the claim ran; its reply is lost
+    consumer._round_trip.claims.lost([q.name])
     q.schedule("new", id="new")
     other.schedule("new elsewhere", id="elsewhere")
     q.promote()
@@ -271,8 +273,7 @@ def test_a_shutdown_replays_a_lost_claim_only_and_starts_nothing(
     try:
         assert consumer._shutdown() == 0
     finally:
-        for slots in consumer._slots.values():
-            slots.close()
+        consumer._threads.close()
         consumer._waiter.close()
     assert sent == [(q.keys.ready, "1")]  # one replay, on the queue whose reply was lost
     assert added == [(True, ["lost"])]  # into held slots: no thread may start it

@@ -219,14 +219,17 @@ def test_an_outage_keeps_the_early_writes(
         with monkeypatch.context() as patched:
             patched.setattr(ScriptBatch, "run", outage)
             with pytest.raises(RedisUnavailable):
-                consumer.step() if how == "round" else consumer._flush_only(force=True)
+                consumer.step() if how == "round" else consumer._round_trip.record_only(
+                    q.clock.now_ms(), force=True
+                )
         assert len(consumer._unrecorded) == 1
-        consumer.step() if how == "round" else consumer._flush_only(force=True)
+        consumer.step() if how == "round" else consumer._round_trip.record_only(
+            q.clock.now_ms(), force=True
+        )
         assert len(consumer._unrecorded) == 0
         assert redis_client.hget(q.keys.task_result("t1"), "status") == b"RUNNING"
     finally:
-        for slots in consumer._slots.values():
-            slots.close()
+        consumer._threads.close()
         consumer._waiter.close()
 
 
@@ -243,7 +246,7 @@ def test_an_early_write_refused_by_its_script_is_dropped_once(
     other.keys[0] = q.keys.task_result("t2")
     unrecorded.write_soon(q.name, other)
     with caplog.at_level(logging.ERROR):
-        flush(redis_client, unrecorded)
+        flush(redis_client, unrecorded, [q])
     assert "an early write dropped" in caplog.text
     assert len(unrecorded) == 0
     assert redis_client.hget(q.keys.task_result("t2"), "status") == b"RUNNING"

@@ -144,8 +144,7 @@ def test_a_consumer_with_no_journal_nor_schedules_notices_a_full_redis_by_its_he
         consumer._next_maintenance = 0.0
         consumer.step()
     finally:
-        for slots in consumer._slots.values():
-            slots.close()
+        consumer._threads.close()
         consumer._waiter.close()
     (said,) = warnings(caplog, OUT)
     assert said.startswith("worker-1: ") and "heartbeat" in said
