@@ -83,7 +83,7 @@ from django_delayqueue.tasks.results import (
 
 logger = logging.getLogger(__name__)
 
-# Sends a script call with the consumer's next round trip (Rounds.write_soon).
+# Sends a script call with the consumer's next round trip (Consumer.write_soon).
 WriteSoon = Callable[[Queue, ScriptCall], None]
 
 
