@@ -37,23 +37,29 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         except ConfigurationError as e:
             out.append(Error(f'DELAYQUEUE["SCHEDULES"]: {e}.', hint=HINT, id="delayqueue.E009"))
             continue
-        if recurrence.queue not in queues and not _takes_its_task(recurrence):
-            out.append(
-                Error(
-                    f'DELAYQUEUE["SCHEDULES"][{name!r}]: queue {recurrence.queue!r} is not '
-                    "configured, so no runqueue would keep this schedule.",
-                    hint="Add the queue to DELAYQUEUE['QUEUES'] (or a TASKS backend's QUEUES).",
-                    id="delayqueue.E009",
-                )
-            )
-            continue
-        problem = task_problem(recurrence)
+        problem = _kept_problem(
+            recurrence,
+            queues,
+            "so no runqueue would keep this schedule.",
+            "Add the queue to DELAYQUEUE['QUEUES'] (or a TASKS backend's QUEUES).",
+        )
         if problem is not None:
             what, hint = problem
             out.append(
                 Error(f'DELAYQUEUE["SCHEDULES"][{name!r}]: {what}', hint=hint, id="delayqueue.E009")
             )
     return out
+
+
+def _kept_problem(
+    recurrence: Recurrence, queues: set[str], unkept: str, unkept_hint: str
+) -> tuple[str, str] | None:
+    """What keeps a valid schedule from running as declared (E009, W005), with a hint: a
+    queue no runqueue serves, or a task where no backend runs it (or a payload where only
+    tasks run)."""
+    if recurrence.queue not in queues and not _takes_its_task(recurrence):
+        return f"queue {recurrence.queue!r} is not configured, {unkept}", unkept_hint
+    return task_problem(recurrence)
 
 
 def _takes_its_task(recurrence: Recurrence) -> bool:
@@ -105,17 +111,12 @@ def check_schedule_rows(app_configs: Any = None, databases: Any = None, **kwargs
         except ConfigurationError as e:
             out.append(Warning(f"recurring schedule row: {e}.", hint=HINT, id="delayqueue.W005"))
             continue
-        if recurrence.queue not in queues and not _takes_its_task(recurrence):
-            out.append(
-                Warning(
-                    f"recurring schedule {row.name!r}: queue {recurrence.queue!r} is not "
-                    "configured, so no runqueue keeps it.",
-                    hint="Configure the queue, or edit or delete the schedule in the admin.",
-                    id="delayqueue.W005",
-                )
-            )
-            continue
-        problem = task_problem(recurrence)
+        problem = _kept_problem(
+            recurrence,
+            queues,
+            "so no runqueue keeps it.",
+            "Configure the queue, or edit or delete the schedule in the admin.",
+        )
         if problem is not None:
             what, hint = problem
             out.append(
