@@ -467,9 +467,14 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
         finished, abandoned = threads.finished_and_abandoned()
         assert [o.message.id for o in finished] == ["done"]
         assert [m.id for m in abandoned] == ["stuck"]
+        # Still extended from this instant (before: only once Extender.linger started, after
+        # the shutdown's last writes, which may take seconds: a reap could deliver it beside
+        # its running handler meanwhile).
+        assert [m.id for m in threads.in_flight()] == ["stuck"]
         release.set()
-        wait_until(lambda: not threads.busy)  # its late outcome is dropped: it was given up on
-        assert threads.take_finished() == []
+        wait_until(lambda: not threads.abandoned())  # its handler ended
+        assert threads.take_finished() == []  # its late outcome is dropped: it was given up on
+        assert threads.in_flight() == []  # and it is no longer extended
     finally:
         release.set()
         threads.close()

@@ -250,3 +250,49 @@ def test_an_early_write_refused_by_its_script_is_dropped_once(
     assert "an early write dropped" in caplog.text
     assert len(unrecorded) == 0
     assert redis_client.hget(q.keys.task_result("t2"), "status") == b"RUNNING"
+
+
+def test_recording_what_is_left_at_a_stop_ends_on_a_clock_that_stands_still() -> None:
+    """The shutdown's last writes are bounded in tries too: on an injected clock that never
+    moves (a test's), a server that never answers made record_left loop for ever."""
+    from django_delayqueue.core import Message, Queue
+    from django_delayqueue.core.consumer.loop import Consumer
+    from django_delayqueue.embedded import free_port
+
+    down = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    q = Queue(down, "left")
+    consumer = Consumer([q], lambda m: None)
+    try:
+        consumer._unrecorded.extend(
+            [Outcome(Message("m", "left", None, 0, 0, 1, "1", 0), ACK, 0, 0)]
+        )
+        done = threading.Thread(
+            target=consumer._round_trip.record_left, args=(0.2, lambda: 0.0), daemon=True
+        )
+        done.start()
+        done.join(60)  # one try: redis-py's own retries on a refused connection take seconds
+        assert not done.is_alive()
+        assert len(consumer._unrecorded) == 1  # not recorded: delivered again, as logged
+    finally:
+        consumer._threads.close()
+        consumer._waiter.close()
+
+
+def test_an_error_reply_to_the_acks_wait_is_logged_not_raised(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With MIN_REPLICAS, a WAIT answering with an error (not a DelayQueueError) escaped
+    read() and took the round's claimed messages with it (left in unack, an attempt lost)."""
+    from django_delayqueue.core import Queue
+    from django_delayqueue.core.consumer.recording import _confirm_acks
+    from django_delayqueue.core.replication import ReplicaAck
+
+    q = Queue(redis_client, "acked", replicas=ReplicaAck(1))
+
+    def refused(what: str, result: Any = None) -> None:
+        raise redis.exceptions.ResponseError("ERR WAIT cannot be used with replica instances")
+
+    monkeypatch.setattr(q, "confirm_replicas", refused)
+    with caplog.at_level(logging.WARNING):
+        _confirm_acks([(q, "ack", [], 0)])
+    assert "a failover now may deliver them again" in caplog.text

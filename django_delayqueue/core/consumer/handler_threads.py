@@ -168,11 +168,14 @@ class HandlerThreads:
         """Claimed, running and finished-but-untaken messages: their deadlines must move out.
 
         A finished message stays in unack until its outcome is recorded; were it not extended
-        meanwhile, a reap could deliver a message whose handler succeeded a second time.
+        meanwhile, a reap could deliver a message whose handler succeeded a second time. An
+        abandoned one (a stop gave up on its running handler) is extended from the moment it is
+        abandoned: the shutdown's last writes may take seconds before Extender.linger starts.
         """
         with self._cond:
             finished = [o.message for o in self._finished]
-            return list(self._claimed) + list(self._running.values()) + finished
+            running = list(self._running.values()) + list(self._abandoned.values())
+            return list(self._claimed) + running + finished
 
     def finished_and_abandoned(self) -> tuple[list[Outcome], list[Message]]:
         """The untaken outcomes, and the running messages, given up on, at one instant.

@@ -35,7 +35,6 @@ from redis.cluster import RedisCluster
 
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
@@ -336,5 +335,5 @@ def _confirm_acks(flush: Flush) -> None:
     for q in by_server.values():
         try:
             q.confirm_replicas("acknowledgements")
-        except DelayQueueError as e:
+        except Exception as e:  # a WAIT error reply too: never lose the round's claims to it
             logger.warning("%s; a failover now may deliver them again", e)

@@ -199,7 +199,10 @@ class RoundTrip:
     def record_left(self, seconds: float, monotonic: Callable[[], float]) -> None:
         """Record what is left (shutting down), trying for ``seconds`` with a pause between."""
         deadline = monotonic() + seconds
-        while self.outcomes and monotonic() < deadline:
+        # Bounded in tries as well: an injected clock that stands still must not loop for ever.
+        tries = max(1, round(seconds / RECORD_RETRY_PAUSE_SECONDS))
+        while self.outcomes and monotonic() < deadline and tries > 0:
+            tries -= 1
             try:
                 self.record_only(self.clock.now_ms(), force=True)
             except DelayQueueError as e:
