@@ -21,6 +21,13 @@ class QueueSettings:
     paused: bool = False
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     promote_batch: int = 1000  # bound on ids moved per promote/reap call
+    # Handler time limits, seconds (None: unlimited). At the soft limit the handler gets
+    # dq.SoftTimeLimitExceeded raised in it; at the hard limit it is stopped, whatever it is
+    # blocked in (its process is replaced when its thread cannot be), and its message retried.
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
+    # After dq.abort(), how long a running handler gets to stop by itself before it is stopped.
+    abort_grace_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for problem in self.problems():

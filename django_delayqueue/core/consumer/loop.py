@@ -25,6 +25,7 @@ from django_delayqueue.core.consumer.outcomes import Outcome, run_handler
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
 from django_delayqueue.core.consumer.rounds import RoundTrip
+from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Waiter, Wake, sleep_until_due
 from django_delayqueue.core.envelope import Message
@@ -126,6 +127,13 @@ class Consumer:
 
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
+
+    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
+        """Called on the loop's thread when handlers could not be stopped (their threads did
+        not end): this process must be replaced for them to stop. The consumer then stops as
+        on SIGTERM, leaving ``stopped`` in flight. A supervised child tells its supervisor
+        (which settles them once the process is gone); alone, they stay in flight as a stop
+        leaves a running handler's message (extended while the handler runs)."""
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
