@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
@@ -43,6 +44,17 @@ JOIN_SECONDS = 1.0  # how long close() waits for the idle threads to end
 # While claimed messages wait for a quick queue's threads, outcomes ride with the next claim;
 # none waits longer than this to be recorded.
 RECORD_WITHIN_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class RunningHandler:
+    """A message whose handler runs now: since when (``time.monotonic()`` and the consumer's
+    clock in ms), on which thread (``threading.get_ident()``)."""
+
+    message: Message
+    started_monotonic: float
+    started_ms: int
+    thread_ident: int
 
 
 class Deliverer(Protocol):
@@ -78,6 +90,7 @@ class HandlerThreads:
         self._waker = waker
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._running: dict[str, Message] = {}  # by token
+        self._since: dict[str, RunningHandler] = {}  # by token, while its handler runs
         self._finished: list[Outcome] = []  # not yet taken by the loop
         # Given up on at a stop while their handler ran, by token: still extended (see
         # abandoned()) until their handler ends, so they are never delivered beside it.
@@ -193,6 +206,11 @@ class HandlerThreads:
             self._running.clear()
             return finished, running
 
+    def running(self) -> list[RunningHandler]:
+        """The handlers running now (given-up-on ones included), oldest first."""
+        with self._cond:
+            return sorted(self._since.values(), key=lambda r: r.started_monotonic)
+
     def abandoned(self) -> list[Message]:
         """The messages given up on at a stop whose handler still runs: their deadlines must
         still move out, or a reap would deliver them again beside it."""
@@ -238,6 +256,9 @@ class HandlerThreads:
                 if self._claimed and not self._holding:
                     message = self._claimed.popleft()
                     self._running[message.token] = message
+                    self._since[message.token] = RunningHandler(
+                        message, time.monotonic(), int(time.time() * 1000), threading.get_ident()
+                    )
                     self._working.add(me)
                     return message
                 self._cond.wait()
@@ -263,6 +284,7 @@ class HandlerThreads:
         with self._cond:
             self._working.discard(threading.current_thread())
             token = outcome.message.token
+            self._since.pop(token, None)
             if self._abandoned.pop(token, None) is not None:  # given up on at a stop: not
                 return  # ours to record; no longer extended, it comes back after its timeout
             self._running.pop(token, None)
@@ -355,6 +377,10 @@ class ThreadsByQueue:
     @property
     def busy(self) -> bool:
         return any(threads.busy for threads in self)
+
+    def running(self) -> list[RunningHandler]:
+        """Every queue's running handlers (for time limits, aborts and heartbeats)."""
+        return [r for threads in self for r in threads.running()]
 
     def record_due_in(self) -> float | None:
         """Seconds until the oldest untaken outcome of any queue must be recorded, or None."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.extender import Extender
-from django_delayqueue.core.consumer.handler_threads import ThreadsByQueue
+from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
 from django_delayqueue.core.consumer.outcomes import Outcome, run_handler
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
@@ -332,6 +332,10 @@ class Consumer:
     def _start_threads(self) -> None:
         for q in self.queues:
             self._threads.start(q.name, self._thread_count(q))
+
+    def running_handlers(self) -> list[RunningHandler]:
+        """The handlers running now, on every queue (thread-safe)."""
+        return self._threads.running()
 
     def _busy(self) -> bool:
         return bool(self._unrecorded) or self._threads.busy
