@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import (
+    Aborted,
     ConfigurationError,
     DelayQueueError,
     PayloadError,
@@ -21,12 +22,17 @@ from django_delayqueue.core.errors import (
     RedisUnavailable,
     Reject,
     Retry,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
 )
 
 if TYPE_CHECKING:
-    from django_delayqueue.api import cancel, get_queue, schedule, topic
+    from django_delayqueue.api import abort, cancel, get_queue, schedule, topic
+    from django_delayqueue.core.consumer.limits import abort_requested
 
 _LAZY = {
+    "abort": "api",
+    "abort_requested": "core.consumer.limits",
     "schedule": "api",
     "cancel": "api",
     "get_queue": "api",
@@ -34,6 +40,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Aborted",
     "ConfigurationError",
     "DelayQueueError",
     "Message",
@@ -42,6 +49,10 @@ __all__ = [
     "RedisUnavailable",
     "Reject",
     "Retry",
+    "SoftTimeLimitExceeded",
+    "TimeLimitExceeded",
+    "abort",
+    "abort_requested",
     "cancel",
     "get_queue",
     "schedule",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,8 +12,11 @@ from django.dispatch import Signal
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.results import AbortResult
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["cancel", "get_queue", "schedule", "topic", "topics"]
 
@@ -56,6 +60,22 @@ def cancel(queue: str, id: str) -> bool:
     the order's state anyway (delivery is at least once).
     """
     return get_queue(queue).cancel(id) > 0
+
+
+def abort(queue: str, id: str, reason: str = "") -> AbortResult:
+    """Ask the handler running message ``id`` to stop; it ends in the dead letters with the
+    reason "aborted: <reason>" (requeue it from there), never retried by itself.
+
+    Cooperative first: ``message.aborted`` and ``dq.abort_requested()`` turn true in the
+    handler within about a second; after the queue's ``abort_grace_seconds`` the handler is
+    stopped as at its time limit. Only a message in flight is aborted: for any other the result
+    is falsy and says where the message is (``result.message``), and nothing changes. Runs at
+    once, not on commit.
+    """
+    result = get_queue(queue).abort(id, reason)
+    if not result:
+        logger.info("abort: %s", result.message)
+    return result
 
 
 # --- one Django signal per queue ------------------------------------------------------------

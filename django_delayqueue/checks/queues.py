@@ -1,8 +1,9 @@
-"""The queues: E002, E003, E004 and W002 of each queue's settings (part of check_settings),
-W001 and W003 of their handlers."""
+"""The queues: E002, E003, E004, E013, E014 and W008 of each queue's settings (part of
+check_settings), W001 and W003 of their handlers."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from django.conf import settings
@@ -12,9 +13,10 @@ from django_delayqueue.api import topics
 from django_delayqueue.conf.settings import (
     CHECK_ONLY_QUEUE_KEYS,
     QUEUE_KEYS,
+    RENAMED_QUEUE_KEYS,
+    deprecated_keys,
     dq_settings,
     file_queue_settings,
-    handler_time_limit,
     queue_names,
     raw_queue_options,
     settings_problems,
@@ -23,6 +25,7 @@ from django_delayqueue.conf.settings import (
 from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.settings import LIMIT_MARGIN_SECONDS, TIME_LIMIT_ORDER
 
 
 def unknown_queue_keys(where: str, options: dict[str, Any]) -> list[Any]:
@@ -54,40 +57,68 @@ def queue_errors(name: Any) -> list[Any]:
     if own is not None and not isinstance(own, dict):
         return [Error(f"{where} must be a dict of queue settings.", id="delayqueue.E003")]
     out = unknown_queue_keys(where, own or {})
+    out += _deprecated_warnings(name)
     options = raw_queue_options(name)
     values = {
-        k: v for k, v in options.items() if k in QUEUE_KEYS and k not in CHECK_ONLY_QUEUE_KEYS
+        k: v
+        for k, v in options.items()
+        if k in QUEUE_KEYS and k not in CHECK_ONLY_QUEUE_KEYS and k not in RENAMED_QUEUE_KEYS
     }
     problems = settings_problems(values)
     shards = shards_problem(options.get("shards", 1))
     if shards:
         problems.append(shards)
-    limit = options.get("handler_time_limit")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
-        problems.append(f"handler_time_limit must be a number of seconds, not {limit!r}")
     out += [
         Error(f"{where}: {p}.", hint="Fix the value in settings.", id="delayqueue.E003")
         for p in problems
+        if p != TIME_LIMIT_ORDER
     ]
-    if not problems and limit is not None:
-        out += _visibility_warning(name, where)
+    if TIME_LIMIT_ORDER in problems:
+        out.append(
+            Error(
+                f"{where}: time_limit ({values['time_limit']:g}s) must be greater than "
+                f"soft_time_limit ({values['soft_time_limit']:g}s).",
+                hint="soft_time_limit warns the handler (dq.SoftTimeLimitExceeded) so that it "
+                "can clean up before time_limit stops it: raise time_limit above it, or remove "
+                "soft_time_limit.",
+                id="delayqueue.E013",
+            )
+        )
+    if not problems:
+        out += _coverage_error(name, where)
     return out
 
 
-def _visibility_warning(name: str, where: str) -> list[Any]:
-    visibility = file_queue_settings(name).visibility_timeout
-    limit = handler_time_limit(name)
-    if limit is None or visibility >= limit:
-        return []
+def _deprecated_warnings(name: str) -> list[Any]:
     return [
         Warning(
-            f"{where}: visibility_timeout ({visibility:g}s) is shorter than "
-            f"handler_time_limit ({limit:g}s).",
-            hint="A consumer that dies mid-handler leaves its messages invisible for "
-            "visibility_timeout; running handlers are extended, but set "
-            "visibility_timeout >= handler_time_limit so a stuck handler is not delivered "
-            "twice at once.",
-            id="delayqueue.W002",
+            f"{where}: {old!r} is deprecated; it is read as {new!r}.",
+            hint=f"Rename {old!r} to {new!r}: since issue 26 it is enforced (the handler is "
+            "stopped at the limit and its message retried), no longer only checked.",
+            id="delayqueue.W008",
+        )
+        for where, old, new in deprecated_keys(name)
+    ]
+
+
+def _coverage_error(name: str, where: str) -> list[Any]:
+    """E014: a lease that could never be renewed must outlast the time limit (and the stop)."""
+    with warnings.catch_warnings():  # W008 says it for the checks
+        warnings.simplefilter("ignore", DeprecationWarning)
+        queue = file_queue_settings(name)
+    if not queue.uncovered_limit():
+        return []
+    limit = queue.time_limit or 0
+    return [
+        Error(
+            f"{where}: visibility_timeout ({queue.visibility_timeout:g}s) cannot cover "
+            f"time_limit ({limit:g}s).",
+            hint=f"Set visibility_timeout to at least time_limit + {LIMIT_MARGIN_SECONDS:g}s "
+            f"({limit + LIMIT_MARGIN_SECONDS:g}s), or lower time_limit. Running handlers' "
+            "leases are renewed while their consumer reaches Redis; a consumer cut off from it "
+            "(or frozen) renews nothing, and its handler must be stopped by time_limit before "
+            "the lease runs out, or the message is delivered again while it still runs.",
+            id="delayqueue.E014",
         )
     ]
 

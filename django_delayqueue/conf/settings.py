@@ -16,6 +16,7 @@ queue: the settings file merged with the overrides staff published from the admi
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import fields
 from typing import Any
 
@@ -24,7 +25,7 @@ from django.conf import settings as django_settings
 from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import MAX_SHARDS
-from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings
 
 SETTING_NAME = "DELAYQUEUE"
 
@@ -70,10 +71,14 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # Per-queue keys: the engine's settings, plus what only the system checks read.
 QUEUE_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSettings))
-# Per-queue keys that are not engine settings: what only the checks read, and the number of
-# shards a queue is spread over (core.sharding).
-CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("handler_time_limit", "shards")
-QUEUE_KEYS: frozenset[str] = frozenset(QUEUE_SETTING_NAMES + CHECK_ONLY_QUEUE_KEYS)
+# Per-queue keys that are not engine settings: the number of shards a queue is spread over
+# (core.sharding).
+CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("shards",)
+# Old names of queue settings, still read as the new one (check W008, a DeprecationWarning).
+RENAMED_QUEUE_KEYS: dict[str, str] = {"handler_time_limit": "time_limit"}
+QUEUE_KEYS: frozenset[str] = frozenset(
+    QUEUE_SETTING_NAMES + CHECK_ONLY_QUEUE_KEYS + tuple(RENAMED_QUEUE_KEYS)
+)
 
 
 class DelayQueueSettings:
@@ -126,15 +131,50 @@ def queue_names() -> list[str]:
 
 
 def raw_queue_options(name: str) -> dict[str, Any]:
-    """``DEFAULTS`` merged with the queue's own dict, unknown keys included (for the checks)."""
+    """``DEFAULTS`` merged with the queue's own dict, unknown keys included (for the checks).
+
+    Old names (:data:`RENAMED_QUEUE_KEYS`) are read as their new one, in each dict apart (a
+    queue's ``handler_time_limit`` wins over a ``time_limit`` of the ``DEFAULTS``); where a
+    dict has both, the new name wins.
+    """
     queues = dq_settings.QUEUES or {}
+    defaults = renamed_keys(dq_settings.DEFAULTS or {})
     if name not in queues:
         # Callers check the name first (conf.queues.configured): with a backend that takes
         # any queue ("QUEUES": []), an unlisted task queue gets the DEFAULTS too.
         if name in task_queue_names() or any_task_queue():
-            return dict(dq_settings.DEFAULTS or {})
+            return dict(defaults)
         raise unknown_queue(name)
-    return {**(dq_settings.DEFAULTS or {}), **(queues[name] or {})}
+    return {**defaults, **renamed_keys(queues[name] or {})}
+
+
+def renamed_keys(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each old key (:data:`RENAMED_QUEUE_KEYS`) under its new name."""
+    if not isinstance(options, dict) or not RENAMED_QUEUE_KEYS.keys() & options.keys():
+        return options
+    out = dict(options)
+    for old, new in RENAMED_QUEUE_KEYS.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
+
+
+def deprecated_keys(name: str) -> list[tuple[str, str, str]]:
+    """Where queue ``name``'s settings use an old key: (where, old, new) for each."""
+    found = []
+    sources = [("DEFAULTS", dq_settings.DEFAULTS), (f"QUEUES'][{name!r}", None)]
+    queues = dq_settings.QUEUES or {}
+    if isinstance(queues, dict):
+        sources[1] = (sources[1][0], queues.get(name))
+    for where, options in sources:
+        if isinstance(options, dict):
+            found += [
+                (f"DELAYQUEUE['{where}']", old, new)
+                for old, new in RENAMED_QUEUE_KEYS.items()
+                if old in options
+            ]
+    return found
 
 
 def unknown_queue(name: str) -> ConfigurationError:
@@ -147,8 +187,15 @@ def unknown_queue(name: str) -> ConfigurationError:
 def file_queue_settings(name: str) -> QueueSettings:
     """The queue's settings as the settings file declares them (no admin overrides).
 
-    Keys QueueSettings does not know are ignored here; the system checks report them.
+    Keys QueueSettings does not know are ignored here; the system checks report them. An old
+    key is read as its new name, with a DeprecationWarning (and the check W008).
     """
+    for where, old, new in deprecated_keys(name):
+        warnings.warn(
+            f"{where}: {old!r} is deprecated, rename it {new!r} (read as {new!r} meanwhile)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     options = raw_queue_options(name)
     known = {k: v for k, v in options.items() if k in QUEUE_SETTING_NAMES}
     try:
@@ -166,7 +213,10 @@ def settings_problems(values: dict[str, Any]) -> list[str]:
         expected = type(defaults.get(name))
         if name not in defaults:
             continue
-        if expected is bool and not isinstance(value, bool):
+        if name in LIMIT_FIELDS:  # None (no limit, the default) or a number of seconds
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append(f"{name} must be a number of seconds or None, not {value!r}")
+        elif expected is bool and not isinstance(value, bool):
             problems.append(f"{name} must be True or False, not {value!r}")
         elif expected in (int, float) and (
             isinstance(value, bool) or not isinstance(value, (int, float))
@@ -196,8 +246,3 @@ def shards_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
         return f"shards must be a whole number from 1 to {MAX_SHARDS}, not {value!r}"
     return None
-
-
-def handler_time_limit(name: str) -> float | None:
-    value = raw_queue_options(name).get("handler_time_limit")
-    return None if value is None else float(value)

@@ -241,6 +241,15 @@ class Message:
     def scheduled_at(self) -> datetime:
         return ms_to_datetime(self.scheduled_ms)
 
+    @property
+    def aborted(self) -> bool:
+        """Whether this delivery was aborted (``dq.abort``, the admin's "Stop") while it runs:
+        true within about a second of the abort. Stop cleanly when it is: the message goes to
+        the dead letters whatever the handler does (see docs/workers.md)."""
+        from django_delayqueue.core.consumer.limits import aborted
+
+        return aborted(self)
+
 
 def storable_text(text: Any, limit: int) -> str:
     """``text`` as a script argument Redis can take: a str of at most ``limit`` characters,

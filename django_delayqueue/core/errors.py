@@ -99,3 +99,49 @@ class Reject(DelayQueueError):
     def __init__(self, reason: str = "rejected by handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# --- what the consumer raises inside a handler it stops (core.consumer.limits) ---------------
+# Raised in the handler's thread by the consumer (PyThreadState_SetAsyncExc raises the class,
+# with no arguments): the consumer notes the reason under the thread's id just before, and
+# the exception takes it as its message.
+_stop_reasons: dict[int, str] = {}
+
+
+def _noted_reason(default: str) -> str:
+    import threading
+
+    return _stop_reasons.get(threading.get_ident(), default)
+
+
+class SoftTimeLimitExceeded(Exception):
+    """Raised inside a handler that ran past its queue's ``soft_time_limit``: clean up and
+    return or raise (either is treated as usual). Raised once; ``time_limit`` still applies."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (_noted_reason("soft time limit exceeded"),)))
+
+
+class HandlerStopped(BaseException):
+    """Raised inside a handler the consumer stops (a BaseException: ``except Exception`` in
+    the handler does not swallow it). Whatever the handler does after it, its message's
+    outcome is the stop's: a retry for a time limit, the dead letters for an abort."""
+
+    default = "handler stopped"
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (_noted_reason(self.default),)))
+
+
+class TimeLimitExceeded(HandlerStopped):
+    """Raised inside a handler that ran past its queue's ``time_limit``: its message is
+    retried with the reason "time limit exceeded (N s)" (an attempt counts)."""
+
+    default = "time limit exceeded"
+
+
+class Aborted(HandlerStopped):
+    """Raised inside a handler whose message was aborted (``dq.abort``) and that did not stop
+    within ``abort_grace_seconds``: the message goes to the dead letters."""
+
+    default = "aborted"

@@ -1,4 +1,5 @@
-"""What staff and request code do to waiting and dead messages: cancel, run now, requeue, purge.
+"""What staff and request code do to waiting and dead messages (cancel, run now, requeue, purge)
+and to running ones (abort).
 
 A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``keys``,
 ``clock`` and ``journal_maxlen``), kept apart from the producer's and the consumer's paths.
@@ -10,10 +11,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.envelope import storable_text, to_str
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.results import AbortResult
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
-from django_delayqueue.core.scripts.contracts import CANCEL, PURGE, REQUEUE, RUN_NOW
+from django_delayqueue.core.scripts.contracts import ABORT, CANCEL, PURGE, REQUEUE, RUN_NOW
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -26,6 +28,7 @@ ENDED_RECORD_TTL_SECONDS = 7 * 24 * 3600
 
 class Housekeeping:
     client: RedisClient
+    name: str
     keys: QueueKeys
     clock: Clock
     journal_maxlen: int
@@ -50,6 +53,18 @@ class Housekeeping:
             ids=ids,
         )
         return call.run(self.client)
+
+    def abort(self, message_id: str, reason: str = "") -> AbortResult:
+        """Ask the handler running ``message_id`` to stop; its message goes to the dead letters
+        with the reason "aborted: <reason>" (see docs/workers.md). Only an in-flight message
+        is aborted: the result is falsy, and nothing changes, for any other."""
+        call = ABORT.call(
+            self.keys,
+            wake_channel=self.keys.wake_channel,
+            id=message_id,
+            reason=storable_text(reason, 1000),
+        )
+        return AbortResult(self.name, message_id, to_str(call.run(self.client) or ""))
 
     def run_now(self, *ids: str) -> int:
         """Move waiting messages (pending or retry) to ready, ahead of their due time."""

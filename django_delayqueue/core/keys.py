@@ -190,6 +190,16 @@ class QueueKeys:
         return self._key("successors")
 
     @property
+    def aborts(self) -> str:
+        """Hash: id -> "<token> <reason>" of an in-flight delivery someone aborted (dq.abort).
+
+        Written by abort.lua only while the message is in unack; removed when the delivery
+        ends (ack, nack, reap, release), and each of those that would retry it sends it to
+        the dead letters instead: an aborted message is never retried by itself.
+        """
+        return self._key("aborts")
+
+    @property
     def sent(self) -> str:
         """Zset: send token -> when (ms) it was sent, for the transactional outbox.
 

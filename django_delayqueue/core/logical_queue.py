@@ -16,7 +16,14 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.due_times import Delay
 from django_delayqueue.core.keys import QueueKeys
-from django_delayqueue.core.results import BulkResult, Page, Prepared, ScheduleResult, Snapshot
+from django_delayqueue.core.results import (
+    AbortResult,
+    BulkResult,
+    Page,
+    Prepared,
+    ScheduleResult,
+    Snapshot,
+)
 from django_delayqueue.core.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -101,6 +108,8 @@ class LogicalQueue(Protocol):
     def cancel(self, *ids: str) -> int: ...
 
     def run_now(self, *ids: str) -> int: ...
+
+    def abort(self, message_id: str, reason: str = "") -> AbortResult: ...
 
     def requeue(self, *ids: str, limit: int = 1000) -> int: ...
 

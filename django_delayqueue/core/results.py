@@ -123,3 +123,36 @@ class PeekedMessage:
 class Page:
     total: int
     messages: list[PeekedMessage]
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    """What ``abort`` found: truthy when the message was in flight (running, or claimed and
+    about to run) and the abort is recorded; else the state it was in, and nothing changed."""
+
+    queue: str
+    message_id: str
+    state: str  # "unack" (recorded), or "pending", "ready", "retry", "garbage", "" (gone)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "unack"
+
+    def __bool__(self) -> bool:
+        return self.running
+
+    @property
+    def message(self) -> str:
+        """One sentence for a log or the admin."""
+        what = f"message {self.message_id!r} of queue {self.queue!r}"
+        if self.running:
+            return f"{what} is asked to stop; it goes to the dead letters"
+        if not self.state:
+            return f"{what} is not running: there is no such message (done, or never scheduled)"
+        where = {
+            "pending": "waiting for its due time (cancel it instead)",
+            "ready": "due and waiting for a consumer (cancel it instead)",
+            "retry": "waiting to retry (cancel it instead)",
+            "garbage": "in the dead letters already",
+        }.get(self.state, self.state)
+        return f"{what} is not running: it is {where}"

@@ -9,6 +9,14 @@ from typing import Any
 from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from django_delayqueue.core.errors import ConfigurationError
 
+# The settings that may be None (no limit): a number of seconds otherwise.
+LIMIT_FIELDS: tuple[str, ...] = ("soft_time_limit", "time_limit")
+MAX_LIMIT_SECONDS = 7 * 24 * 3600
+TIME_LIMIT_ORDER = "time_limit must be greater than soft_time_limit"
+# How long past its time_limit a handler may still run in a consumer that cannot renew its
+# lease (cut off from Redis): the watchdog's wait for the stopped handler to end, rounded up.
+LIMIT_MARGIN_SECONDS = 2.0
+
 
 @dataclass(frozen=True)
 class QueueSettings:
@@ -49,7 +57,28 @@ class QueueSettings:
             out.append("max_payload_bytes must be between 1 and 64 MiB")
         if not 1 <= self.promote_batch <= 100_000:
             out.append("promote_batch must be between 1 and 100000")
+        return out + self.limit_problems()
+
+    def limit_problems(self) -> list[str]:
+        """The time limits' own problems (the system checks give the order its own id)."""
+        out = []
+        for name in LIMIT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= MAX_LIMIT_SECONDS:
+                out.append(f"{name} must be more than 0 and at most {MAX_LIMIT_SECONDS} seconds")
+        if not 0 <= self.abort_grace_seconds <= MAX_LIMIT_SECONDS:
+            out.append(f"abort_grace_seconds must be between 0 and {MAX_LIMIT_SECONDS}")
+        soft, hard = self.soft_time_limit, self.time_limit
+        if not out and soft is not None and hard is not None and hard <= soft:
+            out.append(TIME_LIMIT_ORDER)
         return out
+
+    def uncovered_limit(self) -> bool:
+        """Whether the visibility timeout cannot cover ``time_limit``: a message whose lease
+        was never renewed after its claim could be delivered again while its handler still
+        runs (see docs/workers.md, "Time limits")."""
+        limit = self.time_limit
+        return limit is not None and self.visibility_timeout < limit + LIMIT_MARGIN_SECONDS
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retrying after failed ``attempt`` (1-based), with jitter.

@@ -26,7 +26,14 @@ from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.recurrence import parse_tick_id
-from django_delayqueue.core.results import BulkResult, Page, Prepared, ScheduleResult, Snapshot
+from django_delayqueue.core.results import (
+    AbortResult,
+    BulkResult,
+    Page,
+    Prepared,
+    ScheduleResult,
+    Snapshot,
+)
 from django_delayqueue.core.settings import QueueSettings
 
 
@@ -132,6 +139,9 @@ class ShardedQueue:
 
     def cancel(self, *ids: str) -> int:
         return sum(self.shards[i].cancel(*chunk) for i, chunk in self._by_shard(ids).items())
+
+    def abort(self, message_id: str, reason: str = "") -> AbortResult:
+        return self.shard_for(message_id).abort(message_id, reason)
 
     def run_now(self, *ids: str) -> int:
         return sum(self.shards[i].run_now(*chunk) for i, chunk in self._by_shard(ids).items())

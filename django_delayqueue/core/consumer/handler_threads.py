@@ -206,6 +206,14 @@ class HandlerThreads:
             self._running.clear()
             return finished, running
 
+    def abandon(self, token: str) -> None:
+        """Give up on the running handler of ``token`` (it could not be stopped): as at a stop,
+        its outcome is dropped should it come, and it stays extended while it runs."""
+        with self._cond:
+            message = self._running.pop(token, None)
+            if message is not None:
+                self._abandoned[token] = message
+
     def running(self) -> list[RunningHandler]:
         """The handlers running now (given-up-on ones included), oldest first."""
         with self._cond:

@@ -10,24 +10,29 @@ time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
+from django_delayqueue.core.consumer.aborts import AbortPoller
 from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
-from django_delayqueue.core.consumer.outcomes import Outcome, run_handler
+from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
+from django_delayqueue.core.consumer.outcomes import RETRY, Outcome, run_handler
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
 from django_delayqueue.core.consumer.rounds import RoundTrip
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Waiter, Wake, sleep_until_due
+from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -105,6 +110,14 @@ class Consumer:
         for q in self.queues:  # one listener per Redis client
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
         self._threads = ThreadsByQueue(self, self._waiter)
+        # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
+        # the watchdog that stops them, the thread that learns their aborts (while run() runs).
+        self._runs = Runs(on_start=self._run_started)
+        self._watchdog = Watchdog(self._runs, self._settings_of, self._unstoppable_found)
+        self._aborts: AbortPoller | None = None
+        self._unstoppable: list[Run] = []  # found by the watchdog, for the loop's thread
+        self._unstoppable_lock = threading.Lock()
+        self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
         # The wait that ended just before the next round (see _fetch), and whether that round
         # is only the idle safety poll (it claims only where something is known to be ready).
         self._aim: Wake | None = None
@@ -134,6 +147,18 @@ class Consumer:
         on SIGTERM, leaving ``stopped`` in flight. A supervised child tells its supervisor
         (which settles them once the process is gone); alone, they stay in flight as a stop
         leaves a running handler's message (extended while the handler runs)."""
+        for item in stopped:
+            logger.error(
+                "queue %s: the handler of message %s could not be stopped (%s): it is blocked "
+                "outside Python (a socket read without a timeout, a C call). Without a "
+                "supervisor to replace this process its message stays in flight, extended "
+                "while the handler runs: delivered again %s after it (or this process) ends. "
+                "This consumer stops; run it under runqueue's supervisor to replace it.",
+                item.queue,
+                item.message_id,
+                item.reason,
+                "a visibility timeout",
+            )
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
@@ -144,12 +169,40 @@ class Consumer:
         """Run one claimed message on the calling handler thread (never raises)."""
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
-        outcome = self.around_handler(message)
         q = self._queue_named.get(message.queue)
+        run = Run(message, message.queue if q is None else q.logical_name)
+        context = self._runs.start(run)
+        try:
+            outcome = self.around_handler(message)
+        except BaseException as e:  # a stop that landed just after the handler returned
+            now = self.clock.now_ms()
+            outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
+        finally:
+            self._runs.end(run, context)  # from here nothing is raised in this thread
+        outcome = run.settled(outcome)
         write = None if q is None else self.keeper.finished(q, outcome)
         if q is not None and write is not None:
             self.write_soon(q, write)  # a recurring tick's run, with the next round
         return outcome
+
+    @contextlib.contextmanager
+    def handler_run(self, message: Message, canceller: Canceller | None = None) -> Iterator[Run]:
+        """Watch a handler run by other means than a handler thread (a coroutine): its time
+        limits and aborts apply, ``canceller(exception class)`` stops it (on the watchdog's
+        thread), and ``run.settled(outcome)`` is the outcome to record once it ended."""
+        q = self._queue_named.get(message.queue)
+        run = Run(message, message.queue if q is None else q.logical_name, canceller=canceller)
+        context = self._runs.start(run)
+        try:
+            yield run
+        finally:
+            self._runs.end(run, context)
+
+    def abort_reason_for(self, message: Message) -> str | None:
+        """The reason ``message``'s running delivery was aborted with, once this consumer
+        learnt it ("" for none given); None while it was not aborted (or does not run)."""
+        run = self._runs.get(message.queue, message.token)
+        return None if run is None else run.abort_reason
 
     def write_soon(self, queue: Queue, call: ScriptCall) -> None:
         """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe):
@@ -207,6 +260,11 @@ class Consumer:
         # and the subscription would otherwise be missed until the next poll.
         self._waiter.wait_subscribed(SUBSCRIBE_WAIT_SECONDS)
         extender = self._extender = Extender(self.queues, self._in_flight)
+        self._watchdog.start()
+        aborts = self._aborts = AbortPoller(
+            lambda: self._queue_named, self._runs, self._abort_learnt
+        ).start()
+        self._waiter.on_abort = aborts.announced
         logger.info(
             "%s consuming %s",
             self.name,
@@ -214,8 +272,11 @@ class Consumer:
         )
         try:
             self._loop()
-            return self._shutdown()
+            code = self._shutdown()
+            return 1 if self.replaced_for else code
         finally:
+            aborts.stop()
+            self._watchdog.stop()
             if any(threads.abandoned() for threads in self._threads):
                 extender.linger(self._abandoned)  # until their handlers end
             else:
@@ -226,6 +287,7 @@ class Consumer:
     def _loop(self) -> None:
         failures = 0
         while not self._stop.at_once:
+            self._replace_unstoppable()
             if self.stopping:
                 self._release_unstarted()
                 if not self._busy():
@@ -356,6 +418,47 @@ class Consumer:
             if unstarted:
                 self._claimed_total -= len(unstarted)
                 self._round_trip.give_back(q, unstarted)
+
+    # --- time limits and aborts -------------------------------------------------------------------
+
+    def _settings_of(self, name: str) -> Any:
+        q = self._queue_named.get(name)
+        return None if q is None else q.settings
+
+    def _run_started(self, run: Run) -> None:
+        """A handler started: the watchdog must know by its soft limit (it may be asleep)."""
+        q = self._queue_named.get(run.message.queue)
+        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
+            self._watchdog.poke()
+
+    def _abort_learnt(self, run: Run) -> None:
+        self._watchdog.poke()  # its grace starts now
+
+    def _unstoppable_found(self, run: Run) -> None:
+        """On the watchdog's thread: ``run`` did not end after its stop. Its outcome, should it
+        come, is dropped, and it stays in flight, extended while it runs (given up on as at a
+        stop); the loop's thread asks for a replacement and stops (_replace_unstoppable)."""
+        threads = self._threads.get(run.message.queue)
+        if threads is not None:
+            threads.abandon(run.message.token)
+        with self._unstoppable_lock:
+            self._unstoppable.append(run)
+        self._waiter.nudge()
+
+    def _replace_unstoppable(self) -> None:
+        with self._unstoppable_lock:
+            found, self._unstoppable = self._unstoppable, []
+        if not found:
+            return
+        stopped = [run.stopped_handler() for run in found]
+        self.replaced_for += stopped
+        try:
+            self.replacement_needed(stopped)
+        except Exception:
+            logger.exception("replacement_needed failed")
+        if not self.stopping:
+            logger.warning("%s stops: a handler could not be stopped", self.name)
+            self.request_stop()
 
     # --- shutdown ---------------------------------------------------------------------------------
 

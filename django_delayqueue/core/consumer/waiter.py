@@ -142,7 +142,11 @@ class _Listener:
                                 self._waiter.nudge()
                             connected_before = True
                     elif message.get("type") == "message":
-                        self._waiter.announce(_announced_ms(message["data"], self._waiter.clock))
+                        data = message["data"]
+                        if data in (b"abort", "abort"):  # abort.lua: not a due time
+                            self._waiter.aborts_announced()
+                        else:
+                            self._waiter.announce(_announced_ms(data, self._waiter.clock))
             except Exception as e:  # an outage, or a pub/sub connection in a bad state
                 if self._stop.is_set():  # stop() cut the connection: not an outage
                     break
@@ -188,6 +192,7 @@ class Waiter:
         self._nudged = False
         self._remind_at: float | None = None  # see remind()
         self._written_at = -WRITE_SOON_GAP_SECONDS  # see written_soon()
+        self.on_abort: Callable[[], None] | None = None  # an abort announced (consumer/aborts)
 
     @property
     def subscribed(self) -> bool:
@@ -228,6 +233,12 @@ class Waiter:
             if self._announced is None or due_ms < self._announced:
                 self._announced = due_ms
             self._cond.notify_all()
+
+    def aborts_announced(self) -> None:
+        """abort.lua announced an abort on a wake channel: tell whoever reads them."""
+        on_abort = self.on_abort
+        if on_abort is not None:
+            on_abort()
 
     def remind(self, at_monotonic: float) -> None:
         """End the current (or next) wait at ``at_monotonic`` at the latest, as a nudge."""

@@ -46,22 +46,25 @@ CLAIM = Contract(
 )
 ACK = Contract(
     "ack",
-    keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities",
+    keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities "
+    "aborts",
     args=f"{_ANNOUNCE} *pairs",
 )
 NACK = Contract(
     "nack",
-    keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities",
+    keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities "
+    "aborts",
     args="now_ms max_attempts horizon_ms wake_channel *quadruples",
 )
 REAP = Contract(
     "reap",
-    keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities",
+    keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities "
+    "aborts",
     args="now_ms limit max_attempts backoff_base_ms backoff_max_ms horizon_ms wake_channel",
 )
 RELEASE = Contract(
     "release",
-    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities",
+    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts",
     args="now_ms wake_channel *pairs",
 )
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
@@ -83,7 +86,12 @@ STATS = Contract(
     args="most_entries alive_since_ms most_consumers",
 )
 
-# --- staff's actions on waiting and dead messages ----------------------------------------------
+# --- staff's actions on waiting and dead messages, and on running ones -------------------------
+ABORT = Contract(
+    "abort",
+    keys="unack tokens aborts messages pending retry garbage",
+    args="wake_channel id reason",
+)
 CANCEL = Contract(
     "cancel",
     keys="pending retry ready messages attempts tokens reasons journal unack garbage cancelled "
@@ -129,7 +137,7 @@ CONTRACTS: dict[str, Contract] = {
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT),
         *(COUNTS, PEEK, STATS),
-        *(CANCEL, RUN_NOW, REQUEUE, PURGE),
+        *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         WRITE_RECORD,
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),
     )

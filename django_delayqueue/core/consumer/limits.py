@@ -1,0 +1,266 @@
+"""What a running handler may be told: its soft limit, its stop (time limit or abort).
+
+Each handler runs as a :class:`Run`, registered in the consumer's :class:`Runs` while it runs.
+The watchdog (:mod:`.watchdog`) reads them and acts; the handler's own side reads whether its
+message was aborted (``message.aborted``, :func:`abort_requested`).
+
+A stop is an exception raised inside the handler's thread (``PyThreadState_SetAsyncExc``),
+only while that thread is inside the handler: :meth:`Run.leave` (under the same lock) ends that
+and clears an exception that was set but not raised yet, so none ever lands in the consumer's
+own code after the handler returned. A handler driven by something else than a thread (a
+coroutine on an event loop) gives its :class:`Run` a ``canceller`` instead, which the watchdog
+calls with the exception class (the async runner cancels the coroutine).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ctypes
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django_delayqueue.core.consumer.outcomes import Outcome
+from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import _stop_reasons
+from django_delayqueue.core.journal import GARBAGE, RETRY
+
+logger = logging.getLogger(__name__)
+
+Canceller = Callable[[type[BaseException]], None]
+
+# The run of the handler this thread (or this asyncio task: a context variable) runs now.
+_current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("dq_run", default=None)
+# Every run of the process, by (message id, token): message.aborted on any thread.
+_by_delivery: dict[tuple[str, str], list[Run]] = {}
+_by_delivery_lock = threading.Lock()
+
+
+def abort_requested() -> bool:
+    """Whether the message of the handler (or task) running here was aborted (``dq.abort``):
+    turns true within about a second of the abort; False outside a handler."""
+    run = _current.get()
+    return run is not None and run.aborted
+
+
+def current_run() -> Run | None:
+    """The run of the handler running in this thread or asyncio task, if any."""
+    return _current.get()
+
+
+def aborted(message: Message) -> bool:
+    """``message.aborted``: whether an abort of this delivery reached its consumer."""
+    run = _current.get()
+    if run is not None and run.matches(message):
+        return run.aborted
+    with _by_delivery_lock:
+        runs = list(_by_delivery.get((message.id, message.token), ()))
+    return any(r.aborted for r in runs if r.matches(message))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """A stop sent to a handler: what its message becomes, why, and when it was sent."""
+
+    settlement: Settlement
+    reason: str
+    sent_at: float  # time.monotonic()
+
+
+class Run:
+    """One handler running one message, as its thread and the watchdog see it."""
+
+    def __init__(
+        self,
+        message: Message,
+        logical_queue: str,
+        *,
+        thread_ident: int | None = None,
+        canceller: Canceller | None = None,
+        started_monotonic: float | None = None,
+    ) -> None:
+        self.message = message
+        self.logical_queue = logical_queue
+        self.thread_ident = threading.get_ident() if thread_ident is None else thread_ident
+        self.canceller = canceller
+        self.started_monotonic = (
+            time.monotonic() if started_monotonic is None else started_monotonic
+        )
+        self._lock = threading.Lock()
+        self._inside = True  # in its handler: an exception sent now lands there
+        self.soft_sent = False
+        self.stop: Stop | None = None
+        self.abort_reason: str | None = None  # the abort's own reason, once learnt
+        self.abort_seen_at: float | None = None
+        self.unstoppable = False  # stopped, and still running: its process must go
+
+    def matches(self, message: Message) -> bool:
+        m = self.message
+        return (
+            m.id == message.id
+            and m.token == message.token
+            and message.queue in (m.queue, self.logical_queue)
+        )
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort_reason is not None
+
+    @property
+    def inside(self) -> bool:
+        return self._inside
+
+    def learn_abort(self, reason: str, now: float) -> bool:
+        """Note an abort of this delivery (from Redis); True the first time."""
+        if self.abort_reason is not None:
+            return False
+        self.abort_seen_at = now
+        self.abort_reason = reason
+        return True
+
+    def send(self, exception: type[BaseException], reason: str) -> bool:
+        """Raise ``exception`` in the handler (or cancel it), if it is still inside it."""
+        with self._lock:
+            if not self._inside:
+                return False
+            if self.canceller is not None:
+                try:
+                    self.canceller(exception)
+                except Exception:
+                    logger.exception("cancelling message %s failed", self.message.id)
+                return True
+            _stop_reasons[self.thread_ident] = reason
+            raise_in_thread(self.thread_ident, exception)
+            return True
+
+    def send_stop(
+        self, settlement: Settlement, reason: str, exception: type[BaseException]
+    ) -> bool:
+        """Stop the handler: its message's outcome is ``settlement`` with ``reason``."""
+        if self.stop is not None:
+            return False
+        self.stop = Stop(settlement, reason, time.monotonic())
+        self.send(exception, reason)
+        return True
+
+    def leave(self) -> None:
+        """The handler returned (or raised): nothing may be raised in this thread any more.
+
+        Robust to an exception sent just before, landing in here: tried again until done.
+        """
+        while True:
+            try:
+                with self._lock:
+                    if self._inside:
+                        self._inside = False
+                        if self.canceller is None:
+                            clear_in_thread(self.thread_ident)
+                            _stop_reasons.pop(self.thread_ident, None)
+                return
+            except BaseException:  # a stop landing here, late: its handler has ended anyway
+                continue
+
+    def settled(self, outcome: Outcome) -> Outcome:
+        """The outcome to record: an abort's (dead letters) or a stop's (retry) whatever the
+        handler did after it; else what it did."""
+        if self.abort_reason is not None:
+            from django_delayqueue.core.consumer.stopped import abort_reason
+
+            return dataclasses.replace(
+                outcome,
+                status=GARBAGE,
+                delay=None,
+                reason=abort_reason(self.abort_reason),
+                error="Aborted",
+                writes=None,
+            )
+        stop = self.stop
+        if stop is None:
+            return outcome
+        status = GARBAGE if stop.settlement == "dead" else RETRY
+        return dataclasses.replace(
+            outcome,
+            status=status,
+            delay=None,
+            reason=stop.reason,
+            error="TimeLimitExceeded" if status == RETRY else "Aborted",
+            writes=None,
+        )
+
+    def stopped_handler(self) -> StoppedHandler:
+        """What the supervisor settles once this run's process is gone."""
+        stop = self.stop
+        assert stop is not None
+        if self.abort_reason is not None and stop.settlement != "dead":
+            from django_delayqueue.core.consumer.stopped import abort_reason
+
+            return StoppedHandler.of(self.message, "dead", abort_reason(self.abort_reason))
+        return StoppedHandler.of(self.message, stop.settlement, stop.reason)
+
+
+class Runs:
+    """The runs of one consumer's handlers (thread-safe)."""
+
+    def __init__(self, on_start: Callable[[Run], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[str, str], Run] = {}  # by (physical queue, token)
+        self._on_start = on_start
+
+    def start(self, run: Run) -> contextvars.Token[Run | None]:
+        key = (run.message.queue, run.message.token)
+        with self._lock:
+            self._runs[key] = run
+        with _by_delivery_lock:
+            _by_delivery.setdefault((run.message.id, run.message.token), []).append(run)
+        if self._on_start is not None:
+            self._on_start(run)
+        return _current.set(run)
+
+    def end(self, run: Run, token: contextvars.Token[Run | None] | None = None) -> None:
+        run.leave()
+        key = (run.message.queue, run.message.token)
+        with self._lock:
+            if self._runs.get(key) is run:
+                del self._runs[key]
+        delivery = (run.message.id, run.message.token)
+        with _by_delivery_lock:
+            runs = _by_delivery.get(delivery, [])
+            if run in runs:
+                runs.remove(run)
+            if not runs:
+                _by_delivery.pop(delivery, None)
+        if token is not None:
+            try:
+                _current.reset(token)
+            except ValueError:  # another context (an async runner's): nothing to restore
+                _current.set(None)
+
+    def all(self) -> list[Run]:
+        with self._lock:
+            return list(self._runs.values())
+
+    def get(self, queue: str, token: str) -> Run | None:
+        with self._lock:
+            return self._runs.get((queue, token))
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._runs)
+
+
+def raise_in_thread(ident: int, exception: type[BaseException]) -> None:
+    """Raise ``exception`` in thread ``ident`` at its next Python instruction (a thread blocked
+    in C, a socket read say, gets it only once that call returns, if ever)."""
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(exception)
+    )
+    if done > 1:  # never for a valid id: undo, as the C API asks
+        clear_in_thread(ident)
+
+
+def clear_in_thread(ident: int) -> None:
+    """Drop an exception sent to thread ``ident`` and not raised yet."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)

@@ -1,0 +1,140 @@
+"""The watchdog: time limits and aborts enforced on a consumer's running handlers.
+
+A thread of its own that sleeps until the next thing to do (a soft or hard limit, the end of an
+abort's grace, the end of a stop's wait), so limits are kept to the millisecond without polling
+while nothing has one; it never talks to Redis (the aborts are read by :class:`AbortPoller`,
+:mod:`.aborts`). For each run (:mod:`.limits`):
+
+- past ``soft_time_limit``: ``SoftTimeLimitExceeded`` raised in it, once;
+- past ``time_limit``: ``TimeLimitExceeded`` raised in it; its outcome is a retry with
+  ``time_limit_reason`` (whatever it did after);
+- an abort learnt, and ``abort_grace_seconds`` over: ``Aborted`` raised in it; its message goes
+  to the dead letters with ``abort_reason``;
+- still inside its handler ``STOP_WAIT_SECONDS`` after a stop (blocked in C: a socket read, a
+  sleep): unstoppable. ``on_unstoppable`` gets its :class:`StoppedHandler` (the consumer then
+  gives up on it, calls ``replacement_needed`` on its loop thread and stops).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from django_delayqueue.core.consumer.limits import Run, Runs
+from django_delayqueue.core.consumer.stopped import abort_reason, time_limit_reason
+from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
+from django_delayqueue.core.settings import QueueSettings
+
+logger = logging.getLogger(__name__)
+
+# How long a stopped handler gets to end before it counts as unstoppable: a handler running
+# Python gets the exception within the interpreter's switch interval (5 ms).
+STOP_WAIT_SECONDS = 0.5
+IDLE_WAIT_SECONDS = 1.0  # the longest sleep (a run that started meanwhile pokes it anyway)
+
+
+class Watchdog:
+    """Enforces ``settings_of(queue name)``'s limits on ``runs``, on a thread of its own
+    (:meth:`start`) or one :meth:`check` at a time (tests, with their own clock)."""
+
+    def __init__(
+        self,
+        runs: Runs,
+        settings_of: Callable[[str], QueueSettings | None],
+        on_unstoppable: Callable[[Run], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runs = runs
+        self._settings_of = settings_of
+        self._on_unstoppable = on_unstoppable
+        self._monotonic = monotonic
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Watchdog:
+        self._thread = threading.Thread(target=self._run, name="delayqueue-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        """Look again now (a run started, an abort was learnt)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                next_at = self.check()
+            except Exception:  # a bug here must not end the watchdog
+                logger.exception("the watchdog's check failed")
+                next_at = self._monotonic() + IDLE_WAIT_SECONDS
+            wait = min(IDLE_WAIT_SECONDS, max(0.0, next_at - self._monotonic()))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def check(self) -> float:
+        """Act on every run that is due; returns when (``monotonic``) to look again."""
+        now = self._monotonic()
+        next_at = math.inf
+        for run in self.runs.all():
+            settings = self._settings_of(run.message.queue)
+            if settings is None:
+                continue
+            next_at = min(next_at, self._check_run(run, settings, now))
+        return next_at
+
+    def _check_run(self, run: Run, s: QueueSettings, now: float) -> float:
+        if not run.inside or run.unstoppable:
+            return math.inf
+        stop = run.stop
+        if stop is not None:  # stopped: did it end?
+            if now - stop.sent_at < STOP_WAIT_SECONDS:
+                return stop.sent_at + STOP_WAIT_SECONDS
+            run.unstoppable = True
+            self._on_unstoppable(run)
+            return math.inf
+        elapsed = now - run.started_monotonic
+        due = math.inf
+        if run.abort_reason is not None and run.abort_seen_at is not None:
+            ends = run.abort_seen_at + s.abort_grace_seconds
+            if now >= ends:
+                reason = abort_reason(run.abort_reason)
+                logger.warning(
+                    "queue %s: message %s aborted and still running after %gs: stopping it",
+                    run.message.queue,
+                    run.message.id,
+                    s.abort_grace_seconds,
+                )
+                run.send_stop("dead", reason, Aborted)
+                return now + STOP_WAIT_SECONDS
+            due = min(due, ends)
+        if s.time_limit is not None:
+            if elapsed >= s.time_limit:
+                reason = time_limit_reason(s.time_limit)
+                logger.warning(
+                    "queue %s: message %s (attempt %d): %s, stopping its handler",
+                    run.message.queue,
+                    run.message.id,
+                    run.message.attempt,
+                    reason,
+                )
+                run.send_stop("retry", reason, TimeLimitExceeded)
+                return now + STOP_WAIT_SECONDS
+            due = min(due, run.started_monotonic + s.time_limit)
+        soft = s.soft_time_limit
+        if soft is not None and not run.soft_sent:
+            if elapsed >= soft:
+                run.soft_sent = True
+                run.send(SoftTimeLimitExceeded, f"soft time limit exceeded ({soft:g} s)")
+            else:
+                due = min(due, run.started_monotonic + soft)
+        return due
