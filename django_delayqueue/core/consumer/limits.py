@@ -137,12 +137,13 @@ class Run:
             return True
 
     def send_stop(
-        self, settlement: Settlement, reason: str, exception: type[BaseException]
+        self, settlement: Settlement, reason: str, exception: type[BaseException], now: float
     ) -> bool:
-        """Stop the handler: its message's outcome is ``settlement`` with ``reason``."""
+        """Stop the handler (at ``now``, the watchdog's clock): its message's outcome is
+        ``settlement`` with ``reason``."""
         if self.stop is not None:
             return False
-        self.stop = Stop(settlement, reason, time.monotonic())
+        self.stop = Stop(settlement, reason, now)
         self.send(exception, reason)
         return True
 

@@ -114,7 +114,7 @@ class Watchdog:
                     run.message.id,
                     s.abort_grace_seconds,
                 )
-                run.send_stop("dead", reason, Aborted)
+                run.send_stop("dead", reason, Aborted, now)
                 return now + STOP_WAIT_SECONDS
             due = min(due, ends)
         if s.time_limit is not None:
@@ -127,7 +127,7 @@ class Watchdog:
                     run.message.attempt,
                     reason,
                 )
-                run.send_stop("retry", reason, TimeLimitExceeded)
+                run.send_stop("retry", reason, TimeLimitExceeded, now)
                 return now + STOP_WAIT_SECONDS
             due = min(due, run.started_monotonic + s.time_limit)
         soft = s.soft_time_limit

@@ -1,0 +1,291 @@
+"""The watchdog (core/consumer/watchdog.py): soft and hard time limits, and a handler that cannot
+be stopped, on real threads with a clock the test moves; then inside a running Consumer.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from core_consumer_support import Started
+from waiting import TIMEOUT, wait_until
+
+from django_delayqueue.core import Message, QueueSettings, SystemClock
+from django_delayqueue.core.consumer.limits import Run, Runs
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.outcomes import ACK, RETRY, run_handler
+from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
+from django_delayqueue.core.consumer.watchdog import STOP_WAIT_SECONDS, Watchdog
+from django_delayqueue.core.errors import SoftTimeLimitExceeded, TimeLimitExceeded
+
+
+class Mono:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def message(mid: str = "m1", queue: str = "q") -> Message:
+    return Message(mid, queue, None, 0, 0, 1, "7")
+
+
+class HandlerThread:
+    """Runs ``body`` as a handler would (a Run registered in ``runs``), on a thread."""
+
+    def __init__(self, runs: Runs, body: Callable[[Message], Any], started: float) -> None:
+        self.runs, self.body, self.started_at = runs, body, started
+        self.outcome: Any = None
+        self.run: Run | None = None
+        self.entered = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        assert self.entered.wait(TIMEOUT)
+
+    def _main(self) -> None:
+        m = message()
+        run = self.run = Run(m, "q", started_monotonic=self.started_at)
+        token = self.runs.start(run)
+        self.entered.set()
+        try:
+            outcome = run_handler(self.body, m, 0)
+        finally:
+            self.runs.end(run, token)
+        self.outcome = run.settled(outcome)
+
+    def join(self) -> Any:
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive()
+        return self.outcome
+
+
+@pytest.fixture
+def mono() -> Mono:
+    return Mono()
+
+
+def watchdog(
+    runs: Runs, mono: Mono, found: list[Run], **limits: Any
+) -> tuple[Watchdog, QueueSettings]:
+    settings = QueueSettings(**limits)
+    return Watchdog(runs, lambda name: settings, found.append, mono), settings
+
+
+def test_soft_limit_raises_once_and_a_handler_that_returns_after_it_acks(mono: Mono) -> None:
+    runs, found = Runs(), []
+    dog, _ = watchdog(runs, mono, found, soft_time_limit=5, time_limit=10)
+    warned, go_on = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def body(m: Message) -> str:
+        while True:  # pure Python: the exception lands within a switch interval
+            try:
+                while not go_on.is_set():
+                    pass
+                return "cleaned up"
+            except SoftTimeLimitExceeded as e:
+                seen.append(str(e))
+                warned.set()
+
+    h = HandlerThread(runs, body, started=mono.now)
+    assert dog.check() == mono.now + 5  # nothing yet: next look at the soft limit
+    mono.now += 5
+    dog.check()
+    assert warned.wait(TIMEOUT)
+    dog.check()  # once only
+    go_on.set()
+    outcome = h.join()
+    assert outcome.status == ACK
+    assert seen == ["soft time limit exceeded (5 s)"]
+    assert found == []
+
+
+def test_hard_limit_stops_a_pure_python_handler_that_swallows_exceptions(mono: Mono) -> None:
+    runs, found = Runs(), []
+    dog, _ = watchdog(runs, mono, found, soft_time_limit=1, time_limit=2)
+    caught: list[BaseException] = []
+    warned = threading.Event()
+
+    def body(m: Message) -> None:
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception as e:  # the soft limit; never the hard one (a BaseException)
+                caught.append(e)
+                warned.set()
+
+    h = HandlerThread(runs, body, started=mono.now)
+    mono.now += 1
+    dog.check()
+    assert warned.wait(TIMEOUT)
+    mono.now += 1
+    assert dog.check() == mono.now + STOP_WAIT_SECONDS
+    outcome = h.join()
+    assert [type(e) for e in caught] == [SoftTimeLimitExceeded]
+    assert (outcome.status, outcome.reason) == (RETRY, time_limit_reason(2))
+    assert outcome.error == "TimeLimitExceeded"
+    mono.now += STOP_WAIT_SECONDS
+    dog.check()
+    assert found == []  # it ended: not unstoppable
+
+
+def test_a_handler_that_returns_after_its_stop_is_retried_anyway(mono: Mono) -> None:
+    runs, found = Runs(), []
+    dog, _ = watchdog(runs, mono, found, time_limit=1)
+
+    def body(m: Message) -> str:
+        try:
+            while True:
+                pass
+        except TimeLimitExceeded:
+            return "pretended success"
+
+    h = HandlerThread(runs, body, started=mono.now)
+    mono.now += 1
+    dog.check()
+    outcome = h.join()
+    assert (outcome.status, outcome.reason) == (RETRY, time_limit_reason(1))
+
+
+@pytest.fixture
+def blocked_socket() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_a_handler_blocked_in_a_socket_read_is_unstoppable(
+    mono: Mono, blocked_socket: tuple[socket.socket, socket.socket]
+) -> None:
+    reader, writer = blocked_socket
+    runs, found = Runs(), []
+    dog, _ = watchdog(runs, mono, found, time_limit=3)
+    late: list[BaseException] = []
+
+    def body(m: Message) -> bytes:
+        try:
+            return reader.recv(1)  # no timeout: the exception waits for the read to return
+        except BaseException as e:
+            late.append(e)
+            raise
+
+    h = HandlerThread(runs, body, started=mono.now)
+    mono.now += 3
+    dog.check()
+    run = h.run
+    assert run is not None and run.stop is not None
+    mono.now += STOP_WAIT_SECONDS / 2
+    dog.check()
+    assert found == []  # its wait is not over
+    mono.now += STOP_WAIT_SECONDS
+    dog.check()
+    assert found == [run] and run.unstoppable
+    assert run.stopped_handler() == StoppedHandler(
+        "q", "m1", "7", 1, "retry", "time limit exceeded (3 s)"
+    )
+    dog.check()
+    assert found == [run]  # reported once
+    writer.send(b"x")  # the read returns: the exception sent long ago lands now
+    outcome = h.join()
+    assert [type(e) for e in late] == [TimeLimitExceeded]
+    assert outcome.status == RETRY
+
+
+# --- inside a running consumer ----------------------------------------------------------------
+
+
+@pytest.fixture
+def running() -> Iterator[Started]:
+    started = Started()
+    yield started
+    started.stop_all()
+
+
+class Supervised(Consumer):
+    """A consumer whose replacement_needed records what a supervisor would be given."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replacements: list[list[StoppedHandler]] = []
+        self.asked = threading.Event()
+
+    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
+        self.replacements.append(stopped)
+        self.asked.set()
+
+
+def test_consumer_retries_a_handler_stopped_at_its_time_limit(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    q = make_queue("limited", clock=SystemClock(), time_limit=0.3, backoff_base=60, backoff_max=60)
+    q.schedule("spin", id="m1")
+    starts: list[int] = []
+
+    def spin(m: Message) -> None:
+        starts.append(m.attempt)
+        while True:
+            try:
+                pass
+            except Exception:  # does not catch TimeLimitExceeded
+                pass
+
+    consumer = Supervised([q], spin, idle_seconds=0.1)
+    r = running(consumer)
+    wait_until(lambda: q.counts()["retry"] == 1)
+    assert redis_client.hget(q.keys.reasons, "m1") == b"time limit exceeded (0.3 s)"
+    assert redis_client.hget(q.keys.attempts, "m1") == b"1"
+    assert consumer.replacements == [] and not consumer.stopping
+    r.stop()
+    assert starts == [1]
+
+
+def test_consumer_blocked_handler_asks_for_a_replacement_and_stops(
+    redis_client: redis.Redis,
+    make_queue: Any,
+    running: Any,
+    blocked_socket: tuple[socket.socket, socket.socket],
+) -> None:
+    reader, writer = blocked_socket
+    clock = SystemClock()
+    stuck_q = make_queue("stuck", clock=clock, time_limit=0.3)
+    other_q = make_queue("other", clock=clock)
+    stuck_q.schedule("gateway call", id="s1")
+    other_started, other_go = threading.Event(), threading.Event()
+
+    def handler(m: Message) -> None:
+        if m.queue == "stuck":
+            reader.recv(1)  # blocked in C, no timeout: the stop cannot land
+            return
+        other_started.set()
+        assert other_go.wait(TIMEOUT)
+
+    consumer = Supervised([stuck_q, other_q], handler, idle_seconds=0.1, grace_seconds=60)
+    r = running(consumer)
+    wait_until(lambda: redis_client.zcard(stuck_q.keys.unack) == 1)
+    other_q.schedule("quick", id="o1")
+    assert other_started.wait(TIMEOUT)
+    assert consumer.asked.wait(TIMEOUT)
+    (token,) = [t.decode() for t in redis_client.hmget(stuck_q.keys.tokens, ["s1"])]
+    assert consumer.replacements == [
+        [StoppedHandler("stuck", "s1", token, 1, "retry", "time limit exceeded (0.3 s)")]
+    ]
+    assert consumer.stopping  # as on SIGTERM: the other handler may finish
+    other_go.set()
+    assert r.join() == 1
+    assert other_q.counts()["unack"] == 0 and redis_client.hlen(other_q.keys.messages) == 0
+    # Nothing recorded for the stuck one: in flight, its reason unset, still extended.
+    assert stuck_q.counts()["unack"] == 1
+    assert redis_client.hget(stuck_q.keys.reasons, "s1") is None
+    assert consumer.replaced_for == consumer.replacements[0]
+    writer.send(b"x")  # let the thread end (its late TimeLimitExceeded lands and is dropped)
+    wait_until(lambda: not consumer.running_handlers())
+    assert stuck_q.counts()["unack"] == 1  # its outcome was dropped
