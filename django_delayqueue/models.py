@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_delayqueue.conf.settings import settings_problems
 from django_delayqueue.core.envelope import MAX_ID_LENGTH
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.core.settings import LIMIT_FIELDS, LIMIT_MARGIN_SECONDS, QueueSettings
 from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
 
 _D = QueueSettings()
@@ -46,6 +46,22 @@ class QueueConfig(models.Model):
     paused = models.BooleanField(
         default=_D.paused, help_text="Paused queues keep scheduling but deliver nothing."
     )
+    soft_time_limit = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Seconds a handler may run before dq.SoftTimeLimitExceeded is raised in it "
+        "(empty: no limit).",
+    )
+    time_limit = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Seconds a handler may run before it is stopped and its message retried "
+        "(empty: no limit). Keep visibility_timeout at least 2 s above it.",
+    )
+    abort_grace_seconds = models.FloatField(
+        default=_D.abort_grace_seconds,
+        help_text="After a Stop (dq.abort), seconds a running handler gets to stop by itself.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # What the settings file said at the last sync: a field whose file value changed since
     # is taken from the file, one that staff changed is kept (see mirror.pipeline.Mirror.sync).
@@ -64,9 +80,19 @@ class QueueConfig(models.Model):
         return {f: getattr(self, f) for f in MIRRORED_FIELDS}
 
     def clean(self) -> None:
-        problems = settings_problems(self.mirrored_values())
+        values = self.mirrored_values()
+        problems = settings_problems(values)
         if problems:
             raise ValidationError(problems)
+        chosen = {k: v for k, v in values.items() if v is not None or k in LIMIT_FIELDS}
+        if QueueSettings(**chosen).uncovered_limit():
+            raise ValidationError(
+                {
+                    "time_limit": f"visibility_timeout must be at least time_limit + "
+                    f"{LIMIT_MARGIN_SECONDS:g}s: a consumer cut off from Redis could otherwise "
+                    "see its message delivered again while the handler still runs."
+                }
+            )
 
 
 class QueueMessage(models.Model):

@@ -1,4 +1,4 @@
-"""The POST actions of a queue page: run now, cancel, requeue, purge, pause and resume.
+"""The POST actions of a queue page: run now, cancel, requeue, purge, stop, pause and resume.
 
 Each checks the view permission and its own; all are POST only (CSRF-checked by the middleware)
 and redirect back to the page they came from. Redis errors become a message, not a 500.
@@ -56,6 +56,13 @@ ACTIONS = {
     "cancel": Action(CHANGE, ("pending", "ready", "retry"), "Cancel", "Cancelled {n} message(s)."),
     "requeue": Action(CHANGE, ("garbage",), "Requeue", "Requeued {n} message(s) to ready."),
     "purge": Action(DELETE, ("garbage",), "Purge", "Purged {n} dead letter(s)."),
+    "stop": Action(
+        CHANGE,
+        ("unack",),
+        "Stop",
+        "Asked {n} running message(s) to stop: they go to the dead letters (forced after the "
+        "queue's abort grace period).",
+    ),
     "pause": Action(CHANGE_CONFIG, (), "Pause", "Queue paused."),
     "resume": Action(CHANGE_CONFIG, (), "Resume", "Queue resumed."),
 }
@@ -103,6 +110,8 @@ def queue_action(
     q = get_queue(queue)
     run = {"run-now": q.run_now, "cancel": q.cancel, "requeue": q.requeue, "purge": q.purge}
     try:
+        if action == "stop":
+            return _stop(request, queue, ids, back)
         done = run[action](*ids)
     except DelayQueueError as e:
         messages.error(request, f"{spec.label} failed: {e}")
@@ -117,6 +126,43 @@ def queue_action(
         text += f" {missed} {verb} no longer in a state this action applies to."
     messages.success(request, text)
     return redirect(back)
+
+
+def _stop(request: HttpRequest, queue: str, ids: list[str], back: str) -> HttpResponse:
+    """Abort each running message (``dq.abort``), with the user's name in the reason and in
+    the admin log; say which were not running."""
+    user = request.user.get_username()
+    reason = f"stopped by {user} in the admin"
+    q = get_queue(queue)
+    results = [q.abort(i, reason) for i in ids]
+    stopped = [r for r in results if r.running]
+    for r in stopped:
+        _log_change(request, queue, r.message_id, f"Stop: {reason}")
+    logger.info("%s: stop on queue %s: %d of %d running", user, queue, len(stopped), len(ids))
+    if stopped:
+        messages.success(request, ACTIONS["stop"].done.format(n=len(stopped)))
+    for r in results:
+        if not r.running:
+            messages.warning(request, f"Not stopped: {r.message}.")
+    return redirect(back)
+
+
+def _log_change(request: HttpRequest, queue: str, message_id: str, text: str) -> None:
+    """An entry in the admin's log (LogEntry) for a queued message (no row of its own)."""
+    from django.contrib.admin.models import CHANGE as LOG_CHANGE
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    from django_delayqueue.models import QueueMessage
+
+    LogEntry.objects.create(
+        user_id=request.user.pk,
+        content_type_id=ContentType.objects.get_for_model(QueueMessage).pk,
+        object_id=f"{queue}/{message_id}"[:200],
+        object_repr=f"{queue}/{message_id}"[:200],
+        action_flag=LOG_CHANGE,
+        change_message=text,
+    )
 
 
 def _confirm_all(

@@ -93,6 +93,8 @@ class QueueConfigAdmin(admin.ModelAdmin):
         "visibility_timeout",
         "claim_batch",
         "concurrency",
+        ("soft_time_limit", "time_limit"),
+        "abort_grace_seconds",
         "updated_at",
     ]
 

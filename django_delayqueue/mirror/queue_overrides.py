@@ -35,6 +35,9 @@ MIRRORED_FIELDS: tuple[str, ...] = (
     "claim_batch",
     "concurrency",
     "paused",
+    "soft_time_limit",
+    "time_limit",
+    "abort_grace_seconds",
 )
 
 VERSION_FIELD, UPDATED_FIELD = "version", "updated_ms"

@@ -46,9 +46,11 @@ from typing import Any
 from django.db import close_old_connections
 
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
+from django_delayqueue.core.consumer.limits import stop_error
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message, encode_json
 from django_delayqueue.core.errors import (
+    Aborted,
     CorruptEnvelope,
     PayloadError,
     RedisUnavailable,
@@ -131,8 +133,13 @@ class TaskRunner:
                 value = task.call(context, *record.args, **record.kwargs)
             else:
                 value = task.call(*record.args, **record.kwargs)
+            stopped = stop_error()  # an abort or a time limit: its end whatever it returned
+            if stopped is not None:
+                raise stopped
         except BaseException as e:  # the consumer decides what it means; the record follows
-            last = isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
+            # Aborted: the dead letters (the consumer records it so), never a retry.
+            dead = isinstance(e, (Reject, Aborted)) or isinstance(stop_error(), Aborted)
+            last = dead or message.attempt >= queue.settings.max_attempts
             try:
                 if last:  # what nack.lua will do too: no attempts left, or dead on purpose
                     self._failed(attempt, record, e, backend, task)

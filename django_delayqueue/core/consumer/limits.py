@@ -46,6 +46,24 @@ def abort_requested() -> bool:
     return run is not None and run.aborted
 
 
+def stop_error() -> BaseException | None:
+    """The error a handler running here ends with whatever it returns: ``Aborted`` once its
+    message was aborted, ``TimeLimitExceeded`` once it was stopped at its time limit; else
+    None. (A task's record says so: the Tasks runner raises it after the task returned.)"""
+    run = _current.get()
+    if run is None:
+        return None
+    from django_delayqueue.core.consumer.stopped import abort_reason
+    from django_delayqueue.core.errors import Aborted, TimeLimitExceeded
+
+    if run.abort_reason is not None:
+        return Aborted(abort_reason(run.abort_reason))
+    stop = run.stop
+    if stop is None:
+        return None
+    return Aborted(stop.reason) if stop.settlement == "dead" else TimeLimitExceeded(stop.reason)
+
+
 def current_run() -> Run | None:
     """The run of the handler running in this thread or asyncio task, if any."""
     return _current.get()

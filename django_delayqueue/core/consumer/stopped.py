@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptCall
 
 Settlement = Literal["retry", "dead"]
 
@@ -41,10 +42,19 @@ class StoppedHandler:
     attempt: int
     settlement: Settlement
     reason: str
+    task: bool = False  # a task's message: its result record is written too
 
     @classmethod
     def of(cls, message: Message, settlement: Settlement, reason: str) -> StoppedHandler:
-        return cls(message.queue, message.id, message.token, message.attempt, settlement, reason)
+        return cls(
+            message.queue,
+            message.id,
+            message.token,
+            message.attempt,
+            settlement,
+            reason,
+            message.task,
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -60,11 +70,52 @@ def settle_stopped(queues: Mapping[str, Queue], stopped: Sequence[StoppedHandler
     A retry counts the attempt (dead letters when attempts run out); an abort goes straight to
     the dead letters. A message whose delivery token is no longer current (its visibility
     timeout brought it back meanwhile) is left alone: 0 in the returned list, as from nack.
+    A task's result record says what became of it: READY (to be retried) or FAILED, with the
+    stop (``TimeLimitExceeded`` or ``Aborted`` and the reason) among its errors.
     """
     results: list[int] = []
     for item in stopped:
         q = queues[item.queue]
         message = Message(item.message_id, item.queue, None, 0, 0, item.attempt, item.token)
         bury = item.settlement == "dead"
-        results.extend(q.nack_many([(message, None, item.reason)], bury=bury))
+        (result,) = q.nack_many([(message, None, item.reason)], bury=bury)
+        results.append(result)
+        if item.task and result:
+            record_stop(q, item, dead=result == 2).run(q.client)
     return results
+
+
+def record_stop(q: Queue, item: StoppedHandler, *, dead: bool) -> ScriptCall:
+    """The write of a stopped task's end to its result record: FAILED (its message is dead)
+    or READY (retried), with the stop as this delivery's error."""
+    from django_delayqueue.core.housekeeping import ENDED_RECORD_TTL_SECONDS
+    from django_delayqueue.tasks.payload import (
+        ERROR_PREFIX,
+        FAILED,
+        FINISHED_AT,
+        READY,
+        RETURN_VALUE,
+        STATUS,
+        write_order,
+    )
+
+    kind = "Aborted" if item.settlement == "dead" else "TimeLimitExceeded"
+    error = {
+        "exception_class_path": f"django_delayqueue.core.errors.{kind}",
+        "traceback": f"django_delayqueue.core.errors.{kind}: {item.reason}\n",
+    }
+    status = FAILED if dead else READY
+    in_order: list[Any] = [STATUS, status]
+    deleted = [RETURN_VALUE]
+    if dead:
+        in_order += (FINISHED_AT, q.clock.now_ms())
+    else:
+        deleted.append(FINISHED_AT)
+    return q.record_write_call(
+        item.message_id,
+        order=write_order(item.token, status),
+        kept_seconds=ENDED_RECORD_TTL_SECONDS if dead else 0,
+        in_order=in_order,
+        deleted=deleted,
+        always=[f"{ERROR_PREFIX}{item.token}", json.dumps(error)],
+    )
