@@ -54,7 +54,7 @@ def test_e003_invalid_values_are_each_reported() -> None:
         QUEUES={
             "a": {"max_attempts": 0, "visibility_timeout": 0},
             "b": {"paused": "yes"},
-            "c": {"handler_time_limit": "long"},
+            "c": {"time_limit": "long"},
             "d": ["not", "a", "dict"],
         }
     )
@@ -99,15 +99,50 @@ def test_w001_queue_without_handler() -> None:
     assert "'lonely'" in found[0].msg and "handlers.py" in found[0].hint
 
 
-def test_w002_visibility_shorter_than_handler_time_limit() -> None:
+def test_e013_time_limit_not_above_the_soft_limit() -> None:
     queues = {
-        "short": {"visibility_timeout": 30, "handler_time_limit": 120},
-        "fine": {"visibility_timeout": 300, "handler_time_limit": 120},
+        "equal": {"soft_time_limit": 30, "time_limit": 30},
+        "fine": {"soft_time_limit": 20, "time_limit": 30},
+        "soft-only": {"soft_time_limit": 20},
+    }
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        (found,) = check_settings()
+    assert found.id == "delayqueue.E013" and "'equal'" in found.msg
+    assert "time_limit (30s) must be greater than soft_time_limit (30s)" in found.msg
+    assert "raise time_limit above it" in found.hint
+
+
+def test_e003_limits_out_of_range() -> None:
+    queues = {
+        "a": {"time_limit": 0},
+        "b": {"soft_time_limit": -1},
+        "c": {"abort_grace_seconds": -1},
     }
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
         found = check_settings()
-    assert ids(found) == ["delayqueue.W002"]
-    assert "'short'" in found[0].msg
+    assert ids(found) == ["delayqueue.E003"] * 3
+
+
+def test_e014_visibility_timeout_that_cannot_cover_the_time_limit() -> None:
+    queues = {
+        "short": {"visibility_timeout": 30, "time_limit": 29},
+        "fine": {"visibility_timeout": 32, "time_limit": 30},
+    }
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        (found,) = check_settings()
+    assert found.id == "delayqueue.E014" and "'short'" in found.msg
+    assert "at least time_limit + 2s (31s)" in found.hint
+
+
+def test_w008_handler_time_limit_is_read_as_time_limit() -> None:
+    queues = {"old": {"visibility_timeout": 30, "handler_time_limit": 120}}
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.W008", "delayqueue.E014"]  # enforced now: covered?
+    assert "'handler_time_limit' is deprecated" in found[0].msg
+    assert "Rename 'handler_time_limit' to 'time_limit'" in found[0].hint
+    with override_settings(DELAYQUEUE=delayqueue(DEFAULTS={"handler_time_limit": 5})):
+        assert {m.id for m in check_settings()} == {"delayqueue.W008"}
 
 
 @pytest.fixture

@@ -58,12 +58,45 @@ def test_queue_names_keep_settings_order() -> None:
 def test_file_settings_merge_defaults_under_the_queue_dict() -> None:
     config = delayqueue(
         DEFAULTS={"max_attempts": 9, "backoff_base": 2.0},
-        QUEUES={"a": {"max_attempts": 3, "handler_time_limit": 10}, "b": None},
+        QUEUES={"a": {"max_attempts": 3, "time_limit": 10}, "b": None},
     )
     with override_settings(DELAYQUEUE=config):
         a, b = file_queue_settings("a"), file_queue_settings("b")
-    assert (a.max_attempts, a.backoff_base) == (3, 2.0)
-    assert (b.max_attempts, b.backoff_base) == (9, 2.0)
+    assert (a.max_attempts, a.backoff_base, a.time_limit) == (3, 2.0, 10)
+    assert (b.max_attempts, b.backoff_base, b.time_limit) == (9, 2.0, None)
+
+
+def test_handler_time_limit_is_read_as_time_limit_with_a_deprecation_warning() -> None:
+    config = delayqueue(
+        DEFAULTS={"time_limit": 50},
+        QUEUES={
+            "old": {"handler_time_limit": 10},
+            "both": {"handler_time_limit": 9, "time_limit": 8},
+        },
+    )
+    with (
+        override_settings(DELAYQUEUE=config),
+        pytest.warns(DeprecationWarning, match="'handler_time_limit' is deprecated, rename it"),
+    ):
+        old, both = file_queue_settings("old"), file_queue_settings("both")
+    assert old.time_limit == 10  # the queue's old key wins over the DEFAULTS' new one
+    assert both.time_limit == 8  # where a dict has both, the new name wins
+
+
+def test_time_limits_are_queue_settings() -> None:
+    config = delayqueue(
+        QUEUES={"a": {"soft_time_limit": 5, "time_limit": 9.5, "abort_grace_seconds": 0}}
+    )
+    with override_settings(DELAYQUEUE=config):
+        a = file_queue_settings("a")
+    assert (a.soft_time_limit, a.time_limit, a.abort_grace_seconds) == (5, 9.5, 0)
+    with (
+        override_settings(
+            DELAYQUEUE=delayqueue(QUEUES={"a": {"time_limit": 5, "soft_time_limit": 6}})
+        ),
+        pytest.raises(ConfigurationError, match="time_limit must be greater than soft_time_limit"),
+    ):
+        file_queue_settings("a")
 
 
 def test_invalid_queue_settings_name_the_queue() -> None:
