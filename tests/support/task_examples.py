@@ -124,3 +124,25 @@ def waits_for_release(key: str) -> str:
 
 class SubclassedBackend(DelayQueueBackend):
     """DelayQueueBackend under another import path, as a project's own subclass would be."""
+
+
+@task(queue_name="shop-tasks")
+def spins_until_stopped() -> None:
+    """Pure Python that swallows every Exception: only a time limit ends it."""
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:
+            pass
+
+
+@task(queue_name="shop-tasks")
+def works_until_aborted() -> str:
+    """A long task that stops cleanly once its message is aborted (dq.abort)."""
+    import time
+
+    _redis().rpush(TRACE, "working")
+    while not dq.abort_requested():
+        time.sleep(0.01)
+    return "stopped cleanly"

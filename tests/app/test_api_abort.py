@@ -1,0 +1,165 @@
+"""dq.abort, and the time limits of a queue as a running Worker follows them (issue 26).
+
+Workers run on threads with real Redis; every wait is an event or a poll with a generous
+deadline, never a sleep that must be long enough.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+from waiting import TIMEOUT, wait_until
+
+import django_delayqueue as dq
+from django_delayqueue.core import QueueKeys
+from django_delayqueue.mirror import queue_overrides
+from django_delayqueue.worker import Worker
+
+QUEUE = "limited"
+SHARDED = "limited-sharded"
+KEYS = QueueKeys("dq", QUEUE)
+
+
+@pytest.fixture(autouse=True)
+def limited_queues() -> Iterator[None]:
+    queues = {
+        **settings.DELAYQUEUE["QUEUES"],
+        QUEUE: {"max_attempts": 3, "backoff_base": 60, "abort_grace_seconds": 600},
+        SHARDED: {"shards": 4, "abort_grace_seconds": 0.2},
+    }
+    config = {**settings.DELAYQUEUE, "QUEUES": queues, "SETTINGS_REFRESH_SECONDS": 0.1}
+    with override_settings(DELAYQUEUE=config):
+        queue_overrides.forget()
+        yield
+    queue_overrides.forget()
+
+
+@pytest.fixture
+def receivers() -> Iterator[Callable[[str, Callable[..., Any]], None]]:
+    connected: list[tuple[str, Callable[..., Any]]] = []
+
+    def connect(queue: str, fn: Callable[..., Any]) -> None:
+        dq.topic(queue).connect(fn, weak=False)
+        connected.append((queue, fn))
+
+    yield connect
+    for queue, fn in connected:
+        dq.topic(queue).disconnect(fn)
+
+
+@pytest.fixture
+def start_worker() -> Iterator[Callable[..., Worker]]:
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(*names: str) -> Worker:
+        worker = Worker.for_queues(list(names), idle_seconds=0.1)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.request_stop()
+        thread.join(TIMEOUT)
+        if thread.is_alive():
+            worker.request_stop()
+            thread.join(TIMEOUT)
+
+
+def test_abort_of_a_message_that_is_not_running_says_so(redis_client: redis.Redis) -> None:
+    dq.schedule(QUEUE, {"n": 1}, id="later", delay=3600)
+    result = dq.abort(QUEUE, "later", reason="no")
+    assert not result and result.state == "pending"
+    assert result.message == (
+        f"message 'later' of queue '{QUEUE}' is not running: it is waiting for its due time "
+        "(cancel it instead)"
+    )
+    assert not dq.abort(QUEUE, "never-scheduled")
+    assert redis_client.zscore(KEYS.pending, "later") is not None  # unchanged
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cooperative_abort_from_the_api(
+    redis_client: redis.Redis, receivers: Any, start_worker: Any
+) -> None:
+    started, seen = threading.Event(), []
+
+    def long_report(message: dq.Message, **kwargs: Any) -> None:
+        started.set()
+        while not message.aborted:
+            threading.Event().wait(0.01)
+        seen.append(dq.abort_requested())
+        raise RuntimeError("cleaned up and gave up")  # whatever it does: dead letters
+
+    receivers(QUEUE, long_report)
+    dq.schedule(QUEUE, {"report": 1}, id="r1")
+    start_worker(QUEUE)
+    assert started.wait(TIMEOUT)
+    assert dq.abort(QUEUE, "r1", reason="customer cancelled").running
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, "r1") is not None)
+    assert seen == [True]
+    assert redis_client.hget(KEYS.reasons, "r1") == b"aborted: customer cancelled"
+    assert redis_client.hget(KEYS.attempts, "r1") == b"1"  # never retried
+    assert dq.get_queue(QUEUE).requeue("r1") == 1  # and requeued like any dead letter
+
+
+@pytest.mark.django_db(transaction=True)
+def test_forced_abort_finds_the_shard(
+    redis_client: redis.Redis, receivers: Any, start_worker: Any
+) -> None:
+    started = threading.Event()
+
+    def ignores_it(message: dq.Message, **kwargs: Any) -> None:
+        started.set()
+        while True:
+            try:
+                pass
+            except Exception:
+                pass
+
+    receivers(SHARDED, ignores_it)
+    dq.schedule(SHARDED, {}, id="s-7")
+    start_worker(SHARDED)
+    assert started.wait(TIMEOUT)
+    assert dq.abort(SHARDED, "s-7").running
+    shard_keys = dq.get_queue(SHARDED).keys_for("s-7")
+    wait_until(lambda: redis_client.zscore(shard_keys.garbage, "s-7") is not None)
+    assert redis_client.hget(shard_keys.reasons, "s-7") == b"aborted"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_time_limit_edited_in_the_admin_reaches_a_running_worker(
+    redis_client: redis.Redis, receivers: Any, start_worker: Any
+) -> None:
+    from django_delayqueue.models import QueueConfig
+
+    started = threading.Event()
+
+    def spins(message: dq.Message, **kwargs: Any) -> None:
+        started.set()
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # the soft limit, caught: only the hard one ends it
+                pass
+
+    receivers(QUEUE, spins)
+    worker = start_worker(QUEUE)
+    dq.schedule(QUEUE, {}, id="t1")
+    assert started.wait(TIMEOUT)
+    assert worker.queues[0].settings.time_limit is None  # it runs unbounded
+    row = QueueConfig.objects.get(name=QUEUE)
+    row.soft_time_limit, row.time_limit = 0.2, 0.5
+    row.full_clean()
+    row.save()  # published on commit; the worker follows at its next settings refresh
+    wait_until(lambda: redis_client.zscore(KEYS.retry, "t1") is not None)
+    assert redis_client.hget(KEYS.reasons, "t1") == b"time limit exceeded (0.5 s)"
+    assert worker.queues[0].settings.time_limit == 0.5

@@ -1,0 +1,93 @@
+"""@task messages under their queue's time limits and aborts (issue 26): what their results say.
+
+On the demo's task queue, with the fixtures of test_tasks_backend and test_tasks_semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import test_tasks_backend as backend_tests
+from core_consumer_support import Started
+from test_tasks_backend import KEYS, QUEUE, tasks_on_the_demo_queue  # noqa: F401
+from test_tasks_semantics import backends_follow_the_tasks_setting, queue_settings  # noqa: F401
+from waiting import wait_until
+
+import django_delayqueue as dq
+from django_delayqueue.conf.queues import get_queue
+from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.tasks import framework
+from django_delayqueue.worker import Worker
+
+Status = framework.TaskResultStatus
+STOP = "django_delayqueue.core.errors.TimeLimitExceeded"
+
+
+def examples() -> Any:
+    return backend_tests.examples
+
+
+@pytest.fixture
+def running() -> Iterator[Started]:
+    started = Started()
+    yield started
+    started.stop_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_past_its_time_limit_is_retried_then_fails_with_the_error(
+    redis_client: redis.Redis, running: Started
+) -> None:
+    with queue_settings(max_attempts=2, backoff_base=0, backoff_max=0, time_limit=0.3):
+        result = examples().spins_until_stopped.enqueue()
+        running(Worker.for_queues([QUEUE], idle_seconds=0.1))
+        failed = wait_until(
+            lambda: (r := examples().spins_until_stopped.get_result(result.id)).status
+            == Status.FAILED
+            and r
+        )
+    assert [e.exception_class_path for e in failed.errors] == [STOP, STOP]
+    assert all("time limit exceeded (0.3 s)" in e.traceback for e in failed.errors)
+    assert redis_client.hget(KEYS.reasons, result.id).startswith(b"no attempts left")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_aborted_task_that_returns_fails_and_is_dead(
+    redis_client: redis.Redis, running: Started
+) -> None:
+    with queue_settings(max_attempts=3):
+        result = examples().works_until_aborted.enqueue()
+        running(Worker.for_queues([QUEUE], idle_seconds=0.1))
+        wait_until(lambda: redis_client.lrange(backend_tests.examples.TRACE, 0, -1))
+        assert dq.abort(QUEUE, result.id, reason="not needed").running
+        failed = wait_until(
+            lambda: (r := examples().works_until_aborted.get_result(result.id)).status
+            == Status.FAILED
+            and r
+        )
+    assert [e.exception_class_path for e in failed.errors] == [
+        "django_delayqueue.core.errors.Aborted"
+    ]
+    assert "aborted: not needed" in failed.errors[0].traceback
+    assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("attempts", "status"), [(2, Status.READY), (1, Status.FAILED)])
+def test_a_stopped_task_settled_by_the_supervisor_says_so(
+    redis_client: redis.Redis, attempts: int, status: Any
+) -> None:
+    with queue_settings(max_attempts=attempts, backoff_base=0, backoff_max=0):
+        result = examples().add.enqueue(1, 2)
+        queue = get_queue(QUEUE)
+        (delivery,) = queue.claim(1)  # its handler blocked, its process replaced
+        stopped = StoppedHandler.of(delivery, "retry", "time limit exceeded (2 s)")
+        assert stopped.task
+        assert settle_stopped({QUEUE: queue}, [StoppedHandler.from_json(stopped.to_json())])
+        settled = examples().add.get_result(result.id)
+    assert settled.status == status
+    assert [e.exception_class_path for e in settled.errors] == [STOP]
+    assert "time limit exceeded (2 s)" in settled.errors[0].traceback
