@@ -45,9 +45,10 @@ def test_a_task_past_its_time_limit_is_retried_then_fails_with_the_error(
         result = examples().spins_until_stopped.enqueue()
         running(Worker.for_queues([QUEUE], idle_seconds=0.1))
         failed = wait_until(
-            lambda: (r := examples().spins_until_stopped.get_result(result.id)).status
-            == Status.FAILED
-            and r
+            lambda: (
+                (r := examples().spins_until_stopped.get_result(result.id)).status == Status.FAILED
+                and r
+            )
         )
     assert [e.exception_class_path for e in failed.errors] == [STOP, STOP]
     assert all("time limit exceeded (0.3 s)" in e.traceback for e in failed.errors)
@@ -64,9 +65,10 @@ def test_an_aborted_task_that_returns_fails_and_is_dead(
         wait_until(lambda: redis_client.lrange(backend_tests.examples.TRACE, 0, -1))
         assert dq.abort(QUEUE, result.id, reason="not needed").running
         failed = wait_until(
-            lambda: (r := examples().works_until_aborted.get_result(result.id)).status
-            == Status.FAILED
-            and r
+            lambda: (
+                (r := examples().works_until_aborted.get_result(result.id)).status == Status.FAILED
+                and r
+            )
         )
     assert [e.exception_class_path for e in failed.errors] == [
         "django_delayqueue.core.errors.Aborted"

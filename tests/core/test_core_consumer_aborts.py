@@ -41,7 +41,7 @@ def test_an_abort_in_flight_is_recorded_then_buried_by_nack_and_reap(
 ) -> None:
     q = make_queue(visibility_timeout=5)
     q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(3)])
-    m0, m1, m2 = q.claim(3)
+    m0, m1, _ = q.claim(3)
     assert q.abort("m0", "by ann")
     assert q.abort("m1") and q.abort("m2", "x")
     assert parse_abort(redis_client.hget(q.keys.aborts, "m0")) == (m0.token, "by ann")

@@ -234,9 +234,10 @@ def test_consumer_retries_a_handler_stopped_at_its_time_limit(
         starts.append(m.attempt)
         while True:
             try:
-                pass
+                while True:
+                    pass
             except Exception:  # does not catch TimeLimitExceeded
-                pass
+                continue
 
     consumer = Supervised([q], spin, idle_seconds=0.1)
     r = running(consumer)
