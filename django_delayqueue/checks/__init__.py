@@ -14,15 +14,18 @@ delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid, has n
 delayqueue.E010     a Redis whose ``maxmemory-policy`` evicts keys (``check --deploy``)
 delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION`` or ``HEALTH_MAX_MEMORY_PERCENT``
 delayqueue.E012     ``django_delayqueue`` missing from INSTALLED_APPS (a TASKS backend's check)
+delayqueue.E013     a queue's ``time_limit`` not above its ``soft_time_limit``
+delayqueue.E014     a queue's ``visibility_timeout`` that cannot cover its ``time_limit``
 delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
-delayqueue.W002     a visibility timeout shorter than the queue's handler time limit
+delayqueue.W002     (retired: E014 says it, now that time limits are enforced)
 delayqueue.W003     handlers registered for a queue that is not configured
 delayqueue.W004     outbox messages older than ``OUTBOX_MAX_AGE_SECONDS``: no relay sent
                     them (``check --database default``, and ``migrate``)
 delayqueue.W006     a Redis without AOF or RDB snapshots (``check --deploy``; not the
                     embedded one of the demo and the tests)
 delayqueue.W007     E010 accepted by ``ACCEPT_DATA_LOSS_ON_EVICTION`` (``check --deploy``)
+delayqueue.W008     a deprecated queue setting (``handler_time_limit``, read as ``time_limit``)
 ==================  ================================================================
 
 Only E001, E010, W006, W007 and W004 do I/O: the first four (``servers``) run
@@ -33,8 +36,8 @@ backend's own ``check()``: run by the framework's check once the framework is im
 for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when it is not.
 
 One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
-E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, W002 of a
-queue; W001, W003), ``servers`` (E001, E010, E011, W006, W007), ``tasks`` (E005-E007, E012),
+E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
+W008 of a queue; W001, W003), ``servers`` (E001, E010, E011, W006, W007), ``tasks`` (E005-E007, E012),
 ``recurrences`` (E009, W005) and ``outbox`` (E008, W004).
 """
 

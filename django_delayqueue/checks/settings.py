@@ -24,7 +24,7 @@ from django_delayqueue.core.keys import validate_prefix
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """E002, E003, E004, E008, E011 and W002: the DELAYQUEUE dict itself."""
+    """E002, E003, E004, E008, E011, E013, E014 and W008: the DELAYQUEUE dict itself."""
     raw = getattr(settings, "DELAYQUEUE", None)
     if raw is None:
         return []
