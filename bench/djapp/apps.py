@@ -21,6 +21,11 @@ class BenchConfig(AppConfig):
         from .timing import on_signal
 
         dq.topic(SIGNAL_QUEUE).connect(on_signal, dispatch_uid="bench-signal")
+        from .limits import on_fast, on_hung
+        from .settings import FAST_QUEUE, HUNG_QUEUE
+
+        dq.topic(HUNG_QUEUE).connect(on_hung, dispatch_uid="bench-hung")
+        dq.topic(FAST_QUEUE).connect(on_fast, dispatch_uid="bench-fast")
 
 
 _seen = [0]

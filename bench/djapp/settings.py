@@ -63,3 +63,14 @@ elif _TASKS_BACKEND == "redis":
             "OPTIONS": {"REDIS_URL": DELAYQUEUE["REDIS_URL"], "REDIS_BLOCK_TIMEOUT": 1000},
         }
     }
+
+# bench/hung_limits.py: a queue whose handler hangs (time_limit 2 s) beside a fast queue.
+HUNG_QUEUE = "bench-hung"
+FAST_QUEUE = "bench-fast"
+DELAYQUEUE["QUEUES"][HUNG_QUEUE] = {
+    "time_limit": 2,
+    "visibility_timeout": 30,
+    "concurrency": 1,
+    "max_attempts": 1,
+}
+DELAYQUEUE["QUEUES"][FAST_QUEUE] = {"concurrency": 4}
