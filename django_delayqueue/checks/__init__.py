@@ -37,8 +37,8 @@ for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when i
 
 One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
 E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
-W008 of a queue; W001, W003), ``servers`` (E001, E010, E011, W006, W007), ``tasks`` (E005-E007, E012),
-``recurrences`` (E009, W005) and ``outbox`` (E008, W004).
+W008 of a queue; W001, W003), ``servers`` (E001, E010, E011, W006, W007), ``tasks``
+(E005-E007, E012), ``recurrences`` (E009, W005) and ``outbox`` (E008, W004).
 """
 
 from __future__ import annotations
