@@ -300,6 +300,7 @@ class QueueKeys:
             self.priorities,
             self.ranked,
             self.sent,
+            self.aborts,
             self.replicated,
             self.recurrence_states,
             self.ticks,

@@ -310,16 +310,29 @@ def test_queue_config_admin_edits_and_publishes(
         "visibility_timeout": 30,
         "claim_batch": 10,
         "concurrency": 2,
+        "soft_time_limit": 20,
+        "time_limit": 25,
+        "abort_grace_seconds": 5,
     }
     with django_capture_on_commit_callbacks(execute=True):
         response = admin_client.post(change, data)
     assert response.status_code == 302
     row.refresh_from_db()
     assert row.paused and row.max_attempts == 9
+    assert (row.soft_time_limit, row.time_limit, row.abort_grace_seconds) == (20, 25, 5)
     config = Queue(redis_client, QUEUE, prefix="dq").keys.config
     assert json.loads(redis_client.hget(config, "max_attempts")) == 9
+    assert json.loads(redis_client.hget(config, "time_limit")) == 25
     bad = admin_client.post(change, {**data, "backoff_max": 1})  # below backoff_base
     assert bad.status_code == 200 and "backoff_max" in bad.content.decode()
+    order = admin_client.post(change, {**data, "time_limit": 20})  # not above the soft limit
+    assert "time_limit must be greater than soft_time_limit" in order.content.decode()
+    uncovered = admin_client.post(change, {**data, "time_limit": 29})  # visibility 30
+    assert "visibility_timeout must be at least time_limit + 2s" in uncovered.content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        cleared = admin_client.post(change, {**data, "soft_time_limit": "", "time_limit": ""})
+    assert cleared.status_code == 302
+    assert json.loads(redis_client.hget(config, "time_limit")) is None  # no limit again
 
 
 def test_queue_config_list_editable_pauses(

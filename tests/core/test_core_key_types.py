@@ -49,6 +49,9 @@ def populated(client: redis.Redis) -> Held:
     inflight, retrying, dead = q.claim(3)
     q.nack(retrying, delay=0.5, reason="boom")
     q.bury(dead, "poison")
+    q.schedule({"n": "aborted"}, id="aborted")
+    (aborted,) = q.claim(1)
+    assert q.abort(aborted.id, "by staff")  # in flight, aborted: ends in the dead letters
     q.schedule({"n": "ready"}, id="ready")
     for n in range(3):
         q.schedule({"n": n}, id=f"r{n}")
@@ -116,6 +119,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "bury": lambda h: h.queue.bury(h.inflight, "poison"),
     "reap": lambda h: h.queue.reap(),
     "extend": lambda h: h.queue.extend(h.inflight),
+    "abort": lambda h: h.queue.abort(h.inflight.id, "stop"),
     "release": lambda h: h.queue.release(h.inflight),
     "cancel": lambda h: h.queue.cancel(h.pending, "ready", h.retrying, "urgent"),
     "run_now": lambda h: h.queue.run_now(h.pending, h.retrying),
@@ -146,7 +150,7 @@ KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
-    "recurrence_states", "ticks", "tick_runs",
+    "recurrence_states", "ticks", "tick_runs", "aborts",
 ]  # fmt: skip
 
 

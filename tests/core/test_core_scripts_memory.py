@@ -134,18 +134,23 @@ def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
     dead, other = q.claim(2)
     q.bury(dead, "poison")
     q.bury(other, "poison")
+    q.schedule({"n": "e"}, id="e")
+    (running,) = q.claim(1)
     with full(client):
+        assert q.abort(running.id, "stop it").running  # a runaway handler, stopped
+        assert q.bury(running, "whatever it did") and q.requeue(running.id) == 1
         assert q.cancel("c") == 1
         assert q.run_now("d") == 1
         assert q.requeue(dead.id) == 1
         assert q.purge(other.id) == 1
-        assert q.counts() == {"pending": 0, "ready": 2, "unack": 0, "retry": 0, "garbage": 0}
+        assert q.counts() == {"pending": 0, "ready": 3, "unack": 0, "retry": 0, "garbage": 0}
 
 
 def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> None:
     """A new script must be added to one of these lists, and to the tests above."""
     run_when_full = {
-        "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek", "promote",
+        "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
+        "promote",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
         "stats", "write_record",
     }  # fmt: skip

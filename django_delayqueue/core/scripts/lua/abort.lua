@@ -9,12 +9,15 @@
 -- The delivery ends in the dead letters with the reason "aborted: <reason>": its consumer
 -- records it so, and ack, nack, reap and release remove the entry (the last three bury the
 -- message instead of retrying it). A second abort of the same delivery keeps the first reason.
+-- It runs when Redis is out of memory (allow_oom): staff may have to stop a runaway handler then.
 --- @include "includes/guard.lua"
+--- @include "includes/memory.lua"
 local id = ARGV[2]
 if redis.call('ZSCORE', KEYS[1], id) then
   guard(KEYS[3], 'hash')
   local token = redis.call('HGET', KEYS[2], id)
   if token then
+    allow_oom(KEYS[3], 'hash')
     redis.call('HSETNX', KEYS[3], id, token .. ' ' .. ARGV[3])
     redis.call('PUBLISH', ARGV[1], 'abort')
     return 'unack'
