@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from django_delayqueue.core.consumer.outcomes import Outcome
@@ -34,9 +35,8 @@ Canceller = Callable[[type[BaseException]], None]
 
 # The run of the handler this thread (or this asyncio task: a context variable) runs now.
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("dq_run", default=None)
-# Every run of the process, by (message id, token): message.aborted on any thread.
-_by_delivery: dict[tuple[str, str], list[Run]] = {}
-_by_delivery_lock = threading.Lock()
+# Every consumer's runs (message.aborted read on another thread than its handler's).
+_registries: weakref.WeakSet[Runs] = weakref.WeakSet()
 
 
 def abort_requested() -> bool:
@@ -74,9 +74,7 @@ def aborted(message: Message) -> bool:
     run = _current.get()
     if run is not None and run.matches(message):
         return run.aborted
-    with _by_delivery_lock:
-        runs = list(_by_delivery.get((message.id, message.token), ()))
-    return any(r.aborted for r in runs if r.matches(message))
+    return any(r.aborted for runs in list(_registries) for r in runs.all() if r.matches(message))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +87,26 @@ class Stop:
 
 
 class Run:
-    """One handler running one message, as its thread and the watchdog see it."""
+    """One handler running one message, as its thread and the watchdog see it.
+
+    ``lock`` orders stops against the handler's end (a consumer's runs share one: cheaper to
+    make than one per message)."""
+
+    __slots__ = (
+        "_inside",
+        "_lock",
+        "_sent",
+        "abort_reason",
+        "abort_seen_at",
+        "canceller",
+        "logical_queue",
+        "message",
+        "soft_sent",
+        "started_monotonic",
+        "stop",
+        "thread_ident",
+        "unstoppable",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -99,6 +116,7 @@ class Run:
         thread_ident: int | None = None,
         canceller: Canceller | None = None,
         started_monotonic: float | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.message = message
         self.logical_queue = logical_queue
@@ -107,8 +125,9 @@ class Run:
         self.started_monotonic = (
             time.monotonic() if started_monotonic is None else started_monotonic
         )
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if lock is None else lock
         self._inside = True  # in its handler: an exception sent now lands there
+        self._sent = False  # an exception was sent (leave() must clear one not raised yet)
         self.soft_sent = False
         self.stop: Stop | None = None
         self.abort_reason: str | None = None  # the abort's own reason, once learnt
@@ -151,6 +170,7 @@ class Run:
                     logger.exception("cancelling message %s failed", self.message.id)
                 return True
             _stop_reasons[self.thread_ident] = reason
+            self._sent = True
             raise_in_thread(self.thread_ident, exception)
             return True
 
@@ -173,14 +193,18 @@ class Run:
         while True:
             try:
                 with self._lock:
-                    if self._inside:
-                        self._inside = False
-                        if self.canceller is None:
-                            clear_in_thread(self.thread_ident)
-                            _stop_reasons.pop(self.thread_ident, None)
+                    self.left()
                 return
             except BaseException:  # a stop landing here, late: its handler has ended anyway
                 continue
+
+    def left(self) -> None:
+        """:meth:`leave`, its lock held."""
+        if self._inside:
+            self._inside = False
+            if self._sent:
+                clear_in_thread(self.thread_ident)
+                _stop_reasons.pop(self.thread_ident, None)
 
     def settled(self, outcome: Outcome) -> Outcome:
         """The outcome to record: an abort's (dead letters) or a stop's (retry) whatever the
@@ -224,33 +248,39 @@ class Runs:
     """The runs of one consumer's handlers (thread-safe)."""
 
     def __init__(self, on_start: Callable[[Run], None] | None = None) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # the runs', and every run's (see Run)
         self._runs: dict[tuple[str, str], Run] = {}  # by (physical queue, token)
         self._on_start = on_start
+        _registries.add(self)
+
+    def begin(
+        self, message: Message, logical_queue: str, canceller: Canceller | None = None
+    ) -> tuple[Run, contextvars.Token[Run | None]]:
+        """A run of ``message`` on the calling thread (or, with ``canceller``, the calling
+        asyncio task), registered; end it with :meth:`end`."""
+        run = Run(message, logical_queue, canceller=canceller, lock=self.lock)
+        return run, self.start(run)
 
     def start(self, run: Run) -> contextvars.Token[Run | None]:
-        key = (run.message.queue, run.message.token)
-        with self._lock:
-            self._runs[key] = run
-        with _by_delivery_lock:
-            _by_delivery.setdefault((run.message.id, run.message.token), []).append(run)
+        with self.lock:
+            self._runs[(run.message.queue, run.message.token)] = run
         if self._on_start is not None:
             self._on_start(run)
         return _current.set(run)
 
     def end(self, run: Run, token: contextvars.Token[Run | None] | None = None) -> None:
-        run.leave()
+        """The handler ended: nothing may be raised in its thread any more (see Run.leave,
+        done here under the same lock); it leaves the runs."""
         key = (run.message.queue, run.message.token)
-        with self._lock:
-            if self._runs.get(key) is run:
-                del self._runs[key]
-        delivery = (run.message.id, run.message.token)
-        with _by_delivery_lock:
-            runs = _by_delivery.get(delivery, [])
-            if run in runs:
-                runs.remove(run)
-            if not runs:
-                _by_delivery.pop(delivery, None)
+        while True:
+            try:
+                with self.lock:
+                    run.left()
+                    if self._runs.get(key) is run:
+                        del self._runs[key]
+                break
+            except BaseException:  # a stop landing here, late: its handler has ended anyway
+                continue
         if token is not None:
             try:
                 _current.reset(token)
@@ -258,16 +288,15 @@ class Runs:
                 _current.set(None)
 
     def all(self) -> list[Run]:
-        with self._lock:
+        with self.lock:
             return list(self._runs.values())
 
     def get(self, queue: str, token: str) -> Run | None:
-        with self._lock:
+        with self.lock:
             return self._runs.get((queue, token))
 
     def __bool__(self) -> bool:
-        with self._lock:
-            return bool(self._runs)
+        return bool(self._runs)
 
 
 def raise_in_thread(ident: int, exception: type[BaseException]) -> None:

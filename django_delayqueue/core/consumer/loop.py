@@ -113,7 +113,12 @@ class Consumer:
         # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
         # the watchdog that stops them, the thread that learns their aborts (while run() runs).
         self._runs = Runs(on_start=self._run_started)
-        self._watchdog = Watchdog(self._runs, self._settings_of, self._unstoppable_found)
+        self._watchdog = Watchdog(
+            self._runs,
+            self._settings_of,
+            self._unstoppable_found,
+            running=self.running_handlers,
+        )
         self._aborts: AbortPoller | None = None
         self._unstoppable: list[Run] = []  # found by the watchdog, for the loop's thread
         self._unstoppable_lock = threading.Lock()
@@ -170,8 +175,7 @@ class Consumer:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
-        run = Run(message, message.queue if q is None else q.logical_name)
-        context = self._runs.start(run)
+        run, context = self._runs.begin(message, message.queue if q is None else q.logical_name)
         try:
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
@@ -191,8 +195,8 @@ class Consumer:
         limits and aborts apply, ``canceller(exception class)`` stops it (on the watchdog's
         thread), and ``run.settled(outcome)`` is the outcome to record once it ended."""
         q = self._queue_named.get(message.queue)
-        run = Run(message, message.queue if q is None else q.logical_name, canceller=canceller)
-        context = self._runs.start(run)
+        logical = message.queue if q is None else q.logical_name
+        run, context = self._runs.begin(message, logical, canceller)
         try:
             yield run
         finally:
@@ -426,10 +430,13 @@ class Consumer:
         return None if q is None else q.settings
 
     def _run_started(self, run: Run) -> None:
-        """A handler started: the watchdog must know by its soft limit (it may be asleep)."""
+        """A handler started: the watchdog must look by its first limit (it may be asleep)."""
         q = self._queue_named.get(run.message.queue)
-        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-            self._watchdog.poke()
+        if q is None:
+            return
+        limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
+        if limits:
+            self._watchdog.due_by(run.started_monotonic + min(limits))
 
     def _abort_learnt(self, run: Run) -> None:
         self._watchdog.poke()  # its grace starts now

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from django_delayqueue.core.consumer.handler_threads import RunningHandler
 from django_delayqueue.core.consumer.limits import Run, Runs
 from django_delayqueue.core.consumer.stopped import abort_reason, time_limit_reason
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
@@ -38,7 +39,12 @@ IDLE_WAIT_SECONDS = 1.0  # the longest sleep (a run that started meanwhile pokes
 
 class Watchdog:
     """Enforces ``settings_of(queue name)``'s limits on ``runs``, on a thread of its own
-    (:meth:`start`) or one :meth:`check` at a time (tests, with their own clock)."""
+    (:meth:`start`) or one :meth:`check` at a time (tests, with their own clock).
+
+    ``running`` (``Consumer.running_handlers``) says which handler threads still run their
+    message: a thread's run that is not among them has ended (its thread is past the handler
+    even if a stop landing at the very end kept it from leaving its run), and is left alone.
+    """
 
     def __init__(
         self,
@@ -46,12 +52,15 @@ class Watchdog:
         settings_of: Callable[[str], QueueSettings | None],
         on_unstoppable: Callable[[Run], None],
         monotonic: Callable[[], float] = time.monotonic,
+        running: Callable[[], list[RunningHandler]] | None = None,
     ) -> None:
         self.runs = runs
+        self._running = running
         self._settings_of = settings_of
         self._on_unstoppable = on_unstoppable
         self._monotonic = monotonic
         self._wake = threading.Event()
+        self._wake_at = 0.0  # when the thread looks next (it sleeps until then)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -61,8 +70,14 @@ class Watchdog:
         return self
 
     def poke(self) -> None:
-        """Look again now (a run started, an abort was learnt)."""
+        """Look again now (an abort was learnt)."""
         self._wake.set()
+
+    def due_by(self, at: float) -> None:
+        """Something is due at ``at`` (a run's first limit): look then, if not sooner. Costs a
+        wake-up only when the thread would sleep past it (not for every run that starts)."""
+        if at < self._wake_at:
+            self._wake.set()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -78,6 +93,7 @@ class Watchdog:
                 logger.exception("the watchdog's check failed")
                 next_at = self._monotonic() + IDLE_WAIT_SECONDS
             wait = min(IDLE_WAIT_SECONDS, max(0.0, next_at - self._monotonic()))
+            self._wake_at = self._monotonic() + wait
             self._wake.wait(wait)
             self._wake.clear()
 
@@ -85,7 +101,13 @@ class Watchdog:
         """Act on every run that is due; returns when (``monotonic``) to look again."""
         now = self._monotonic()
         next_at = math.inf
+        live = None
+        if self._running is not None:
+            live = {(r.message.queue, r.message.token) for r in self._running()}
         for run in self.runs.all():
+            key = (run.message.queue, run.message.token)
+            if live is not None and run.canceller is None and key not in live:
+                continue  # its thread is past its handler
             settings = self._settings_of(run.message.queue)
             if settings is None:
                 continue
