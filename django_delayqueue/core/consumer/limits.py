@@ -19,9 +19,10 @@ import ctypes
 import dataclasses
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable
+from threading import get_ident
+from time import monotonic
 
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
@@ -92,47 +93,33 @@ class Run:
     ``lock`` orders stops against the handler's end (a consumer's runs share one: cheaper to
     make than one per message)."""
 
-    __slots__ = (
-        "_inside",
-        "_lock",
-        "_sent",
-        "abort_reason",
-        "abort_seen_at",
-        "canceller",
-        "logical_queue",
-        "message",
-        "soft_sent",
-        "started_monotonic",
-        "stop",
-        "thread_ident",
-        "unstoppable",
-    )  # fmt: skip
+    # What only a stop or an abort changes (class defaults: a run costs little to make).
+    canceller: Canceller | None = None
+    _sent = False  # an exception was sent (leave() must clear one not raised yet)
+    soft_sent = False
+    stop: Stop | None = None
+    abort_reason: str | None = None  # the abort's own reason, once learnt
+    abort_seen_at: float | None = None
+    unstoppable = False  # stopped, and still running: its process must go
 
     def __init__(
         self,
         message: Message,
         logical_queue: str,
+        canceller: Canceller | None = None,
+        lock: threading.Lock | None = None,
         *,
         thread_ident: int | None = None,
-        canceller: Canceller | None = None,
         started_monotonic: float | None = None,
-        lock: threading.Lock | None = None,
     ) -> None:
         self.message = message
         self.logical_queue = logical_queue
-        self.thread_ident = threading.get_ident() if thread_ident is None else thread_ident
-        self.canceller = canceller
-        self.started_monotonic = (
-            time.monotonic() if started_monotonic is None else started_monotonic
-        )
+        self.thread_ident = get_ident() if thread_ident is None else thread_ident
+        self.started_monotonic = monotonic() if started_monotonic is None else started_monotonic
         self._lock = threading.Lock() if lock is None else lock
         self._inside = True  # in its handler: an exception sent now lands there
-        self._sent = False  # an exception was sent (leave() must clear one not raised yet)
-        self.soft_sent = False
-        self.stop: Stop | None = None
-        self.abort_reason: str | None = None  # the abort's own reason, once learnt
-        self.abort_seen_at: float | None = None
-        self.unstoppable = False  # stopped, and still running: its process must go
+        if canceller is not None:
+            self.canceller = canceller
 
     def matches(self, message: Message) -> bool:
         m = self.message
@@ -258,12 +245,12 @@ class Runs:
     ) -> tuple[Run, contextvars.Token[Run | None]]:
         """A run of ``message`` on the calling thread (or, with ``canceller``, the calling
         asyncio task), registered; end it with :meth:`end`."""
-        run = Run(message, logical_queue, canceller=canceller, lock=self.lock)
+        run = Run(message, logical_queue, canceller, self.lock)
         return run, self.start(run)
 
     def start(self, run: Run) -> contextvars.Token[Run | None]:
-        with self.lock:
-            self._runs[(run.message.queue, run.message.token)] = run
+        # No lock: one dict store is atomic, and tokens are unique per queue.
+        self._runs[(run.message.queue, run.message.token)] = run
         if self._on_start is not None:
             self._on_start(run)
         return _current.set(run)
@@ -276,8 +263,7 @@ class Runs:
             try:
                 with self.lock:
                     run.left()
-                    if self._runs.get(key) is run:
-                        del self._runs[key]
+                    self._runs.pop(key, None)
                 break
             except BaseException:  # a stop landing here, late: its handler has ended anyway
                 continue
@@ -288,12 +274,10 @@ class Runs:
                 _current.set(None)
 
     def all(self) -> list[Run]:
-        with self.lock:
-            return list(self._runs.values())
+        return list(self._runs.values())  # one C call: atomic
 
     def get(self, queue: str, token: str) -> Run | None:
-        with self.lock:
-            return self._runs.get((queue, token))
+        return self._runs.get((queue, token))
 
     def __bool__(self) -> bool:
         return bool(self._runs)

@@ -112,7 +112,7 @@ class Consumer:
         self._threads = ThreadsByQueue(self, self._waiter)
         # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
         # the watchdog that stops them, the thread that learns their aborts (while run() runs).
-        self._runs = Runs(on_start=self._run_started)
+        self._runs = Runs()
         self._watchdog = Watchdog(
             self._runs,
             self._settings_of,
@@ -176,6 +176,8 @@ class Consumer:
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
         run, context = self._runs.begin(message, message.queue if q is None else q.logical_name)
+        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
+            self._run_started(run, q)
         try:
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
@@ -197,6 +199,8 @@ class Consumer:
         q = self._queue_named.get(message.queue)
         logical = message.queue if q is None else q.logical_name
         run, context = self._runs.begin(message, logical, canceller)
+        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
+            self._run_started(run, q)
         try:
             yield run
         finally:
@@ -429,14 +433,11 @@ class Consumer:
         q = self._queue_named.get(name)
         return None if q is None else q.settings
 
-    def _run_started(self, run: Run) -> None:
-        """A handler started: the watchdog must look by its first limit (it may be asleep)."""
-        q = self._queue_named.get(run.message.queue)
-        if q is None:
-            return
+    def _run_started(self, run: Run, q: Queue) -> None:
+        """A handler with a limit started: the watchdog must look by its first limit (it may
+        be asleep till then)."""
         limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
-        if limits:
-            self._watchdog.due_by(run.started_monotonic + min(limits))
+        self._watchdog.due_by(run.started_monotonic + min(limits))
 
     def _abort_learnt(self, run: Run) -> None:
         self._watchdog.poke()  # its grace starts now
