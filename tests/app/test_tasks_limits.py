@@ -52,6 +52,7 @@ def test_a_task_past_its_time_limit_is_retried_then_fails_with_the_error(
         )
     assert [e.exception_class_path for e in failed.errors] == [STOP, STOP]
     assert all("time limit exceeded (0.3 s)" in e.traceback for e in failed.errors)
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
     assert redis_client.hget(KEYS.reasons, result.id).startswith(b"no attempts left")
 
 
@@ -74,6 +75,8 @@ def test_an_aborted_task_that_returns_fails_and_is_dead(
         "django_delayqueue.core.errors.Aborted"
     ]
     assert "aborted: not needed" in failed.errors[0].traceback
+    # The record is written at once, the message buried with the next round trip.
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
     assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
 
 
