@@ -114,6 +114,22 @@ def test_the_tasks_path_bench_runs_every_path_here(tmp_path: Path) -> None:
     assert "tasks / signal delivery" in proc.stdout
 
 
+def test_the_hung_handler_bench_replaces_the_stuck_process(tmp_path: Path) -> None:
+    """bench.hung_limits, short phases: the hung handler is stopped by its time limit in a real
+    runqueue, the hung queue's next message runs in another process, every fast one runs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.hung_limits", "--quick", "--seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for phase in ("baseline", "hung"):
+        assert result[phase]["fast_started"] == result[phase]["fast_messages"]
+        assert result[phase]["early"] == 0
+    assert result["hung"]["next_in_another_process"] is True
+    assert "hung queue's next message started" in proc.stdout
+
+
 def test_the_cluster_shards_bench_runs_and_reports_its_rows(tmp_path: Path) -> None:
     out = tmp_path / "cluster.json"
     proc = subprocess.run(
