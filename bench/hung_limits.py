@@ -118,8 +118,13 @@ def run_phase(
         consumers.keep_running()
         time.sleep(0.01)
     wait_until(lambda: client.llen(FAST_LATENESS) >= count, 30)
-    if hang:
-        wait_until(lambda: client.llen(HUNG_STARTS) >= 2 or not consumers.keep_running(), 30)
+    if hang:  # the next message starts once the hung one's process was replaced
+
+        def next_started() -> bool:
+            consumers.keep_running()
+            return client.llen(HUNG_STARTS) >= 2
+
+        wait_until(next_started, 30)
     late = [float(x) for x in client.lrange(FAST_LATENESS, 0, -1)]
     starts = {n["id"]: n for n in map(json.loads, client.lrange(HUNG_STARTS, 0, -1))}
     out: dict[str, Any] = {
