@@ -82,10 +82,10 @@ class ConsumerProcess:
 def read_processes(
     queues: Sequence[Queue], consumers: Sequence[Sequence[tuple[str, int]]]
 ) -> list[list[ConsumerProcess]]:
-    """The live ``consumers`` (name, last seen) of each of ``queues`` (sharing one client),
-    with what their heartbeats said; one round trip. Never raises: without details a consumer
-    is listed by name."""
-    plain = [[ConsumerProcess(n, seen) for n, seen in group] for group in consumers]
+    """What the heartbeats of the live ``consumers`` (name, last seen) of each of ``queues``
+    (sharing one client) said; one round trip. Never raises: a consumer without details (an
+    older version, or Redis down) is left out here, and listed by name in the stats."""
+    plain: list[list[ConsumerProcess]] = [[] for _ in consumers]
     if not queues or not any(consumers):
         return plain
     try:
@@ -100,15 +100,14 @@ def read_processes(
     out = []
     for q, group, reply in zip(queues, consumers, replies, strict=True):
         values = reply if isinstance(reply, list) else [None] * len(group)
-        out.append(
-            [_parse(q.name, n, seen, v) for (n, seen), v in zip(group, values, strict=False)]
-        )
+        parsed = [_parse(q.name, n, seen, v) for (n, seen), v in zip(group, values, strict=False)]
+        out.append([p for p in parsed if p is not None])
     return out
 
 
-def _parse(queue: str, name: str, seen: int, raw: Any) -> ConsumerProcess:
+def _parse(queue: str, name: str, seen: int, raw: Any) -> ConsumerProcess | None:
     if raw is None:
-        return ConsumerProcess(name, seen)
+        return None
     try:
         data = json.loads(to_str(raw))
         pid = data.get("pid")
@@ -130,7 +129,7 @@ def _parse(queue: str, name: str, seen: int, raw: Any) -> ConsumerProcess:
             running=running,
         )
     except (ValueError, TypeError, KeyError, AttributeError):
-        return ConsumerProcess(name, seen)
+        return None
 
 
 def merge_processes(parts: Sequence[Sequence[ConsumerProcess]]) -> list[ConsumerProcess]:

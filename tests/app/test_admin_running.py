@@ -79,7 +79,7 @@ def test_in_flight_tab_shows_how_long_a_message_runs_its_limit_and_its_process(
 def test_nothing_is_flagged_without_a_time_limit(
     admin_client: Any, blocked: tuple[Consumer, str]
 ) -> None:
-    _, message_id = blocked
+    _, _message_id = blocked
 
     def running_row() -> Any:
         response = admin_client.get(page(QUEUE, "unack"))
