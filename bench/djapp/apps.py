@@ -21,6 +21,10 @@ class BenchConfig(AppConfig):
         from .timing import on_signal
 
         dq.topic(SIGNAL_QUEUE).connect(on_signal, dispatch_uid="bench-signal")
+        from .cpu import on_cpu
+        from .settings import CPU_QUEUE
+
+        dq.topic(CPU_QUEUE).connect(on_cpu, dispatch_uid="bench-cpu")
 
 
 _seen = [0]
