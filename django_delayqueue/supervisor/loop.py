@@ -236,13 +236,19 @@ class Supervisor:
         for slot in self.slots:
             if now < slot.not_before or self.fatal is not None:
                 continue
-            if slot.current is None and slot.successor is None:
-                slot.current = self._spawn(slot)
-            elif slot.replace_wanted and slot.successor is None and slot.current is not None:
-                logger.info(
-                    "replacing consumer process %d: %s", slot.current.pid, slot.replace_wanted
-                )
-                slot.successor = self._spawn(slot)
+            try:
+                if slot.current is None and slot.successor is None:
+                    slot.current = self._spawn(slot)
+                elif slot.replace_wanted and slot.successor is None and slot.current is not None:
+                    logger.info(
+                        "replacing consumer process %d: %s",
+                        slot.current.pid,
+                        slot.replace_wanted,
+                    )
+                    slot.successor = self._spawn(slot)
+            except OSError as e:  # fork refused (EAGAIN, ENOMEM): try again later
+                slot.not_before = now + slot.backoff.died(0) + 1.0
+                logger.error("could not start a consumer process: %s", e)
 
     def _roll(self) -> None:
         """SIGHUP: one slot at a time wants a replacement, until every slot had its own."""

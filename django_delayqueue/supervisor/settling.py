@@ -24,6 +24,14 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
         except ConfigurationError as e:
             logger.error("queue %s: message %s not settled: %s", item.queue, item.message_id, e)
             continue
+        except (KeyError, ValueError, TypeError) as e:  # a queue this process cannot name
+            logger.error(
+                "queue %s: message %s not settled (%r): it comes back after its visibility timeout",
+                item.queue,
+                item.message_id,
+                e,
+            )
+            continue
         except DelayQueueError as e:  # Redis down: again in a second (or its timeout)
             if final:
                 logger.error("message %s left to its visibility timeout: %s", item.message_id, e)
