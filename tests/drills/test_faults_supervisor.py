@@ -225,6 +225,26 @@ def test_an_evicting_redis_is_refused_before_any_child_starts(
     assert "allkeys-lru" in log and "consumer process" not in log, log[-2000:]
 
 
+def test_a_child_that_finds_a_configuration_error_stops_everything(
+    runqueues: Runqueues, redis_client: redis.Redis
+) -> None:
+    """The Redis turned evicting while runqueue ran; a replacement child judges it at its
+    start and refuses: the supervisor stops the other children and exits 1 with the message,
+    instead of replacing the child for ever."""
+    sup = runqueues.start("--processes", "2")
+    first = runqueues.consuming_children(sup, 2)
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        os.kill(min(first), signal.SIGKILL)
+        assert sup.wait(60) == 1, runqueues.log(sup)[-3000:]
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    log = runqueues.log(sup)
+    assert "allkeys-lru" in log.split("died (signal SIGKILL")[1]
+    assert not any(_alive(pid) for pid in first)
+    assert log.count(" started (slot") == 3  # the two, and one replacement: not respawned
+
+
 def test_queuestats_lists_each_child_under_its_supervisor(
     runqueues: Runqueues,
     redis_server: RedisServerProcess,
