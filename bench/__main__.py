@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from . import backlog, deliver, django_path, lua_loading, outbox_cost, peers, produce
+from . import backlog, deliver, django_path, lua_loading, outbox_cost, peers, processes, produce
 from .harness import Bench, Row, private_redis
 from .report import table, write_json
 from .sizes import Sizes, sizes_for
@@ -35,6 +35,8 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "outbox": outbox_cost.outbox_cost,
     "peers": peers.huey,
     "lua_loading": lua_loading.lua_loading,
+    "processes": processes.supervised_beside_in_process,
+    "processes_cpu": processes.cpu_bound,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

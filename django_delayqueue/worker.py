@@ -160,13 +160,7 @@ class Worker(Consumer):
 
     def sync_settings(self) -> None:
         """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
-        try:
-            for mirror in MIRRORS:
-                mirror.sync()
-        except DatabaseError as e:
-            logger.warning("settings rows not synced (database unavailable?): %s", e)
-        finally:
-            close_old_connections()
+        sync_settings()
 
     # --- Consumer hooks ----------------------------------------------------------------------
 
@@ -380,6 +374,17 @@ class Worker(Consumer):
             # No row yet (the database was down when this worker started and synced): create
             # the rows from the settings file, which publishes them too.
             self.sync_settings()
+
+
+def sync_settings() -> None:
+    """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
+    try:
+        for mirror in MIRRORS:
+            mirror.sync()
+    except DatabaseError as e:
+        logger.warning("settings rows not synced (database unavailable?): %s", e)
+    finally:
+        close_old_connections()
 
 
 def tick_payload(recurrence: Recurrence, instant_ms: int) -> Any:

@@ -45,6 +45,9 @@ TASK_QUEUE = "bench-tasks"
 SIGNAL_QUEUE = "bench-signal"
 DELAYQUEUE["QUEUES"][TASK_QUEUE] = {"claim_batch": 200}
 DELAYQUEUE["QUEUES"][SIGNAL_QUEUE] = {"claim_batch": 200}
+# bench/processes.py: a handler that burns 20 ms of CPU per message (one thread per process).
+CPU_QUEUE = "bench-cpu"
+DELAYQUEUE["QUEUES"][CPU_QUEUE] = {"concurrency": 1, "claim_batch": 1}
 _TASKS_BACKEND = os.environ.get("BENCH_TASKS")
 if _TASKS_BACKEND == "delayqueue":
     TASKS = {

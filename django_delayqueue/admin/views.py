@@ -24,7 +24,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.text import Truncator
 
-from django_delayqueue.admin import task_rows
+from django_delayqueue.admin import running, task_rows
 from django_delayqueue.admin.actions import ACTIONS, ALL_ACTIONS
 from django_delayqueue.admin.common import (
     APP,
@@ -165,11 +165,15 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
     errors = list(stats.errors)
     rows: list[dict[str, Any]] = []
     has_tasks = False
+    time_limit = None
     try:
         q = get_queue(queue)
+        time_limit = q.settings.time_limit
         peeked = q.peek(state, (page - 1) * PER_PAGE, PER_PAGE)
         rows = [_message_row(m) for m in peeked.messages]
         has_tasks = task_rows.annotate(q, rows)
+        if state == "unack":
+            running.annotate_running(rows, stats, time_limit)
         total = peeked.total
         pages = max(1, -(-total // PER_PAGE))
     except DelayQueueError as e:
@@ -212,6 +216,10 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "settings_url": _settings_url(site, request, queue),
         "charts": _chart_urls(site, queue),
         "errors": errors,
+        "show_running": state == "unack",
+        "stalled": len(running.stalled_ids(stats, time_limit)),
+        "time_limit": None if time_limit is None else format_seconds(time_limit),
+        "supervisors": running.processes_context(stats),
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
 

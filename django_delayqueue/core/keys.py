@@ -239,6 +239,13 @@ class QueueKeys:
     def heartbeats(self) -> str:  # zset: consumer name -> last seen (ms)
         return self._key("consumers")
 
+    @property
+    def consumer_details(self) -> str:
+        """Hash: consumer name -> JSON of its process as its last heartbeat saw it (pid, host,
+        supervisor, messages handled, memory, what it runs on this queue now); written with
+        the heartbeat, removed with it (core.consumer.details)."""
+        return self._key("consumer_details")
+
     def claim_receipt(self, consumer: str) -> str:
         """String: the last claim of consumer instance ``consumer`` that took messages, its
         claim id and what it took (claim.lua), so that a claim whose reply was lost can be
@@ -293,6 +300,7 @@ class QueueKeys:
             self.tally,
             self.config,
             self.heartbeats,
+            self.consumer_details,
             self.cancelled,
             self.ready_since,
             self.successors,

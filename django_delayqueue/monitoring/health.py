@@ -30,7 +30,10 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
 from django_delayqueue.conf.connection import get_client
+from django_delayqueue.conf.queues import queue_settings
+from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.monitoring.processes import past_limit, supervisors_dict
 from django_delayqueue.monitoring.servers import app_servers, findings, memory_problems
 from django_delayqueue.monitoring.stats import (
     DEFAULT_ALIVE_SECONDS,
@@ -83,6 +86,8 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             s.queue: {
                 "paused": s.paused,
                 "consumers_alive": s.consumers_alive,
+                "supervisors": supervisors_dict(s.processes),
+                "stalled": stalled_count(s),
                 "oldest_overdue_seconds": s.oldest_overdue_seconds,
                 "counts": s.counts,
             }
@@ -91,6 +96,15 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
         "servers": [s.to_dict() for s in servers],
     }
     return healthy, report
+
+
+def stalled_count(s: QueueStats) -> int | None:
+    """How many of the queue's running messages run past its ``time_limit`` (None: unknown)."""
+    try:
+        limit = queue_settings(s.queue).time_limit
+    except ConfigurationError:
+        return None
+    return len(past_limit(s.running, limit, s.now_ms))
 
 
 def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +28,13 @@ from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
+from django_delayqueue.monitoring.processes import (
+    ConsumerProcess,
+    RunningNow,
+    merge_processes,
+    read_processes,
+    supervisors_dict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +58,13 @@ class QueueStats:
     consumers: list[tuple[str, int]] = field(default_factory=list)  # (name, last seen ms)
     outcomes: dict[str, int] | None = None  # deliveries per outcome since the tally began
     errors: list[str] = field(default_factory=list)
+    # The live consumers with what their heartbeats said (pid, supervisor, what runs now).
+    processes: list[ConsumerProcess] = field(default_factory=list)
+
+    @property
+    def running(self) -> list[RunningNow]:
+        """The messages the live consumers run now, longest running first."""
+        return sorted((r for p in self.processes for r in p.running), key=lambda r: r.started_ms)
 
     @property
     def ok(self) -> bool:
@@ -87,15 +101,22 @@ class QueueStats:
             "next_due_at": self.next_due_at.isoformat() if self.next_due_at else None,
             "paused": self.paused,
             "consumers_alive": self.consumers_alive,
-            "consumers": [
-                {"name": name, "last_seen_seconds_ago": max(0, self.now_ms - seen) / 1000}
-                for name, seen in self.consumers
-            ],
+            "consumers": self._consumers_dicts(),
+            "supervisors": supervisors_dict(self.processes),
             "deliveries": self.deliveries,
             "failures": self.failures,
             "outcomes": dict(self.outcomes) if self.outcomes is not None else None,
             "errors": list(self.errors),
         }
+
+    def _consumers_dicts(self) -> list[dict[str, Any]]:
+        details = {p.name: p for p in self.processes}
+        return [
+            details[name].to_dict(self.now_ms)
+            if name in details
+            else {"name": name, "last_seen_seconds_ago": max(0, self.now_ms - seen) / 1000}
+            for name, seen in self.consumers
+        ]
 
 
 def gather(
@@ -116,9 +137,11 @@ def gather(
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
-    return [
+    read = [
         _read(q, counts, stats, now) for q, (counts, stats) in zip(queues, replies, strict=True)
     ]
+    processes = read_processes(queues, [s.consumers for s in read])
+    return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
 
 
 def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:
@@ -236,6 +259,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         paused=parts[0].paused,
         consumers_alive=max(alive) if alive else None,
         consumers=sorted(seen.items(), key=lambda item: -item[1]),
+        processes=merge_processes([p.processes for p in parts]),
         outcomes=outcomes,
         errors=[f"{p.queue}: {e}" for p in parts for e in p.errors],
     )

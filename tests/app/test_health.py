@@ -195,3 +195,36 @@ def test_memory_past_the_threshold_fails_when_asked_for(client, own_redis):
         admin.config_set("maxmemory", 1)  # full: writes are refused
         (said,) = client.get(URL).json()["checks"]["memory"]["failing"].values()
         assert said.startswith("out of memory")
+
+
+def test_each_queue_lists_its_supervisors_and_its_stalled_messages(client, queues):
+    """What supervised consumer processes write with their heartbeats (core.consumer.details):
+    the probe groups them under their supervisor and counts the messages past ``time_limit``."""
+    from django_delayqueue.core import Message
+    from django_delayqueue.core.consumer.details import heartbeat_details
+    from django_delayqueue.core.consumer.handler_threads import RunningHandler
+
+    q = queues["order-close"]
+    now = q.clock.now_ms()
+    supervisor = {"name": "runqueue-web-1", "pid": 4321, "slot": 1}
+    for name, started_ago in (("runqueue-web-1.1-11", 5000), ("runqueue-web-1.2-12", 100)):
+        message = Message(f"m-{name}", q.name, None, 0, 0, 1, "1")
+        running = [RunningHandler(message, 0.0, now - started_ago, 1)]
+        q.client.zadd(q.keys.heartbeats, {name: now})
+        q.client.hset(
+            q.keys.consumer_details, name, heartbeat_details(q.name, 3, running, supervisor)
+        )
+    beat(queues["activation-sms"])
+    limited = {**settings.DELAYQUEUE["QUEUES"]}
+    limited["order-close"] = {**limited["order-close"], "time_limit": 2}
+    with delayqueue(QUEUES=limited):
+        report = client.get(URL).json()
+    order_close = report["queues"]["order-close"]
+    assert order_close["consumers_alive"] == 2
+    (group,) = order_close["supervisors"]
+    assert group["pid"] == 4321 and sorted(group["consumers"]) == [
+        "runqueue-web-1.1-11",
+        "runqueue-web-1.2-12",
+    ]
+    assert order_close["stalled"] == 1  # 5 s past a 2 s limit; the other has run 0.1 s
+    assert report["queues"]["activation-sms"]["supervisors"] == []

@@ -148,7 +148,7 @@ def _advance(h: Held, recurrence: Recurrence | None) -> None:
 
 KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
-    "reasons", "seq", "journal", "tally", "config", "heartbeats", "cancelled",
+    "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
     "recurrence_states", "ticks", "tick_runs", "aborts",
 ]  # fmt: skip

@@ -43,6 +43,10 @@ EXPECTED_ROWS = {
     "lua.promote",
     "outbox.sqlite.without",
     "outbox.sqlite.with",
+    "processes.delivery",
+    "processes.lateness_p50",
+    "processes.lateness_p99",
+    "processes.cpu",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

@@ -124,7 +124,7 @@ def test_runqueue_leaves_a_handler_that_outlives_grace_in_flight(
     report = check([stuck, *waiting], deliveries, Causes(outgraced_pids={proc.pid}))
     assert report.ok, report.summary()
     assert report.duplicates == {"handler outlived --grace (visibility timeout)": 1}
-    assert [(d.attempt, d.pid) for d in deliveries if d.id == stuck] == [
+    assert [(d.attempt, d.ppid) for d in deliveries if d.id == stuck] == [  # runqueue: parent
         (1, proc.pid),
         (2, rescuer.pid),
     ]

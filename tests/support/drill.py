@@ -101,11 +101,16 @@ class Runqueues:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, *args: str, queues: Sequence[str] = ("drill",), **env: str
+        self,
+        *args: str,
+        queues: Sequence[str] = ("drill",),
+        program: Path | None = None,
+        **env: str,
     ) -> subprocess.Popen[bytes]:
         """Start one ``runqueue`` for ``queues`` (empty: every configured queue).
 
-        ``env`` keys become ``DRILL_<KEY>`` variables (see drill_settings.py).
+        ``env`` keys become ``DRILL_<KEY>`` variables (see drill_settings.py); ``program``
+        runs a script that runs ``runqueue`` (programs/limited_runqueue.py) instead.
         """
         environ = {
             **os.environ,
@@ -119,6 +124,8 @@ class Runqueues:
         }
         log = open(self.workdir / f"runqueue-{len(self.procs)}.log", "wb")  # noqa: SIM115
         cmd = [sys.executable, "-m", "django", "runqueue", *queues, *args]
+        if program is not None:
+            cmd = [sys.executable, str(program), *queues, *args]
         proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
@@ -139,7 +146,28 @@ class Runqueues:
         try:
             return wait_until(predicate, timeout, what)
         except AssertionError as e:
-            raise AssertionError(f"{e}\n--- runqueue logs ---\n{self.logs()[-4000:]}") from None
+            raise AssertionError(f"{e}\n--- runqueue logs ---\n{self.logs()[-6000:]}") from None
+
+    @staticmethod
+    def children(proc: subprocess.Popen[bytes]) -> set[int]:
+        """The consumer processes ``proc`` (a supervising runqueue) has now (Linux /proc)."""
+        try:
+            text = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+        except OSError:
+            return set()
+        return {int(pid) for pid in text.split()}
+
+    def consuming_children(self, proc: subprocess.Popen[bytes], count: int) -> set[int]:
+        """Wait until ``proc`` has ``count`` children that each said "consuming"; return them."""
+
+        def ready() -> set[int] | None:
+            pids = self.children(proc)
+            log = self.log(proc)
+            said = {pid for pid in pids if f"-{pid} consuming " in log}
+            return said if len(said) == count and said == pids else None
+
+        found: set[int] = self.wait(ready, 60, f"{count} consumer process(es) consuming")
+        return found
 
     def close(self) -> None:
         for proc in self.procs:

@@ -49,6 +49,14 @@ class Delivery:
     attempt: int
     pid: int
     action: str = OK
+    # The parent's pid: under ``runqueue`` (a supervisor and its consumer processes), the
+    # process a test signals is the handler's parent (see :meth:`ran_under`).
+    ppid: int = 0
+
+    def ran_under(self, pids: set[int] | int) -> bool:
+        """Whether this delivery ran in one of ``pids`` or in a child of one of them."""
+        pids = {pids} if isinstance(pids, int) else pids
+        return self.pid in pids or self.ppid in pids
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,8 @@ class Ledger:
     def record(self, message_id: str, due_ms: int, attempt: int, action: str = OK) -> int:
         """Append one delivery (called by the handler first thing); returns its wall ms."""
         now = int(time.time() * 1000)
-        self._write([message_id, now, int(due_ms), int(attempt), os.getpid(), action])
+        row = [message_id, now, int(due_ms), int(attempt), os.getpid(), action, os.getppid()]
+        self._write(row)
         return now
 
     def finish(
@@ -167,9 +176,9 @@ class Causes:
             return "handler killed its process"
         if previous.action == SLOW:
             return "handler ran past its deadline on purpose"
-        if previous.pid in self.killed_pids:
+        if previous.ran_under(self.killed_pids):
             return "consumer killed mid-handler"
-        if previous.pid in self.outgraced_pids:
+        if previous.ran_under(self.outgraced_pids):
             return "handler outlived --grace (visibility timeout)"
         for start, end in self.outages:
             if (
@@ -187,7 +196,7 @@ class Causes:
         message in flight until its visibility timeout, by when it has exited; a handler that
         raised or ran long explains a later delivery, never a concurrent one.
         """
-        if previous.pid in self.killed_pids:
+        if previous.ran_under(self.killed_pids):
             return "consumer killed mid-handler"
         return None
 

@@ -275,7 +275,7 @@ class Exploration:
         """Whether the ledger shows a handler call in ``pid`` that has not ended yet."""
         ended = {(r.id, r.attempt, r.started_ms) for r in read_runs(self.runqueues.ledger)}
         return any(
-            d.pid == pid and (d.id, d.attempt, d.delivered_ms) not in ended
+            d.ran_under(pid) and (d.id, d.attempt, d.delivered_ms) not in ended
             for d in read(self.runqueues.ledger)
         )
 
@@ -391,8 +391,10 @@ class Exploration:
             if c.run is None:
                 # Never finished: only a handler left running by a SIGTERMed runqueue may (its
                 # process exited under it).
-                assert c.start.pid in exits, f"{self.fail}: a handler never finished: {c.start}"
-                c.end_ms = exits[c.start.pid] or int(time.time() * 1000)
+                # (runqueue's pid is the parent of the consumer process that ran the handler)
+                pid = c.start.ppid if c.start.ppid in exits else c.start.pid
+                assert pid in exits, f"{self.fail}: a handler never finished: {c.start}"
+                c.end_ms = exits[pid] or int(time.time() * 1000)
             else:
                 c.end_ms = c.run.finished_ms
         return calls
@@ -414,7 +416,7 @@ class Exploration:
         stops = {s.pid: s for s in self.stops}
         out = set()
         for i, c in enumerate(calls):
-            stop = stops.get(c.start.pid)
+            stop = stops.get(c.start.ppid, stops.get(c.start.pid))
             if stop is None or c.start.delivered_ms > (stop.exited_ms or c.start.delivered_ms):
                 continue
             if c.run is None or c.end_ms >= stop.sent_ms + stop.grace_ms - GIVE_BACK_SLACK_MS:
@@ -441,7 +443,7 @@ class Exploration:
                     assert (
                         cause is not None
                         and i in given_back
-                        and b.start.delivered_ms >= sent[a.start.pid]
+                        and b.start.delivered_ms >= sent.get(a.start.ppid, sent.get(a.start.pid, 0))
                     ), f"{self.fail}: {message_id} ran twice at once: {a} and {b}"
                     overlaps += 1
         return overlaps

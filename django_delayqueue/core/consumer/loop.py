@@ -22,6 +22,7 @@ from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.aborts import AbortPoller
+from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
 from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
@@ -99,8 +100,16 @@ class Consumer:
         self._unrecorded = UnrecordedOutcomes(self.queues, journal_maxlen, self.memory)
         self.keeper: Keeper = keeper if keeper is not None else NoKeeper()
         self.keeper.memory = self.memory
+        # Set by a supervised child (django_delayqueue.supervisor): its supervisor's name and
+        # pid, shown with this consumer's heartbeat.
+        self.supervisor: dict[str, Any] | None = None
         self._round_trip = RoundTrip(
-            self.queues, self._unrecorded, self.keeper, self.name, self.memory
+            self.queues,
+            self._unrecorded,
+            self.keeper,
+            self.name,
+            self.memory,
+            details=self.heartbeat_details,
         )
         self._queue_named = {q.name: q for q in self.queues}
         self._stop = StopRequests(self._monotonic)
@@ -164,6 +173,13 @@ class Consumer:
                 item.reason,
                 "a visibility timeout",
             )
+
+    def heartbeat_details(self, queue: Queue) -> str | None:
+        """What the heartbeat on ``queue`` says about this process (:mod:`.details`); None
+        writes nothing."""
+        return heartbeat_details(
+            queue.name, self.delivered, self.running_handlers(), self.supervisor
+        )
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())

@@ -57,8 +57,11 @@ class RoundTrip:
         keeper: Keeper,
         name: str,
         memory: OutOfMemoryLog,
+        details: Callable[[Queue], str | None] | None = None,
     ) -> None:
         self.clock = queues[0].clock
+        # What the heartbeat says about this consumer's process on a queue (details.py).
+        self.details = details
         self.outcomes = outcomes
         self.keeper = keeper
         self.name = name  # the consumer's, in the heartbeats
@@ -321,10 +324,11 @@ class RoundTrip:
         return not reaped.more
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
-        """Record that this consumer is alive (read by the health check). A Redis out of memory
-        refuses the plain ZADD: for those queues heartbeat.lua, whose first write is a removal,
-        goes through (see lua/includes/memory.lua), so a consumer that goes on delivering on a
-        full server does not look dead."""
+        """Record that this consumer is alive (read by the health check), and what its process
+        does (:mod:`.details`, in the same pipeline). A Redis out of memory refuses the plain
+        ZADD: for those queues heartbeat.lua, whose first write is a removal, goes through (see
+        lua/includes/memory.lua), so a consumer that goes on delivering on a full server does
+        not look dead."""
         forget_before = now - HEARTBEAT_FORGET_MS
         try:
             pipe = client.pipeline(transaction=False)
@@ -333,7 +337,13 @@ class RoundTrip:
             for q in queues:
                 pipe.zadd(q.keys.heartbeats, {self.name: now})
             for q in queues if prune else []:
+                # The names first, for their details below (ZRANGEBYSCORE before the removal).
+                pipe.zrangebyscore(q.keys.heartbeats, "-inf", forget_before)
                 pipe.zremrangebyscore(q.keys.heartbeats, "-inf", forget_before)
+            for q in queues if self.details is not None else []:
+                text = self.details(q) if self.details is not None else None
+                if text is not None:
+                    pipe.hset(q.keys.consumer_details, self.name, text)
             with redis_errors("heartbeat"):
                 replies = pipe.execute(raise_on_error=False)
             batch = ScriptBatch()
@@ -350,11 +360,22 @@ class RoundTrip:
             batch.run(client)
             if prune:
                 self._heartbeats_pruned_at[id(client)] = now
+                self._forget_details(client, queues, replies[len(queues) :: 2])
             for reply in replies:
                 if isinstance(reply, Exception) and not is_out_of_memory(reply):
                     logger.debug("heartbeat skipped: %s", reply)  # a key of the wrong type
         except Exception as e:  # down, or a heartbeats key of the wrong type
             logger.debug("heartbeat skipped: %s", e)
+
+    @staticmethod
+    def _forget_details(client: RedisClient, queues: Sequence[Queue], forgotten: list[Any]) -> None:
+        """Drop the details of the consumers the prune forgot (killed, never said goodbye)."""
+        pipe = client.pipeline(transaction=False)
+        for q, names in zip(queues, forgotten, strict=False):
+            if isinstance(names, list) and names:
+                pipe.hdel(q.keys.consumer_details, *names)
+        if len(pipe):
+            pipe.execute(raise_on_error=False)
 
     def leave_heartbeats(self) -> None:
         """Say this consumer is gone, so health stops counting it alive as soon as it stops
@@ -364,6 +385,7 @@ class RoundTrip:
                 pipe = client.pipeline(transaction=False)
                 for q in queues:
                     pipe.zrem(q.keys.heartbeats, self.name)
+                    pipe.hdel(q.keys.consumer_details, self.name)
                 with redis_errors("heartbeat"):
                     pipe.execute()
             except Exception as e:  # down, or a heartbeats key of the wrong type

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.monitoring.processes import by_supervisor, merge_processes
 from django_delayqueue.monitoring.recurrences import RecurrenceStatus, configured_statuses
 from django_delayqueue.monitoring.servers import app_servers, findings, memory_text
 from django_delayqueue.monitoring.stats import QueueStats, collect, format_seconds
@@ -96,6 +97,8 @@ class Command(BaseCommand):
             if watching:
                 self.stdout.write(f"\n{now}")
             self.stdout.write(render_table(stats))
+            if any(st.processes for st in stats):
+                self.stdout.write("\n" + render_processes(stats))
             if schedules:
                 self.stdout.write("\n" + render_schedules(schedules))
             self.stdout.write("\n" + render_servers(servers))
@@ -156,6 +159,34 @@ def render_table(stats: Sequence[QueueStats]) -> str:
     """A plain text table, numbers right-aligned, ``-`` for what could not be read."""
     text = _table(stats, COLUMNS, left=1)
     return text if stats else text + "\n(no queues configured)"
+
+
+PROCESS_COLUMNS = (
+    ("SUPERVISOR", lambda r: r[0]),
+    ("CONSUMER", lambda r: r[1].name),
+    ("PID", lambda r: r[1].pid),
+    ("HOST", lambda r: r[1].host),
+    ("HANDLED", lambda r: r[1].handled),
+    ("MEMORY", lambda r: None if r[1].rss_bytes is None else f"{r[1].rss_bytes / 1024**2:.0f} MB"),
+    ("RUNNING", lambda r: r[2]),
+)
+
+
+def render_processes(stats: Sequence[QueueStats]) -> str:
+    """Each live consumer process once (over every queue), under its supervisor, with what it
+    runs now ("queue:id for 3 s", longest first)."""
+    now = max(st.now_ms for st in stats)
+    merged = merge_processes([st.processes for st in stats])
+    running: dict[str, list[str]] = {}
+    for r in sorted((r for st in stats for r in st.running), key=lambda r: r.started_ms):
+        text = f"{r.queue}:{r.id} for {format_seconds(r.running_seconds(now))}"
+        running.setdefault(r.consumer, []).append(text)
+    rows = [
+        (label or "-", p, ", ".join(running.get(p.name, [])[:3]) or "idle")
+        for label, group in by_supervisor(merged).items()
+        for p in group
+    ]
+    return _table(rows, PROCESS_COLUMNS, left=4)
 
 
 def _table(items: Sequence[Any], columns: Any, left: int) -> str:

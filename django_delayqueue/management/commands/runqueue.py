@@ -9,18 +9,24 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_delayqueue.conf.queues import configured
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.management.logs import configure_logging
-from django_delayqueue.worker import Worker
+from django_delayqueue.monitoring.servers import ServerGuard
+from django_delayqueue.worker import Worker, sync_settings
 
 
 class Command(BaseCommand):
     help = (
         "Deliver due messages of the configured delay queues (or only the QUEUEs named) to "
-        "their handlers. Sleeps until the next due time; SIGTERM/SIGINT finish in-flight "
-        "handlers (within --grace) and exit 0, a second signal exits at once. Also relays the "
-        "outbox: messages committed while Redis was down are sent when it is back. Refuses a "
-        "Redis whose maxmemory-policy evicts keys (docs/redis.md)."
+        "their handlers. Sleeps until the next due time. Runs --processes consumer processes "
+        "(default 1) under this supervising process, which replaces a process that dies and "
+        "recycles one past --max-messages-per-child or --max-memory-per-child. SIGTERM/SIGINT "
+        "finish in-flight handlers (within --grace) and exit 0 (1 if a process did not stop "
+        "cleanly), a second signal stops at once; SIGHUP replaces the processes one by one. "
+        "--burst (and a call from a thread other than the main one) delivers in this process "
+        "alone. Also relays the outbox: messages committed while Redis was down are sent when "
+        "it is back. Refuses a Redis whose maxmemory-policy evicts keys (docs/redis.md)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -48,10 +54,52 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="on SIGTERM, time in-flight handlers get to finish (default 30)",
         )
-        parser.add_argument("--name", help="consumer name shown in heartbeats (default: random)")
+        parser.add_argument(
+            "--name",
+            help=(
+                "name shown in heartbeats (default: random); each consumer process is "
+                "NAME.<slot>-<pid>"
+            ),
+        )
+        parser.add_argument(
+            "-p",
+            "--processes",
+            type=_positive,
+            default=1,
+            metavar="N",
+            help="consumer processes, each with its handler threads per queue (default 1)",
+        )
+        parser.add_argument(
+            "--max-messages-per-child",
+            type=_positive,
+            metavar="M",
+            help="replace a consumer process once it handled M messages (no gap in service)",
+        )
+        parser.add_argument(
+            "--max-memory-per-child",
+            type=_positive,
+            metavar="MB",
+            help="replace a consumer process once its resident memory exceeds MB megabytes",
+        )
 
     def handle(self, *queues: str, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        in_process = options["burst"] or options["max_messages"] is not None
+        if in_process and options["processes"] > 1:
+            raise CommandError(
+                "--burst and --max-messages deliver in this process: --processes N > 1 needs "
+                "a runqueue that runs until stopped"
+            )
+        if in_process or threading.current_thread() is not threading.main_thread():
+            # No signals to own off the main thread (call_command in a thread), and a burst
+            # ends by itself: nothing to supervise.
+            code = self._run_in_process(options)
+        else:
+            code = self._supervise(options)
+        if code:
+            raise CommandError(f"runqueue stopped with exit code {code}", returncode=code)
+
+    def _run_in_process(self, options: dict[str, Any]) -> int:
         try:
             worker = Worker.for_queues(
                 options["queues"] or None,
@@ -72,11 +120,37 @@ class Command(BaseCommand):
         worker.concurrency = options["concurrency"]
         previous = _install_signal_handlers(worker)
         try:
-            code = worker.run()
+            return worker.run()
         finally:
             _restore_signal_handlers(previous)
-        if code:
-            raise CommandError(f"runqueue stopped with exit code {code}", returncode=code)
+
+    def _supervise(self, options: dict[str, Any]) -> int:
+        from django_delayqueue.supervisor.loop import Supervisor, SupervisorOptions
+
+        names = options["queues"] or None
+        try:
+            configured(names, tasks=True)  # a name that is not configured: said here, once
+            sync_settings()
+            # Judged once before any process starts: an evicting Redis is refused (exit 1),
+            # never respawned for ever.
+            ServerGuard().check()
+        except ConfigurationError as e:
+            raise CommandError(str(e)) from e
+        supervisor = Supervisor(
+            SupervisorOptions(
+                queues=list(names) if names else None,
+                processes=options["processes"],
+                concurrency=options["concurrency"],
+                grace_seconds=max(0.0, options["grace"]),
+                max_messages_per_child=options["max_messages_per_child"],
+                max_memory_per_child_mb=options["max_memory_per_child"],
+                name=options["name"],
+            )
+        )
+        code = supervisor.run()
+        if supervisor.fatal is not None:
+            raise CommandError(supervisor.fatal[0], returncode=supervisor.fatal[1])
+        return code
 
 
 def _install_signal_handlers(worker: Worker) -> dict[int, Any]:

@@ -8,7 +8,9 @@ Actions: ``ok`` (return), ``raise`` (RuntimeError), ``exit`` (``os._exit(3)``: t
 dies), ``sleep:S`` (sleep S seconds, then return), ``systemexit`` and ``baseexception`` (a
 BaseException, past any ``except Exception``), ``retry:D`` (``raise dq.Retry(delay=D)``),
 ``badretry:X`` (a Retry whose ``delay`` was set to X after construction: inf, nan, -1, 1e300,
-values Retry itself refuses), ``reject`` (``raise dq.Reject``).
+values Retry itself refuses), ``reject`` (``raise dq.Reject``), ``block`` (a socket read with
+no timeout that never returns: what a time limit must stop), ``hold:MB`` (keep MB megabytes
+alive in the process for good: memory a worker leaks).
 
 As the handler returns or raises it appends the end of the call to the ledger too (start and
 end wall times, and the outcome the consumer's journal must show: ack, retry or garbage).
@@ -17,12 +19,13 @@ end wall times, and the outcome the consumer's journal must show: ack, retry or 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any
 
 from django.conf import settings
 from django.dispatch import receiver
-from ledger import EXIT, OK, RAISE, REJECT, Ledger
+from ledger import EXIT, OK, RAISE, REJECT, SLOW, Ledger
 
 import django_delayqueue as dq
 from django_delayqueue.api import topic
@@ -31,6 +34,7 @@ from django_delayqueue.core import Message
 QUEUES = ("drill", "drill2", "drill3")
 
 _ledger = Ledger(os.environ["DRILL_LEDGER"])
+_held: list[bytes] = []  # what "hold:MB" keeps alive
 
 # Action name (before any ":") -> what the start line says, and what the journal must say.
 _KINDS = {
@@ -41,6 +45,7 @@ _KINDS = {
     "retry": RAISE,
     "badretry": RAISE,
     "reject": REJECT,
+    "block": SLOW,  # past its time limit on purpose: stopped, retried
 }
 # Every other action in _KINDS fails the attempt (retry); an unknown one does nothing (ack).
 _OUTCOMES = {"ok": "ack", "sleep": "ack", "reject": "garbage"}
@@ -89,6 +94,11 @@ def _act(name: str, arg: str, message: Message) -> None:
         os._exit(3)
     if name == "sleep":
         time.sleep(float(arg))
+    elif name == "block":
+        reader, _writer = socket.socketpair()
+        reader.recv(1)  # no timeout, and nothing ever written: blocked until the process ends
+    elif name == "hold":
+        _held.append(b"x" * int(float(arg) * 1024 * 1024))  # written: resident
     elif name == "systemexit":
         raise SystemExit(f"drill: SystemExit on attempt {message.attempt}")
     elif name == "baseexception":

@@ -1,0 +1,179 @@
+"""A supervised child: the consumer process a supervisor forks (``runqueue --processes N``).
+
+The child is forked after Django is set up, so it starts at once with every app loaded. It
+dies with its supervisor (Linux: ``PR_SET_PDEATHSIG``; elsewhere, and for the instant before it
+is set, a check of the parent pid), so a ``kill -9`` of the supervisor leaves no consumer behind:
+the messages the children held come back after their visibility timeout, as for any process
+killed mid-handler.
+
+Signals: the supervisor owns them. A child stops gracefully on SIGTERM (once: a second SIGTERM,
+from a ``kill`` of the whole process group or systemd's, is the same request) and at once on
+SIGUSR1, which only the supervisor sends (on a second SIGTERM/SIGINT). SIGINT and SIGHUP, which
+a terminal sends to the whole foreground group, are the supervisor's alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+
+from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.supervisor.memory import RecyclePolicy
+from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, ChildChannel
+from django_delayqueue.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SUPERVISOR_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD}
+
+
+class SupervisedWorker(Worker):
+    """The Django worker as a supervised child runs it: says when it consumes, when it wants to
+    be recycled, and which handlers it could not stop."""
+
+    def __init__(
+        self,
+        queues: Sequence[Any],
+        *,
+        channel: ChildChannel,
+        recycle: RecyclePolicy | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(queues, **kwargs)
+        self.channel = channel
+        self.recycle = recycle or RecyclePolicy()
+        self._said_ready = False
+
+    def step(self, now_ms: int | None = None) -> int:
+        if self.supervisor and os.getppid() != self.supervisor["pid"]:  # orphaned (no prctl)
+            self.stop_at_once()
+        claimed = super().step(now_ms)
+        if not self._said_ready:  # a round trip went through: this process consumes
+            self._said_ready = True
+            self.channel.send(READY)
+        why = self.recycle.reason(self.delivered)
+        if why is not None:
+            logger.info("%s asks to be replaced: %s", self.name, why)
+            self.channel.send(RECYCLE, reason=why)
+        return claimed
+
+    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
+        """Tell the supervisor at once: it starts a replacement now, and settles ``stopped``
+        only once this process has exited (so a stopped handler never runs beside its own
+        redelivery). The caller stops this consumer as on SIGTERM."""
+        logger.warning(
+            "%s could not stop %d handler(s): this process is being replaced",
+            self.name,
+            len(stopped),
+        )
+        self.channel.send(STOPPED, handlers=[s.to_json() for s in stopped])
+
+    def stop_gracefully(self) -> None:
+        """SIGTERM: the first request only (a repeated SIGTERM is the same stop)."""
+        if not self.stopping:
+            self.request_stop()
+
+    def stop_at_once(self) -> None:
+        """SIGUSR1 (the supervisor's second signal): stop without waiting for handlers."""
+        if not self.stopping:
+            self.request_stop()
+        self.request_stop()
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """Everything a child needs to build its worker (decided by the supervisor)."""
+
+    queues: list[str] | None
+    name: str
+    slot: int
+    supervisor_name: str
+    supervisor_pid: int
+    concurrency: int | None
+    grace_seconds: float
+    max_messages: int | None
+    max_memory_mb: float | None
+    worker_class: type[SupervisedWorker] = SupervisedWorker
+
+
+def run_child(spec: ChildSpec, write_fd: int, inherited_fds: Sequence[int]) -> NoReturn:
+    """The forked child's whole life; never returns into the supervisor's code."""
+    code = 1
+    try:
+        _die_with(spec.supervisor_pid)
+        signal.set_wakeup_fd(-1)
+        for fd in inherited_fds:  # the supervisor's ends of its other pipes
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        channel = ChildChannel(write_fd)
+        code = _consume(spec, channel)
+    except BaseException:  # never unwind into the supervisor's frames
+        logger.exception("consumer process %s failed", spec.name)
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
+    early: list[int] = []  # signals before the worker exists
+    signal.signal(signal.SIGTERM, lambda signum, _: early.append(signum))
+    signal.signal(signal.SIGUSR1, lambda signum, _: early.append(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
+    try:
+        built = spec.worker_class.for_queues(
+            spec.queues,
+            grace_seconds=spec.grace_seconds,
+            name=spec.name,
+            channel=channel,
+            recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
+        )
+    except ConfigurationError as e:
+        channel.send(FATAL, message=str(e), code=1)
+        return 1
+    worker = cast(SupervisedWorker, built)
+    worker.supervisor = {
+        "name": spec.supervisor_name,
+        "pid": spec.supervisor_pid,
+        "slot": spec.slot,
+    }
+    worker.concurrency = spec.concurrency
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop_gracefully())
+    signal.signal(signal.SIGUSR1, lambda *_: worker.stop_at_once())
+    for signum in early:
+        worker.stop_at_once() if signum == signal.SIGUSR1 else worker.stop_gracefully()
+    # As runqueue alone: start with what staff published, and judge the servers (they may
+    # have changed since the supervisor judged them: a restart with another config).
+    worker.refresh()
+    if not worker.refused:
+        code = worker.run()
+    if worker.refused:
+        channel.send(FATAL, message=worker.refused, code=1)
+        return 1
+    return code
+
+
+def _die_with(supervisor_pid: int) -> None:
+    """Be killed when the supervisor dies, and exit now if it is already gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl (a libc without it): the check alone
+            logger.debug("PR_SET_PDEATHSIG not available")
+    if os.getppid() != supervisor_pid:  # died between the fork and the prctl
+        os._exit(1)

@@ -1,0 +1,62 @@
+"""What the supervisor knows of its children and their slots."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass, field
+
+from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.supervisor.backoff import RestartBackoff
+from django_delayqueue.supervisor.protocol import LineReader
+
+
+@dataclass
+class Child:
+    slot: int
+    pid: int
+    name: str
+    reader: LineReader
+    started: float
+    ready: bool = False
+    told_to_stop: bool = False
+    kill_at: float | None = None
+    killed: bool = False  # SIGKILLed by the supervisor (past its deadline)
+    stopped: list[StoppedHandler] = field(default_factory=list)  # to settle once it is gone
+
+
+@dataclass
+class Slot:
+    index: int
+    current: Child | None = None
+    successor: Child | None = None
+    replace_wanted: str | None = None  # why (recycling, SIGHUP), until a successor serves
+    not_before: float = 0.0  # backoff after quick deaths
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    queues: list[str] | None = None
+    processes: int = 1
+    concurrency: int | None = None
+    grace_seconds: float = 30.0
+    max_messages_per_child: int | None = None
+    max_memory_per_child_mb: float | None = None
+    name: str | None = None
+
+
+def send_signal(child: Child, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # exited: reaped by the next reap
+        os.kill(child.pid, signum)
+
+
+def describe_exit(code: int) -> str:
+    """``os.waitstatus_to_exitcode``'s value in words."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,385 @@
+"""The supervising loop: N consumer processes, replaced when they die, recycled, stopped.
+
+One process, one thread: it forks the children (:mod:`.child`), then waits on their pipes and
+on a self-pipe its signal handlers write to (``signal.set_wakeup_fd``), like gunicorn's arbiter.
+It holds no thread and no open connection when it forks (Django's database connections and the
+Redis pool are closed first), so a child starts clean.
+
+Each slot (``--processes N`` of them) has a serving child, and while it is being replaced a
+successor. A replacement (recycling, SIGHUP) starts the successor first and tells the old child
+to stop only once the successor says it consumes (``ready``): no gap in service. A child that
+dies is replaced at once, with backoff when it keeps dying soon after its start. A child that
+could not stop a handler (a time limit) is replaced at once, and the messages of the handlers
+it could not stop are settled only once it has exited and been reaped: a stopped handler never
+runs beside its own redelivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from django_delayqueue.core.consumer.loop import FORCED_FLUSH_SECONDS, SHUTDOWN_FLUSH_SECONDS
+from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.supervisor.child import (
+    SUPERVISOR_SIGNALS,
+    ChildSpec,
+    SupervisedWorker,
+    run_child,
+)
+from django_delayqueue.supervisor.children import (
+    Child,
+    Slot,
+    SupervisorOptions,
+    describe_exit,
+    send_signal,
+)
+from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, LineReader
+from django_delayqueue.supervisor.settling import close_connections, settle
+
+logger = logging.getLogger(__name__)
+
+KILL_MARGIN_SECONDS = 5.0  # past a child's own deadline (grace + last writes) before SIGKILL
+TICK_SECONDS = 1.0  # the longest wait of the loop with nothing happening
+SETTLE_RETRY_SECONDS = 1.0
+
+
+class Supervisor:
+    """Runs ``options.processes`` consumer processes until SIGTERM/SIGINT (see module doc).
+
+    :meth:`run` returns the exit code: 0 when every child stopped cleanly, 1 when one did not
+    (it failed to stop, or was killed past its grace), or the code of a configuration error a
+    child reported (``fatal`` says what), which stops every child.
+    """
+
+    def __init__(
+        self, options: SupervisorOptions, worker_class: type[SupervisedWorker] = SupervisedWorker
+    ) -> None:
+        self.options = options
+        self.worker_class = worker_class
+        self.pid = os.getpid()
+        self.name = options.name or f"runqueue-{socket.gethostname()}-{self.pid}"
+        self.slots = [Slot(i) for i in range(options.processes)]
+        self.retiring: list[Child] = []  # told to stop (or stopping by themselves)
+        self.to_settle: list[StoppedHandler] = []  # their process is gone; Redis was down
+        self.stop_requests = 0
+        self.fatal: tuple[str, int] | None = None
+        self.failed = False  # a child did not stop cleanly at the end
+        self._rolling: deque[int] = deque()  # slots SIGHUP still has to replace
+        self._signals: deque[int] = deque()
+        self._wake_r, self._wake_w = -1, -1
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if threading.active_count() > 1:
+            logger.warning(
+                "%d threads run in the supervisor before it forks: a child inherits only the "
+                "forking one, and any lock another held",
+                threading.active_count() - 1,
+            )
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        previous = self._install_signals()
+        try:
+            logger.info("supervisor %s: %d consumer process(es)", self.name, self.options.processes)
+            while not self._finished():
+                self._take_signals()
+                self._reap()
+                self._settle_left()
+                if not self.stop_requests:
+                    self._roll()
+                    self._fill_slots()
+                self._kill_overdue()
+                if self._finished():
+                    break
+                self._wait(self._timeout())
+        finally:
+            self._restore_signals(previous)
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+        self._settle_left(final=True)
+        if self.fatal is not None:
+            return self.fatal[1]
+        logger.info("supervisor %s stopped", self.name)
+        return 1 if self.failed else 0
+
+    def _finished(self) -> bool:
+        return self.stop_requests > 0 and not self._children()
+
+    def _children(self) -> list[Child]:
+        children = [c for s in self.slots for c in (s.current, s.successor) if c is not None]
+        return children + self.retiring
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        times = [c.kill_at for c in self._children() if c.kill_at is not None]
+        if not self.stop_requests:
+            times += [s.not_before for s in self.slots if s.current is None and s.successor is None]
+        if self.to_settle:
+            times.append(now + SETTLE_RETRY_SECONDS)
+        return max(0.0, min([now + TICK_SECONDS, *times]) - now)
+
+    def _wait(self, timeout: float) -> None:
+        readers = {c.reader.fd: c for c in self._children() if not c.reader.closed}
+        try:
+            ready, _, _ = select.select([self._wake_r, *readers], [], [], timeout)
+        except InterruptedError:
+            return
+        for fd in ready:
+            if fd == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            child = readers[fd]
+            for message in child.reader.read():
+                self._on_message(child, message)
+
+    # --- signals ----------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {s: signal.getsignal(s) for s in SUPERVISOR_SIGNALS}
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, self._on_signal)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        self._previous_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals.append(signum)  # only a flag: the loop acts (woken by the wakeup fd)
+
+    def _take_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.popleft()
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self.request_stop()
+            elif signum == signal.SIGHUP and not self.stop_requests:
+                logger.info("SIGHUP: replacing the consumer processes one by one")
+                self._rolling = deque(s.index for s in self.slots)
+
+    def request_stop(self) -> None:
+        """First: every child stops gracefully (within --grace). Second: at once."""
+        self.stop_requests += 1
+        now = time.monotonic()
+        if self.stop_requests == 1:
+            logger.info("stopping %d consumer process(es) gracefully", len(self._children()))
+            for child in self._children():
+                self._tell_to_stop(child)
+        else:
+            logger.warning("stopping the consumer processes at once")
+            deadline = now + FORCED_FLUSH_SECONDS + KILL_MARGIN_SECONDS
+            for child in self._children():
+                send_signal(child, signal.SIGUSR1)
+                child.kill_at = min(child.kill_at or deadline, deadline)
+
+    # --- children ---------------------------------------------------------------------------
+
+    def _spawn(self, slot: Slot) -> Child:
+        """Fork one child for ``slot``, with nothing open that it should not inherit."""
+        close_connections()
+        read_fd, write_fd = os.pipe()
+        inherited = [self._wake_r, self._wake_w, read_fd]
+        inherited += [c.reader.fd for c in self._children() if c.reader.fd >= 0]
+        signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                name = f"{self.name}.{slot.index + 1}-{os.getpid()}"
+                run_child(self._spec(slot, name), write_fd, inherited)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        child = Child(
+            slot.index,
+            pid,
+            f"{self.name}.{slot.index + 1}-{pid}",
+            LineReader(read_fd),
+            time.monotonic(),
+        )
+        logger.info("consumer process %d started (slot %d)", pid, slot.index + 1)
+        return child
+
+    def _spec(self, slot: Slot, name: str) -> ChildSpec:
+        o = self.options
+        return ChildSpec(
+            queues=o.queues,
+            name=name,
+            slot=slot.index + 1,
+            supervisor_name=self.name,
+            supervisor_pid=self.pid,
+            concurrency=o.concurrency,
+            grace_seconds=o.grace_seconds,
+            max_messages=o.max_messages_per_child,
+            max_memory_mb=o.max_memory_per_child_mb,
+            worker_class=self.worker_class,
+        )
+
+    def _fill_slots(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if now < slot.not_before or self.fatal is not None:
+                continue
+            try:
+                if slot.current is None and slot.successor is None:
+                    slot.current = self._spawn(slot)
+                elif slot.replace_wanted and slot.successor is None and slot.current is not None:
+                    logger.info(
+                        "replacing consumer process %d: %s",
+                        slot.current.pid,
+                        slot.replace_wanted,
+                    )
+                    slot.successor = self._spawn(slot)
+            except OSError as e:  # fork refused (EAGAIN, ENOMEM): try again later
+                slot.not_before = now + slot.backoff.died(0) + 1.0
+                logger.error("could not start a consumer process: %s", e)
+
+    def _roll(self) -> None:
+        """SIGHUP: one slot at a time wants a replacement, until every slot had its own."""
+        if self._rolling and not any(s.replace_wanted for s in self.slots):
+            slot = self.slots[self._rolling[0]]
+            if slot.current is None:  # being refilled anyway: a fresh process
+                self._rolling.popleft()
+            else:
+                slot.replace_wanted = "SIGHUP"
+
+    def _on_message(self, child: Child, message: dict[str, Any]) -> None:
+        kind = message.get("kind")
+        slot = self.slots[child.slot]
+        if kind == READY:
+            child.ready = True
+            slot.backoff.quick_deaths = 0
+            if slot.successor is child:
+                old, slot.current, slot.successor = slot.current, child, None
+                if slot.replace_wanted == "SIGHUP" and self._rolling:
+                    self._rolling.popleft()
+                slot.replace_wanted = None
+                if old is not None:
+                    logger.info("consumer process %d consumes: stopping %d", child.pid, old.pid)
+                    self._retire(old)
+                if self.stop_requests:
+                    self._tell_to_stop(child)
+        elif kind == RECYCLE:
+            if slot.current is child and not slot.replace_wanted:
+                slot.replace_wanted = str(message.get("reason") or "recycling")
+        elif kind == STOPPED:
+            handlers = [StoppedHandler.from_json(h) for h in message.get("handlers") or []]
+            child.stopped.extend(handlers)
+            logger.warning(
+                "consumer process %d could not stop %d handler(s): replacing it now",
+                child.pid,
+                len(handlers),
+            )
+            # It stops by itself (as on SIGTERM); its slot is served again at once.
+            child.told_to_stop = True
+            child.kill_at = time.monotonic() + self._stop_seconds()
+            if slot.current is child:
+                slot.current, slot.successor = slot.successor, None
+                slot.replace_wanted = None
+                self.retiring.append(child)
+                slot.not_before = 0.0
+                if not self.stop_requests:
+                    self._fill_slots()
+        elif kind == FATAL:
+            text = str(message.get("message") or "configuration error")
+            code = int(message.get("code") or 1)
+            if self.fatal is None:
+                self.fatal = (text, code)
+                logger.error("consumer process %d: %s; stopping", child.pid, text)
+                if not self.stop_requests:
+                    self.request_stop()
+
+    def _retire(self, child: Child) -> None:
+        self.retiring.append(child)
+        self._tell_to_stop(child)
+
+    def _tell_to_stop(self, child: Child) -> None:
+        if not child.told_to_stop:
+            child.told_to_stop = True
+            send_signal(child, signal.SIGTERM)
+        deadline = time.monotonic() + self._stop_seconds()
+        child.kill_at = deadline if child.kill_at is None else min(child.kill_at, deadline)
+
+    def _stop_seconds(self) -> float:
+        return self.options.grace_seconds + SHUTDOWN_FLUSH_SECONDS + KILL_MARGIN_SECONDS
+
+    def _kill_overdue(self) -> None:
+        now = time.monotonic()
+        for child in self._children():
+            if child.kill_at is not None and now >= child.kill_at and not child.killed:
+                logger.warning("consumer process %d did not stop in time: SIGKILL", child.pid)
+                child.killed = True
+                send_signal(child, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = next((c for c in self._children() if c.pid == pid), None)
+            if child is not None:
+                self._gone(child, status)
+
+    def _gone(self, child: Child, status: int) -> None:
+        """``child`` exited and was reaped: settle what it could not stop, replace it."""
+        for message in child.reader.read():  # what it said last
+            self._on_message(child, message)
+        child.reader.close()
+        code = os.waitstatus_to_exitcode(status)
+        slot = self.slots[child.slot]
+        lived = time.monotonic() - child.started
+        if child in self.retiring:
+            self.retiring.remove(child)
+        if slot.current is child:
+            slot.current = None
+        if slot.successor is child:
+            slot.successor = None
+        clean = code == 0 and not child.killed
+        if child.stopped:
+            self.to_settle.extend(child.stopped)
+            self._settle_left()
+        if child.told_to_stop:
+            if not clean:
+                logger.warning("consumer process %d stopped with exit code %s", child.pid, code)
+                if self.stop_requests:
+                    self.failed = True
+            else:
+                logger.info("consumer process %d stopped", child.pid)
+            return
+        if self.stop_requests or self.fatal is not None:
+            self.failed = self.failed or not clean
+            return
+        delay = slot.backoff.died(lived)
+        slot.not_before = time.monotonic() + delay
+        logger.error(
+            "consumer process %d died (%s) after %.1fs: %s",
+            child.pid,
+            describe_exit(code),
+            lived,
+            f"replaced in {delay:.1f}s" if delay else "replaced now",
+        )
+
+    def _settle_left(self, *, final: bool = False) -> None:
+        """Record the outcome of the stopped handlers whose process is gone."""
+        if self.to_settle:
+            self.to_settle = settle(self.to_settle, final=final)
+            close_connections()

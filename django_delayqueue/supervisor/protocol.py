@@ -1,0 +1,78 @@
+"""What a child tells its supervisor, one JSON line per message on a pipe (child -> parent).
+
+The parent talks to a child with signals only (SIGTERM: stop gracefully, a second: at once;
+SIGKILL past its grace), so the pipe goes one way. A line is short (the stopped handlers of a
+time limit are the longest) and is written whole by the child's loop thread, the only writer.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from typing import Any
+
+# The child consumes (its first round trip is done): a successor's predecessor may stop now.
+READY = "ready"
+# The child reached --max-messages-per-child or --max-memory-per-child: replace me.
+RECYCLE = "recycle"
+# Handlers the child could not stop (core.consumer.stopped.StoppedHandler, as JSON); it stops
+# itself as on SIGTERM: start a replacement now, settle them once this process is gone.
+STOPPED = "stopped"
+# A configuration error (an evicting Redis found later): stop everything with ``code``.
+FATAL = "fatal"
+
+
+class ChildChannel:
+    """The child's end: sends messages to the supervisor (never raises: a supervisor gone is
+    handled by the parent-death signal, not here)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, kind: str, **fields: Any) -> None:
+        data = (json.dumps({"kind": kind, **fields}, separators=(",", ":")) + "\n").encode()
+        try:
+            while data:
+                written = os.write(self.fd, data)
+                data = data[written:]
+        except OSError:
+            pass
+
+
+class LineReader:
+    """The supervisor's end of one child's pipe: complete lines decoded as they arrive."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = b""
+        self.closed = False
+
+    def read(self) -> list[dict[str, Any]]:
+        """The messages available now (the fd is non-blocking); sets ``closed`` at EOF."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    break
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        messages = []
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                messages.append(message)
+        return messages
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

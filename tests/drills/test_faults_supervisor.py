@@ -1,0 +1,342 @@
+"""``runqueue --processes N``: the supervisor and its consumer processes, for real.
+
+Real ``runqueue`` processes (``drill.Runqueues``, the drill project) on a real Redis; the
+drill receiver records every delivery in the ledger with its pid and its parent's (the
+supervisor's), so a check can say which process ran what, and whether anything ran twice at
+once, early, or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from drill import Runqueues, producer, settled
+from ledger import Causes, check, read, read_runs
+from paths import PROGRAMS, child_pythonpath
+
+from django_delayqueue.embedded import RedisServerProcess
+
+pytestmark = pytest.mark.slow
+
+LIMITED_RUNQUEUE = PROGRAMS / "limited_runqueue.py"
+
+
+@pytest.fixture
+def runqueues(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> Iterator[Runqueues]:
+    group = Runqueues(redis_server.url, tmp_path)
+    yield group
+    group.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop(runqueues: Runqueues, proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("runqueue ignored SIGTERM:\n" + runqueues.logs()[-4000:]) from None
+
+
+def test_a_child_killed_mid_handler_is_replaced_and_nothing_is_lost(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """kill -9 of one child while its handlers run: the supervisor replaces it, the other
+    child goes on, every message is delivered, the killed ones only after their visibility
+    timeout (never beside the handler that was running), none early."""
+    q = producer(redis_server.url, "drill")
+    slow = [q.schedule({"do": ["sleep:30", "ok"]}).id for _ in range(4)]
+    due = {r.id: r.due_ms for r in (q.schedule({"n": i}, delay=1.5) for i in range(20))}
+    due.update(dict.fromkeys(slow, 0))
+    sup = runqueues.start("--processes", "2", concurrency="2", claim_batch="1", visibility="2")
+    first = runqueues.consuming_children(sup, 2)
+    runqueues.wait(lambda: len(read(runqueues.ledger)) == 4, 30, "4 slow handlers running")
+    victim = read(runqueues.ledger)[0].pid
+    assert victim in first
+    killed_at = {d.id: d.delivered_ms for d in read(runqueues.ledger) if d.pid == victim}
+    os.kill(victim, signal.SIGKILL)
+    runqueues.wait(
+        lambda: f"consumer process {victim} died (signal SIGKILL" in runqueues.log(sup),
+        30,
+        "the supervisor to see the death",
+    )
+    runqueues.wait(
+        lambda: len(runqueues.children(sup)) == 2 and victim not in runqueues.children(sup),
+        30,
+        "a replacement",
+    )
+    runqueues.wait(lambda: settled(q), 90, "every message delivered")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    deliveries = read(runqueues.ledger)
+    report = check(due, deliveries, Causes(killed_pids={victim}))
+    assert report.ok, report.summary()
+    assert report.duplicates == {"consumer killed mid-handler": len(killed_at)}
+    again = [d for d in deliveries if d.id in killed_at and d.attempt == 2]
+    assert {d.id for d in again} == set(killed_at)
+    assert all(d.pid != victim and d.ppid == sup.pid for d in again)
+    # Delivered again only after the 2 s visibility timeout from the victim's start (the
+    # extender kept it in flight until the kill): never beside the killed handler.
+    assert all(d.delivered_ms >= killed_at[d.id] + 1900 for d in again)
+
+
+def test_recycling_by_message_count_replaces_the_child_without_a_gap(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    q = producer(redis_server.url, "drill")
+    ids = [q.schedule({"n": i}, delay=0.05 * i).id for i in range(60)]
+    sup = runqueues.start("--max-messages-per-child", "10", claim_batch="2")
+    runqueues.wait(lambda: settled(q), 60, "every message delivered")
+    runqueues.wait(lambda: "consumes: stopping" in runqueues.log(sup), 30, "a recycling")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    deliveries = read(runqueues.ledger)
+    report = check(ids, deliveries)
+    assert report.ok and not report.duplicates, report.summary()
+    log = runqueues.log(sup)
+    assert "--max-messages-per-child 10" in log
+    pids = {d.pid for d in deliveries}
+    assert len(pids) >= 2 and {d.ppid for d in deliveries} == {sup.pid}
+    # The successor consumed before its predecessor was told to stop (no gap in service).
+    for line in log.splitlines():
+        if "consumes: stopping" in line:
+            new = line.split("consumer process ")[1].split()[0]
+            assert f"-{new} consuming " in log.split(line)[0]
+
+
+def test_recycling_by_memory(runqueues: Runqueues, redis_server: RedisServerProcess) -> None:
+    """A handler that keeps 200 MB alive pushes its process past --max-memory-per-child: it
+    is replaced, and what comes after is delivered by the replacement."""
+    q = producer(redis_server.url, "drill")
+    sup = runqueues.start("--max-memory-per-child", "180", concurrency="1", claim_batch="1")
+    (first,) = runqueues.consuming_children(sup, 1)
+    big = q.schedule({"do": "hold:200"}).id
+    runqueues.wait(lambda: "resident memory" in runqueues.log(sup), 60, "a recycling by memory")
+    runqueues.wait(
+        lambda: not _alive(first) or first not in runqueues.children(sup),
+        60,
+        "the big child to be gone",
+    )
+    after = [q.schedule({"n": i}).id for i in range(5)]
+    runqueues.wait(lambda: settled(q), 60, "every message delivered")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    deliveries = read(runqueues.ledger)
+    report = check([big, *after], deliveries)
+    assert report.ok and not report.duplicates, report.summary()
+    assert {d.pid for d in deliveries if d.id == big} == {first}
+    assert first not in {d.pid for d in deliveries if d.id in after}
+
+
+def test_sighup_replaces_the_children_one_by_one(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    q = producer(redis_server.url, "drill")
+    sup = runqueues.start("--processes", "2", claim_batch="2")
+    old = runqueues.consuming_children(sup, 2)
+    ids = [q.schedule({"do": "sleep:0.05", "n": i}, delay=0.02 * i).id for i in range(150)]
+    sup.send_signal(signal.SIGHUP)
+
+    def replaced() -> set[int] | None:
+        now = runqueues.children(sup)
+        log = runqueues.log(sup)
+        fresh = {pid for pid in now if f"-{pid} consuming " in log}
+        return fresh if len(fresh) == 2 and not fresh & old and now == fresh else None
+
+    new = runqueues.wait(replaced, 60, "both children replaced")
+    runqueues.wait(lambda: settled(q), 60, "every message delivered")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    log = runqueues.log(sup)
+    # One by one: each old child was told to stop only once a successor consumed.
+    stops = [line for line in log.splitlines() if "consumes: stopping" in line]
+    assert {int(line.rsplit(" ", 1)[1]) for line in stops} == old, stops
+    assert {int(line.split("consumer process ")[1].split()[0]) for line in stops} == new
+    report = check(ids, read(runqueues.ledger))
+    assert report.ok and not report.duplicates, report.summary()
+
+
+def test_sigterm_lets_every_child_finish_its_handlers(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    q = producer(redis_server.url, "drill")
+    running = [q.schedule({"do": "sleep:2"}).id for _ in range(4)]
+    waiting = [q.schedule({"n": i}, delay=0.5).id for i in range(6)]
+    sup = runqueues.start(
+        "--processes", "2", "--grace", "30", concurrency="2", claim_batch="1", visibility="20"
+    )
+    children = runqueues.consuming_children(sup, 2)
+    runqueues.wait(lambda: len(read(runqueues.ledger)) == 4, 30, "4 handlers running")
+    assert {d.pid for d in read(runqueues.ledger)} == children
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    assert not any(_alive(pid) for pid in children)
+    # The four finished (their end lines are in the ledger, acknowledged), nothing else began.
+    runs = read_runs(runqueues.ledger)
+    assert sorted(r.id for r in runs) == sorted(running)
+    counts = q.counts()
+    assert counts["unack"] == 0 and counts["retry"] == 0, counts
+    assert counts["ready"] + counts["pending"] == len(waiting)
+
+
+def test_a_second_sigterm_stops_the_children_at_once(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    q = producer(redis_server.url, "drill")
+    for _ in range(2):
+        q.schedule({"do": ["sleep:60", "ok"]})
+    sup = runqueues.start("--processes", "2", concurrency="1", claim_batch="1", visibility="5")
+    # (one child may hold both: the second waits claimed, given back at the stop)
+    runqueues.wait(lambda: read(runqueues.ledger), 60, "a handler running")
+    sup.send_signal(signal.SIGTERM)
+    runqueues.wait(
+        lambda: "stopping 2 consumer process(es) gracefully" in runqueues.log(sup),
+        30,
+        "the first stop",
+    )
+    assert sup.poll() is None  # the handlers still run
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(30) == 0  # not the 60 s of the handlers nor the 30 s grace
+    counts = q.counts()
+    assert counts["unack"] + counts["retry"] + counts["ready"] == 2, counts
+
+
+def test_an_evicting_redis_is_refused_before_any_child_starts(
+    runqueues: Runqueues, redis_client: redis.Redis
+) -> None:
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        sup = runqueues.start("--processes", "2")
+        assert sup.wait(60) == 1
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    log = runqueues.log(sup)
+    assert "allkeys-lru" in log and "consumer process" not in log, log[-2000:]
+
+
+def test_a_child_that_finds_a_configuration_error_stops_everything(
+    runqueues: Runqueues, redis_client: redis.Redis
+) -> None:
+    """The Redis turned evicting while runqueue ran; a replacement child judges it at its
+    start and refuses: the supervisor stops the other children and exits 1 with the message,
+    instead of replacing the child for ever."""
+    sup = runqueues.start("--processes", "2")
+    first = runqueues.consuming_children(sup, 2)
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        os.kill(min(first), signal.SIGKILL)
+        assert sup.wait(60) == 1, runqueues.log(sup)[-3000:]
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    log = runqueues.log(sup)
+    assert "allkeys-lru" in log.split("died (signal SIGKILL")[1]
+    assert not any(_alive(pid) for pid in first)
+    assert log.count(" started (slot") == 3  # the two, and one replacement: not respawned
+
+
+def test_queuestats_lists_each_child_under_its_supervisor(
+    runqueues: Runqueues,
+    redis_server: RedisServerProcess,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    q = producer(redis_server.url, "drill")
+    busy = q.schedule({"do": "sleep:60"}).id
+    sup = runqueues.start("--processes", "2", "--grace", "1", concurrency="1", visibility="5")
+    children = runqueues.consuming_children(sup, 2)
+    runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the busy handler")
+    runner = read(runqueues.ledger)[0].pid
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "drill_settings",
+        "PYTHONPATH": child_pythonpath(),
+        "REDIS_URL": redis_server.url,
+        "DRILL_LEDGER": str(tmp_path / "unused.jsonl"),
+        "DRILL_DB": str(tmp_path / "drill.sqlite3"),
+    }
+
+    def stats() -> dict | None:
+        out = subprocess.run(
+            [sys.executable, "-m", "django", "queuestats", "drill", "--json"],
+            env=env,
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        (drill,) = json.loads(out.stdout)["queues"]
+        busy_now = [c for c in drill["consumers"] if c.get("running_count")]
+        return drill if drill["consumers_alive"] == 2 and busy_now else None
+
+    drill = runqueues.wait(stats, 60, "both children in the heartbeats, one running")
+    consumers = drill["consumers"]
+    assert {c["pid"] for c in consumers} == children
+    assert all(c["supervisor"]["pid"] == sup.pid for c in consumers)
+    assert all(c["rss_bytes"] > 0 and c["handled"] == 0 for c in consumers)
+    (running,) = [c for c in consumers if c["running_count"]]
+    assert running["pid"] == runner and [r["id"] for r in running["running"]] == [busy]
+    (supervisor,) = drill["supervisors"]
+    assert supervisor["pid"] == sup.pid and len(supervisor["consumers"]) == 2
+
+    text = subprocess.run(
+        [sys.executable, "-m", "django", "queuestats", "drill"],
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=60,
+        text=True,
+    ).stdout
+    assert f"(pid {sup.pid})" in text and f"drill:{busy} for" in text
+    assert all(str(pid) in text for pid in children)
+    _stop(runqueues, sup)
+
+
+def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """A handler blocked in a socket read with no timeout, past ``time_limit``: its process
+    reports it and stops; the supervisor starts a replacement at once and retries the message
+    (attempt counted, reason "time limit exceeded") only once the old process is gone, so the
+    retry never runs beside it. The other queue of the process is served meanwhile."""
+    queues = {"drill": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        other = producer(redis_server.url, "drill2")
+        hung = q.schedule({"do": ["block", "ok"]}).id
+        sup = runqueues.start(
+            "--grace", "2", "--processes", "1", queues=["drill", "drill2"], program=LIMITED_RUNQUEUE
+        )
+        (first,) = runqueues.consuming_children(sup, 1)
+        runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
+        runqueues.wait(
+            lambda: "could not stop 1 handler(s)" in runqueues.log(sup), 30, "the time limit"
+        )
+        others = [other.schedule({"n": i}).id for i in range(5)]
+        runqueues.wait(lambda: settled(other), 30, "the other queue served meanwhile")
+        again = runqueues.wait(
+            lambda: [d for d in read(runqueues.ledger) if d.id == hung and d.attempt == 2],
+            60,
+            "the retry",
+        )
+        # Retried only once the old process was reaped: it never ran beside its retry.
+        assert not _alive(first)
+        assert again[0].pid != first and again[0].ppid == sup.pid
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        log = runqueues.log(sup)
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        report = check([hung, *others], read(runqueues.ledger))
+        assert report.ok, report.summary() + runqueues.logs()
+    finally:
+        runqueues.close()
