@@ -20,14 +20,11 @@ import pytest
 import redis
 from drill import Runqueues, producer, settled
 from ledger import Causes, check, read, read_runs
-from paths import PROGRAMS, child_pythonpath
+from paths import child_pythonpath
 
 from django_delayqueue.embedded import RedisServerProcess
 
 pytestmark = pytest.mark.slow
-
-LIMITED_RUNQUEUE = PROGRAMS / "limited_runqueue.py"
-
 
 @pytest.fixture
 def runqueues(
@@ -304,10 +301,11 @@ def test_queuestats_lists_each_child_under_its_supervisor(
 def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
     tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
 ) -> None:
-    """A handler blocked in a socket read with no timeout, past ``time_limit``: its process
-    reports it and stops; the supervisor starts a replacement at once and retries the message
-    (attempt counted, reason "time limit exceeded") only once the old process is gone, so the
-    retry never runs beside it. The other queue of the process is served meanwhile."""
+    """A handler blocked in a socket read with no timeout, past ``time_limit``: the watchdog
+    cannot stop its thread, so its process reports it and stops; the supervisor starts a
+    replacement at once and retries the message (attempt counted, reason "time limit
+    exceeded") only once the old process is gone, so the retry never runs beside it. The other
+    queue of the process is served meanwhile."""
     queues = {"drill": {"time_limit": 1, "visibility_timeout": 60}}
     runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
     try:
@@ -315,7 +313,7 @@ def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
         other = producer(redis_server.url, "drill2")
         hung = q.schedule({"do": ["block", "ok"]}).id
         sup = runqueues.start(
-            "--grace", "2", "--processes", "1", queues=["drill", "drill2"], program=LIMITED_RUNQUEUE
+            "--grace", "2", "--processes", "1", queues=["drill", "drill2"]
         )
         (first,) = runqueues.consuming_children(sup, 1)
         runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
