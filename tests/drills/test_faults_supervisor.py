@@ -26,6 +26,7 @@ from django_delayqueue.embedded import RedisServerProcess
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture
 def runqueues(
     tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
@@ -312,9 +313,7 @@ def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
         q = producer(redis_server.url, "drill")
         other = producer(redis_server.url, "drill2")
         hung = q.schedule({"do": ["block", "ok"]}).id
-        sup = runqueues.start(
-            "--grace", "2", "--processes", "1", queues=["drill", "drill2"]
-        )
+        sup = runqueues.start("--grace", "2", "--processes", "1", queues=["drill", "drill2"])
         (first,) = runqueues.consuming_children(sup, 1)
         runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
         runqueues.wait(
