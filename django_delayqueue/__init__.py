@@ -21,6 +21,7 @@ from django_delayqueue.core.errors import (
     RedisUnavailable,
     Reject,
     Retry,
+    SoftTimeLimitExceeded,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ __all__ = [
     "RedisUnavailable",
     "Reject",
     "Retry",
+    "SoftTimeLimitExceeded",
     "cancel",
     "get_queue",
     "schedule",

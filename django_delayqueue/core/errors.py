@@ -99,3 +99,10 @@ class Reject(DelayQueueError):
     def __init__(self, reason: str = "rejected by handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class SoftTimeLimitExceeded(DelayQueueError):
+    """Raised inside a handler that ran past its queue's ``soft_time_limit``: it may clean up.
+
+    What the handler does next is treated as usual: returning acknowledges, raising retries.
+    """

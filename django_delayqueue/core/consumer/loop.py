@@ -10,9 +10,11 @@ time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,14 +22,21 @@ from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
-from django_delayqueue.core.consumer.outcomes import Outcome, run_handler
+from django_delayqueue.core.consumer.outcomes import Outcome, run_coroutine_handler, run_handler
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
 from django_delayqueue.core.consumer.rounds import RoundTrip
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.consumer.stopping import StopRequests
-from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Waiter, Wake, sleep_until_due
+from django_delayqueue.core.consumer.waiter import (
+    MAX_CLAIM_LEAD_MS,
+    Waiter,
+    Wake,
+    asleep_until_due,
+    sleep_until_due,
+)
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -104,7 +113,11 @@ class Consumer:
         self._waiter = Waiter([], self.clock, lambda: self.stopping)
         for q in self.queues:  # one listener per Redis client
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
-        self._threads = ThreadsByQueue(self, self._waiter)
+        # Coroutine handlers (async def) run on one event loop, counted with the threads.
+        self.coroutines = HandlerCoroutines(self, self._coroutines_unstoppable)
+        self._unstoppable: list[StoppedHandler] = []  # reported by its watcher, not yet acted on
+        self._unstoppable_lock = threading.Lock()
+        self._threads = ThreadsByQueue(self, self._waiter, self.coroutines)
         # The wait that ended just before the next round (see _fetch), and whether that round
         # is only the idle safety poll (it claims only where something is known to be ready).
         self._aim: Wake | None = None
@@ -137,6 +150,61 @@ class Consumer:
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
+
+    # --- coroutine handlers ---------------------------------------------------------------------
+
+    def runs_async(self, message: Message) -> bool:
+        """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
+        (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
+        Asked on the loop's thread as the message is claimed: it must be quick."""
+        target = self.handler if self.handler is not None else self.handle
+        return is_coroutine_function(target)
+
+    async def ahandle(self, message: Message) -> Any:
+        """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
+        target = self.handler if self.handler is not None else self.handle
+        return await target(message)
+
+    async def around_coroutine_handler(self, message: Message) -> Outcome:
+        return await run_coroutine_handler(self.ahandle, message, self.clock.now_ms())
+
+    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
+        """``message``'s queue's (soft_time_limit, time_limit), read as its handler starts."""
+        q = self._queue_named.get(message.queue)
+        if q is None:
+            return None, None
+        return q.settings.soft_time_limit, q.settings.time_limit
+
+    async def adeliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the event loop (never raises but for a cancellation)."""
+        # An asyncio sleep, never a blocking one: the loop runs the other coroutines meanwhile.
+        await asleep_until_due(self.clock, message.due_ms)
+        outcome = await self.around_coroutine_handler(message)
+        q = self._queue_named.get(message.queue)
+        write = None if q is None else self.keeper.finished(q, outcome)
+        if q is not None and write is not None:
+            self.write_soon(q, write)
+        return outcome
+
+    def _coroutines_unstoppable(self, stopped: list[StoppedHandler]) -> None:
+        """From the coroutines' watcher: handlers that ignored their cancellation."""
+        with self._unstoppable_lock:
+            self._unstoppable.extend(stopped)
+        self._waiter.nudge()
+
+    def _replace_if_unstoppable(self) -> None:
+        """On the loop's thread: a coroutine that cannot be stopped means this process must
+        be replaced (``replacement_needed``); it then stops as on SIGTERM."""
+        with self._unstoppable_lock:
+            stopped, self._unstoppable = self._unstoppable, []
+        if not stopped:
+            return
+        try:
+            self.replacement_needed(stopped)
+        except Exception:
+            logger.exception("replacement_needed failed")
+        if not self.stopping:
+            self.request_stop()
 
     # --- what handler threads call ----------------------------------------------------------------
 
@@ -210,7 +278,7 @@ class Consumer:
         logger.info(
             "%s consuming %s",
             self.name,
-            ", ".join(f"{q.name} ({self._threads[q.name].size} thread(s))" for q in self.queues),
+            ", ".join(f"{q.name} (concurrency {self._threads[q.name].size})" for q in self.queues),
         )
         try:
             self._loop()
@@ -221,11 +289,13 @@ class Consumer:
             else:
                 extender.stop()
             self._waiter.close()
+            self.coroutines.close()
             self._threads.close()
 
     def _loop(self) -> None:
         failures = 0
         while not self._stop.at_once:
+            self._replace_if_unstoppable()
             if self.stopping:
                 self._release_unstarted()
                 if not self._busy():
@@ -367,6 +437,9 @@ class Consumer:
         self._threads.add(replayed)
         self._release_unstarted()
         finished = self._threads.finished_and_abandoned(self.queues)
+        # Coroutines still running are cancelled (threads cannot be): given up on like the
+        # threads' (left in flight), they end at their next await.
+        self.coroutines.cancel_all("the consumer stops")
         self.delivered += len(finished)
         self._unrecorded.extend(finished)
         seconds = FORCED_FLUSH_SECONDS if self._stop.at_once else SHUTDOWN_FLUSH_SECONDS
@@ -410,3 +483,12 @@ class Consumer:
         if record_in is not None:
             wait_ms = min(wait_ms, math.ceil(record_in * 1000))
         return self.clock.now_ms() + wait_ms
+
+
+def is_coroutine_function(target: Any) -> bool:
+    """Whether calling ``target`` returns a coroutine: an ``async def`` function or method, a
+    partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(target) or (
+        not inspect.isroutine(target)
+        and inspect.iscoroutinefunction(getattr(target, "__call__", None))
+    )
