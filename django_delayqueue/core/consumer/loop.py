@@ -488,7 +488,5 @@ class Consumer:
 def is_coroutine_function(target: Any) -> bool:
     """Whether calling ``target`` returns a coroutine: an ``async def`` function or method, a
     partial of one, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(target) or (
-        not inspect.isroutine(target)
-        and inspect.iscoroutinefunction(getattr(target, "__call__", None))
-    )
+    call = None if inspect.isroutine(target) else getattr(type(target), "__call__", None)
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
