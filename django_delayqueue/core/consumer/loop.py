@@ -488,5 +488,9 @@ class Consumer:
 def is_coroutine_function(target: Any) -> bool:
     """Whether calling ``target`` returns a coroutine: an ``async def`` function or method, a
     partial of one, or an object whose ``__call__`` is one."""
-    call = None if inspect.isroutine(target) else getattr(type(target), "__call__", None)
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
+    if inspect.iscoroutinefunction(target):
+        return True
+    # An instance whose __call__ is async def: looked up on its class, as a call does.
+    return not inspect.isroutine(target) and any(
+        inspect.iscoroutinefunction(vars(klass).get("__call__")) for klass in type(target).__mro__
+    )
