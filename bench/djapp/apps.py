@@ -21,6 +21,9 @@ class BenchConfig(AppConfig):
         from .timing import on_signal
 
         dq.topic(SIGNAL_QUEUE).connect(on_signal, dispatch_uid="bench-signal")
+        from . import sleepers
+
+        sleepers.connect()
 
 
 _seen = [0]

@@ -45,6 +45,9 @@ TASK_QUEUE = "bench-tasks"
 SIGNAL_QUEUE = "bench-signal"
 DELAYQUEUE["QUEUES"][TASK_QUEUE] = {"claim_batch": 200}
 DELAYQUEUE["QUEUES"][SIGNAL_QUEUE] = {"claim_batch": 200}
+# bench/async_handlers.py: handlers that each wait a second, 500 at once.
+DELAYQUEUE["QUEUES"]["bench-async-sleep"] = {"concurrency": 500, "claim_batch": 500}
+DELAYQUEUE["QUEUES"]["bench-sync-sleep"] = {"concurrency": 500, "claim_batch": 500}
 _TASKS_BACKEND = os.environ.get("BENCH_TASKS")
 if _TASKS_BACKEND == "delayqueue":
     TASKS = {

@@ -5,6 +5,7 @@ cancelling, stopping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -95,7 +96,9 @@ def test_running_coroutines_are_listed_as_running_handlers(make_queue: Any, runn
     consumer = Consumer([q], handler, idle_seconds=0.1)
     running(consumer)
     q.schedule_many([{"payload": i} for i in range(3)])
-    listed = wait_until(lambda: len(consumer.running_handlers()) == 3 and consumer.running_handlers())
+    listed = wait_until(
+        lambda: len(consumer.running_handlers()) == 3 and consumer.running_handlers()
+    )
     assert all(r.coroutine for r in listed)
     assert {r.thread_ident for r in listed} == {consumer.coroutines.thread_ident}
     assert sorted(r.message.payload for r in listed) == [0, 1, 2]
@@ -296,10 +299,8 @@ def test_a_coroutine_that_cannot_be_stopped_gets_its_process_replaced(
             release.wait(TIMEOUT)  # sync code on the loop: no cancel can reach it
             return
         while not release.is_set():
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0.01)
-            except asyncio.CancelledError:
-                pass
 
     consumer = Replaced([q], handler, idle_seconds=0.1, grace_seconds=0.2)
     r = running(consumer)
