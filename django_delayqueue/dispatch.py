@@ -54,7 +54,13 @@ def split_receivers(signal: Signal, sender: Any) -> tuple[list[Receiver], list[R
 
 
 def has_async_receivers(signal: Signal, sender: Any) -> bool:
-    return bool(signal.receivers) and bool(split_receivers(signal, sender)[1])
+    """Whether ``signal`` has an async receiver for ``sender`` (asked for every message)."""
+    # Django 5.0+ keeps each receiver's is_async last in its entry: a signal without any
+    # async receiver (the common case) is answered without resolving its weak references.
+    for entry in signal.receivers:
+        if entry[-1] is not False:  # async (True), or Django 4.2's entry without the flag
+            return bool(split_receivers(signal, sender)[1])
+    return False
 
 
 async def asend_robust(signal: Signal, sender: Any, **named: Any) -> list[tuple[Receiver, Any]]:

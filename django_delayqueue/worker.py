@@ -225,10 +225,15 @@ class Worker(Consumer):
     def runs_async(self, message: Message) -> bool:
         """An ``async def`` task, or a message whose signal has an ``async def`` receiver
         (then its sync receivers run beside them, see django_delayqueue.dispatch)."""
-        _, message = self._logical(message)
-        if self._is_task(message):
+        # On the loop's thread for every message: the common cases first, without copies.
+        if message.task:
             return self._task_is_async(message)
-        return has_async_receivers(topic(message.queue), message.queue)
+        name = self._by_name[message.queue].logical_name
+        if is_task_payload(message.payload):
+            _, logical = self._logical(message)
+            if self._is_task(logical):
+                return self._task_is_async(logical)
+        return has_async_receivers(topic(name), name)
 
     def _task_is_async(self, message: Message) -> bool:
         path = message.payload.get(TASK_KEY) if isinstance(message.payload, dict) else None
