@@ -8,9 +8,9 @@ no async receivers of its own):
 
 - the async receivers run concurrently on the loop (``asyncio.gather``);
 - the sync receivers run one after the other, in one ``sync_to_async`` call (asgiref's one
-  thread for thread-sensitive code, as Django's ``asend_robust`` does), beside them; their
-  database connections are checked before and after (``close_old_connections``), as a handler
-  thread's are;
+  thread for thread-sensitive code, as Django's ``asend_robust`` does), beside them (the worker
+  checks that thread's database connections before and after each message, as a handler
+  thread's are: ``Worker.ahandle``);
 - an ``Exception`` from a receiver is its response; a ``BaseException`` fails the delivery;
 - a delivery cancelled (a time limit, an abort, a stop) while its sync receivers run ends only
   once they have returned (:func:`in_thread_to_its_end`): a thread cannot be stopped, and they
@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 from django.dispatch import Signal
 
 Receiver = Callable[..., Any]
@@ -69,17 +68,13 @@ async def asend_robust(signal: Signal, sender: Any, **named: Any) -> list[tuple[
     sync_receivers, async_receivers = split_receivers(signal, sender)
 
     def send_sync() -> list[tuple[Receiver, Any]]:
-        close_old_connections()
-        try:
-            responses: list[tuple[Receiver, Any]] = []
-            for receiver in sync_receivers:
-                try:
-                    responses.append((receiver, receiver(signal=signal, sender=sender, **named)))
-                except Exception as err:
-                    responses.append((receiver, err))
-            return responses
-        finally:
-            close_old_connections()
+        responses: list[tuple[Receiver, Any]] = []
+        for receiver in sync_receivers:
+            try:
+                responses.append((receiver, receiver(signal=signal, sender=sender, **named)))
+            except Exception as err:
+                responses.append((receiver, err))
+        return responses
 
     async def no_sync() -> list[tuple[Receiver, Any]]:
         return []

@@ -26,7 +26,12 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, R
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.recurring.recurrence import Recurrence
-from django_delayqueue.dispatch import asend_robust, has_async_receivers, is_async_receiver
+from django_delayqueue.dispatch import (
+    asend_robust,
+    has_async_receivers,
+    in_thread_to_its_end,
+    is_async_receiver,
+)
 from django_delayqueue.mirror import queue_overrides, recurrences
 from django_delayqueue.mirror.kinds import MIRRORS, queue_settings_mirror, recurrences_mirror
 from django_delayqueue.monitoring.servers import ServerGuard
@@ -257,7 +262,13 @@ class Worker(Consumer):
         if self._is_task(message):
             return await self._task_runner().arun(message, shard)
         signal = topic(message.queue)
-        responses = await asend_robust(signal, message.queue, message=message)
+        # The connections of asgiref's thread, where sync receivers and the coroutines'
+        # sync_to_async calls run: checked around each message, as a handler thread's are.
+        await in_thread_to_its_end(close_old_connections)
+        try:
+            responses = await asend_robust(signal, message.queue, message=message)
+        finally:
+            await in_thread_to_its_end(close_old_connections)
         return self._answered(message, responses)
 
     def handler_thread_exit(self) -> None:

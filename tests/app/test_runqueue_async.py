@@ -25,7 +25,9 @@ def ids_in(client: redis.Redis, key: str) -> set[str]:
 
 @pytest.mark.slow
 def test_sigterm_with_coroutines_running(
-    redis_client: redis.Redis, redis_server: RedisServerProcess, runqueue: Any  # noqa: F811
+    redis_client: redis.Redis,
+    redis_server: RedisServerProcess,
+    runqueue: Any,  # noqa: F811
 ) -> None:
     queue = Queue(redis_client, "demo-slow-async", prefix="dq")
     quick = {queue.schedule({"seconds": 0.5}, id=f"quick-{i}").id for i in range(3)}

@@ -293,3 +293,24 @@ def test_an_async_task_past_its_time_limit(
     assert error.exception_class_path == "asyncio.exceptions.CancelledError"
     assert time_limit_reason(0.5) in error.traceback
     assert time_limit_reason(0.5) in reason(redis_client, TASK_KEYS, result.id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_connections_are_checked_around_an_async_message_off_the_loop(receivers: Any) -> None:
+    from unittest import mock
+
+    checked_on: list[str] = []
+
+    async def receiver(message: dq.Message, **kwargs: Any) -> None:
+        checked_on.append("receiver")
+
+    receivers(receiver)
+    dq.schedule(QUEUE, {}, on_commit=False)
+    with mock.patch(
+        "django_delayqueue.worker.close_old_connections",
+        lambda: checked_on.append(threading.current_thread().name),
+    ):
+        burst()
+    # Before and after the receiver, on the thread its sync_to_async calls use, not the loop's.
+    assert len(checked_on) >= 3 and "receiver" in checked_on[1:-1]
+    assert "delayqueue-event-loop" not in checked_on
