@@ -27,6 +27,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 
+from django_delayqueue.core.consumer.handler_coroutines import interruptible
+
 Receiver = Callable[..., Any]
 
 
@@ -81,7 +83,7 @@ async def asend_robust(signal: Signal, sender: Any, **named: Any) -> list[tuple[
 
     async def send_async(receiver: Receiver) -> Any:
         try:
-            return await receiver(signal=signal, sender=sender, **named)
+            return await interruptible(receiver(signal=signal, sender=sender, **named))
         except Exception as err:
             return err
 

@@ -314,3 +314,39 @@ def test_connections_are_checked_around_an_async_message_off_the_loop(receivers:
     # Before and after the receiver, on the thread its sync_to_async calls use, not the loop's.
     assert len(checked_on) >= 3 and "receiver" in checked_on[1:-1]
     assert "delayqueue-event-loop" not in checked_on
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_soft_limit_is_raised_in_each_async_receiver(
+    redis_client: redis.Redis, receivers: Any, running: Any
+) -> None:
+    seen: list[str] = []
+
+    def waits(name: str, cleans_up: bool) -> Callable[..., Any]:
+        async def receiver(message: dq.Message, **kwargs: Any) -> str:
+            try:
+                await asyncio.sleep(3600)
+            except dq.SoftTimeLimitExceeded:
+                seen.append(name)
+                if not cleans_up:
+                    raise
+                await asyncio.sleep(0)  # its clean-up may await
+            return name
+
+        return receiver
+
+    receivers(waits("first", cleans_up=True))
+    receivers(waits("second", cleans_up=True))
+    queue = {"soft_time_limit": 0.3, "time_limit": 60, "backoff_base": 60, "backoff_max": 60}
+    with with_queues(**{QUEUE: queue}):
+        worker = Worker.for_queues([QUEUE], idle_seconds=0.1)
+        running(worker)
+        dq.schedule(QUEUE, {}, on_commit=False)
+        wait_until(lambda: worker.delivered == 1)
+        assert sorted(seen) == ["first", "second"]
+        assert dq.get_queue(QUEUE).counts() == EMPTY  # both cleaned up and returned: acked
+
+        receivers(waits("third", cleans_up=False))
+        message_id = dq.schedule(QUEUE, {}, on_commit=False)
+        wait_until(lambda: redis_client.zscore(KEYS.retry, message_id) is not None)
+    assert reason(redis_client, KEYS, message_id).startswith("SoftTimeLimitExceeded")

@@ -365,7 +365,7 @@ def test_the_interruptible_passes_values_and_errors_through() -> None:
         body = _Interruptible(inner())
         task = asyncio.ensure_future(_await(body))
         await asyncio.sleep(0.001)
-        assert body.interrupt(task, ValueError("x"))
+        assert body.interrupt(ValueError("x"))
         interrupted = await task
         assert not task.cancelled()
         return plain, interrupted

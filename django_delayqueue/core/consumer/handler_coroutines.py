@@ -24,11 +24,12 @@ answered for :data:`BLOCKED_WARN_SECONDS` is logged, naming the coroutines it ho
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from django_delayqueue.core.consumer.outcomes import Outcome, failed_outcome
@@ -77,6 +78,7 @@ class _Running:
     hard_limit: float | None
     task: asyncio.Task[None] | None = None
     body: _Interruptible | None = None
+    inner: list[_Interruptible] = field(default_factory=list)  # see interruptible()
     soft_sent: bool = False
     stop: tuple[Settlement, str] | None = None  # how the canceller settles it
     stop_sent_at: float | None = None
@@ -97,20 +99,22 @@ class _Interruptible:
     def __init__(self, coro: Awaitable[Any]) -> None:
         self._coro: Any = coro.__await__()
         self._error: BaseException | None = None
+        self._task: asyncio.Task[Any] | None = None  # the task awaiting it
         self.awaiting = False  # between the first step and the end
 
-    def interrupt(self, task: asyncio.Task[Any], error: BaseException) -> bool:
+    def interrupt(self, error: BaseException) -> bool:
         """On the loop's thread: raise ``error`` in the coroutine at its current await."""
-        if not self.awaiting or self._error is not None:
+        if not self.awaiting or self._error is not None or self._task is None:
             return False
         self._error = error
-        task.cancel()
+        self._task.cancel()
         return True
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coro = self._coro
         value: Any = None
         error: BaseException | None = None
+        self._task = asyncio.current_task()
         self.awaiting = True
         try:
             while True:
@@ -132,6 +136,26 @@ class _Interruptible:
                             task.uncancel()
         finally:
             self.awaiting = False
+
+
+# The interruptibles of the message whose context this is (a list shared with the tasks it
+# starts, which copy the context): where the soft time limit is raised.
+_soft_targets: contextvars.ContextVar[list[_Interruptible] | None] = contextvars.ContextVar(
+    "delayqueue_soft_targets", default=None
+)
+
+
+def interruptible(coro: Awaitable[Any]) -> Awaitable[Any]:
+    """Await ``coro`` through this so that the soft time limit of the message being handled is
+    raised inside it (``SoftTimeLimitExceeded`` at its await), though it runs in a task of its
+    own: ``asyncio.gather`` of several receivers puts each in a task, and cancelling the gather
+    would only cancel them. Outside a coroutine handler, ``coro`` as it is."""
+    targets = _soft_targets.get()
+    if targets is None:
+        return coro
+    body = _Interruptible(coro)
+    targets.append(body)
+    return body
 
 
 class HandlerCoroutines:
@@ -282,6 +306,7 @@ class HandlerCoroutines:
     async def _drive(self, entry: _Running) -> None:
         message = entry.message
         started_ms, t0 = int(time.time() * 1000), time.perf_counter()
+        _soft_targets.set(entry.inner)  # this task's own context: this message only
         body = entry.body = _Interruptible(self._deliverer.adeliver(message))
         try:
             outcome = await body
@@ -305,10 +330,14 @@ class HandlerCoroutines:
             entry.task.cancel(reason)
 
     def _soft_limit(self, entry: _Running) -> None:
+        """Raise SoftTimeLimitExceeded where the handler waits: in each of its receivers that
+        waits in a task of its own (``interruptible``), else in the handler's own task."""
         if entry.task is None or entry.body is None or entry.task.done():
             return
-        error = SoftTimeLimitExceeded(f"soft time limit exceeded ({entry.soft_limit:g} s)")
-        entry.body.interrupt(entry.task, error)
+        message = f"soft time limit exceeded ({entry.soft_limit:g} s)"
+        inner = [body for body in entry.inner if body.awaiting]
+        for body in inner or [entry.body]:
+            body.interrupt(SoftTimeLimitExceeded(message))
 
     def _pong(self) -> None:
         self._last_pong = self._monotonic()
