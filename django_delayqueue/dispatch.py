@@ -109,6 +109,8 @@ async def in_thread_to_its_end(func: Callable[..., Any], *args: Any) -> Any:
     while True:
         try:
             result = await asyncio.shield(future)
+        except GeneratorExit:  # closed with its loop: no waiting left to do
+            raise
         except BaseException as e:
             if not future.done():  # the caller was cancelled, not func: wait on
                 interrupted = interrupted or e

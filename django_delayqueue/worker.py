@@ -267,8 +267,12 @@ class Worker(Consumer):
         await in_thread_to_its_end(close_old_connections)
         try:
             responses = await asend_robust(signal, message.queue, message=message)
-        finally:
+        except GeneratorExit:  # closed with its loop: nothing may be awaited any more
+            raise
+        except BaseException:
             await in_thread_to_its_end(close_old_connections)
+            raise
+        await in_thread_to_its_end(close_old_connections)
         return self._answered(message, responses)
 
     def handler_thread_exit(self) -> None:

@@ -124,6 +124,8 @@ class TaskRunner:
             value = run.task.func(*run.args, **run.kwargs)
             if inspect.isawaitable(value):
                 value = await value
+        except GeneratorExit:  # closed with its loop: nothing may be awaited any more
+            raise
         except BaseException as e:  # a cancellation (time limit, abort) too
             await in_thread_to_its_end(run.failed, e, True)
             raise

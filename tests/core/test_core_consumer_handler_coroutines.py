@@ -314,6 +314,10 @@ def test_a_coroutine_that_cannot_be_stopped_gets_its_process_replaced(
     assert not r.thread.is_alive()
     assert q.counts()["unack"] == 1  # left in flight, for the supervisor to settle
     release.set()
+    # Once the loop is gone, nothing of it can run again: no longer extended (it comes back
+    # after its visibility timeout), the loop thread ended.
+    wait_until(lambda: not consumer._abandoned("q"))
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "delayqueue-event-loop"])
 
 
 # --- stopping -------------------------------------------------------------------------------------

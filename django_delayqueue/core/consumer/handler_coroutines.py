@@ -298,6 +298,23 @@ class HandlerCoroutines:
                 loop.close()
             except Exception:  # tasks still pending are dropped with it
                 logger.debug("event loop closed with tasks pending", exc_info=True)
+            self._release_dropped()
+
+    def _release_dropped(self) -> None:
+        """The loop is gone: the coroutines it still held can never run again. Their messages
+        (given up on at the stop that closed the loop) are released, no longer extended: they
+        come back after their visibility timeout, as a stopped handler's."""
+        with self._lock:
+            dropped = list(self._running.values())
+            self._running.clear()
+            self._ended.notify_all()
+        now_ms = int(time.time() * 1000)
+        for entry in dropped:
+            reason = "the event loop ended while it ran"
+            try:
+                entry.done(Outcome(entry.message, RETRY, now_ms, now_ms, None, reason))
+            except Exception:
+                logger.exception("coroutine of message %s: not released", entry.message.id)
 
     def _begin(self, entry: _Running) -> None:
         loop = asyncio.get_running_loop()
@@ -310,6 +327,8 @@ class HandlerCoroutines:
         body = entry.body = _Interruptible(self._deliverer.adeliver(message))
         try:
             outcome = await body
+        except GeneratorExit:  # closed with its loop: _release_dropped answers for it
+            raise
         except BaseException as e:  # cancelled before its handler started, or adeliver broke
             outcome = failed_outcome(message, e, started_ms, t0)
         if entry.stop is not None:

@@ -219,11 +219,13 @@ class HandlerThreads:
         return max(0, free)
 
     def add(self, messages: list[Message]) -> None:
+        coroutines = self._coroutines
+        # Asked before taking the lock: telling may import a task's module the first time.
+        on_loop = [m.token for m in messages if coroutines and coroutines.runs_async(m)]
         with self._cond:
             self._claimed.extend(messages)
-            coroutines = self._coroutines
-            if coroutines is not None:
-                self._async.update(m.token for m in messages if coroutines.runs_async(m))
+            if on_loop:
+                self._async.update(on_loop)
                 self._start_coroutines()
             self._grow()
             self._cond.notify(len(messages))

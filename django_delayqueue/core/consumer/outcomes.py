@@ -90,6 +90,8 @@ async def run_coroutine_handler(
     t0 = time.perf_counter()
     try:
         returned = await handler(message)
+    except GeneratorExit:  # the coroutine is being closed (its loop is gone): not an outcome
+        raise
     except BaseException as e:
         return failed_outcome(message, e, now_ms, t0)
     return returned_outcome(message, returned, now_ms, t0)
