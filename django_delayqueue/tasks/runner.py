@@ -127,7 +127,11 @@ class TaskRunner:
         except GeneratorExit:  # closed with its loop: nothing may be awaited any more
             raise
         except BaseException as e:  # a cancellation (time limit, abort) too
-            await in_thread_to_its_end(run.failed, e, True)
+            from django_delayqueue.core.consumer.handler_coroutines import requested_stop
+
+            stop = requested_stop()  # an abort sends it to the dead letters: FAILED now
+            dead = stop is not None and stop[0] == "dead"
+            await in_thread_to_its_end(run.failed, e, True, dead)
             raise
         return await in_thread_to_its_end(run.succeeded, value, True)
 
@@ -203,10 +207,11 @@ class _TaskRun:
         if task.takes_context:
             self.args.insert(0, framework.TaskContext(task_result=result))
 
-    def failed(self, e: BaseException, close_connections: bool = False) -> None:
-        """The record after the run (or its start) raised ``e``."""
+    def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
+        """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
+        the dead letters whatever its attempts)."""
         message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
-        last = isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
+        last = dead or isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
         try:
             if last:  # what nack.lua will do too: no attempts left, or dead on purpose
                 self.runner._failed(attempt, record, e, self.backend, self.task)

@@ -350,3 +350,26 @@ def test_the_soft_limit_is_raised_in_each_async_receiver(
         message_id = dq.schedule(QUEUE, {}, on_commit=False)
         wait_until(lambda: redis_client.zscore(KEYS.retry, message_id) is not None)
     assert reason(redis_client, KEYS, message_id).startswith("SoftTimeLimitExceeded")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_async_task_reads_as_its_canceller_says(
+    redis_client: redis.Redis, async_tasks: Any, running: Any
+) -> None:
+    queue = {"max_attempts": 5, "backoff_base": 60, "backoff_max": 60, "concurrency": 2}
+    with with_queues(**{TASK_QUEUE: queue}):
+        aborted = async_tasks.hangs_async.enqueue()
+        limited = async_tasks.hangs_async.enqueue()
+        worker = Worker.for_queues([TASK_QUEUE], idle_seconds=0.1)
+        running(worker)
+        wait_until(lambda: len(worker.running_handlers()) == 2)
+        tokens = {r.message.id: r.message.token for r in worker.running_handlers()}
+        # What dq.abort does once its grace is over: dead, whatever attempts are left ...
+        assert worker.coroutines.cancel(TASK_QUEUE, tokens[aborted.id], "aborted: by staff", "dead")
+        # ... and what a time limit does: retried.
+        assert worker.coroutines.cancel(TASK_QUEUE, tokens[limited.id], time_limit_reason(9))
+        wait_until(lambda: redis_client.zscore(TASK_KEYS.garbage, aborted.id) is not None)
+        wait_until(lambda: redis_client.zscore(TASK_KEYS.retry, limited.id) is not None)
+    assert reason(redis_client, TASK_KEYS, aborted.id) == "aborted: by staff"
+    assert str(async_tasks.hangs_async.get_result(aborted.id).status).endswith("FAILED")
+    assert str(async_tasks.hangs_async.get_result(limited.id).status).endswith("READY")

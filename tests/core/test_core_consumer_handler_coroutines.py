@@ -392,3 +392,34 @@ def test_run_ends_the_event_loop_thread(make_queue: Any) -> None:
     burst([q], handler)
     assert time.monotonic() >= before
     assert not [t for t in threading.enumerate() if t.name.startswith("delayqueue-event-loop")]
+
+
+def test_a_coroutine_cancelled_at_once_still_ends_as_its_canceller_says() -> None:
+    # Cancelled before the loop ran a step of it (a stop, an abort right after the claim), its
+    # task never runs a line: its outcome must come all the same, or its slot is lost.
+    class Deliverer:
+        def runs_async(self, message: Message) -> bool:
+            return True
+
+        def time_limits(self, message: Message) -> tuple[float | None, float | None]:
+            return None, None
+
+        async def adeliver(self, message: Message) -> Any:
+            await asyncio.sleep(3600)
+
+    outcomes: list[Any] = []
+    ended = threading.Event()
+    runner = handler_coroutines.HandlerCoroutines(Deliverer(), lambda stopped: None)
+    try:
+        for token in ("1", "2", "3"):
+            message = Message(f"m{token}", "q", None, 0, 0, 1, token)
+            runner.start(
+                message, lambda o: (outcomes.append(o), len(outcomes) == 3 and ended.set())
+            )
+            assert runner.cancel("q", token, "aborted: at once", "dead")
+        assert ended.wait(TIMEOUT)
+    finally:
+        runner.close()
+    assert sorted(o.message.id for o in outcomes) == ["m1", "m2", "m3"]
+    assert {(o.status, o.reason) for o in outcomes} == {("garbage", "aborted: at once")}
+    assert runner.tokens() == []

@@ -145,6 +145,19 @@ _soft_targets: contextvars.ContextVar[list[_Interruptible] | None] = contextvars
 )
 
 
+_current: contextvars.ContextVar[_Running | None] = contextvars.ContextVar(
+    "delayqueue_current_coroutine", default=None
+)
+
+
+def requested_stop() -> tuple[Settlement, str] | None:
+    """Inside a coroutine handler: how :meth:`HandlerCoroutines.cancel` asked it to stop
+    ("retry" or "dead", and the reason), or None (not stopped, or not a coroutine handler).
+    What it records (a task's result) follows it: an aborted task reads FAILED."""
+    entry = _current.get()
+    return None if entry is None else entry.stop
+
+
 def interruptible(coro: Awaitable[Any]) -> Awaitable[Any]:
     """Await ``coro`` through this so that the soft time limit of the message being handled is
     raised inside it (``SoftTimeLimitExceeded`` at its await), though it runs in a task of its
@@ -318,12 +331,15 @@ class HandlerCoroutines:
 
     def _begin(self, entry: _Running) -> None:
         loop = asyncio.get_running_loop()
-        entry.task = loop.create_task(self._drive(entry))
-
-    async def _drive(self, entry: _Running) -> None:
-        message = entry.message
         started_ms, t0 = int(time.time() * 1000), time.perf_counter()
+        entry.task = loop.create_task(self._drive(entry, started_ms, t0))
+        # A task cancelled before its first step never runs a line of _drive: it ends here.
+        entry.task.add_done_callback(lambda task: self._ended_early(entry, task, started_ms, t0))
+
+    async def _drive(self, entry: _Running, started_ms: int, t0: float) -> None:
+        message = entry.message
         _soft_targets.set(entry.inner)  # this task's own context: this message only
+        _current.set(entry)
         body = entry.body = _Interruptible(self._deliverer.adeliver(message))
         try:
             outcome = await body
@@ -331,12 +347,26 @@ class HandlerCoroutines:
             raise
         except BaseException as e:  # cancelled before its handler started, or adeliver broke
             outcome = failed_outcome(message, e, started_ms, t0)
+        self._end(entry, outcome)
+
+    def _ended_early(self, entry: _Running, task: asyncio.Task[None], ms: int, t0: float) -> None:
+        """The task ended without _drive's own end (cancelled before its first step)."""
+        with self._lock:
+            if (entry.message.queue, entry.message.token) not in self._running:
+                return  # _drive ended it
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        self._end(entry, failed_outcome(entry.message, error or RuntimeError(), ms, t0))
+
+    def _end(self, entry: _Running, outcome: Outcome) -> None:
+        """Its outcome (as its canceller settled it, if it was cancelled) to ``done``, once."""
+        message = entry.message
         if entry.stop is not None:
             settlement, reason = entry.stop
             status = GARBAGE if settlement == "dead" else RETRY
             outcome = replace(outcome, status=status, reason=reason, delay=None)
         with self._lock:
-            self._running.pop((message.queue, message.token), None)
+            if self._running.pop((message.queue, message.token), None) is None:
+                return  # ended already (released with the loop)
             self._ended.notify_all()
         try:
             entry.done(outcome)
