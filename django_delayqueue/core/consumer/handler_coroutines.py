@@ -218,6 +218,8 @@ class HandlerCoroutines:
         soft, hard = self._deliverer.time_limits(message)
         entry = _Running(message, done, self._monotonic(), soft, hard)
         with self._lock:
+            if self._closed:  # a stop ended the loop: the caller records a failed attempt
+                raise RuntimeError("the event loop of the coroutine handlers is closed")
             loop = self._started_loop()
             self._running[(message.queue, message.token)] = entry
         loop.call_soon_threadsafe(self._begin, entry)
