@@ -99,6 +99,8 @@ if os.environ.get("DEMO_TASKS") == "1":
 if os.environ.get("DEMO_SLOW_QUEUE") == "1":
     # Only for the SIGTERM test (tests/app/test_runqueue.py): a queue whose handler sleeps.
     DELAYQUEUE["QUEUES"]["demo-slow"] = {"visibility_timeout": 60, "backoff_base": 0.1}
+    # Its async twin (tests/app/test_runqueue_async.py): handlers on the event loop.
+    DELAYQUEUE["QUEUES"]["demo-slow-async"] = {"visibility_timeout": 60, "concurrency": 10}
     DELAYQUEUE["SETTINGS_REFRESH_SECONDS"] = 0.5
 
 # The shop's delays, in seconds: short so the demo shows messages flowing within a minute.

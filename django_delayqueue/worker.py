@@ -26,10 +26,16 @@ from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, R
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.keeper import ScheduleKeeper
 from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.dispatch import (
+    asend_robust,
+    has_async_receivers,
+    in_thread_to_its_end,
+    is_async_receiver,
+)
 from django_delayqueue.mirror import queue_overrides, recurrences
 from django_delayqueue.mirror.kinds import MIRRORS, queue_settings_mirror, recurrences_mirror
 from django_delayqueue.monitoring.servers import ServerGuard
-from django_delayqueue.tasks.payload import is_task_payload, task_payload
+from django_delayqueue.tasks.payload import TASK_KEY, is_task_payload, task_payload
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +66,7 @@ class Worker(Consumer):
         self._any_queue = any_task_queue()
         self._discover = discover and self._any_queue
         self._tasks: Any = None
+        self._async_tasks: dict[str, bool] = {}  # task path -> whether it is async def
         self._said_no_schedule_rows = False
         # The Redis servers are judged before the first delivery, or once they answer: one
         # whose policy evicts keys stops the worker (see monitoring.servers).
@@ -170,9 +177,7 @@ class Worker(Consumer):
         Re-raises what the task or a receiver raised: the consumer turns it into a retry or a
         dead letter.
         """
-        shard = self._by_name[message.queue]
-        if shard.logical_name != message.queue:  # a shard: handlers see the logical queue
-            message = dataclasses.replace(message, queue=shard.logical_name)
+        shard, message = self._logical(message)
         if self._is_task(message):
             close_old_connections()
             try:
@@ -187,6 +192,17 @@ class Worker(Consumer):
         finally:
             dispatching.active = False
             close_old_connections()
+        return self._answered(message, responses)
+
+    def _logical(self, message: Message) -> tuple[Queue, Message]:
+        """The message's shard, and the message as handlers see it (on its logical queue)."""
+        shard = self._by_name[message.queue]
+        if shard.logical_name != message.queue:  # a shard: handlers see the logical queue
+            message = dataclasses.replace(message, queue=shard.logical_name)
+        return shard, message
+
+    def _answered(self, message: Message, responses: list[tuple[Any, Any]]) -> Any:
+        """The receivers' responses, or the first error among them raised (logged here)."""
         if not responses:
             raise Reject(f"no handler for queue {message.queue!r}")
         for receiver, result in responses:
@@ -202,6 +218,56 @@ class Worker(Consumer):
                     )
                 raise result
         return responses
+
+    # --- async handlers (on the consumer's event loop: see core/consumer/handler_coroutines.py)
+
+    def runs_async(self, message: Message) -> bool:
+        """An ``async def`` task, or a message whose signal has an ``async def`` receiver
+        (then its sync receivers run beside them, see django_delayqueue.dispatch)."""
+        # On the loop's thread for every message: the common cases first, without copies.
+        if message.task:
+            return self._task_is_async(message)
+        name = self._by_name[message.queue].logical_name
+        if is_task_payload(message.payload):
+            _, logical = self._logical(message)
+            if self._is_task(logical):
+                return self._task_is_async(logical)
+        return has_async_receivers(topic(name), name)
+
+    def _task_is_async(self, message: Message) -> bool:
+        path = message.payload.get(TASK_KEY) if isinstance(message.payload, dict) else None
+        if not isinstance(path, str):
+            return False
+        known = self._async_tasks.get(path)
+        if known is None:
+            try:
+                from django_delayqueue.tasks.results import load_task
+
+                known = is_async_receiver(load_task(path).func)
+            except Exception:  # fails on a handler thread, as it always did
+                known = False
+            self._async_tasks[path] = known
+        return known
+
+    async def ahandle(self, message: Message) -> Any:
+        """:meth:`handle` on the event loop: the task awaited, or the receivers sent to by
+        ``dispatch.asend_robust``."""
+        shard, message = self._logical(message)
+        if self._is_task(message):
+            return await self._task_runner().arun(message, shard)
+        signal = topic(message.queue)
+        # The connections of asgiref's thread, where sync receivers and the coroutines'
+        # sync_to_async calls run: checked around each message, as a handler thread's are.
+        await in_thread_to_its_end(close_old_connections)
+        try:
+            responses = await asend_robust(signal, message.queue, message=message)
+        except GeneratorExit:  # closed with its loop: nothing may be awaited any more
+            raise
+        except BaseException:
+            await in_thread_to_its_end(close_old_connections)
+            raise
+        await in_thread_to_its_end(close_old_connections)
+        return self._answered(message, responses)
 
     def handler_thread_exit(self) -> None:
         """A handler thread ends (fewer threads, or the worker stops): close its DB connections."""

@@ -30,6 +30,9 @@ class BenchConfig(AppConfig):
         from .settings import CPU_QUEUE
 
         dq.topic(CPU_QUEUE).connect(on_cpu, dispatch_uid="bench-cpu")
+        from . import sleepers
+
+        sleepers.connect()
 
 
 _seen = [0]

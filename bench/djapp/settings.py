@@ -48,6 +48,9 @@ DELAYQUEUE["QUEUES"][SIGNAL_QUEUE] = {"claim_batch": 200}
 # bench/processes.py: a handler that burns 20 ms of CPU per message (one thread per process).
 CPU_QUEUE = "bench-cpu"
 DELAYQUEUE["QUEUES"][CPU_QUEUE] = {"concurrency": 1, "claim_batch": 1}
+# bench/async_handlers.py: handlers that each wait a second, 500 at once.
+DELAYQUEUE["QUEUES"]["bench-async-sleep"] = {"concurrency": 500, "claim_batch": 500}
+DELAYQUEUE["QUEUES"]["bench-sync-sleep"] = {"concurrency": 500, "claim_batch": 500}
 _TASKS_BACKEND = os.environ.get("BENCH_TASKS")
 if _TASKS_BACKEND == "delayqueue":
     TASKS = {

@@ -59,3 +59,22 @@ if SLOW_QUEUE in queue_names():
         get_client().rpush(SLOW_STARTED_KEY, message.id)
         time.sleep(float(message.payload.get("seconds", 1.0)))
         get_client().rpush(SLOW_DONE_KEY, message.id)
+
+
+SLOW_ASYNC_QUEUE = "demo-slow-async"
+
+if SLOW_ASYNC_QUEUE in queue_names():
+
+    @receiver(dq.topic(SLOW_ASYNC_QUEUE))
+    async def slow_async_handler(sender: str, message: dq.Message, **kwargs: Any) -> None:
+        import asyncio
+
+        from django_delayqueue.conf.connection import get_client
+
+        get_client().rpush(f"{SLOW_STARTED_KEY}:async", message.id)
+        try:
+            await asyncio.sleep(float(message.payload.get("seconds", 1.0)))
+        except asyncio.CancelledError:
+            get_client().rpush(f"{SLOW_DONE_KEY}:async:cancelled", message.id)
+            raise
+        get_client().rpush(f"{SLOW_DONE_KEY}:async", message.id)

@@ -37,6 +37,7 @@ its record says so (two worker ids).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import traceback
@@ -104,81 +105,41 @@ class TaskRunner:
 
         Returns the writes of a success, for the consumer to send with the ack.
         """
-        record = TaskRecord.from_payload(
-            message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
-        )
-        attempt = _Attempt(self.worker_id, message, queue, record.enqueued_json())
-        backend = task = None
+        run = _TaskRun(self, message, queue)
         try:
-            # First: a task that cannot be imported still ends as its backend says (its
-            # RESULT_TTL, task_finished, the errors of its earlier attempts).
-            try:
-                backend = framework.task_backends[record.backend]
-            except Exception:  # an alias gone from TASKS: fails as an import failure does,
-                backend = _backend_of_queue(queue.logical_name)  # told by its queue's backend
-                raise
-            if message.attempt > 1:
-                record = attempt.read(record)
-            loaded = load_task(record.task)
-            if loaded.takes_context and message.attempt == 1:
-                record = attempt.read(record)
-            attempt.mark_running(record)
-            running = attempt.write(RUNNING)
-            self._send_soon(queue, running)
-            task = task_as_enqueued(loaded, record)
-            result = to_task_result(record, message.id, task)
-            _send_robust(framework.task_started, backend, result)
-            if task.takes_context:
-                context = framework.TaskContext(task_result=result)
-                value = task.call(context, *record.args, **record.kwargs)
-            else:
-                value = task.call(*record.args, **record.kwargs)
+            run.start()
+            value = run.task.call(*run.args, **run.kwargs)
             stopped = stop_error()  # an abort or a time limit: its end whatever it returned
             if stopped is not None:
                 raise stopped
         except BaseException as e:  # the consumer decides what it means; the record follows
             # Aborted: the dead letters (the consumer records it so), never a retry.
-            dead = isinstance(e, (Reject, Aborted)) or isinstance(stop_error(), Aborted)
-            last = dead or message.attempt >= queue.settings.max_attempts
-            try:
-                if last:  # what nack.lua will do too: no attempts left, or dead on purpose
-                    self._failed(attempt, record, e, backend, task)
-                else:  # a retry asked for is not an error
-                    error = None if isinstance(e, Retry) else e
-                    attempt.write(READY, error=error).run(queue.client)
-            except Exception:  # the record is secondary: the task's own outcome stands
-                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+            run.failed(e, dead=isinstance(e, Aborted) or isinstance(stop_error(), Aborted))
             raise
+        return run.succeeded(value)
+
+    async def arun(self, message: Message, queue: Queue) -> Any:
+        """:meth:`run` for an ``async def`` task, on the consumer's event loop: the task is
+        awaited there; its record's reads and writes and the ``task_started`` receivers run in
+        a thread (``sync_to_async``: they may use the database), each awaited to its end."""
+        from django_delayqueue.dispatch import in_thread_to_its_end
+
+        run = _TaskRun(self, message, queue)
         try:
-            # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
-            returned = encode_json(_normalized(value), "return value", ascii_only=True)
-            return_value = json.loads(returned)  # what a reader gets: lists, not tuples
-            finished_at = queue.clock.now_ms()
-            write = attempt.write(
-                SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=finished_at
-            )
-        except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
-            # It ran: running it again would repeat its effects for the same bad value. So
-            # whatever keeps its result from being stored fails it once, with the error
-            # recorded; and the Reject stands even when that cannot be written (a retry would
-            # run it again).
-            error = _cause(e)
-            try:
-                self._failed(attempt, record, error, backend, task)
-            except Exception:
-                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
-            raise Reject(f"task ran, but its result cannot be stored: {e}") from e
-        record.status, record.finished_at = SUCCESSFUL, finished_at
-        record.return_value = return_value
+            await in_thread_to_its_end(run.start, True)
+            value = run.task.func(*run.args, **run.kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+        except GeneratorExit:  # closed with its loop: nothing may be awaited any more
+            raise
+        except BaseException as e:  # a cancellation (time limit, abort) too
+            from django_delayqueue.core.consumer.handler_coroutines import requested_stop
 
-        def finished() -> None:  # on the consumer's thread: its receivers' connections closed
-            try:
-                result = to_task_result(record, message.id, task)
-                _send_robust(framework.task_finished, backend, result)
-            finally:
-                close_old_connections()
-
-        return WritesWithAck(write, finished, supersedes=running)
+            stop = requested_stop()  # an abort sends it to the dead letters: FAILED now
+            dead = stop is not None and stop[0] == "dead"
+            await in_thread_to_its_end(run.failed, e, True, dead)
+            raise
+        return await in_thread_to_its_end(run.succeeded, value, True)
 
     @staticmethod
     def load_scripts(queue: Queue) -> None:
@@ -207,6 +168,109 @@ class TaskRunner:
             task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
             _send_robust(framework.task_finished, backend, result)
+
+
+class _TaskRun:
+    """One run of a task message: before the call, and what its end writes."""
+
+    def __init__(self, runner: TaskRunner, message: Message, queue: Queue) -> None:
+        self.runner, self.message, self.queue = runner, message, queue
+        self.record = TaskRecord.from_payload(
+            message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
+        )
+        self.attempt = _Attempt(runner.worker_id, message, queue, self.record.enqueued_json())
+        self.backend: Any = None
+        self.task: Any = None
+        self.running: ScriptCall | None = None
+        self.args: list[Any] = []
+        self.kwargs: dict[str, Any] = {}
+
+    def start(self, close_connections: bool = False) -> None:
+        """Everything before the call: the record RUNNING, ``task_started``, the arguments."""
+        if close_connections:
+            close_old_connections()
+        message, queue, attempt = self.message, self.queue, self.attempt
+        record = self.record
+        # First: a task that cannot be imported still ends as its backend says (its
+        # RESULT_TTL, task_finished, the errors of its earlier attempts).
+        try:
+            self.backend = framework.task_backends[record.backend]
+        except Exception:  # an alias gone from TASKS: fails as an import failure does,
+            self.backend = _backend_of_queue(queue.logical_name)  # told by its queue's backend
+            raise
+        if message.attempt > 1:
+            record = self.record = attempt.read(record)
+        loaded = load_task(record.task)
+        if loaded.takes_context and message.attempt == 1:
+            record = self.record = attempt.read(record)
+        attempt.mark_running(record)
+        self.running = attempt.write(RUNNING)
+        self.runner._send_soon(queue, self.running)
+        task = self.task = task_as_enqueued(loaded, record)
+        result = to_task_result(record, message.id, task)
+        _send_robust(framework.task_started, self.backend, result)
+        self.args, self.kwargs = list(record.args), dict(record.kwargs)
+        if task.takes_context:
+            self.args.insert(0, framework.TaskContext(task_result=result))
+
+    def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
+        """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
+        the dead letters whatever its attempts)."""
+        message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
+        last = dead or isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
+        try:
+            if last:  # what nack.lua will do too: no attempts left, or dead on purpose
+                self.runner._failed(attempt, record, e, self.backend, self.task)
+            else:  # a retry asked for is not an error
+                error = None if isinstance(e, Retry) else e
+                attempt.write(READY, error=error).run(queue.client)
+        except Exception:  # the record is secondary: the task's own outcome stands
+            logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+        finally:
+            if close_connections:
+                close_old_connections()
+
+    def succeeded(self, value: Any, close_connections: bool = False) -> WritesWithAck:
+        """The writes of a run that returned ``value``, for the consumer to send with the ack."""
+        try:
+            return self._succeeded(value)
+        finally:
+            if close_connections:
+                close_old_connections()
+
+    def _succeeded(self, value: Any) -> WritesWithAck:
+        message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
+        backend, task = self.backend, self.task
+        try:
+            # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
+            returned = encode_json(_normalized(value), "return value", ascii_only=True)
+            return_value = json.loads(returned)  # what a reader gets: lists, not tuples
+            finished_at = queue.clock.now_ms()
+            write = attempt.write(
+                SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=finished_at
+            )
+        except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
+            # It ran: running it again would repeat its effects for the same bad value. So
+            # whatever keeps its result from being stored fails it once, with the error
+            # recorded; and the Reject stands even when that cannot be written (a retry would
+            # run it again).
+            error = _cause(e)
+            try:
+                self.runner._failed(attempt, record, error, backend, task)
+            except Exception:
+                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+            raise Reject(f"task ran, but its result cannot be stored: {e}") from e
+        record.status, record.finished_at = SUCCESSFUL, finished_at
+        record.return_value = return_value
+
+        def finished() -> None:  # on the consumer's thread: its receivers' connections closed
+            try:
+                result = to_task_result(record, message.id, task)
+                _send_robust(framework.task_finished, backend, result)
+            finally:
+                close_old_connections()
+
+        return WritesWithAck(write, finished, supersedes=self.running)
 
 
 class _Attempt:

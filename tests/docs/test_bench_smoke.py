@@ -152,3 +152,20 @@ def test_the_cluster_shards_bench_runs_and_reports_its_rows(tmp_path: Path) -> N
     }
     assert rows["cluster.schedule.shards3"]["note"].startswith("masters used: 3")
     assert rows["cluster.master_capacity"]["extra"]["masters_for_target"] >= 1
+
+
+def test_the_async_handlers_bench_runs_both_rows(tmp_path: Path) -> None:
+    """bench.async_handlers at a tiny size: the async row and its sync reference measured."""
+    out = tmp_path / "async.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.async_handlers", "--count", "20", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = json.loads(out.read_text())
+    assert set(result["rows"]) == {"async", "sync"}, proc.stderr[-3000:]
+    for row in result["rows"].values():
+        assert row["seconds"] > 0 and row["most_threads"] > 0
+    assert "all done within" in proc.stdout

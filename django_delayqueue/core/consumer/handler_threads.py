@@ -17,6 +17,12 @@ and queue B's token "1" live in different objects).
 
 Handlers run on daemon threads so that a forced exit is not held up by a stuck handler (whose
 message is brought back by its visibility timeout).
+
+A message whose handler is a coroutine (``Coroutines.runs_async``) takes no thread: it runs on
+the consumer's event loop (:mod:`.handler_coroutines`), counted against the same ``size`` as a
+running thread, with the same bookkeeping (claimed, running, finished, abandoned). Threads are
+therefore started as sync messages need them, up to ``size``: a queue of coroutines with a
+concurrency of 500 keeps one thread.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +61,9 @@ class RunningHandler:
     started_monotonic: float
     started_ms: int
     thread_ident: int
+    # On the event loop (thread_ident is the loop's thread): stopped by cancelling it
+    # (HandlerCoroutines.cancel), never by raising in its thread.
+    coroutine: bool = False
 
 
 class Deliverer(Protocol):
@@ -81,14 +90,36 @@ class LoopWaker(Protocol):
         ...
 
 
+class Coroutines(Protocol):
+    """Where coroutine handlers run (the consumer's HandlerCoroutines)."""
+
+    def runs_async(self, message: Message) -> bool:
+        """Whether ``message``'s handler is a coroutine (on the loop thread, at its claim)."""
+        ...
+
+    def start(self, message: Message, done: Callable[[Outcome], None]) -> int:
+        """Run it on the event loop, ``done(outcome)`` at its end; returns the loop thread's
+        ident."""
+        ...
+
+
 class HandlerThreads:
     """The handler threads of one queue and the messages claimed for them."""
 
-    def __init__(self, queue_name: str, size: int, deliverer: Deliverer, waker: LoopWaker) -> None:
+    def __init__(
+        self,
+        queue_name: str,
+        size: int,
+        deliverer: Deliverer,
+        waker: LoopWaker,
+        coroutines: Coroutines | None = None,
+    ) -> None:
         self.queue_name = queue_name
         self._deliverer = deliverer
         self._waker = waker
+        self._coroutines = coroutines
         self._claimed: deque[Message] = deque()  # claimed, not started yet
+        self._async: set[str] = set()  # tokens among _claimed that run on the event loop
         self._running: dict[str, Message] = {}  # by token
         self._since: dict[str, RunningHandler] = {}  # by token, while its handler runs
         self._finished: list[Outcome] = []  # not yet taken by the loop
@@ -120,18 +151,52 @@ class HandlerThreads:
             if self._closed or size == self._size:
                 return
             self._size = size
-            alive = [t for t in self._threads if t.is_alive()]
-            for _ in range(size - len(alive)):
-                self._serial += 1
-                thread = threading.Thread(
-                    target=self._serve,
-                    name=f"delayqueue-{self.queue_name}-{self._serial}",
-                    daemon=True,
-                )
-                alive.append(thread)
-                thread.start()
-            self._threads = alive
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._grow()
+            self._start_coroutines()
             self._cond.notify_all()  # threads beyond the new size see it and end
+
+    def _grow(self) -> None:
+        """Start the threads the sync messages waiting need, up to ``size`` (one at least)."""
+        waiting = len(self._claimed) - len(self._async)
+        wanted = min(self._size, max(1, len(self._working) + waiting))
+        for _ in range(wanted - len(self._threads)):
+            self._serial += 1
+            thread = threading.Thread(
+                target=self._serve,
+                name=f"delayqueue-{self.queue_name}-{self._serial}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _start_coroutines(self) -> None:
+        """Start the coroutines waiting, while running handlers leave room (under _cond)."""
+        coroutines = self._coroutines
+        if not self._async or coroutines is None or self._holding or self._closed:
+            return
+        for message in list(self._claimed):
+            if len(self._running) >= self._size:
+                return
+            if message.token not in self._async:
+                continue
+            self._claimed.remove(message)
+            self._async.discard(message.token)
+            self._running[message.token] = message
+            started_monotonic, started_ms = time.monotonic(), int(time.time() * 1000)
+            try:
+                ident = coroutines.start(message, self._finish)
+            except Exception as e:  # the loop is closed (a stop): a failed attempt, recorded
+                logger.exception("message %s: coroutine not started", message.id)
+                self._running.pop(message.token, None)
+                reason = f"coroutine not started: {e!r}"
+                self._finished.append(Outcome(message, RETRY, started_ms, started_ms, None, reason))
+                if self._first_finished_at is None:
+                    self._first_finished_at = started_monotonic
+                continue
+            self._since[message.token] = RunningHandler(
+                message, started_monotonic, started_ms, ident, coroutine=True
+            )
 
     def room(self, claim_batch: int | None = None) -> int:
         """How many more messages the loop may claim for these threads now."""
@@ -154,8 +219,15 @@ class HandlerThreads:
         return max(0, free)
 
     def add(self, messages: list[Message]) -> None:
+        coroutines = self._coroutines
+        # Asked before taking the lock: telling may import a task's module the first time.
+        on_loop = [m.token for m in messages if coroutines and coroutines.runs_async(m)]
         with self._cond:
             self._claimed.extend(messages)
+            if on_loop:
+                self._async.update(on_loop)
+                self._start_coroutines()
+            self._grow()
             self._cond.notify(len(messages))
 
     def take_finished(self) -> list[Outcome]:
@@ -169,6 +241,7 @@ class HandlerThreads:
         with self._cond:
             unstarted = list(self._claimed)
             self._claimed.clear()
+            self._async.clear()
             return unstarted
 
     def hold(self) -> None:
@@ -261,8 +334,8 @@ class HandlerThreads:
                 if self._closed or self._threads.index(me) >= self._size:
                     self._threads.remove(me)
                     return None
-                if self._claimed and not self._holding:
-                    message = self._claimed.popleft()
+                message = self._next_sync() if not self._holding else None
+                if message is not None:
                     self._running[message.token] = message
                     self._since[message.token] = RunningHandler(
                         message, time.monotonic(), int(time.time() * 1000), threading.get_ident()
@@ -270,6 +343,18 @@ class HandlerThreads:
                     self._working.add(me)
                     return message
                 self._cond.wait()
+
+    def _next_sync(self) -> Message | None:
+        """The first claimed message for a thread, if a running handler's room allows."""
+        if not self._claimed or len(self._running) >= self._size:
+            return None
+        if not self._async:
+            return self._claimed.popleft()
+        for message in self._claimed:
+            if message.token not in self._async:
+                self._claimed.remove(message)
+                return message
+        return None
 
     def _serve(self) -> None:
         me = threading.current_thread()
@@ -289,6 +374,7 @@ class HandlerThreads:
             self._finish(outcome)
 
     def _finish(self, outcome: Outcome) -> None:
+        """A handler ended (on its thread, or on the event loop's for a coroutine)."""
         with self._cond:
             self._working.discard(threading.current_thread())
             token = outcome.message.token
@@ -296,6 +382,9 @@ class HandlerThreads:
             if self._abandoned.pop(token, None) is not None:  # given up on at a stop: not
                 return  # ours to record; no longer extended, it comes back after its timeout
             self._running.pop(token, None)
+            if self._claimed:  # its room goes to the next waiting, coroutine or thread
+                self._start_coroutines()
+                self._cond.notify()
             self._finished.append(outcome)
             now = time.monotonic()
             first = self._first_finished_at is None
@@ -324,9 +413,12 @@ class HandlerThreads:
 class ThreadsByQueue:
     """The handler threads of every queue of one consumer, by queue name."""
 
-    def __init__(self, deliverer: Deliverer, waker: LoopWaker) -> None:
+    def __init__(
+        self, deliverer: Deliverer, waker: LoopWaker, coroutines: Coroutines | None = None
+    ) -> None:
         self._deliverer = deliverer
         self._waker = waker
+        self._coroutines = coroutines
         self._by_name: dict[str, HandlerThreads] = {}
 
     def __getitem__(self, name: str) -> HandlerThreads:
@@ -341,7 +433,9 @@ class ThreadsByQueue:
     def start(self, name: str, size: int) -> None:
         """Start ``size`` threads for queue ``name``, unless it has its threads already."""
         if name not in self._by_name:
-            self._by_name[name] = HandlerThreads(name, size, self._deliverer, self._waker)
+            self._by_name[name] = HandlerThreads(
+                name, size, self._deliverer, self._waker, self._coroutines
+            )
 
     def add(self, messages: Sequence[Message]) -> None:
         """Hand claimed messages to the threads of their queues."""

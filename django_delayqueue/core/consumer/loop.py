@@ -11,6 +11,7 @@ time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import signal
@@ -24,18 +25,30 @@ from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.aborts import AbortPoller
 from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
 from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
-from django_delayqueue.core.consumer.outcomes import RETRY, Outcome, run_handler
+from django_delayqueue.core.consumer.outcomes import (
+    RETRY,
+    Outcome,
+    run_coroutine_handler,
+    run_handler,
+)
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
 from django_delayqueue.core.consumer.rounds import RoundTrip
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.stopped import StoppedHandler, abort_reason
 from django_delayqueue.core.consumer.stopping import StopRequests
-from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Waiter, Wake, sleep_until_due
+from django_delayqueue.core.consumer.waiter import (
+    MAX_CLAIM_LEAD_MS,
+    Waiter,
+    Wake,
+    asleep_until_due,
+    sleep_until_due,
+)
 from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.errors import Aborted, DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
@@ -118,7 +131,10 @@ class Consumer:
         self._waiter = Waiter([], self.clock, lambda: self.stopping)
         for q in self.queues:  # one listener per Redis client
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
-        self._threads = ThreadsByQueue(self, self._waiter)
+        # Coroutine handlers (async def) run on one event loop, counted with the threads; their
+        # time limits are kept by that runner (handler_coroutines.py), their aborts as below.
+        self.coroutines = HandlerCoroutines(self, self._coroutines_unstoppable)
+        self._threads = ThreadsByQueue(self, self._waiter, self.coroutines)
         # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
         # the watchdog that stops them, the thread that learns their aborts (while run() runs).
         self._runs = Runs()
@@ -129,7 +145,10 @@ class Consumer:
             running=self.running_handlers,
         )
         self._aborts: AbortPoller | None = None
-        self._unstoppable: list[Run] = []  # found by the watchdog, for the loop's thread
+        # Handlers that could not be stopped, for the loop's thread: runs of handler threads
+        # (from the watchdog) and coroutines (from the coroutines' watcher).
+        self._unstoppable: list[Run] = []
+        self._unstoppable_coroutines: list[StoppedHandler] = []
         self._unstoppable_lock = threading.Lock()
         self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
         # The wait that ended just before the next round (see _fetch), and whether that round
@@ -183,6 +202,64 @@ class Consumer:
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
+
+    # --- coroutine handlers ---------------------------------------------------------------------
+
+    def runs_async(self, message: Message) -> bool:
+        """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
+        (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
+        Asked on the loop's thread as the message is claimed: it must be quick."""
+        target = self.handler if self.handler is not None else self.handle
+        return is_coroutine_function(target)
+
+    async def ahandle(self, message: Message) -> Any:
+        """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
+        target = self.handler if self.handler is not None else self.handle
+        return await target(message)
+
+    async def around_coroutine_handler(self, message: Message) -> Outcome:
+        return await run_coroutine_handler(self.ahandle, message, self.clock.now_ms())
+
+    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
+        """``message``'s queue's (soft_time_limit, time_limit), read as its handler starts."""
+        q = self._queue_named.get(message.queue)
+        if q is None:
+            return None, None
+        return q.settings.soft_time_limit, q.settings.time_limit
+
+    async def adeliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the event loop (never raises but for a cancellation)."""
+        # An asyncio sleep, never a blocking one: the loop runs the other coroutines meanwhile.
+        await asleep_until_due(self.clock, message.due_ms)
+        # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
+        # end of the abort's grace cancels it, the outcome is the dead letters); its time
+        # limits are the coroutines runner's (the watchdog leaves them to it).
+        with self.handler_run(message, self._coroutine_canceller(message)) as run:
+            outcome = await self.around_coroutine_handler(message)
+        outcome = run.settled(outcome)
+        q = self._queue_named.get(message.queue)
+        write = None if q is None else self.keeper.finished(q, outcome)
+        if q is not None and write is not None:
+            self.write_soon(q, write)
+        return outcome
+
+    def _coroutine_canceller(self, message: Message) -> Canceller:
+        """What the watchdog calls to stop a coroutine at the end of its abort's grace."""
+
+        def cancel(exception: type[BaseException]) -> None:
+            if not issubclass(exception, Aborted):
+                return  # time limits: the coroutines runner keeps them itself
+            reason = self.abort_reason_for(message)
+            self.coroutines.cancel(message.queue, message.token, abort_reason(reason or ""), "dead")
+
+        return cancel
+
+    def _coroutines_unstoppable(self, stopped: list[StoppedHandler]) -> None:
+        """From the coroutines' watcher: handlers that ignored their cancellation (or a loop
+        blocked past a limit): the loop's thread asks for a replacement (_replace_unstoppable)."""
+        with self._unstoppable_lock:
+            self._unstoppable_coroutines.extend(stopped)
+        self._waiter.nudge()
 
     # --- what handler threads call ----------------------------------------------------------------
 
@@ -292,7 +369,7 @@ class Consumer:
         logger.info(
             "%s consuming %s",
             self.name,
-            ", ".join(f"{q.name} ({self._threads[q.name].size} thread(s))" for q in self.queues),
+            ", ".join(f"{q.name} (concurrency {self._threads[q.name].size})" for q in self.queues),
         )
         try:
             self._loop()
@@ -306,6 +383,7 @@ class Consumer:
             else:
                 extender.stop()
             self._waiter.close()
+            self.coroutines.close()
             self._threads.close()
 
     def _loop(self) -> None:
@@ -462,6 +540,8 @@ class Consumer:
         """On the watchdog's thread: ``run`` did not end after its stop. Its outcome, should it
         come, is dropped, and it stays in flight, extended while it runs (given up on as at a
         stop); the loop's thread asks for a replacement and stops (_replace_unstoppable)."""
+        if run.canceller is not None:
+            return  # a coroutine: the coroutines' watcher reports it (_coroutines_unstoppable)
         threads = self._threads.get(run.message.queue)
         if threads is not None:
             threads.abandon(run.message.token)
@@ -472,9 +552,10 @@ class Consumer:
     def _replace_unstoppable(self) -> None:
         with self._unstoppable_lock:
             found, self._unstoppable = self._unstoppable, []
-        if not found:
+            coroutines, self._unstoppable_coroutines = self._unstoppable_coroutines, []
+        if not found and not coroutines:
             return
-        stopped = [run.stopped_handler() for run in found]
+        stopped = [run.stopped_handler() for run in found] + coroutines
         self.replaced_for += stopped
         try:
             self.replacement_needed(stopped)
@@ -494,6 +575,9 @@ class Consumer:
         self._threads.add(replayed)
         self._release_unstarted()
         finished = self._threads.finished_and_abandoned(self.queues)
+        # Coroutines still running are cancelled (threads cannot be): given up on like the
+        # threads' (left in flight), they end at their next await.
+        self.coroutines.cancel_all("the consumer stops")
         self.delivered += len(finished)
         self._unrecorded.extend(finished)
         seconds = FORCED_FLUSH_SECONDS if self._stop.at_once else SHUTDOWN_FLUSH_SECONDS
@@ -537,3 +621,14 @@ class Consumer:
         if record_in is not None:
             wait_ms = min(wait_ms, math.ceil(record_in * 1000))
         return self.clock.now_ms() + wait_ms
+
+
+def is_coroutine_function(target: Any) -> bool:
+    """Whether calling ``target`` returns a coroutine: an ``async def`` function or method, a
+    partial of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(target):
+        return True
+    # An instance whose __call__ is async def: looked up on its class, as a call does.
+    return not inspect.isroutine(target) and any(
+        inspect.iscoroutinefunction(vars(klass).get("__call__")) for klass in type(target).__mro__
+    )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,16 +71,49 @@ class Outcome:
 
 def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int) -> Outcome:
     """Call ``handler`` and turn what it did into an :class:`Outcome` (never raises)."""
-    started = now_ms
     t0 = time.perf_counter()
     try:
         returned = handler(message)
-    except Retry as e:
+        if inspect.iscoroutine(returned):  # never awaited here: it must not pass for an ack
+            returned.close()
+            raise TypeError("the handler returned a coroutine on a handler thread")
+    except BaseException as e:  # SystemExit, CancelledError, ...: a failed attempt too
+        return failed_outcome(message, e, now_ms, t0)
+    return returned_outcome(message, returned, now_ms, t0)
+
+
+async def run_coroutine_handler(
+    handler: Callable[[Message], Awaitable[Any]], message: Message, now_ms: int
+) -> Outcome:
+    """Await ``handler`` and turn what it did into an :class:`Outcome` (never raises: a
+    CancelledError is a failed attempt like any other exception, and ends here)."""
+    t0 = time.perf_counter()
+    try:
+        returned = await handler(message)
+    except GeneratorExit:  # the coroutine is being closed (its loop is gone): not an outcome
+        raise
+    except BaseException as e:
+        return failed_outcome(message, e, now_ms, t0)
+    return returned_outcome(message, returned, now_ms, t0)
+
+
+def returned_outcome(message: Message, returned: Any, started: int, t0: float) -> Outcome:
+    """The outcome of a handler that returned ``returned`` (started at ``started`` ms and at
+    ``t0``, ``time.perf_counter()``): an ack, with the writes it left."""
+    finished = started + int((time.perf_counter() - t0) * 1000)
+    writes = returned if isinstance(returned, WritesWithAck) else None
+    return Outcome(message, ACK, started, finished, writes=writes)
+
+
+def failed_outcome(message: Message, e: BaseException, started: int, t0: float) -> Outcome:
+    """The outcome of a handler that raised ``e``: Retry and Reject as they ask, anything else
+    (even a BaseException) a failed attempt, retried with backoff."""
+    if isinstance(e, Retry):
         status, reason, error = RETRY, e.reason or "retry requested", "Retry"
         delay = _sane_delay(e.delay)
-    except Reject as e:
+    elif isinstance(e, Reject):
         status, delay, reason, error = GARBAGE, None, e.reason, "Reject"
-    except BaseException as e:  # SystemExit, CancelledError, ...: a failed attempt too
+    else:
         # A handler's failure is data, never a crash of the loop: even a BaseException only
         # fails this attempt (retry with backoff, dead letters when attempts run out).
         status, delay, error = RETRY, None, type(e).__name__
@@ -93,11 +127,6 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
                 exc_info=e,
             )
         reason = f"{error}: {e}"[:2000]
-    else:
-        status, delay, reason, error = ACK, None, "", ""
-        if isinstance(returned, WritesWithAck):
-            finished = started + int((time.perf_counter() - t0) * 1000)
-            return Outcome(message, status, started, finished, writes=returned)
     finished = started + int((time.perf_counter() - t0) * 1000)
     return Outcome(message, status, started, finished, delay, reason, error)
 

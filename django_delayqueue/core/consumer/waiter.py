@@ -12,6 +12,7 @@ as it would a moment after its due time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -352,4 +353,16 @@ def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_
     deadline = time.monotonic() + longest_ms / 1000
     while early_ms > 0 and time.monotonic() < deadline:
         time.sleep(early_ms / 1000)
+        early_ms = due_ms - exact_now_ms(clock)
+
+
+async def asleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_MS) -> None:
+    """:func:`sleep_until_due` for a coroutine: the same hold, awaited (the event loop runs
+    the other coroutines meanwhile)."""
+    early_ms = due_ms - exact_now_ms(clock)
+    if early_ms <= 0 or early_ms > longest_ms:
+        return
+    deadline = time.monotonic() + longest_ms / 1000
+    while early_ms > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(early_ms / 1000)
         early_ms = due_ms - exact_now_ms(clock)

@@ -139,6 +139,8 @@ class Watchdog:
                 run.send_stop("dead", reason, Aborted, now)
                 return now + STOP_WAIT_SECONDS
             due = min(due, ends)
+        if run.canceller is not None:
+            return due  # a coroutine: its time limits are kept by the coroutines runner
         if s.time_limit is not None:
             if elapsed >= s.time_limit:
                 reason = time_limit_reason(s.time_limit)
