@@ -1,6 +1,7 @@
 """The supervising loop: N consumer processes, replaced when they die, recycled, stopped.
 
-One process, one thread: it forks the children (:mod:`.child`), then waits on their pipes and
+One process, one thread: it forks the children (:mod:`.child`; after a SIGHUP it starts
+them as fresh interpreters of the code on disk, :mod:`.fresh`), then waits on their pipes and
 on a self-pipe its signal handlers write to (``signal.set_wakeup_fd``), like gunicorn's arbiter.
 It holds no thread and no open connection when it forks (Django's database connections and the
 Redis pool are closed first), so a child starts clean.

@@ -224,3 +224,33 @@ def test_sighup_under_call_command_forks_the_loaded_code_and_says_so(
     log = runqueues.log(sup)
     assert "not started from a command line that runs it again" in log
     assert "a fresh interpreter" not in log
+
+
+def test_a_deploy_that_fails_to_load_never_replaces_a_working_process(
+    runqueues: Runqueues, redis_server: RedisServerProcess, tmp_path: Path
+) -> None:
+    """New code that cannot be imported: each would-be successor dies at its start (retried
+    with backoff) while the old process keeps consuming; once the code on disk is fixed, the
+    next attempt loads it and only then is the old process stopped."""
+    q = producer(redis_server.url, "hup")
+    sup = runqueues.start(queues=["hup"])
+    (old,) = runqueues.consuming_children(sup, 1)
+    handlers = tmp_path / "code" / "hup_app" / "handlers.py"
+    handlers.write_text("this is not python\n")
+    sup.send_signal(signal.SIGHUP)
+    runqueues.wait(
+        lambda: runqueues.log(sup).count(" died (exit code 1)") >= 2, 60, "two failed successors"
+    )
+    during = [q.schedule({"n": i}).id for i in range(5)]
+    runqueues.wait(lambda: settled(q), 60, "the old process still consuming")
+    assert {_versions(runqueues)[i] for i in during} == {"v1"}
+    assert old in runqueues.children(sup)
+    _deploy(tmp_path / "code", "v2")
+    (new,) = _replaced(runqueues, sup, {old})
+    after = [q.schedule({"n": i}).id for i in range(5)]
+    runqueues.wait(lambda: settled(q), 60, "every message delivered")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-4000:]
+    assert {_versions(runqueues)[i] for i in after} == {"v2"}
+    report = check(during + after, read(runqueues.ledger))
+    assert report.ok and not report.duplicates, report.summary()
+    assert f"consumer process {new} consumes: stopping {old}" in runqueues.log(sup)
