@@ -1,6 +1,7 @@
 """A supervised child: the consumer process a supervisor forks (``runqueue --processes N``).
 
-The child is forked after Django is set up, so it starts at once with every app loaded. It
+The child is forked after Django is set up, so it starts at once with every app loaded (after
+a SIGHUP it is a fresh ``runqueue`` interpreter that runs :func:`run_child` too: .fresh). It
 dies with its supervisor (Linux: ``PR_SET_PDEATHSIG``; elsewhere, and for the instant before it
 is set, a check of the parent pid), so a ``kill -9`` of the supervisor leaves no consumer behind:
 the messages the children held come back after their visibility timeout, as for any process

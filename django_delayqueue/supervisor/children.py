@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from dataclasses import dataclass, field
 
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.supervisor.backoff import RestartBackoff
+from django_delayqueue.supervisor.fresh import RestartCommand
 from django_delayqueue.supervisor.protocol import LineReader
 
 
@@ -24,6 +26,8 @@ class Child:
     kill_at: float | None = None
     killed: bool = False  # SIGKILLed by the supervisor (past its deadline)
     stopped: list[StoppedHandler] = field(default_factory=list)  # to settle once it is gone
+    # A fresh interpreter (after SIGHUP): reaped by the supervisor's waitpid, never by Popen.
+    process: subprocess.Popen[bytes] | None = None
 
 
 @dataclass
@@ -45,6 +49,8 @@ class SupervisorOptions:
     max_messages_per_child: int | None = None
     max_memory_per_child_mb: float | None = None
     name: str | None = None
+    # How to run this runqueue again (fresh.restart_command); None: SIGHUP forks.
+    restart: RestartCommand | None = None
 
 
 def send_signal(child: Child, signum: int) -> None:

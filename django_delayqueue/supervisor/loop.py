@@ -1,6 +1,7 @@
 """The supervising loop: N consumer processes, replaced when they die, recycled, stopped.
 
-One process, one thread: it forks the children (:mod:`.child`), then waits on their pipes and
+One process, one thread: it forks the children (:mod:`.child`; after a SIGHUP it starts
+them as fresh interpreters of the code on disk, :mod:`.fresh`), then waits on their pipes and
 on a self-pipe its signal handlers write to (``signal.set_wakeup_fd``), like gunicorn's arbiter.
 It holds no thread and no open connection when it forks (Django's database connections and the
 Redis pool are closed first), so a child starts clean.
@@ -21,6 +22,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections import deque
@@ -41,6 +43,7 @@ from django_delayqueue.supervisor.children import (
     describe_exit,
     send_signal,
 )
+from django_delayqueue.supervisor.fresh import child_environment
 from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, LineReader
 from django_delayqueue.supervisor.settling import close_connections, settle
 
@@ -73,6 +76,8 @@ class Supervisor:
         self.fatal: tuple[str, int] | None = None
         self.failed = False  # a child did not stop cleanly at the end
         self._rolling: deque[int] = deque()  # slots SIGHUP still has to replace
+        # Since the first SIGHUP, every child is a fresh interpreter (the code on disk).
+        self.fresh_children = False
         self._signals: deque[int] = deque()
         self._wake_r, self._wake_w = -1, -1
 
@@ -170,8 +175,20 @@ class Supervisor:
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self.request_stop()
             elif signum == signal.SIGHUP and not self.stop_requests:
-                logger.info("SIGHUP: replacing the consumer processes one by one")
                 self._rolling = deque(s.index for s in self.slots)
+                if self.options.restart is not None:
+                    self.fresh_children = True
+                    logger.info(
+                        "SIGHUP: replacing the consumer processes one by one, with the code "
+                        "on disk (%s)",
+                        " ".join(self.options.restart.argv),
+                    )
+                else:
+                    logger.warning(
+                        "SIGHUP: replacing the consumer processes one by one, forked with the "
+                        "code loaded at start: this runqueue was not started from a command "
+                        "line that runs it again (call_command), so new code needs a restart"
+                    )
 
     def request_stop(self) -> None:
         """First: every child stops gracefully (within --grace). Second: at once."""
@@ -191,6 +208,11 @@ class Supervisor:
     # --- children ---------------------------------------------------------------------------
 
     def _spawn(self, slot: Slot) -> Child:
+        if self.fresh_children and self.options.restart is not None:
+            return self._start_fresh(slot)
+        return self._fork(slot)
+
+    def _fork(self, slot: Slot) -> Child:
         """Fork one child for ``slot``, with nothing open that it should not inherit."""
         close_connections()
         read_fd, write_fd = os.pipe()
@@ -214,6 +236,40 @@ class Supervisor:
             time.monotonic(),
         )
         logger.info("consumer process %d started (slot %d)", pid, slot.index + 1)
+        return child
+
+    def _start_fresh(self, slot: Slot) -> Child:
+        """Start one child for ``slot`` in a fresh interpreter: the command line that started
+        this runqueue, told by its environment to run as that child (supervisor.fresh)."""
+        restart = self.options.restart
+        assert restart is not None
+        read_fd, write_fd = os.pipe()
+        env = child_environment(self._spec(slot, ""), write_fd, os.environ)
+        # Blocked until the child has its handlers (child._consume): a SIGTERM while it loads
+        # Django waits for them instead of killing it, as for a forked child.
+        signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
+        try:
+            process = subprocess.Popen(restart.argv, cwd=restart.cwd, env=env, pass_fds=(write_fd,))
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
+        os.set_blocking(read_fd, False)
+        child = Child(
+            slot.index,
+            process.pid,
+            f"{self.name}.{slot.index + 1}-{process.pid}",
+            LineReader(read_fd),
+            time.monotonic(),
+            process=process,
+        )
+        logger.info(
+            "consumer process %d started (slot %d, a fresh interpreter)",
+            process.pid,
+            slot.index + 1,
+        )
         return child
 
     def _spec(self, slot: Slot, name: str) -> ChildSpec:
@@ -345,6 +401,8 @@ class Supervisor:
             self._on_message(child, message)
         child.reader.close()
         code = os.waitstatus_to_exitcode(status)
+        if child.process is not None:  # reaped here: Popen must not wait for the pid again
+            child.process.returncode = code
         slot = self.slots[child.slot]
         lived = time.monotonic() - child.started
         if child in self.retiring:

@@ -105,12 +105,15 @@ class Runqueues:
         *args: str,
         queues: Sequence[str] = ("drill",),
         program: Path | None = None,
+        command: Sequence[str] | None = None,
         **env: str,
     ) -> subprocess.Popen[bytes]:
         """Start one ``runqueue`` for ``queues`` (empty: every configured queue).
 
         ``env`` keys become ``DRILL_<KEY>`` variables (see drill_settings.py); ``program``
-        runs a script that runs ``runqueue`` (programs/limited_runqueue.py) instead.
+        runs a script that runs ``runqueue`` (programs/limited_runqueue.py) instead;
+        ``command`` starts it another way than ``python -m django runqueue`` (e.g.
+        ``python manage.py runqueue``), the queues and ``args`` after it.
         """
         environ = {
             **os.environ,
@@ -126,6 +129,8 @@ class Runqueues:
         cmd = [sys.executable, "-m", "django", "runqueue", *queues, *args]
         if program is not None:
             cmd = [sys.executable, str(program), *queues, *args]
+        if command is not None:
+            cmd = [*command, *queues, *args]
         proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)

@@ -23,11 +23,20 @@ class Command(BaseCommand):
         "(default 1) under this supervising process, which replaces a process that dies and "
         "recycles one past --max-messages-per-child or --max-memory-per-child. SIGTERM/SIGINT "
         "finish in-flight handlers (within --grace) and exit 0 (1 if a process did not stop "
-        "cleanly), a second signal stops at once; SIGHUP replaces the processes one by one. "
+        "cleanly), a second signal stops at once; SIGHUP replaces the processes one by one, "
+        "each once its successor consumes, with fresh interpreters that run the code on disk "
+        "(a deploy without a gap). "
         "--burst (and a call from a thread other than the main one) delivers in this process "
         "alone. Also relays the outbox: messages committed while Redis was down are sent when "
         "it is back. Refuses a Redis whose maxmemory-policy evicts keys (docs/redis.md)."
     )
+
+    # The command line this command was run from (None: call_command): SIGHUP runs it again.
+    _argv: list[str] | None = None
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self._argv = list(argv)
+        super().run_from_argv(argv)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="*", metavar="QUEUE", help="default: all queues")
@@ -84,6 +93,13 @@ class Command(BaseCommand):
 
     def handle(self, *queues: str, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        from django_delayqueue.supervisor.fresh import take_child_invocation
+
+        invocation = take_child_invocation()
+        if invocation is not None:  # started by a supervisor after SIGHUP: one of its children
+            from django_delayqueue.supervisor.child import run_child
+
+            run_child(*invocation, ())
         in_process = options["burst"] or options["max_messages"] is not None
         if in_process and options["processes"] > 1:
             raise CommandError(
@@ -125,6 +141,7 @@ class Command(BaseCommand):
             _restore_signal_handlers(previous)
 
     def _supervise(self, options: dict[str, Any]) -> int:
+        from django_delayqueue.supervisor.fresh import restart_command
         from django_delayqueue.supervisor.loop import Supervisor, SupervisorOptions
 
         names = options["queues"] or None
@@ -145,6 +162,7 @@ class Command(BaseCommand):
                 max_messages_per_child=options["max_messages_per_child"],
                 max_memory_per_child_mb=options["max_memory_per_child"],
                 name=options["name"],
+                restart=restart_command(self._argv),
             )
         )
         code = supervisor.run()
