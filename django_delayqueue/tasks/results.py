@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -41,20 +42,66 @@ def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     return result
 
 
+def finished_result(started: Any, record: TaskRecord) -> Any:
+    """The ``TaskResult`` of ``record`` once its run ended, from ``started``, the one its run
+    began with (same task, id, arguments): a copy with the fields that changed, without
+    building and normalising it all again on the worker's hot path."""
+    status = (
+        framework.SUCCESSFUL
+        if record.status == SUCCESSFUL
+        else getattr(framework.TaskResultStatus, record.status)
+    )
+    result = _copy(started)
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", to_datetime(record.finished_at))
+    object.__setattr__(result, "errors", [framework.TaskError(**e) for e in record.errors])
+    object.__setattr__(result, "worker_ids", list(record.worker_ids))
+    object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
 def task_as_enqueued(task: Any, record: TaskRecord) -> Any:
     """``task`` with the record's priority, queue, backend and run_after.
 
     Not ``task.using()``: that validates the task again (signature inspection and all), on
-    every read of a result; the task was validated when it was enqueued.
+    every read of a result; the task was validated when it was enqueued. The last few are
+    kept: a worker runs the same few tasks with the same options over and over.
     """
-    changed = object.__new__(type(task))
-    for spec in dataclasses.fields(task):
-        object.__setattr__(changed, spec.name, getattr(task, spec.name))
+    options = (record.priority, record.queue, record.backend, record.run_after)
+    kept = _as_enqueued.get(id(task))
+    if kept is not None and kept[0] is task and kept[1] == options:
+        return kept[2]
+    changed = _copy(task)
     object.__setattr__(changed, "priority", record.priority)
     object.__setattr__(changed, "queue_name", record.queue)
     object.__setattr__(changed, "backend", record.backend)
     object.__setattr__(changed, "run_after", to_datetime(record.run_after))
+    if len(_as_enqueued) >= _AS_ENQUEUED_KEPT:
+        _as_enqueued.clear()
+    # By the task object's id, the object kept with it (so that its id is not reused), and
+    # the last options only: a frozen Task is never changed in place, so this copy stays true.
+    _as_enqueued[id(task)] = (task, options, changed)
     return changed
+
+
+_AS_ENQUEUED_KEPT = 256
+_as_enqueued: dict[int, tuple[Any, tuple[Any, ...], Any]] = {}
+
+
+def _copy(value: Any) -> Any:
+    """A field-by-field copy of a frozen dataclass (a Task or a TaskResult), without its
+    ``__init__`` (nor the validation and normalisation it repeats)."""
+    copied = object.__new__(type(value))
+    for name in _field_names(type(value)):
+        object.__setattr__(copied, name, getattr(value, name))
+    return copied
+
+
+@cache
+def _field_names(kind: type) -> tuple[str, ...]:
+    """The fields of a dataclass, ``init=False`` ones included (``dataclasses.fields`` on a
+    slotted class is slow enough to show on a worker's profile)."""
+    return tuple(spec.name for spec in dataclasses.fields(kind))
 
 
 def stand_in_task(record: TaskRecord) -> Any:
@@ -73,7 +120,7 @@ def stand_in_task(record: TaskRecord) -> Any:
         name,
     )
     task = object.__new__(framework.Task)
-    for spec in dataclasses.fields(task):  # defaults (none before django-tasks 0.9), then ours
+    for spec in dataclasses.fields(framework.Task):  # defaults (none before django-tasks 0.9), then ours
         value = None if spec.default is dataclasses.MISSING else spec.default
         if spec.default_factory is not dataclasses.MISSING:
             value = spec.default_factory()

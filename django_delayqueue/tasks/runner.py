@@ -75,6 +75,7 @@ from django_delayqueue.tasks.payload import (
     write_order,
 )
 from django_delayqueue.tasks.results import (
+    finished_result,
     load_task,
     stand_in_task,
     task_as_enqueued,
@@ -124,10 +125,10 @@ class TaskRunner:
             running = attempt.write(RUNNING)
             self._send_soon(queue, running)
             task = task_as_enqueued(loaded, record)
-            result = to_task_result(record, message.id, task)
-            _send_robust(framework.task_started, backend, result)
+            started = to_task_result(record, message.id, task)
+            _send_robust(framework.task_started, backend, started)
             if task.takes_context:
-                context = framework.TaskContext(task_result=result)
+                context = framework.TaskContext(task_result=started)
                 value = task.call(context, *record.args, **record.kwargs)
             else:
                 value = task.call(*record.args, **record.kwargs)
@@ -166,8 +167,7 @@ class TaskRunner:
 
         def finished() -> None:  # on the consumer's thread: its receivers' connections closed
             try:
-                result = to_task_result(record, message.id, task)
-                _send_robust(framework.task_finished, backend, result)
+                _send_robust(framework.task_finished, backend, finished_result(started, record))
             finally:
                 close_old_connections()
 

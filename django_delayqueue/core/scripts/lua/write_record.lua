@@ -19,23 +19,36 @@
 -- ack that frees its message, and must not be lost because the server is full.
 --- @include "includes/guard.lua"
 --- @include "includes/memory.lua"
-guard(KEYS[1], 'hash')
-allow_oom(KEYS[1], 'hash')
+-- One read (the order and the fields set where absent) and one HSET of everything this write
+-- sets: a task's delivery costs Redis a handful of commands, not one per field. The read
+-- proves the key's type before any write (guard() only words the error when it is wrong).
 local ttl, order = tonumber(ARGV[1]), tonumber(ARGV[2])
 local absent, ordered, deleted = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_ordered = 6 + 2 * absent
 local first_deleted = first_ordered + 2 * ordered
 local first_plain = first_deleted + deleted
-for i = 6, first_ordered - 1, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
-local in_order = order >= (tonumber(redis.call('HGET', KEYS[1], 'order')) or -1)
-if in_order then
-  if ordered > 0 then
-    redis.call('HSET', KEYS[1], 'order', ARGV[2], unpack(ARGV, first_ordered, first_deleted - 1))
-  end
-  if deleted > 0 then redis.call('HDEL', KEYS[1], unpack(ARGV, first_deleted, first_plain - 1)) end
+local wanted = {'order'}
+for i = 6, first_ordered - 1, 2 do wanted[#wanted + 1] = ARGV[i] end
+local stored = redis.pcall('HMGET', KEYS[1], unpack(wanted))
+if stored.err then
+  guard(KEYS[1], 'hash')
+  return redis.error_reply(stored.err)
 end
-if #ARGV >= first_plain then redis.call('HSET', KEYS[1], unpack(ARGV, first_plain)) end
+local in_order = order >= (tonumber(stored[1]) or -1)
+local set = {}
+for i = 6, first_ordered - 1, 2 do
+  if not stored[(i - 6) / 2 + 2] then set[#set + 1] = ARGV[i]; set[#set + 1] = ARGV[i + 1] end
+end
 if in_order then
+  set[#set + 1] = 'order'
+  set[#set + 1] = ARGV[2]
+  for i = first_ordered, first_deleted - 1 do set[#set + 1] = ARGV[i] end
+end
+for i = first_plain, #ARGV do set[#set + 1] = ARGV[i] end
+allow_oom(KEYS[1], 'hash')
+if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
+if in_order then
+  if deleted > 0 then redis.call('HDEL', KEYS[1], unpack(ARGV, first_deleted, first_plain - 1)) end
   if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
 end
 return in_order and 1 or 0
