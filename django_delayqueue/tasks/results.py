@@ -19,40 +19,50 @@ def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     """The framework's ``TaskResult`` of ``record``; its Task is ``task``, or imported."""
     if task is None:
         task = task_as_enqueued(load_task(record.task), record)
-    status = (
-        framework.SUCCESSFUL
-        if record.status == SUCCESSFUL
-        else getattr(framework.TaskResultStatus, record.status)
-    )
-    result = framework.TaskResult(
-        task=task,
-        id=result_id,
-        status=status,
-        enqueued_at=to_datetime(record.enqueued_at),
-        started_at=to_datetime(record.started_at),
-        finished_at=to_datetime(record.finished_at),
-        last_attempted_at=to_datetime(record.last_attempted_at),
-        args=list(record.args),
-        kwargs=dict(record.kwargs),
-        backend=record.backend,
-        errors=[framework.TaskError(**error) for error in record.errors],
-        worker_ids=list(record.worker_ids),
-    )
-    object.__setattr__(result, "_return_value", record.return_value)
+    values = {
+        "task": task,
+        "id": result_id,
+        "status": _status(record.status),
+        "enqueued_at": to_datetime(record.enqueued_at),
+        "started_at": to_datetime(record.started_at),
+        "finished_at": to_datetime(record.finished_at),
+        "last_attempted_at": to_datetime(record.last_attempted_at),
+        "args": list(record.args),
+        "kwargs": dict(record.kwargs),
+        "backend": record.backend,
+        "errors": [framework.TaskError(**error) for error in record.errors],
+        "worker_ids": list(record.worker_ids),
+    }
+    return _result(values, record.return_value)
+
+
+def _result(values: dict[str, Any], return_value: Any) -> Any:
+    """A ``TaskResult`` of ``values``: built field by field where its fields are these (and
+    ``_return_value``), as in every framework version this app supports; through its
+    ``__init__`` otherwise. Its ``__post_init__`` would only normalise the arguments, which
+    came out of JSON and are normal already; it shows on a worker's profile."""
+    kind = framework.TaskResult
+    if _field_set(kind) == {*values, "_return_value"}:
+        result = object.__new__(kind)
+        for name, value in values.items():
+            object.__setattr__(result, name, value)
+    else:
+        result = kind(**values)
+    object.__setattr__(result, "_return_value", return_value)
     return result
+
+
+def _status(name: str) -> Any:
+    """The framework's status of a record's ``status``."""
+    return framework.SUCCESSFUL if name == SUCCESSFUL else getattr(framework.TaskResultStatus, name)
 
 
 def finished_result(started: Any, record: TaskRecord) -> Any:
     """The ``TaskResult`` of ``record`` once its run ended, from ``started``, the one its run
     began with (same task, id, arguments): a copy with the fields that changed, without
     building and normalising it all again on the worker's hot path."""
-    status = (
-        framework.SUCCESSFUL
-        if record.status == SUCCESSFUL
-        else getattr(framework.TaskResultStatus, record.status)
-    )
     result = _copy(started)
-    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "status", _status(record.status))
     object.__setattr__(result, "finished_at", to_datetime(record.finished_at))
     object.__setattr__(result, "errors", [framework.TaskError(**e) for e in record.errors])
     object.__setattr__(result, "worker_ids", list(record.worker_ids))
@@ -98,6 +108,11 @@ def _copy(value: Any) -> Any:
 
 
 @cache
+def _field_set(kind: type) -> frozenset[str]:
+    return frozenset(_field_names(kind))
+
+
+@cache
 def _field_names(kind: type) -> tuple[str, ...]:
     """The fields of a dataclass, ``init=False`` ones included (``dataclasses.fields`` on a
     slotted class is slow enough to show on a worker's profile)."""
@@ -120,7 +135,8 @@ def stand_in_task(record: TaskRecord) -> Any:
         name,
     )
     task = object.__new__(framework.Task)
-    for spec in dataclasses.fields(framework.Task):  # defaults (none before django-tasks 0.9), then ours
+    # Defaults (none before django-tasks 0.9), then ours.
+    for spec in dataclasses.fields(framework.Task):
         value = None if spec.default is dataclasses.MISSING else spec.default
         if spec.default_factory is not dataclasses.MISSING:
             value = spec.default_factory()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import close_old_connections
@@ -57,6 +57,7 @@ from django_delayqueue.core.errors import (
 )
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
@@ -122,7 +123,7 @@ class TaskRunner:
             if loaded.takes_context and message.attempt == 1:
                 record = attempt.read(record)
             attempt.mark_running(record)
-            running = attempt.write(RUNNING)
+            running = attempt.running_write()
             self._send_soon(queue, running)
             task = task_as_enqueued(loaded, record)
             started = to_task_result(record, message.id, task)
@@ -240,6 +241,13 @@ class _Attempt:
         record.last_attempted_at = self.started_at
         record.worker_ids.append(self.worker_id)
 
+    def running_write(self) -> ScriptCall:
+        """The write of RUNNING, its arguments built only if it is sent: a task that ends before
+        the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
+        most tasks do. Built on whichever thread sends it, from this attempt's own fields only
+        (set before the task runs, never changed after)."""
+        return ScriptCall(WRITE_RECORD.script, [self.key], _Later(lambda: self.write(RUNNING).args))
+
     def write(
         self,
         status: str,
@@ -277,6 +285,28 @@ class _Attempt:
             deleted=deleted,
             always=fields,
         )
+
+
+class _Later(Sequence[Any]):
+    """A call's arguments, built by ``build`` the first time they are read."""
+
+    def __init__(self, build: Callable[[], Sequence[Any]]) -> None:
+        self._build: Callable[[], Sequence[Any]] | None = build
+        self._built: Sequence[Any] = ()
+
+    def _args(self) -> Sequence[Any]:
+        if self._build is not None:
+            self._built, self._build = self._build(), None
+        return self._built
+
+    def __len__(self) -> int:
+        return len(self._args())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._args()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._args())
 
 
 def _normalized(value: Any) -> Any:

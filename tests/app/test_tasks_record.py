@@ -21,6 +21,7 @@ from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
+from django_delayqueue.core.task_records import record_fields
 from django_delayqueue.tasks import framework, runner
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
@@ -46,10 +47,7 @@ def write_record(
         record=key,
         kept_seconds=ttl,
         order=order,
-        absent_pairs=0,
-        order_pairs=len(ordered) // 2,
-        deleted_fields=len(deleted),
-        fields=[*ordered, *deleted, *plain],
+        fields=record_fields((), ordered, deleted, plain),
     )
     return call.run(client)
 
