@@ -101,8 +101,9 @@ _as_enqueued: dict[int, tuple[Any, tuple[Any, ...], Any]] = {}
 def _copy(value: Any) -> Any:
     """A field-by-field copy of a frozen dataclass (a Task or a TaskResult), without its
     ``__init__`` (nor the validation and normalisation it repeats)."""
-    copied = object.__new__(type(value))
-    for name in _field_names(type(value)):
+    kind: type = type(value)
+    copied: Any = object.__new__(kind)
+    for name in _field_names(kind):
         object.__setattr__(copied, name, getattr(value, name))
     return copied
 
