@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p for p in PATHS if p != "django-tasks-redis" or peer]
     if not peer:
         log("django-tasks-redis is not installed here (it needs Django 6 and Python 3.12+): "
-            "its row is left out; run with .venv-django6/bin/python for it")  # fmt: skip
+            "its row is left out (pip install django-tasks-redis in .venv-django6)")  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
     with RedisServerProcess() as server, tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp:
         for db, path in enumerate(paths, start=1):

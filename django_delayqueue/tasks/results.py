@@ -19,14 +19,15 @@ def to_task_result(record: TaskRecord, result_id: str, task: Any = None) -> Any:
     """The framework's ``TaskResult`` of ``record``; its Task is ``task``, or imported."""
     if task is None:
         task = task_as_enqueued(load_task(record.task), record)
+    aware = settings.USE_TZ  # read once: a setting is a lookup through Django's LazySettings
     values = {
         "task": task,
         "id": result_id,
         "status": _status(record.status),
-        "enqueued_at": to_datetime(record.enqueued_at),
-        "started_at": to_datetime(record.started_at),
-        "finished_at": to_datetime(record.finished_at),
-        "last_attempted_at": to_datetime(record.last_attempted_at),
+        "enqueued_at": to_datetime(record.enqueued_at, aware),
+        "started_at": to_datetime(record.started_at, aware),
+        "finished_at": to_datetime(record.finished_at, aware),
+        "last_attempted_at": to_datetime(record.last_attempted_at, aware),
         "args": list(record.args),
         "kwargs": dict(record.kwargs),
         "backend": record.backend,
@@ -42,7 +43,7 @@ def _result(values: dict[str, Any], return_value: Any) -> Any:
     ``__init__`` otherwise. Its ``__post_init__`` would only normalise the arguments, which
     came out of JSON and are normal already; it shows on a worker's profile."""
     kind = framework.TaskResult
-    if _field_set(kind) == {*values, "_return_value"}:
+    if _field_set(kind) == _RESULT_FIELDS and values.keys() == _RESULT_VALUES:
         result = object.__new__(kind)
         for name, value in values.items():
             object.__setattr__(result, name, value)
@@ -50,6 +51,25 @@ def _result(values: dict[str, Any], return_value: Any) -> Any:
         result = kind(**values)
     object.__setattr__(result, "_return_value", return_value)
     return result
+
+
+_RESULT_VALUES = frozenset(
+    [
+        "task",
+        "id",
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_attempted_at",
+        "args",
+        "kwargs",
+        "backend",
+        "errors",
+        "worker_ids",
+    ]
+)
+_RESULT_FIELDS = _RESULT_VALUES | {"_return_value"}
 
 
 def _status(name: str) -> Any:
@@ -159,10 +179,12 @@ def load_task(path: str) -> Any:
     return task
 
 
-def to_datetime(ms: int | None) -> datetime | None:
+def to_datetime(ms: int | None, aware: bool | None = None) -> datetime | None:
+    """``ms`` (epoch milliseconds) as a datetime: aware with ``USE_TZ`` (``aware``, when the
+    caller read it already), naive in the current time zone otherwise."""
     if ms is None:
         return None
     moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    if settings.USE_TZ:
+    if settings.USE_TZ if aware is None else aware:
         return moment
     return django_timezone.make_naive(moment)
