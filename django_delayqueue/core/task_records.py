@@ -7,6 +7,7 @@ how a write lands whatever order writes arrive in is ``write_record.lua``'s.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,13 +42,37 @@ class TaskRecords:
             record=self.keys.task_result(message_id),
             kept_seconds=kept_seconds,
             order=order,
-            absent_pairs=len(absent) // 2,
-            order_pairs=len(in_order) // 2,
-            deleted_fields=len(deleted),
-            fields=[*absent, *in_order, *deleted, *always],
+            fields=record_fields(absent, in_order, deleted, always),
         )
 
     def load_record_script(self) -> None:
         """Load the script of record writes ahead of the first (a NOSCRIPT costs a trip)."""
         with redis_errors(f"loading scripts on {self.name}"):
             self.client.script_load(WRITE_RECORD.script.source)
+
+
+def record_fields(
+    absent: Sequence[Any], in_order: Sequence[Any], deleted: Sequence[str], always: Sequence[Any]
+) -> str:
+    """write_record.lua's ARGV[3]: the four lists as JSON, every value as the text Redis would
+    store for it (a number as its digits, bytes as UTF-8)."""
+    lists = [
+        [v if type(v) is str else _text(v) for v in part]
+        for part in (absent, in_order, deleted, always)
+    ]
+    return _ENCODER.encode(lists)
+
+
+# Not json.dumps(..., separators=...): that builds an encoder per call. Not ASCII-only: a value
+# reaches Redis as the same UTF-8 bytes it would as an argument of its own.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):  # a subclass of str
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a record field's value must be text or a whole number: {value!r}")
+    return str(value)

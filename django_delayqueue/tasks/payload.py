@@ -119,7 +119,7 @@ class TaskRecord:
     def enqueued_json(self) -> str:
         """The ``enqueued`` field: what enqueue knew."""
         values = {name: getattr(self, name) for name in _ENQUEUED_FIELDS}
-        return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+        return _ENQUEUED_ENCODER.encode(values)
 
     @classmethod
     def from_hash(cls, stored: dict[Any, Any]) -> TaskRecord:
@@ -164,6 +164,11 @@ class TaskRecord:
 _ENQUEUED_FIELDS = (
     "task", "queue", "priority", "backend", "args", "kwargs", "run_after", "enqueued_at",
 )  # fmt: skip
+
+
+# One encoder, not json.dumps(..., separators=...) that builds one per call: a worker encodes
+# this field for every delivery of a task.
+_ENQUEUED_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def _priority(value: Any) -> int:

@@ -41,7 +41,7 @@ import inspect
 import json
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import close_old_connections
@@ -60,6 +60,7 @@ from django_delayqueue.core.errors import (
 )
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
@@ -78,6 +79,7 @@ from django_delayqueue.tasks.payload import (
     write_order,
 )
 from django_delayqueue.tasks.results import (
+    finished_result,
     load_task,
     stand_in_task,
     task_as_enqueued,
@@ -182,6 +184,7 @@ class _TaskRun:
         self.backend: Any = None
         self.task: Any = None
         self.running: ScriptCall | None = None
+        self.started: Any = None  # the TaskResult task_started was sent with
         self.args: list[Any] = []
         self.kwargs: dict[str, Any] = {}
 
@@ -204,14 +207,14 @@ class _TaskRun:
         if loaded.takes_context and message.attempt == 1:
             record = self.record = attempt.read(record)
         attempt.mark_running(record)
-        self.running = attempt.write(RUNNING)
+        self.running = attempt.running_write()
         self.runner._send_soon(queue, self.running)
         task = self.task = task_as_enqueued(loaded, record)
-        result = to_task_result(record, message.id, task)
-        _send_robust(framework.task_started, self.backend, result)
+        started = self.started = to_task_result(record, message.id, task)
+        _send_robust(framework.task_started, self.backend, started)
         self.args, self.kwargs = list(record.args), dict(record.kwargs)
         if task.takes_context:
-            self.args.insert(0, framework.TaskContext(task_result=result))
+            self.args.insert(0, framework.TaskContext(task_result=started))
 
     def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
         """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
@@ -265,8 +268,9 @@ class _TaskRun:
 
         def finished() -> None:  # on the consumer's thread: its receivers' connections closed
             try:
-                result = to_task_result(record, message.id, task)
-                _send_robust(framework.task_finished, backend, result)
+                _send_robust(
+                    framework.task_finished, backend, finished_result(self.started, record)
+                )
             finally:
                 close_old_connections()
 
@@ -311,6 +315,13 @@ class _Attempt:
         record.last_attempted_at = self.started_at
         record.worker_ids.append(self.worker_id)
 
+    def running_write(self) -> ScriptCall:
+        """The write of RUNNING, its arguments built only if it is sent: a task that ends before
+        the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
+        most tasks do. Built on whichever thread sends it, from this attempt's own fields only
+        (set before the task runs, never changed after)."""
+        return ScriptCall(WRITE_RECORD.script, [self.key], _Later(lambda: self.write(RUNNING).args))
+
     def write(
         self,
         status: str,
@@ -348,6 +359,28 @@ class _Attempt:
             deleted=deleted,
             always=fields,
         )
+
+
+class _Later(Sequence[Any]):
+    """A call's arguments, built by ``build`` the first time they are read."""
+
+    def __init__(self, build: Callable[[], Sequence[Any]]) -> None:
+        self._build: Callable[[], Sequence[Any]] | None = build
+        self._built: Sequence[Any] = ()
+
+    def _args(self) -> Sequence[Any]:
+        if self._build is not None:
+            self._built, self._build = self._build(), None
+        return self._built
+
+    def __len__(self) -> int:
+        return len(self._args())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._args()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._args())
 
 
 def _normalized(value: Any) -> Any:

@@ -9,6 +9,7 @@ queue (the fixture of test_tasks_backend).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,8 @@ from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
-from django_delayqueue.tasks import framework, runner
+from django_delayqueue.core.task_records import record_fields
+from django_delayqueue.tasks import framework, results, runner
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
 Status = framework.TaskResultStatus
@@ -46,10 +48,7 @@ def write_record(
         record=key,
         kept_seconds=ttl,
         order=order,
-        absent_pairs=0,
-        order_pairs=len(ordered) // 2,
-        deleted_fields=len(deleted),
-        fields=[*ordered, *deleted, *plain],
+        fields=record_fields((), ordered, deleted, plain),
     )
     return call.run(client)
 
@@ -226,3 +225,117 @@ def test_a_non_json_return_value_is_rejected_even_when_failed_cannot_be_written(
     assert redis_client.hget(KEYS.attempts, result.id) == b"1"  # not run again
     assert redis_client.zscore(KEYS.garbage, result.id) is not None
     assert b"not JSON" in (redis_client.hget(KEYS.reasons, result.id) or b"")
+
+
+# --- what a delivery costs: the worker's hot path -------------------------------------------
+
+
+def redis_commands(client: redis.Redis) -> dict[str, int]:
+    """The commands the test's redis-server ran since the last CONFIG RESETSTAT, by name."""
+    stats = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(v["calls"])
+        for name, v in stats.items()
+        if not name.startswith(("cmdstat_info", "cmdstat_config"))
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_s_run_writes_its_result_once_with_the_ack_in_five_commands(
+    redis_client: redis.Redis,
+) -> None:
+    """A task that ends before the consumer's next round trip: its RUNNING write is superseded
+    (never built, never sent), its result is one write_record call of five commands."""
+    result = examples().add.enqueue(2, 3)
+    q = get_queue(QUEUE)
+    q.load_record_script()
+    (delivery,) = q.claim(1)
+    early: list[ScriptCall] = []
+    writes = runner.TaskRunner("w1", lambda queue, call: early.append(call)).run(delivery, q)
+    (running,) = early
+    assert writes.supersedes is running
+    assert running.args._build is not None  # type: ignore[attr-defined]  # not built: not sent
+    redis_client.config_resetstat()
+    writes.call.run(q.client)
+    assert redis_commands(redis_client) == {
+        "evalsha": 1, "hmget": 1, "hdel": 1, "hset": 1, "expire": 1,
+    }  # fmt: skip
+    done = examples().add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL  # its end, written: read before its ack too
+    assert done.worker_ids == ["w1"] and done.started_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_write_built_late_is_the_attempt_s_running_write(
+    redis_client: redis.Redis,
+) -> None:
+    """RUNNING's arguments are built when the round trip sends them, from the attempt's own
+    fields: the same write as one built at once, and it lands as one."""
+    result = examples().add.enqueue(1, 2)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    attempt = runner._Attempt("w1", delivery, q, '{"task":"x"}')
+    late = attempt.running_write()
+    assert list(late.args) == list(attempt.write(RUNNING).args)
+    assert late.keys == [KEYS.task_result(result.id)]
+    assert late.run(q.client) == 1
+    assert redis_client.hget(KEYS.task_result(result.id), "status") == RUNNING.encode()
+
+
+def test_enqueueing_a_task_of_priority_0_costs_seven_commands(redis_client: redis.Redis) -> None:
+    """One script: the message (pending or ready, the messages hash, the wake), the record; the
+    ranked zset and the priorities hash are neither read nor written for priority 0."""
+    examples().add.enqueue(0, 0)  # the script loaded, the clock read
+    redis_client.config_resetstat()
+    examples().add.enqueue(1, 2)
+    assert redis_commands(redis_client) == {
+        "evalsha": 1, "type": 2, "hsetnx": 1, "rpush": 1, "publish": 1, "hset": 1,
+    }  # fmt: skip
+
+
+def test_a_priority_task_checks_the_ranked_keys_before_writing(redis_client: redis.Redis) -> None:
+    """Priority 0 leaves the ranked zset and priorities hash alone, whatever they hold; a
+    priority task is refused, changing nothing, when one holds the wrong type."""
+    redis_client.set(KEYS.priorities, "not a hash")
+    ok = examples().add.enqueue(1, 2)
+    assert examples().add.get_result(ok.id).status == Status.READY
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        examples().add.using(priority=5).enqueue(3, 4)
+    assert redis_client.llen(KEYS.ready) == 1 and redis_client.get(KEYS.priorities)
+
+
+# --- the framework's objects a run sends --------------------------------------------------------
+
+
+def test_the_task_as_enqueued_is_kept_per_task_and_options() -> None:
+    add = examples().add
+
+    def record(priority: int, queue: str = QUEUE, run_after: int | None = None) -> TaskRecord:
+        return TaskRecord(add.module_path, queue, priority, "default", [], {}, run_after=run_after)
+
+    first = results.task_as_enqueued(add, record(3))
+    assert results.task_as_enqueued(add, record(3)) is first  # the same options: kept
+    assert (first.priority, first.queue_name, first.run_after) == (3, QUEUE, None)
+    other = results.task_as_enqueued(add, record(-7, "other", 1_700_000_000_000))
+    assert (other.priority, other.queue_name) == (-7, "other")
+    assert other.run_after == results.to_datetime(1_700_000_000_000)
+    assert results.task_as_enqueued(add, record(3)).priority == 3
+    assert add.priority == 0 and add.queue_name == QUEUE  # the task itself is unchanged
+
+
+def test_the_finished_result_is_what_a_result_built_whole_would_be() -> None:
+    add = examples().add
+    record = TaskRecord(add.module_path, QUEUE, 2, "default", [1, [2]], {"k": {"v": 3}})
+    record.enqueued_at, record.started_at, record.last_attempted_at = 1000, 2000, 2000
+    record.status, record.worker_ids = RUNNING, ["w1"]
+    task = results.task_as_enqueued(add, record)
+    started = results.to_task_result(record, "id-1", task)
+    assert started.status == Status.RUNNING and started.args == [1, [2]]
+    record.status, record.finished_at, record.return_value = SUCCESSFUL, 3000, {"sum": 3}
+    record.errors = [{"exception_class_path": "x.Y", "traceback": "tb"}]
+    finished = results.finished_result(started, record)
+    whole = results.to_task_result(record, "id-1", task)
+    names = [f.name for f in dataclasses.fields(framework.TaskResult)]
+    assert [getattr(finished, n) for n in names] == [getattr(whole, n) for n in names]
+    assert finished.return_value == {"sum": 3} and finished.status == framework.SUCCESSFUL
+    assert started.status == Status.RUNNING and started.finished_at is None  # left as it was

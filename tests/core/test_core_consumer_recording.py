@@ -194,7 +194,8 @@ def running_record_call(q: Any) -> Any:
     from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
 
     key = q.keys.task_result("t1")
-    return ScriptCall(LuaScript.named("write_record"), [key], [0, 2, 0, 1, 0, "status", "RUNNING"])
+    fields = '[[],["status","RUNNING"],[],[]]'  # write_record.lua's ARGV[3]
+    return ScriptCall(LuaScript.named("write_record"), [key], [0, 2, fields])
 
 
 @pytest.mark.parametrize("how", ["round", "shutdown flush"])

@@ -118,7 +118,7 @@ PURGE = Contract(
 WRITE_RECORD = Contract(
     "write_record",
     keys="record",
-    args="kept_seconds order absent_pairs order_pairs deleted_fields *fields",
+    args="kept_seconds order fields",
 )
 
 # --- recurrences (recurring schedules) ------------------------------------------------------

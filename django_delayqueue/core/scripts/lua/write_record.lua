@@ -2,11 +2,11 @@
 -- KEYS[1] the record (hash)
 -- ARGV[1] seconds it is kept from this write on (0: no expiry, the task is not finished)
 -- ARGV[2] this write's order: the 'order' field keeps the highest written
--- ARGV[3] how many pairs are set only where the field is absent
--- ARGV[4] how many pairs are set only if this write's order is not below the record's
--- ARGV[5] how many fields are deleted only if this write's order is not below the record's
--- ARGV[6..] pairs: field, value (those set where absent, those set in order), then the fields
---   deleted in order, then the other pairs (set whatever the order)
+-- ARGV[3] the fields, JSON of four lists of strings: [absent, in_order, deleted, always], the
+--   pairs (field, value, ...) set only where the field is absent, the pairs set and the fields
+--   deleted only if this write's order is not below the record's, the pairs set whatever the
+--   order. One argument, not one per field: the consumer that sends it encodes every argument
+--   of its pipeline in Python, and a task's write has a dozen.
 -- returns: 1 (0 when a later write already landed: the in-order part was left)
 -- Sent with a consumer's round trip (a delivery's ack, or the next one), so that a handler
 -- that leaves it (django_delayqueue.tasks.runner) pays no round trip of its own for it; the
@@ -19,23 +19,34 @@
 -- ack that frees its message, and must not be lost because the server is full.
 --- @include "includes/guard.lua"
 --- @include "includes/memory.lua"
-guard(KEYS[1], 'hash')
-allow_oom(KEYS[1], 'hash')
+-- One read (the order and the fields set where absent) and one HSET of everything this write
+-- sets: a task's delivery costs Redis a handful of commands, not one per field. The read
+-- proves the key's type before any write (guard() only words the error when it is wrong).
 local ttl, order = tonumber(ARGV[1]), tonumber(ARGV[2])
-local absent, ordered, deleted = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local first_ordered = 6 + 2 * absent
-local first_deleted = first_ordered + 2 * ordered
-local first_plain = first_deleted + deleted
-for i = 6, first_ordered - 1, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
-local in_order = order >= (tonumber(redis.call('HGET', KEYS[1], 'order')) or -1)
-if in_order then
-  if ordered > 0 then
-    redis.call('HSET', KEYS[1], 'order', ARGV[2], unpack(ARGV, first_ordered, first_deleted - 1))
-  end
-  if deleted > 0 then redis.call('HDEL', KEYS[1], unpack(ARGV, first_deleted, first_plain - 1)) end
+local fields = cjson.decode(ARGV[3])
+local absent, ordered, deleted, always = fields[1], fields[2], fields[3], fields[4]
+local wanted = {'order'}
+for i = 1, #absent, 2 do wanted[#wanted + 1] = absent[i] end
+local stored = redis.pcall('HMGET', KEYS[1], unpack(wanted))
+if stored.err then
+  guard(KEYS[1], 'hash')
+  return redis.error_reply(stored.err)
 end
-if #ARGV >= first_plain then redis.call('HSET', KEYS[1], unpack(ARGV, first_plain)) end
+local in_order = order >= (tonumber(stored[1]) or -1)
+local set = {}
+for i = 1, #absent, 2 do
+  if not stored[(i + 1) / 2 + 1] then set[#set + 1] = absent[i]; set[#set + 1] = absent[i + 1] end
+end
 if in_order then
+  set[#set + 1] = 'order'
+  set[#set + 1] = ARGV[2]
+  for i = 1, #ordered do set[#set + 1] = ordered[i] end
+end
+for i = 1, #always do set[#set + 1] = always[i] end
+allow_oom(KEYS[1], 'hash')
+if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
+if in_order then
+  if #deleted > 0 then redis.call('HDEL', KEYS[1], unpack(deleted)) end
   if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
 end
 return in_order and 1 or 0

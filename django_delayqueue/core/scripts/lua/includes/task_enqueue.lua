@@ -14,7 +14,13 @@
 -- now then moves from the tail of the ready list, where schedule_triples put it, to its place
 -- in the ranked zset. Returns what schedule_triples returns.
 local function enqueue_task(record, ranked, priorities, enqueued, priority)
-  guard(record, 'hash', ranked, 'zset', priorities, 'hash')
+  -- The ranked zset and the priorities hash are written only for a priority other than 0 (the
+  -- framework's default): only then are their types checked, two TYPE calls fewer per task.
+  if priority ~= 0 then
+    guard(record, 'hash', ranked, 'zset', priorities, 'hash')
+  else
+    guard(record, 'hash')
+  end
   local out = schedule_triples(4, 6)
   if out[1] == 1 then
     redis.call('HSET', record, 'enqueued', enqueued, 'status', 'READY')
