@@ -279,7 +279,9 @@ def test_consumer_blocked_handler_asks_for_a_replacement_and_stops(
     assert consumer.replacements == [
         [StoppedHandler("stuck", "s1", token, 1, "retry", "time limit exceeded (0.3 s)")]
     ]
-    assert consumer.stopping  # as on SIGTERM: the other handler may finish
+    # Then it stops as on SIGTERM (the loop's thread, just after the hook): the other
+    # handler may finish.
+    wait_until(lambda: consumer.stopping)
     other_go.set()
     assert r.join() == 1
     assert other_q.counts()["unack"] == 0 and redis_client.hlen(other_q.keys.messages) == 0
