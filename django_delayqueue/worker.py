@@ -20,6 +20,7 @@ from django_delayqueue.conf.task_backends import (
     task_queue_names,
 )
 from django_delayqueue.conf.task_registry import is_registered, register, registered
+from django_delayqueue.core.consumer.limits import handler_returned
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
@@ -190,6 +191,7 @@ class Worker(Consumer):
         try:
             responses = signal.send_robust(sender=message.queue, message=message)
         finally:
+            handler_returned()  # its receivers are done: no limit lands past here
             dispatching.active = False
             close_old_connections()
         return self._answered(message, responses)

@@ -109,8 +109,12 @@ def _coverage_error(name: str, where: str) -> list[Any]:
     if not queue.uncovered_limit():
         return []
     limit = queue.time_limit or 0
+    # A limit set with the deprecated handler_time_limit was only checked before (W002 asked
+    # for visibility_timeout >= it): a warning, so that an upgrade does not refuse to start.
+    deprecated_only = bool(deprecated_keys(name)) and not _uses_time_limit(name)
+    kind = Warning if deprecated_only else Error
     return [
-        Error(
+        kind(
             f"{where}: visibility_timeout ({queue.visibility_timeout:g}s) cannot cover "
             f"time_limit ({limit:g}s).",
             hint=f"Set visibility_timeout to at least time_limit + {LIMIT_MARGIN_SECONDS:g}s "
@@ -118,9 +122,16 @@ def _coverage_error(name: str, where: str) -> list[Any]:
             "leases are renewed while their consumer reaches Redis; a consumer cut off from it "
             "(or frozen) renews nothing, and its handler must be stopped by time_limit before "
             "the lease runs out, or the message is delivered again while it still runs.",
-            id="delayqueue.E014",
+            id="delayqueue.W009" if deprecated_only else "delayqueue.E014",
         )
     ]
+
+
+def _uses_time_limit(name: str) -> bool:
+    """Whether ``time_limit`` itself (not the old key) is set for queue ``name``."""
+    queues = dq_settings.QUEUES if isinstance(dq_settings.QUEUES, dict) else {}
+    sources = [dq_settings.DEFAULTS, queues.get(name)]
+    return any(isinstance(o, dict) and "time_limit" in o for o in sources)
 
 
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[Any]:

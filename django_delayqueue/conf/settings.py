@@ -163,14 +163,14 @@ def renamed_keys(options: dict[str, Any]) -> dict[str, Any]:
 def deprecated_keys(name: str) -> list[tuple[str, str, str]]:
     """Where queue ``name``'s settings use an old key: (where, old, new) for each."""
     found = []
-    sources = [("DEFAULTS", dq_settings.DEFAULTS), (f"QUEUES'][{name!r}", None)]
+    sources = [("['DEFAULTS']", dq_settings.DEFAULTS), (f"['QUEUES'][{name!r}]", None)]
     queues = dq_settings.QUEUES or {}
     if isinstance(queues, dict):
         sources[1] = (sources[1][0], queues.get(name))
     for where, options in sources:
         if isinstance(options, dict):
             found += [
-                (f"DELAYQUEUE['{where}']", old, new)
+                (f"DELAYQUEUE{where}", old, new)
                 for old, new in RENAMED_QUEUE_KEYS.items()
                 if old in options
             ]

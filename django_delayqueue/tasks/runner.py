@@ -47,7 +47,7 @@ from typing import Any
 from django.db import close_old_connections
 
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
-from django_delayqueue.core.consumer.limits import stop_error
+from django_delayqueue.core.consumer.limits import handler_returned, stop_error
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message, encode_json
 from django_delayqueue.core.errors import (
@@ -111,10 +111,12 @@ class TaskRunner:
         try:
             run.start()
             value = run.task.call(*run.args, **run.kwargs)
+            handler_returned()  # the task is done: no limit lands in writing its result
             stopped = stop_error()  # an abort or a time limit: its end whatever it returned
             if stopped is not None:
                 raise stopped
         except BaseException as e:  # the consumer decides what it means; the record follows
+            handler_returned()
             # Aborted: the dead letters (the consumer records it so), never a retry.
             run.failed(e, dead=isinstance(e, Aborted) or isinstance(stop_error(), Aborted))
             raise
@@ -132,6 +134,9 @@ class TaskRunner:
             value = run.task.func(*run.args, **run.kwargs)
             if inspect.isawaitable(value):
                 value = await value
+            stopped = stop_error()  # aborted, and it returned (stopped cooperatively)
+            if stopped is not None:
+                raise stopped
         except GeneratorExit:  # closed with its loop: nothing may be awaited any more
             raise
         except BaseException as e:  # a cancellation (time limit, abort) too
@@ -139,6 +144,7 @@ class TaskRunner:
 
             stop = requested_stop()  # an abort sends it to the dead letters: FAILED now
             dead = stop is not None and stop[0] == "dead"
+            dead = dead or isinstance(e, Aborted) or isinstance(stop_error(), Aborted)
             await in_thread_to_its_end(run.failed, e, True, dead)
             raise
         return await in_thread_to_its_end(run.succeeded, value, True)

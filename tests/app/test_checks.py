@@ -138,11 +138,21 @@ def test_w008_handler_time_limit_is_read_as_time_limit() -> None:
     queues = {"old": {"visibility_timeout": 30, "handler_time_limit": 120}}
     with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
         found = check_settings()
-    assert ids(found) == ["delayqueue.W008", "delayqueue.E014"]  # enforced now: covered?
+    # Enforced now: not covered, but a warning (W009), so that an upgrade still starts.
+    assert ids(found) == ["delayqueue.W008", "delayqueue.W009"]
     assert "'handler_time_limit' is deprecated" in found[0].msg
+    assert found[0].msg.startswith("DELAYQUEUE['QUEUES']['old']: ")
     assert "Rename 'handler_time_limit' to 'time_limit'" in found[0].hint
     with override_settings(DELAYQUEUE=delayqueue(DEFAULTS={"handler_time_limit": 5})):
         assert {m.id for m in check_settings()} == {"delayqueue.W008"}
+    # What the old W002 asked for (visibility_timeout >= handler_time_limit) still starts.
+    queues = {"old": {"visibility_timeout": 60, "handler_time_limit": 60}}
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        assert not [m for m in check_settings() if m.is_serious()]
+    # The new key set too: the coverage is an error again.
+    queues = {"new": {"visibility_timeout": 60, "handler_time_limit": 60, "time_limit": 60}}
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        assert "delayqueue.E014" in ids(check_settings())
 
 
 @pytest.fixture

@@ -96,3 +96,61 @@ def test_a_stopped_task_settled_by_the_supervisor_says_so(
     assert settled.status == status
     assert [e.exception_class_path for e in settled.errors] == [STOP]
     assert "time limit exceeded (2 s)" in settled.errors[0].traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limit_reached_after_the_task_returned_does_not_fail_it(
+    monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis, running: Started
+) -> None:
+    """The watchdog's soft limit coming due while the runner writes a returned task's result
+    (encoding it, say) must not land there: the task returned, so it succeeded."""
+    from django_delayqueue.core.consumer import limits
+    from django_delayqueue.tasks import runner
+
+    sent: list[bool] = []
+    normalized = runner._normalized
+
+    def limit_comes_due_now(value: Any) -> Any:  # as if the watchdog's thread sent it now
+        run = limits.current_run()
+        assert run is not None
+        sent.append(run.send(dq.SoftTimeLimitExceeded, "soft time limit exceeded (1 s)"))
+        return normalized(value)
+
+    monkeypatch.setattr(runner, "_normalized", limit_comes_due_now)
+    with queue_settings(max_attempts=2, soft_time_limit=60, time_limit=120):
+        result = examples().add.enqueue(2, 3)
+        running(Worker.for_queues([QUEUE], idle_seconds=0.1))
+        done = wait_until(
+            lambda: (
+                (r := examples().add.get_result(result.id)).status
+                in (Status.SUCCESSFUL, Status.FAILED)
+                and r
+            )
+        )
+    assert sent == [False]  # refused: the task had returned
+    assert done.status == Status.SUCCESSFUL and done.return_value == 5
+    wait_until(lambda: redis_client.hlen(KEYS.messages) == 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_aborted_async_task_that_returns_fails_and_is_dead(
+    redis_client: redis.Redis, running: Started
+) -> None:
+    with queue_settings(max_attempts=3):
+        result = examples().async_works_until_aborted.enqueue()
+        running(Worker.for_queues([QUEUE], idle_seconds=0.1))
+        wait_until(lambda: redis_client.lrange(backend_tests.examples.TRACE, 0, -1))
+        assert dq.abort(QUEUE, result.id, reason="not needed").running
+        failed = wait_until(
+            lambda: (
+                (r := examples().async_works_until_aborted.get_result(result.id)).status
+                == Status.FAILED
+                and r
+            )
+        )
+    assert [e.exception_class_path for e in failed.errors] == [
+        "django_delayqueue.core.errors.Aborted"
+    ]
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
+    # The record says it too (not RUNNING left for ever once the dead letter is purged).
+    assert redis_client.hget(KEYS.task_result(result.id), "status") == b"FAILED"

@@ -138,6 +138,15 @@ def spins_until_stopped() -> None:
 
 
 @task(queue_name="shop-tasks")
+async def async_works_until_aborted() -> str:
+    """works_until_aborted as an async def task (its abort read from a context variable)."""
+    _redis().rpush(TRACE, "working")
+    while not dq.abort_requested():
+        await asyncio.sleep(0.01)
+    return "stopped cleanly"
+
+
+@task(queue_name="shop-tasks")
 def works_until_aborted() -> str:
     """A long task that stops cleanly once its message is aborted (dq.abort)."""
     import time

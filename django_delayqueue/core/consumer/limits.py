@@ -65,6 +65,15 @@ def stop_error() -> BaseException | None:
     return Aborted(stop.reason) if stop.settlement == "dead" else TimeLimitExceeded(stop.reason)
 
 
+def handler_returned() -> None:
+    """The user's code of the handler running here has ended (returned or raised): from now
+    on no limit or stop is raised in this thread, so none lands in what the consumer does with
+    the result (a task's record, closing connections) and fails a handler that returned."""
+    run = _current.get()
+    if run is not None:
+        run.leave()
+
+
 def current_run() -> Run | None:
     """The run of the handler running in this thread or asyncio task, if any."""
     return _current.get()

@@ -11,6 +11,7 @@ time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -27,7 +28,7 @@ from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
-from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
+from django_delayqueue.core.consumer.limits import Canceller, Run, Runs, handler_returned
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
     Outcome,
@@ -162,7 +163,10 @@ class Consumer:
         """Deliver one message; return to acknowledge, raise to retry (see errors.Retry/Reject)."""
         if self.handler is None:
             raise NotImplementedError("pass handler= or override handle()")
-        return self.handler(message)
+        try:
+            return self.handler(message)
+        finally:
+            handler_returned()  # no limit lands in what follows (see limits.handler_returned)
 
     def refresh(self) -> None:
         """Called every ``maintenance_seconds``: a subclass reloads queue settings here."""
@@ -269,9 +273,9 @@ class Consumer:
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
         run, context = self._runs.begin(message, message.queue if q is None else q.logical_name)
-        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-            self._run_started(run, q)
-        try:
+        try:  # at once: a stop landing from here on still ends the run (finally)
+            if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
+                self._run_started(run, q)
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self.clock.now_ms()
@@ -498,8 +502,17 @@ class Consumer:
             self._threads.start(q.name, self._thread_count(q))
 
     def running_handlers(self) -> list[RunningHandler]:
-        """The handlers running now, on every queue (thread-safe)."""
-        return self._threads.running()
+        """The handlers running now, on every queue (thread-safe), since when on the consumer's
+        clock (the shared one: the admin and the health probe compare it with Redis's time,
+        whatever this host's wall clock says)."""
+        running = self._threads.running()
+        if not running:
+            return running
+        now_ms, now = self.clock.now_ms(), time.monotonic()
+        return [
+            dataclasses.replace(r, started_ms=now_ms - int((now - r.started_monotonic) * 1000))
+            for r in running
+        ]
 
     def _busy(self) -> bool:
         return bool(self._unrecorded) or self._threads.busy
