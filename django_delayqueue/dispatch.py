@@ -27,7 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 
-from django_delayqueue.core.consumer.handler_coroutines import interruptible
+from django_delayqueue.core.consumer.handler_coroutines import interruptible, sync_part
 
 Receiver = Callable[..., Any]
 
@@ -104,7 +104,8 @@ async def in_thread_to_its_end(func: Callable[..., Any], *args: Any) -> Any:
     ``func`` that never returns keeps its coroutine from ending, which the consumer reports as
     a coroutine that cannot be stopped (its process is replaced).
     """
-    future = asyncio.ensure_future(sync_to_async(func)(*args))
+    # sync_part: a coroutine dropped with a closing loop keeps its message until func ended.
+    future = asyncio.ensure_future(sync_to_async(sync_part(func))(*args))
     interrupted: BaseException | None = None
     while True:
         try:

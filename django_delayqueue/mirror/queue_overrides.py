@@ -88,12 +88,13 @@ def publish(values_by_queue: dict[str, dict[str, Any]]) -> None:
 # --- reading the effective settings -----------------------------------------------------------
 
 
-def load_published(names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """The published overrides of each queue (None: nothing published), one round trip.
+def load_published(names: list[str], client: Any = None) -> dict[str, dict[str, Any] | None]:
+    """The published overrides of each queue (None: nothing published), one round trip
+    (through ``client``, default: the process-wide one).
 
     Raises :class:`RedisUnavailable` when Redis is down.
     """
-    pipe = get_client().pipeline(transaction=False)
+    pipe = (client or get_client()).pipeline(transaction=False)
     for name in names:
         pipe.hgetall(config_key(name))
     with redis_errors("reading queue settings"):

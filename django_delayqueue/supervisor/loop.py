@@ -51,7 +51,9 @@ logger = logging.getLogger(__name__)
 
 KILL_MARGIN_SECONDS = 5.0  # past a child's own deadline (grace + last writes) before SIGKILL
 TICK_SECONDS = 1.0  # the longest wait of the loop with nothing happening
-SETTLE_RETRY_SECONDS = 1.0
+# While Redis is down, the messages of stopped handlers are tried again this often (each try
+# costs the loop at most the settling client's timeout: supervisor.settling).
+SETTLE_RETRY_SECONDS = 5.0
 
 
 class Supervisor:
@@ -72,6 +74,7 @@ class Supervisor:
         self.slots = [Slot(i) for i in range(options.processes)]
         self.retiring: list[Child] = []  # told to stop (or stopping by themselves)
         self.to_settle: list[StoppedHandler] = []  # their process is gone; Redis was down
+        self._settle_at = 0.0  # time.monotonic() of the next try at to_settle
         self.stop_requests = 0
         self.fatal: tuple[str, int] | None = None
         self.failed = False  # a child did not stop cleanly at the end
@@ -130,7 +133,7 @@ class Supervisor:
         if not self.stop_requests:
             times += [s.not_before for s in self.slots if s.current is None and s.successor is None]
         if self.to_settle:
-            times.append(now + SETTLE_RETRY_SECONDS)
+            times.append(self._settle_at)
         return max(0.0, min([now + TICK_SECONDS, *times]) - now)
 
     def _wait(self, timeout: float) -> None:
@@ -437,7 +440,11 @@ class Supervisor:
         )
 
     def _settle_left(self, *, final: bool = False) -> None:
-        """Record the outcome of the stopped handlers whose process is gone."""
-        if self.to_settle:
-            self.to_settle = settle(self.to_settle, final=final)
-            close_connections()
+        """Record the outcome of the stopped handlers whose process is gone: at once, then (Redis
+        down) every SETTLE_RETRY_SECONDS, never holding the loop longer than one try; at the
+        end (``final``) one last try, and what is still left is logged and left in flight."""
+        if not self.to_settle or (not final and time.monotonic() < self._settle_at):
+            return
+        self.to_settle = settle(self.to_settle, final=final)
+        self._settle_at = time.monotonic() + SETTLE_RETRY_SECONDS if self.to_settle else 0.0
+        close_connections()

@@ -1,24 +1,41 @@
 """The supervisor's side of a handler that could not be stopped: settled once its process is
-gone (core.consumer.stopped), and nothing left open across a fork."""
+gone (core.consumer.stopped), and nothing left open across a fork.
+
+The supervisor is one thread: while it waits on Redis it neither reaps, nor replaces dead
+children, nor answers SIGTERM, nor kills an overdue child. So it settles through a client of its
+own that never retries and gives up on a Redis that does not answer within
+:data:`SETTLE_TIMEOUT_SECONDS` (the shared client waits 5 s for a connection and 30 s for a
+reply, and retries as redis-py's defaults or ``REDIS_OPTIONS`` say: an unreachable host held
+the loop for about a minute per message), stops at the first outage (what is left is
+tried again later, see ``Supervisor._settle_left``), and reads the queues' published settings
+through that client too. (A ``CACHE_ALIAS`` client is django-redis's own, with its options.)
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import redis
 from django.db import connections
 
 from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
+from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
+
+# Connect and reply timeout of the settling client: one outage costs the loop this much.
+SETTLE_TIMEOUT_SECONDS = 1.0
+
+_settling: tuple[Any, Any] | None = None  # (client, clock), built on first use
 
 
 def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[StoppedHandler]:
     """Record the outcome of each of ``stopped`` (their process has been reaped); returns those
-    to try again (Redis down; ``final``: none, they are left to their visibility timeout)."""
-    left: list[StoppedHandler] = []
-    for item in stopped:
+    to try again: at the first sign of Redis being down, that one and every one after it
+    (``final``: none, they are named in a log line and left to their visibility timeout)."""
+    for index, item in enumerate(stopped):
         try:
             settle_stopped(_queues_for(item.queue), [item])
         except ConfigurationError as e:
@@ -32,12 +49,21 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
                 e,
             )
             continue
-        except DelayQueueError as e:  # Redis down: again in a second (or its timeout)
+        except (DelayQueueError, redis.RedisError) as e:  # Redis down: the rest waits
+            left = stopped[index:]
             if final:
-                logger.error("message %s left to its visibility timeout: %s", item.message_id, e)
-            else:
-                left.append(item)
-            continue
+                logger.error(
+                    "Redis unavailable (%s): %d stopped message(s) left in flight, they come "
+                    "back after their visibility timeout: %s",
+                    e,
+                    len(left),
+                    ", ".join(f"{s.queue}/{s.message_id}" for s in left),
+                )
+                return []
+            logger.warning(
+                "Redis unavailable (%s): %d stopped message(s) settled later", e, len(left)
+            )
+            return list(left)
         logger.warning(
             "queue %s: message %s stopped (%s): %s",
             item.queue,
@@ -45,29 +71,74 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
             item.reason,
             "retried" if item.settlement == "retry" else "dead-lettered",
         )
-    return left
+    return []
 
 
-def _queues_for(physical: str) -> dict[str, Any]:
-    """Queue objects of the (logical) queue ``physical`` belongs to, by physical name."""
-    from django_delayqueue.conf.queues import queue_settings, shard_queues
+def _settling_client() -> tuple[Any, Any]:
+    """The supervisor's own client (no retries, short timeouts) and a clock reading it."""
+    global _settling
+    if _settling is None:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
+        from django_delayqueue.conf.connection import make_client
+        from django_delayqueue.conf.settings import dq_settings
+        from django_delayqueue.core.clock import RedisClock, SystemClock
+
+        client = make_client(
+            retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=SETTLE_TIMEOUT_SECONDS,
+            socket_timeout=SETTLE_TIMEOUT_SECONDS,
+        )
+        clock = SystemClock() if dq_settings.CLOCK == "system" else RedisClock(client)
+        _settling = (client, clock)
+    return _settling
+
+
+def _queues_for(physical: str) -> dict[str, Queue]:
+    """Queue objects of the (logical) queue ``physical`` belongs to, by physical name, on the
+    settling client, with the published settings read through it too."""
+    from django_delayqueue.conf.connection import replica_ack
+    from django_delayqueue.conf.settings import dq_settings, file_queue_settings, queue_shards
+    from django_delayqueue.mirror.queue_overrides import load_published, merge
+
+    client, clock = _settling_client()
     logical = physical.split("#", 1)[0]
-    return {q.name: q for q in shard_queues(logical, queue_settings(logical))}
+    settings = merge(file_queue_settings(logical), load_published([logical], client)[logical])
+    count = queue_shards(logical)
+    queues = [
+        Queue(
+            client,
+            logical,
+            prefix=dq_settings.PREFIX,
+            settings=settings,
+            clock=clock,
+            journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
+            replicas=replica_ack(),
+            shard=None if count == 1 else index,
+        )
+        for index in range(count)
+    ]
+    return {q.name: q for q in queues}
 
 
 def close_connections() -> None:
-    """Nothing open across a fork: Django's database connections and the Redis pool (a child
+    """Nothing open across a fork: Django's database connections and the Redis pools (a child
     would share their sockets with its parent)."""
     connections.close_all()
     from django_delayqueue.conf.connection import get_client
 
+    clients = [_settling[0]] if _settling is not None else []
     try:
-        client = get_client()
-        pool = getattr(client, "connection_pool", None)
-        if pool is not None:
-            pool.disconnect()
-        elif hasattr(client, "close"):  # a cluster client: one pool per node
-            client.close()
+        clients.append(get_client())
     except Exception as e:  # bad settings: the children will say so
         logger.debug("Redis connections not closed before fork: %s", e)
+    for client in clients:
+        try:
+            pool = getattr(client, "connection_pool", None)
+            if pool is not None:
+                pool.disconnect()
+            elif hasattr(client, "close"):  # a cluster client: one pool per node
+                client.close()
+        except Exception as e:
+            logger.debug("Redis connections not closed before fork: %s", e)

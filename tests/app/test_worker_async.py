@@ -375,3 +375,46 @@ def test_a_cancelled_async_task_reads_as_its_canceller_says(
     assert reason(redis_client, TASK_KEYS, aborted.id) == "aborted: by staff"
     assert str(async_tasks.hangs_async.get_result(aborted.id).status).endswith("FAILED")
     assert str(async_tasks.hangs_async.get_result(limited.id).status).endswith("READY")
+
+
+def test_a_coroutine_dropped_at_close_keeps_its_message_until_its_sync_part_ends() -> None:
+    # A stop gave up on a coroutine whose sync receivers run on asgiref's thread: the loop
+    # closes without it, but the thread runs on (in-process: --burst, a library Worker.run).
+    # Released then, its message would stop being extended and come back beside that code.
+    from django_delayqueue.core import Message
+    from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
+    from django_delayqueue.core.journal import RETRY
+    from django_delayqueue.dispatch import in_thread_to_its_end
+
+    in_sync, release = threading.Event(), threading.Event()
+
+    def sync_receivers() -> None:
+        in_sync.set()
+        release.wait(60)
+
+    class Deliverer:
+        def runs_async(self, message: Message) -> bool:
+            return True
+
+        def time_limits(self, message: Message) -> tuple[float | None, float | None]:
+            return None, None
+
+        async def adeliver(self, message: Message) -> Any:
+            await in_thread_to_its_end(sync_receivers)
+
+    outcomes: list[Any] = []
+    runner = HandlerCoroutines(Deliverer(), lambda stopped: None)
+    try:
+        runner.start(Message("m1", "q", None, 0, 0, 1, "t1"), outcomes.append)
+        assert in_sync.wait(60)
+        assert runner.cancel_all("stopping at once") == 1  # it waits on for its thread
+        runner.close()  # gives up on it after STOP_WAIT_SECONDS
+        loop_thread = runner._thread
+        assert loop_thread is not None
+        wait_until(lambda: not loop_thread.is_alive())  # the loop is gone, dropped ones seen
+        assert outcomes == []  # still held: given up on, extended, never redelivered
+    finally:
+        release.set()
+    wait_until(lambda: outcomes)
+    (outcome,) = outcomes
+    assert (outcome.message.id, outcome.status) == ("m1", RETRY)

@@ -423,3 +423,43 @@ def test_a_coroutine_cancelled_at_once_still_ends_as_its_canceller_says() -> Non
     assert sorted(o.message.id for o in outcomes) == ["m1", "m2", "m3"]
     assert {(o.status, o.reason) for o in outcomes} == {("garbage", "aborted: at once")}
     assert runner.tokens() == []
+
+
+def test_a_coroutine_dropped_while_its_sync_part_runs_stays_extended_until_that_ends(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    # Its sync part (sync_part: what dispatch.in_thread_to_its_end runs on a thread) outlives
+    # the loop that a stop closed; the process lives on (a library run): its message must stay
+    # given up on and extended until that code ended, never delivered again beside it.
+    q = make_queue(clock=SystemClock(), visibility_timeout=1)
+    in_sync, release = threading.Event(), threading.Event()
+
+    def sync_code() -> None:
+        in_sync.set()
+        release.wait(TIMEOUT)
+
+    async def handler(message: Message) -> None:
+        future = asyncio.get_running_loop().run_in_executor(
+            None, handler_coroutines.sync_part(sync_code)
+        )
+        while not future.done():  # as in_thread_to_its_end: cancelled, it waits on
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(future)
+
+    consumer = Consumer([q], handler, idle_seconds=0.1, grace_seconds=0.2)
+    r = running(consumer)
+    q.schedule("x", id="held")
+    try:
+        assert in_sync.wait(TIMEOUT)
+        consumer.request_stop()
+        r.join()
+        assert not [t for t in threading.enumerate() if t.name == "delayqueue-event-loop"]
+        first = redis_client.zscore(q.keys.unack, "held")
+        assert first is not None
+        # Extended on, past the deadline it had when the loop was gone.
+        wait_until(lambda: (redis_client.zscore(q.keys.unack, "held") or 0) > first)
+    finally:
+        release.set()
+    # Its sync part ended: released, no longer extended (the extender's linger ends).
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "delayqueue-extender"])
+    assert q.counts() == {**EMPTY, "unack": 1}

@@ -83,6 +83,10 @@ class _Running:
     stop: tuple[Settlement, str] | None = None  # how the canceller settles it
     stop_sent_at: float | None = None
     reported: bool = False  # as unstoppable
+    # Its sync code running on a thread (sync_part): a thread outlives a closed loop.
+    sync_parts: int = 0
+    # Dropped with the loop while sync_parts ran: given to ``done`` once they have ended.
+    held: Outcome | None = None
 
 
 class _Interruptible:
@@ -169,6 +173,54 @@ def interruptible(coro: Awaitable[Any]) -> Awaitable[Any]:
     body = _Interruptible(coro)
     targets.append(body)
     return body
+
+
+# Guards _Running.sync_parts and .held: changed on the loop's thread, on the threads running the
+# sync parts, and on the loop's thread as it ends (_release_dropped).
+_sync_lock = threading.Lock()
+
+
+def sync_part(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Inside a coroutine handler: ``func``, to be run on a thread, wrapped so that the
+    message stays held while it runs. A coroutine dropped with a closing loop
+    (:meth:`HandlerCoroutines.close`) is released only once its sync parts have ended: until
+    then its message stays given up on and extended (``Extender.linger``), never redelivered
+    beside code of its own that still runs. Call it on the loop, where the thread is started
+    (``dispatch.in_thread_to_its_end``). Outside a coroutine handler, ``func`` as it is."""
+    entry = _current.get()
+    if entry is None:
+        return func
+    with _sync_lock:
+        entry.sync_parts += 1
+
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _sync_part_ended(entry)
+
+    return tracked
+
+
+def _sync_part_ended(entry: _Running) -> None:
+    with _sync_lock:
+        entry.sync_parts -= 1
+        outcome = entry.held if entry.sync_parts == 0 else None
+        entry.held = None if outcome is not None else entry.held
+    if outcome is not None:
+        logger.warning(
+            "message %s: the sync part of its coroutine handler ended after the event loop: "
+            "released, it comes back after its visibility timeout",
+            entry.message.id,
+        )
+        _release(entry, outcome)
+
+
+def _release(entry: _Running, outcome: Outcome) -> None:
+    try:
+        entry.done(outcome)
+    except Exception:
+        logger.exception("coroutine of message %s: not released", entry.message.id)
 
 
 class HandlerCoroutines:
@@ -318,18 +370,31 @@ class HandlerCoroutines:
     def _release_dropped(self) -> None:
         """The loop is gone: the coroutines it still held can never run again. Their messages
         (given up on at the stop that closed the loop) are released, no longer extended: they
-        come back after their visibility timeout, as a stopped handler's."""
+        come back after their visibility timeout, as a stopped handler's. One whose sync part
+        still runs on its thread (:func:`sync_part`) is released only once that has ended:
+        in a process that lives on (``--burst``, ``run()`` as a library) it would otherwise
+        run beside its message's redelivery."""
         with self._lock:
             dropped = list(self._running.values())
             self._running.clear()
             self._ended.notify_all()
         now_ms = int(time.time() * 1000)
         for entry in dropped:
-            reason = "the event loop ended while it ran"
-            try:
-                entry.done(Outcome(entry.message, RETRY, now_ms, now_ms, None, reason))
-            except Exception:
-                logger.exception("coroutine of message %s: not released", entry.message.id)
+            outcome = Outcome(
+                entry.message, RETRY, now_ms, now_ms, None, "the event loop ended while it ran"
+            )
+            with _sync_lock:
+                held = entry.sync_parts > 0
+                if held:
+                    entry.held = outcome
+            if held:
+                logger.warning(
+                    "message %s: its coroutine handler's sync part still runs on its thread: "
+                    "kept in flight until it ends",
+                    entry.message.id,
+                )
+                continue
+            _release(entry, outcome)
 
     def _begin(self, entry: _Running) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,177 @@
+"""supervisor/settling.py (and the supervisor loop's use of it): the messages of handlers a
+child could not stop are settled without ever holding the supervisor's one thread on a Redis
+that is down, kept for later, and settled once Redis is back.
+
+Redis down: the test's own redis-server is killed (its AOF keeps the messages for the restart)
+and its port is taken by a listener that accepts each connection and closes it at once,
+counting them (a Redis behind a proxy, or a host that drops us). The count tells how many
+times the supervisor knocked: before, it tried every message on its own (and again on every
+turn of its loop), each try up to the shared client's timeouts and retries (30 s reads, 5 s
+connects), deaf to SIGTERM and to its children meanwhile; now one knock per try, at most one
+try per ``SETTLE_RETRY_SECONDS``, through a client without retries and with short timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_delayqueue.conf.queues import get_queue
+from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.embedded import RedisServerProcess
+from django_delayqueue.supervisor import settling
+from django_delayqueue.supervisor.children import SupervisorOptions
+from django_delayqueue.supervisor.loop import Supervisor
+
+QUEUE = "order-close"  # demo_project's settings: max_attempts 5
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+class Dropping:
+    """Listens on ``port``, accepting and closing every connection; ``knocks`` counts them."""
+
+    def __init__(self, port: int) -> None:
+        self.knocks = 0
+        self._socket = socket.socket()
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", port))
+        self._socket.listen(64)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                return  # closed
+            self.knocks += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+        self._thread.join(10)
+
+
+class Outage:
+    """The test's own redis-server, which it can take down and bring back."""
+
+    def __init__(self, server: RedisServerProcess) -> None:
+        self.server = server
+        self.dropping: Dropping | None = None
+
+    @property
+    def knocks(self) -> int:
+        assert self.dropping is not None
+        return self.dropping.knocks
+
+    def down(self) -> None:
+        self.server.kill()
+        self.dropping = Dropping(self.server.port)
+
+    def back(self) -> None:
+        assert self.dropping is not None
+        self.dropping.close()
+        self.server.restart()
+
+
+@pytest.fixture
+def outage(monkeypatch: pytest.MonkeyPatch) -> Iterator[Outage]:
+    server = RedisServerProcess(args=AOF).start()
+    monkeypatch.setattr(settling, "_settling", None, raising=False)  # one for this server
+    try:
+        with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "REDIS_URL": server.url}):
+            yield Outage(server)
+    finally:
+        if getattr(settling, "_settling", None) is not None:
+            settling._settling[0].close()
+        server.stop()
+
+
+def stopped_handlers(count: int) -> list[StoppedHandler]:
+    queue = get_queue(QUEUE)
+    queue.schedule_many([{"payload": i} for i in range(count)])
+    deliveries = queue.claim(count)
+    assert len(deliveries) == count
+    return [StoppedHandler.of(d, "retry", "time limit exceeded (2 s)") for d in deliveries]
+
+
+def counts() -> dict[str, Any]:
+    return dict(get_queue(QUEUE).counts())
+
+
+def test_settling_knocks_once_while_redis_is_down_and_settles_once_it_is_back(
+    outage: Outage,
+) -> None:
+    stopped = stopped_handlers(2)
+    outage.down()
+
+    left = settling.settle(stopped)
+
+    # Both kept for later; one connection for both: no retry, no second message tried.
+    assert left == stopped
+    assert outage.knocks == 1
+
+    outage.back()
+    assert counts()["unack"] == 2  # as the stop left them
+    assert settling.settle(left) == []
+    after = counts()
+    assert after["unack"] == 0 and after["retry"] == 2, after  # retried, attempt counted
+
+
+def test_the_final_try_names_the_messages_left_in_flight(
+    outage: Outage, caplog: pytest.LogCaptureFixture
+) -> None:
+    stopped = stopped_handlers(2)
+    outage.down()
+    with caplog.at_level(logging.ERROR, logger=settling.__name__):
+        assert settling.settle(stopped, final=True) == []
+    assert outage.knocks == 1
+    (line,) = [r.getMessage() for r in caplog.records if "left in flight" in r.getMessage()]
+    for item in stopped:
+        assert f"{QUEUE}/{item.message_id}" in line
+    outage.back()
+    assert counts()["unack"] == 2  # back after their visibility timeout
+
+
+@contextmanager
+def monotonic_at(monkeypatch: pytest.MonkeyPatch, now: list[float]) -> Iterator[None]:
+    from django_delayqueue.supervisor import loop
+
+    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
+    yield
+
+
+def test_the_supervisor_tries_again_at_most_once_per_retry_interval(
+    outage: Outage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_delayqueue.supervisor.loop import SETTLE_RETRY_SECONDS
+
+    supervisor = Supervisor(SupervisorOptions())
+    supervisor.to_settle = stopped_handlers(1)
+    outage.down()
+    now = [1000.0]
+    with monotonic_at(monkeypatch, now):
+        supervisor._settle_left()  # a child was just reaped: at once
+        assert outage.knocks == 1 and len(supervisor.to_settle) == 1
+        for _ in range(5):  # the loop's next turns (a reap, a signal) do not wait on Redis
+            supervisor._settle_left()
+        assert outage.knocks == 1
+        assert supervisor._timeout() <= SETTLE_RETRY_SECONDS
+        now[0] += SETTLE_RETRY_SECONDS
+        supervisor._settle_left()
+        assert outage.knocks == 2
+        outage.back()
+        now[0] += SETTLE_RETRY_SECONDS
+        supervisor._settle_left()
+    assert supervisor.to_settle == []
+    assert counts()["retry"] == 1
