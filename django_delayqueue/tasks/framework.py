@@ -59,6 +59,12 @@ TaskResultDoesNotExist: Any = _pick(_exceptions, "TaskResultDoesNotExist", "Resu
 task_enqueued: Any = _signals.task_enqueued
 task_started: Any = _signals.task_started
 task_finished: Any = _signals.task_finished
+# The framework's own receivers of task_started and task_finished: each only logs on its logger
+# ("django.tasks"; "django_tasks" in the backport), started at INFO, finished at INFO or, for a
+# failed task, ERROR. None where the framework has none.
+log_task_started: Any = getattr(_signals, "log_task_started", None)
+log_task_finished: Any = getattr(_signals, "log_task_finished", None)
+signals_logger: Any = getattr(_signals, "logger", None)
 task_backends: Any = _pick(_root, "task_backends", "tasks")  # "tasks" up to 0.8
 # What TaskResult does to args and kwargs (Django 6.0, the backport from 0.9): a TypeError
 # "Unsupported type: ..." for what is not JSON. None where the framework has none.

@@ -85,6 +85,7 @@ from django_delayqueue.tasks.results import (
     task_as_enqueued,
     to_task_result,
 )
+from django_delayqueue.tasks.unheard import unheard
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class TaskRunner:
             FAILED, error=error, ttl=_ttl(backend), finished_at=record.finished_at
         )
         write.run(attempt.queue.client)
-        if backend is not None:
+        if backend is not None and not unheard(framework.task_finished, backend, FAILED):
             task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
             _send_robust(framework.task_finished, backend, result)
@@ -190,7 +191,8 @@ class _TaskRun:
         self.backend: Any = None
         self.task: Any = None
         self.running: ScriptCall | None = None
-        self.started: Any = None  # the TaskResult task_started was sent with
+        # The TaskResult task_started was sent with; None when nothing would have read it.
+        self.started: Any = None
         self.args: list[Any] = []
         self.kwargs: dict[str, Any] = {}
 
@@ -216,11 +218,15 @@ class _TaskRun:
         self.running = attempt.running_write()
         self.runner._send_soon(queue, self.running)
         task = self.task = task_as_enqueued(loaded, record)
-        started = self.started = to_task_result(record, message.id, task)
-        _send_robust(framework.task_started, self.backend, started)
+        # Its TaskResult built only for what reads it (see django_delayqueue.tasks.unheard).
+        quiet = unheard(framework.task_started, self.backend, RUNNING)
+        if task.takes_context or not quiet:
+            self.started = to_task_result(record, message.id, task)
+        if not quiet:
+            _send_robust(framework.task_started, self.backend, self.started)
         self.args, self.kwargs = list(record.args), dict(record.kwargs)
         if task.takes_context:
-            self.args.insert(0, framework.TaskContext(task_result=started))
+            self.args.insert(0, framework.TaskContext(task_result=self.started))
 
     def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
         """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
@@ -272,11 +278,15 @@ class _TaskRun:
         record.status, record.finished_at = SUCCESSFUL, finished_at
         record.return_value = return_value
 
+        def result() -> Any:  # a copy of the started one; built whole if that was not needed
+            if self.started is None:
+                return to_task_result(record, message.id, task)
+            return finished_result(self.started, record)
+
         def finished() -> None:  # on the consumer's thread: its receivers' connections closed
             try:
-                _send_robust(
-                    framework.task_finished, backend, finished_result(self.started, record)
-                )
+                if not unheard(framework.task_finished, backend, SUCCESSFUL):
+                    _send_robust(framework.task_finished, backend, result())
             finally:
                 close_old_connections()
 
