@@ -33,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from threading import get_ident
 from typing import Protocol
 
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
@@ -121,7 +122,9 @@ class HandlerThreads:
         self._claimed: deque[Message] = deque()  # claimed, not started yet
         self._async: set[str] = set()  # tokens among _claimed that run on the event loop
         self._running: dict[str, Message] = {}  # by token
-        self._since: dict[str, RunningHandler] = {}  # by token, while its handler runs
+        # By token, while its handler runs: (message, since (monotonic), thread ident, whether
+        # a coroutine), a RunningHandler once asked for (running()).
+        self._since: dict[str, tuple[Message, float, int, bool]] = {}
         self._finished: list[Outcome] = []  # not yet taken by the loop
         # Given up on at a stop while their handler ran, by token: still extended (see
         # abandoned()) until their handler ends, so they are never delivered beside it.
@@ -194,9 +197,7 @@ class HandlerThreads:
                 if self._first_finished_at is None:
                     self._first_finished_at = started_monotonic
                 continue
-            self._since[message.token] = RunningHandler(
-                message, started_monotonic, started_ms, ident, coroutine=True
-            )
+            self._since[message.token] = (message, started_monotonic, ident, True)
 
     def room(self, claim_batch: int | None = None) -> int:
         """How many more messages the loop may claim for these threads now."""
@@ -290,7 +291,12 @@ class HandlerThreads:
     def running(self) -> list[RunningHandler]:
         """The handlers running now (given-up-on ones included), oldest first."""
         with self._cond:
-            return sorted(self._since.values(), key=lambda r: r.started_monotonic)
+            since = sorted(self._since.values(), key=lambda r: r[1])
+        now_ms, now = time.time() * 1000, time.monotonic()
+        return [
+            RunningHandler(m, started, int(now_ms - (now - started) * 1000), ident, coroutine=c)
+            for m, started, ident, c in since
+        ]
 
     def abandoned(self) -> list[Message]:
         """The messages given up on at a stop whose handler still runs: their deadlines must
@@ -337,9 +343,9 @@ class HandlerThreads:
                 message = self._next_sync() if not self._holding else None
                 if message is not None:
                     self._running[message.token] = message
-                    self._since[message.token] = RunningHandler(
-                        message, time.monotonic(), int(time.time() * 1000), threading.get_ident()
-                    )
+                    # A tuple: made for every message under the lock (RunningHandler in
+                    # running(), read seldom).
+                    self._since[message.token] = (message, time.monotonic(), get_ident(), False)
                     self._working.add(me)
                     return message
                 self._cond.wait()

@@ -152,6 +152,7 @@ class Consumer:
         self._unstoppable_coroutines: list[StoppedHandler] = []
         self._unstoppable_lock = threading.Lock()
         self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
+        self._handler_is_async: tuple[Any, bool] | None = None  # (handler, whether async)
         # The wait that ended just before the next round (see _fetch), and whether that round
         # is only the idle safety poll (it claims only where something is known to be ready).
         self._aim: Wake | None = None
@@ -214,7 +215,10 @@ class Consumer:
         (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
         Asked on the loop's thread as the message is claimed: it must be quick."""
         target = self.handler if self.handler is not None else self.handle
-        return is_coroutine_function(target)
+        cached = self._handler_is_async
+        if cached is None or cached[0] is not target:  # asked once per handler, not per message
+            cached = self._handler_is_async = (target, is_coroutine_function(target))
+        return cached[1]
 
     async def ahandle(self, message: Message) -> Any:
         """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
