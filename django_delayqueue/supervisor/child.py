@@ -41,6 +41,8 @@ class SupervisedWorker(Worker):
     """The Django worker as a supervised child runs it: says when it consumes, when it wants to
     be recycled, and which handlers it could not stop."""
 
+    stops_when_replaced = False  # the supervisor stops it once its successor consumes
+
     def __init__(
         self,
         queues: Sequence[Any],
@@ -70,7 +72,8 @@ class SupervisedWorker(Worker):
     def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
         """Tell the supervisor at once: it starts a replacement now, and settles ``stopped``
         only once this process has exited (so a stopped handler never runs beside its own
-        redelivery). The caller stops this consumer as on SIGTERM."""
+        redelivery). This consumer serves on (stops_when_replaced is False) until its successor
+        consumes: then the supervisor stops it as on SIGTERM, so its queues have no gap."""
         logger.warning(
             "%s could not stop %d handler(s): this process is being replaced",
             self.name,

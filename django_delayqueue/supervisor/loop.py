@@ -345,16 +345,16 @@ class Supervisor:
                 child.pid,
                 len(handlers),
             )
-            # It stops by itself (as on SIGTERM); its slot is served again at once.
-            child.told_to_stop = True
-            child.kill_at = time.monotonic() + self._stop_seconds()
-            if slot.current is child:
-                slot.current, slot.successor = slot.successor, None
-                slot.replace_wanted = None
-                self.retiring.append(child)
+            # Replaced as when recycled: it serves on until its successor consumes, then it is
+            # told to stop (its other handlers finish); the stopped ones are settled once it is
+            # gone. No gap for its other queues.
+            if slot.current is child and slot.successor is None:
+                slot.replace_wanted = "a handler could not be stopped"
                 slot.not_before = 0.0
                 if not self.stop_requests:
                     self._fill_slots()
+            elif slot.current is not child:  # already on its way out: it stops anyway
+                self._tell_to_stop(child)
         elif kind == FATAL:
             text = str(message.get("message") or "configuration error")
             code = int(message.get("code") or 1)

@@ -72,6 +72,9 @@ class Consumer:
     """
 
     announce_within_ms = ANNOUNCE_WITHIN_MS  # longest sleep without reading the pending heads
+    # After replacement_needed: stop at once (as on SIGTERM). A supervised child does not: it
+    # serves on until its successor consumes, then the supervisor stops it (no gap).
+    stops_when_replaced = True
 
     def __init__(
         self,
@@ -578,7 +581,7 @@ class Consumer:
             self.replacement_needed(stopped)
         except Exception:
             logger.exception("replacement_needed failed")
-        if not self.stopping:
+        if self.stops_when_replaced and not self.stopping:
             logger.warning("%s stops: a handler could not be stopped", self.name)
             self.request_stop()
 
