@@ -123,12 +123,12 @@ def test_a_limit_reached_after_the_task_returned_does_not_fail_it(
         done = wait_until(
             lambda: (
                 (r := examples().add.get_result(result.id)).status
-                in (Status.SUCCESSFUL, Status.FAILED)
+                in (framework.SUCCESSFUL, Status.FAILED)
                 and r
             )
         )
     assert sent == [False]  # refused: the task had returned
-    assert done.status == Status.SUCCESSFUL and done.return_value == 5
+    assert done.status == framework.SUCCESSFUL and done.return_value == 5
     wait_until(lambda: redis_client.hlen(KEYS.messages) == 0)
 
 
