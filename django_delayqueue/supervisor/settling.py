@@ -28,6 +28,13 @@ logger = logging.getLogger(__name__)
 # Connect and reply timeout of the settling client: one outage costs the loop this much.
 SETTLE_TIMEOUT_SECONDS = 1.0
 
+# What became of a stopped message, by nack's result: its attempts may have run out.
+SETTLED = {
+    0: "left alone (its visibility timeout had already brought it back)",
+    1: "retried",
+    2: "dead-lettered",
+}
+
 _settling: tuple[Any, Any] | None = None  # (client, clock), built on first use
 
 
@@ -37,7 +44,7 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
     (``final``: none, they are named in a log line and left to their visibility timeout)."""
     for index, item in enumerate(stopped):
         try:
-            settle_stopped(_queues_for(item.queue), [item])
+            (outcome,) = settle_stopped(_queues_for(item.queue), [item])
         except ConfigurationError as e:
             logger.error("queue %s: message %s not settled: %s", item.queue, item.message_id, e)
             continue
@@ -69,7 +76,7 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
             item.queue,
             item.message_id,
             item.reason,
-            "retried" if item.settlement == "retry" else "dead-lettered",
+            SETTLED[outcome],
         )
     return []
 

@@ -175,3 +175,20 @@ def test_the_supervisor_tries_again_at_most_once_per_retry_interval(
         supervisor._settle_left()
     assert supervisor.to_settle == []
     assert counts()["retry"] == 1
+
+
+def test_the_log_says_dead_lettered_when_the_stop_used_the_last_attempt(
+    outage: Outage, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found using it as a shop: a hung handler stopped on its last attempt went to the dead
+    # letters while the supervisor's log line said "retried".
+    queue = get_queue(QUEUE)
+    queue.schedule_many([{"payload": 1}])
+    (delivery,) = queue.claim(1)
+    last = StoppedHandler.of(delivery, "retry", "time limit exceeded (2 s)")
+    queue.client.hset(queue.keys.attempts, delivery.id, 5)  # demo's max_attempts: the last
+    with caplog.at_level(logging.WARNING, logger=settling.__name__):
+        assert settling.settle([last]) == []
+    (line,) = [r.getMessage() for r in caplog.records if "stopped (" in r.getMessage()]
+    assert line.endswith("dead-lettered"), line
+    assert counts()["garbage"] == 1
