@@ -1,4 +1,12 @@
-"""The Django consumer: dispatches each message to its queue's signal receivers."""
+"""The Django consumer: dispatches each message to its queue's signal receivers.
+
+:class:`Worker` is the consumer that ``runqueue`` runs. It delivers a message to its queue's
+signal receivers (on a handler thread, or on the event loop when one is ``async def``), runs
+the tasks among them (the task side is :class:`~django_delayqueue.tasks.serving.TaskServing`,
+a mixin), relays the outbox while it runs, and at each maintenance refreshes what it follows:
+the Redis servers' policy, the settings staff published (``mirror.following``), the recurring
+schedules and the registry of task queues.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +20,13 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings, file_queue_settings, queue_names
+from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.conf.task_backends import (
     DEFAULT_TASK_QUEUE,
     any_task_queue,
-    backend_takes,
     task_queue_names,
 )
-from django_delayqueue.conf.task_registry import is_registered, register, registered
+from django_delayqueue.conf.task_registry import registered
 from django_delayqueue.core.consumer.limits import handler_returned
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
@@ -31,12 +38,13 @@ from django_delayqueue.dispatch import (
     asend_robust,
     has_async_receivers,
     in_thread_to_its_end,
-    is_async_receiver,
 )
-from django_delayqueue.mirror import queue_overrides, recurrences
-from django_delayqueue.mirror.kinds import MIRRORS, queue_settings_mirror, recurrences_mirror
+from django_delayqueue.mirror import recurrences
+from django_delayqueue.mirror.following import follow_queue_settings, sync_settings
+from django_delayqueue.mirror.kinds import recurrences_mirror
 from django_delayqueue.monitoring.servers import ServerGuard
-from django_delayqueue.tasks.payload import TASK_KEY, is_task_payload, task_payload
+from django_delayqueue.tasks.payload import is_task_payload, task_payload
+from django_delayqueue.tasks.serving import TaskServing
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +54,7 @@ logger = logging.getLogger(__name__)
 dispatching = threading.local()
 
 
-class Worker(Consumer):
+class Worker(TaskServing, Consumer):
     """Delivers the due messages of some configured queues to their Django handlers.
 
     Every ``SETTINGS_REFRESH_SECONDS`` it re-reads the settings staff published from the admin
@@ -66,8 +74,8 @@ class Worker(Consumer):
         self._task_queues = frozenset(task_queue_names())
         self._any_queue = any_task_queue()
         self._discover = discover and self._any_queue
-        self._tasks: Any = None
-        self._async_tasks: dict[str, bool] = {}  # task path -> whether it is async def
+        self._tasks = None
+        self._async_tasks = {}  # task path -> whether it is async def
         self._said_no_schedule_rows = False
         # The Redis servers are judged before the first delivery, or once they answer: one
         # whose policy evicts keys stops the worker (see monitoring.servers).
@@ -99,49 +107,6 @@ class Worker(Consumer):
             return super().run()
         finally:
             thread.stop()
-
-    def _prepare_for_tasks(self) -> None:
-        """Pay before the first task what it would pay late: importing the framework, its
-        backends and the ``tasks`` modules of the installed apps (as Celery and huey do), and
-        loading the script that writes results. Nothing here stops the worker: a module that
-        fails to import is logged, and its tasks fail (and retry) as they would have."""
-        try:
-            self._task_runner()
-        except Reject as e:
-            logger.warning("%s", e)
-            return
-        from django.utils.module_loading import autodiscover_modules
-
-        from django_delayqueue.tasks import framework
-
-        try:
-            autodiscover_modules("tasks")
-            framework.task_backends.all()
-        except Exception:
-            logger.exception(
-                "%s: preparing for tasks failed; they will import as they run", self.name
-            )
-        self._load_task_scripts(self.queues)
-
-    def _load_task_scripts(self, queues: Sequence[Queue]) -> None:
-        """Load the script that writes results on the task queues among ``queues``."""
-        runner = self._tasks
-        for q in queues:
-            if runner is not None and (self._any_queue or q.logical_name in self._task_queues):
-                try:
-                    runner.load_scripts(q)
-                except DelayQueueError as e:
-                    logger.debug("scripts not loaded ahead on %s: %s", q.name, e)
-
-    def _task_runner(self) -> Any:
-        """The runner of Django tasks (imported on the first task: it needs the framework)."""
-        if self._tasks is None:
-            try:
-                from django_delayqueue.tasks.runner import TaskRunner
-            except ImportError as e:
-                raise Reject(f"a task message, but no Tasks framework here: {e}") from e
-            self._tasks = TaskRunner(self.name, self.write_soon)
-        return self._tasks
 
     @classmethod
     def for_queues(cls, names: Sequence[str] | None = None, **kwargs: Any) -> Worker:
@@ -236,21 +201,6 @@ class Worker(Consumer):
                 return self._task_is_async(logical)
         return has_async_receivers(topic(name), name)
 
-    def _task_is_async(self, message: Message) -> bool:
-        path = message.payload.get(TASK_KEY) if isinstance(message.payload, dict) else None
-        if not isinstance(path, str):
-            return False
-        known = self._async_tasks.get(path)
-        if known is None:
-            try:
-                from django_delayqueue.tasks.results import load_task
-
-                known = is_async_receiver(load_task(path).func)
-            except Exception:  # fails on a handler thread, as it always did
-                known = False
-            self._async_tasks[path] = known
-        return known
-
     async def ahandle(self, message: Message) -> Any:
         """:meth:`handle` on the event loop: the task awaited, or the receivers sent to by
         ``dispatch.asend_robust``."""
@@ -276,28 +226,12 @@ class Worker(Consumer):
         connections.close_all()
 
     def refresh(self) -> None:
-        """Reload the published settings of every queue (and republish them if missing); the
-        first refresh that reaches Redis judges its servers (:meth:`guard_servers`)."""
+        """Reload the published settings of every queue (and republish them if missing), then
+        the recurring schedules and the registry of task queues; the first refresh that
+        reaches Redis judges its servers (:meth:`guard_servers`)."""
         self.guard_servers()
-        names = list(dict.fromkeys(q.logical_name for q in self.queues))  # shards share theirs
-        try:
-            published = queue_overrides.load_published(names)
-        except DelayQueueError as e:
-            logger.debug("settings refresh skipped: %s", e)
-            return
-        for q in self.queues:
-            try:
-                base = file_queue_settings(q.logical_name)
-            except ConfigurationError:
-                continue  # settings became invalid under override_settings; keep the last
-            new = queue_overrides.merge(base, published[q.logical_name])
-            if new != q.settings:
-                logger.info("queue %s: settings now %s", q.name, _diff(q.settings, new))
-                q.settings = new
-        configured_names = set(queue_names())  # a queue only the registry knows has no row
-        missing = [n for n, values in published.items() if values is None and n in configured_names]
-        if missing:  # recomputed every refresh, so a failed republish is tried again
-            self._republish(missing)
+        if not follow_queue_settings(self.queues, self.sync_settings):
+            return  # Redis could not be read: the rest waits for the next refresh
         self._refresh_schedules()
         if self._any_queue:
             self._follow_registry()
@@ -337,70 +271,6 @@ class Worker(Consumer):
             authoritative=published.version > 0,
         )
 
-    def _is_task(self, message: Message) -> bool:
-        """Whether ``message`` is a task to run: its envelope carries the task mark, which only
-        the Tasks backend's enqueue (and a recurring ``task`` schedule) sets, never a payload.
-        A signal message whose payload has a "django.task" key (a webhook's JSON, say) goes to
-        its receivers: it must never import and run anything.
-
-        A task enqueued by an earlier version has no mark: it is still run where that version
-        ran it (a queue a TASKS backend takes) if no signal receiver listens there, so the
-        messages waiting across an upgrade keep working and a signal queue never runs one.
-        """
-        if message.task:
-            return True
-        return (
-            is_task_payload(message.payload)
-            and self._is_task_queue(message.queue)
-            and not topic(message.queue).has_listeners(sender=message.queue)
-        )
-
-    def _is_task_queue(self, name: str) -> bool:
-        """A queue a TASKS backend lists, or, with one that takes any queue, one in the
-        registry of task queues (asked at once for a queue registered since the last
-        refresh). Never a queue only signal messages go to: a payload shaped like a task
-        there (a webhook's JSON) must not import and run anything."""
-        if name in self._task_queues:
-            return True
-        if not self._any_queue or not is_registered(name):  # Redis down: raises, retried
-            return False
-        self._task_queues = self._task_queues | {name}
-        return True
-
-    def _follow_registry(self) -> None:
-        """Take the registry's queues as task queues, and serve the new ones (``discover``)."""
-        try:
-            names = registered()
-        except DelayQueueError as e:
-            logger.debug("task queues not read from the registry: %s", e)
-            return
-        self._task_queues = self._task_queues | set(names)
-        if not self._discover:
-            return
-        served = {q.logical_name for q in self.queues}
-        for name in [n for n in names if n not in served]:
-            try:
-                shards = shard_queues(name)
-            except ConfigurationError as e:  # its DELAYQUEUE settings became invalid
-                logger.warning("task queue %s not served: %s", name, e)
-                continue
-            added = self.add_queues(shards)
-            self._by_name.update((q.name, q) for q in added)
-            self._load_task_scripts(added)
-            logger.info("%s now consuming %s (tasks were sent there)", self.name, name)
-
-    def _register_task_schedules(self, found: Sequence[Recurrence]) -> None:
-        """A ``task`` schedule on a queue only a backend taking any queue takes: that queue
-        runs tasks, and goes into the registry so that get_result and runqueue find it."""
-        for r in found:
-            if r.task and r.queue not in self._task_queues and backend_takes(r.backend, r.queue):
-                try:
-                    register(r.queue)
-                except DelayQueueError as e:
-                    logger.debug("task queue %s not registered: %s", r.queue, e)
-                    continue
-                self._task_queues = self._task_queues | {r.queue}
-
     def refresh_wanted(self) -> bool:
         """Refresh at the next round, not at the next maintenance: the servers or the schedules
         could not be read yet (Redis was down), and a round that claims before they are would
@@ -426,34 +296,6 @@ class Worker(Consumer):
             return recurrences.Published(0, recurrences.declared_recurrences())
         return published
 
-    def _republish(self, names: list[str]) -> None:
-        # Redis lost the config hashes (restart without persistence, FLUSHALL): put the rows
-        # back. One DB query per refresh at most, and only in that case.
-        try:
-            count = queue_settings_mirror.publish_from_db(names=names)
-        except (DatabaseError, DelayQueueError) as e:
-            logger.debug("settings not republished: %s", e)
-            return
-        finally:
-            close_old_connections()
-        if count:
-            logger.info("republished settings of %s", ", ".join(names))
-        if count < len(names):
-            # No row yet (the database was down when this worker started and synced): create
-            # the rows from the settings file, which publishes them too.
-            self.sync_settings()
-
-
-def sync_settings() -> None:
-    """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
-    try:
-        for mirror in MIRRORS:
-            mirror.sync()
-    except DatabaseError as e:
-        logger.warning("settings rows not synced (database unavailable?): %s", e)
-    finally:
-        close_old_connections()
-
 
 def tick_payload(recurrence: Recurrence, instant_ms: int) -> Any:
     """What a tick carries: the schedule's payload, or the message of its ``task``."""
@@ -462,8 +304,3 @@ def tick_payload(recurrence: Recurrence, instant_ms: int) -> Any:
             recurrence.task, list(recurrence.args), dict(recurrence.kwargs), recurrence.backend
         )
     return recurrence.payload
-
-
-def _diff(old: Any, new: Any) -> str:
-    a, b = old.to_mapping(), new.to_mapping()
-    return ", ".join(f"{k}={b[k]!r}" for k in b if a.get(k) != b[k]) or "unchanged"

@@ -1,8 +1,9 @@
 """The supervising loop: N consumer processes, replaced when they die, recycled, stopped.
 
-One process, one thread: it forks the children (:mod:`.child`; after a SIGHUP it starts
-them as fresh interpreters of the code on disk, :mod:`.fresh`), then waits on their pipes and
-on a self-pipe its signal handlers write to (``signal.set_wakeup_fd``), like gunicorn's arbiter.
+One process, one thread: it starts the children (:mod:`.starting`: forked, running
+:mod:`.child`; after a SIGHUP, fresh interpreters of the code on disk), then waits on their
+pipes and on a self-pipe its signal handlers write to (``signal.set_wakeup_fd``), like
+gunicorn's arbiter.
 It holds no thread and no open connection when it forks (Django's database connections and the
 Redis pool are closed first), so a child starts clean.
 
@@ -22,7 +23,6 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections import deque
@@ -32,9 +32,7 @@ from django_delayqueue.core.consumer.loop import FORCED_FLUSH_SECONDS, SHUTDOWN_
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.supervisor.child import (
     SUPERVISOR_SIGNALS,
-    ChildSpec,
     SupervisedWorker,
-    run_child,
 )
 from django_delayqueue.supervisor.children import (
     Child,
@@ -43,9 +41,9 @@ from django_delayqueue.supervisor.children import (
     describe_exit,
     send_signal,
 )
-from django_delayqueue.supervisor.fresh import child_environment
-from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, LineReader
+from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED
 from django_delayqueue.supervisor.settling import close_connections, settle
+from django_delayqueue.supervisor.starting import ChildStarter
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +69,7 @@ class Supervisor:
         self.worker_class = worker_class
         self.pid = os.getpid()
         self.name = options.name or f"runqueue-{socket.gethostname()}-{self.pid}"
+        self.starter = ChildStarter(options, self.name, self.pid, worker_class)
         self.slots = [Slot(i) for i in range(options.processes)]
         self.retiring: list[Child] = []  # told to stop (or stopping by themselves)
         self.to_settle: list[StoppedHandler] = []  # their process is gone; Redis was down
@@ -211,84 +210,10 @@ class Supervisor:
     # --- children ---------------------------------------------------------------------------
 
     def _spawn(self, slot: Slot) -> Child:
-        if self.fresh_children and self.options.restart is not None:
-            return self._start_fresh(slot)
-        return self._fork(slot)
-
-    def _fork(self, slot: Slot) -> Child:
-        """Fork one child for ``slot``, with nothing open that it should not inherit."""
-        close_connections()
-        read_fd, write_fd = os.pipe()
-        inherited = [self._wake_r, self._wake_w, read_fd]
-        inherited += [c.reader.fd for c in self._children() if c.reader.fd >= 0]
-        signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
-        try:
-            pid = os.fork()
-            if pid == 0:
-                name = f"{self.name}.{slot.index + 1}-{os.getpid()}"
-                run_child(self._spec(slot, name), write_fd, inherited)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
-        os.close(write_fd)
-        os.set_blocking(read_fd, False)
-        child = Child(
-            slot.index,
-            pid,
-            f"{self.name}.{slot.index + 1}-{pid}",
-            LineReader(read_fd),
-            time.monotonic(),
-        )
-        logger.info("consumer process %d started (slot %d)", pid, slot.index + 1)
-        return child
-
-    def _start_fresh(self, slot: Slot) -> Child:
-        """Start one child for ``slot`` in a fresh interpreter: the command line that started
-        this runqueue, told by its environment to run as that child (supervisor.fresh)."""
-        restart = self.options.restart
-        assert restart is not None
-        read_fd, write_fd = os.pipe()
-        env = child_environment(self._spec(slot, ""), write_fd, os.environ)
-        # Blocked until the child has its handlers (child._consume): a SIGTERM while it loads
-        # Django waits for them instead of killing it, as for a forked child.
-        signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
-        try:
-            process = subprocess.Popen(restart.argv, cwd=restart.cwd, env=env, pass_fds=(write_fd,))
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
-        os.set_blocking(read_fd, False)
-        child = Child(
-            slot.index,
-            process.pid,
-            f"{self.name}.{slot.index + 1}-{process.pid}",
-            LineReader(read_fd),
-            time.monotonic(),
-            process=process,
-        )
-        logger.info(
-            "consumer process %d started (slot %d, a fresh interpreter)",
-            process.pid,
-            slot.index + 1,
-        )
-        return child
-
-    def _spec(self, slot: Slot, name: str) -> ChildSpec:
-        o = self.options
-        return ChildSpec(
-            queues=o.queues,
-            name=name,
-            slot=slot.index + 1,
-            supervisor_name=self.name,
-            supervisor_pid=self.pid,
-            concurrency=o.concurrency,
-            grace_seconds=o.grace_seconds,
-            max_messages=o.max_messages_per_child,
-            max_memory_mb=o.max_memory_per_child_mb,
-            worker_class=self.worker_class,
-        )
+        # The supervisor's own pipes, which a forked child closes.
+        open_fds = [self._wake_r, self._wake_w]
+        open_fds += [c.reader.fd for c in self._children() if c.reader.fd >= 0]
+        return self.starter.start(slot, fresh=self.fresh_children, open_fds=open_fds)
 
     def _fill_slots(self) -> None:
         now = time.monotonic()

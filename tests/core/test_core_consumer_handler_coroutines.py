@@ -1,4 +1,5 @@
-"""``async def`` handlers on the consumer's event loop (core/consumer/handler_coroutines.py),
+"""``async def`` handlers on the consumer's event loop (core/consumer/handler_coroutines.py and
+the modules beside it: coroutine_context.py, coroutine_watcher.py, interruptible.py),
 with a real Redis and a real Consumer: concurrency without threads, outcomes, time limits,
 cancelling, stopping."""
 
@@ -18,8 +19,9 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, Reject, Retry
 from django_delayqueue.core.clock import SystemClock
-from django_delayqueue.core.consumer import handler_coroutines
-from django_delayqueue.core.consumer.handler_coroutines import _Interruptible
+from django_delayqueue.core.consumer import coroutine_watcher, handler_coroutines
+from django_delayqueue.core.consumer.coroutine_context import sync_part
+from django_delayqueue.core.consumer.interruptible import Interruptible
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
 from django_delayqueue.core.errors import SoftTimeLimitExceeded
@@ -290,7 +292,8 @@ class Replaced(Consumer):
 def test_a_coroutine_that_cannot_be_stopped_gets_its_process_replaced(
     make_queue: Any, running: Any, how: str, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(handler_coroutines, "STOP_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(coroutine_watcher, "STOP_WAIT_SECONDS", 0.2)  # when it is reported
+    monkeypatch.setattr(handler_coroutines, "STOP_WAIT_SECONDS", 0.2)  # how long close waits
     q = make_queue(clock=SystemClock(), concurrency=2, time_limit=0.2)
     release = threading.Event()
 
@@ -365,8 +368,8 @@ def test_the_interruptible_passes_values_and_errors_through() -> None:
         return 42
 
     async def main() -> tuple[int, int]:
-        plain = await _Interruptible(inner())
-        body = _Interruptible(inner())
+        plain = await Interruptible(inner())
+        body = Interruptible(inner())
         task = asyncio.ensure_future(_await(body))
         await asyncio.sleep(0.001)
         assert body.interrupt(ValueError("x"))
@@ -377,7 +380,7 @@ def test_the_interruptible_passes_values_and_errors_through() -> None:
     assert asyncio.run(main()) == (42, -1)
 
 
-async def _await(body: _Interruptible) -> Any:
+async def _await(body: Interruptible) -> Any:
     return await body
 
 
@@ -439,9 +442,7 @@ def test_a_coroutine_dropped_while_its_sync_part_runs_stays_extended_until_that_
         release.wait(TIMEOUT)
 
     async def handler(message: Message) -> None:
-        future = asyncio.get_running_loop().run_in_executor(
-            None, handler_coroutines.sync_part(sync_code)
-        )
+        future = asyncio.get_running_loop().run_in_executor(None, sync_part(sync_code))
         while not future.done():  # as in_thread_to_its_end: cancelled, it waits on
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(future)

@@ -12,8 +12,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayqueue.conf.queues import configured
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.management.logs import configure_logging
+from django_delayqueue.mirror.following import sync_settings
 from django_delayqueue.monitoring.servers import ServerGuard
-from django_delayqueue.worker import Worker, sync_settings
+from django_delayqueue.worker import Worker
 
 
 class Command(BaseCommand):
