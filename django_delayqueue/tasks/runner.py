@@ -257,9 +257,7 @@ class _TaskRun:
         message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
         backend, task = self.backend, self.task
         try:
-            # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
-            returned = encode_json(_normalized(value), "return value", ascii_only=True)
-            return_value = json.loads(returned)  # what a reader gets: lists, not tuples
+            returned, return_value = _stored(value)
             finished_at = queue.clock.now_ms()
             write = attempt.write(
                 SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=finished_at
@@ -284,9 +282,10 @@ class _TaskRun:
             return finished_result(self.started, record)
 
         def finished() -> None:  # on the consumer's thread: its receivers' connections closed
+            if unheard(framework.task_finished, backend, SUCCESSFUL):
+                return  # nothing ran here that could have opened or used a connection
             try:
-                if not unheard(framework.task_finished, backend, SUCCESSFUL):
-                    _send_robust(framework.task_finished, backend, result())
+                _send_robust(framework.task_finished, backend, result())
             finally:
                 close_old_connections()
 
@@ -397,6 +396,25 @@ class _Later(Sequence[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._args())
+
+
+def _stored(value: Any) -> tuple[str, Any]:
+    """The JSON text a return value is stored as, and the value a reader gets back from it."""
+    kind = type(value)
+    # The common returns, whose JSON and whose value read back are known without the round
+    # trip through the framework's normalisation, the encoder and the decoder.
+    if value is None:
+        return "null", None
+    if kind is bool:
+        return ("true" if value else "false"), value
+    if kind is int and -_SMALL_INT < value < _SMALL_INT:  # far from int-string limits
+        return str(value), value
+    # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
+    returned = encode_json(_normalized(value), "return value", ascii_only=True)
+    return returned, json.loads(returned)  # what a reader gets: lists, not tuples
+
+
+_SMALL_INT = 10**18
 
 
 def _normalized(value: Any) -> Any:

@@ -10,6 +10,7 @@ queue (the fixture of test_tasks_backend).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -339,3 +340,16 @@ def test_the_finished_result_is_what_a_result_built_whole_would_be() -> None:
     assert [getattr(finished, n) for n in names] == [getattr(whole, n) for n in names]
     assert finished.return_value == {"sum": 3} and finished.status == framework.SUCCESSFUL
     assert started.status == Status.RUNNING and started.finished_at is None  # left as it was
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, False, 0, -7, 10**18 - 1, -(10**18) + 1, 10**18, 10**40, 1.5, "é", [1]]
+)
+def test_a_return_value_s_short_cut_stores_what_the_encoder_would(value: Any) -> None:
+    """The common return values (None, a bool, a small int) skip normalising, encoding and
+    decoding: stored as the same text, read back as the same value, as the full path."""
+    from django_delayqueue.core.envelope import encode_json
+
+    text = encode_json(runner._normalized(value), "return value", ascii_only=True)
+    assert runner._stored(value) == (text, json.loads(text))
+    assert type(runner._stored(value)[1]) is type(json.loads(text))
