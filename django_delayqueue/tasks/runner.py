@@ -169,10 +169,7 @@ class TaskRunner:
         that could not be imported, with a stand-in Task of its module path)."""
         record.status, record.finished_at = FAILED, attempt.queue.clock.now_ms()
         record.errors.append(_error(error))
-        write = attempt.write(
-            FAILED, error=error, ttl=_ttl(backend), finished_at=record.finished_at
-        )
-        write.run(attempt.queue.client)
+        attempt.write_now(FAILED, error=error, ttl=_ttl(backend), finished_at=record.finished_at)
         if backend is not None and not unheard(framework.task_finished, backend, FAILED):
             task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
@@ -187,7 +184,7 @@ class _TaskRun:
         self.record = TaskRecord.from_payload(
             message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
         )
-        self.attempt = _Attempt(runner.worker_id, message, queue, self.record.enqueued_json())
+        self.attempt = _Attempt(runner.worker_id, message, queue, self.record)
         self.backend: Any = None
         self.task: Any = None
         self.running: ScriptCall | None = None
@@ -238,7 +235,7 @@ class _TaskRun:
                 self.runner._failed(attempt, record, e, self.backend, self.task)
             else:  # a retry asked for is not an error
                 error = None if isinstance(e, Retry) else e
-                attempt.write(READY, error=error).run(queue.client)
+                attempt.write_now(READY, error=error)
         except Exception:  # the record is secondary: the task's own outcome stands
             logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
         finally:
@@ -259,9 +256,8 @@ class _TaskRun:
         try:
             returned, return_value = _stored(value)
             finished_at = queue.clock.now_ms()
-            write = attempt.write(
-                SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=finished_at
-            )
+            ttl = _ttl(backend)
+            write = attempt.write(SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at)
         except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
             # It ran: running it again would repeat its effects for the same bad value. So
             # whatever keeps its result from being stored fails it once, with the error
@@ -281,7 +277,17 @@ class _TaskRun:
                 return to_task_result(record, message.id, task)
             return finished_result(self.started, record)
 
-        def finished() -> None:  # on the consumer's thread: its receivers' connections closed
+        def finished(reply: Any = None) -> None:  # on the consumer's thread, once Redis has it
+            if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
+                try:
+                    attempt.write(
+                        SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
+                    ).run(queue.client)
+                except Exception:
+                    logger.exception(
+                        "queue %s: task %s: result not recorded", queue.name, message.id
+                    )
+            # Its receivers' connections closed after them.
             if unheard(framework.task_finished, backend, SUCCESSFUL):
                 return  # nothing ran here that could have opened or used a connection
             try:
@@ -295,11 +301,23 @@ class _TaskRun:
 class _Attempt:
     """One delivery of a task: the fields it writes to its record."""
 
-    def __init__(self, worker_id: str, message: Message, queue: Queue, enqueued: str) -> None:
+    def __init__(
+        self, worker_id: str, message: Message, queue: Queue, from_message: TaskRecord
+    ) -> None:
         self.worker_id, self.message, self.queue = worker_id, message, queue
-        self.enqueued = enqueued  # the record's enqueued field, as the message tells it
         self.key = queue.keys.task_result(message.id)
         self.started_at = queue.clock.now_ms()
+        # The record's enqueued field, as the message tells it: needed only by a write that
+        # finds the record gone (see write), so encoded only then; at once where the task
+        # could change it in place as it runs (a list or dict among its arguments).
+        self._from_message = from_message
+        self._enqueued = None if _flat(from_message) else from_message.enqueued_json()
+
+    @property
+    def enqueued(self) -> str:
+        if self._enqueued is None:
+            self._enqueued = self._from_message.enqueued_json()
+        return self._enqueued
 
     def read(self, from_message: TaskRecord) -> TaskRecord:
         """The record in Redis (one round trip), or the message's when it is gone or bad, or
@@ -335,7 +353,18 @@ class _Attempt:
         the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
         most tasks do. Built on whichever thread sends it, from this attempt's own fields only
         (set before the task runs, never changed after)."""
-        return ScriptCall(WRITE_RECORD.script, [self.key], _Later(lambda: self.write(RUNNING).args))
+        return ScriptCall(
+            WRITE_RECORD.script, [self.key], _Later(lambda: self.write(RUNNING, whole=True).args)
+        )
+
+    def write_now(
+        self, status: str, *, error: BaseException | None = None, ttl: int = 0,
+        finished_at: int | None = None,
+    ) -> None:  # fmt: skip
+        """:meth:`write` sent at once; whole again if the record turned out gone."""
+        kwargs: dict[str, Any] = {"error": error, "ttl": ttl, "finished_at": finished_at}
+        if self.write(status, **kwargs).run(self.queue.client) == -1:
+            self.write(status, **kwargs, whole=True).run(self.queue.client)
 
     def write(
         self,
@@ -345,10 +374,17 @@ class _Attempt:
         returned: str | None = None,
         ttl: int = 0,
         finished_at: int | None = None,
+        whole: bool = False,
     ) -> ScriptCall:
-        """The write of this attempt's fields with ``status``: whole in itself (what enqueue
-        wrote, where it is gone, and the start), whichever of the attempt's writes lands."""
-        absent = [STARTED_AT, self.started_at, ENQUEUED, self.enqueued]
+        """The write of this attempt's fields with ``status``: whole in itself (the start, and
+        with ``whole`` what enqueue wrote, where it is gone), whichever of the attempt's
+        writes lands. Not ``whole``, it leaves a record without ``enqueued`` (deleted by hand,
+        or expired and its task requeued) as it is, and its reply says so (-1): then the
+        same write goes again whole. Most records have it: a task's end costs no encoding of
+        its arguments again."""
+        absent: list[Any] = [STARTED_AT, self.started_at]
+        if whole:
+            absent += (ENQUEUED, self.enqueued)
         # Whichever lands last, the status is the latest one's (see write_order).
         order = write_order(self.message.token, status)
         # The end of an attempt (finished_at, return_value) goes with its status: a late end of
@@ -373,6 +409,7 @@ class _Attempt:
             in_order=in_order,
             deleted=deleted,
             always=fields,
+            required=None if whole else ENQUEUED,
         )
 
 
@@ -415,6 +452,15 @@ def _stored(value: Any) -> tuple[str, Any]:
 
 
 _SMALL_INT = 10**18
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _flat(record: TaskRecord) -> bool:
+    """Whether a record's arguments are all scalars: nothing a task could change in place."""
+    scalars = _SCALARS
+    return all(type(v) in scalars for v in record.args) and all(
+        type(v) in scalars for v in record.kwargs.values()
+    )
 
 
 def _normalized(value: Any) -> Any:

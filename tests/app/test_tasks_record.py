@@ -54,6 +54,13 @@ def write_record(
     return call.run(client)
 
 
+def from_message(delivery: Any, q: Any) -> TaskRecord:
+    """The record a delivery's message tells (what the runner gives its attempt)."""
+    return TaskRecord.from_payload(
+        delivery.payload, q.logical_name, delivery.due_ms, delivery.scheduled_ms
+    )
+
+
 # --- write_record.lua -----------------------------------------------------------------------
 
 
@@ -104,8 +111,8 @@ def test_the_late_success_of_a_reaped_delivery_leaves_the_running_one(
     assert q.reap(now_ms=later).retried == 1
     q.promote(now_ms=later)
     (again,) = q.claim(1, now_ms=later)
-    first = runner._Attempt("w1", stalled, q, "{}")
-    second = runner._Attempt("w2", again, q, "{}")
+    first = runner._Attempt("w1", stalled, q, from_message(stalled, q))
+    second = runner._Attempt("w2", again, q, from_message(again, q))
     second.write(RUNNING).run(q.client)
     late = first.write(SUCCESSFUL, returned="3", ttl=60, finished_at=q.clock.now_ms())
     late.run(q.client)
@@ -136,7 +143,7 @@ def test_a_requeued_failed_task_has_no_expiry_and_reads_running_once_claimed(
     (delivery,) = q.claim(1)
     claimed = examples().always_fails.get_result(result.id)  # before its RUNNING write
     assert claimed.status == Status.RUNNING and claimed.finished_at is None
-    runner._Attempt("w2", delivery, q, "{}").write(RUNNING).run(q.client)
+    runner._Attempt("w2", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
     running = examples().always_fails.get_result(result.id)
     assert running.status == Status.RUNNING and running.finished_at is None
     assert redis_client.hget(key, "status") == RUNNING.encode()
@@ -167,7 +174,7 @@ def test_a_running_task_whose_message_waits_again_reads_ready(
     result = examples().add.enqueue(1, 2)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    runner._Attempt("w1", delivery, q, "{}").write(RUNNING).run(q.client)
+    runner._Attempt("w1", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
     assert examples().add.get_result(result.id).status == Status.RUNNING
     if way_back == "reaped":
         assert q.reap(now_ms=delivery.claimed_ms + 10**9).retried == 1
@@ -275,9 +282,9 @@ def test_a_running_write_built_late_is_the_attempt_s_running_write(
     result = examples().add.enqueue(1, 2)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    attempt = runner._Attempt("w1", delivery, q, '{"task":"x"}')
+    attempt = runner._Attempt("w1", delivery, q, from_message(delivery, q))
     late = attempt.running_write()
-    assert list(late.args) == list(attempt.write(RUNNING).args)
+    assert list(late.args) == list(attempt.write(RUNNING, whole=True).args)
     assert late.keys == [KEYS.task_result(result.id)]
     assert late.run(q.client) == 1
     assert redis_client.hget(KEYS.task_result(result.id), "status") == RUNNING.encode()
@@ -353,3 +360,65 @@ def test_a_return_value_s_short_cut_stores_what_the_encoder_would(value: Any) ->
     text = encode_json(runner._normalized(value), "return value", ascii_only=True)
     assert runner._stored(value) == (text, json.loads(text))
     assert type(runner._stored(value)[1]) is type(json.loads(text))
+
+
+# --- a record gone before its task ends: written whole again ----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_requires_a_field_leaves_a_record_without_it_alone(
+    redis_client: redis.Redis,
+) -> None:
+    """write_record.lua's ARGV[4]: a record without that field is not written (-1), so that
+    the caller can write it whole; one with it is written as without ARGV[4]."""
+    q = get_queue(QUEUE)
+    key = KEYS.task_result("gone")
+    fields = record_fields([], ["status", RUNNING], [], [])
+    gone = ScriptCall(WRITE_RECORD.script, [key], [0, 2, fields, "enqueued"])
+    assert gone.run(q.client) == -1
+    assert not redis_client.exists(key)
+    redis_client.hset(key, "enqueued", "{}")
+    assert gone.run(q.client) == 1
+    assert redis_client.hget(key, "status") == RUNNING.encode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_deleted_before_its_task_succeeds_is_written_whole(
+    redis_client: redis.Redis,
+) -> None:
+    """A task's end leaves out the record's "enqueued" (the record has it since enqueue);
+    a record gone meanwhile is written whole after the ack, arguments as enqueued."""
+    result = examples().add.enqueue(2, 3)
+    redis_client.delete(KEYS.task_result(result.id))
+    burst()
+    done = examples().add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 5
+    assert done.args == [2, 3] and done.worker_ids == ["test-worker"]
+    assert redis_client.ttl(KEYS.task_result(result.id)) > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_deleted_before_its_task_fails_is_written_whole(
+    redis_client: redis.Redis,
+) -> None:
+    """The same for the writes of a failed attempt (READY, then FAILED on the last)."""
+    result = examples().always_fails.enqueue("x")
+    redis_client.delete(KEYS.task_result(result.id))
+    burst()
+    done = examples().always_fails.get_result(result.id)
+    assert done.status == Status.FAILED and done.args == ["x"]
+    assert len(done.errors) == 3  # every attempt's (max_attempts 3 on the demo queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rebuilt_record_has_the_arguments_as_enqueued_not_as_the_task_left_them(
+    redis_client: redis.Redis,
+) -> None:
+    """A task that changes its (list, dict) arguments in place: the record written whole
+    after it ran still has them as they were enqueued."""
+    result = examples().empties_its_arguments.enqueue([1, 2], options={"a": 3})
+    redis_client.delete(KEYS.task_result(result.id))
+    burst()
+    done = examples().empties_its_arguments.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 6
+    assert done.args == [[1, 2]] and done.kwargs == {"options": {"a": 3}}

@@ -262,7 +262,7 @@ class UnrecordedOutcomes:
         writes = entry.outcome.writes
         if writes is not None and writes.then is not None and not isinstance(result, Exception):
             try:
-                writes.then()
+                writes.then(result)
             except Exception:
                 logger.exception("queue %s: message %s: after its write", q.name, message_id)
 

@@ -118,7 +118,8 @@ PURGE = Contract(
 WRITE_RECORD = Contract(
     "write_record",
     keys="record",
-    args="kept_seconds order fields",
+    args="kept_seconds order fields required",
+    optional="required",
 )
 
 # --- recurrences (recurring schedules) ------------------------------------------------------

@@ -7,7 +7,12 @@
 --   deleted only if this write's order is not below the record's, the pairs set whatever the
 --   order. One argument, not one per field: the consumer that sends it encodes every argument
 --   of its pipeline in Python, and a task's write has a dozen.
--- returns: 1 (0 when a later write already landed: the in-order part was left)
+-- ARGV[4] (optional) a field the record must have: when it has not (a record deleted by hand,
+--   or expired and its task requeued), nothing is written and -1 returned, so that the caller
+--   writes it whole. A task's end leaves out its record's 'enqueued' so (the JSON of the
+--   task's arguments, in the record since enqueue), instead of encoding and sending it again.
+-- returns: 1 (0 when a later write already landed: the in-order part was left; -1 when the
+--   record lacks ARGV[4]: nothing written)
 -- Sent with a consumer's round trip (a delivery's ack, or the next one), so that a handler
 -- that leaves it (django_delayqueue.tasks.runner) pays no round trip of its own for it; the
 -- order makes writes that land late harmless (a RUNNING sent after the attempt's READY).
@@ -27,11 +32,14 @@ local fields = cjson.decode(ARGV[3])
 local absent, ordered, deleted, always = fields[1], fields[2], fields[3], fields[4]
 local wanted = {'order'}
 for i = 1, #absent, 2 do wanted[#wanted + 1] = absent[i] end
+local required = ARGV[4]
+if required then wanted[#wanted + 1] = required end
 local stored = redis.pcall('HMGET', KEYS[1], unpack(wanted))
 if stored.err then
   guard(KEYS[1], 'hash')
   return redis.error_reply(stored.err)
 end
+if required and not stored[#wanted] then return -1 end
 local in_order = order >= (tonumber(stored[1]) or -1)
 local set = {}
 for i = 1, #absent, 2 do
