@@ -14,7 +14,7 @@ from typing import Any
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
-from django_delayqueue.core.scripts.contracts import WRITE_RECORD
+from django_delayqueue.core.scripts.contracts import WRITE_RECORD, WRITE_RECORDS
 
 
 class TaskRecords:
@@ -33,24 +33,34 @@ class TaskRecords:
         deleted: Sequence[str] = (),
         always: Sequence[Any] = (),
         required: str | None = None,
+        mergeable: bool = False,
     ) -> ScriptCall:
         """The write of fields of the result record of ``message_id``, to run alone or with
         the consumer's round trip: the field, value pairs ``absent`` set where the field is
         not there yet, ``in_order`` set and the fields ``deleted`` removed only when ``order``
         is not below the record's (with the expiry: ``kept_seconds`` from now, 0 for none),
         and the pairs ``always`` set whatever the order. With ``required``, a record without
-        that field is left as it is (the call's reply is then -1)."""
-        # WRITE_RECORD's shape, built here rather than through Contract.call: a worker builds
-        # one per task it runs.
-        args = [kept_seconds, order, record_fields(absent, in_order, deleted, always)]
+        that field is left as it is (the call's reply is then -1).
+
+        ``mergeable``: a call of write_records.lua instead, whose reply is a list of the one
+        reply, which a consumer's round sends as one call with the other such writes of the
+        queue (see django_delayqueue.core.consumer.recording.merged_writes)."""
+        # Built here rather than through Contract.call: a worker builds one per task it runs.
+        key = self.keys.task_result(message_id)
+        fields = record_fields(absent, in_order, deleted, always)
+        if mergeable:
+            write = f"{int(kept_seconds)} {int(order)} {required or ''} {fields}"
+            return ScriptCall(WRITE_RECORDS.script, [key], [write])
+        args = [kept_seconds, order, fields]
         if required is not None:
             args.append(required)
-        return ScriptCall(WRITE_RECORD.script, [self.keys.task_result(message_id)], args)
+        return ScriptCall(WRITE_RECORD.script, [key], args)
 
     def load_record_script(self) -> None:
-        """Load the script of record writes ahead of the first (a NOSCRIPT costs a trip)."""
+        """Load the scripts of record writes ahead of the first (a NOSCRIPT costs a trip)."""
         with redis_errors(f"loading scripts on {self.name}"):
             self.client.script_load(WRITE_RECORD.script.source)
+            self.client.script_load(WRITE_RECORDS.script.source)
 
 
 def record_fields(

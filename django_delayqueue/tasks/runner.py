@@ -257,7 +257,10 @@ class _TaskRun:
             returned, return_value = _stored(value)
             finished_at = queue.clock.now_ms()
             ttl = _ttl(backend)
-            write = attempt.write(SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at)
+            # Sent with the round's other results as one call (recording.merged_writes).
+            write = attempt.write(
+                SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, mergeable=True
+            )
         except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
             # It ran: running it again would repeat its effects for the same bad value. So
             # whatever keeps its result from being stored fails it once, with the error
@@ -375,6 +378,7 @@ class _Attempt:
         ttl: int = 0,
         finished_at: int | None = None,
         whole: bool = False,
+        mergeable: bool = False,
     ) -> ScriptCall:
         """The write of this attempt's fields with ``status``: whole in itself (the start, and
         with ``whole`` what enqueue wrote, where it is gone), whichever of the attempt's
@@ -410,6 +414,7 @@ class _Attempt:
             deleted=deleted,
             always=fields,
             required=None if whole else ENQUEUED,
+            mergeable=mergeable,
         )
 
 
