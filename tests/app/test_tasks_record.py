@@ -25,6 +25,7 @@ from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.core.task_records import record_fields
 from django_delayqueue.tasks import framework, results, runner
+from django_delayqueue.tasks.attempt import Attempt
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
 Status = framework.TaskResultStatus
@@ -111,8 +112,8 @@ def test_the_late_success_of_a_reaped_delivery_leaves_the_running_one(
     assert q.reap(now_ms=later).retried == 1
     q.promote(now_ms=later)
     (again,) = q.claim(1, now_ms=later)
-    first = runner._Attempt("w1", stalled, q, from_message(stalled, q))
-    second = runner._Attempt("w2", again, q, from_message(again, q))
+    first = Attempt("w1", stalled, q, from_message(stalled, q))
+    second = Attempt("w2", again, q, from_message(again, q))
     second.write(RUNNING).run(q.client)
     late = first.write(SUCCESSFUL, returned="3", ttl=60, finished_at=q.clock.now_ms())
     late.run(q.client)
@@ -143,7 +144,7 @@ def test_a_requeued_failed_task_has_no_expiry_and_reads_running_once_claimed(
     (delivery,) = q.claim(1)
     claimed = examples().always_fails.get_result(result.id)  # before its RUNNING write
     assert claimed.status == Status.RUNNING and claimed.finished_at is None
-    runner._Attempt("w2", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
+    Attempt("w2", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
     running = examples().always_fails.get_result(result.id)
     assert running.status == Status.RUNNING and running.finished_at is None
     assert redis_client.hget(key, "status") == RUNNING.encode()
@@ -174,7 +175,7 @@ def test_a_running_task_whose_message_waits_again_reads_ready(
     result = examples().add.enqueue(1, 2)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    runner._Attempt("w1", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
+    Attempt("w1", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
     assert examples().add.get_result(result.id).status == Status.RUNNING
     if way_back == "reaped":
         assert q.reap(now_ms=delivery.claimed_ms + 10**9).retried == 1
@@ -219,15 +220,15 @@ def test_a_non_json_return_value_is_rejected_even_when_failed_cannot_be_written(
 ) -> None:
     """The task ran: a retry would run it again, so the Reject stands when Redis refuses the
     FAILED write (here a key of the wrong type: a real error from Redis)."""
-    written = runner._Attempt.write
+    written = Attempt.write
     broken = KEYS.task_result("not-a-hash")
     redis_client.set(broken, "x")
 
-    def failing(self: runner._Attempt, status: str, **kwargs: Any) -> ScriptCall:
+    def failing(self: Attempt, status: str, **kwargs: Any) -> ScriptCall:
         call = written(self, status, **kwargs)
         return call._replace(keys=[broken]) if status == FAILED else call
 
-    monkeypatch.setattr(runner._Attempt, "write", failing)
+    monkeypatch.setattr(Attempt, "write", failing)
     result = examples().returns_a_set.enqueue()
     burst()
     assert redis_client.hget(KEYS.attempts, result.id) == b"1"  # not run again
@@ -282,7 +283,7 @@ def test_a_running_write_built_late_is_the_attempt_s_running_write(
     result = examples().add.enqueue(1, 2)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    attempt = runner._Attempt("w1", delivery, q, from_message(delivery, q))
+    attempt = Attempt("w1", delivery, q, from_message(delivery, q))
     late = attempt.running_write()
     assert list(late.args) == list(attempt.write(RUNNING, whole=True).args)
     assert late.keys == [KEYS.task_result(result.id)]
