@@ -46,6 +46,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.db import close_old_connections
 
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
@@ -102,7 +103,7 @@ class TaskRunner:
         run = _TaskRun(self, message, queue)
         try:
             run.start()
-            value = run.task.call(*run.args, **run.kwargs)
+            value = _call(run.task, run.args, run.kwargs)
             handler_returned()  # the task is done: no limit lands in writing its result
             stopped = stop_error()  # an abort or a time limit: its end whatever it returned
             if stopped is not None:
@@ -290,6 +291,27 @@ class _TaskRun:
                 close_old_connections()
 
         return WritesWithAck(write, finished, supersedes=self.running)
+
+
+def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``task.call(*args, **kwargs)``: its function called directly where that is all the
+    framework's ``Task.call`` would do (a plain function; ``async def`` ones it runs through
+    ``async_to_sync``), without asking again for every run whether it is a coroutine one."""
+    func = task.func
+    if type(task).call is framework.Task.call:
+        is_async = _async_funcs.get(func)
+        if is_async is None:
+            if len(_async_funcs) >= _ASYNC_FUNCS_KEPT:
+                _async_funcs.clear()
+            is_async = _async_funcs[func] = iscoroutinefunction(func)
+        if not is_async:
+            return func(*args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+# Per task function (kept with it, so never mistaken for another): whether it is async.
+_ASYNC_FUNCS_KEPT = 256
+_async_funcs: dict[Any, bool] = {}
 
 
 def _stored(value: Any) -> tuple[str, Any]:

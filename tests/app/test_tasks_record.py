@@ -423,3 +423,19 @@ def test_a_rebuilt_record_has_the_arguments_as_enqueued_not_as_the_task_left_the
     done = examples().empties_its_arguments.get_result(result.id)
     assert done.status == framework.SUCCESSFUL and done.return_value == 6
     assert done.args == [[1, 2]] and done.kwargs == {"options": {"a": 3}}
+
+
+def test_a_task_is_called_as_its_framework_calls_it(redis_client: redis.Redis) -> None:
+    """The runner calls a plain task's function directly (what ``Task.call`` does for it);
+    an ``async def`` task, or a Task class with a ``call`` of its own, through ``call``."""
+    assert runner._call(examples().add, [2, 3], {}) == 5
+    assert runner._call(examples().sleeps_async, ["x"], {}) == "async x"  # async_to_sync
+
+    class Counted(framework.Task):  # type: ignore[misc,valid-type]
+        def call(self, *args: Any, **kwargs: Any) -> Any:
+            return ("counted", super().call(*args, **kwargs))
+
+    counted = object.__new__(Counted)
+    for spec in dataclasses.fields(framework.Task):
+        object.__setattr__(counted, spec.name, getattr(examples().add, spec.name))
+    assert runner._call(counted, [1, 1], {}) == ("counted", 2)
