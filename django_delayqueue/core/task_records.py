@@ -34,6 +34,7 @@ class TaskRecords:
         always: Sequence[Any] = (),
         required: str | None = None,
         mergeable: bool = False,
+        fields: str | None = None,
     ) -> ScriptCall:
         """The write of fields of the result record of ``message_id``, to run alone or with
         the consumer's round trip: the field, value pairs ``absent`` set where the field is
@@ -44,10 +45,12 @@ class TaskRecords:
 
         ``mergeable``: a call of write_records.lua instead, whose reply is a list of the one
         reply, which a consumer's round sends as one call with the other such writes of the
-        queue (see django_delayqueue.core.consumer.recording.merged_writes)."""
+        queue (see django_delayqueue.core.consumer.recording.merged_writes). ``fields``: the
+        four lists' text as :func:`record_fields` makes it, built by the caller already."""
         # Built here rather than through Contract.call: a worker builds one per task it runs.
         key = self.keys.task_result(message_id)
-        fields = record_fields(absent, in_order, deleted, always)
+        if fields is None:
+            fields = record_fields(absent, in_order, deleted, always)
         if mergeable:
             write = f"{int(kept_seconds)} {int(order)} {required or ''} {fields}"
             return ScriptCall(WRITE_RECORDS.script, [key], [write])

@@ -8,6 +8,7 @@ import json
 import logging
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from json.encoder import encode_basestring as _quoted
 from typing import Any
 
 from django_delayqueue.core.envelope import Message
@@ -117,36 +118,57 @@ class Attempt:
         or expired and its task requeued) as it is, and its reply says so (-1): then the
         same write goes again whole. Most records have it: a task's end costs no encoding of
         its arguments again."""
-        absent: list[Any] = [STARTED_AT, self.started_at]
-        if whole:
-            absent += (ENQUEUED, self.enqueued)
         # Whichever lands last, the status is the latest one's (see write_order).
         order = write_order(self.message.token, status)
-        # The end of an attempt (finished_at, return_value) goes with its status: a late end of
-        # an older attempt must not mark the latest one finished. Not given, they are deleted:
-        # a requeued task running again has no end yet (nor the expiry of its last one).
-        in_order: list[Any] = [STATUS, status, LAST_ATTEMPTED_AT, self.started_at]
-        deleted: list[str] = []
-        for name, value in ((FINISHED_AT, finished_at), (RETURN_VALUE, returned)):
-            if value is None:
-                deleted.append(name)
-            else:
-                in_order += (name, value)
-        # Per delivery (its token in the name): set whatever the order, they never clash.
-        fields: list[Any] = [f"{WORKER_PREFIX}{self.message.token}", self.worker_id]
-        if error is not None:
-            fields += (f"{ERROR_PREFIX}{self.message.token}", json.dumps(task_error(error)))
+        fields = self.fields(status, error, returned, finished_at, whole)
         return self.queue.record_write_call(
             self.message.id,
             order=order,
             kept_seconds=ttl,
-            absent=absent,
-            in_order=in_order,
-            deleted=deleted,
-            always=fields,
+            fields=fields,
             required=None if whole else ENQUEUED,
             mergeable=mergeable,
         )
+
+    def fields(
+        self,
+        status: str,
+        error: BaseException | None,
+        returned: str | None,
+        finished_at: int | None,
+        whole: bool,
+    ) -> str:
+        """The write's field lists as write_record.lua takes them (the text ``record_fields``
+        makes of the lists in the comments), written out: a worker builds one per task, and
+        only the values that may need it are escaped (field names and statuses are plain
+        names, times whole numbers)."""
+        quoted = _quoted
+        started_at = int(self.started_at)
+        # Set where absent: [STARTED_AT, started_at] (+ [ENQUEUED, what enqueue wrote]).
+        absent = f'"{STARTED_AT}","{started_at}"'
+        if whole:
+            absent += f',"{ENQUEUED}",{quoted(self.enqueued)}'
+        # In order: [STATUS, status, LAST_ATTEMPTED_AT, started_at] and the end of an attempt
+        # (finished_at, return_value), which goes with its status: a late end of an older
+        # attempt must not mark the latest one finished. Not given, they are deleted: a
+        # requeued task running again has no end yet (nor the expiry of its last one).
+        in_order = f'"{STATUS}",{quoted(status)},"{LAST_ATTEMPTED_AT}","{started_at}"'
+        deleted = []
+        if finished_at is None:
+            deleted.append(f'"{FINISHED_AT}"')
+        else:
+            in_order += f',"{FINISHED_AT}","{int(finished_at)}"'
+        if returned is None:
+            deleted.append(f'"{RETURN_VALUE}"')
+        else:
+            in_order += f',"{RETURN_VALUE}",{quoted(returned)}'
+        # Always, per delivery (its token in the name): set whatever the order, never clashing.
+        token = self.message.token
+        always = f"{quoted(f'{WORKER_PREFIX}{token}')},{quoted(self.worker_id)}"
+        if error is not None:
+            error_json = json.dumps(task_error(error))
+            always += f",{quoted(f'{ERROR_PREFIX}{token}')},{quoted(error_json)}"
+        return f"[[{absent}],[{in_order}],[{','.join(deleted)}],[{always}]]"
 
 
 class Later(Sequence[Any]):

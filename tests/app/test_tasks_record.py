@@ -439,3 +439,37 @@ def test_a_task_is_called_as_its_framework_calls_it(redis_client: redis.Redis) -
     for spec in dataclasses.fields(framework.Task):
         object.__setattr__(counted, spec.name, getattr(examples().add, spec.name))
     assert runner._call(counted, [1, 1], {}) == ("counted", 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", [RUNNING, "READY", FAILED, SUCCESSFUL])
+@pytest.mark.parametrize("whole", [False, True])
+def test_an_attempt_s_fields_are_the_text_record_fields_makes_of_its_lists(
+    redis_client: redis.Redis, status: str, whole: bool
+) -> None:
+    """Attempt.fields writes the four lists out itself: the same text as record_fields, with
+    a worker name, a return value and an error that need escaping (quotes, non-ASCII)."""
+    from django_delayqueue.tasks.attempt import task_error
+
+    examples().add.enqueue(1, 2)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    attempt = Attempt('w "é"\\1', delivery, q, from_message(delivery, q))
+    error = ValueError('bad "value" é') if status in ("READY", FAILED) else None
+    returned = '{"a": "é\\"x"}' if status == SUCCESSFUL else None
+    finished_at = attempt.started_at + 5 if status in (FAILED, SUCCESSFUL) else None
+    absent: list[Any] = ["started_at", attempt.started_at]
+    if whole:
+        absent += ["enqueued", attempt.enqueued]
+    in_order: list[Any] = ["status", status, "last_attempted_at", attempt.started_at]
+    deleted = []
+    for name, value in (("finished_at", finished_at), ("return_value", returned)):
+        if value is None:
+            deleted.append(name)
+        else:
+            in_order += [name, value]
+    always = [f"worker:{delivery.token}", 'w "é"\\1']
+    if error is not None:
+        always += [f"error:{delivery.token}", json.dumps(task_error(error))]
+    text = attempt.fields(status, error, returned, finished_at, whole)
+    assert text == record_fields(absent, in_order, deleted, always)
