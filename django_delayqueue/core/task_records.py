@@ -7,14 +7,14 @@ how a write lands whatever order writes arrive in is ``write_record.lua``'s.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from json.encoder import encode_basestring as _quoted
 from typing import Any
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
-from django_delayqueue.core.scripts.contracts import WRITE_RECORD
+from django_delayqueue.core.scripts.contracts import WRITE_RECORD, WRITE_RECORDS
 
 
 class TaskRecords:
@@ -32,23 +32,38 @@ class TaskRecords:
         in_order: Sequence[Any] = (),
         deleted: Sequence[str] = (),
         always: Sequence[Any] = (),
+        required: str | None = None,
+        mergeable: bool = False,
+        fields: str | None = None,
     ) -> ScriptCall:
         """The write of fields of the result record of ``message_id``, to run alone or with
         the consumer's round trip: the field, value pairs ``absent`` set where the field is
         not there yet, ``in_order`` set and the fields ``deleted`` removed only when ``order``
         is not below the record's (with the expiry: ``kept_seconds`` from now, 0 for none),
-        and the pairs ``always`` set whatever the order."""
-        return WRITE_RECORD.call(
-            record=self.keys.task_result(message_id),
-            kept_seconds=kept_seconds,
-            order=order,
-            fields=record_fields(absent, in_order, deleted, always),
-        )
+        and the pairs ``always`` set whatever the order. With ``required``, a record without
+        that field is left as it is (the call's reply is then -1).
+
+        ``mergeable``: a call of write_records.lua instead, whose reply is a list of the one
+        reply, which a consumer's round sends as one call with the other such writes of the
+        queue (see django_delayqueue.core.consumer.recording.merged_writes). ``fields``: the
+        four lists' text as :func:`record_fields` makes it, built by the caller already."""
+        # Built here rather than through Contract.call: a worker builds one per task it runs.
+        key = self.keys.task_result(message_id)
+        if fields is None:
+            fields = record_fields(absent, in_order, deleted, always)
+        if mergeable:
+            write = f"{int(kept_seconds)} {int(order)} {required or ''} {fields}"
+            return ScriptCall(WRITE_RECORDS.script, [key], [write])
+        args = [kept_seconds, order, fields]
+        if required is not None:
+            args.append(required)
+        return ScriptCall(WRITE_RECORD.script, [key], args)
 
     def load_record_script(self) -> None:
-        """Load the script of record writes ahead of the first (a NOSCRIPT costs a trip)."""
+        """Load the scripts of record writes ahead of the first (a NOSCRIPT costs a trip)."""
         with redis_errors(f"loading scripts on {self.name}"):
             self.client.script_load(WRITE_RECORD.script.source)
+            self.client.script_load(WRITE_RECORDS.script.source)
 
 
 def record_fields(
@@ -56,16 +71,18 @@ def record_fields(
 ) -> str:
     """write_record.lua's ARGV[3]: the four lists as JSON, every value as the text Redis would
     store for it (a number as its digits, bytes as UTF-8)."""
-    lists = [
-        [v if type(v) is str else _text(v) for v in part]
-        for part in (absent, in_order, deleted, always)
-    ]
-    return _ENCODER.encode(lists)
-
-
-# Not json.dumps(..., separators=...): that builds an encoder per call. Not ASCII-only: a value
-# reaches Redis as the same UTF-8 bytes it would as an argument of its own.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    # Every value a string: joined around json's own string escaping (C), which costs a worker
+    # less than an encoder's walk of the lists, and writes the same text as
+    # json.JSONEncoder(separators=(",", ":"), ensure_ascii=False) would. Not ASCII-only: a
+    # value reaches Redis as the same UTF-8 bytes it would as an argument of its own.
+    return (
+        "[["
+        + "],[".join(
+            ",".join([_quoted(v if type(v) is str else _text(v)) for v in part])
+            for part in (absent, in_order, deleted, always)
+        )
+        + "]]"
+    )
 
 
 def _text(value: Any) -> str:

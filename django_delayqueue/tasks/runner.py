@@ -20,11 +20,14 @@ sets what changed without reading it first, and a task's run costs no round trip
 
 - the RUNNING write goes with the consumer's next round trip (``write_soon``); until it lands
   ``get_result`` reads RUNNING from the message being in flight;
-- a success is written with the message's ack, before it (``WritesWithAck``), and
-  ``task_finished`` is sent once Redis has it, so a receiver that reads the result finds it
-  SUCCESSFUL;
+- a success is written with the message's ack, before it (``WritesWithAck``), in one
+  write_records.lua call with the round's other results, and ``task_finished`` is sent once
+  Redis has it, so a receiver that reads the result finds it SUCCESSFUL;
 - a failure is written at once (each write carries the attempt's own fields too, so any one
-  of them leaves a whole record).
+  of them leaves a whole record). The end's writes leave out what enqueue wrote (the
+  ``enqueued`` JSON, the task's arguments): a record that lacks it (deleted by hand, or
+  expired and its task requeued) is left alone by such a write, which then goes again whole
+  (see django_delayqueue.tasks.attempt).
 
 The record is read only when the task needs its history: a ``takes_context`` task, or a later
 attempt (whose ``task_started`` result lists the errors so far). A first attempt's result is
@@ -40,10 +43,10 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.db import close_old_connections
 
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
@@ -52,31 +55,20 @@ from django_delayqueue.core.consumer.outcomes import WritesWithAck
 from django_delayqueue.core.envelope import Message, encode_json
 from django_delayqueue.core.errors import (
     Aborted,
-    CorruptEnvelope,
     PayloadError,
-    RedisUnavailable,
     Reject,
     Retry,
 )
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
-from django_delayqueue.core.scripts.contracts import WRITE_RECORD
+from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.tasks import framework
+from django_delayqueue.tasks.attempt import Attempt, task_error
 from django_delayqueue.tasks.payload import (
-    ENQUEUED,
-    ERROR_PREFIX,
     FAILED,
-    FINISHED_AT,
-    LAST_ATTEMPTED_AT,
     READY,
-    RETURN_VALUE,
     RUNNING,
-    STARTED_AT,
-    STATUS,
     SUCCESSFUL,
-    WORKER_PREFIX,
     TaskRecord,
-    write_order,
 )
 from django_delayqueue.tasks.results import (
     finished_result,
@@ -111,7 +103,7 @@ class TaskRunner:
         run = _TaskRun(self, message, queue)
         try:
             run.start()
-            value = run.task.call(*run.args, **run.kwargs)
+            value = _call(run.task, run.args, run.kwargs)
             handler_returned()  # the task is done: no limit lands in writing its result
             stopped = stop_error()  # an abort or a time limit: its end whatever it returned
             if stopped is not None:
@@ -163,16 +155,13 @@ class TaskRunner:
 
     @staticmethod
     def _failed(
-        attempt: _Attempt, record: TaskRecord, error: BaseException, backend: Any, task: Any
+        attempt: Attempt, record: TaskRecord, error: BaseException, backend: Any, task: Any
     ) -> None:
         """FAILED, written now; then ``task_finished`` (when the backend is known; for a task
         that could not be imported, with a stand-in Task of its module path)."""
         record.status, record.finished_at = FAILED, attempt.queue.clock.now_ms()
-        record.errors.append(_error(error))
-        write = attempt.write(
-            FAILED, error=error, ttl=_ttl(backend), finished_at=record.finished_at
-        )
-        write.run(attempt.queue.client)
+        record.errors.append(task_error(error))
+        attempt.write_now(FAILED, error=error, ttl=_ttl(backend), finished_at=record.finished_at)
         if backend is not None and not unheard(framework.task_finished, backend, FAILED):
             task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
@@ -187,7 +176,7 @@ class _TaskRun:
         self.record = TaskRecord.from_payload(
             message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
         )
-        self.attempt = _Attempt(runner.worker_id, message, queue, self.record.enqueued_json())
+        self.attempt = Attempt(runner.worker_id, message, queue, self.record)
         self.backend: Any = None
         self.task: Any = None
         self.running: ScriptCall | None = None
@@ -238,7 +227,7 @@ class _TaskRun:
                 self.runner._failed(attempt, record, e, self.backend, self.task)
             else:  # a retry asked for is not an error
                 error = None if isinstance(e, Retry) else e
-                attempt.write(READY, error=error).run(queue.client)
+                attempt.write_now(READY, error=error)
         except Exception:  # the record is secondary: the task's own outcome stands
             logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
         finally:
@@ -257,12 +246,12 @@ class _TaskRun:
         message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
         backend, task = self.backend, self.task
         try:
-            # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
-            returned = encode_json(_normalized(value), "return value", ascii_only=True)
-            return_value = json.loads(returned)  # what a reader gets: lists, not tuples
+            returned, return_value = _stored(value)
             finished_at = queue.clock.now_ms()
+            ttl = _ttl(backend)
+            # Sent with the round's other results as one call (recording.merged_writes).
             write = attempt.write(
-                SUCCESSFUL, returned=returned, ttl=_ttl(backend), finished_at=finished_at
+                SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, mergeable=True
             )
         except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
             # It ran: running it again would repeat its effects for the same bad value. So
@@ -283,120 +272,65 @@ class _TaskRun:
                 return to_task_result(record, message.id, task)
             return finished_result(self.started, record)
 
-        def finished() -> None:  # on the consumer's thread: its receivers' connections closed
+        def finished(reply: Any = None) -> None:  # on the consumer's thread, once Redis has it
+            if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
+                try:
+                    attempt.write(
+                        SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
+                    ).run(queue.client)
+                except Exception:
+                    logger.exception(
+                        "queue %s: task %s: result not recorded", queue.name, message.id
+                    )
+            # Its receivers' connections closed after them.
+            if unheard(framework.task_finished, backend, SUCCESSFUL):
+                return  # nothing ran here that could have opened or used a connection
             try:
-                if not unheard(framework.task_finished, backend, SUCCESSFUL):
-                    _send_robust(framework.task_finished, backend, result())
+                _send_robust(framework.task_finished, backend, result())
             finally:
                 close_old_connections()
 
         return WritesWithAck(write, finished, supersedes=self.running)
 
 
-class _Attempt:
-    """One delivery of a task: the fields it writes to its record."""
-
-    def __init__(self, worker_id: str, message: Message, queue: Queue, enqueued: str) -> None:
-        self.worker_id, self.message, self.queue = worker_id, message, queue
-        self.enqueued = enqueued  # the record's enqueued field, as the message tells it
-        self.key = queue.keys.task_result(message.id)
-        self.started_at = queue.clock.now_ms()
-
-    def read(self, from_message: TaskRecord) -> TaskRecord:
-        """The record in Redis (one round trip), or the message's when it is gone or bad, or
-        cannot be read: the read only gives the task its history (errors so far), and a Redis
-        blip before the task starts must not use up one of its attempts (on the last one, fail
-        it unstarted). Every write of the attempt sets its own fields whole, without it."""
-        try:
-            with redis_errors(f"reading task result {self.message.id}"):
-                stored = self.queue.client.hgetall(self.key)
-            return TaskRecord.from_hash(stored)
-        except RedisUnavailable as e:
-            logger.warning(
-                "queue %s: task result %s not read (%s): run with what its message says",
-                self.queue.name,
-                self.message.id,
-                e,
-            )
-            return from_message
-        except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
-            logger.warning(
-                "queue %s: task result %s %s: rebuilt", self.queue.name, self.message.id, e
-            )
-            return from_message
-
-    def mark_running(self, record: TaskRecord) -> None:
-        record.status = RUNNING
-        record.started_at = record.started_at or self.started_at
-        record.last_attempted_at = self.started_at
-        record.worker_ids.append(self.worker_id)
-
-    def running_write(self) -> ScriptCall:
-        """The write of RUNNING, its arguments built only if it is sent: a task that ends before
-        the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
-        most tasks do. Built on whichever thread sends it, from this attempt's own fields only
-        (set before the task runs, never changed after)."""
-        return ScriptCall(WRITE_RECORD.script, [self.key], _Later(lambda: self.write(RUNNING).args))
-
-    def write(
-        self,
-        status: str,
-        *,
-        error: BaseException | None = None,
-        returned: str | None = None,
-        ttl: int = 0,
-        finished_at: int | None = None,
-    ) -> ScriptCall:
-        """The write of this attempt's fields with ``status``: whole in itself (what enqueue
-        wrote, where it is gone, and the start), whichever of the attempt's writes lands."""
-        absent = [STARTED_AT, self.started_at, ENQUEUED, self.enqueued]
-        # Whichever lands last, the status is the latest one's (see write_order).
-        order = write_order(self.message.token, status)
-        # The end of an attempt (finished_at, return_value) goes with its status: a late end of
-        # an older attempt must not mark the latest one finished. Not given, they are deleted:
-        # a requeued task running again has no end yet (nor the expiry of its last one).
-        in_order: list[Any] = [STATUS, status, LAST_ATTEMPTED_AT, self.started_at]
-        deleted: list[str] = []
-        for name, value in ((FINISHED_AT, finished_at), (RETURN_VALUE, returned)):
-            if value is None:
-                deleted.append(name)
-            else:
-                in_order += (name, value)
-        # Per delivery (its token in the name): set whatever the order, they never clash.
-        fields: list[Any] = [f"{WORKER_PREFIX}{self.message.token}", self.worker_id]
-        if error is not None:
-            fields += (f"{ERROR_PREFIX}{self.message.token}", json.dumps(_error(error)))
-        return self.queue.record_write_call(
-            self.message.id,
-            order=order,
-            kept_seconds=ttl,
-            absent=absent,
-            in_order=in_order,
-            deleted=deleted,
-            always=fields,
-        )
+def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``task.call(*args, **kwargs)``: its function called directly where that is all the
+    framework's ``Task.call`` would do (a plain function; ``async def`` ones it runs through
+    ``async_to_sync``), without asking again for every run whether it is a coroutine one."""
+    func = task.func
+    if type(task).call is framework.Task.call:
+        is_async = _async_funcs.get(func)
+        if is_async is None:
+            if len(_async_funcs) >= _ASYNC_FUNCS_KEPT:
+                _async_funcs.clear()
+            is_async = _async_funcs[func] = iscoroutinefunction(func)
+        if not is_async:
+            return func(*args, **kwargs)
+    return task.call(*args, **kwargs)
 
 
-class _Later(Sequence[Any]):
-    """A call's arguments, built by ``build`` the first time they are read."""
+# Per task function (kept with it, so never mistaken for another): whether it is async.
+_ASYNC_FUNCS_KEPT = 256
+_async_funcs: dict[Any, bool] = {}
 
-    def __init__(self, build: Callable[[], Sequence[Any]]) -> None:
-        self._build: Callable[[], Sequence[Any]] | None = build
-        self._built: Sequence[Any] = ()
 
-    def _args(self) -> Sequence[Any]:
-        if self._build is not None:
-            self._built, self._build = self._build(), None
-        return self._built
+def _stored(value: Any) -> tuple[str, Any]:
+    """The JSON text a return value is stored as, and the value a reader gets back from it."""
+    kind = type(value)
+    # The common returns, whose JSON and whose value read back are known without the round
+    # trip through the framework's normalisation, the encoder and the decoder.
+    if value is None:
+        return "null", None
+    if kind is bool:
+        return ("true" if value else "false"), value
+    if kind is int and -_SMALL_INT < value < _SMALL_INT:  # far from int-string limits
+        return str(value), value
+    # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
+    returned = encode_json(_normalized(value), "return value", ascii_only=True)
+    return returned, json.loads(returned)  # what a reader gets: lists, not tuples
 
-    def __len__(self) -> int:
-        return len(self._args())
 
-    def __getitem__(self, index: Any) -> Any:
-        return self._args()[index]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._args())
+_SMALL_INT = 10**18
 
 
 def _normalized(value: Any) -> Any:
@@ -448,14 +382,6 @@ def _cause(error: Exception) -> BaseException:
     if isinstance(error, PayloadError) and isinstance(cause, (TypeError, ValueError)):
         return cause
     return error
-
-
-def _error(error: BaseException) -> dict[str, str]:
-    kind = type(error)
-    return {
-        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-        "traceback": "".join(traceback.format_exception(error)),
-    }
 
 
 def _default_ttl() -> int:

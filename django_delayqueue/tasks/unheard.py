@@ -35,20 +35,52 @@ _PLAIN_LOGGERS = (logging.Logger, logging.RootLogger)
 def unheard(signal: Any, backend: Any, status: str) -> bool:
     """Whether sending ``signal`` for ``backend`` with a result of ``status`` would do nothing:
     its only live receiver is the framework's own, and the line it would log is dropped."""
-    own, log = _OWN_RECEIVERS.get(id(signal)), framework.signals_logger
-    if own is None or log is None:
+    log = framework.signals_logger
+    if log is None or not _only_own_receiver(signal, type(backend)):
+        return False
+    level = logging.INFO if status in (RUNNING, SUCCESSFUL) else logging.ERROR
+    return dropped(log, level)
+
+
+def _only_own_receiver(signal: Any, sender: type) -> bool:
+    """Whether the framework's own receiver is the only live one of ``signal`` for ``sender``.
+
+    Kept per signal and sender while the signal's receivers stay the same: a worker asks twice
+    per task, and resolving them (a lock, the weak references) shows on its profile. Any
+    change is seen at the next ask: ``connect`` and ``disconnect`` change ``receivers`` (a
+    list of tuples made once per connected receiver, compared by identity first, so the check
+    costs little), and a receiver or sender that dies sets ``_dead_receivers``."""
+    receivers = getattr(signal, "receivers", None)
+    if not isinstance(receivers, list) or getattr(signal, "_dead_receivers", True):
+        return _resolve_only_own(signal, sender)  # not the Signal known here: asked each time
+    key = (id(signal), sender)
+    kept = _kept.get(key)
+    if kept is not None and kept[0] is signal and kept[1] == receivers:
+        return kept[2]
+    answer = _resolve_only_own(signal, sender)
+    if len(_kept) >= _KEPT:
+        _kept.clear()
+    # The signal kept with it (its id is never reused meanwhile), and a copy of its list.
+    _kept[key] = (signal, list(receivers), answer)
+    return answer
+
+
+def _resolve_only_own(signal: Any, sender: type) -> bool:
+    own = _OWN_RECEIVERS.get(id(signal))
+    if own is None:
         return False
     try:
-        live = signal._live_receivers(type(backend))  # Django 5.0+: (sync, async) receivers
+        live = signal._live_receivers(sender)  # Django 5.0+: (sync, async) receivers
     except Exception:
         return False
     if not isinstance(live, tuple) or len(live) != 2:  # older Django: one list, its own way
         return False
     sync, asynchronous = live
-    if asynchronous or any(receiver is not own for receiver in sync):
-        return False
-    level = logging.INFO if status in (RUNNING, SUCCESSFUL) else logging.ERROR
-    return dropped(log, level)
+    return not asynchronous and all(receiver is own for receiver in sync)
+
+
+_KEPT = 64
+_kept: dict[tuple[int, type], tuple[Any, list[Any], bool]] = {}
 
 
 def dropped(log: logging.Logger, level: int) -> bool:

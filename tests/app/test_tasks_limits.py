@@ -108,15 +108,15 @@ def test_a_limit_reached_after_the_task_returned_does_not_fail_it(
     from django_delayqueue.tasks import runner
 
     sent: list[bool] = []
-    normalized = runner._normalized
+    stored = runner._stored
 
     def limit_comes_due_now(value: Any) -> Any:  # as if the watchdog's thread sent it now
         run = limits.current_run()
         assert run is not None
         sent.append(run.send(dq.SoftTimeLimitExceeded, "soft time limit exceeded (1 s)"))
-        return normalized(value)
+        return stored(value)
 
-    monkeypatch.setattr(runner, "_normalized", limit_comes_due_now)
+    monkeypatch.setattr(runner, "_stored", limit_comes_due_now)
     with queue_settings(max_attempts=2, soft_time_limit=60, time_limit=120):
         result = examples().add.enqueue(2, 3)
         running(Worker.for_queues([QUEUE], idle_seconds=0.1))

@@ -10,6 +10,7 @@ queue (the fixture of test_tasks_backend).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.core.task_records import record_fields
 from django_delayqueue.tasks import framework, results, runner
+from django_delayqueue.tasks.attempt import Attempt
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
 Status = framework.TaskResultStatus
@@ -51,6 +53,13 @@ def write_record(
         fields=record_fields((), ordered, deleted, plain),
     )
     return call.run(client)
+
+
+def from_message(delivery: Any, q: Any) -> TaskRecord:
+    """The record a delivery's message tells (what the runner gives its attempt)."""
+    return TaskRecord.from_payload(
+        delivery.payload, q.logical_name, delivery.due_ms, delivery.scheduled_ms
+    )
 
 
 # --- write_record.lua -----------------------------------------------------------------------
@@ -103,8 +112,8 @@ def test_the_late_success_of_a_reaped_delivery_leaves_the_running_one(
     assert q.reap(now_ms=later).retried == 1
     q.promote(now_ms=later)
     (again,) = q.claim(1, now_ms=later)
-    first = runner._Attempt("w1", stalled, q, "{}")
-    second = runner._Attempt("w2", again, q, "{}")
+    first = Attempt("w1", stalled, q, from_message(stalled, q))
+    second = Attempt("w2", again, q, from_message(again, q))
     second.write(RUNNING).run(q.client)
     late = first.write(SUCCESSFUL, returned="3", ttl=60, finished_at=q.clock.now_ms())
     late.run(q.client)
@@ -135,7 +144,7 @@ def test_a_requeued_failed_task_has_no_expiry_and_reads_running_once_claimed(
     (delivery,) = q.claim(1)
     claimed = examples().always_fails.get_result(result.id)  # before its RUNNING write
     assert claimed.status == Status.RUNNING and claimed.finished_at is None
-    runner._Attempt("w2", delivery, q, "{}").write(RUNNING).run(q.client)
+    Attempt("w2", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
     running = examples().always_fails.get_result(result.id)
     assert running.status == Status.RUNNING and running.finished_at is None
     assert redis_client.hget(key, "status") == RUNNING.encode()
@@ -166,7 +175,7 @@ def test_a_running_task_whose_message_waits_again_reads_ready(
     result = examples().add.enqueue(1, 2)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    runner._Attempt("w1", delivery, q, "{}").write(RUNNING).run(q.client)
+    Attempt("w1", delivery, q, from_message(delivery, q)).write(RUNNING).run(q.client)
     assert examples().add.get_result(result.id).status == Status.RUNNING
     if way_back == "reaped":
         assert q.reap(now_ms=delivery.claimed_ms + 10**9).retried == 1
@@ -211,15 +220,15 @@ def test_a_non_json_return_value_is_rejected_even_when_failed_cannot_be_written(
 ) -> None:
     """The task ran: a retry would run it again, so the Reject stands when Redis refuses the
     FAILED write (here a key of the wrong type: a real error from Redis)."""
-    written = runner._Attempt.write
+    written = Attempt.write
     broken = KEYS.task_result("not-a-hash")
     redis_client.set(broken, "x")
 
-    def failing(self: runner._Attempt, status: str, **kwargs: Any) -> ScriptCall:
+    def failing(self: Attempt, status: str, **kwargs: Any) -> ScriptCall:
         call = written(self, status, **kwargs)
         return call._replace(keys=[broken]) if status == FAILED else call
 
-    monkeypatch.setattr(runner._Attempt, "write", failing)
+    monkeypatch.setattr(Attempt, "write", failing)
     result = examples().returns_a_set.enqueue()
     burst()
     assert redis_client.hget(KEYS.attempts, result.id) == b"1"  # not run again
@@ -274,9 +283,9 @@ def test_a_running_write_built_late_is_the_attempt_s_running_write(
     result = examples().add.enqueue(1, 2)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    attempt = runner._Attempt("w1", delivery, q, '{"task":"x"}')
+    attempt = Attempt("w1", delivery, q, from_message(delivery, q))
     late = attempt.running_write()
-    assert list(late.args) == list(attempt.write(RUNNING).args)
+    assert list(late.args) == list(attempt.write(RUNNING, whole=True).args)
     assert late.keys == [KEYS.task_result(result.id)]
     assert late.run(q.client) == 1
     assert redis_client.hget(KEYS.task_result(result.id), "status") == RUNNING.encode()
@@ -339,3 +348,128 @@ def test_the_finished_result_is_what_a_result_built_whole_would_be() -> None:
     assert [getattr(finished, n) for n in names] == [getattr(whole, n) for n in names]
     assert finished.return_value == {"sum": 3} and finished.status == framework.SUCCESSFUL
     assert started.status == Status.RUNNING and started.finished_at is None  # left as it was
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, False, 0, -7, 10**18 - 1, -(10**18) + 1, 10**18, 10**40, 1.5, "é", [1]]
+)
+def test_a_return_value_s_short_cut_stores_what_the_encoder_would(value: Any) -> None:
+    """The common return values (None, a bool, a small int) skip normalising, encoding and
+    decoding: stored as the same text, read back as the same value, as the full path."""
+    from django_delayqueue.core.envelope import encode_json
+
+    text = encode_json(runner._normalized(value), "return value", ascii_only=True)
+    assert runner._stored(value) == (text, json.loads(text))
+    assert type(runner._stored(value)[1]) is type(json.loads(text))
+
+
+# --- a record gone before its task ends: written whole again ----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_requires_a_field_leaves_a_record_without_it_alone(
+    redis_client: redis.Redis,
+) -> None:
+    """write_record.lua's ARGV[4]: a record without that field is not written (-1), so that
+    the caller can write it whole; one with it is written as without ARGV[4]."""
+    q = get_queue(QUEUE)
+    key = KEYS.task_result("gone")
+    fields = record_fields([], ["status", RUNNING], [], [])
+    gone = ScriptCall(WRITE_RECORD.script, [key], [0, 2, fields, "enqueued"])
+    assert gone.run(q.client) == -1
+    assert not redis_client.exists(key)
+    redis_client.hset(key, "enqueued", "{}")
+    assert gone.run(q.client) == 1
+    assert redis_client.hget(key, "status") == RUNNING.encode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_deleted_before_its_task_succeeds_is_written_whole(
+    redis_client: redis.Redis,
+) -> None:
+    """A task's end leaves out the record's "enqueued" (the record has it since enqueue);
+    a record gone meanwhile is written whole after the ack, arguments as enqueued."""
+    result = examples().add.enqueue(2, 3)
+    redis_client.delete(KEYS.task_result(result.id))
+    burst()
+    done = examples().add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 5
+    assert done.args == [2, 3] and done.worker_ids == ["test-worker"]
+    assert redis_client.ttl(KEYS.task_result(result.id)) > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_deleted_before_its_task_fails_is_written_whole(
+    redis_client: redis.Redis,
+) -> None:
+    """The same for the writes of a failed attempt (READY, then FAILED on the last)."""
+    result = examples().always_fails.enqueue("x")
+    redis_client.delete(KEYS.task_result(result.id))
+    burst()
+    done = examples().always_fails.get_result(result.id)
+    assert done.status == Status.FAILED and done.args == ["x"]
+    assert len(done.errors) == 3  # every attempt's (max_attempts 3 on the demo queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rebuilt_record_has_the_arguments_as_enqueued_not_as_the_task_left_them(
+    redis_client: redis.Redis,
+) -> None:
+    """A task that changes its (list, dict) arguments in place: the record written whole
+    after it ran still has them as they were enqueued."""
+    result = examples().empties_its_arguments.enqueue([1, 2], options={"a": 3})
+    redis_client.delete(KEYS.task_result(result.id))
+    burst()
+    done = examples().empties_its_arguments.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 6
+    assert done.args == [[1, 2]] and done.kwargs == {"options": {"a": 3}}
+
+
+def test_a_task_is_called_as_its_framework_calls_it(redis_client: redis.Redis) -> None:
+    """The runner calls a plain task's function directly (what ``Task.call`` does for it);
+    an ``async def`` task, or a Task class with a ``call`` of its own, through ``call``."""
+    assert runner._call(examples().add, [2, 3], {}) == 5
+    assert runner._call(examples().sleeps_async, ["x"], {}) == "async x"  # async_to_sync
+
+    class Counted(framework.Task):  # type: ignore[misc,valid-type]
+        def call(self, *args: Any, **kwargs: Any) -> Any:
+            return ("counted", super().call(*args, **kwargs))
+
+    counted = object.__new__(Counted)
+    for spec in dataclasses.fields(framework.Task):
+        object.__setattr__(counted, spec.name, getattr(examples().add, spec.name))
+    assert runner._call(counted, [1, 1], {}) == ("counted", 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", [RUNNING, "READY", FAILED, SUCCESSFUL])
+@pytest.mark.parametrize("whole", [False, True])
+def test_an_attempt_s_fields_are_the_text_record_fields_makes_of_its_lists(
+    redis_client: redis.Redis, status: str, whole: bool
+) -> None:
+    """Attempt.fields writes the four lists out itself: the same text as record_fields, with
+    a worker name, a return value and an error that need escaping (quotes, non-ASCII)."""
+    from django_delayqueue.tasks.attempt import task_error
+
+    examples().add.enqueue(1, 2)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    attempt = Attempt('w "é"\\1', delivery, q, from_message(delivery, q))
+    error = ValueError('bad "value" é') if status in ("READY", FAILED) else None
+    returned = '{"a": "é\\"x"}' if status == SUCCESSFUL else None
+    finished_at = attempt.started_at + 5 if status in (FAILED, SUCCESSFUL) else None
+    absent: list[Any] = ["started_at", attempt.started_at]
+    if whole:
+        absent += ["enqueued", attempt.enqueued]
+    in_order: list[Any] = ["status", status, "last_attempted_at", attempt.started_at]
+    deleted = []
+    for name, value in (("finished_at", finished_at), ("return_value", returned)):
+        if value is None:
+            deleted.append(name)
+        else:
+            in_order += [name, value]
+    always = [f"worker:{delivery.token}", 'w "é"\\1']
+    if error is not None:
+        always += [f"error:{delivery.token}", json.dumps(task_error(error))]
+    text = attempt.fields(status, error, returned, finished_at, whole)
+    assert text == record_fields(absent, in_order, deleted, always)

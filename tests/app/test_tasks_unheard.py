@@ -205,3 +205,86 @@ def test_a_context_task_gets_its_result_when_no_signal_is_sent(console: io.Strin
     built = run_and_finish(examples().knows_its_context, "x")
     assert [r.status for r in built] == [Status.RUNNING]
     assert built[0].task.module_path.endswith("knows_its_context")
+
+
+# --- the receivers' answer, kept while they stay the same (unheard._only_own_receiver) -----
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_connected_after_a_quiet_run_is_called_then_left_after_disconnecting(
+    console: io.StringIO,
+) -> None:
+    """The answer "only the framework's receiver" is kept after the first run; a receiver
+    connected later is called by the next run, and one disconnected is not sent to again."""
+    shaped(console)
+    assert run_and_finish(examples().add, 1, 2) == []  # quiet: the answer is kept now
+    heard: list[tuple[str, Any]] = []
+
+    def on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        heard.append(("started", task_result.status))
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        heard.append(("finished", task_result.status))
+
+    framework.task_started.connect(on_started)
+    framework.task_finished.connect(on_finished)
+    try:
+        run_and_finish(examples().add, 3, 4)
+    finally:
+        framework.task_started.disconnect(on_started)
+        framework.task_finished.disconnect(on_finished)
+    assert heard == [("started", Status.RUNNING), ("finished", framework.SUCCESSFUL)]
+    assert run_and_finish(examples().add, 5, 6) == []  # quiet again
+    assert len(heard) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_swapped_for_another_between_runs_is_seen(console: io.StringIO) -> None:
+    """A disconnect and a connect between two runs leave as many receivers as before: the
+    new one is called all the same."""
+    shaped(console)
+    first: list[Any] = []
+    second: list[Any] = []
+
+    def one(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        first.append(task_result.status)
+
+    def other(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        second.append(task_result.status)
+
+    framework.task_finished.connect(one)
+    try:
+        run_and_finish(examples().add, 1, 2)
+        framework.task_finished.disconnect(one)
+        framework.task_finished.connect(other)
+        run_and_finish(examples().add, 3, 4)
+    finally:
+        framework.task_finished.disconnect(one)
+        framework.task_finished.disconnect(other)
+    assert first == [framework.SUCCESSFUL] and second == [framework.SUCCESSFUL]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_weak_receiver_gone_is_seen_gone(console: io.StringIO) -> None:
+    """A receiver connected weakly that is collected leaves the framework's own alone: the
+    next run is quiet again, and while it lived it was called."""
+    shaped(console)
+    heard: list[Any] = []
+
+    class Listener:
+        def on_finished(self, sender: Any, task_result: Any, **kwargs: Any) -> None:
+            heard.append(task_result.status)
+
+    listener = Listener()
+    framework.task_finished.connect(listener.on_finished)  # weak: a bound method
+    backend = framework.task_backends["default"]
+    run_and_finish(examples().add, 1, 2)
+    assert heard == [framework.SUCCESSFUL]
+    assert not unheard(framework.task_finished, backend, SUCCESSFUL)
+    del listener
+    import gc
+
+    gc.collect()
+    assert unheard(framework.task_finished, backend, SUCCESSFUL)
+    run_and_finish(examples().add, 3, 4)
+    assert heard == [framework.SUCCESSFUL]

@@ -297,3 +297,37 @@ def test_an_error_reply_to_the_acks_wait_is_logged_not_raised(
     with caplog.at_level(logging.WARNING):
         _confirm_acks([(q, "ack", [], 0)])
     assert "a failover now may deliver them again" in caplog.text
+
+
+def test_the_task_results_of_a_round_go_as_one_call_and_a_bad_key_fails_only_its_own(
+    redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writes left for the acks by write_records.lua calls (a task's SUCCESSFUL) merge into
+    one call per queue; each gets its own reply (its ``then`` called with it), and one whose
+    key holds the wrong type is dropped, logged, while the others land."""
+    from django_delayqueue.core.consumer.outcomes import WritesWithAck
+
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=0)
+    outcomes = claimed_outcomes(q, [ACK, ACK, ACK])
+    redis_client.set(q.keys.task_result("m1"), "not a hash")
+    redis_client.hset(q.keys.task_result("m2"), "enqueued", "{}")
+    replies: dict[str, Any] = {}
+    for o in outcomes:
+        call = q.record_write_call(
+            o.message.id, order=3, in_order=["status", "SUCCESSFUL"], required="enqueued",
+            mergeable=True,
+        )  # fmt: skip
+        o.writes = WritesWithAck(call, lambda reply, i=o.message.id: replies.setdefault(i, reply))
+    unrecorded.extend(outcomes)
+    batch = ScriptBatch()
+    calls = unrecorded.add_to(batch, [q], T0, force=True)
+    writes = [c for c in batch.calls if c.script.name == "write_records"]
+    assert len(writes) == 1 and len(writes[0].keys) == 3  # one call carries the three
+    with caplog.at_level(logging.ERROR):
+        unrecorded.read(calls, batch.run(redis_client, raise_errors=False), T0)
+    assert "message m1: handler's write dropped: WRONGTYPE" in caplog.text
+    assert replies == {"m0": -1, "m2": 1}  # m0's record lacks "enqueued": nothing written
+    assert not redis_client.exists(q.keys.task_result("m0"))
+    assert redis_client.hget(q.keys.task_result("m2"), "status") == b"SUCCESSFUL"
+    assert len(unrecorded) == 0 and q.counts()["unack"] == 0

@@ -106,6 +106,11 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
         ok, failed, dropped, given_back, *_ = claimed
         assert q.extend(ok, failed, seconds=60) == 2
         record_call(q, "m0", "SUCCESSFUL").run(client)  # a task's result, with its ack
+        # ... as a consumer's round sends it (write_records.lua, merged with the round's others)
+        merged = q.record_write_call(
+            "m0", order=2, in_order=["status", "SUCCESSFUL"], mergeable=True
+        )
+        assert merged.run(client) == [1]
         assert q.ack(ok) == 1
         assert q.nack(failed, delay=1, reason="boom") == 1
         assert q.bury(dropped, "poison")
@@ -152,7 +157,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
         "promote",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
-        "stats", "write_record",
+        "stats", "write_record", "write_records",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",

@@ -155,3 +155,12 @@ def works_until_aborted() -> str:
     while not dq.abort_requested():
         time.sleep(0.01)
     return "stopped cleanly"
+
+
+@task(queue_name="shop-tasks")
+def empties_its_arguments(items: list[int], *, options: dict[str, int]) -> int:
+    """Changes its arguments in place as it runs (what a record's "enqueued" must not see)."""
+    total = sum(items) + sum(options.values())
+    items.clear()
+    options.clear()
+    return total

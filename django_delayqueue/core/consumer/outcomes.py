@@ -26,11 +26,12 @@ class WritesWithAck:
     Returned by the handler: ``call`` (a script call on the message's queue, such as a task's
     result) is sent in the same round trip as the ack, before it, so it costs no round trip
     of its own and a worker that dies before the ack leaves neither. ``then`` runs on the
-    consumer's thread once Redis has it (a task's ``task_finished`` signal), never raising.
+    consumer's thread once Redis has it, with the call's reply (a task's ``task_finished``
+    signal, or its record written again whole), never raising.
     """
 
     call: ScriptCall
-    then: Callable[[], None] | None = None
+    then: Callable[[Any], None] | None = None
     # A call the handler gave ``Consumer.write_soon`` that ``call`` makes needless (it writes the
     # same and more): not sent if it is still waiting when this one goes.
     supersedes: ScriptCall | None = None

@@ -38,7 +38,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
-from django_delayqueue.core.scripts.contracts import JOURNAL
+from django_delayqueue.core.scripts.contracts import JOURNAL, WRITE_RECORDS
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +151,10 @@ class UnrecordedOutcomes:
             if not force and self._paused_until.get(name, 0.0) > clock:
                 continue
             q = self._by_name[name]
-            for e in entries:  # before the acks: a task's result before its message goes
-                if not e.written and e.outcome.writes is not None:
-                    flush.append((q, "write", [e], batch.add(e.outcome.writes.call)))
+            # Before the acks: a task's result before its message goes.
+            writing = [e for e in entries if not e.written and e.outcome.writes is not None]
+            for call, carried in merged_writes(writing):
+                flush.append((q, "write", carried, batch.add(call)))
             todo = [e for e in entries if not e.recorded]
             acks = [e for e in todo if e.outcome.status == ACK]
             retry = [e for e in todo if e.outcome.status not in (ACK, GARBAGE)]
@@ -189,7 +190,13 @@ class UnrecordedOutcomes:
                 self._early_done(q, entries[0], result)
                 continue
             if kind == "write":
-                self._written(q, entries[0], result)
+                if len(entries) == 1 and not _is_merged(entries[0]):
+                    self._written(q, entries[0], result)
+                    continue
+                # A merged call: one reply per write, or one error for them all.
+                replies = result if isinstance(result, list) else [result] * len(entries)
+                for e, reply in zip(entries, replies, strict=False):
+                    self._written(q, e, reply)
                 continue
             if isinstance(result, Exception):
                 if kind == "journal" and self._journal_refused(q, entries, result):
@@ -262,7 +269,7 @@ class UnrecordedOutcomes:
         writes = entry.outcome.writes
         if writes is not None and writes.then is not None and not isinstance(result, Exception):
             try:
-                writes.then()
+                writes.then(result)
             except Exception:
                 logger.exception("queue %s: message %s: after its write", q.name, message_id)
 
@@ -313,6 +320,39 @@ class UnrecordedOutcomes:
             for item in pair
         ]
         return JOURNAL.call(q.keys, max_length=self.journal_maxlen, fields=fields)
+
+
+# Scripts whose call writes KEYS[i] with ARGV[i] alone and replies with a list of one reply
+# per key (an error among them failing its own write only): calls of one queue merge into one.
+MERGEABLE_SCRIPTS = frozenset({WRITE_RECORDS.name})
+
+
+def _is_merged(entry: _Entry) -> bool:
+    writes = entry.outcome.writes
+    return writes is not None and writes.call.script.name in MERGEABLE_SCRIPTS
+
+
+def merged_writes(entries: list[_Entry]) -> list[tuple[ScriptCall, list[_Entry]]]:
+    """The calls that send the writes of ``entries`` (one queue's), and the entries each
+    carries: those of a mergeable script as one call (a round of task results costs one
+    EVALSHA and two arguments per task, not six), the others one each, in order."""
+    calls: list[tuple[ScriptCall, list[_Entry]]] = []
+    merged: dict[str, tuple[list[Any], list[Any], list[_Entry]]] = {}
+    for e in entries:
+        writes = e.outcome.writes
+        assert writes is not None
+        call = writes.call
+        if call.script.name not in MERGEABLE_SCRIPTS:
+            calls.append((call, [e]))
+            continue
+        found = merged.get(call.script.name)
+        if found is None:
+            found = merged[call.script.name] = ([], [], [])
+            calls.append((ScriptCall(call.script, found[0], found[1]), found[2]))
+        found[0].extend(call.keys)
+        found[1].extend(call.args)
+        found[2].append(e)
+    return calls
 
 
 def _confirm_acks(flush: Flush) -> None:

@@ -118,8 +118,12 @@ PURGE = Contract(
 WRITE_RECORD = Contract(
     "write_record",
     keys="record",
-    args="kept_seconds order fields",
+    args="kept_seconds order fields required",
+    optional="required",
 )
+# The writes of several records of a queue in one call (those a consumer's round sends with its
+# acks: see django_delayqueue.core.consumer.recording).
+WRITE_RECORDS = Contract("write_records", keys="*records", args="*writes")
 
 # --- recurrences (recurring schedules) ------------------------------------------------------
 ADVANCE_RECURRENCE = Contract(
@@ -138,7 +142,7 @@ CONTRACTS: dict[str, Contract] = {
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT),
         *(COUNTS, PEEK, STATS),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
-        WRITE_RECORD,
+        *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),
     )
 }

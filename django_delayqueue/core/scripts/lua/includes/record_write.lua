@@ -1,0 +1,44 @@
+-- includes/record_write.lua: one write of a record hash (a task's result), shared by
+-- write_record.lua (one record) and write_records.lua (the records of a consumer's round).
+--- @include "includes/guard.lua"
+--- @include "includes/memory.lua"
+
+-- record_write(key, ttl, order, fields, required): the write write_record.lua's header
+-- describes (ttl and order as the text given, fields the JSON of four lists, required a field
+-- name or nil). Returns 1, 0 (a later write had landed: the in-order part left) or -1 (the
+-- record lacks required: nothing written); an error reply where the key is not a hash.
+-- One read (the order and the fields set where absent) and one HSET of everything this write
+-- sets: a task's delivery costs Redis a handful of commands, not one per field. The read
+-- proves the key's type before any write (guard() only words the error when it is wrong).
+local function record_write(key, ttl_text, order_text, fields_json, required)
+  local ttl, order = tonumber(ttl_text), tonumber(order_text)
+  local fields = cjson.decode(fields_json)
+  local absent, ordered, deleted, always = fields[1], fields[2], fields[3], fields[4]
+  local wanted = {'order'}
+  for i = 1, #absent, 2 do wanted[#wanted + 1] = absent[i] end
+  if required then wanted[#wanted + 1] = required end
+  local stored = redis.pcall('HMGET', key, unpack(wanted))
+  if stored.err then
+    guard(key, 'hash')
+    return redis.error_reply(stored.err)
+  end
+  if required and not stored[#wanted] then return -1 end
+  local in_order = order >= (tonumber(stored[1]) or -1)
+  local set = {}
+  for i = 1, #absent, 2 do
+    if not stored[(i + 1) / 2 + 1] then set[#set + 1] = absent[i]; set[#set + 1] = absent[i + 1] end
+  end
+  if in_order then
+    set[#set + 1] = 'order'
+    set[#set + 1] = order_text
+    for i = 1, #ordered do set[#set + 1] = ordered[i] end
+  end
+  for i = 1, #always do set[#set + 1] = always[i] end
+  allow_oom(key, 'hash')
+  if #set > 0 then redis.call('HSET', key, unpack(set)) end
+  if in_order then
+    if #deleted > 0 then redis.call('HDEL', key, unpack(deleted)) end
+    if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
+  end
+  return in_order and 1 or 0
+end

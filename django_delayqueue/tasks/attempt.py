@@ -1,0 +1,212 @@
+"""One delivery of a task: the writes it makes to its result record (see
+django_delayqueue.tasks.runner for when each is sent, and write_record.lua for how a write lands
+whatever order writes arrive in)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from json.encoder import encode_basestring as _quoted
+from typing import Any
+
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.scripts.contracts import WRITE_RECORD
+from django_delayqueue.tasks.payload import (
+    ENQUEUED,
+    ERROR_PREFIX,
+    FINISHED_AT,
+    LAST_ATTEMPTED_AT,
+    RETURN_VALUE,
+    RUNNING,
+    STARTED_AT,
+    STATUS,
+    WORKER_PREFIX,
+    TaskRecord,
+    write_order,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Attempt:
+    """One delivery of a task: the fields it writes to its record."""
+
+    def __init__(
+        self, worker_id: str, message: Message, queue: Queue, from_message: TaskRecord
+    ) -> None:
+        self.worker_id, self.message, self.queue = worker_id, message, queue
+        self.key = queue.keys.task_result(message.id)
+        self.started_at = queue.clock.now_ms()
+        # The record's enqueued field, as the message tells it: needed only by a write that
+        # finds the record gone (see write), so encoded only then; at once where the task
+        # could change it in place as it runs (a list or dict among its arguments).
+        self._from_message = from_message
+        self._enqueued = None if flat(from_message) else from_message.enqueued_json()
+
+    @property
+    def enqueued(self) -> str:
+        if self._enqueued is None:
+            self._enqueued = self._from_message.enqueued_json()
+        return self._enqueued
+
+    def read(self, from_message: TaskRecord) -> TaskRecord:
+        """The record in Redis (one round trip), or the message's when it is gone or bad, or
+        cannot be read: the read only gives the task its history (errors so far), and a Redis
+        blip before the task starts must not use up one of its attempts (on the last one, fail
+        it unstarted). Every write of the attempt sets its own fields whole, without it."""
+        try:
+            with redis_errors(f"reading task result {self.message.id}"):
+                stored = self.queue.client.hgetall(self.key)
+            return TaskRecord.from_hash(stored)
+        except RedisUnavailable as e:
+            logger.warning(
+                "queue %s: task result %s not read (%s): run with what its message says",
+                self.queue.name,
+                self.message.id,
+                e,
+            )
+            return from_message
+        except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
+            logger.warning(
+                "queue %s: task result %s %s: rebuilt", self.queue.name, self.message.id, e
+            )
+            return from_message
+
+    def mark_running(self, record: TaskRecord) -> None:
+        record.status = RUNNING
+        record.started_at = record.started_at or self.started_at
+        record.last_attempted_at = self.started_at
+        record.worker_ids.append(self.worker_id)
+
+    def running_write(self) -> ScriptCall:
+        """The write of RUNNING, its arguments built only if it is sent: a task that ends before
+        the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
+        most tasks do. Built on whichever thread sends it, from this attempt's own fields only
+        (set before the task runs, never changed after)."""
+        return ScriptCall(
+            WRITE_RECORD.script, [self.key], Later(lambda: self.write(RUNNING, whole=True).args)
+        )
+
+    def write_now(
+        self, status: str, *, error: BaseException | None = None, ttl: int = 0,
+        finished_at: int | None = None,
+    ) -> None:  # fmt: skip
+        """:meth:`write` sent at once; whole again if the record turned out gone."""
+        kwargs: dict[str, Any] = {"error": error, "ttl": ttl, "finished_at": finished_at}
+        if self.write(status, **kwargs).run(self.queue.client) == -1:
+            self.write(status, **kwargs, whole=True).run(self.queue.client)
+
+    def write(
+        self,
+        status: str,
+        *,
+        error: BaseException | None = None,
+        returned: str | None = None,
+        ttl: int = 0,
+        finished_at: int | None = None,
+        whole: bool = False,
+        mergeable: bool = False,
+    ) -> ScriptCall:
+        """The write of this attempt's fields with ``status``: whole in itself (the start, and
+        with ``whole`` what enqueue wrote, where it is gone), whichever of the attempt's
+        writes lands. Not ``whole``, it leaves a record without ``enqueued`` (deleted by hand,
+        or expired and its task requeued) as it is, and its reply says so (-1): then the
+        same write goes again whole. Most records have it: a task's end costs no encoding of
+        its arguments again."""
+        # Whichever lands last, the status is the latest one's (see write_order).
+        order = write_order(self.message.token, status)
+        fields = self.fields(status, error, returned, finished_at, whole)
+        return self.queue.record_write_call(
+            self.message.id,
+            order=order,
+            kept_seconds=ttl,
+            fields=fields,
+            required=None if whole else ENQUEUED,
+            mergeable=mergeable,
+        )
+
+    def fields(
+        self,
+        status: str,
+        error: BaseException | None,
+        returned: str | None,
+        finished_at: int | None,
+        whole: bool,
+    ) -> str:
+        """The write's field lists as write_record.lua takes them (the text ``record_fields``
+        makes of the lists in the comments), written out: a worker builds one per task, and
+        only the values that may need it are escaped (field names and statuses are plain
+        names, times whole numbers)."""
+        quoted = _quoted
+        started_at = int(self.started_at)
+        # Set where absent: [STARTED_AT, started_at] (+ [ENQUEUED, what enqueue wrote]).
+        absent = f'"{STARTED_AT}","{started_at}"'
+        if whole:
+            absent += f',"{ENQUEUED}",{quoted(self.enqueued)}'
+        # In order: [STATUS, status, LAST_ATTEMPTED_AT, started_at] and the end of an attempt
+        # (finished_at, return_value), which goes with its status: a late end of an older
+        # attempt must not mark the latest one finished. Not given, they are deleted: a
+        # requeued task running again has no end yet (nor the expiry of its last one).
+        in_order = f'"{STATUS}",{quoted(status)},"{LAST_ATTEMPTED_AT}","{started_at}"'
+        deleted = []
+        if finished_at is None:
+            deleted.append(f'"{FINISHED_AT}"')
+        else:
+            in_order += f',"{FINISHED_AT}","{int(finished_at)}"'
+        if returned is None:
+            deleted.append(f'"{RETURN_VALUE}"')
+        else:
+            in_order += f',"{RETURN_VALUE}",{quoted(returned)}'
+        # Always, per delivery (its token in the name): set whatever the order, never clashing.
+        token = self.message.token
+        always = f"{quoted(f'{WORKER_PREFIX}{token}')},{quoted(self.worker_id)}"
+        if error is not None:
+            error_json = json.dumps(task_error(error))
+            always += f",{quoted(f'{ERROR_PREFIX}{token}')},{quoted(error_json)}"
+        return f"[[{absent}],[{in_order}],[{','.join(deleted)}],[{always}]]"
+
+
+class Later(Sequence[Any]):
+    """A call's arguments, built by ``build`` the first time they are read."""
+
+    def __init__(self, build: Callable[[], Sequence[Any]]) -> None:
+        self._build: Callable[[], Sequence[Any]] | None = build
+        self._built: Sequence[Any] = ()
+
+    def _args(self) -> Sequence[Any]:
+        if self._build is not None:
+            self._built, self._build = self._build(), None
+        return self._built
+
+    def __len__(self) -> int:
+        return len(self._args())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._args()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._args())
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def flat(record: TaskRecord) -> bool:
+    """Whether a record's arguments are all scalars: nothing a task could change in place."""
+    # At C speed (a worker asks for every task it runs): the set of their types, each known.
+    return _SCALARS.issuperset(map(type, record.args)) and _SCALARS.issuperset(
+        map(type, record.kwargs.values())
+    )
+
+
+def task_error(error: BaseException) -> dict[str, str]:
+    kind = type(error)
+    return {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        "traceback": "".join(traceback.format_exception(error)),
+    }
