@@ -210,6 +210,20 @@ def test_messages_claimed_while_held_back_are_counted_throttled(
     assert q.client.hget(q.keys.limiter, "held") is None  # nothing left waits on the limit
 
 
+def test_a_rate_edited_while_messages_wait_rescales_what_is_owed(
+    make_queue: Callable[..., Queue], manual_clock: ManualClock
+) -> None:
+    q = make_queue(rate_limit="1/h")
+    fill(q, 10)
+    assert claim(q) == (1, T0 + 3_600_000)
+    q.settings = q.settings.replace(rate_limit="10/s")  # an hour owed at 1/h: 100 ms at 10/s
+    assert claim(q) == (0, T0 + 100)
+    manual_clock.set(T0 + 100)
+    assert claim(q) == (1, T0 + 200)
+    q.settings = q.settings.replace(rate_limit="1/s")  # lowered: one interval owed, now 1 s
+    assert claim(q) == (0, T0 + 1100)
+
+
 # --- the in-flight cap -------------------------------------------------------------------------
 
 

@@ -3,6 +3,9 @@
 -- The limiter hash (QueueKeys.limiter) holds:
 --   tat        the GCRA's theoretical arrival time (ms, a fraction kept): the next message may
 --              start at tat - (burst - 1) * interval; it moves on by one interval per message
+--   interval   the interval tat was counted in: a rate edited while messages wait (staff in
+--              the admin) rescales what is owed, so a raised limit applies at once and a
+--              lowered one is not skipped
 --   held       why the last claim took fewer than it could have: 'rate' or 'in_flight'
 --   held_ms    since when messages wait on a limit (the first claim held back)
 --   throttled  messages claimed while a limit held the queue back: they started later than
@@ -17,11 +20,15 @@
 local function flow_allowance(limiter, unack, spec, now, want)
   local interval, burst, cap = string.match(spec, '^(%S+) (%S+) (%S+)$')
   interval, burst, cap = tonumber(interval), tonumber(burst), tonumber(cap)
-  local allowed, why, next_at = want, nil, nil
-  local state = redis.call('HMGET', limiter, 'tat', 'held')
+  local allowed, why, next_at, rescaled = want, nil, nil, false
+  local state = redis.call('HMGET', limiter, 'tat', 'held', 'interval')
   local tat = now
   if interval > 0 then
     tat = math.max(tonumber(state[1]) or now, now)
+    local counted_in = tonumber(state[3])
+    if counted_in and counted_in > 0 and counted_in ~= interval then
+      tat, rescaled = now + (tat - now) * interval / counted_in, true  -- written at once
+    end
     -- Tokens at `now`: burst when idle (tat == now), one more per interval after tat.
     local tokens = math.floor((now - tat) / interval + burst + 1e-9)
     if tokens < allowed then
@@ -34,18 +41,20 @@ local function flow_allowance(limiter, unack, spec, now, want)
     local free = cap - redis.call('ZCARD', unack)
     if free < allowed then allowed, why, next_at = math.max(0, free), 'in_flight', -1 end
   end
-  return allowed, why, next_at, tat, state[2]
+  return allowed, why, next_at, tat, state[2], rescaled
 end
 
--- flow_taken(limiter, spec, now, taken, tat, why, held, limited): record `taken` messages
--- started (the GCRA moves on), and whether the queue waits on a limit (`limited`: the claim
--- took fewer than it found ready and wanted).
-local function flow_taken(limiter, spec, now, taken, tat, why, held, limited)
+-- flow_taken(limiter, spec, now, taken, tat, why, held, limited, rescaled): record `taken`
+-- messages started (the GCRA moves on, or is written rescaled to an edited rate), and whether
+-- the queue waits on a limit (`limited`: the claim took fewer than it found ready and wanted).
+local function flow_taken(limiter, spec, now, taken, tat, why, held, limited, rescaled)
   local interval = tonumber(string.match(spec, '^(%S+)'))
+  if interval > 0 and (taken > 0 or rescaled) then
+    redis.call(
+      'HSET', limiter, 'tat', string.format('%.3f', tat + taken * interval), 'interval', interval
+    )
+  end
   if taken > 0 then
-    if interval > 0 then
-      redis.call('HSET', limiter, 'tat', string.format('%.3f', tat + taken * interval))
-    end
     if held then redis.call('HINCRBY', limiter, 'throttled', taken) end
     local window = now - now % 1000
     local state = redis.call('HMGET', limiter, 'window_ms', 'started')
