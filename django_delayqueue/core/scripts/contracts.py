@@ -81,6 +81,7 @@ PEEK = Contract(
     keys="pending ready unack retry garbage messages attempts reasons cancelled ranked",
     args="state offset limit",
 )
+FLOW_STATE = Contract("flow_state", keys="limiter", args="now_ms")
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
@@ -137,7 +138,7 @@ CONTRACTS: dict[str, Contract] = {
     for contract in (
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT, SLOT_FREED),
-        *(COUNTS, PEEK, STATS),
+        *(COUNTS, PEEK, STATS, FLOW_STATE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         WRITE_RECORD,
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

@@ -39,7 +39,10 @@ local function flow_allowance(limiter, unack, spec, now, want)
   end
   if cap > 0 then
     local free = cap - redis.call('ZCARD', unack)
-    if free < allowed then allowed, why, next_at = math.max(0, free), 'in_flight', -1 end
+    -- The cap as tight as the rate: a token alone would not do, a freed slot is awaited.
+    if free <= allowed and free < want then
+      allowed, why, next_at = math.max(0, free), 'in_flight', -1
+    end
   end
   return allowed, why, next_at, tat, state[2], rescaled
 end
