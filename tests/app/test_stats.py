@@ -278,3 +278,21 @@ def test_consumer_window_comes_from_the_settings(redis_client, settings):
 )
 def test_format_seconds(seconds, text):
     assert stats.format_seconds(seconds) == text
+
+
+def test_ready_messages_held_back_by_a_flow_limit_are_not_overdue(redis_client, clock):
+    q = make_queue(redis_client, "order-close", clock)
+    q.settings = q.settings.replace(rate_limit="1/m")
+    for n in range(3):
+        q.schedule({"n": n}, at=clock.now_ms() - 30_000)  # due 30 s ago: overdue
+    q.promote()
+    (before,) = stats.gather([q])
+    assert before.oldest_overdue_ms == 30_000 and before.flow.held is None
+    assert len(q.claim(3)) == 1  # the limit holds the other two back
+    (held,) = stats.gather([q])
+    assert held.oldest_overdue_ms is None  # waiting on the limit, as asked: not late
+    assert (held.flow.held, held.flow.waiting, held.counts["ready"]) == ("rate", 2, 2)
+    # Due 5 s ago and not promoted (no consumer came by): late all the same.
+    redis_client.zadd(q.keys.pending, {"stuck": clock.now_ms() - 5_000})
+    (late,) = stats.gather([q])
+    assert late.oldest_overdue_ms == 5_000
