@@ -69,14 +69,13 @@ end
 local len, nranked = redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[11])
 if len == 0 and nranked == 0 then return {} end
 local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
-local limits, wanted, why, next_at, tat, held, rescaled = ARGV[4], want, nil, nil, nil, nil, false
+local limits, wanted, flow = ARGV[4], want, nil
 if limits ~= '' then
-  want, why, next_at, tat, held, rescaled =
-    flow_allowance(KEYS[12], KEYS[2], limits, tonumber(ARGV[1]), want)
+  want, flow = flow_allowance(KEYS[12], KEYS[2], limits, tonumber(ARGV[1]), want)
   if want == 0 then
     allow_oom(KEYS[12], 'hash')  -- waiting on a limit is noted when Redis is full, too
-    flow_taken(KEYS[12], limits, tonumber(ARGV[1]), 0, tat, why, held, true, rescaled)
-    return {math.ceil(next_at)}
+    flow_taken(KEYS[12], flow, 0, true)
+    return {math.ceil(flow.next_at)}
   end
 end
 local high, low = {}, {}
@@ -172,10 +171,10 @@ for _, dead in ipairs(bad) do
   redis.call('ZADD', KEYS[7], ARGV[1], dead[1])
   redis.call('HSET', KEYS[8], dead[1], dead[2])
 end
-if limits ~= '' then
+if flow then
   local limited = want < wanted and len + nranked - dead_total > want
-  flow_taken(KEYS[12], limits, tonumber(ARGV[1]), #deliver, tat, why, held, limited, rescaled)
-  if limited then out[#out + 1] = math.ceil(next_at) end
+  flow_taken(KEYS[12], flow, #deliver, limited)
+  if limited then out[#out + 1] = math.ceil(flow.next_at) end
 end
 if receipt and #deliver > 0 then
   local record = {ARGV[5], first}

@@ -14,68 +14,76 @@
 --              before (the current rate shown by queuestats and the admin)
 
 -- flow_allowance(limiter, unack, spec, now, want): how many of `want` messages the limits let
--- this claim take at `now`, why fewer ('rate', 'in_flight' or nil), when the next may start
--- (ms; -1: when a message in flight ends) and the GCRA state to move on from. Reads only.
+-- this claim take at `now`, and what flow_taken needs: why fewer ('rate', 'in_flight' or nil),
+-- when the next may start (ms; -1: when a message in flight ends), the GCRA time to move on
+-- from and the limiter's fields as read. Reads only: one HMGET (and a ZCARD with a cap).
 -- spec: "<interval ms> <burst> <cap>", 0 for a limit that is off.
 local function flow_allowance(limiter, unack, spec, now, want)
   local interval, burst, cap = string.match(spec, '^(%S+) (%S+) (%S+)$')
   interval, burst, cap = tonumber(interval), tonumber(burst), tonumber(cap)
-  local allowed, why, next_at, rescaled = want, nil, nil, false
-  local state = redis.call('HMGET', limiter, 'tat', 'held', 'interval')
-  local tat = now
+  local s = redis.call(
+    'HMGET', limiter, 'tat', 'held', 'interval', 'window_ms', 'started', 'throttled'
+  )
+  local f = {
+    interval = interval, now = now, tat = now, held = s[2], rescaled = false,
+    window_ms = tonumber(s[4]) or 0, started = tonumber(s[5]) or 0,
+    throttled = tonumber(s[6]) or 0,
+  }
+  local allowed = want
   if interval > 0 then
-    tat = math.max(tonumber(state[1]) or now, now)
-    local counted_in = tonumber(state[3])
+    local tat = math.max(tonumber(s[1]) or now, now)
+    local counted_in = tonumber(s[3])
     if counted_in and counted_in > 0 and counted_in ~= interval then
-      tat, rescaled = now + (tat - now) * interval / counted_in, true  -- written at once
+      tat, f.rescaled = now + (tat - now) * interval / counted_in, true  -- written at once
     end
+    f.tat = tat
     -- Tokens at `now`: burst when idle (tat == now), one more per interval after tat.
     local tokens = math.floor((now - tat) / interval + burst + 1e-9)
     if tokens < allowed then
       allowed = math.max(0, tokens)
-      why = 'rate'
-      next_at = tat + (allowed - burst + 1) * interval
+      f.why, f.next_at = 'rate', tat + (allowed - burst + 1) * interval
     end
   end
   if cap > 0 then
     local free = cap - redis.call('ZCARD', unack)
     -- The cap as tight as the rate: a token alone would not do, a freed slot is awaited.
     if free <= allowed and free < want then
-      allowed, why, next_at = math.max(0, free), 'in_flight', -1
+      allowed, f.why, f.next_at = math.max(0, free), 'in_flight', -1
     end
   end
-  return allowed, why, next_at, tat, state[2], rescaled
+  return allowed, f
 end
 
--- flow_taken(limiter, spec, now, taken, tat, why, held, limited, rescaled): record `taken`
--- messages started (the GCRA moves on, or is written rescaled to an edited rate), and whether
--- the queue waits on a limit (`limited`: the claim took fewer than it found ready and wanted).
-local function flow_taken(limiter, spec, now, taken, tat, why, held, limited, rescaled)
-  local interval = tonumber(string.match(spec, '^(%S+)'))
-  if interval > 0 and (taken > 0 or rescaled) then
-    redis.call(
-      'HSET', limiter, 'tat', string.format('%.3f', tat + taken * interval), 'interval', interval
-    )
+-- flow_taken(limiter, f, taken, limited): record `taken` messages started (the GCRA moves on,
+-- or is written rescaled to an edited rate; the counts), and whether the queue waits on a
+-- limit (`limited`: the claim took fewer than it found ready and wanted). One HSET at most
+-- (and an HDEL when nothing waits on a limit any more).
+local function flow_taken(limiter, f, taken, limited)
+  local fields = {}
+  local function put(name, value)
+    local n = #fields
+    fields[n + 1], fields[n + 2] = name, value
+  end
+  if f.interval > 0 and (taken > 0 or f.rescaled) then
+    put('tat', string.format('%.3f', f.tat + taken * f.interval))
+    put('interval', f.interval)
   end
   if taken > 0 then
-    if held then redis.call('HINCRBY', limiter, 'throttled', taken) end
-    local window = now - now % 1000
-    local state = redis.call('HMGET', limiter, 'window_ms', 'started')
-    local since = tonumber(state[1]) or 0
-    if since == window then
-      redis.call('HINCRBY', limiter, 'started', taken)
+    if f.held then put('throttled', f.throttled + taken) end
+    local window = f.now - f.now % 1000
+    if f.window_ms == window then
+      put('started', f.started + taken)
     else
-      local before = since == window - 1000 and (tonumber(state[2]) or 0) or 0
-      redis.call('HSET', limiter, 'window_ms', window, 'started', taken, 'started_before', before)
+      put('window_ms', window)
+      put('started', taken)
+      put('started_before', f.window_ms == window - 1000 and f.started or 0)
     end
   end
   if limited then
-    if not held then
-      redis.call('HSET', limiter, 'held', why, 'held_ms', now)
-    elseif held ~= why then
-      redis.call('HSET', limiter, 'held', why)
-    end
-  elseif held then
+    if f.held ~= f.why then put('held', f.why) end
+    if not f.held then put('held_ms', f.now) end
+  elseif f.held then
     redis.call('HDEL', limiter, 'held', 'held_ms')
   end
+  if #fields > 0 then redis.call('HSET', limiter, unpack(fields)) end
 end
