@@ -22,7 +22,7 @@ from test_runqueue import SLOW, runqueue, schedule_slow  # noqa: F401  (a fixtur
 from waiting import TIMEOUT, wait_until
 
 import django_delayqueue as dq
-from django_delayqueue.core import QueueKeys
+from django_delayqueue.core import Queue, QueueKeys
 from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.mirror import queue_overrides
 from django_delayqueue.worker import Worker
@@ -159,3 +159,26 @@ def test_max_in_flight_holds_across_runqueue_processes(
     for _, _, _, started, _, _, _, _ in rows:
         running = [r for r in rows if r[3] <= started + 2 and r[4] > started + 2]
         assert len(running) <= 2
+
+
+@pytest.mark.slow
+def test_slots_of_a_killed_runqueue_come_back_with_the_visibility_timeout(
+    redis_client: redis.Redis,
+    redis_server: RedisServerProcess,
+    runqueue: Any,  # noqa: F811
+) -> None:
+    publish_to_children(redis_client, SLOW, max_in_flight=2, visibility_timeout=2)
+    queue = Queue(redis_client, "demo-slow", prefix="dq")
+    queue.schedule_many([{"payload": {"seconds": 60}, "id": f"hang-{i}"} for i in range(2)])
+    queue.schedule_many([{"payload": {"seconds": 0}, "id": f"quick-{i}"} for i in range(2)])
+    first = runqueue(redis_server.url, "demo-slow", "--concurrency", "4")
+    first.wait_until(lambda: redis_client.llen("demo:slow:started") == 2, "two handlers hang")
+    assert redis_client.zcard(SLOW.unack) == 2  # the cap: the quick ones wait
+    first.proc.kill()  # kill -9: its two slots stay taken until their visibility timeout
+    first.proc.wait()
+    second = runqueue(redis_server.url, "demo-slow", "--concurrency", "4")
+    second.wait_until(
+        lambda: {b"quick-0", b"quick-1"} <= set(redis_client.lrange("demo:slow:done", 0, -1)),
+        "the quick ones run in the slots the killed process held",
+    )
+    assert redis_client.zcard(SLOW.unack) <= 2

@@ -157,3 +157,30 @@ def test_slots_of_a_killed_consumer_come_back_with_the_visibility_timeout(
     q.promote()
     assert len(q.claim(10)) == 2  # the slots are back, never lost
     assert q.counts()["unack"] == 2
+
+
+def test_a_sharded_queue_keeps_its_rate_across_shards_and_consumers(
+    redis_client: Any, running: Any
+) -> None:
+    from django_delayqueue.core import Queue, QueueSettings
+    from django_delayqueue.core.sharding import ShardedQueue
+
+    settings = QueueSettings(rate_limit="20/s", max_in_flight=4, concurrency=4)
+
+    def shards() -> list[Queue]:
+        clock = SystemClock()
+        return [
+            Queue(redis_client, "sharded", settings=settings, clock=clock, shard=i, shards=2)
+            for i in range(2)
+        ]
+
+    ShardedQueue(shards()).schedule_many([{"payload": i} for i in range(30)])
+    recorder = Recorder()
+    for _ in "ab":  # two consumers, each claiming from both shards
+        running(Consumer(shards(), recorder, idle_seconds=1))
+    wait_until(lambda: len(recorder.calls) == 30)
+    claimed = [m.claimed_ms for m in recorder.calls]
+    # Each shard 10/s (one every 100 ms, burst 1): the queue 20/s, a burst of 2 at most.
+    for window in (100, 500, 1000):
+        assert most_in_any_window(claimed, window) <= 2 + 2 * ((window + MAX_CLAIM_LEAD_MS) // 100)
+    assert max(claimed) - min(claimed) >= 14 * 100 - MAX_CLAIM_LEAD_MS
