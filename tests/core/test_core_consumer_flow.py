@@ -184,3 +184,20 @@ def test_a_sharded_queue_keeps_its_rate_across_shards_and_consumers(
     for window in (100, 500, 1000):
         assert most_in_any_window(claimed, window) <= 2 + 2 * ((window + MAX_CLAIM_LEAD_MS) // 100)
     assert max(claimed) - min(claimed) >= 14 * 100 - MAX_CLAIM_LEAD_MS
+
+
+def test_a_burst_run_drains_a_rate_limited_queue_at_its_rate(make_queue: Any) -> None:
+    q = make_queue(clock=SystemClock(), rate_limit="40/s", concurrency=2)
+    q.schedule_many([{"payload": i} for i in range(6)])
+    recorder = Recorder()
+    done = threading.Event()
+
+    def run() -> None:
+        Consumer([q], recorder, burst=True).run()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(TIMEOUT)  # it ends by itself, once every token was used
+    assert len(recorder.calls) == 6 and q.counts() == EMPTY
+    claimed = [m.claimed_ms for m in recorder.calls]
+    assert max(claimed) - min(claimed) >= 5 * 25 - MAX_CLAIM_LEAD_MS

@@ -238,6 +238,12 @@ class RoundTrip:
         """Whether something is known to be due on a queue by ``now`` (or its retry is)."""
         return any(t is not None and t <= now for t in self._next_wake.values())
 
+    def waits_for_token(self) -> bool:
+        """Whether a rate limit holds back ready messages until a known instant: what is due
+        then is not done yet (a burst run waits for it). A wait on ``max_in_flight`` is not:
+        the slots are another consumer's to free."""
+        return any(until != math.inf for until in self.held_until.values())
+
     def has_ready(self, q: Queue) -> bool:
         """Whether the last round saw messages in ``q``'s ready list that it did not claim
         (and no flow limit holds them back)."""
