@@ -10,13 +10,13 @@ the promotes and claims, two parts ride on every round trip through one interfac
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.consumer.claims import ClaimReceipts
+from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_for_freed_slots
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
 from django_delayqueue.core.envelope import Message
@@ -28,7 +28,7 @@ from django_delayqueue.core.scripts.calls import (
     is_out_of_memory,
     redis_errors,
 )
-from django_delayqueue.core.scripts.contracts import HEARTBEAT, SLOT_FREED
+from django_delayqueue.core.scripts.contracts import HEARTBEAT
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +46,6 @@ class Round(NamedTuple):
 
     claimed: list[Message]
     reap_again: bool  # a reap left timed-out deliveries behind: reap again next round
-
-
-def freed_slots(batch: ScriptBatch, queues: Sequence[Queue], recorded: Sequence[Any]) -> None:
-    """After the outcomes of capped queues (``max_in_flight``), wake the consumers whose
-    claims wait on the cap (slot_freed.lua): one call per such queue, none for the others."""
-    for q in queues:
-        if q.settings.max_in_flight is not None and any(sent[0] is q for sent in recorded):
-            batch.add(SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel))
 
 
 class RoundTrip:
@@ -88,11 +80,7 @@ class RoundTrip:
         # claim, so an idle consumer costs Redis a few reads a second.
         self._ready_seen: dict[str, int] = {}
         self._claim_skipped: set[str] = set()
-        # Queues whose last claim a flow limit held back (core/flow_limits.py): until when
-        # (ms; math.inf: until a message in flight ends, announced on the wake channel).
-        # Their ready messages do not make the next round due before then: the consumer
-        # sleeps until the next token instead of polling.
-        self.held_until: dict[str, float] = {}
+        self.holds = FlowHolds()  # queues a flow limit holds back (flow_holds.py)
 
     def add_queue(self, q: Queue) -> None:
         """Send ``q``'s calls with its server's pipeline from the next round."""
@@ -128,7 +116,7 @@ class RoundTrip:
             # 1. what finished since the last round: early writes, acks, nacks, the journal;
             recorded = self.outcomes.add_to(batch, queues, now)
             if recorded:  # a queue capped by max_in_flight: others may wait for these slots
-                freed_slots(batch, queues, recorded)
+                wake_for_freed_slots(batch, queues, recorded)
             # 2. recurring ticks, before the promotes: a tick created due is claimed by this round;
             ticks = self.keeper.add_to(batch, queues, now)
             # 3. per queue, promote and claim (and, at maintenance, reap).
@@ -238,16 +226,10 @@ class RoundTrip:
         """Whether something is known to be due on a queue by ``now`` (or its retry is)."""
         return any(t is not None and t <= now for t in self._next_wake.values())
 
-    def waits_for_token(self) -> bool:
-        """Whether a rate limit holds back ready messages until a known instant: what is due
-        then is not done yet (a burst run waits for it). A wait on ``max_in_flight`` is not:
-        the slots are another consumer's to free."""
-        return any(until != math.inf for until in self.held_until.values())
-
     def has_ready(self, q: Queue) -> bool:
         """Whether the last round saw messages in ``q``'s ready list that it did not claim
         (and no flow limit holds them back)."""
-        return self._ready_seen.get(q.name, 0) > 0 and q.name not in self.held_until
+        return self._ready_seen.get(q.name, 0) > 0 and not self.holds.holds(q.name)
 
     def next_due(self) -> int | None:
         """The earliest due time (or retry time, or "now") known on any queue, or the time a
@@ -327,24 +309,12 @@ class RoundTrip:
                 self.claims.answered(q.name)
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
-                if len(raw) % 4 or q.name in self.held_until:
-                    self._held(q, q.claim_hold(raw))
+                if len(raw) % 4 or self.holds.holds(q.name):  # a flow limit's answer
+                    self.holds.note(q.name, q.claim_hold(raw), self._next_wake)
                 messages.extend(q.claimed(raw, now))
             elif kind == "reap":
                 reaped_all = self._log_reaped(q, raw) and reaped_all
         return messages, reaped_all
-
-    def _held(self, q: Queue, until: int | None) -> None:
-        """A claim of ``q`` held back by a flow limit until ``until`` (-1: until a message in
-        flight ends), or no longer (None): the next round for it is due then."""
-        if until is None:
-            self.held_until.pop(q.name, None)
-        elif until < 0:
-            self.held_until[q.name] = math.inf
-        else:
-            self.held_until[q.name] = until
-            due = self._next_wake.get(q.name)
-            self._next_wake[q.name] = until if due is None else min(due, until)
 
     @staticmethod
     def _log_reaped(q: Queue, raw: Any) -> bool:
