@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from django_delayqueue.core.errors import ConfigurationError
 
@@ -133,6 +134,7 @@ def _share(total: int, shards: int, index: int) -> int:
     return total // shards + (1 if index < total % shards else 0)
 
 
+@lru_cache(maxsize=4096)  # per claim of a limited queue: parsed once per value
 def claim_spec(
     rate_limit: str | None, max_in_flight: int | None, shard: int | None, shards: int
 ) -> str:
