@@ -296,3 +296,16 @@ def test_ready_messages_held_back_by_a_flow_limit_are_not_overdue(redis_client, 
     redis_client.zadd(q.keys.pending, {"stuck": clock.now_ms() - 5_000})
     (late,) = stats.gather([q])
     assert late.oldest_overdue_ms == 5_000
+
+
+def test_a_hold_left_by_consumers_that_stopped_is_not_believed(redis_client, clock):
+    q = make_queue(redis_client, "order-close", clock)
+    q.settings = q.settings.replace(rate_limit="10/s")
+    for n in range(3):
+        q.schedule({"n": n})
+    assert len(q.claim(3)) == 1
+    (held,) = stats.gather([q])
+    assert held.flow.held == "rate" and held.oldest_overdue_ms is None
+    clock.advance(seconds=5)  # nobody claimed since: the limit no longer explains the wait
+    (stale,) = stats.gather([q])
+    assert stale.flow.held is None and stale.oldest_overdue_ms == 5000

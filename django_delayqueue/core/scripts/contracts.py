@@ -81,7 +81,7 @@ PEEK = Contract(
     keys="pending ready unack retry garbage messages attempts reasons cancelled ranked",
     args="state offset limit",
 )
-FLOW_STATE = Contract("flow_state", keys="limiter", args="now_ms")
+FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
