@@ -18,7 +18,17 @@ from pathlib import Path
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from . import backlog, deliver, django_path, lua_loading, outbox_cost, peers, processes, produce
+from . import (
+    backlog,
+    deliver,
+    django_path,
+    lua_loading,
+    outbox_cost,
+    peers,
+    processes,
+    produce,
+    rate_limit,
+)
 from .harness import Bench, Row, private_redis
 from .report import table, write_json
 from .sizes import Sizes, sizes_for
@@ -37,6 +47,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "lua_loading": lua_loading.lua_loading,
     "processes": processes.supervised_beside_in_process,
     "processes_cpu": processes.cpu_bound,
+    "rate_limit": rate_limit.rate_limit,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -35,10 +35,17 @@ def main(argv: list[str] | None = None) -> int:
         "--slow-ms", type=float, default=0, help="handlers of {'slow': 1} payloads sleep this long"
     )
     parser.add_argument("--profile", default="", help="write a pyinstrument profile here")
+    parser.add_argument("--rate-limit", default=None, help="the queue's rate_limit setting")
+    parser.add_argument("--max-in-flight", type=int, default=None, help="its max_in_flight")
     args = parser.parse_args(argv)
 
     client = redis.Redis.from_url(args.url)
-    queue = Queue(client, args.queue, settings=QueueSettings(claim_batch=args.claim_batch))
+    settings = QueueSettings(
+        claim_batch=args.claim_batch,
+        rate_limit=args.rate_limit,
+        max_in_flight=args.max_in_flight,
+    )
+    queue = Queue(client, args.queue, settings=settings)
     late_ms: list[float] = []
     late_ids: list[str] = []  # late_ms[i] is the lateness of message late_ids[i]
     handled = [0]

@@ -28,6 +28,8 @@ class Sizes:
     peer_lateness: int = 1000
     peer_lateness_seconds: float = 10.0
     timeout: float = 300.0  # any one child process
+    rate_limit_messages: int = 2000  # bench/rate_limit.py: due at once on a 50/s queue
+    rate_limit_window_seconds: int = 5
 
 
 FULL = Sizes()
@@ -51,6 +53,8 @@ QUICK = Sizes(
     peer_lateness=100,
     peer_lateness_seconds=1.0,
     timeout=60.0,
+    rate_limit_messages=150,
+    rate_limit_window_seconds=1,
 )
 
 

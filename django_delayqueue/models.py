@@ -62,6 +62,20 @@ class QueueConfig(models.Model):
         default=_D.abort_grace_seconds,
         help_text="After a Stop (dq.abort), seconds a running handler gets to stop by itself.",
     )
+    # Flow control across every consumer (docs/flow-control.md), followed live by runqueue.
+    rate_limit = models.CharField(
+        max_length=40,
+        null=True,
+        blank=True,
+        help_text='At most this many messages start, across every consumer: "20/s", "1200/m", '
+        '"100/h", with an optional burst ("20/s burst 5"). Empty: no limit.',
+    )
+    max_in_flight = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="At most this many messages of the queue run at once, across every consumer "
+        "(whatever their concurrency). Empty: no cap.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # What the settings file said at the last sync: a field whose file value changed since
     # is taken from the file, one that staff changed is kept (see mirror.pipeline.Mirror.sync).

@@ -33,6 +33,9 @@ class BenchConfig(AppConfig):
         from . import sleepers
 
         sleepers.connect()
+        from .settings import RATE_QUEUE
+
+        dq.topic(RATE_QUEUE).connect(on_rate, dispatch_uid="bench-rate")
 
 
 _seen = [0]
@@ -45,3 +48,18 @@ def on_message(sender: str, message: Any, **kwargs: Any) -> None:
         from django_delayqueue.api import get_queue
 
         get_queue(sender).client.set("bench:e2e:done", repr(time.time()))
+
+
+RATE_STARTS = "bench:rate:starts"
+RATE_CLAIMS = "bench:rate:claims"
+
+
+def on_rate(sender: str, message: Any, **kwargs: Any) -> None:
+    """bench/rate_limit.py: note when each rate-limited message started (wall clock, ms) and
+    when the round that claimed it began (the consumer's reading of the server clock)."""
+    from django_delayqueue.conf.connection import get_client
+
+    pipe = get_client().pipeline(transaction=False)
+    pipe.rpush(RATE_STARTS, repr(time.time() * 1000))
+    pipe.rpush(RATE_CLAIMS, message.claimed_ms)
+    pipe.execute()

@@ -80,3 +80,10 @@ DELAYQUEUE["QUEUES"][HUNG_QUEUE] = {
     "max_attempts": 1,
 }
 DELAYQUEUE["QUEUES"][FAST_QUEUE] = {"concurrency": 4}
+
+# bench/rate_limit.py: three runqueue processes sharing one queue's rate limit (issue 27).
+RATE_QUEUE = "bench-rate"
+DELAYQUEUE["QUEUES"][RATE_QUEUE] = {
+    "rate_limit": os.environ.get("BENCH_RATE_LIMIT", "50/s"),
+    "concurrency": 4,
+}

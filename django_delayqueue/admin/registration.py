@@ -95,6 +95,7 @@ class QueueConfigAdmin(admin.ModelAdmin):
         "concurrency",
         ("soft_time_limit", "time_limit"),
         "abort_grace_seconds",
+        ("rate_limit", "max_in_flight"),
         "updated_at",
     ]
 

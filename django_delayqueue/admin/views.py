@@ -220,6 +220,7 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "stalled": len(running.stalled_ids(stats, time_limit)),
         "time_limit": None if time_limit is None else format_seconds(time_limit),
         "supervisors": running.processes_context(stats),
+        "flow": stats.flow,
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
 

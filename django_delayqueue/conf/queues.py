@@ -70,6 +70,7 @@ def shard_queues(
             journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
             replicas=replica_ack(),
             shard=None if count == 1 else index,
+            shards=count,
         )
         for index in range(count)
     ]

@@ -50,6 +50,7 @@ class Delivery:
     settings: QueueSettings
     clock: Clock
     announce_args: tuple[int, str]
+    shard_count: int  # how many shards the queue has (1: not sharded): each keeps a share
 
     def promote_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
         return PROMOTE.call(self.keys, now_ms=now_ms, limit=limit or self.settings.promote_batch)
@@ -78,17 +79,25 @@ class Delivery:
         consumer/claims.py) recorded there under ``claim_id``, or that claim's messages again
         when it is the claim recorded (and, with ``replay_only``, nothing new)."""
         deadline = now_ms + int(self.settings.visibility_timeout * 1000)
-        count = count or self.settings.claim_batch
+        settings = self.settings
+        count = count or settings.claim_batch
+        # '' without a limit: the claim pays one comparison (see core/flow_limits.py).
+        limits = ""
+        if settings.rate_limit is not None or settings.max_in_flight is not None:
+            limits = settings.claim_limits(self.keys.shard, self.shard_count)
         # The same bound as the claim_batch setting: one claim is one bounded script call.
         if not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         if receipt is None:
-            return CLAIM.call(self.keys, now_ms=now_ms, deadline_ms=deadline, most_ids=count)
+            return CLAIM.call(
+                self.keys, now_ms=now_ms, deadline_ms=deadline, most_ids=count, limits=limits
+            )
         return CLAIM.call(
             self.keys,
             now_ms=now_ms,
             deadline_ms=deadline,
             most_ids=count,
+            limits=limits,
             receipt=receipt,
             claim_id=claim_id,
             replay_only="1" if replay_only else "0",
@@ -101,10 +110,11 @@ class Delivery:
         return self.claimed(call.run(self.client), now)
 
     def claimed(self, raw: Sequence[Any], now_ms: int) -> list[Message]:
-        """Turn a claim script's reply into messages, burying the corrupt ones."""
+        """Turn a claim script's reply into messages, burying the corrupt ones (a limit's
+        "come back at" after the quadruples is read by :func:`claim_hold`)."""
         messages: list[Message] = []
         corrupt: list[tuple[Message, str]] = []
-        for i in range(0, len(raw), 4):
+        for i in range(0, len(raw) - len(raw) % 4, 4):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
             try:  # whatever one envelope holds, it costs only its own message
@@ -128,6 +138,12 @@ class Delivery:
             except DelayQueueError as e:  # the good ones are claimed: deliver them anyway
                 logger.error("queue %s: could not bury corrupt envelopes: %s", self.name, e)
         return messages
+
+    @staticmethod
+    def claim_hold(raw: Sequence[Any]) -> int | None:
+        """When a claim held back by a flow limit says the next message may start (ms; -1:
+        when a message in flight ends), or None when no limit held it back."""
+        return int(raw[-1]) if len(raw) % 4 else None
 
     def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
         horizon, channel = self.announce_args

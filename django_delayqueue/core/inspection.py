@@ -15,7 +15,7 @@ from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import STATES, QueueKeys
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
-from django_delayqueue.core.scripts.contracts import COUNTS, PEEK, STATS
+from django_delayqueue.core.scripts.contracts import COUNTS, FLOW_STATE, PEEK, STATS
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -103,14 +103,20 @@ def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[S
 
 
 def counts_and_activity(
-    queues: Sequence[Inspection], alive_since_ms: int, most_entries: int, most_consumers: int
-) -> list[tuple[Any, Any]]:
-    """The replies of :meth:`~Inspection.counts_call` and :meth:`~Inspection.activity_call` of
-    each of ``queues`` (which share one client), in one round trip: a script's error is
-    returned in its place; DelayQueueError when the round trip fails."""
+    queues: Sequence[Inspection],
+    alive_since_ms: int,
+    most_entries: int,
+    most_consumers: int,
+    now_ms: int = 0,
+) -> list[tuple[Any, Any, Any]]:
+    """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call` and
+    the flow limits' state (flow_state.lua, at ``now_ms``) of each of ``queues`` (which share
+    one client), in one round trip: a script's error is returned in its place;
+    DelayQueueError when the round trip fails."""
     batch = ScriptBatch()
     for q in queues:
         batch.add(q.counts_call())
         batch.add(q.activity_call(alive_since_ms, most_entries, most_consumers))
+        batch.add(FLOW_STATE.call(q.keys, now_ms=now_ms))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
-    return [(results[2 * i], results[2 * i + 1]) for i in range(len(queues))]
+    return [(results[3 * i], results[3 * i + 1], results[3 * i + 2]) for i in range(len(queues))]

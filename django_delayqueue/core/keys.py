@@ -180,6 +180,13 @@ class QueueKeys:
         return (self.ranked, self.priorities)
 
     @property
+    def limiter(self) -> str:
+        """Hash: the flow control state of the queue (of this shard, with its share of the
+        limits): the rate limit's GCRA time, whether and why messages wait on a limit, how
+        many were throttled, how many started lately (lua/includes/flow_limits.lua)."""
+        return self._key("limiter")
+
+    @property
     def successors(self) -> str:
         """Hash: id -> envelope of the message booked to follow the id's running delivery.
 
@@ -313,4 +320,5 @@ class QueueKeys:
             self.recurrence_states,
             self.ticks,
             self.tick_runs,
+            self.limiter,
         ]

@@ -49,6 +49,7 @@ class Queue(Scheduling, BulkScheduling, Delivery, Inspection, Housekeeping, Task
         journal_maxlen: int = 100_000,
         replicas: ReplicaAck | None = None,
         shard: int | None = None,
+        shards: int = 1,
     ) -> None:
         self.client = client
         # MIN_REPLICAS: schedules (and the consumer's acks) wait for this many replicas.
@@ -58,6 +59,8 @@ class Queue(Scheduling, BulkScheduling, Delivery, Inspection, Housekeeping, Task
         self.logical_name = name
         self.name = name if shard is None else f"{name}#{shard}"
         self.keys = QueueKeys(prefix, name, shard)
+        # A shard keeps its share of the queue's flow limits (core/flow_limits.py).
+        self.shard_count = 1 if shard is None else shards
         self.settings = settings or QueueSettings()
         self.clock = clock or RedisClock(client)
         # schedule() is the hot path of every producer: its keys are bound once. replace=True

@@ -8,6 +8,7 @@ from typing import Any
 
 from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.flow_limits import claim_spec, in_flight_problem, rate_problem
 
 # The settings that may be None (no limit): a number of seconds otherwise.
 LIMIT_FIELDS: tuple[str, ...] = ("soft_time_limit", "time_limit")
@@ -36,6 +37,11 @@ class QueueSettings:
     time_limit: float | None = None
     # After dq.abort(), how long a running handler gets to stop by itself before it is stopped.
     abort_grace_seconds: float = 10.0
+    # Flow control across every consumer (core/flow_limits.py, decided in the claim):
+    # "20/s", "1200/m", "100/h", optionally "20/s burst 5"; and a cap on the queue's
+    # messages in flight. None: no limit (the claim then pays nothing for them).
+    rate_limit: str | None = None
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         for problem in self.problems():
@@ -57,7 +63,19 @@ class QueueSettings:
             out.append("max_payload_bytes must be between 1 and 64 MiB")
         if not 1 <= self.promote_batch <= 100_000:
             out.append("promote_batch must be between 1 and 100000")
+        for problem in (rate_problem(self.rate_limit), in_flight_problem(self.max_in_flight)):
+            if problem:
+                out.append(problem)
         return out + self.limit_problems()
+
+    @property
+    def flow_limited(self) -> bool:
+        """Whether a rate limit or an in-flight cap applies to the claims."""
+        return self.rate_limit is not None or self.max_in_flight is not None
+
+    def claim_limits(self, shard: int | None = None, shards: int = 1) -> str:
+        """claim.lua's ``limits`` argument for ``shard`` of ``shards`` (see flow_limits)."""
+        return claim_spec(self.rate_limit, self.max_in_flight, shard, shards)
 
     def limit_problems(self) -> list[str]:
         """The time limits' own problems (the system checks give the order its own id)."""

@@ -56,6 +56,8 @@ class ShardedQueue:
         if not 2 <= len(shards) <= MAX_SHARDS:
             raise ValueError(f"a sharded queue has 2 to {MAX_SHARDS} shards, not {len(shards)}")
         self.shards = list(shards)
+        for q in self.shards:  # each keeps its share of the flow limits (core/flow_limits)
+            q.shard_count = len(self.shards)
         self.name = self.logical_name = shards[0].logical_name
         self.client = shards[0].client
         self.clock = shards[0].clock

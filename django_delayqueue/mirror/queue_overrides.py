@@ -38,6 +38,8 @@ MIRRORED_FIELDS: tuple[str, ...] = (
     "soft_time_limit",
     "time_limit",
     "abort_grace_seconds",
+    "rate_limit",
+    "max_in_flight",
 )
 
 VERSION_FIELD, UPDATED_FIELD = "version", "updated_ms"

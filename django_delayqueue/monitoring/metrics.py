@@ -70,6 +70,25 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (),
     ),
     "outcomes": ("counter", "Handler runs by outcome (ack, retry, garbage).", ("outcome",)),
+    # Flow control (docs/flow-control.md): only for queues with a rate_limit or max_in_flight.
+    "throttled": (
+        "counter",
+        "Messages that started later because a flow limit (rate_limit, max_in_flight) held "
+        "them back.",
+        (),
+    ),
+    "waiting_on_limit": (
+        "gauge",
+        "Ready messages waiting on a flow limit, by the limit that holds them (rate, in_flight).",
+        ("limit",),
+    ),
+    "rate_limit_per_second": ("gauge", "The queue's rate_limit, in messages per second.", ()),
+    "max_in_flight": ("gauge", "The queue's max_in_flight.", ()),
+    "started_last_second": (
+        "gauge",
+        "Messages of a rate-limited or capped queue claimed in the last whole second.",
+        (),
+    ),
 }
 
 
@@ -90,6 +109,26 @@ def _add(s: QueueStats, families: dict[str, Any]) -> None:
         families["failures"].add_metric([q], s.failures)
         for outcome, value in s.outcomes.items():
             families["outcomes"].add_metric([q, outcome], value)
+    _add_flow(s, families)
+
+
+def _add_flow(s: QueueStats, families: dict[str, Any]) -> None:
+    flow, q = s.flow, s.queue
+    if not flow.limited:
+        return
+    if flow.rate_per_second is not None:
+        families["rate_limit_per_second"].add_metric([q], flow.rate_per_second)
+    if flow.max_in_flight is not None:
+        families["max_in_flight"].add_metric([q], flow.max_in_flight)
+    if flow.throttled is not None:
+        families["throttled"].add_metric([q], flow.throttled)
+    if flow.rate_now is not None:
+        families["started_last_second"].add_metric([q], flow.rate_now)
+    if flow.waiting is not None:
+        for limit in ("rate", "in_flight"):
+            families["waiting_on_limit"].add_metric(
+                [q, limit], flow.waiting if flow.held == limit else 0
+            )
 
 
 # Recurring schedules: name (after "delayqueue_schedule_") -> help text; labels schedule, queue.

@@ -28,6 +28,7 @@ from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
+from django_delayqueue.monitoring.flow import FlowStats, merge_flow, read_flow
 from django_delayqueue.monitoring.processes import (
     ConsumerProcess,
     RunningNow,
@@ -60,6 +61,8 @@ class QueueStats:
     errors: list[str] = field(default_factory=list)
     # The live consumers with what their heartbeats said (pid, supervisor, what runs now).
     processes: list[ConsumerProcess] = field(default_factory=list)
+    # Flow control (docs/flow-control.md): the limits, what they do now.
+    flow: FlowStats = field(default_factory=lambda: FlowStats())
 
     @property
     def running(self) -> list[RunningNow]:
@@ -106,6 +109,7 @@ class QueueStats:
             "deliveries": self.deliveries,
             "failures": self.failures,
             "outcomes": dict(self.outcomes) if self.outcomes is not None else None,
+            "flow": self.flow.to_dict(),
             "errors": list(self.errors),
         }
 
@@ -133,12 +137,15 @@ def gather(
     now = queues[0].clock.now_ms() if now_ms is None else now_ms
     alive_since = now - int(alive_seconds * 1000)
     try:
-        replies = counts_and_activity(queues, alive_since, journal_batch, MAX_CONSUMERS_LISTED)
+        replies = counts_and_activity(
+            queues, alive_since, journal_batch, MAX_CONSUMERS_LISTED, now_ms=now
+        )
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
-        _read(q, counts, stats, now) for q, (counts, stats) in zip(queues, replies, strict=True)
+        _read(q, counts, stats, flow, now)
+        for q, (counts, stats, flow) in zip(queues, replies, strict=True)
     ]
     processes = read_processes(queues, [s.consumers for s in read])
     return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
@@ -148,9 +155,10 @@ def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> 
     return QueueStats(name, now, dict.fromkeys(STATES), paused=paused, errors=[error])
 
 
-def _read(q: Queue, counts_raw: Any, stats_raw: Any, now: int) -> QueueStats:
+def _read(q: Queue, counts_raw: Any, stats_raw: Any, flow_raw: Any, now: int) -> QueueStats:
     values: dict[str, Any] = {"counts": dict.fromkeys(STATES), "paused": q.settings.paused}
     errors: list[str] = []
+    published: dict[str, str] = {}
     if isinstance(counts_raw, Exception):
         errors.append(f"counts: {counts_raw}")
     else:
@@ -178,7 +186,24 @@ def _read(q: Queue, counts_raw: Any, stats_raw: Any, now: int) -> QueueStats:
             consumers=pairs,
             paused=q.settings.paused if paused is None else paused,
         )
+    if isinstance(flow_raw, Exception):
+        errors.append(f"flow limits: {flow_raw}")
+        flow_raw = None
+    flow = values["flow"] = read_flow(q.settings, published, flow_raw, values["counts"]["ready"])
+    if flow.held and not isinstance(counts_raw, Exception):
+        # Ready messages held back by a flow limit wait on purpose, as the site asked: not
+        # late (they are counted in flow.waiting and flow.throttled). Late is only what no
+        # consumer moved to ready in time.
+        values["oldest_overdue_ms"] = overdue_without_ready(counts_raw, now)
     return QueueStats(q.name, now, errors=errors, **values)
+
+
+def overdue_without_ready(counts_raw: Sequence[Any], now: int) -> int | None:
+    """How late the oldest due pending or retrying message is (counts.lua's reply), leaving
+    out the ready ones."""
+    heads = [int(counts_raw[5]), int(counts_raw[6])]  # earliest pending due, retry-at
+    overdue = [t for t in heads if 0 <= t <= now]
+    return now - min(overdue) if overdue else None
 
 
 def published_paused(config: dict[str, str]) -> bool | None:
@@ -262,6 +287,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         processes=merge_processes([p.processes for p in parts]),
         outcomes=outcomes,
         errors=[f"{p.queue}: {e}" for p in parts for e in p.errors],
+        flow=merge_flow([p.flow for p in parts]),
     )
 
 

@@ -123,6 +123,7 @@ def _queues_for(physical: str) -> dict[str, Queue]:
             journal_maxlen=int(dq_settings.JOURNAL_MAXLEN),
             replicas=replica_ack(),
             shard=None if count == 1 else index,
+            shards=count,
         )
         for index in range(count)
     ]

@@ -379,3 +379,48 @@ def test_the_schedules_list_shows_a_row_past_validation_with_its_problem(admin_c
     assert rows["fine"].next_run_ms is not None and rows["fine"].next_run_ms < 10**14
     change = admin_client.get(f"{schedules}{huge.pk}/change/")
     assert change.status_code == 200
+
+
+def test_flow_limits_are_edited_in_the_admin_and_shown_on_the_queue_page(
+    admin_client, redis_client, q, django_capture_on_commit_callbacks
+):
+    row = QueueConfig.objects.get(name=QUEUE)
+    change = reverse("admin:django_delayqueue_queueconfig_change", args=[row.pk])
+    data = {
+        "max_attempts": 5,
+        "backoff_base": 1,
+        "backoff_max": 60,
+        "visibility_timeout": 30,
+        "claim_batch": 10,
+        "concurrency": 2,
+        "abort_grace_seconds": 5,
+        "rate_limit": "2/s burst 2",
+        "max_in_flight": 10,
+    }
+    bad = admin_client.post(change, {**data, "rate_limit": "2 a second"})
+    assert bad.status_code == 200 and "rate_limit must be" in bad.content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert admin_client.post(change, data).status_code == 302
+    config = q.keys.config
+    assert json.loads(redis_client.hget(config, "rate_limit")) == "2/s burst 2"
+    assert json.loads(redis_client.hget(config, "max_in_flight")) == 10
+    # A consumer's claims under the published limits: the burst of 2, the other 3 wait.
+    limited = Queue(redis_client, QUEUE, prefix="dq")
+    limited.settings = limited.settings.replace(rate_limit="2/s burst 2", max_in_flight=10)
+    limited.schedule_many([{"payload": i} for i in range(5)])
+    assert len(limited.claim(5)) == 2
+    response = admin_client.get(page(state="ready"))
+    flow = response.context["flow"]
+    assert (flow.rate_limit, flow.max_in_flight, flow.held, flow.waiting) == (
+        "2/s burst 2",
+        10,
+        "rate",
+        3,
+    )
+    text = response.content.decode()
+    assert 'id="dq-flow"' in text and "3 waiting on the rate limit" in text
+    with django_capture_on_commit_callbacks(execute=True):
+        cleared = admin_client.post(change, {**data, "rate_limit": "", "max_in_flight": ""})
+    assert cleared.status_code == 302
+    assert json.loads(redis_client.hget(config, "rate_limit")) is None
+    assert 'id="dq-flow"' not in admin_client.get(page()).content.decode()

@@ -217,3 +217,30 @@ def test_cluster_conflicts_and_bad_shards_are_reported_and_do_not_break_the_stat
         assert any(e.id == "delayqueue.E003" and "shards" in e.msg for e in errors)
         names = [s.queue for s in collect()]  # every queue still reported (was: it raised)
         assert "bad-shards" in names and "order-close" in names
+
+
+def test_e015_flow_limits_that_cannot_be_read_or_split_are_refused_with_hints() -> None:
+    queues = {
+        "fine": {"rate_limit": "20/s burst 5", "max_in_flight": 10},
+        "fine-sharded": {"rate_limit": "30/m", "max_in_flight": 3, "shards": 3},
+        "no-unit": {"rate_limit": "20"},
+        "per-day": {"rate_limit": "100/d"},
+        "zero-cap": {"max_in_flight": 0},
+        "float-cap": {"max_in_flight": 2.5},
+        "cap-below-shards": {"max_in_flight": 2, "shards": 3},
+        "burst-below-shards": {"rate_limit": "10/s burst 2", "shards": 3},
+    }
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues)):
+        found = check_settings()
+    assert set(ids(found)) == {"delayqueue.E015"}
+    by_queue = {name: [e for e in found if f"[{name!r}]" in e.msg] for name in queues}
+    assert by_queue["fine"] == [] and by_queue["fine-sharded"] == []
+    for name in ("no-unit", "per-day"):
+        (error,) = by_queue[name]
+        assert "rate_limit must be" in error.msg and '"20/s burst 5"' in error.hint
+    for name in ("zero-cap", "float-cap"):
+        (error,) = by_queue[name]
+        assert "max_in_flight must be" in error.msg and "across every consumer" in error.hint
+    for name in ("cap-below-shards", "burst-below-shards"):
+        (error,) = by_queue[name]
+        assert "number of shards (3)" in error.msg and "share" in error.hint

@@ -111,3 +111,20 @@ def test_without_prometheus_client_it_says_how_to_get_it(client, monkeypatch, re
 def test_only_get_and_head(client, redis_client):
     assert client.post(URL).status_code == 405
     assert client.head(URL).status_code == 200
+
+
+def test_flow_limits_are_exported_with_the_throttled_counter(client, q, redis_client):
+    redis_client.hset(q.keys.config, mapping={"rate_limit": '"10/s"', "max_in_flight": "4"})
+    limited = Queue(redis_client, "order-close", prefix="dq")
+    limited.settings = limited.settings.replace(rate_limit="10/s", max_in_flight=4)
+    limited.schedule_many([{"payload": i} for i in range(5)])
+    assert len(limited.claim(5)) == 1  # the burst of 1: the other 4 wait on the rate
+    m = scrape(client)
+    oc = (("queue", "order-close"),)
+    assert m[("delayqueue_rate_limit_per_second", oc)] == 10
+    assert m[("delayqueue_max_in_flight", oc)] == 4
+    assert m[("delayqueue_waiting_on_limit", (("limit", "rate"), *oc))] == 4
+    assert m[("delayqueue_waiting_on_limit", (("limit", "in_flight"), *oc))] == 0
+    assert m[("delayqueue_throttled_total", oc)] == 0  # none started late yet
+    assert m[("delayqueue_started_last_second", oc)] >= 0
+    assert ("delayqueue_throttled_total", (("queue", "activation-sms"),)) not in m

@@ -130,3 +130,28 @@ def test_a_redis_that_evicts_is_shown_and_warned_of():
     assert "of 100.0 MB" in row and "allkeys-lru" in row and row.endswith("none")
     assert "warning: Redis" in err and "maxmemory-policy allkeys-lru" in err
     assert "keeps nothing on disk" in err
+
+
+def test_flow_limits_are_shown_with_what_waits_on_them(redis_client):
+    queue = Queue(redis_client, "activation-sms", prefix="dq")
+    redis_client.hset(queue.keys.config, mapping={"rate_limit": '"20/s burst 5"'})
+    queue.settings = queue.settings.replace(rate_limit="20/s burst 5")
+    queue.schedule_many([{"payload": i} for i in range(12)])
+    assert len(queue.claim(12)) == 5  # the burst; 7 wait on the rate
+    out, _ = run()
+    section = out.split("\n\n")[1].splitlines()
+    assert section[0].split() == [
+        "QUEUE", "RATE", "LIMIT", "MAX", "IN", "FLIGHT", "RATE", "NOW", "WAITING", "HELD", "BY",
+        "THROTTLED",
+    ]  # fmt: skip
+    assert section[1].split()[:5] == ["activation-sms", "20/s", "burst", "5", "-"]
+    assert section[1].split()[-3:] == ["7", "rate", "0"]
+    assert len(section) == 2  # only the queues with limits
+    (stats,) = json.loads(run("activation-sms", "--json")[0])["queues"]
+    flow = stats["flow"]
+    assert (flow["rate_limit"], flow["rate_limit_per_second"], flow["max_in_flight"]) == (
+        "20/s burst 5",
+        20.0,
+        None,
+    )
+    assert (flow["waiting_on_limit"], flow["held_by"], flow["throttled"]) == (7, "rate", 0)

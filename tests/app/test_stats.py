@@ -178,7 +178,7 @@ def test_all_queues_in_one_round_trip(redis_client, clock):
     spy.sent.clear()
     result = stats.gather([make_queue(spy, n, clock) for n in names])
     assert [s.counts["pending"] for s in result] == [1, 1, 1, 1]
-    assert spy.sent == ["pipeline of 8"]
+    assert spy.sent == ["pipeline of 12"]  # counts, activity and flow state of each queue
 
 
 def test_scripts_reload_after_script_flush(redis_client, clock):
@@ -278,3 +278,34 @@ def test_consumer_window_comes_from_the_settings(redis_client, settings):
 )
 def test_format_seconds(seconds, text):
     assert stats.format_seconds(seconds) == text
+
+
+def test_ready_messages_held_back_by_a_flow_limit_are_not_overdue(redis_client, clock):
+    q = make_queue(redis_client, "order-close", clock)
+    q.settings = q.settings.replace(rate_limit="1/m")
+    for n in range(3):
+        q.schedule({"n": n}, at=clock.now_ms() - 30_000)  # due 30 s ago: overdue
+    q.promote()
+    (before,) = stats.gather([q])
+    assert before.oldest_overdue_ms == 30_000 and before.flow.held is None
+    assert len(q.claim(3)) == 1  # the limit holds the other two back
+    (held,) = stats.gather([q])
+    assert held.oldest_overdue_ms is None  # waiting on the limit, as asked: not late
+    assert (held.flow.held, held.flow.waiting, held.counts["ready"]) == ("rate", 2, 2)
+    # Due 5 s ago and not promoted (no consumer came by): late all the same.
+    redis_client.zadd(q.keys.pending, {"stuck": clock.now_ms() - 5_000})
+    (late,) = stats.gather([q])
+    assert late.oldest_overdue_ms == 5_000
+
+
+def test_a_hold_left_by_consumers_that_stopped_is_not_believed(redis_client, clock):
+    q = make_queue(redis_client, "order-close", clock)
+    q.settings = q.settings.replace(rate_limit="10/s")
+    for n in range(3):
+        q.schedule({"n": n})
+    assert len(q.claim(3)) == 1
+    (held,) = stats.gather([q])
+    assert held.flow.held == "rate" and held.oldest_overdue_ms is None
+    clock.advance(seconds=5)  # nobody claimed since: the limit no longer explains the wait
+    (stale,) = stats.gather([q])
+    assert stale.flow.held is None and stale.oldest_overdue_ms == 5000

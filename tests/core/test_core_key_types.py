@@ -77,6 +77,11 @@ def _task(q: Queue, message_id: str, priority: int, delay: float | None = None) 
     q.send_with_record(prepared, q.keys.task_result(message_id), "{}", priority=priority)
 
 
+def _limited(q: Queue) -> Queue:
+    q.settings = q.settings.replace(rate_limit="5/s burst 2", max_in_flight=10)
+    return q
+
+
 def _stats(h: Held) -> None:
     # The script alone: gather() batches it with counts.lua and reports errors, not raises.
     h.queue.activity_call(0, 100, 10).run(h.queue.client)
@@ -114,6 +119,7 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     ),
     "promote": lambda h: h.queue.promote(),
     "claim": lambda h: h.queue.claim(10),
+    "claim under flow limits": lambda h: _limited(h.queue).claim(10),
     "ack": lambda h: h.queue.ack(h.inflight),
     "nack": lambda h: h.queue.nack(h.inflight, delay=1, reason="again"),
     "bury": lambda h: h.queue.bury(h.inflight, "poison"),
@@ -150,7 +156,7 @@ KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
-    "recurrence_states", "ticks", "tick_runs", "aborts",
+    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter",
 ]  # fmt: skip
 
 

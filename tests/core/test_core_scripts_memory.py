@@ -21,7 +21,7 @@ from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.errors import RedisOutOfMemory
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
 from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.core.scripts.contracts import HEARTBEAT, JOURNAL
+from django_delayqueue.core.scripts.contracts import FLOW_STATE, HEARTBEAT, JOURNAL, SLOT_FREED
 from django_delayqueue.core.scripts.loader import script_names
 
 T0 = 1_700_000_000_000
@@ -128,6 +128,26 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
     assert client.hget(q.keys.tick_runs, "nightly") == run.encode()
 
 
+def test_claims_under_flow_limits_run_on_a_full_server(client: redis.Redis) -> None:
+    # Held back by a limit, a claim notes it (an HSET) when Redis is full too: consumers go
+    # on delivering at the limit's pace, and waking each other for freed slots.
+    clock = ManualClock(T0)
+    q = queue(client, clock)
+    q.settings = q.settings.replace(rate_limit="10/s burst 2", max_in_flight=2)
+    for n in range(4):
+        q.schedule({"n": n}, id=f"m{n}")
+    with full(client):
+        first = q.claim(4)
+        assert len(first) == 2
+        assert q.claim(4) == []  # held: the cap
+        assert SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(client) == 1
+        assert q.ack(*first) == 2
+        clock.advance(ms=100)
+        assert len(q.claim(4)) == 1  # the rate: one token after the burst
+        held = FLOW_STATE.call(q.keys, now_ms=clock.now_ms()).run(client)
+        assert held[0] == b"rate"
+
+
 def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
     client: redis.Redis,
 ) -> None:
@@ -155,7 +175,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
     """A new script must be added to one of these lists, and to the tests above."""
     run_when_full = {
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
-        "promote",
+        "promote", "flow_state", "slot_freed",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
         "stats", "write_record", "write_records",
     }  # fmt: skip

@@ -47,6 +47,13 @@ EXPECTED_ROWS = {
     "processes.lateness_p50",
     "processes.lateness_p99",
     "processes.cpu",
+    "rate_limit.claim_us.b1",
+    "rate_limit.claim_us.b100",
+    "rate_limit.deliver",
+    "rate_limit.window_min",
+    "rate_limit.window_max",
+    "rate_limit.burst_claimed",
+    "rate_limit.burst_started",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

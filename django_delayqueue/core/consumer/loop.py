@@ -438,8 +438,8 @@ class Consumer:
                 continue
             if self._due_now():
                 continue
-            if self.burst and not self._busy():
-                return
+            if self.burst and not self._busy() and not self._round_trip.holds.waits_for_token():
+                return  # (a rate limit's next token is due, not idle: see flow_holds.py)
             aim = self._waiter.wait(self._round_trip.next_due(), self._poll_at())
             self._aim = None if aim.nudged else aim
             # A nudge (a handler finished) or a safety poll says nothing about new messages:

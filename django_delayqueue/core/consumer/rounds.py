@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.consumer.claims import ClaimReceipts
+from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_for_freed_slots
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
 from django_delayqueue.core.envelope import Message
@@ -79,6 +80,7 @@ class RoundTrip:
         # claim, so an idle consumer costs Redis a few reads a second.
         self._ready_seen: dict[str, int] = {}
         self._claim_skipped: set[str] = set()
+        self.holds = FlowHolds()  # queues a flow limit holds back (flow_holds.py)
 
     def add_queue(self, q: Queue) -> None:
         """Send ``q``'s calls with its server's pipeline from the next round."""
@@ -113,6 +115,8 @@ class RoundTrip:
             batch = ScriptBatch()
             # 1. what finished since the last round: early writes, acks, nacks, the journal;
             recorded = self.outcomes.add_to(batch, queues, now)
+            if recorded:  # a queue capped by max_in_flight: others may wait for these slots
+                wake_for_freed_slots(batch, queues, recorded)
             # 2. recurring ticks, before the promotes: a tick created due is claimed by this round;
             ticks = self.keeper.add_to(batch, queues, now)
             # 3. per queue, promote and claim (and, at maintenance, reap).
@@ -223,8 +227,9 @@ class RoundTrip:
         return any(t is not None and t <= now for t in self._next_wake.values())
 
     def has_ready(self, q: Queue) -> bool:
-        """Whether the last round saw messages in ``q``'s ready list that it did not claim."""
-        return self._ready_seen.get(q.name, 0) > 0
+        """Whether the last round saw messages in ``q``'s ready list that it did not claim
+        (and no flow limit holds them back)."""
+        return self._ready_seen.get(q.name, 0) > 0 and not self.holds.holds(q.name)
 
     def next_due(self) -> int | None:
         """The earliest due time (or retry time, or "now") known on any queue, or the time a
@@ -304,6 +309,8 @@ class RoundTrip:
                 self.claims.answered(q.name)
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
+                if len(raw) % 4 or self.holds.holds(q.name):  # a flow limit's answer
+                    self.holds.note(q.name, q.claim_hold(raw), self._next_wake)
                 messages.extend(q.claimed(raw, now))
             elif kind == "reap":
                 reaped_all = self._log_reaped(q, raw) and reaped_all

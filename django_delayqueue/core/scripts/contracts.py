@@ -40,8 +40,8 @@ PROMOTE = Contract(
 CLAIM = Contract(
     "claim",
     keys="ready unack messages attempts tokens seq garbage reasons cancelled ready_since ranked "
-    "receipt",
-    args="now_ms deadline_ms most_ids claim_id replay_only",
+    "limiter receipt",
+    args="now_ms deadline_ms most_ids limits claim_id replay_only",
     optional="receipt claim_id replay_only",  # a consumer's claims carry them (consumer/claims)
 )
 ACK = Contract(
@@ -67,6 +67,7 @@ RELEASE = Contract(
     keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts",
     args="now_ms wake_channel *pairs",
 )
+SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
 HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_ms consumer")
@@ -80,6 +81,7 @@ PEEK = Contract(
     keys="pending ready unack retry garbage messages attempts reasons cancelled ranked",
     args="state offset limit",
 )
+FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
@@ -139,8 +141,8 @@ CONTRACTS: dict[str, Contract] = {
     contract.name: contract
     for contract in (
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE),
-        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT),
-        *(COUNTS, PEEK, STATS),
+        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT, SLOT_FREED),
+        *(COUNTS, PEEK, STATS, FLOW_STATE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

@@ -36,7 +36,8 @@ class Command(BaseCommand):
     help = (
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
         "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
-        "then each recurring schedule's next run, last run and its outcome; then each Redis "
+        "then the flow limits (rate, in-flight cap, how many wait on them, throttled); then "
+        "each recurring schedule's next run, last run and its outcome; then each Redis "
         "server's memory (used against maxmemory), eviction policy and persistence."
     )
 
@@ -97,6 +98,8 @@ class Command(BaseCommand):
             if watching:
                 self.stdout.write(f"\n{now}")
             self.stdout.write(render_table(stats))
+            if any(st.flow.limited for st in stats):
+                self.stdout.write("\n" + render_flow(stats))
             if any(st.processes for st in stats):
                 self.stdout.write("\n" + render_processes(stats))
             if schedules:
@@ -108,6 +111,23 @@ class Command(BaseCommand):
         for error in errors:
             self.stderr.write(f"error: {error}")
         return "; ".join(errors)
+
+
+FLOW_COLUMNS = (
+    ("QUEUE", lambda s: s.queue),
+    ("RATE LIMIT", lambda s: s.flow.rate_limit),
+    ("MAX IN FLIGHT", lambda s: s.flow.max_in_flight),
+    ("RATE NOW", lambda s: None if s.flow.rate_now is None else f"{s.flow.rate_now:g}/s"),
+    ("WAITING", lambda s: s.flow.waiting),
+    ("HELD BY", lambda s: (s.flow.held or "").replace("_", " ") or None),
+    ("THROTTLED", lambda s: s.flow.throttled),
+)
+
+
+def render_flow(stats: Sequence[QueueStats]) -> str:
+    """The queues with flow limits: the limits, messages started in the last second, how many
+    wait on a limit (and which), how many it throttled in all (docs/flow-control.md)."""
+    return _table([s for s in stats if s.flow.limited], FLOW_COLUMNS, left=1)
 
 
 SCHEDULE_COLUMNS = (

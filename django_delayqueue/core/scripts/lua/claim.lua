@@ -2,18 +2,25 @@
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
 -- KEYS[9] cancelled hash   KEYS[10] ready_since hash   KEYS[11] ranked zset
--- KEYS[12] claim receipt string (optional: one per consumer, see below)
+-- KEYS[12] limiter hash   KEYS[13] claim receipt string (optional: one per consumer, see below)
 -- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
--- ARGV[4] claim id (with KEYS[12])   ARGV[5] '1': replay the receipt only, claim nothing new
--- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token
--- The receipt: a claim that took messages records its claim id and what it took in KEYS[12]
+-- ARGV[4] limits: '' or "<interval ms> <burst> <cap>" (see includes/flow_limits.lua)
+-- ARGV[5] claim id (with KEYS[13])   ARGV[6] '1': replay the receipt only, claim nothing new
+-- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token; when a
+-- limit held the claim back (it took fewer than it wanted and found ready), one more element
+-- after them: when (ms) the next message may start, -1 when a message in flight must end first
+-- Flow control: with limits (a rate, an in-flight cap) the claim takes at most what they allow
+-- now and says when to come back, so that consumers sleep instead of polling; without them it
+-- pays one comparison of ARGV[4]. The now of the consumer's claim is its reading of the server
+-- clock (core/clock.py), never ahead of it: the one clock of due times, injectable in tests.
+-- The receipt: a claim that took messages records its claim id and what it took in KEYS[13]
 -- (one SET, expiring a minute after their visibility deadline: after an outage longer than the
 -- timeout they may still sit in unack, not reaped yet). A reply can be lost after the script ran
 -- (the connection broke; redis-py may even send the pipeline again): called again with the
 -- same claim id, the claim takes nothing new and returns those messages again (those still in
 -- unack under the token it gave them), with the new deadline. A message that never reached
 -- its consumer is then delivered, not left to time out and lose an attempt (or die on its
--- last one). A different claim id claims as usual; '1' in ARGV[5] (a consumer stopping) only
+-- last one). A different claim id claims as usual; '1' in ARGV[6] (a consumer stopping) only
 -- replays, so that the consumer can give those messages back. The receipt costs a GET, and a
 -- SET when something was claimed.
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
@@ -33,11 +40,12 @@
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
 --- @include "includes/memory.lua"
-local receipt = KEYS[12]
+--- @include "includes/flow_limits.lua"
+local receipt = KEYS[13]
 if receipt then
   local held = redis.call('GET', receipt)
   local record = held and cmsgpack.unpack(held)  -- {claim id, first token, ids...}
-  if record and record[1] == ARGV[4] then
+  if record and record[1] == ARGV[5] then
     local out, deadlines = {}, {}
     for k = 3, #record do
       local id, token = record[k], string.format('%d', record[2] + k - 3)
@@ -56,11 +64,20 @@ if receipt then
     end
     return out
   end
-  if ARGV[5] == '1' then return {} end
+  if ARGV[6] == '1' then return {} end
 end
 local len, nranked = redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[11])
 if len == 0 and nranked == 0 then return {} end
 local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
+local limits, wanted, flow = ARGV[4], want, nil
+if limits ~= '' then
+  want, flow = flow_allowance(KEYS[12], KEYS[2], limits, tonumber(ARGV[1]), want)
+  if want == 0 then
+    allow_oom(KEYS[12], 'hash')  -- waiting on a limit is noted when Redis is full, too
+    flow_taken(KEYS[12], flow, 0, true)
+    return {math.ceil(flow.next_at)}
+  end
+end
 local high, low = {}, {}
 if nranked > 0 then
   high = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. RANK_NORMAL, 'LIMIT', 0, want)
@@ -154,8 +171,13 @@ for _, dead in ipairs(bad) do
   redis.call('ZADD', KEYS[7], ARGV[1], dead[1])
   redis.call('HSET', KEYS[8], dead[1], dead[2])
 end
+if flow then
+  local limited = want < wanted and len + nranked - dead_total > want
+  flow_taken(KEYS[12], flow, #deliver, limited)
+  if limited then out[#out + 1] = math.ceil(flow.next_at) end
+end
 if receipt and #deliver > 0 then
-  local record = {ARGV[4], first}
+  local record = {ARGV[5], first}
   for d = 1, #deliver do record[d + 2] = ids[deliver[d]] end
   local ttl = math.max(0, tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60000  -- see the header
   redis.call('SET', receipt, cmsgpack.pack(record), 'PX', ttl)

@@ -1,0 +1,64 @@
+"""What a consumer knows of its queues' flow limits (core/flow_limits.py): which queues a
+limit holds back, and until when; and the wake-up it owes consumers waiting on a cap.
+
+A claim held back by a limit answers when the next message may start (claim.lua); the round
+trip (:mod:`.rounds`) notes it here. A queue held until a known instant (a rate's next token)
+makes the next round due then, and its ready messages do not make one due before: the
+consumer sleeps instead of polling. A queue held by ``max_in_flight`` waits for a message in
+flight to end: announced on its wake channel by whichever consumer records the outcome
+(:func:`wake_for_freed_slots`), and found by the idle poll otherwise (a slot the visibility
+timeout freed).
+
+Per-key limits (flow keys, issue 27's later part) would add their holds here, by key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptBatch
+from django_delayqueue.core.scripts.contracts import SLOT_FREED
+
+
+class FlowHolds:
+    """The queues a flow limit holds back: until when (ms; ``math.inf``: until a slot frees)."""
+
+    def __init__(self) -> None:
+        self.until: dict[str, float] = {}
+
+    def holds(self, name: str) -> bool:
+        """Whether queue ``name``'s last claim was held back by a limit."""
+        return name in self.until
+
+    def waits_for_token(self) -> bool:
+        """Whether a rate limit holds back ready messages until a known instant: what is due
+        then is not done yet (a burst run waits for it). A wait on ``max_in_flight`` is not:
+        the slots are another consumer's to free."""
+        return any(until != math.inf for until in self.until.values())
+
+    def note(self, name: str, until: int | None, next_wake: dict[str, int | None]) -> None:
+        """Queue ``name``'s claim was held back until ``until`` (-1: until a slot frees), or
+        not (None). A known instant makes a round due for the queue then (in ``next_wake``,
+        the round trip's due times by queue)."""
+        if until is None:
+            self.until.pop(name, None)
+        elif until < 0:
+            self.until[name] = math.inf
+        else:
+            self.until[name] = until
+            due = next_wake.get(name)
+            next_wake[name] = until if due is None else min(due, until)
+
+
+def wake_for_freed_slots(
+    batch: ScriptBatch, queues: Sequence[Queue], recorded: Sequence[Any]
+) -> None:
+    """After the outcomes of capped queues (``max_in_flight``) in ``recorded``, wake the
+    consumers whose claims wait on the cap (slot_freed.lua): one call per such queue with
+    outcomes this round, none for the others."""
+    for q in queues:
+        if q.settings.max_in_flight is not None and any(sent[0] is q for sent in recorded):
+            batch.add(SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel))
