@@ -279,17 +279,26 @@ class Consumer:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
-        run, context = self._runs.begin(message, message.queue if q is None else q.logical_name)
-        try:  # at once: a stop landing from here on still ends the run (finally)
-            if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-                self._run_started(run, q)
+        slot = self._runs.slot()
+        try:  # at once: a stop landing from here on still frees the slot (finally)
+            if q is None:
+                slot.enter(message, message.queue, False)
+            else:
+                # A Run only for a queue with a time limit (the watchdog times it); any other
+                # gets one only if an abort of it comes while it runs (see limits.py).
+                s = q.settings
+                watched = bool(s.time_limit or s.soft_time_limit)
+                slot.enter(message, q.logical_name, watched)
+                if watched:
+                    self._run_started(slot.started_monotonic, q)
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self.clock.now_ms()
             outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
         finally:
-            self._runs.end(run, context)  # from here nothing is raised in this thread
-        outcome = run.settled(outcome)
+            run = slot.exit()  # from here nothing is raised in this thread
+        if run is not None:
+            outcome = run.settled(outcome)
         write = None if q is None else self.keeper.finished(q, outcome)
         if q is not None and write is not None:
             self.write_soon(q, write)  # a recurring tick's run, with the next round
@@ -304,7 +313,7 @@ class Consumer:
         logical = message.queue if q is None else q.logical_name
         run, context = self._runs.begin(message, logical, canceller)
         if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-            self._run_started(run, q)
+            self._run_started(run.started_monotonic, q)
         try:
             yield run
         finally:
@@ -547,11 +556,11 @@ class Consumer:
         q = self._queue_named.get(name)
         return None if q is None else q.settings
 
-    def _run_started(self, run: Run, q: Queue) -> None:
+    def _run_started(self, started_monotonic: float, q: Queue) -> None:
         """A handler with a limit started: the watchdog must look by its first limit (it may
         be asleep till then)."""
         limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
-        self._watchdog.due_by(run.started_monotonic + min(limits))
+        self._watchdog.due_by(started_monotonic + min(limits))
 
     def _abort_learnt(self, run: Run) -> None:
         self._watchdog.poke()  # its grace starts now
