@@ -132,7 +132,10 @@ class AbortPoller:
         now = self._monotonic()
         new = 0
         for message, handler, reason in found:
-            run = handler if isinstance(handler, Run) else self._runs.adopt(handler, message)
+            if isinstance(handler, Run):
+                run: Run | None = handler
+            else:  # timed from now: should a limit be set on its queue, its abort ends it first
+                run = self._runs.adopt(handler, message, time.monotonic())
             if run is None:  # its handler has ended: nothing left to stop
                 continue
             if run.learn_abort(reason, now):

@@ -24,30 +24,50 @@ starts, and found through a context variable.
 from __future__ import annotations
 
 import contextvars
-import ctypes
-import dataclasses
-import logging
 import threading
 import weakref
 from collections.abc import Callable
 from threading import get_ident
-from time import monotonic
 
-from django_delayqueue.core.consumer.outcomes import Outcome
-from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
+# Run, Stop and the raising in a thread live in handler_run.py; imported from here as before.
+from django_delayqueue.core.consumer.handler_run import (
+    Canceller,
+    Run,
+    Stop,
+    _same_delivery,
+    clear_in_thread,
+    raise_in_thread,
+)
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import _stop_reasons
-from django_delayqueue.core.journal import GARBAGE, RETRY
 
-logger = logging.getLogger(__name__)
-
-Canceller = Callable[[type[BaseException]], None]
+__all__ = [
+    "Canceller",
+    "Run",
+    "Runs",
+    "Slot",
+    "Stop",
+    "abort_requested",
+    "aborted",
+    "clear_in_thread",
+    "current_run",
+    "handler_returned",
+    "raise_in_thread",
+    "stop_error",
+]
 
 # The run of the handler this asyncio task (a coroutine's) runs now: a context variable. Handler
 # threads find theirs through their Slot instead (no set and reset per message).
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("dq_run", default=None)
-# This thread's Slot, if it ran a handler (``_here.slot``).
-_here = threading.local()
+
+
+class _Here(threading.local):
+    """What this thread is: ``slot``, if it ran a handler (a plain attribute read, no
+    ``getattr`` with a default: this is read twice per message)."""
+
+    slot: Slot | None = None
+
+
+_here = _Here()
 # Every consumer's runs (message.aborted read on another thread than its handler's).
 _registries: weakref.WeakSet[Runs] = weakref.WeakSet()
 
@@ -56,7 +76,7 @@ def _run_here() -> Run | None:
     run = _current.get()
     if run is not None:
         return run
-    slot: Slot | None = getattr(_here, "slot", None)
+    slot = _here.slot
     return None if slot is None else slot.run
 
 
@@ -89,13 +109,18 @@ def handler_returned() -> None:
     """The user's code of the handler running here has ended (returned or raised): from now
     on no limit or stop is raised in this thread, so none lands in what the consumer does with
     the result (a task's record, closing connections) and fails a handler that returned."""
-    run = _current.get()
+    slot = _here.slot  # a handler thread's, first: the most common
+    if slot is not None and slot.inside:
+        # Slot.leave() without a call when no Run was made (nearly always): the same order,
+        # inside written then run read (see Slot). Were a stop to land in these two lines,
+        # the slot's exit() leaves its Run all the same.
+        slot.inside = False
+        if slot.run is not None:
+            slot.leave()
+        return
+    run = _current.get()  # a coroutine's (or a thread's started with Runs.start)
     if run is not None:
         run.leave()
-        return
-    slot: Slot | None = getattr(_here, "slot", None)
-    if slot is not None and slot.inside:
-        slot.leave()
 
 
 def current_run() -> Run | None:
@@ -107,7 +132,7 @@ def aborted(message: Message) -> bool:
     """``message.aborted``: whether an abort of this delivery reached its consumer."""
     run = _current.get()
     if run is None:
-        slot: Slot | None = getattr(_here, "slot", None)
+        slot = _here.slot
         if slot is not None and slot.runs_message(message):
             # Its own handler asks: an abort learnt makes its Run (Runs.adopt).
             run = slot.run
@@ -117,165 +142,11 @@ def aborted(message: Message) -> bool:
     return any(r.aborted for runs in list(_registries) for r in runs.all() if r.matches(message))
 
 
-def _same_delivery(m: Message, logical_queue: str, message: Message) -> bool:
-    """Whether ``message`` (as a handler sees it: on its logical queue, for a shard's) is the
-    delivery ``m`` of a queue whose logical name is ``logical_queue``."""
-    same = m.id == message.id and m.token == message.token
-    return same and message.queue in (m.queue, logical_queue)
-
-
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    """A stop sent to a handler: what its message becomes, why, and when it was sent."""
-
-    settlement: Settlement
-    reason: str
-    sent_at: float  # time.monotonic()
-
-
-class Run:
-    """One handler running one message, as its thread and the watchdog see it.
-
-    ``lock`` orders stops against the handler's end (a consumer's runs share one: cheaper to
-    make than one per message)."""
-
-    # What only a stop or an abort changes (class defaults: a run costs little to make).
-    canceller: Canceller | None = None
-    _sent = False  # an exception was sent (leave() must clear one not raised yet)
-    soft_sent = False
-    stop: Stop | None = None
-    abort_reason: str | None = None  # the abort's own reason, once learnt
-    abort_seen_at: float | None = None
-    unstoppable = False  # stopped, and still running: its process must go
-
-    def __init__(
-        self,
-        message: Message,
-        logical_queue: str,
-        canceller: Canceller | None = None,
-        lock: threading.Lock | None = None,
-        *,
-        thread_ident: int | None = None,
-        started_monotonic: float | None = None,
-    ) -> None:
-        self.message = message
-        self.logical_queue = logical_queue
-        self.thread_ident = get_ident() if thread_ident is None else thread_ident
-        self.started_monotonic = monotonic() if started_monotonic is None else started_monotonic
-        self._lock = threading.Lock() if lock is None else lock
-        self._inside = True  # in its handler: an exception sent now lands there
-        if canceller is not None:
-            self.canceller = canceller
-
-    def matches(self, message: Message) -> bool:
-        return _same_delivery(self.message, self.logical_queue, message)
-
-    @property
-    def aborted(self) -> bool:
-        return self.abort_reason is not None
-
-    @property
-    def inside(self) -> bool:
-        return self._inside
-
-    def learn_abort(self, reason: str, now: float) -> bool:
-        """Note an abort of this delivery (from Redis); True the first time."""
-        if self.abort_reason is not None:
-            return False
-        self.abort_seen_at = now
-        self.abort_reason = reason
-        return True
-
-    def send(self, exception: type[BaseException], reason: str) -> bool:
-        """Raise ``exception`` in the handler (or cancel it), if it is still inside it."""
-        with self._lock:
-            if not self._inside:
-                return False
-            if self.canceller is not None:
-                try:
-                    self.canceller(exception)
-                except Exception:
-                    logger.exception("cancelling message %s failed", self.message.id)
-                return True
-            _stop_reasons[self.thread_ident] = reason
-            self._sent = True
-            raise_in_thread(self.thread_ident, exception)
-            return True
-
-    def send_stop(
-        self, settlement: Settlement, reason: str, exception: type[BaseException], now: float
-    ) -> bool:
-        """Stop the handler (at ``now``, the watchdog's clock): its message's outcome is
-        ``settlement`` with ``reason``."""
-        if self.stop is not None:
-            return False
-        self.stop = Stop(settlement, reason, now)
-        self.send(exception, reason)
-        return True
-
-    def leave(self) -> None:
-        """The handler returned (or raised): nothing may be raised in this thread any more.
-
-        Robust to an exception sent just before, landing in here: tried again until done.
-        """
-        while True:
-            try:
-                with self._lock:
-                    self.left()
-                return
-            except BaseException:  # a stop landing here, late: its handler has ended anyway
-                continue
-
-    def left(self) -> None:
-        """:meth:`leave`, its lock held."""
-        if self._inside:
-            self._inside = False
-            if self._sent:
-                clear_in_thread(self.thread_ident)
-                _stop_reasons.pop(self.thread_ident, None)
-
-    def settled(self, outcome: Outcome) -> Outcome:
-        """The outcome to record: an abort's (dead letters) or a stop's (retry) whatever the
-        handler did after it; else what it did."""
-        if self.abort_reason is not None:
-            from django_delayqueue.core.consumer.stopped import abort_reason
-
-            return dataclasses.replace(
-                outcome,
-                status=GARBAGE,
-                delay=None,
-                reason=abort_reason(self.abort_reason),
-                error="Aborted",
-                writes=None,
-            )
-        stop = self.stop
-        if stop is None:
-            return outcome
-        status = GARBAGE if stop.settlement == "dead" else RETRY
-        return dataclasses.replace(
-            outcome,
-            status=status,
-            delay=None,
-            reason=stop.reason,
-            error="TimeLimitExceeded" if status == RETRY else "Aborted",
-            writes=None,
-        )
-
-    def stopped_handler(self) -> StoppedHandler:
-        """What the supervisor settles once this run's process is gone."""
-        stop = self.stop
-        assert stop is not None
-        if self.abort_reason is not None and stop.settlement != "dead":
-            from django_delayqueue.core.consumer.stopped import abort_reason
-
-            return StoppedHandler.of(self.message, "dead", abort_reason(self.abort_reason))
-        return StoppedHandler.of(self.message, stop.settlement, stop.reason)
-
-
 class Slot:
     """A handler thread's place among its consumer's runs, reused for every message it runs:
-    what it runs (``message``, since ``started_monotonic``), whether it is inside the handler's
-    code now (``inside``), and the message's :class:`Run` once one was made (``run``).
+    what it runs (``message``), whether it is inside the handler's code now (``inside``), and
+    the message's :class:`Run` once one was made (``run``). Since when it runs is noted by the
+    handler threads (``HandlerThreads.running``), once: whoever adopts a run passes it.
 
     Its own thread writes all but ``run``, which is written only under the runs' lock (by
     :meth:`Runs.adopt` on another thread, or by its own thread for a watched message).
@@ -297,7 +168,6 @@ class Slot:
         "message",
         "run",
         "runs",
-        "started_monotonic",
     )
 
     def __init__(self, runs: Runs, ident: int) -> None:
@@ -306,7 +176,6 @@ class Slot:
         self.ident = ident
         self.message: Message | None = None
         self.logical_queue = ""
-        self.started_monotonic = 0.0
         self.inside = False
         self.run: Run | None = None
 
@@ -315,8 +184,7 @@ class Slot:
         limit) its Run is made now, else only if one is needed (:meth:`Runs.adopt`). End it
         with :meth:`exit`, from a ``finally`` (entered from inside its ``try``)."""
         self.logical_queue = logical_queue
-        self.started_monotonic = started = monotonic()
-        self.message = message  # after the two above: adopt() reads them once it sees this
+        self.message = message  # after the above: adopt() reads it once it sees this
         if not watched:
             self.inside = True  # last: adopt() checks the message once this is true
             return
@@ -326,7 +194,6 @@ class Slot:
             None,
             self.lock,
             thread_ident=self.ident,
-            started_monotonic=started,
         )
         with self.lock:
             self.run = run
@@ -380,9 +247,24 @@ class Runs:
 
     # --- handler threads: a Run only when one is needed --------------------------------------
 
+    def enter(self, message: Message, logical_queue: str, watched: bool) -> Slot:
+        """The calling thread's slot, entered (:meth:`Slot.enter`). Call it inside the
+        ``try`` whose ``finally`` exits the slot: ``self.slot().exit()`` if it raised."""
+        slot = _here.slot
+        if slot is None or slot.runs is not self:
+            slot = self.slot()
+        if watched:
+            slot.enter(message, logical_queue, True)
+            return slot
+        # Slot.enter() without a call, for a message without a Run (nearly always).
+        slot.logical_queue = logical_queue
+        slot.message = message  # after the above: adopt() reads it once it sees this
+        slot.inside = True  # last: adopt() checks the message once this is true
+        return slot
+
     def slot(self) -> Slot:
         """The calling thread's slot (made as it runs its first message)."""
-        slot: Slot | None = getattr(_here, "slot", None)
+        slot = _here.slot
         if slot is None or slot.runs is not self:
             ident = get_ident()
             slot = _here.slot = Slot(self, ident)
@@ -393,10 +275,10 @@ class Runs:
                 self._slots = slots
         return slot
 
-    def adopt(self, slot: Slot, message: Message) -> Run | None:
+    def adopt(self, slot: Slot, message: Message, started_monotonic: float) -> Run | None:
         """The Run of ``message``, made now if ``slot``'s thread runs its handler without one
-        (an abort of it was learnt, or a time limit set on its queue while it runs); None if
-        its handler's code is over (or has not started yet)."""
+        (an abort of it was learnt, or a time limit set on its queue while it runs), timed from
+        ``started_monotonic``; None if its handler's code is over (or has not started yet)."""
         with self.lock:
             if slot.message is not message:
                 return None
@@ -409,7 +291,7 @@ class Runs:
                 None,
                 self.lock,
                 thread_ident=slot.ident,
-                started_monotonic=slot.started_monotonic,
+                started_monotonic=started_monotonic,
             )
             # Written first, then inside read: see Slot's docstring.
             if not slot.inside or slot.message is not message:
@@ -477,18 +359,3 @@ class Runs:
 
     def __bool__(self) -> bool:
         return bool(self._runs)
-
-
-def raise_in_thread(ident: int, exception: type[BaseException]) -> None:
-    """Raise ``exception`` in thread ``ident`` at its next Python instruction (a thread blocked
-    in C, a socket read say, gets it only once that call returns, if ever)."""
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(ident), ctypes.py_object(exception)
-    )
-    if done > 1:  # never for a valid id: undo, as the C API asks
-        clear_in_thread(ident)
-
-
-def clear_in_thread(ident: int) -> None:
-    """Drop an exception sent to thread ``ident`` and not raised yet."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)

@@ -279,24 +279,27 @@ class Consumer:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
-        slot = self._runs.slot()
+        slot = None
         try:  # at once: a stop landing from here on still frees the slot (finally)
             if q is None:
-                slot.enter(message, message.queue, False)
+                slot = self._runs.enter(message, message.queue, False)
             else:
                 # A Run only for a queue with a time limit (the watchdog times it); any other
                 # gets one only if an abort of it comes while it runs (see limits.py).
                 s = q.settings
-                watched = bool(s.time_limit or s.soft_time_limit)
-                slot.enter(message, q.logical_name, watched)
-                if watched:
-                    self._run_started(slot.started_monotonic, q)
+                if s.time_limit or s.soft_time_limit:
+                    slot = self._runs.enter(message, q.logical_name, True)
+                    if slot.run is not None:
+                        self._run_started(slot.run.started_monotonic, q)
+                else:
+                    slot = self._runs.enter(message, q.logical_name, False)
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self.clock.now_ms()
             outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
         finally:
-            run = slot.exit()  # from here nothing is raised in this thread
+            # From here nothing is raised in this thread (a stop inside enter(): its slot).
+            run = (slot or self._runs.slot()).exit()
         if run is not None:
             outcome = run.settled(outcome)
         write = None if q is None else self.keeper.finished(q, outcome)

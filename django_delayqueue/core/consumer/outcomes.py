@@ -76,15 +76,16 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
         returned = handler(message)
         # Never awaited here, it must not pass for an ack (isinstance: what
         # inspect.iscoroutine does, without a call per message).
-        if isinstance(returned, CoroutineType):
+        if returned is not None and isinstance(returned, CoroutineType):
             returned.close()
             raise TypeError("the handler returned a coroutine on a handler thread")
     except BaseException as e:  # SystemExit, CancelledError, ...: a failed attempt too
         return failed_outcome(message, e, now_ms, t0)
-    # returned_outcome(), inlined: this runs for every message.
+    # returned_outcome(), inlined (this runs for every message), None first (most handlers).
     finished = now_ms + int((time.perf_counter() - t0) * 1000)
-    writes = returned if isinstance(returned, WritesWithAck) else None
-    return Outcome(message, ACK, now_ms, finished, writes=writes)
+    if returned is None or not isinstance(returned, WritesWithAck):
+        return Outcome(message, ACK, now_ms, finished)
+    return Outcome(message, ACK, now_ms, finished, None, "", "", returned)
 
 
 async def run_coroutine_handler(

@@ -121,10 +121,16 @@ class Watchdog:
     def _watch_limited(self) -> None:
         """Handlers running without a Run on a queue that now has a time limit (set while they
         ran): they get one, timed from their start (Runs.adopt)."""
+        since = None
         for slot, message in self.runs.unwatched():
             s = self._settings_of(message.queue)
-            if s is not None and (s.time_limit or s.soft_time_limit):
-                self.runs.adopt(slot, message)
+            if s is None or not (s.time_limit or s.soft_time_limit):
+                continue
+            if since is None:  # since when each runs, noted by the handler threads
+                running = self._running() if self._running is not None else []
+                since = {(r.message.queue, r.message.token): r.started_monotonic for r in running}
+            started = since.get((message.queue, message.token), self._monotonic())
+            self.runs.adopt(slot, message, started)
 
     def _check_run(self, run: Run, s: QueueSettings, now: float) -> float:
         if not run.inside or run.unstoppable:
