@@ -79,6 +79,11 @@ class Deliverer(Protocol):
         """Called on a handler thread as it ends."""
         ...
 
+    def may_run_async(self) -> bool:
+        """Whether any message may run on the event loop; False spares asking
+        ``Coroutines.runs_async`` per claimed message."""
+        ...
+
 
 class LoopWaker(Protocol):
     """How the handler threads wake the consumer's loop (its waiter)."""
@@ -222,8 +227,10 @@ class HandlerThreads:
 
     def add(self, messages: list[Message]) -> None:
         coroutines = self._coroutines
-        # Asked before taking the lock: telling may import a task's module the first time.
-        on_loop = [m.token for m in messages if coroutines and coroutines.runs_async(m)]
+        on_loop: list[str] = []
+        if coroutines is not None and self._deliverer.may_run_async():
+            # Asked before taking the lock: telling may import a task's module the first time.
+            on_loop = [m.token for m in messages if coroutines.runs_async(m)]
         with self._cond:
             self._claimed.extend(messages)
             if on_loop:

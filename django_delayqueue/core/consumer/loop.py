@@ -217,6 +217,17 @@ class Consumer:
         """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
         (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
         Asked on the loop's thread as the message is claimed: it must be quick."""
+        return self._handler_async()
+
+    def may_run_async(self) -> bool:
+        """Whether any message may run on the event loop (asked per claimed batch, before
+        :meth:`runs_async` per message): here, whether the handler is ``async def``; a
+        subclass that tells per message (its own ``runs_async``) is asked per message."""
+        if type(self).runs_async is not Consumer.runs_async:
+            return True
+        return self._handler_async()
+
+    def _handler_async(self) -> bool:
         target = self.handler if self.handler is not None else self.handle
         cached = self._handler_is_async
         if cached is None or cached[0] is not target:  # asked once per handler, not per message
