@@ -98,7 +98,13 @@ def throughput(bench: Bench, sizes: Sizes) -> list[Row]:
                 ">= 2.0x raw",
                 at_least(ratio, 2.0) if not any(left.values()) else False,
                 note="" if not any(left.values()) else f"left in Redis: {left}",
-                extra={"delivered": report["delivered"], "left": left},
+                extra={
+                    "delivered": report["delivered"],
+                    "left": left,
+                    # The consumer process's CPU per message: steadier than the rate when
+                    # other processes share the host.
+                    "cpu_us_per_message": report["cpu_ns"] / 1000 / max(1, report["delivered"]),
+                },
             )
         )
         bench.flush()

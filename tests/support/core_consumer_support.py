@@ -102,6 +102,9 @@ class _NoConsumer:
     def handler_thread_exit(self) -> None:
         pass
 
+    def may_run_async(self) -> bool:
+        return False
+
     def nudge(self) -> None:
         pass
 

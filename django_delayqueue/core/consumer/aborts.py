@@ -5,7 +5,8 @@ announces it on the queue's wake channel. The :class:`AbortPoller` thread reads 
 the messages this consumer runs: at once when an abort is announced, and about once a second
 while handlers run, in case the announcement was missed (one round trip per Redis client, and
 none while nothing runs). What it learns goes to the runs (``message.aborted``,
-``dq.abort_requested()``) and wakes the watchdog, which stops a handler still running once its
+``dq.abort_requested()``; a handler thread without a Run, its queue having no time limit, is
+given one now: ``Runs.adopt``) and wakes the watchdog, which stops a handler still running once its
 queue's ``abort_grace_seconds`` are over.
 """
 
@@ -15,10 +16,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from django_delayqueue.core.consumer.limits import Run, Runs
-from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.consumer.limits import Run, Runs, Slot
+from django_delayqueue.core.envelope import Message, to_str
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import redis_errors
 
@@ -29,6 +30,8 @@ ANNOUNCED_GAP_SECONDS = 0.05  # announcements bring a read at most this often
 # What abort.lua publishes on the wake channel (a due time is a number: never this).
 ANNOUNCEMENT = "abort"
 
+T = TypeVar("T")
+
 
 def parse_abort(value: Any) -> tuple[str, str] | None:
     """An ``aborts`` hash value as (token, reason); None for a missing or unreadable one."""
@@ -38,28 +41,31 @@ def parse_abort(value: Any) -> tuple[str, str] | None:
     return (token, reason) if token else None
 
 
-def read_aborts(queues: Mapping[str, Queue], runs: list[Run]) -> list[tuple[Run, str]]:
-    """The runs among ``runs`` whose delivery was aborted, with the abort's reason (one round
-    trip per Redis client). Raises :class:`RedisUnavailable`."""
-    by_queue: dict[str, list[Run]] = {}
-    for run in runs:
-        if run.message.queue in queues and not run.aborted:
-            by_queue.setdefault(run.message.queue, []).append(run)
-    by_client: dict[int, tuple[Any, list[list[Run]]]] = {}
-    for name, queue_runs in by_queue.items():
+def read_aborts(
+    queues: Mapping[str, Queue], running: list[tuple[Message, T]]
+) -> list[tuple[Message, T, str]]:
+    """The messages among ``running`` (each with what stands for its handler) whose delivery
+    was aborted, with the abort's reason (one round trip per Redis client). Raises
+    :class:`RedisUnavailable`."""
+    by_queue: dict[str, list[tuple[Message, T]]] = {}
+    for item in running:
+        if item[0].queue in queues:
+            by_queue.setdefault(item[0].queue, []).append(item)
+    by_client: dict[int, tuple[Any, list[list[tuple[Message, T]]]]] = {}
+    for name, items in by_queue.items():
         client = queues[name].client
         pipe, parts = by_client.setdefault(id(client), (client.pipeline(transaction=False), []))
-        pipe.hmget(queues[name].keys.aborts, [r.message.id for r in queue_runs])
-        parts.append(queue_runs)
-    found: list[tuple[Run, str]] = []
+        pipe.hmget(queues[name].keys.aborts, [m.id for m, _ in items])
+        parts.append(items)
+    found: list[tuple[Message, T, str]] = []
     for pipe, parts in by_client.values():
         with redis_errors("reading aborts"):
             replies = pipe.execute()
-        for queue_runs, values in zip(parts, replies, strict=True):
-            for run, value in zip(queue_runs, values, strict=True):
+        for items, values in zip(parts, replies, strict=True):
+            for (message, handler), value in zip(items, values, strict=True):
                 parsed = parse_abort(value)
-                if parsed is not None and parsed[0] == run.message.token:
-                    found.append((run, parsed[1]))
+                if parsed is not None and parsed[0] == message.token:
+                    found.append((message, handler, parsed[1]))
     return found
 
 
@@ -108,18 +114,30 @@ class AbortPoller:
             self._stopped.wait(ANNOUNCED_GAP_SECONDS)
 
     def poll_once(self) -> int:
-        """Read the aborts of the running handlers now; returns how many were new."""
-        runs = self._runs.all()
-        if not runs:
+        """Read the aborts of the running handlers now; returns how many were new.
+
+        A handler thread's message has no Run unless its queue has a time limit: an abort of
+        it makes one (Runs.adopt), unless its handler has ended meanwhile."""
+        running: list[tuple[Message, Run | Slot]] = [
+            (r.message, r) for r in self._runs.all() if not r.aborted
+        ]
+        running += [(m, slot) for slot, m in self._runs.unwatched()]
+        if not running:
             return 0
         try:
-            found = read_aborts(self._queues(), runs)
+            found = read_aborts(self._queues(), running)
         except Exception as e:  # Redis down: the next poll tries again
             logger.debug("aborts not read: %s", e)
             return 0
         now = self._monotonic()
         new = 0
-        for run, reason in found:
+        for message, handler, reason in found:
+            if isinstance(handler, Run):
+                run: Run | None = handler
+            else:  # timed from now: should a limit be set on its queue, its abort ends it first
+                run = self._runs.adopt(handler, message, time.monotonic())
+            if run is None:  # its handler has ended: nothing left to stop
+                continue
             if run.learn_abort(reason, now):
                 new += 1
                 logger.warning(

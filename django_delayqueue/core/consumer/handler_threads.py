@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from threading import get_ident
+from time import monotonic
 from typing import Protocol
 
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
@@ -76,6 +77,11 @@ class Deliverer(Protocol):
 
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends."""
+        ...
+
+    def may_run_async(self) -> bool:
+        """Whether any message may run on the event loop; False spares asking
+        ``Coroutines.runs_async`` per claimed message."""
         ...
 
 
@@ -221,8 +227,10 @@ class HandlerThreads:
 
     def add(self, messages: list[Message]) -> None:
         coroutines = self._coroutines
-        # Asked before taking the lock: telling may import a task's module the first time.
-        on_loop = [m.token for m in messages if coroutines and coroutines.runs_async(m)]
+        on_loop: list[str] = []
+        if coroutines is not None and self._deliverer.may_run_async():
+            # Asked before taking the lock: telling may import a task's module the first time.
+            on_loop = [m.token for m in messages if coroutines.runs_async(m)]
         with self._cond:
             self._claimed.extend(messages)
             if on_loop:
@@ -333,19 +341,27 @@ class HandlerThreads:
 
     # --- the handler threads' side --------------------------------------------------------------
 
-    def _next(self, me: threading.Thread) -> Message | None:
-        """The next message for thread ``me``, or None when ``me`` must end."""
+    def _next(self, me: threading.Thread, ident: int) -> Message | None:
+        """The next message for thread ``me`` (``ident``), or None when ``me`` must end."""
         with self._cond:
             while True:
                 if self._closed or self._threads.index(me) >= self._size:
                     self._threads.remove(me)
+                    if self._claimed:  # what it would have taken: another thread's
+                        self._cond.notify()
                     return None
-                message = self._next_sync() if not self._holding else None
+                if self._holding:
+                    message = None
+                elif self._async:
+                    message = self._next_sync()
+                else:  # _next_sync() without a call: no coroutine among the claimed
+                    ready = self._claimed and len(self._running) < self._size
+                    message = self._claimed.popleft() if ready else None
                 if message is not None:
                     self._running[message.token] = message
                     # A tuple: made for every message under the lock (RunningHandler in
                     # running(), read seldom).
-                    self._since[message.token] = (message, time.monotonic(), get_ident(), False)
+                    self._since[message.token] = (message, monotonic(), ident, False)
                     self._working.add(me)
                     return message
                 self._cond.wait()
@@ -363,9 +379,9 @@ class HandlerThreads:
         return None
 
     def _serve(self) -> None:
-        me = threading.current_thread()
+        me, ident = threading.current_thread(), get_ident()
         while True:
-            message = self._next(me)
+            message = self._next(me, ident)
             if message is None:
                 try:
                     self._deliverer.handler_thread_exit()
@@ -377,20 +393,25 @@ class HandlerThreads:
             except BaseException as e:  # run_handler never raises; this guards the thread itself
                 logger.exception("handler thread failed on message %s", message.id)
                 outcome = Outcome(message, RETRY, 0, 0, None, f"handler thread failed: {e!r}")
-            self._finish(outcome)
+            self._finish(outcome, me)
 
-    def _finish(self, outcome: Outcome) -> None:
-        """A handler ended (on its thread, or on the event loop's for a coroutine)."""
+    def _finish(self, outcome: Outcome, thread: threading.Thread | None = None) -> None:
+        """A handler ended: on ``thread``, or (None) a coroutine on the event loop's thread."""
         with self._cond:
-            self._working.discard(threading.current_thread())
+            if thread is not None:
+                self._working.discard(thread)
             token = outcome.message.token
             self._since.pop(token, None)
             if self._abandoned.pop(token, None) is not None:  # given up on at a stop: not
                 return  # ours to record; no longer extended, it comes back after its timeout
             self._running.pop(token, None)
             if self._claimed:  # its room goes to the next waiting, coroutine or thread
-                self._start_coroutines()
-                self._cond.notify()
+                if self._async:
+                    self._start_coroutines()
+                # A thread takes the next itself (its _next): woken for a coroutine's room
+                # only, not once per message (each wake-up costs the threads the GIL).
+                if thread is None:
+                    self._cond.notify()
             self._finished.append(outcome)
             now = time.monotonic()
             first = self._first_finished_at is None

@@ -217,6 +217,17 @@ class Consumer:
         """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
         (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
         Asked on the loop's thread as the message is claimed: it must be quick."""
+        return self._handler_async()
+
+    def may_run_async(self) -> bool:
+        """Whether any message may run on the event loop (asked per claimed batch, before
+        :meth:`runs_async` per message): here, whether the handler is ``async def``; a
+        subclass that tells per message (its own ``runs_async``) is asked per message."""
+        if type(self).runs_async is not Consumer.runs_async:
+            return True
+        return self._handler_async()
+
+    def _handler_async(self) -> bool:
         target = self.handler if self.handler is not None else self.handle
         cached = self._handler_is_async
         if cached is None or cached[0] is not target:  # asked once per handler, not per message
@@ -279,17 +290,29 @@ class Consumer:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
-        run, context = self._runs.begin(message, message.queue if q is None else q.logical_name)
-        try:  # at once: a stop landing from here on still ends the run (finally)
-            if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-                self._run_started(run, q)
+        slot = None
+        try:  # at once: a stop landing from here on still frees the slot (finally)
+            if q is None:
+                slot = self._runs.enter(message, message.queue, False)
+            else:
+                # A Run only for a queue with a time limit (the watchdog times it); any other
+                # gets one only if an abort of it comes while it runs (see limits.py).
+                s = q.settings
+                if s.time_limit or s.soft_time_limit:
+                    slot = self._runs.enter(message, q.logical_name, True)
+                    if slot.run is not None:
+                        self._run_started(slot.run.started_monotonic, q)
+                else:
+                    slot = self._runs.enter(message, q.logical_name, False)
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self.clock.now_ms()
             outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
         finally:
-            self._runs.end(run, context)  # from here nothing is raised in this thread
-        outcome = run.settled(outcome)
+            # From here nothing is raised in this thread (a stop inside enter(): its slot).
+            run = (slot or self._runs.slot()).exit()
+        if run is not None:
+            outcome = run.settled(outcome)
         write = None if q is None else self.keeper.finished(q, outcome)
         if q is not None and write is not None:
             self.write_soon(q, write)  # a recurring tick's run, with the next round
@@ -304,7 +327,7 @@ class Consumer:
         logical = message.queue if q is None else q.logical_name
         run, context = self._runs.begin(message, logical, canceller)
         if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-            self._run_started(run, q)
+            self._run_started(run.started_monotonic, q)
         try:
             yield run
         finally:
@@ -547,11 +570,11 @@ class Consumer:
         q = self._queue_named.get(name)
         return None if q is None else q.settings
 
-    def _run_started(self, run: Run, q: Queue) -> None:
+    def _run_started(self, started_monotonic: float, q: Queue) -> None:
         """A handler with a limit started: the watchdog must look by its first limit (it may
         be asleep till then)."""
         limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
-        self._watchdog.due_by(run.started_monotonic + min(limits))
+        self._watchdog.due_by(started_monotonic + min(limits))
 
     def _abort_learnt(self, run: Run) -> None:
         self._watchdog.poke()  # its grace starts now

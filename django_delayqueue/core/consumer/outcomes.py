@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import CoroutineType
 from typing import Any
 
 from django_delayqueue.core.envelope import Message
@@ -75,12 +75,18 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
     t0 = time.perf_counter()
     try:
         returned = handler(message)
-        if inspect.iscoroutine(returned):  # never awaited here: it must not pass for an ack
+        # Never awaited here, it must not pass for an ack (isinstance: what
+        # inspect.iscoroutine does, without a call per message).
+        if returned is not None and isinstance(returned, CoroutineType):
             returned.close()
             raise TypeError("the handler returned a coroutine on a handler thread")
     except BaseException as e:  # SystemExit, CancelledError, ...: a failed attempt too
         return failed_outcome(message, e, now_ms, t0)
-    return returned_outcome(message, returned, now_ms, t0)
+    # returned_outcome(), inlined (this runs for every message), None first (most handlers).
+    finished = now_ms + int((time.perf_counter() - t0) * 1000)
+    if returned is None or not isinstance(returned, WritesWithAck):
+        return Outcome(message, ACK, now_ms, finished)
+    return Outcome(message, ACK, now_ms, finished, None, "", "", returned)
 
 
 async def run_coroutine_handler(

@@ -100,11 +100,15 @@ class Watchdog:
     def check(self) -> float:
         """Act on every run that is due; returns when (``monotonic``) to look again."""
         now = self._monotonic()
+        self._watch_limited()
         next_at = math.inf
+        runs = self.runs.all()
+        if not runs:
+            return next_at
         live = None
         if self._running is not None:
             live = {(r.message.queue, r.message.token) for r in self._running()}
-        for run in self.runs.all():
+        for run in runs:
             key = (run.message.queue, run.message.token)
             if live is not None and run.canceller is None and key not in live:
                 continue  # its thread is past its handler
@@ -113,6 +117,20 @@ class Watchdog:
                 continue
             next_at = min(next_at, self._check_run(run, settings, now))
         return next_at
+
+    def _watch_limited(self) -> None:
+        """Handlers running without a Run on a queue that now has a time limit (set while they
+        ran): they get one, timed from their start (Runs.adopt)."""
+        since = None
+        for slot, message in self.runs.unwatched():
+            s = self._settings_of(message.queue)
+            if s is None or not (s.time_limit or s.soft_time_limit):
+                continue
+            if since is None:  # since when each runs, noted by the handler threads
+                running = self._running() if self._running is not None else []
+                since = {(r.message.queue, r.message.token): r.started_monotonic for r in running}
+            started = since.get((message.queue, message.token), self._monotonic())
+            self.runs.adopt(slot, message, started)
 
     def _check_run(self, run: Run, s: QueueSettings, now: float) -> float:
         if not run.inside or run.unstoppable:
