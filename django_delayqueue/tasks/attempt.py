@@ -88,9 +88,10 @@ class Attempt:
         the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
         most tasks do. Built on whichever thread sends it, from this attempt's own fields only
         (set before the task runs, never changed after)."""
-        return ScriptCall(
-            WRITE_RECORD.script, [self.key], Later(lambda: self.write(RUNNING, whole=True).args)
-        )
+        return ScriptCall(WRITE_RECORD.script, [self.key], Later(self._running_args))
+
+    def _running_args(self) -> Sequence[Any]:
+        return self.write(RUNNING, whole=True).args
 
     def write_now(
         self, status: str, *, error: BaseException | None = None, ttl: int = 0,

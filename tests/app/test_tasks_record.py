@@ -275,6 +275,38 @@ def test_a_task_s_run_writes_its_result_once_with_the_ack_in_five_commands(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_superseded_running_write_leaves_the_same_record_as_one_sent(
+    redis_client: redis.Redis,
+) -> None:
+    """Coalescing: a short task's result, sent without its RUNNING write before it, carries
+    everything RUNNING sets (started_at, last_attempted_at, its worker, what enqueue wrote):
+    the end record is the one both writes leave, field for field, expiry included."""
+    result = examples().add.enqueue(2, 3)
+    key = KEYS.task_result(result.id)
+    enqueued = redis_client.hgetall(key)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    early: list[ScriptCall] = []
+    writes = runner.TaskRunner("w1", lambda queue, call: early.append(call)).run(delivery, q)
+    (running,) = early
+    assert writes.supersedes is running
+    assert running.run(q.client) == 1  # sent, as for a task still running at the next round
+    assert redis_client.hget(key, "status") == RUNNING.encode()
+    assert writes.call.run(q.client) == [1]
+    both, both_ttl = redis_client.hgetall(key), redis_client.ttl(key)
+    redis_client.delete(key)
+    redis_client.hset(key, mapping=enqueued)  # the record as enqueue left it, again
+    assert writes.call.run(q.client) == [1]  # superseded: the result alone
+    alone, alone_ttl = redis_client.hgetall(key), redis_client.ttl(key)
+    assert alone == both
+    assert alone[b"status"] == SUCCESSFUL.encode() and b"started_at" in alone
+    assert abs(alone_ttl - both_ttl) <= 1 and alone_ttl > 0
+    done = examples().add.get_result(result.id)
+    assert done.worker_ids == ["w1"] and done.attempts == 1
+    assert done.started_at is not None and done.last_attempted_at == done.started_at
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_running_write_built_late_is_the_attempt_s_running_write(
     redis_client: redis.Redis,
 ) -> None:

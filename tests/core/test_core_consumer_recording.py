@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from core_consumer_support import T0
+from waiting import TIMEOUT
 
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, RETRY, Outcome
 from django_delayqueue.core.consumer.recording import JOURNAL_TRIES, UnrecordedOutcomes
@@ -251,6 +252,35 @@ def test_an_early_write_refused_by_its_script_is_dropped_once(
     assert "an early write dropped" in caplog.text
     assert len(unrecorded) == 0
     assert redis_client.hget(q.keys.task_result("t2"), "status") == b"RUNNING"
+
+
+def test_a_write_handed_over_while_the_loop_holds_the_lock_does_not_wait_and_goes(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A handler thread hands a task's RUNNING over for every task it starts: it never waits
+    for the recorder's lock (the loop holds it building a round), and the call is counted and
+    sent with the next round, after those handed over before it."""
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=0)
+    first, second = running_record_call(q), running_record_call(q)
+    second.keys[0] = q.keys.task_result("t2")
+    unrecorded.write_soon(q.name, first)
+    handed = threading.Event()
+    with unrecorded._lock:  # held, as by the loop's add_to
+        thread = threading.Thread(
+            target=lambda: (unrecorded.write_soon(q.name, second), handed.set())
+        )
+        thread.start()
+        assert handed.wait(TIMEOUT)  # never gets the lock before this block ends
+    thread.join()
+    assert len(unrecorded) == 2
+    batch = ScriptBatch()
+    flushed = unrecorded.add_to(batch, [q], q.clock.now_ms())
+    assert [entries[0] for _, kind, entries, _ in flushed if kind == "early"] == [first, second]
+    unrecorded.read(flushed, batch.run(q.client, raise_errors=False), q.clock.now_ms())
+    assert len(unrecorded) == 0
+    for record in ("t1", "t2"):
+        assert redis_client.hget(q.keys.task_result(record), "status") == b"RUNNING"
 
 
 def test_recording_what_is_left_at_a_stop_ends_on_a_clock_that_stands_still() -> None:

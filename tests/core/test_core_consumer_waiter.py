@@ -163,6 +163,22 @@ def test_a_write_soon_ends_a_wait_at_once_but_quick_ones_do_not_end_one_wait_eac
     assert time.monotonic() - start >= WRITE_SOON_SECONDS + WRITE_SOON_GAP_SECONDS
 
 
+def test_a_write_soon_riding_on_a_round_already_due_does_not_wait_for_the_lock() -> None:
+    """A handler thread asks for every task it starts: when a round is already due by then,
+    the answer needs no lock (the loop or a listener may hold it), and the round stays due."""
+    waiter = Waiter([], SystemClock(), lambda: False)
+    waiter.written_soon()  # a round due within WRITE_SOON_SECONDS
+    due = waiter._remind_at
+    answered = threading.Event()
+    with waiter._cond:  # held, as by a wait in progress
+        rider = threading.Thread(target=lambda: (waiter.written_soon(), answered.set()))
+        rider.start()
+        assert answered.wait(TIMEOUT)  # without the lock: it never gets it before this ends
+    rider.join()
+    assert waiter._remind_at == due  # the same round, neither moved nor dropped
+    assert waiter.wait(None, SystemClock().now_ms() + 3_600_000).nudged
+
+
 # --- a queue added while the consumer runs (a Tasks backend taking any queue: issue 24) ----------
 
 

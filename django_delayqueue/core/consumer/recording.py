@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -82,6 +83,10 @@ class UnrecordedOutcomes:
         self._lock = threading.Lock()  # the extender reads unrecorded_messages() on its thread
         self._paused_until: dict[str, float] = {}
         self._early: dict[str, list[ScriptCall]] = {}  # write_soon(), per queue, in order
+        # write_soon()'s calls until the loop takes them into _early (under the lock): a deque,
+        # whose append and popleft need no lock, so that a handler thread handing one over
+        # (a task's RUNNING, for every task it starts) never waits for the loop's lock.
+        self._handed: deque[tuple[str, ScriptCall]] = deque()
 
     def add_queue(self, q: Queue) -> None:
         """Record the outcomes of queue ``q`` too (a queue added to a running consumer)."""
@@ -91,15 +96,21 @@ class UnrecordedOutcomes:
     def write_soon(self, name: str, call: ScriptCall) -> None:
         """Send ``call`` (a script call on queue ``name``) with the next round trip, before
         every write and ack of an outcome, without waiting for it: a running task's RUNNING
-        (from a handler thread, hence the lock). A call the script refuses is dropped, logged."""
-        with self._lock:
-            self._early.setdefault(name, []).append(call)
+        (from a handler thread). A call the script refuses is dropped, logged."""
+        self._handed.append((name, call))
+
+    def _take_handed(self) -> None:
+        """Move the calls handed over by write_soon into _early, in order (under the lock)."""
+        handed, early = self._handed, self._early
+        while handed:
+            name, call = handed.popleft()  # the only taker: never empty after the check
+            early.setdefault(name, []).append(call)
 
     def __len__(self) -> int:
-        # Under the lock: handler threads add queues to _early (write_soon) while the loop
-        # counts, and a dict that grows while iterated raises.
+        # Under the lock: the loop adds queues to _early (taking what write_soon handed over)
+        # while another thread may count, and a dict that grows while iterated raises.
         with self._lock:
-            early = sum(len(calls) for calls in self._early.values())
+            early = len(self._handed) + sum(len(calls) for calls in self._early.values())
             return early + sum(len(entries) for entries in self._entries.values())
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
@@ -134,6 +145,7 @@ class UnrecordedOutcomes:
         flush: Flush = []
         clock = time.monotonic()
         with self._lock:
+            self._take_handed()
             for name in [n for n in self._early if n in names]:
                 if force or self._paused_until.get(name, 0.0) <= clock:
                     # Left in _early until settle() sees them run: a round whose pipeline

@@ -251,6 +251,14 @@ class Waiter:
     def written_soon(self) -> None:
         """A write waits for the next round: end the wait within WRITE_SOON_SECONDS, or ride
         on a round already due by then (at most one round per WRITE_SOON_GAP_SECONDS)."""
+        # Answered without the lock when a round is already due by then, as it mostly is (a
+        # handler thread asks for every task it starts): the same answer as below. Safe to
+        # read unlocked: the write was queued before this read, a remind is only ever moved
+        # earlier, and the wait that clears it ends and starts the round that sends the write.
+        at = max(time.monotonic() + WRITE_SOON_SECONDS, self._written_at + WRITE_SOON_GAP_SECONDS)
+        remind_at = self._remind_at
+        if remind_at is not None and remind_at <= at:
+            return
         with self._cond:
             at = max(
                 time.monotonic() + WRITE_SOON_SECONDS, self._written_at + WRITE_SOON_GAP_SECONDS
