@@ -215,4 +215,3 @@ def test_a_wrong_type_unique_key_changes_nothing(q: Queue, redis_client: redis.R
     with pytest.raises(ScriptFailed, match=r"WRONGTYPE key .*:unique holds a string"):
         q.schedule("x", id="a", unique_for=60)
     assert sum(q.counts().values()) == 0
-
