@@ -20,13 +20,19 @@ local mode = ARGV[4]
 if mode ~= 'schedule' and mode ~= 'replace' then
   return redis.error_reply('schedule_unique: unknown mode ' .. tostring(mode))
 end
--- Every key a message may write, before the first write (a later message must not find a
--- wrong type after an earlier one was stored).
-guard(
-  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
-  KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset'
-)
+-- Every key a message of the call may write, checked before the first write, so that no
+-- message finds a wrong type after an earlier one was stored. A schedule writes pending or
+-- ready, the messages hash (its HSETNX, the first write, proves it) and the window; a replace
+-- may write every key (replace_triples checks them again, at no extra cost per message).
+if mode == 'schedule' then
+  guard(KEYS[1], 'zset', KEYS[2], 'list', KEYS[15], 'zset')
+else
+  guard(
+    KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
+    KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
+    KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset'
+  )
+end
 local out, opened = {0}, 0
 for i = 5, #ARGV, 4 do
   local stored, state, open_until = schedule_in_window(
