@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import pytest
 import redis
+from memory_support import full
 
 from django_delayqueue.core import ManualClock, PayloadError, Queue
 from django_delayqueue.core.envelope import decode_envelope
@@ -215,3 +216,13 @@ def test_a_wrong_type_unique_key_changes_nothing(q: Queue, redis_client: redis.R
     with pytest.raises(ScriptFailed, match=r"WRONGTYPE key .*:unique holds a string"):
         q.schedule("x", id="a", unique_for=60)
     assert sum(q.counts().values()) == 0
+
+
+def test_a_full_redis_refuses_windowed_items_and_schedule_many_reports_them(q: Queue) -> None:
+    with full(q.client):
+        result = q.schedule_many(
+            [{"payload": 1, "id": "a", "unique_for": 60}, {"payload": 2, "id": "b"}]
+        )
+    assert [r.id for r in result.not_scheduled] == ["a", "b"]  # b was not even sent
+    assert q.client.exists(q.keys.unique, q.keys.messages) == 0
+    assert q.schedule_many([{"payload": 1, "id": "a", "unique_for": 60}]).scheduled == 1
