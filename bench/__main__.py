@@ -28,6 +28,7 @@ from . import (
     processes,
     produce,
     rate_limit,
+    unique,
 )
 from .harness import Bench, Row, private_redis
 from .report import table, write_json
@@ -48,6 +49,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "processes": processes.supervised_beside_in_process,
     "processes_cpu": processes.cpu_bound,
     "rate_limit": rate_limit.rate_limit,
+    "unique": unique.schedule_unique,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -13,6 +13,7 @@ from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.results import AbortResult
+from django_delayqueue.core.uniqueness import window_ms_of
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 
@@ -31,6 +32,7 @@ def schedule(
     on_commit: bool | None = None,
     using: str | None = None,
     replace: bool = False,
+    unique_for: float | timedelta | None = None,
 ) -> str:
     """Schedule ``payload`` on ``queue`` after ``delay`` (seconds or timedelta) or ``at``.
 
@@ -38,17 +40,23 @@ def schedule(
     (waiting, in flight, retrying or dead) creates nothing, and says so in the log (INFO, with
     the state). With ``replace=True`` the new message replaces a waiting or dead one, or, if
     that one is being delivered, is scheduled when its delivery is acknowledged
-    (docs/scheduling.md, "Re-scheduling an id"). The payload, id and due time are checked
-    now, so a bad payload raises :class:`PayloadError` here. With ``on_commit`` (default
+    (docs/scheduling.md, "Re-scheduling an id"). With ``unique_for`` (seconds or a timedelta,
+    with ``id``) the message opens a uniqueness window for its id when it is stored, and
+    another schedule with ``unique_for`` of the id is refused (and logged at INFO) while the
+    window is open, even after the first was acknowledged (docs/flow-control.md, "Uniqueness
+    windows"). The payload, id, due time and window are checked now, so a bad one raises
+    :class:`PayloadError` here. With ``on_commit`` (default
     ``DELAYQUEUE['ON_COMMIT']``, True) a call inside ``transaction.atomic`` sends the message
     only when the transaction commits, and not at all when it rolls back; with
     ``DELAYQUEUE['OUTBOX']`` (True) it is also written to the database in that transaction,
     so a Redis that is down at the commit delays it instead of losing it (docs/outbox.md).
     """
     q = get_queue(queue)
+    window_ms = window_ms_of(unique_for, id)
     prepared = q.prepare(payload, delay=delay, at=at, id=id)
     use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
-    send_on_commit(Outgoing(q, prepared, replace=replace), on_commit=use_on_commit, using=using)
+    outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
+    send_on_commit(outgoing, on_commit=use_on_commit, using=using)
     return prepared.id
 
 

@@ -139,6 +139,9 @@ class OutboxMessage(models.Model):
     # A task's result record ('enqueued' field, JSON) and priority (mode "task").
     record = models.TextField(blank=True, default="")
     priority = models.SmallIntegerField(default=0)
+    # The uniqueness window asked for (schedule(..., unique_for=)), ms; 0 for none. Counted
+    # from the send, like every window: a row relayed later opens (or meets) it then.
+    unique_ms = models.BigIntegerField("uniqueness window (ms)", default=0)
     # No indexes: every row costs its insert and delete on a view's request, and the table is
     # empty but for a Redis outage's backlog, which a relay reads oldest first in batches.
     created_at = models.DateTimeField(default=timezone.now)

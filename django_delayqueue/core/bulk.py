@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django_delayqueue.core.errors import PayloadError
 from django_delayqueue.core.results import BulkResult, Prepared, Rejected
 from django_delayqueue.core.scripts.calls import is_out_of_memory, script_error
+from django_delayqueue.core.uniqueness import window_ms_of
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -25,6 +26,7 @@ class BulkScheduling:
     clock: Clock
     _schedule_one: BoundScript
     _replace_one: BoundScript
+    _schedule_unique: BoundScript
     announce_args: tuple[int, str]
 
     if TYPE_CHECKING:
@@ -50,9 +52,11 @@ class BulkScheduling:
     ) -> BulkResult:
         """Schedule many messages in pipelined chunks; invalid ones are reported, not raised.
 
-        Each item is a mapping with ``payload`` and optional ``id``, ``delay``, ``at`` and
-        ``replace`` (default: the ``replace`` argument). A pipeline holds several chunks so a
-        batch costs few round trips; items keep their order, replacing or not. When Redis is out
+        Each item is a mapping with ``payload`` and optional ``id``, ``delay``, ``at``,
+        ``replace`` (default: the ``replace`` argument) and ``unique_for`` (seconds or a
+        timedelta, with an ``id``: as ``Queue.schedule``'s; refused ones are counted in
+        ``within_window``). A pipeline holds several chunks so a batch costs few round trips;
+        items keep their order, replacing or not, with a window or not. When Redis is out
         of memory, a chunk it refuses (nothing of it is written) and every item after it are
         reported in ``not_scheduled``, and no more is sent.
         """
@@ -60,6 +64,7 @@ class BulkScheduling:
         now = self.clock.now_ms()
         pending: list[Prepared] = []
         flags: list[bool] = []
+        windows: list[int] = []
         indexes: list[int] = []
         for index, item in enumerate(items):
             try:
@@ -67,6 +72,7 @@ class BulkScheduling:
                     raise PayloadError(
                         f"item must be a mapping with a payload, not a {type(item).__name__}"
                     )
+                window = window_ms_of(item.get("unique_for"), item.get("id"))
                 pending.append(
                     self.prepare(
                         item.get("payload"),
@@ -77,13 +83,14 @@ class BulkScheduling:
                     )
                 )
                 flags.append(bool(item.get("replace", replace)))
+                windows.append(window)
                 indexes.append(index)
             except PayloadError as e:
                 total.rejected.append(Rejected(index, _safe_id(item), str(e)))
             if len(pending) >= chunk_size * 8:
-                self._send_prepared(pending, now, chunk_size, flags, indexes, total)
-                pending, flags, indexes = [], [], []
-        self._send_prepared(pending, now, chunk_size, flags, indexes, total)
+                self._send_prepared(pending, now, chunk_size, flags, indexes, total, windows)
+                pending, flags, windows, indexes = [], [], [], []
+        self._send_prepared(pending, now, chunk_size, flags, indexes, total, windows)
         _confirm(self, total)
         return total
 
@@ -93,13 +100,19 @@ class BulkScheduling:
         *,
         chunk_size: int = DEFAULT_CHUNK,
         replace: bool = False,
+        unique_ms: Sequence[int] | None = None,
     ) -> BulkResult:
         """Schedule messages already validated by :meth:`prepare` (used by the Spark job); those
-        Redis refused for memory are in ``not_scheduled`` (indexes into ``prepared``)."""
+        Redis refused for memory are in ``not_scheduled`` (indexes into ``prepared``).
+        ``unique_ms``: each message's uniqueness window (ms, from
+        :func:`~.uniqueness.window_ms_of`; 0 for none), if any has one."""
         flags = [replace] * len(prepared)
+        if unique_ms is not None and len(unique_ms) != len(prepared):
+            raise ValueError("unique_ms needs one window (or 0) per prepared message")
         result = BulkResult()
         indexes = list(range(len(prepared)))
-        self._send_prepared(prepared, self.clock.now_ms(), chunk_size, flags, indexes, result)
+        now = self.clock.now_ms()
+        self._send_prepared(prepared, now, chunk_size, flags, indexes, result, unique_ms)
         _confirm(self, result)
         return result
 
@@ -111,17 +124,24 @@ class BulkScheduling:
         flags: Sequence[bool],
         indexes: Sequence[int],
         result: BulkResult,
+        windows: Sequence[int] | None = None,
     ) -> None:
-        """Send runs of items that replace or not, in order (one pipeline per run), counting
-        what became of them in ``result``. Once a chunk was refused for memory, the rest is
-        reported as not scheduled without being sent (each refused chunk changed nothing: see
-        lua/includes/memory.lua)."""
+        """Send runs of items that replace or not, with a uniqueness window or not, in order
+        (one pipeline per run), counting what became of them in ``result``. Once a chunk was
+        refused for memory, the rest is reported as not scheduled without being sent (each
+        refused chunk changed nothing: see lua/includes/memory.lua)."""
+        windowed = [bool(w) for w in windows] if windows else [False] * len(prepared)
         start = 0
         while start < len(prepared):
-            replace, end = flags[start], start + 1
-            while end < len(prepared) and flags[end] == replace:
+            replace, unique, end = flags[start], windowed[start], start + 1
+            while end < len(prepared) and (flags[end], windowed[end]) == (replace, unique):
                 end += 1
             chunks = [range(i, min(i + chunk_size, end)) for i in range(start, end, chunk_size)]
+            if unique:
+                assert windows is not None
+                self._send_windowed(prepared, now, chunks, replace, windows, indexes, result)
+                start = end
+                continue
             script = self._replace_one if replace else self._schedule_one
             replies: list[Any] = [None] * len(chunks)  # None: not sent
             if not result.not_scheduled:
@@ -143,6 +163,49 @@ class BulkScheduling:
                 result.replaced += taken if replace else 0
                 result.already_present += 0 if replace else len(chunk) - stored
             start = end
+
+    def _send_windowed(
+        self,
+        prepared: Sequence[Prepared],
+        now: int,
+        chunks: Sequence[range],
+        replace: bool,
+        windows: Sequence[int],
+        indexes: Sequence[int],
+        result: BulkResult,
+    ) -> None:
+        """One run of items with uniqueness windows: schedule_unique.lua per chunk."""
+        script = self._schedule_unique
+        replies: list[Any] = [None] * len(chunks)  # None: not sent
+        if not result.not_scheduled:
+            mode = "replace" if replace else "schedule"
+            calls = [
+                [
+                    now,
+                    *self.announce_args,
+                    mode,
+                    *(part for i in chunk for part in (*prepared[i], windows[i])),
+                ]
+                for chunk in chunks
+            ]
+            replies = script.call_many(calls, raise_errors=False)
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if reply is None or is_out_of_memory(reply):
+                result.not_scheduled += [
+                    Rejected(indexes[i], prepared[i].id, NOT_STORED) for i in chunk
+                ]
+                continue
+            if isinstance(reply, Exception):
+                raise script_error(script.script.name, reply) from reply
+            # {stored, then triples: position, state, window end (0: the id was taken)}
+            ends = [int(reply[n]) for n in range(3, len(reply), 3)]
+            refused = sum(1 for end in ends if end > 0)
+            taken = len(ends) - refused
+            stored = int(reply[0])
+            result.within_window += refused
+            result.scheduled += stored - (taken if replace else 0)
+            result.replaced += taken if replace else 0
+            result.already_present += 0 if replace else taken
 
 
 def _confirm(queue: BulkScheduling, result: BulkResult) -> None:

@@ -217,6 +217,16 @@ class QueueKeys:
         return self._key("sent")
 
     @property
+    def unique(self) -> str:
+        """Zset: id -> end (ms) of the uniqueness window its last schedule with ``unique_for``
+        opened; a schedule with ``unique_for`` of an id whose window is open is refused.
+
+        Read and written only by schedules that ask for a window (schedule_unique.lua,
+        send_once.lua); each one that opens windows forgets up to twice as many that are over.
+        """
+        return self._key("unique")
+
+    @property
     def replicated(self) -> str:
         """Counter written before each ``WAIT`` of ``MIN_REPLICAS`` (core.replication): a
         replica that has it has every write of the queue that returned before it."""
@@ -321,4 +331,5 @@ class QueueKeys:
             self.ticks,
             self.tick_runs,
             self.limiter,
+            self.unique,
         ]

@@ -25,6 +25,7 @@ from django_delayqueue.core.results import (
     Snapshot,
 )
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.core.uniqueness import UniqueFor
 
 if TYPE_CHECKING:
     from django_delayqueue.core.queue import Queue
@@ -67,10 +68,16 @@ class LogicalQueue(Protocol):
         at: datetime | int | float | None = None,
         id: str | None = None,
         replace: bool = False,
+        unique_for: UniqueFor | None = None,
     ) -> ScheduleResult: ...
 
     def send_prepared(
-        self, prepared: Prepared, *, now_ms: int | None = None, replace: bool = False
+        self,
+        prepared: Prepared,
+        *,
+        now_ms: int | None = None,
+        replace: bool = False,
+        unique_ms: int = 0,
     ) -> ScheduleResult: ...
 
     def send_with_record(
@@ -93,6 +100,7 @@ class LogicalQueue(Protocol):
         record: str | None = None,
         priority: int = 0,
         now_ms: int | None = None,
+        unique_ms: int = 0,
     ) -> ScheduleResult | None: ...
 
     def schedule_many(
@@ -100,7 +108,12 @@ class LogicalQueue(Protocol):
     ) -> BulkResult: ...
 
     def schedule_prepared(
-        self, prepared: Sequence[Prepared], *, chunk_size: int = ..., replace: bool = False
+        self,
+        prepared: Sequence[Prepared],
+        *,
+        chunk_size: int = ...,
+        replace: bool = False,
+        unique_ms: Sequence[int] | None = None,
     ) -> BulkResult: ...
 
     # --- by id, or everything --------------------------------------------------------------

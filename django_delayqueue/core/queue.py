@@ -25,7 +25,7 @@ from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.replication import ReplicaAck
 from django_delayqueue.core.scheduling import SEND_TOKEN_MEMORY_MS as SEND_TOKEN_MEMORY_MS
 from django_delayqueue.core.scheduling import Scheduling
-from django_delayqueue.core.scripts.contracts import REPLACE, SCHEDULE
+from django_delayqueue.core.scripts.contracts import REPLACE, SCHEDULE, SCHEDULE_UNIQUE
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.task_records import TaskRecords
 
@@ -67,6 +67,7 @@ class Queue(Scheduling, BulkScheduling, Delivery, Inspection, Housekeeping, Task
         # has a script of its own, so that path stays as lean as it was.
         self._schedule_one = SCHEDULE.bind(client, self.keys)
         self._replace_one = REPLACE.bind(client, self.keys)
+        self._schedule_unique = SCHEDULE_UNIQUE.bind(client, self.keys)  # unique_for=
         # What schedule.lua and replace.lua take after the time: when and where to announce.
         self.announce_args: tuple[int, str] = (ANNOUNCE_WITHIN_MS, self.keys.wake_channel)
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to

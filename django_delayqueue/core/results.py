@@ -26,12 +26,23 @@ class ScheduleResult:
     ``replace`` a taken id means nothing was created (``created`` False); with ``replace=True``
     the message is always stored: it replaced the one in ``state``, or, for ``"unack"``, became
     the successor that the running delivery's ack schedules.
+
+    ``unique_until_ms`` is set when a schedule with ``unique_for`` was refused because the id's
+    uniqueness window is open: when that window ends (ms, Redis clock). Nothing was created,
+    and ``state`` is None if the message that opened the window is gone (acknowledged,
+    cancelled, purged).
     """
 
     id: str
     created: bool  # the message was stored (new, replacing, or as a successor)
     due_ms: int
     state: str | None = None
+    unique_until_ms: int | None = None
+
+    @property
+    def within_window(self) -> bool:
+        """Refused: a schedule with ``unique_for`` found the id's uniqueness window open."""
+        return self.unique_until_ms is not None
 
     @property
     def replaced(self) -> bool:
@@ -60,9 +71,12 @@ class BulkResult:
     # Valid, but not stored: Redis was out of memory (see RedisOutOfMemory). Nothing of them
     # was written; send them again (with their ids) once it has room.
     not_scheduled: list[Rejected] = field(default_factory=list)
+    # Not created: an item with ``unique_for`` found its id's uniqueness window open.
+    within_window: int = 0
 
     def merge(self, other: BulkResult) -> None:
         self.scheduled += other.scheduled
+        self.within_window += other.within_window
         self.already_present += other.already_present
         self.replaced += other.replaced
         self.rejected.extend(other.rejected)

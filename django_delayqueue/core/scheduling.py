@@ -24,8 +24,15 @@ from django_delayqueue.core.errors import ConfigurationError, NotReplicated, Pay
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.results import Prepared, ScheduleResult
 from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.core.scripts.contracts import ENQUEUE_TASK, REPLACE, SCHEDULE, SEND_ONCE
+from django_delayqueue.core.scripts.contracts import (
+    ENQUEUE_TASK,
+    REPLACE,
+    SCHEDULE,
+    SCHEDULE_UNIQUE,
+    SEND_ONCE,
+)
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -47,6 +54,7 @@ class Scheduling:
     replicas: ReplicaAck | None
     _schedule_one: BoundScript
     _replace_one: BoundScript
+    _schedule_unique: BoundScript
     announce_args: tuple[int, str]
 
     def prepare(
@@ -93,16 +101,21 @@ class Scheduling:
         at: datetime | int | float | None = None,
         id: str | None = None,
         replace: bool = False,
+        unique_for: UniqueFor | None = None,
     ) -> ScheduleResult:
         """Schedule one message.
 
         A message already holding ``id`` is left as it is: nothing is created and the result
         names its state. With ``replace=True`` the new message replaces a waiting or dead one
         at once, or follows one in flight (scheduled by its ack): see :class:`ScheduleResult`.
+        With ``unique_for`` (seconds or a timedelta; needs ``id``) a message stored opens a
+        window for its id, and a schedule with ``unique_for`` of the id while it is open is
+        refused (``result.within_window``), even once the first is acknowledged.
         """
+        window_ms = window_ms_of(unique_for, id)
         now = self.clock.now_ms()
         prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        return self.send_prepared(prepared, now_ms=now, replace=replace)
+        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(
         self,
@@ -110,13 +123,34 @@ class Scheduling:
         *,
         now_ms: int | None = None,
         replace: bool = False,
+        unique_ms: int = 0,
     ) -> ScheduleResult:
         """Send one message validated by :meth:`prepare`, in one script call (no pipeline).
 
-        ``dq.schedule`` prepares at call time and sends on commit through this.
+        ``dq.schedule`` prepares at call time and sends on commit through this. ``unique_ms``
+        (from :func:`~.uniqueness.window_ms_of`; 0: none) is the uniqueness window to check and
+        open, counted from the send.
         """
         message_id, due, envelope = prepared
         now = self.clock.now_ms() if now_ms is None else now_ms
+        if unique_ms:
+            mode = "replace" if replace else "schedule"
+            if self.replicas is None:
+                reply = self._schedule_unique(
+                    now, *self.announce_args, mode, message_id, due, envelope, unique_ms
+                )
+            else:
+                horizon, channel = self.announce_args
+                call = SCHEDULE_UNIQUE.call(
+                    self.keys,
+                    now_ms=now,
+                    horizon_ms=horizon,
+                    wake_channel=channel,
+                    mode=mode,
+                    quadruples=[message_id, due, envelope, unique_ms],
+                )
+                reply = self._run_message_call(call, message_id, due)
+            return result_of(reply, message_id, due)
         if self.replicas is None:  # the fast path: the bound script's arguments, in order
             script = self._replace_one if replace else self._schedule_one
             reply = script(now, *self.announce_args, message_id, due, envelope)
@@ -166,8 +200,7 @@ class Scheduling:
             priority=priority,
         )
         reply = self._run_message_call(call, message_id, due)
-        state = to_str(reply[2]) if len(reply) > 1 else None
-        return ScheduleResult(message_id, bool(reply[0]), due, state)
+        return result_of(reply, message_id, due)
 
     def send_once(
         self,
@@ -179,10 +212,12 @@ class Scheduling:
         record: str | None = None,
         priority: int = 0,
         now_ms: int | None = None,
+        unique_ms: int = 0,
     ) -> ScheduleResult | None:
         """Send one prepared message as :meth:`send_prepared` (or, with ``record_key`` and
         ``record``, :meth:`send_with_record`) would, unless ``token`` was sent in the last
         :data:`SEND_TOKEN_MEMORY_MS`: then nothing changes and the result is None.
+        ``unique_ms``: as :meth:`send_prepared`'s (not for a task with its record).
 
         The transactional outbox sends each row under the row's token, so a row that is sent
         again (its first sender died or timed out before deleting it) never becomes a second
@@ -193,8 +228,10 @@ class Scheduling:
         if (record_key is None) != (record is None):
             raise ConfigurationError("record_key and record go together")
         if record_key is not None:
-            if replace:
-                raise ConfigurationError("a task with its record cannot replace a message")
+            if replace or unique_ms:
+                raise ConfigurationError(
+                    "a task with its record cannot replace a message or take a uniqueness window"
+                )
             self._check_record(record_key, priority)
             mode = "task"
         else:
@@ -215,12 +252,12 @@ class Scheduling:
             remembered_ms=SEND_TOKEN_MEMORY_MS,
             enqueued=record or "",
             priority=priority,
+            unique_ms=unique_ms,
         )
         reply = self._run_message_call(call, message_id, due)
         if int(reply[0]) < 0:
             return None
-        state = to_str(reply[2]) if len(reply) > 1 else None
-        return ScheduleResult(message_id, bool(reply[0]), due, state)
+        return result_of(reply, message_id, due)
 
     def _check_record(self, record_key: str, priority: int) -> None:
         if not record_key.startswith(self.keys.tag):
@@ -239,6 +276,14 @@ class Scheduling:
         except NotReplicated as e:
             reply = e.result
             if isinstance(reply, list) and reply and int(reply[0]) >= 0:
-                state = to_str(reply[2]) if len(reply) > 1 else None
-                e.result = ScheduleResult(message_id, bool(reply[0]), due, state)
+                e.result = result_of(reply, message_id, due)
             raise
+
+
+def result_of(reply: Any, message_id: str, due: int) -> ScheduleResult:
+    """The ScheduleResult of one message's script reply: ``{stored}``, or ``{stored, 1,
+    state}`` when the id was taken, or, from a schedule with a window, ``{stored, 1, state,
+    window end}`` (state '' for none; window end 0 when no window refused it)."""
+    state = (to_str(reply[2]) or None) if len(reply) > 2 else None
+    until = int(reply[3]) if len(reply) > 3 and int(reply[3]) > 0 else None
+    return ScheduleResult(message_id, bool(reply[0]), due, state, until)

@@ -35,6 +35,7 @@ from django_delayqueue.core.results import (
     Snapshot,
 )
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
 
 
 def shard_index(message_id: str, shards: int) -> int:
@@ -93,10 +94,13 @@ class ShardedQueue:
         at: datetime | int | float | None = None,
         id: str | None = None,
         replace: bool = False,
+        unique_for: UniqueFor | None = None,
     ) -> ScheduleResult:
+        window_ms = window_ms_of(unique_for, id)
         now = self.clock.now_ms()
         prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        return self.send_prepared(prepared, now_ms=now, replace=replace)
+        # The id's shard holds its window too: every schedule of an id finds the same one.
+        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(self, prepared: Prepared, **kwargs: Any) -> ScheduleResult:
         return self.shard_for(prepared.id).send_prepared(prepared, **kwargs)
@@ -128,11 +132,20 @@ class ShardedQueue:
         total.not_scheduled.sort(key=lambda r: r.index)
         return total
 
-    def schedule_prepared(self, prepared: Sequence[Prepared], **kwargs: Any) -> BulkResult:
+    def schedule_prepared(
+        self,
+        prepared: Sequence[Prepared],
+        *,
+        unique_ms: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> BulkResult:
         total = BulkResult()
         positions = self._by_shard([p.id for p in prepared], range(len(prepared)))
         for index, places in positions.items():
-            done = self.shards[index].schedule_prepared([prepared[i] for i in places], **kwargs)
+            windows = None if unique_ms is None else [unique_ms[i] for i in places]
+            done = self.shards[index].schedule_prepared(
+                [prepared[i] for i in places], unique_ms=windows, **kwargs
+            )
             total.merge(_placed(done, places))
         total.not_scheduled.sort(key=lambda r: r.index)
         return total

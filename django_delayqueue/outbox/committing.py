@@ -95,6 +95,7 @@ def write_row(outgoing: Outgoing, using: str) -> OutboxMessage:
         mode=outgoing.mode,
         record=outgoing.record or "",
         priority=outgoing.priority,
+        unique_ms=outgoing.unique_ms,
         created_at=now,
         leased_until=now + timedelta(seconds=float(dq_settings.OUTBOX_LEASE_SECONDS)),
     )
@@ -196,7 +197,15 @@ def _log_lost(outgoing: Outgoing, error: Exception) -> None:
 
 def log_result(result: ScheduleResult, queue: str) -> None:
     """Never silent: a message that was not created is logged with what kept it out."""
-    if not result.created:
+    if result.within_window:
+        api_logger.info(
+            "not scheduled %s on %s: its uniqueness window (unique_for) is open until %s%s",
+            result.id,
+            queue,
+            _when(result.unique_until_ms),
+            f" (a message with this id is {result.state})" if result.state else "",
+        )
+    elif not result.created:
         api_logger.info(
             "not scheduled %s on %s: a message with this id is already %s "
             "(replace=True replaces it)",
@@ -210,3 +219,11 @@ def log_result(result: ScheduleResult, queue: str) -> None:
         api_logger.debug("scheduled %s on %s, replacing one %s", result.id, queue, result.state)
     else:
         api_logger.debug("scheduled %s on %s", result.id, queue)
+
+
+def _when(ms: int | None) -> str:
+    """Epoch milliseconds as an ISO 8601 UTC instant, for a log line."""
+    try:
+        return datetime.fromtimestamp((ms or 0) / 1000, tz=timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):  # the very end of year 9999
+        return f"{ms} ms"

@@ -17,6 +17,7 @@ class Outgoing:
     replace: bool = False
     record: str | None = None
     priority: int = 0
+    unique_ms: int = 0  # the uniqueness window of schedule(..., unique_for=), ms; 0: none
 
     @property
     def mode(self) -> str:
@@ -33,7 +34,9 @@ class Outgoing:
             return self.queue.send_with_record(
                 self.prepared, key, self.record, priority=self.priority
             )
-        return self.queue.send_prepared(self.prepared, replace=self.replace)
+        return self.queue.send_prepared(
+            self.prepared, replace=self.replace, unique_ms=self.unique_ms
+        )
 
     def send_once(self, token: str) -> ScheduleResult | None:
         """Send it under ``token`` (an outbox row's): None if that token was sent already."""
@@ -49,6 +52,7 @@ class Outgoing:
             record_key=key,
             record=self.record,
             priority=self.priority,
+            unique_ms=self.unique_ms,
         )
 
     def _register_task_queue(self) -> None:

@@ -80,7 +80,14 @@ def outgoing_of(row: OutboxMessage) -> Outgoing:
     prepared = Prepared(row.message_id, row.due_ms, row.envelope)
     record = row.record if task else None
     replace = row.mode == OutboxMessage.REPLACE
-    return Outgoing(queue, prepared, replace=replace, record=record, priority=row.priority)
+    return Outgoing(
+        queue,
+        prepared,
+        replace=replace,
+        record=record,
+        priority=row.priority,
+        unique_ms=row.unique_ms,
+    )
 
 
 class OutboxRelay:

@@ -3,7 +3,9 @@
 Each Spark task opens one Redis client and sends its rows in pipelined chunks with
 :meth:`Queue.schedule_prepared`, the same Lua script every other producer uses. Scheduling is
 idempotent on the (deterministic) message id, so a retried task or a re-run of the whole job
-creates nothing twice: what was already there is counted as ``already_present``.
+creates nothing twice: what was already there is counted as ``already_present``. Rows with a
+uniqueness window (``MessageSpec.unique_for_column``) go through ``schedule_unique.lua`` instead;
+those their id's open window refused are counted as ``within_window``.
 
 Counting uses Spark actions only, never files read back: every prepared row goes to the
 writers, which schedule the good ones and count the rejected ones by reason, and each task
@@ -36,7 +38,16 @@ from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
 from django_delayqueue.core.results import BulkResult, Prepared
 from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.spark.progress import ProgressCallback, watch_progress
-from django_delayqueue.spark.transforms import DUE, ID, PAYLOAD, REASON, MessageSpec, prepare, split
+from django_delayqueue.spark.transforms import (
+    DUE,
+    ID,
+    PAYLOAD,
+    REASON,
+    UNIQUE,
+    MessageSpec,
+    prepare,
+    split,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +56,7 @@ PIPELINE_CHUNKS = 8  # schedule.lua calls per pipeline: one round trip per 8 x c
 _RESULT_FIELDS = [
     ("scheduled", pa.int64()),
     ("already_present", pa.int64()),
+    ("within_window", pa.int64()),
     ("rejected", pa.int64()),
     (ID, pa.string()),
     (DUE, pa.int64()),
@@ -61,7 +73,8 @@ CLIENT_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 10, "socket_timeout"
 
 @dataclass(frozen=True)
 class BulkSummary:
-    """What a bulk run did. ``scheduled + already_present + rejected`` is every input row."""
+    """What a bulk run did. ``scheduled + already_present + within_window + rejected`` is
+    every input row."""
 
     scheduled: int
     already_present: int
@@ -70,10 +83,11 @@ class BulkSummary:
     partitions: int = 0
     seconds: float = 0.0
     rejects_path: str | None = None
+    within_window: int = 0  # valid rows their id's open uniqueness window kept out
 
     @property
     def total(self) -> int:
-        return self.scheduled + self.already_present + self.rejected
+        return self.scheduled + self.already_present + self.within_window + self.rejected
 
 
 def read_input(
@@ -134,7 +148,9 @@ def schedule_dataframe(
             redis_url, prefix, queue, now_ms, chunk_size, redis_cluster, shards
         )
         rows = (
-            prepared.select(ID, DUE, PAYLOAD, REASON).mapInArrow(writer, _RESULT_SCHEMA).collect()
+            prepared.select(ID, DUE, PAYLOAD, UNIQUE, REASON)
+            .mapInArrow(writer, _RESULT_SCHEMA)
+            .collect()
         )
         reasons: dict[str, int] = {}
         for r in rows:
@@ -144,6 +160,7 @@ def schedule_dataframe(
             _write_rejects(split(prepared)[1], rejects_path, rejects_format)
     scheduled = sum(r["scheduled"] for r in rows)
     present = sum(r["already_present"] for r in rows)
+    within_window = sum(r["within_window"] for r in rows)
     late = [r for r in rows if r[REASON] is not None and r[ID] is not None]
     if late:
         reasons = _add_late_rejects(df.sparkSession, late, reasons, rejects_path, rejects_format)
@@ -155,12 +172,14 @@ def schedule_dataframe(
         partitions=sum(1 for r in rows if r[REASON] is None),
         seconds=time.monotonic() - started,
         rejects_path=rejects_path,
+        within_window=within_window,
     )
     logger.info(
-        "queue %s: %d scheduled, %d already present, %d rejected in %.1fs",
+        "queue %s: %d scheduled, %d already present, %d in their window, %d rejected in %.1fs",
         queue,
         summary.scheduled,
         summary.already_present,
+        summary.within_window,
         summary.rejected,
         summary.seconds,
     )
@@ -215,10 +234,10 @@ def partition_writer(
                     [Queue(client, queue, prefix=prefix, shard=i) for i in range(shards)]
                 )
             good = _good_rows(batches, rejected)
-            scheduled, present, refused = _send(q, good, now_ms, chunk_size)
+            done, refused = _send(q, good, now_ms, chunk_size)
         finally:
             client.close()
-        rows = [_result(scheduled, present)]
+        rows = [_result(done.scheduled, done.already_present, within_window=done.within_window)]
         rows += [_result(0, 0, n, reason=reason) for reason, n in rejected.items()]
         rows += [_result(0, 0, 1, *row) for row in refused]
         yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW)
@@ -242,36 +261,44 @@ def _good_rows(
 
 def _send(
     q: LogicalQueue, batches: Iterator[pa.RecordBatch], now_ms: int, chunk_size: int
-) -> tuple[int, int, list[tuple[str, int, str, str]]]:
-    scheduled = present = 0
+) -> tuple[BulkResult, list[tuple[str, int, str, str]]]:
+    """Schedule the rows of ``batches``: what became of them, and the rows the core refused."""
+    done = BulkResult()
     refused: list[tuple[str, int, str, str]] = []
     prepared: list[Prepared] = []
+    windows: list[int] = []
     flush_at = chunk_size * PIPELINE_CHUNKS
     for batch in batches:
         ids = batch.column(ID).to_pylist()
         dues = batch.column(DUE).to_pylist()
         payloads = batch.column(PAYLOAD).to_pylist()
-        for message_id, due, payload in zip(ids, dues, payloads, strict=True):
+        has_windows = batch.schema.get_field_index(UNIQUE) >= 0
+        uniques = batch.column(UNIQUE).to_pylist() if has_windows else [0] * len(ids)
+        for message_id, due, payload, window in zip(ids, dues, payloads, uniques, strict=True):
             try:
                 validate_id(message_id)
             except PayloadError as e:
                 refused.append((message_id, due, payload, f"bad id: {e}"))
                 continue
             prepared.append(Prepared(message_id, due, encode_envelope(payload, due, now_ms)))
+            windows.append(window or 0)
             if len(prepared) >= flush_at:
-                result = _stored(q, prepared, chunk_size)
-                scheduled, present = scheduled + result.scheduled, present + result.already_present
-                prepared = []
+                done.merge(_stored(q, prepared, windows, chunk_size))
+                prepared, windows = [], []
     if prepared:
-        result = _stored(q, prepared, chunk_size)
-        scheduled, present = scheduled + result.scheduled, present + result.already_present
-    return scheduled, present, refused
+        done.merge(_stored(q, prepared, windows, chunk_size))
+    return done, refused
 
 
-def _stored(q: LogicalQueue, prepared: list[Prepared], chunk_size: int) -> BulkResult:
-    """``prepared`` scheduled; RedisOutOfMemory if Redis had no room for some: the task fails,
-    as it does when Redis is down, and Spark runs it again (the rows' ids make that safe)."""
-    result = q.schedule_prepared(prepared, chunk_size=chunk_size)
+def _stored(
+    q: LogicalQueue, prepared: list[Prepared], windows: list[int], chunk_size: int
+) -> BulkResult:
+    """``prepared`` scheduled (with their uniqueness windows, ms, if any has one);
+    RedisOutOfMemory if Redis had no room for some: the task fails, as it does when Redis is
+    down, and Spark runs it again (the rows' ids make that safe; a row stored before the
+    failure finds its own window, and counts as within_window the second time)."""
+    unique_ms = windows if any(windows) else None  # none: the lean schedule.lua path
+    result = q.schedule_prepared(prepared, chunk_size=chunk_size, unique_ms=unique_ms)
     if result.not_scheduled:
         first = result.not_scheduled[0]
         raise RedisOutOfMemory(f"{len(result.not_scheduled)} message(s) not stored: {first.reason}")
@@ -286,10 +313,13 @@ def _result(
     due: int | None = None,
     payload: str | None = None,
     reason: str | None = None,
+    *,
+    within_window: int = 0,
 ) -> dict[str, Any]:
     return {
         "scheduled": scheduled,
         "already_present": present,
+        "within_window": within_window,
         "rejected": rejected,
         ID: message_id,
         DUE: due,

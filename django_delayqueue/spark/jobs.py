@@ -83,7 +83,7 @@ def summary_lines(queue: str, summary: BulkSummary, rejects: str | None) -> list
     """The summary a person reads: counts, rejects by reason, where they went."""
     lines = [
         f"queue {queue}: {summary.scheduled} scheduled, {summary.already_present} already "
-        f"present, {summary.rejected} rejected (of {summary.total} rows, "
+        f"present, {summary.rejected} rejected{_in_window(summary)} (of {summary.total} rows, "
         f"{summary.partitions} partitions) in {summary.seconds:.1f}s"
     ]
     for reason, count in sorted(summary.reasons.items(), key=lambda kv: -kv[1]):
@@ -91,3 +91,8 @@ def summary_lines(queue: str, summary: BulkSummary, rejects: str | None) -> list
     if summary.rejected and rejects:
         lines.append(f"rejected rows written to {rejects}")
     return lines
+
+
+def _in_window(summary: BulkSummary) -> str:
+    """ ", N within their uniqueness window" when rows had windows that kept some out."""
+    return f", {summary.within_window} within their window" if summary.within_window else ""

@@ -1,7 +1,8 @@
 """Pure DataFrame -> DataFrame steps that turn rows of data into messages (or rejects).
 
-:func:`prepare` adds four columns to the input: ``dq_id``, ``dq_due_ms``, ``dq_payload``
-(JSON) and ``dq_reason`` (``None`` for a good row, else why the row cannot be scheduled).
+:func:`prepare` adds five columns to the input: ``dq_id``, ``dq_due_ms``, ``dq_payload``
+(JSON), ``dq_unique_ms`` (the row's uniqueness window in ms, 0 for none) and ``dq_reason``
+(``None`` for a good row, else why the row cannot be scheduled).
 :func:`split` separates the good rows from the rejects. Nothing here touches Redis or files.
 
 Ids must be deterministic so that a re-run (or a retried Spark task) schedules nothing twice:
@@ -25,7 +26,8 @@ from django_delayqueue.core.envelope import (
 from django_delayqueue.core.errors import ConfigurationError
 
 ID, DUE, PAYLOAD, REASON = "dq_id", "dq_due_ms", "dq_payload", "dq_reason"
-OUTPUT_COLUMNS = (ID, DUE, PAYLOAD, REASON)
+UNIQUE = "dq_unique_ms"
+OUTPUT_COLUMNS = (ID, DUE, PAYLOAD, UNIQUE, REASON)
 
 # What Python's str.isprintable() refuses, in Java regex terms (the core's validate_id runs
 # again on the executors, so a character class the two disagree on is still caught there).
@@ -40,6 +42,7 @@ MISSING_DUE = "missing due time"
 BAD_DUE = "bad due time: not a timestamp"
 MISSING_DELAY = "missing delay"
 BAD_DELAY = "bad delay: not a number of seconds >= 0"
+BAD_UNIQUE_FOR = "bad unique_for: not a number of seconds > 0"
 NOT_JSON = "payload not serialisable: NaN or Infinity in column "
 TOO_LARGE = "payload too large: over max_payload_bytes="
 
@@ -51,6 +54,8 @@ class MessageSpec:
     Give ``id_column`` or ``id_from``; give ``due_column`` (a timestamp, a date, a string
     Spark can read as a timestamp, or epoch milliseconds) or ``delay_column`` (seconds from
     ``now``), or neither for "due now". ``payload_columns`` empty means every column.
+    ``unique_for_column``: a column of seconds, each row's uniqueness window (as
+    ``schedule(..., unique_for=)``; null for none).
     """
 
     id_column: str | None = None
@@ -59,6 +64,7 @@ class MessageSpec:
     delay_column: str | None = None
     payload_columns: tuple[str, ...] = ()
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    unique_for_column: str | None = None
 
     def check(self, columns: Sequence[str]) -> None:
         """Raise ConfigurationError when the spec does not fit a DataFrame's ``columns``."""
@@ -68,7 +74,13 @@ class MessageSpec:
             raise ConfigurationError("give a due-time column or a delay column, not both")
         if self.max_payload_bytes < 1:
             raise ConfigurationError("max_payload_bytes must be at least 1")
-        named = [self.id_column, *self.id_from, self.due_column, self.delay_column]
+        named = [
+            self.id_column,
+            *self.id_from,
+            self.due_column,
+            self.delay_column,
+            self.unique_for_column,
+        ]
         missing = sorted({c for c in [*named, *self.payload_columns] if c and c not in columns})
         if missing:
             raise ConfigurationError(
@@ -124,6 +136,22 @@ def due_ms(df: DataFrame, spec: MessageSpec, now_ms: int) -> tuple[Column, Colum
     return due, reason
 
 
+def unique_ms(spec: MessageSpec) -> tuple[Column, Column]:
+    """``(uniqueness window in ms, reason or null)``: 0 when there is no window (no column, or
+    null in it); rounded up to whole ms as the core rounds it (core.uniqueness)."""
+    if not spec.unique_for_column:
+        return F.lit(0).cast("long"), F.lit(None).cast("string")
+    raw = F.col(spec.unique_for_column)
+    seconds = raw.try_cast("double")
+    bad = raw.isNotNull() & (
+        seconds.isNull() | F.isnan(seconds) | (seconds <= 0) | (seconds > 1e11)
+    )
+    window = F.when(raw.isNull() | bad, F.lit(0)).otherwise(
+        F.ceil(F.round(seconds * 1000, 6)).try_cast("long")
+    )
+    return window.cast("long"), F.when(bad, F.lit(BAD_UNIQUE_FOR))
+
+
 def payload_json(df: DataFrame, spec: MessageSpec) -> tuple[Column, Column]:
     """``(payload JSON, reason or null)``: nulls are kept as JSON null, NaN/Infinity refused."""
     names = list(spec.payload_columns) or list(df.columns)
@@ -170,7 +198,8 @@ def id_reason(message_id: Column) -> Column:
 
 
 def prepare(df: DataFrame, spec: MessageSpec, now_ms: int) -> DataFrame:
-    """Add ``dq_id``, ``dq_due_ms``, ``dq_payload`` and ``dq_reason`` to every row."""
+    """Add ``dq_id``, ``dq_due_ms``, ``dq_payload``, ``dq_unique_ms`` and ``dq_reason`` to
+    every row."""
     spec.check(df.columns)
     if spec.id_column:
         message_id = F.col(spec.id_column).cast("string")
@@ -178,18 +207,22 @@ def prepare(df: DataFrame, spec: MessageSpec, now_ms: int) -> DataFrame:
         message_id = derived_id(df, spec.id_from)
     due, due_reason = due_ms(df, spec, now_ms)
     payload, payload_reason = payload_json(df, spec)
+    window, window_reason = unique_ms(spec)
     with_id = df.withColumn(ID, message_id)
+    reason = F.coalesce(id_reason(F.col(ID)), due_reason, payload_reason, window_reason)
     return (
         with_id.withColumn(DUE, due)
         .withColumn(PAYLOAD, payload)
-        .withColumn(REASON, F.coalesce(id_reason(F.col(ID)), due_reason, payload_reason))
+        .withColumn(UNIQUE, window)
+        .withColumn(REASON, reason)
     )
 
 
 def split(prepared: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(good, rejects)``: good rows as (id, due ms, payload); rejects as input + id + reason."""
-    good = prepared.where(F.col(REASON).isNull()).select(ID, DUE, PAYLOAD)
-    rejects = prepared.where(F.col(REASON).isNotNull()).drop(DUE, PAYLOAD)
+    """``(good, rejects)``: good rows as (id, due ms, payload, window ms); rejects as input +
+    id + reason."""
+    good = prepared.where(F.col(REASON).isNull()).select(ID, DUE, PAYLOAD, UNIQUE)
+    rejects = prepared.where(F.col(REASON).isNotNull()).drop(DUE, PAYLOAD, UNIQUE)
     return good, rejects
 
 

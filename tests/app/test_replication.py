@@ -57,6 +57,19 @@ def test_a_schedule_returns_once_the_replica_has_it(
     copy.close()
 
 
+def test_a_schedule_with_a_uniqueness_window_waits_for_the_replica_too(
+    pair: tuple[RedisServerProcess, RedisServerProcess],
+) -> None:
+    primary, replica = pair
+    q = queue_on(primary)
+    assert q.schedule({"n": 1}, delay=60, id="windowed", unique_for=60).created
+    copy = redis.Redis.from_url(replica.url)
+    assert copy.zscore(q.keys.unique, "windowed") is not None  # the window too, on return
+    copy.close()
+    refused = q.schedule({"n": 2}, delay=60, id="windowed", unique_for=60)
+    assert (refused.created, refused.state, refused.within_window) == (False, "pending", True)
+
+
 def test_a_full_primary_refuses_with_out_of_memory_and_never_says_not_replicated(
     pair: tuple[RedisServerProcess, RedisServerProcess],
 ) -> None:

@@ -114,6 +114,20 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
         record="{}",
         priority=4,
     ),
+    "schedule with a window": lambda h: h.queue.schedule({"n": 1}, id="w1", unique_for=60),
+    "replace with a window": lambda h: h.queue.schedule(
+        {"n": 1}, id=h.pending, replace=True, unique_for=60
+    ),
+    "send once with a window": lambda h: h.queue.send_once(
+        h.queue.prepare({"n": 1}, id="w1"), "row-1", unique_ms=60_000
+    ),
+    "schedule_many with windows": lambda h: h.queue.schedule_many(
+        [
+            {"payload": 1, "id": "w1", "unique_for": 1},
+            {"payload": 2, "id": "w2", "delay": 5},
+            {"payload": 3, "id": "w3", "delay": 5, "unique_for": 1},
+        ]
+    ),
     "schedule_many": lambda h: h.queue.schedule_many(
         [{"payload": 1}, {"payload": 2, "delay": 5}, {"payload": 3, "delay": 0}]
     ),
@@ -156,7 +170,7 @@ KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
-    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter",
+    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique",
 ]  # fmt: skip
 
 

@@ -63,6 +63,11 @@ def test_growing_writes_are_refused_with_out_of_memory_and_change_nothing(
         "schedule a taken id": lambda: q.schedule({"n": 4}, id="old"),
         "replace with a new id": lambda: q.schedule({"n": 5}, id="fresh", replace=True),
         "send_once": lambda: q.send_once(q.prepare({"n": 6}), "token-1"),
+        "schedule with a window": lambda: q.schedule({"n": 8}, id="w", unique_for=60),
+        "replace with a window": lambda: q.schedule({"n": 9}, id="w", replace=True, unique_for=9),
+        "send_once with a window": lambda: q.send_once(
+            q.prepare({"n": 10}, id="w"), "token-2", unique_ms=60_000
+        ),
         "task with its record": lambda: q.send_with_record(
             q.prepare({"n": 7}, id="t1"), q.keys.task_result("t1"), "{}"
         ),
@@ -181,7 +186,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",
-        "schedule", "send_once",
+        "schedule", "send_once", "schedule_unique",
     }  # fmt: skip
     assert set(script_names()) == run_when_full | refused_when_full
 

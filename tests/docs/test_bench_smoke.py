@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_ROWS = {
     "schedule.one",
     "schedule.many",
+    "unique.one",
+    "unique.many",
     "deliver.c1",
     "deliver.c8",
     "lateness.p50",

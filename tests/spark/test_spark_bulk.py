@@ -71,6 +71,34 @@ def test_a_bulk_run_schedules_every_row_once_and_a_rerun_schedules_none(
     assert redis_client.zscore(q.keys.pending, "order-7") == due
 
 
+def test_bulk_rows_with_a_uniqueness_window_are_refused_while_it_is_open(
+    spark: Any, redis_server: RedisServerProcess, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    df = spark.createDataFrame(
+        [("sms-1", 86400.0), ("sms-2", 86400.0), ("sms-3", None), ("sms-4", -1.0)],
+        "ref string, window double",
+    )
+    spec = MessageSpec(id_column="ref", payload_columns=("ref",), unique_for_column="window")
+
+    def run(name: str) -> Any:
+        path = str(tmp_path / name)
+        return schedule_dataframe(
+            df, redis_server.url, "dq", "bulk-unique", spec, rejects_path=path, now_ms=NOW
+        )
+
+    first = run("r1")
+    assert (first.scheduled, first.within_window, first.rejected) == (3, 0, 1)
+    assert first.reasons == {t.BAD_UNIQUE_FOR: 1}
+    q = Queue(redis_client, "bulk-unique")
+    assert q.cancel("sms-1", "sms-2", "sms-3") == 3  # a cancel keeps the windows
+    again = run("r2")
+    # sms-1 and sms-2 meet their windows; sms-3 had none and is scheduled again.
+    assert (again.scheduled, again.within_window, again.already_present) == (1, 2, 0)
+    assert again.total == 4
+    assert redis_client.hkeys(q.keys.messages) == [b"sms-3"]
+    assert redis_client.zcard(q.keys.unique) == 2
+
+
 def test_bad_rows_land_in_rejects_with_their_reason_and_none_is_lost(
     spark: Any, redis_server: RedisServerProcess, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

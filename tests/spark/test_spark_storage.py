@@ -74,7 +74,7 @@ def test_write_job_keeps_uris_and_resolves_the_settings(tmp_path: Path) -> None:
     out = StringIO()
     call_command(
         "schedule_bulk", "--input", "s3a://bucket/shop/orders", "--queue", QUEUE,
-        "--id-column", "order_ref", "--due-column", "close_at",
+        "--id-column", "order_ref", "--due-column", "close_at", "--unique-for-column", "window",
         "--rejects", "hdfs://nn:8020/shop/rejects", "--redis-url", "redis://redis.internal/0",
         "--write-job", str(job_file), stdout=out,
     )  # fmt: skip
@@ -89,6 +89,7 @@ def test_write_job_keeps_uris_and_resolves_the_settings(tmp_path: Path) -> None:
         "redis://redis.internal/0",
     )
     assert job["spec"]["max_payload_bytes"] > 0 and job["spec"]["id_column"] == "order_ref"
+    assert job["spec"]["unique_for_column"] == "window"
     assert "job written to" in out.getvalue()
 
 

@@ -117,11 +117,27 @@ def test_nan_payloads_and_oversized_payloads_are_refused(spark: Any) -> None:
     assert out["big"][t.REASON] == t.TOO_LARGE + "60"
 
 
+def test_a_uniqueness_window_column_becomes_whole_milliseconds_or_a_reason(spark: Any) -> None:
+    df = rows(
+        spark,
+        "key string, window string",
+        [("a", "86400"), ("b", "0.29"), ("c", None), ("d", "0"), ("e", "-1"), ("f", "soon")],
+    )
+    spec = MessageSpec(id_column="key", unique_for_column="window")
+    out = {r[t.ID]: (r[t.UNIQUE], r[t.REASON]) for r in prepare(df, spec, NOW).collect()}
+    assert out["a"] == (86_400_000, None)
+    assert out["b"] == (290, None)  # rounded as the core rounds it, float noise ignored
+    assert out["c"] == (0, None)  # null: no window
+    assert {out[k][1] for k in "def"} == {t.BAD_UNIQUE_FOR}
+    no_column = prepare(df, MessageSpec(id_column="key"), NOW).collect()
+    assert {r[t.UNIQUE] for r in no_column} == {0}
+
+
 def test_split_keeps_the_input_row_with_its_reason(spark: Any) -> None:
     df = rows(spark, "key string, delay int", [("a", 5), ("b", None)])
     good, rejects = split(prepare(df, MessageSpec(id_column="key", delay_column="delay"), NOW))
     assert [(r[t.ID], r[t.DUE]) for r in good.collect()] == [("a", NOW + 5000)]
-    assert good.columns == [t.ID, t.DUE, t.PAYLOAD]
+    assert good.columns == [t.ID, t.DUE, t.PAYLOAD, t.UNIQUE]
     rejected = [r.asDict() for r in rejects.collect()]
     assert rejected == [{"key": "b", "delay": None, t.ID: "b", t.REASON: t.MISSING_DELAY}]
 

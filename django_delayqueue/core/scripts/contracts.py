@@ -27,8 +27,15 @@ ENQUEUE_TASK = Contract(
 )
 SEND_ONCE = Contract(
     "send_once",
-    keys=f"{_STATES} {_REPLACED} sent record",
-    args=f"{_ANNOUNCE} id due_ms envelope mode token remembered_ms enqueued priority",
+    keys=f"{_STATES} {_REPLACED} sent record unique",
+    args=f"{_ANNOUNCE} id due_ms envelope mode token remembered_ms enqueued priority unique_ms",
+)
+# Schedules with a uniqueness window (unique_for=): a script of their own, so that schedule.lua
+# and replace.lua, every other producer's path, stay as lean as they were.
+SCHEDULE_UNIQUE = Contract(
+    "schedule_unique",
+    keys=f"{_STATES} {_REPLACED} unique",
+    args=f"{_ANNOUNCE} mode *quadruples",
 )
 
 # --- the consumer's transitions ---------------------------------------------------------------
@@ -140,7 +147,7 @@ PUBLISH_RECURRENCES = Contract("publish_recurrences", keys="published", args="de
 CONTRACTS: dict[str, Contract] = {
     contract.name: contract
     for contract in (
-        *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE),
+        *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT, SLOT_FREED),
         *(COUNTS, PEEK, STATS, FLOW_STATE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),

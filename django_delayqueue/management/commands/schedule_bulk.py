@@ -45,6 +45,10 @@ class Command(BaseCommand):
         due.add_argument("--delay-column", help="column of seconds from now: the delay")
         parser.add_argument("--payload-columns", help="columns a,b,c of the payload (default: all)")
         parser.add_argument(
+            "--unique-for-column",
+            help="column of seconds: each row's uniqueness window (as unique_for=; null: none)",
+        )
+        parser.add_argument(
             "--rejects",
             help="path or URI for rejected rows (default on local[*]: ./delayqueue-rejects/...; "
             "required on a cluster)",
@@ -94,6 +98,7 @@ class Command(BaseCommand):
                 "due_column": options["due_column"],
                 "delay_column": options["delay_column"],
                 "payload_columns": split_columns(options["payload_columns"]),
+                "unique_for_column": options["unique_for_column"],
                 "max_payload_bytes": max_payload,
             },
             rejects=rejects,

@@ -9,23 +9,31 @@
 -- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash  (as replace.lua)
 -- KEYS[15] sent zset (send token -> when it was sent, ms)
 -- KEYS[16] the task's result record (hash; mode 'task' only, any key of the queue otherwise)
+-- KEYS[17] unique zset (id -> end of its uniqueness window, ms; read only with ARGV[12] > 0)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
 -- ARGV[7] mode: 'schedule', 'replace' or 'task'   ARGV[8] send token
 -- ARGV[9] how long (ms) a token is remembered   ARGV[10] the record's enqueued field (JSON)
 -- ARGV[11] priority (-100..100)   (ARGV[10] and ARGV[11]: mode 'task' only)
+-- ARGV[12] unique window, ms (uniqueness window; 0 for none; not for mode 'task')
 -- returns: {-1} when the token was sent within ARGV[9] ms (nothing changed but the token's
 --          time, renewed); else what the mode's script returns (the token is remembered,
---          older ones forgotten).
+--          older ones forgotten); with a window, what schedule_unique.lua returns.
 --- @include "includes/guard.lua"
 --- @include "includes/scheduling.lua"
 --- @include "includes/replacing.lua"
 --- @include "includes/task_enqueue.lua"
+--- @include "includes/unique.lua"
 local mode = ARGV[7]
 if mode ~= 'schedule' and mode ~= 'replace' and mode ~= 'task' then
   return redis.error_reply('send_once: unknown mode ' .. tostring(mode))
 end
+local window = tonumber(ARGV[12])
+if window > 0 and mode == 'task' then
+  return redis.error_reply('send_once: a task takes no uniqueness window')
+end
 guard(KEYS[15], 'zset')
+if window > 0 then guard(KEYS[17], 'zset') end
 local now = tonumber(ARGV[1])
 local sent_at = redis.call('ZSCORE', KEYS[15], ARGV[8])
 if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then
@@ -36,7 +44,12 @@ if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then
   return {-1}
 end
 local out
-if mode == 'schedule' then
+if window > 0 then
+  local stored, state, open_until = schedule_in_window(KEYS[17], 4, window, mode == 'replace')
+  out = {stored}
+  if state ~= nil then out = {stored, 1, state, open_until or 0} end
+  if stored > 0 then forget_windows(KEYS[17], 2) end
+elseif mode == 'schedule' then
   out = schedule_triples(4, 6)
 elseif mode == 'replace' then
   out = replace_triples(4, 6)

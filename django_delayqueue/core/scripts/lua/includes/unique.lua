@@ -1,0 +1,44 @@
+-- includes/unique.lua: uniqueness windows (schedule(..., id=..., unique_for=seconds)); shared by
+-- schedule_unique.lua and send_once.lua, which take the first keys and arguments of replace.lua:
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7..14] what replace.lua clears
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- plus the unique zset (id -> end of the window its last accepted schedule opened, ms), whose
+-- type the caller guards before its first write.
+-- A schedule of an id whose window is open is refused, whatever became of the message that
+-- opened it (waiting, running, acknowledged, cancelled, dead). Otherwise the message is
+-- scheduled (or replaced) as schedule.lua (replace.lua) would, and a message stored opens a
+-- new window from now. Only schedules that ask for a window read one: the other scripts never
+-- look at this zset, so ids scheduled without unique_for (recurring ticks, say) pay nothing.
+--- @include "includes/scheduling.lua"
+--- @include "includes/replacing.lua"
+
+-- schedule_in_window(unique, i, window_ms, replace): the message in ARGV[i..i+2] (id, due,
+-- envelope). Returns stored (1 or 0), the state of the message that held the id (nil when it
+-- was free; '' when refused and the id holds nothing any more), and the end (ms) of the open
+-- window that refused it (nil when not refused by a window).
+local function schedule_in_window(unique, i, window_ms, replace)
+  local now = tonumber(ARGV[1])
+  local id = ARGV[i]
+  local open_until = redis.call('ZSCORE', unique, id)
+  if open_until and tonumber(open_until) > now then
+    local state = ''
+    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+      state = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+    end
+    return 0, state, tonumber(open_until)
+  end
+  local out
+  if replace then out = replace_triples(i, i + 2) else out = schedule_triples(i, i + 2) end
+  if out[1] == 1 then redis.call('ZADD', unique, now + window_ms, id) end
+  return out[1], out[3], nil
+end
+
+-- forget_windows(unique, most): remove at most ``most`` windows that are over (the oldest
+-- first). Each call that opens n windows forgets up to 2n, so the zset holds the open windows
+-- plus fewer closed ones than were ever opened, and a call never scans it: O(log N + most).
+local function forget_windows(unique, most)
+  if most > 1000 then most = 1000 end
+  local over = redis.call('ZRANGEBYSCORE', unique, '-inf', ARGV[1], 'LIMIT', 0, most)
+  if #over > 0 then redis.call('ZREM', unique, unpack(over)) end
+end

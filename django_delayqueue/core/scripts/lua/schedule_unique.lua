@@ -1,0 +1,50 @@
+-- schedule_unique: messages scheduled (or replaced) under ids with a uniqueness window:
+-- schedule(..., id=..., unique_for=seconds), with or without replace=True.
+-- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
+-- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
+-- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
+-- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash  (as replace.lua)
+-- KEYS[15] unique zset (id -> end of its window, ms)
+-- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
+-- ARGV[4] mode: 'schedule' (an id that is taken keeps its message) or 'replace'
+-- ARGV[5..] quadruples: id, due (ms), envelope, window (ms, > 0)
+-- returns: {how many messages were stored, then for each message that found its id taken or
+--           its window open: its position in this call (1-based), the state of the message
+--           holding the id ('' for none), and the end of the open window that refused it (ms;
+--           0 when no window refused it: then it was kept out (schedule) or replaced it)}
+-- The rules are includes/unique.lua's (docs/flow-control.md, "Uniqueness windows"). Messages
+-- are taken one by one, so a second message of an id in one call finds the first one's window.
+--- @include "includes/guard.lua"
+--- @include "includes/unique.lua"
+local mode = ARGV[4]
+if mode ~= 'schedule' and mode ~= 'replace' then
+  return redis.error_reply('schedule_unique: unknown mode ' .. tostring(mode))
+end
+-- Every key a message of the call may write, checked before the first write, so that no
+-- message finds a wrong type after an earlier one was stored. A schedule writes pending or
+-- ready, the messages hash (its HSETNX, the first write, proves it) and the window; a replace
+-- may write every key (replace_triples checks them again, at no extra cost per message).
+if mode == 'schedule' then
+  guard(KEYS[1], 'zset', KEYS[2], 'list', KEYS[15], 'zset')
+else
+  guard(
+    KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
+    KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
+    KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset'
+  )
+end
+local out, opened = {0}, 0
+for i = 5, #ARGV, 4 do
+  local stored, state, open_until = schedule_in_window(
+    KEYS[15], i, tonumber(ARGV[i + 3]), mode == 'replace'
+  )
+  out[1] = out[1] + stored
+  opened = opened + stored
+  if state ~= nil then
+    out[#out + 1] = (i - 5) / 4 + 1
+    out[#out + 1] = state
+    out[#out + 1] = open_until or 0
+  end
+end
+if opened > 0 then forget_windows(KEYS[15], 2 * opened) end
+return out
