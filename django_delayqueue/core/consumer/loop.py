@@ -26,8 +26,8 @@ from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.aborts import AbortPoller
 from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
-from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
 from django_delayqueue.core.consumer.limits import Canceller, Run, Runs, handler_returned
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
@@ -40,6 +40,7 @@ from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
 from django_delayqueue.core.consumer.rounds import RoundTrip
 from django_delayqueue.core.consumer.stopped import StoppedHandler, abort_reason
 from django_delayqueue.core.consumer.stopping import StopRequests
+from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.waiter import (
     MAX_CLAIM_LEAD_MS,
     Waiter,
