@@ -27,6 +27,7 @@ from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.handler_delivery import HandlerDelivery
+from django_delayqueue.core.consumer.handler_stops import HandlerStops
 from django_delayqueue.core.consumer.limits import Run, Runs, handler_returned
 from django_delayqueue.core.consumer.outcomes import (
     Outcome,
@@ -58,7 +59,7 @@ SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record
 FORCED_FLUSH_SECONDS = 1.0
 
 
-class Consumer(HandlerDelivery):
+class Consumer(HandlerDelivery, HandlerStops):
     """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`).
 
     ``concurrency`` is the number of handler threads *per queue*; None uses each queue's
@@ -178,25 +179,6 @@ class Consumer(HandlerDelivery):
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
 
-    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
-        """Called on the loop's thread when handlers could not be stopped (their threads did
-        not end): this process must be replaced for them to stop. The consumer then stops as
-        on SIGTERM, leaving ``stopped`` in flight. A supervised child tells its supervisor
-        (which settles them once the process is gone); alone, they stay in flight as a stop
-        leaves a running handler's message (extended while the handler runs)."""
-        for item in stopped:
-            logger.error(
-                "queue %s: the handler of message %s could not be stopped (%s): it is blocked "
-                "outside Python (a socket read without a timeout, a C call). Without a "
-                "supervisor to replace this process its message stays in flight, extended "
-                "while the handler runs: delivered again %s after it (or this process) ends. "
-                "This consumer stops; run it under runqueue's supervisor to replace it.",
-                item.queue,
-                item.message_id,
-                item.reason,
-                "a visibility timeout",
-            )
-
     def heartbeat_details(self, queue: Queue) -> str | None:
         """What the heartbeat on ``queue`` says about this process (:mod:`.details`); None
         writes nothing."""
@@ -206,15 +188,6 @@ class Consumer(HandlerDelivery):
 
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
-
-    # --- what the coroutines' watcher calls ------------------------------------------------------
-
-    def _coroutines_unstoppable(self, stopped: list[StoppedHandler]) -> None:
-        """From the coroutines' watcher: handlers that ignored their cancellation (or a loop
-        blocked past a limit): the loop's thread asks for a replacement (_replace_unstoppable)."""
-        with self._unstoppable_lock:
-            self._unstoppable_coroutines.extend(stopped)
-        self._waiter.nudge()
 
     # --- what handlers and a subclass call -------------------------------------------------------
 
@@ -442,44 +415,6 @@ class Consumer(HandlerDelivery):
             if unstarted:
                 self._claimed_total -= len(unstarted)
                 self._round_trip.give_back(q, unstarted)
-
-    # --- time limits and aborts -------------------------------------------------------------------
-
-    def _settings_of(self, name: str) -> Any:
-        q = self._queue_named.get(name)
-        return None if q is None else q.settings
-
-    def _abort_learnt(self, run: Run) -> None:
-        self._watchdog.poke()  # its grace starts now
-
-    def _unstoppable_found(self, run: Run) -> None:
-        """On the watchdog's thread: ``run`` did not end after its stop. Its outcome, should it
-        come, is dropped, and it stays in flight, extended while it runs (given up on as at a
-        stop); the loop's thread asks for a replacement and stops (_replace_unstoppable)."""
-        if run.canceller is not None:
-            return  # a coroutine: the coroutines' watcher reports it (_coroutines_unstoppable)
-        threads = self._threads.get(run.message.queue)
-        if threads is not None:
-            threads.abandon(run.message.token)
-        with self._unstoppable_lock:
-            self._unstoppable.append(run)
-        self._waiter.nudge()
-
-    def _replace_unstoppable(self) -> None:
-        with self._unstoppable_lock:
-            found, self._unstoppable = self._unstoppable, []
-            coroutines, self._unstoppable_coroutines = self._unstoppable_coroutines, []
-        if not found and not coroutines:
-            return
-        stopped = [run.stopped_handler() for run in found] + coroutines
-        self.replaced_for += stopped
-        try:
-            self.replacement_needed(stopped)
-        except Exception:
-            logger.exception("replacement_needed failed")
-        if self.stops_when_replaced and not self.stopping:
-            logger.warning("%s stops: a handler could not be stopped", self.name)
-            self.request_stop()
 
     # --- shutdown ---------------------------------------------------------------------------------
 
