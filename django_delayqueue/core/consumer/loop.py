@@ -6,6 +6,7 @@ claimed as soon as a handler thread of its queue is free, and a finished handler
 loop, which records its outcome with the next round trip (:mod:`.rounds`, which says what one
 carries). With nothing due the loop waits on the queues' wake channels until the earliest due
 time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis while idle.
+Its mixins: :mod:`.handler_delivery`, :mod:`.round_planning`, :mod:`.handler_stops`.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from django_delayqueue.core.consumer.outcomes import (
 )
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
+from django_delayqueue.core.consumer.round_planning import RoundPlanning
 from django_delayqueue.core.consumer.rounds import RoundTrip
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.waiter import (
-    MAX_CLAIM_LEAD_MS,
     Waiter,
     Wake,
 )
@@ -59,7 +60,7 @@ SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record
 FORCED_FLUSH_SECONDS = 1.0
 
 
-class Consumer(HandlerDelivery, HandlerStops):
+class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
     """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`).
 
     ``concurrency`` is the number of handler threads *per queue*; None uses each queue's
@@ -342,38 +343,6 @@ class Consumer(HandlerDelivery, HandlerStops):
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
         return len(messages)
 
-    def _fetch(self, now_ms: int | None = None, *, maintenance: bool = False) -> list[Message]:
-        """One round trip (:meth:`RoundTrip.run`); returns the claimed messages.
-
-        After a wait that ended one claim lead early (``_aim``), it claims what is due by the
-        time the wait aimed at; the handler threads hold those messages until they are due.
-        """
-        aim, self._aim = self._aim, None  # an aim is used once
-        poll, self._polling = self._polling, False
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        claim_until = now
-        aimed = None if now_ms is not None or aim is None else aim.due_ms
-        if aimed is not None and 0 < aimed - now <= MAX_CLAIM_LEAD_MS:
-            claim_until = aimed
-        room = {q.name: self._room(q) for q in self.queues}
-        budget = None if self.max_messages is None else self.max_messages - self._claimed_total
-        done = self._round_trip.run(
-            now, claim_until, room, budget, poll=poll, maintenance=maintenance
-        )
-        self._claimed_total += len(done.claimed)
-        if done.reap_again:
-            self._next_maintenance = -math.inf
-        return done.claimed
-
-    def _room(self, q: Queue) -> int:
-        """How many messages of ``q`` the next round may claim: none while ``q`` is paused or
-        the consumer stops; else what its threads have room for, one claim batch at most."""
-        if q.settings.paused or self.stopping:
-            return 0
-        batch = q.settings.claim_batch
-        threads = self._threads.get(q.name)
-        return batch if threads is None else min(batch, threads.room(batch))
-
     # --- handler threads --------------------------------------------------------------------------
 
     def _thread_count(self, q: Queue) -> int:
@@ -408,14 +377,6 @@ class Consumer(HandlerDelivery, HandlerStops):
         threads = self._threads.get(name)
         return threads.abandoned() if threads is not None else []
 
-    def _release_unstarted(self) -> None:
-        """Hold every thread and give back what was claimed but not started (no attempt used)."""
-        for q in self.queues:
-            unstarted = self._threads.hold_and_take_unstarted(q.name)
-            if unstarted:
-                self._claimed_total -= len(unstarted)
-                self._round_trip.give_back(q, unstarted)
-
     # --- shutdown ---------------------------------------------------------------------------------
 
     def _shutdown(self) -> int:
@@ -436,39 +397,3 @@ class Consumer(HandlerDelivery, HandlerStops):
         self._round_trip.leave_heartbeats()
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
-
-    # --- waiting ---------------------------------------------------------------------------------
-
-    def _limit_reached(self) -> bool:
-        return self.max_messages is not None and self.delivered >= self.max_messages
-
-    def _due_now(self, now: int | None = None) -> bool:
-        """Whether the next round has work now: something due, or ready and room to claim it."""
-        now = self.clock.now_ms() if now is None else now
-        if self._round_trip.due_by(now):
-            return True
-        if self.stopping:
-            return False
-        if self.keeper.needs_round(now):
-            return True
-        under_limit = self.max_messages is None or self._claimed_total < self.max_messages
-        return under_limit and any(
-            self._round_trip.has_ready(q) and self._room(q) > 0 for q in self.queues
-        )
-
-    def _poll_at(self) -> int:
-        """When to look again even if nothing is known to be due: a poll or maintenance."""
-        # Never past the producers' announce horizon: a message due later than that is not
-        # announced, and is found by reading the pending head at this poll.
-        idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
-        # Rounded up: a wait that ended before the (monotonic) maintenance time would find
-        # no maintenance due, and wait again for a fraction of a millisecond.
-        left = max(0.0, self._next_maintenance - self._monotonic())
-        maintenance_in = math.ceil(left * 1000)
-        wait_ms = min(idle_ms, maintenance_in + 1)
-        # An outcome that no round trip was worth waking for (a quick queue with messages
-        # still claimed) is recorded within RECORD_WITHIN_SECONDS of its handler's end.
-        record_in = self._threads.record_due_in()
-        if record_in is not None:
-            wait_ms = min(wait_ms, math.ceil(record_in * 1000))
-        return self.clock.now_ms() + wait_ms
