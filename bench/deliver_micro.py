@@ -29,8 +29,8 @@ import time
 import redis
 
 from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
-from django_delayqueue.core.consumer.handler_threads import ThreadsByQueue
 from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 
 
 def per_message_us(consumer: Consumer, messages: list[Message]) -> float:

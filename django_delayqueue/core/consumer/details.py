@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django_delayqueue.core.consumer.handler_threads import RunningHandler
+from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 
 MOST_RUNNING_LISTED = 20
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -9,7 +9,9 @@ wait here instead of on another consumer's idle thread).
 
 The threads know two things of the consumer: what runs a message (a :class:`Deliverer`: the
 consumer) and how to wake its loop (a :class:`LoopWaker`: the consumer's waiter), which they
-nudge when a finished handler is worth a round trip.
+nudge when a finished handler is worth a round trip. Those terms, and the
+:class:`RunningHandler` the threads report, are in :mod:`.handler_contracts`; the consumer
+holds every queue's threads in a :class:`.threads_by_queue.ThreadsByQueue`.
 
 Messages are tracked by their delivery token: tokens come from a per-queue counter, and every
 ``HandlerThreads`` holds one queue's messages, so a token is unique within it (queue A's token "1"
@@ -31,15 +33,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from threading import get_ident
 from time import monotonic
-from typing import Protocol
 
+from django_delayqueue.core.consumer.handler_contracts import (
+    Coroutines,
+    Deliverer,
+    LoopWaker,
+    RunningHandler,
+)
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
 
@@ -52,62 +56,6 @@ JOIN_SECONDS = 1.0  # how long close() waits for the idle threads to end
 # While claimed messages wait for a quick queue's threads, outcomes ride with the next claim;
 # none waits longer than this to be recorded.
 RECORD_WITHIN_SECONDS = 0.1
-
-
-@dataclass(frozen=True)
-class RunningHandler:
-    """A message whose handler runs now: since when (``time.monotonic()`` and the consumer's
-    clock in ms), on which thread (``threading.get_ident()``)."""
-
-    message: Message
-    started_monotonic: float
-    started_ms: int
-    thread_ident: int
-    # On the event loop (thread_ident is the loop's thread): stopped by cancelling it
-    # (HandlerCoroutines.cancel), never by raising in its thread.
-    coroutine: bool = False
-
-
-class Deliverer(Protocol):
-    """What the handler threads run (the consumer)."""
-
-    def deliver(self, message: Message) -> Outcome:
-        """Run ``message``'s handler on the calling handler thread (never raises)."""
-        ...
-
-    def handler_thread_exit(self) -> None:
-        """Called on a handler thread as it ends."""
-        ...
-
-    def may_run_async(self) -> bool:
-        """Whether any message may run on the event loop; False spares asking
-        ``Coroutines.runs_async`` per claimed message."""
-        ...
-
-
-class LoopWaker(Protocol):
-    """How the handler threads wake the consumer's loop (its waiter)."""
-
-    def nudge(self) -> None:
-        """End the loop's wait now: a round trip is worth it."""
-        ...
-
-    def remind(self, at_monotonic: float) -> None:
-        """End the loop's wait at ``at_monotonic`` (``time.monotonic()``) at the latest."""
-        ...
-
-
-class Coroutines(Protocol):
-    """Where coroutine handlers run (the consumer's HandlerCoroutines)."""
-
-    def runs_async(self, message: Message) -> bool:
-        """Whether ``message``'s handler is a coroutine (on the loop thread, at its claim)."""
-        ...
-
-    def start(self, message: Message, done: Callable[[Outcome], None]) -> int:
-        """Run it on the event loop, ``done(outcome)`` at its end; returns the loop thread's
-        ident."""
-        ...
 
 
 class HandlerThreads:
@@ -435,103 +383,3 @@ class HandlerThreads:
             self._waker.nudge()
         elif first:  # recorded with a claim, or by this time
             self._waker.remind(now + RECORD_WITHIN_SECONDS)
-
-
-class ThreadsByQueue:
-    """The handler threads of every queue of one consumer, by queue name."""
-
-    def __init__(
-        self, deliverer: Deliverer, waker: LoopWaker, coroutines: Coroutines | None = None
-    ) -> None:
-        self._deliverer = deliverer
-        self._waker = waker
-        self._coroutines = coroutines
-        self._by_name: dict[str, HandlerThreads] = {}
-
-    def __getitem__(self, name: str) -> HandlerThreads:
-        return self._by_name[name]
-
-    def __iter__(self) -> Iterator[HandlerThreads]:
-        return iter(list(self._by_name.values()))
-
-    def get(self, name: str) -> HandlerThreads | None:
-        return self._by_name.get(name)
-
-    def start(self, name: str, size: int) -> None:
-        """Start ``size`` threads for queue ``name``, unless it has its threads already."""
-        if name not in self._by_name:
-            self._by_name[name] = HandlerThreads(
-                name, size, self._deliverer, self._waker, self._coroutines
-            )
-
-    def add(self, messages: Sequence[Message]) -> None:
-        """Hand claimed messages to the threads of their queues."""
-        by_queue: dict[str, list[Message]] = {}
-        for m in messages:
-            by_queue.setdefault(m.queue, []).append(m)
-        for name, claimed in by_queue.items():
-            self._by_name[name].add(claimed)
-
-    def take_finished(self) -> list[Outcome]:
-        return [o for threads in self for o in threads.take_finished()]
-
-    def hold(self) -> None:
-        """Start nothing more on any queue (what is added later waits, given back at a stop)."""
-        for threads in self:
-            threads.hold()
-
-    def hold_and_take_unstarted(self, name: str) -> list[Message]:
-        """Start nothing more for queue ``name``; returns what was claimed and not started."""
-        threads = self._by_name[name]
-        threads.hold()
-        return threads.take_unstarted()
-
-    def finished_and_abandoned(self, queues: Sequence[Queue]) -> list[Outcome]:
-        """At the end of a stop: the outcomes still to record; the handlers still running are
-        given up on (their messages stay in unack, extended while they run: Extender.linger)."""
-        finished: list[Outcome] = []
-        for q in queues:
-            # One instant: a handler finishing now is either among the finished (recorded) or
-            # abandoned with the running (left in flight), never dropped in between.
-            done, running = self._by_name[q.name].finished_and_abandoned()
-            finished.extend(done)
-            if running:
-                _leave_in_flight(q, running)
-        return finished
-
-    def in_flight(self, name: str) -> list[Message]:
-        threads = self._by_name.get(name)
-        return threads.in_flight() if threads is not None else []
-
-    @property
-    def busy(self) -> bool:
-        return any(threads.busy for threads in self)
-
-    def running(self) -> list[RunningHandler]:
-        """Every queue's running handlers (for time limits, aborts and heartbeats)."""
-        return [r for threads in self for r in threads.running()]
-
-    def record_due_in(self) -> float | None:
-        """Seconds until the oldest untaken outcome of any queue must be recorded, or None."""
-        due = [d for threads in self if (d := threads.record_due_in()) is not None]
-        return min(due, default=None)
-
-    def close(self) -> None:
-        for threads in self:
-            threads.close()
-
-
-def _leave_in_flight(q: Queue, running: list[Message]) -> None:
-    # Handlers still running when we must stop (grace over, or a second request): given
-    # back now, another consumer could start a message while its handler still runs here
-    # (a library caller's process goes on; runqueue's lives on for its last writes). So
-    # they stay in unack, extended while their handler runs (Extender.linger): the
-    # visibility timeout brings them back (the attempt counts: they started) once it has
-    # ended, or the process has. Their outcome, if they finish, is not recorded.
-    logger.warning(
-        "queue %s: %d message(s) still running left in flight, extended while they run: "
-        "delivered again %ss after their handler (or this process) ends, never beside it",
-        q.name,
-        len(running),
-        f"{q.settings.visibility_timeout:g}",
-    )

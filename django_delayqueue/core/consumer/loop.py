@@ -6,50 +6,48 @@ claimed as soon as a handler thread of its queue is free, and a finished handler
 loop, which records its outcome with the next round trip (:mod:`.rounds`, which says what one
 carries). With nothing due the loop waits on the queues' wake channels until the earliest due
 time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis while idle.
+Its mixins: :mod:`.handler_delivery`, :mod:`.round_planning`, :mod:`.handler_stops`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
 import logging
 import math
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.aborts import AbortPoller
 from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
-from django_delayqueue.core.consumer.handler_threads import RunningHandler, ThreadsByQueue
-from django_delayqueue.core.consumer.limits import Canceller, Run, Runs, handler_returned
+from django_delayqueue.core.consumer.handler_delivery import HandlerDelivery
+from django_delayqueue.core.consumer.handler_stops import HandlerStops
+from django_delayqueue.core.consumer.limits import Run, Runs, handler_returned
 from django_delayqueue.core.consumer.outcomes import (
-    RETRY,
     Outcome,
-    run_coroutine_handler,
     run_handler,
 )
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
+from django_delayqueue.core.consumer.round_planning import RoundPlanning
 from django_delayqueue.core.consumer.rounds import RoundTrip
-from django_delayqueue.core.consumer.stopped import StoppedHandler, abort_reason
+from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.consumer.stopping import StopRequests
+from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.waiter import (
-    MAX_CLAIM_LEAD_MS,
     Waiter,
     Wake,
-    asleep_until_due,
-    sleep_until_due,
 )
 from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import Aborted, DelayQueueError
+from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
@@ -62,7 +60,7 @@ SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record
 FORCED_FLUSH_SECONDS = 1.0
 
 
-class Consumer:
+class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
     """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`).
 
     ``concurrency`` is the number of handler threads *per queue*; None uses each queue's
@@ -182,25 +180,6 @@ class Consumer:
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
 
-    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
-        """Called on the loop's thread when handlers could not be stopped (their threads did
-        not end): this process must be replaced for them to stop. The consumer then stops as
-        on SIGTERM, leaving ``stopped`` in flight. A supervised child tells its supervisor
-        (which settles them once the process is gone); alone, they stay in flight as a stop
-        leaves a running handler's message (extended while the handler runs)."""
-        for item in stopped:
-            logger.error(
-                "queue %s: the handler of message %s could not be stopped (%s): it is blocked "
-                "outside Python (a socket read without a timeout, a C call). Without a "
-                "supervisor to replace this process its message stays in flight, extended "
-                "while the handler runs: delivered again %s after it (or this process) ends. "
-                "This consumer stops; run it under runqueue's supervisor to replace it.",
-                item.queue,
-                item.message_id,
-                item.reason,
-                "a visibility timeout",
-            )
-
     def heartbeat_details(self, queue: Queue) -> str | None:
         """What the heartbeat on ``queue`` says about this process (:mod:`.details`); None
         writes nothing."""
@@ -211,133 +190,7 @@ class Consumer:
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
 
-    # --- coroutine handlers ---------------------------------------------------------------------
-
-    def runs_async(self, message: Message) -> bool:
-        """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
-        (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
-        Asked on the loop's thread as the message is claimed: it must be quick."""
-        return self._handler_async()
-
-    def may_run_async(self) -> bool:
-        """Whether any message may run on the event loop (asked per claimed batch, before
-        :meth:`runs_async` per message): here, whether the handler is ``async def``; a
-        subclass that tells per message (its own ``runs_async``) is asked per message."""
-        if type(self).runs_async is not Consumer.runs_async:
-            return True
-        return self._handler_async()
-
-    def _handler_async(self) -> bool:
-        target = self.handler if self.handler is not None else self.handle
-        cached = self._handler_is_async
-        if cached is None or cached[0] is not target:  # asked once per handler, not per message
-            cached = self._handler_is_async = (target, is_coroutine_function(target))
-        return cached[1]
-
-    async def ahandle(self, message: Message) -> Any:
-        """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
-        target = self.handler if self.handler is not None else self.handle
-        return await target(message)
-
-    async def around_coroutine_handler(self, message: Message) -> Outcome:
-        return await run_coroutine_handler(self.ahandle, message, self.clock.now_ms())
-
-    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
-        """``message``'s queue's (soft_time_limit, time_limit), read as its handler starts."""
-        q = self._queue_named.get(message.queue)
-        if q is None:
-            return None, None
-        return q.settings.soft_time_limit, q.settings.time_limit
-
-    async def adeliver(self, message: Message) -> Outcome:
-        """Run one claimed message on the event loop (never raises but for a cancellation)."""
-        # An asyncio sleep, never a blocking one: the loop runs the other coroutines meanwhile.
-        await asleep_until_due(self.clock, message.due_ms)
-        # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
-        # end of the abort's grace cancels it, the outcome is the dead letters); its time
-        # limits are the coroutines runner's (the watchdog leaves them to it).
-        with self.handler_run(message, self._coroutine_canceller(message)) as run:
-            outcome = await self.around_coroutine_handler(message)
-        outcome = run.settled(outcome)
-        q = self._queue_named.get(message.queue)
-        write = None if q is None else self.keeper.finished(q, outcome)
-        if q is not None and write is not None:
-            self.write_soon(q, write)
-        return outcome
-
-    def _coroutine_canceller(self, message: Message) -> Canceller:
-        """What the watchdog calls to stop a coroutine at the end of its abort's grace."""
-
-        def cancel(exception: type[BaseException]) -> None:
-            if not issubclass(exception, Aborted):
-                return  # time limits: the coroutines runner keeps them itself
-            reason = self.abort_reason_for(message)
-            self.coroutines.cancel(message.queue, message.token, abort_reason(reason or ""), "dead")
-
-        return cancel
-
-    def _coroutines_unstoppable(self, stopped: list[StoppedHandler]) -> None:
-        """From the coroutines' watcher: handlers that ignored their cancellation (or a loop
-        blocked past a limit): the loop's thread asks for a replacement (_replace_unstoppable)."""
-        with self._unstoppable_lock:
-            self._unstoppable_coroutines.extend(stopped)
-        self._waiter.nudge()
-
-    # --- what handler threads call ----------------------------------------------------------------
-
-    def deliver(self, message: Message) -> Outcome:
-        """Run one claimed message on the calling handler thread (never raises)."""
-        # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
-        sleep_until_due(self.clock, message.due_ms)
-        q = self._queue_named.get(message.queue)
-        slot = None
-        try:  # at once: a stop landing from here on still frees the slot (finally)
-            if q is None:
-                slot = self._runs.enter(message, message.queue, False)
-            else:
-                # A Run only for a queue with a time limit (the watchdog times it); any other
-                # gets one only if an abort of it comes while it runs (see limits.py).
-                s = q.settings
-                if s.time_limit or s.soft_time_limit:
-                    slot = self._runs.enter(message, q.logical_name, True)
-                    if slot.run is not None:
-                        self._run_started(slot.run.started_monotonic, q)
-                else:
-                    slot = self._runs.enter(message, q.logical_name, False)
-            outcome = self.around_handler(message)
-        except BaseException as e:  # a stop that landed just after the handler returned
-            now = self.clock.now_ms()
-            outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
-        finally:
-            # From here nothing is raised in this thread (a stop inside enter(): its slot).
-            run = (slot or self._runs.slot()).exit()
-        if run is not None:
-            outcome = run.settled(outcome)
-        write = None if q is None else self.keeper.finished(q, outcome)
-        if q is not None and write is not None:
-            self.write_soon(q, write)  # a recurring tick's run, with the next round
-        return outcome
-
-    @contextlib.contextmanager
-    def handler_run(self, message: Message, canceller: Canceller | None = None) -> Iterator[Run]:
-        """Watch a handler run by other means than a handler thread (a coroutine): its time
-        limits and aborts apply, ``canceller(exception class)`` stops it (on the watchdog's
-        thread), and ``run.settled(outcome)`` is the outcome to record once it ended."""
-        q = self._queue_named.get(message.queue)
-        logical = message.queue if q is None else q.logical_name
-        run, context = self._runs.begin(message, logical, canceller)
-        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-            self._run_started(run.started_monotonic, q)
-        try:
-            yield run
-        finally:
-            self._runs.end(run, context)
-
-    def abort_reason_for(self, message: Message) -> str | None:
-        """The reason ``message``'s running delivery was aborted with, once this consumer
-        learnt it ("" for none given); None while it was not aborted (or does not run)."""
-        run = self._runs.get(message.queue, message.token)
-        return None if run is None else run.abort_reason
+    # --- what handlers and a subclass call -------------------------------------------------------
 
     def write_soon(self, queue: Queue, call: ScriptCall) -> None:
         """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe):
@@ -490,38 +343,6 @@ class Consumer:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
         return len(messages)
 
-    def _fetch(self, now_ms: int | None = None, *, maintenance: bool = False) -> list[Message]:
-        """One round trip (:meth:`RoundTrip.run`); returns the claimed messages.
-
-        After a wait that ended one claim lead early (``_aim``), it claims what is due by the
-        time the wait aimed at; the handler threads hold those messages until they are due.
-        """
-        aim, self._aim = self._aim, None  # an aim is used once
-        poll, self._polling = self._polling, False
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        claim_until = now
-        aimed = None if now_ms is not None or aim is None else aim.due_ms
-        if aimed is not None and 0 < aimed - now <= MAX_CLAIM_LEAD_MS:
-            claim_until = aimed
-        room = {q.name: self._room(q) for q in self.queues}
-        budget = None if self.max_messages is None else self.max_messages - self._claimed_total
-        done = self._round_trip.run(
-            now, claim_until, room, budget, poll=poll, maintenance=maintenance
-        )
-        self._claimed_total += len(done.claimed)
-        if done.reap_again:
-            self._next_maintenance = -math.inf
-        return done.claimed
-
-    def _room(self, q: Queue) -> int:
-        """How many messages of ``q`` the next round may claim: none while ``q`` is paused or
-        the consumer stops; else what its threads have room for, one claim batch at most."""
-        if q.settings.paused or self.stopping:
-            return 0
-        batch = q.settings.claim_batch
-        threads = self._threads.get(q.name)
-        return batch if threads is None else min(batch, threads.room(batch))
-
     # --- handler threads --------------------------------------------------------------------------
 
     def _thread_count(self, q: Queue) -> int:
@@ -556,58 +377,6 @@ class Consumer:
         threads = self._threads.get(name)
         return threads.abandoned() if threads is not None else []
 
-    def _release_unstarted(self) -> None:
-        """Hold every thread and give back what was claimed but not started (no attempt used)."""
-        for q in self.queues:
-            unstarted = self._threads.hold_and_take_unstarted(q.name)
-            if unstarted:
-                self._claimed_total -= len(unstarted)
-                self._round_trip.give_back(q, unstarted)
-
-    # --- time limits and aborts -------------------------------------------------------------------
-
-    def _settings_of(self, name: str) -> Any:
-        q = self._queue_named.get(name)
-        return None if q is None else q.settings
-
-    def _run_started(self, started_monotonic: float, q: Queue) -> None:
-        """A handler with a limit started: the watchdog must look by its first limit (it may
-        be asleep till then)."""
-        limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
-        self._watchdog.due_by(started_monotonic + min(limits))
-
-    def _abort_learnt(self, run: Run) -> None:
-        self._watchdog.poke()  # its grace starts now
-
-    def _unstoppable_found(self, run: Run) -> None:
-        """On the watchdog's thread: ``run`` did not end after its stop. Its outcome, should it
-        come, is dropped, and it stays in flight, extended while it runs (given up on as at a
-        stop); the loop's thread asks for a replacement and stops (_replace_unstoppable)."""
-        if run.canceller is not None:
-            return  # a coroutine: the coroutines' watcher reports it (_coroutines_unstoppable)
-        threads = self._threads.get(run.message.queue)
-        if threads is not None:
-            threads.abandon(run.message.token)
-        with self._unstoppable_lock:
-            self._unstoppable.append(run)
-        self._waiter.nudge()
-
-    def _replace_unstoppable(self) -> None:
-        with self._unstoppable_lock:
-            found, self._unstoppable = self._unstoppable, []
-            coroutines, self._unstoppable_coroutines = self._unstoppable_coroutines, []
-        if not found and not coroutines:
-            return
-        stopped = [run.stopped_handler() for run in found] + coroutines
-        self.replaced_for += stopped
-        try:
-            self.replacement_needed(stopped)
-        except Exception:
-            logger.exception("replacement_needed failed")
-        if self.stops_when_replaced and not self.stopping:
-            logger.warning("%s stops: a handler could not be stopped", self.name)
-            self.request_stop()
-
     # --- shutdown ---------------------------------------------------------------------------------
 
     def _shutdown(self) -> int:
@@ -628,50 +397,3 @@ class Consumer:
         self._round_trip.leave_heartbeats()
         logger.info("%s stopped after %d message(s)", self.name, self.delivered)
         return 0
-
-    # --- waiting ---------------------------------------------------------------------------------
-
-    def _limit_reached(self) -> bool:
-        return self.max_messages is not None and self.delivered >= self.max_messages
-
-    def _due_now(self, now: int | None = None) -> bool:
-        """Whether the next round has work now: something due, or ready and room to claim it."""
-        now = self.clock.now_ms() if now is None else now
-        if self._round_trip.due_by(now):
-            return True
-        if self.stopping:
-            return False
-        if self.keeper.needs_round(now):
-            return True
-        under_limit = self.max_messages is None or self._claimed_total < self.max_messages
-        return under_limit and any(
-            self._round_trip.has_ready(q) and self._room(q) > 0 for q in self.queues
-        )
-
-    def _poll_at(self) -> int:
-        """When to look again even if nothing is known to be due: a poll or maintenance."""
-        # Never past the producers' announce horizon: a message due later than that is not
-        # announced, and is found by reading the pending head at this poll.
-        idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
-        # Rounded up: a wait that ended before the (monotonic) maintenance time would find
-        # no maintenance due, and wait again for a fraction of a millisecond.
-        left = max(0.0, self._next_maintenance - self._monotonic())
-        maintenance_in = math.ceil(left * 1000)
-        wait_ms = min(idle_ms, maintenance_in + 1)
-        # An outcome that no round trip was worth waking for (a quick queue with messages
-        # still claimed) is recorded within RECORD_WITHIN_SECONDS of its handler's end.
-        record_in = self._threads.record_due_in()
-        if record_in is not None:
-            wait_ms = min(wait_ms, math.ceil(record_in * 1000))
-        return self.clock.now_ms() + wait_ms
-
-
-def is_coroutine_function(target: Any) -> bool:
-    """Whether calling ``target`` returns a coroutine: an ``async def`` function or method, a
-    partial of one, or an object whose ``__call__`` is one."""
-    if inspect.iscoroutinefunction(target):
-        return True
-    # An instance whose __call__ is async def: looked up on its class, as a call does.
-    return not inspect.isroutine(target) and any(
-        inspect.iscoroutinefunction(vars(klass).get("__call__")) for klass in type(target).__mro__
-    )

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_delayqueue.core.consumer.handler_threads import RunningHandler
+from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 from django_delayqueue.core.consumer.limits import Run, Runs
 from django_delayqueue.core.consumer.stopped import abort_reason, time_limit_reason
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded

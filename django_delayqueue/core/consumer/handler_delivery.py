@@ -1,0 +1,197 @@
+"""Running one claimed message: on a handler thread (:meth:`HandlerDelivery.deliver`) or on the
+event loop (:meth:`HandlerDelivery.adeliver`), under its time limits and aborts.
+
+A mixin of :class:`.loop.Consumer`: what the handler threads and the coroutines runner call,
+with no part in the loop's rounds. Apart from :mod:`.loop` so that the per-message path (a
+:class:`~.limits.Run` when a limit or an abort needs one, the outcome settled by it, a recurring
+tick's write) reads on its own, and the loop class keeps only the loop. The methods are the
+consumer's, moved as they were: no call is added on the way to a handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from django_delayqueue.core.clock import Clock
+from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
+from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
+from django_delayqueue.core.consumer.outcomes import (
+    RETRY,
+    Outcome,
+    run_coroutine_handler,
+)
+from django_delayqueue.core.consumer.round_parts import Keeper
+from django_delayqueue.core.consumer.stopped import abort_reason
+from django_delayqueue.core.consumer.waiter import asleep_until_due, sleep_until_due
+from django_delayqueue.core.consumer.watchdog import Watchdog
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import Aborted
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptCall
+
+
+class HandlerDelivery:
+    """Runs claimed messages for the consumer: the handler threads call :meth:`deliver`, the
+    coroutines runner :meth:`adeliver`; :meth:`runs_async` tells which of the two a message
+    takes."""
+
+    # The Consumer's (set in its __init__).
+    clock: Clock
+    handler: Callable[[Message], Any] | None
+    keeper: Keeper
+    coroutines: HandlerCoroutines
+    _queue_named: dict[str, Queue]
+    _runs: Runs
+    _watchdog: Watchdog
+    _handler_is_async: tuple[Any, bool] | None  # (handler, whether async)
+
+    if TYPE_CHECKING:  # the Consumer's
+
+        def handle(self, message: Message) -> Any: ...
+
+        def around_handler(self, message: Message) -> Outcome: ...
+
+        def write_soon(self, queue: Queue, call: ScriptCall) -> None: ...
+
+    # --- coroutine handlers ---------------------------------------------------------------------
+
+    def runs_async(self, message: Message) -> bool:
+        """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
+        (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
+        Asked on the loop's thread as the message is claimed: it must be quick."""
+        return self._handler_async()
+
+    def may_run_async(self) -> bool:
+        """Whether any message may run on the event loop (asked per claimed batch, before
+        :meth:`runs_async` per message): here, whether the handler is ``async def``; a
+        subclass that tells per message (its own ``runs_async``) is asked per message."""
+        if type(self).runs_async is not HandlerDelivery.runs_async:
+            return True
+        return self._handler_async()
+
+    def _handler_async(self) -> bool:
+        target = self.handler if self.handler is not None else self.handle
+        cached = self._handler_is_async
+        if cached is None or cached[0] is not target:  # asked once per handler, not per message
+            cached = self._handler_is_async = (target, is_coroutine_function(target))
+        return cached[1]
+
+    async def ahandle(self, message: Message) -> Any:
+        """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
+        target = self.handler if self.handler is not None else self.handle
+        return await target(message)
+
+    async def around_coroutine_handler(self, message: Message) -> Outcome:
+        return await run_coroutine_handler(self.ahandle, message, self.clock.now_ms())
+
+    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
+        """``message``'s queue's (soft_time_limit, time_limit), read as its handler starts."""
+        q = self._queue_named.get(message.queue)
+        if q is None:
+            return None, None
+        return q.settings.soft_time_limit, q.settings.time_limit
+
+    async def adeliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the event loop (never raises but for a cancellation)."""
+        # An asyncio sleep, never a blocking one: the loop runs the other coroutines meanwhile.
+        await asleep_until_due(self.clock, message.due_ms)
+        # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
+        # end of the abort's grace cancels it, the outcome is the dead letters); its time
+        # limits are the coroutines runner's (the watchdog leaves them to it).
+        with self.handler_run(message, self._coroutine_canceller(message)) as run:
+            outcome = await self.around_coroutine_handler(message)
+        outcome = run.settled(outcome)
+        q = self._queue_named.get(message.queue)
+        write = None if q is None else self.keeper.finished(q, outcome)
+        if q is not None and write is not None:
+            self.write_soon(q, write)
+        return outcome
+
+    def _coroutine_canceller(self, message: Message) -> Canceller:
+        """What the watchdog calls to stop a coroutine at the end of its abort's grace."""
+
+        def cancel(exception: type[BaseException]) -> None:
+            if not issubclass(exception, Aborted):
+                return  # time limits: the coroutines runner keeps them itself
+            reason = self.abort_reason_for(message)
+            self.coroutines.cancel(message.queue, message.token, abort_reason(reason or ""), "dead")
+
+        return cancel
+
+    # --- what handler threads call ----------------------------------------------------------------
+
+    def deliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the calling handler thread (never raises)."""
+        # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
+        sleep_until_due(self.clock, message.due_ms)
+        q = self._queue_named.get(message.queue)
+        slot = None
+        try:  # at once: a stop landing from here on still frees the slot (finally)
+            if q is None:
+                slot = self._runs.enter(message, message.queue, False)
+            else:
+                # A Run only for a queue with a time limit (the watchdog times it); any other
+                # gets one only if an abort of it comes while it runs (see limits.py).
+                s = q.settings
+                if s.time_limit or s.soft_time_limit:
+                    slot = self._runs.enter(message, q.logical_name, True)
+                    if slot.run is not None:
+                        self._run_started(slot.run.started_monotonic, q)
+                else:
+                    slot = self._runs.enter(message, q.logical_name, False)
+            outcome = self.around_handler(message)
+        except BaseException as e:  # a stop that landed just after the handler returned
+            now = self.clock.now_ms()
+            outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
+        finally:
+            # From here nothing is raised in this thread (a stop inside enter(): its slot).
+            run = (slot or self._runs.slot()).exit()
+        if run is not None:
+            outcome = run.settled(outcome)
+        write = None if q is None else self.keeper.finished(q, outcome)
+        if q is not None and write is not None:
+            self.write_soon(q, write)  # a recurring tick's run, with the next round
+        return outcome
+
+    @contextlib.contextmanager
+    def handler_run(self, message: Message, canceller: Canceller | None = None) -> Iterator[Run]:
+        """Watch a handler run by other means than a handler thread (a coroutine): its time
+        limits and aborts apply, ``canceller(exception class)`` stops it (on the watchdog's
+        thread), and ``run.settled(outcome)`` is the outcome to record once it ended."""
+        q = self._queue_named.get(message.queue)
+        logical = message.queue if q is None else q.logical_name
+        run, context = self._runs.begin(message, logical, canceller)
+        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
+            self._run_started(run.started_monotonic, q)
+        try:
+            yield run
+        finally:
+            self._runs.end(run, context)
+
+    def abort_reason_for(self, message: Message) -> str | None:
+        """The reason ``message``'s running delivery was aborted with, once this consumer
+        learnt it ("" for none given); None while it was not aborted (or does not run)."""
+        run = self._runs.get(message.queue, message.token)
+        return None if run is None else run.abort_reason
+
+    # --- time limits -----------------------------------------------------------------------------
+
+    def _run_started(self, started_monotonic: float, q: Queue) -> None:
+        """A handler with a limit started: the watchdog must look by its first limit (it may
+        be asleep till then)."""
+        limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
+        self._watchdog.due_by(started_monotonic + min(limits))
+
+
+def is_coroutine_function(target: Any) -> bool:
+    """Whether calling ``target`` returns a coroutine: an ``async def`` function or method, a
+    partial of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(target):
+        return True
+    # An instance whose __call__ is async def: looked up on its class, as a call does.
+    return not inspect.isroutine(target) and any(
+        inspect.iscoroutinefunction(vars(klass).get("__call__")) for klass in type(target).__mro__
+    )
