@@ -13,6 +13,7 @@ import redis
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.flow_limits import (
+    NO_SLOT_SHARE,
     RateLimit,
     claim_spec,
     in_flight_problem,
@@ -84,6 +85,33 @@ def test_a_sharded_queue_splits_its_limits_and_never_sums_above_them() -> None:
     assert shards_problem("10/s", 3, 3) is None
 
 
+def test_a_cap_smaller_than_the_shards_is_clamped_never_summed_above(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A value the checks refuse can still reach a consumer (published to Redis by hand): the
+    shares then add up to the cap, the last shards get none (they claim nothing), with a
+    warning; a burst share stays 1 (a bucket of 0 would never start anything)."""
+    claim_spec.cache_clear()
+    with caplog.at_level("WARNING", logger="django_delayqueue.core.flow_limits"):
+        caps = [int(claim_spec(None, 2, shard, 4).split()[2]) for shard in range(4)]
+    assert caps == [1, 1, NO_SLOT_SHARE, NO_SLOT_SHARE]
+    assert sum(max(0, cap) for cap in caps) == 2
+    assert len([r for r in caplog.records if "no slot" in r.getMessage()]) == 1
+    bursts = [int(claim_spec("10/s burst 2", None, shard, 4).split()[1]) for shard in range(4)]
+    assert bursts == [1, 1, 1, 1]
+
+
+def test_a_sharded_queue_never_has_more_in_flight_than_a_cap_below_its_shards(
+    redis_client: redis.Redis, manual_clock: ManualClock
+) -> None:
+    settings = QueueSettings(max_in_flight=2)  # refused by the checks, published by hand
+    shards = [
+        Queue(redis_client, "sc", settings=settings, clock=manual_clock, shard=i, shards=4)
+        for i in range(4)
+    ]
+    ShardedQueue(shards).schedule_many([{"payload": i} for i in range(40)])
+    assert [claim(q) for q in shards] == [(1, -1), (1, -1), (0, -1), (0, -1)]
+    assert sum(q.counts()["unack"] for q in shards) == 2  # the cap, never one per shard
 # --- the rate ---------------------------------------------------------------------------------
 
 

@@ -17,7 +17,8 @@
 -- this claim take at `now`, and what flow_taken needs: why fewer ('rate', 'in_flight' or nil),
 -- when the next may start (ms; -1: when a message in flight ends), the GCRA time to move on
 -- from and the limiter's fields as read. Reads only: one HMGET (and a ZCARD with a cap).
--- spec: "<interval ms> <burst> <cap>", 0 for a limit that is off.
+-- spec: "<interval ms> <burst> <cap>", 0 for a limit that is off; a cap of -1: this shard has
+-- no share of the queue's cap (a cap smaller than its shards), it takes nothing.
 local function flow_allowance(limiter, unack, spec, now, want)
   local interval, burst, cap = string.match(spec, '^(%S+) (%S+) (%S+)$')
   interval, burst, cap = tonumber(interval), tonumber(burst), tonumber(cap)
@@ -44,8 +45,8 @@ local function flow_allowance(limiter, unack, spec, now, want)
       f.why, f.next_at = 'rate', tat + (allowed - burst + 1) * interval
     end
   end
-  if cap > 0 then
-    local free = cap - redis.call('ZCARD', unack)
+  if cap ~= 0 then
+    local free = math.max(cap, 0) - redis.call('ZCARD', unack)
     -- The cap as tight as the rate: a token alone would not do, a freed slot is awaited.
     if free <= allowed and free < want then
       allowed, f.why, f.next_at = math.max(0, free), 'in_flight', -1
