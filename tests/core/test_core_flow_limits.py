@@ -112,6 +112,8 @@ def test_a_sharded_queue_never_has_more_in_flight_than_a_cap_below_its_shards(
     ShardedQueue(shards).schedule_many([{"payload": i} for i in range(40)])
     assert [claim(q) for q in shards] == [(1, -1), (1, -1), (0, -1), (0, -1)]
     assert sum(q.counts()["unack"] for q in shards) == 2  # the cap, never one per shard
+
+
 # --- the rate ---------------------------------------------------------------------------------
 
 

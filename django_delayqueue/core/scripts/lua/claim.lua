@@ -172,8 +172,9 @@ for _, dead in ipairs(bad) do
   redis.call('HSET', KEYS[8], dead[1], dead[2])
 end
 if flow then
-  local limited = want < wanted and len + nranked - dead_total > want
-  flow_taken(KEYS[12], flow, #deliver, limited)
+  local more = len + nranked - dead_total > want  -- ready messages left after this claim
+  local limited = want < wanted and more
+  flow_taken(KEYS[12], flow, #deliver, limited, more)
   if limited then out[#out + 1] = math.ceil(flow.next_at) end
 end
 if receipt and #deliver > 0 then

@@ -47,6 +47,7 @@ local function flow_allowance(limiter, unack, spec, now, want)
   end
   if cap ~= 0 then
     local free = math.max(cap, 0) - redis.call('ZCARD', unack)
+    f.free = free
     -- The cap as tight as the rate: a token alone would not do, a freed slot is awaited.
     if free <= allowed and free < want then
       allowed, f.why, f.next_at = math.max(0, free), 'in_flight', -1
@@ -55,11 +56,13 @@ local function flow_allowance(limiter, unack, spec, now, want)
   return allowed, f
 end
 
--- flow_taken(limiter, f, taken, limited): record `taken` messages started (the GCRA moves on,
--- or is written rescaled to an edited rate; the counts), and whether the queue waits on a
--- limit (`limited`: the claim took fewer than it found ready and wanted). One HSET at most
--- (and an HDEL when nothing waits on a limit any more).
-local function flow_taken(limiter, f, taken, limited)
+-- flow_taken(limiter, f, taken, limited, more): record `taken` messages started (the GCRA
+-- moves on, or is written rescaled to an edited rate; the counts), and whether the queue waits
+-- on a limit (`limited`: the claim took fewer than it found ready and wanted). One HSET at most
+-- (and an HDEL when nothing waits on a limit any more). A claim that got all it wanted but
+-- took the last free slot while ready messages are left (`more`) keeps an 'in_flight' hold:
+-- the other consumers still wait on the cap, and slot_freed.lua wakes them only while it is set.
+local function flow_taken(limiter, f, taken, limited, more)
   local fields = {}
   local function put(name, value)
     local n = #fields
@@ -83,7 +86,7 @@ local function flow_taken(limiter, f, taken, limited)
   if limited then
     if f.held ~= f.why then put('held', f.why) end
     if not f.held then put('held_ms', f.now) end
-  elseif f.held then
+  elseif f.held and not (f.held == 'in_flight' and more and f.free and f.free <= taken) then
     redis.call('HDEL', limiter, 'held', 'held_ms')
   end
   if #fields > 0 then redis.call('HSET', limiter, unpack(fields)) end
