@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
+from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.flow_limits import (
     NO_SLOT_SHARE,
@@ -295,6 +296,20 @@ def test_rate_and_cap_together_hold_by_the_tighter(
     assert claim(q) == (2, -1)
     q.client.delete(q.keys.unack)
     assert claim(q) == (1, T0 + 100)  # the burst is used up: the rate holds now
+
+
+def test_a_claim_one_lead_ahead_is_granted_its_token_that_early(
+    make_queue: Callable[..., Queue], manual_clock: ManualClock
+) -> None:
+    """What docs/flow-control.md says: a consumer claims at the instant it aims at, up to one
+    claim lead ahead of the server's clock, so a token may be granted that much early."""
+    q = make_queue(rate_limit="20/s")
+    fill(q, 3)
+    assert claim(q) == (1, T0 + 50)
+    manual_clock.set(T0 + 45)  # the server's now; the loop claims at T0 + 50 (5 ms lead)
+    early = T0 + 45 + int(MAX_CLAIM_LEAD_MS)
+    raw = q.claim_call(early, 100).run(q.client)
+    assert (len(q.claimed(raw, early)), q.claim_hold(raw)) == (1, T0 + 100)
 
 
 def test_a_sharded_queue_keeps_its_shares_per_shard(
