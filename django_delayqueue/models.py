@@ -14,9 +14,10 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from django_delayqueue.conf.settings import settings_problems
+from django_delayqueue.conf.settings import queue_shards, settings_problems
 from django_delayqueue.core.envelope import MAX_ID_LENGTH
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.flow_limits import shards_problem
 from django_delayqueue.core.settings import LIMIT_FIELDS, LIMIT_MARGIN_SECONDS, QueueSettings
 from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
 
@@ -98,6 +99,12 @@ class QueueConfig(models.Model):
         problems = settings_problems(values)
         if problems:
             raise ValidationError(problems)
+        # What E015 refuses for the shards the settings file spreads the queue over: shares
+        # of the limits that would add up to more than them (docs/flow-control.md).
+        split = shards_problem(self.rate_limit, self.max_in_flight, self._shards())
+        if split:
+            field = "max_in_flight" if split.startswith("max_in_flight") else "rate_limit"
+            raise ValidationError({field: split})
         chosen = {k: v for k, v in values.items() if v is not None or k in LIMIT_FIELDS}
         if QueueSettings(**chosen).uncovered_limit():
             raise ValidationError(
@@ -107,6 +114,13 @@ class QueueConfig(models.Model):
                     "see its message delivered again while the handler still runs."
                 }
             )
+
+    def _shards(self) -> int:
+        """How many shards the settings file spreads this queue over (1 if it cannot say)."""
+        try:
+            return queue_shards(self.name)
+        except ConfigurationError:
+            return 1
 
 
 class QueueMessage(models.Model):

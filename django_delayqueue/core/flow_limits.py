@@ -12,10 +12,15 @@ quiet time (default 1: evenly spaced from the first message on).
 A sharded queue's shards are separate hash tags (on a cluster, separate slots: a claim script
 can touch no key of another shard), so each shard's claim keeps a share of the limits: the
 rate divided by the number of shards, the burst and the in-flight cap split between them (the
-remainder to the first shards). The sum never exceeds the queue's limit; a shard with nothing
-waiting leaves its share unused (ids spread evenly over the shards, so a backlog does too).
-This is what :func:`claim_spec` hands the claim, and why the checks refuse a ``max_in_flight``
-(or a burst) smaller than the number of shards.
+remainder to the first shards). The in-flight shares never add up to more than the cap; a
+shard with nothing waiting leaves its share unused (ids spread evenly over the shards, so a
+backlog does too). Each shard's bucket holds at least one token, so after a lull every shard
+may start one message at the same instant: a sharded queue's effective burst is at least its
+number of shards (its shards are separate scripts, they cannot take turns). This is what
+:func:`claim_spec` hands the claim, and why the checks and the admin form refuse a
+``max_in_flight`` (or a burst above 1) smaller than the number of shards. A cap smaller than
+that which reaches a consumer anyway (published to Redis by hand) is clamped: the first shards
+get one slot each, the others none (they claim nothing while it stays set), with a warning.
 
 A flow key (``dq.schedule(..., key=...)``, issue 27's later part) slots in beside these: its
 own GCRA state and in-flight count in a hash per queue keyed by flow key, read by the same
@@ -25,6 +30,7 @@ key's limits after the queue's.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -50,6 +56,10 @@ _RATE_RE = re.compile(
 MAX_RATE_COUNT = 1_000_000  # per period: more would be a limit nobody needs
 MAX_BURST = 100_000
 MAX_IN_FLIGHT = 1_000_000
+# claim.lua's cap for a shard whose share of max_in_flight is none (0 means "no cap").
+NO_SLOT_SHARE = -1
+
+logger = logging.getLogger(__name__)
 RATE_FORMAT = '"<count>/<s|m|h>" with an optional " burst <n>", e.g. "20/s" or "20/s burst 5"'
 
 
@@ -140,7 +150,7 @@ def claim_spec(
 ) -> str:
     """What claim.lua's ``limits`` argument says for one shard (or the whole queue): ``""``
     without limits (the claim then pays one comparison), else ``"<interval ms> <burst>
-    <cap>"`` (0: that limit is off)."""
+    <cap>"`` (0: that limit is off; :data:`NO_SLOT_SHARE`: no slot for this shard)."""
     if rate_limit is None and max_in_flight is None:
         return ""
     index = shard or 0
@@ -148,8 +158,22 @@ def claim_spec(
     if rate_limit is not None:
         rate = parse_rate(rate_limit)
         interval = rate.interval_ms * shards
-        burst = max(1, _share(rate.burst, shards, index)) if rate.burst > 1 else 1
-    cap = 0 if max_in_flight is None else max(1, _share(max_in_flight, shards, index))
+        # A bucket of 0 would never start anything: every shard keeps one token at least
+        # (the module: the effective burst of a sharded queue is at least its shards).
+        burst = max(1, _share(rate.burst, shards, index))
+    cap = 0
+    if max_in_flight is not None:
+        cap = _share(max_in_flight, shards, index) or NO_SLOT_SHARE
+        if max_in_flight < shards and index == 0:  # warned once per value (lru_cache)
+            logger.warning(
+                "max_in_flight %s is smaller than the queue's %s shards: shards %s to %s get "
+                "no slot and claim nothing while it is set (the checks and the admin refuse "
+                "this value; raise it or use fewer shards)",
+                max_in_flight,
+                shards,
+                max_in_flight,
+                shards - 1,
+            )
     return f"{_number(interval)} {burst} {cap}"
 
 

@@ -81,6 +81,10 @@ def read_flow(
         return FlowStats(rate, cap)
     held, since, throttled, last_second = raw
     held = to_str(held) or None
+    if (held == "rate" and rate is None) or (held == "in_flight" and cap is None):
+        # A limit staff cleared since: claims without limits never touch the limiter, so
+        # its flag stays behind; nothing waits on a limit that is not set.
+        held = None
     return FlowStats(
         rate,
         cap,

@@ -115,6 +115,24 @@ def test_the_admin_refuses_a_limit_that_cannot_be_read(redis_client: redis.Redis
         row.full_clean()
 
 
+@pytest.mark.django_db
+def test_the_admin_refuses_limits_a_sharded_queue_cannot_split(redis_client: redis.Redis) -> None:
+    """What E015 refuses, the admin form does too: the shard count is the settings file's."""
+    from django_delayqueue.models import QueueConfig
+
+    queues = {**settings.DELAYQUEUE["QUEUES"], "flowsharded": {"shards": 4}}
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "QUEUES": queues}):
+        row = QueueConfig(name="flowsharded", max_in_flight=2)
+        with pytest.raises(ValidationError, match="at least the number of shards"):
+            row.full_clean()
+        row.max_in_flight, row.rate_limit = None, "10/s burst 2"
+        with pytest.raises(ValidationError, match="burst"):
+            row.full_clean()
+        row.rate_limit, row.max_in_flight = "10/s burst 4", 4
+        row.full_clean()  # a share of each for every shard
+        QueueConfig(name=QUEUE, max_in_flight=2, rate_limit="10/s burst 2").full_clean()
+
+
 def publish_to_children(client: redis.Redis, keys: QueueKeys, **values: Any) -> None:
     """What the admin publishes for a queue (its config hash), before the processes start."""
     mapping = {name: json.dumps(value) for name, value in values.items()}

@@ -309,3 +309,37 @@ def test_a_hold_left_by_consumers_that_stopped_is_not_believed(redis_client, clo
     clock.advance(seconds=5)  # nobody claimed since: the limit no longer explains the wait
     (stale,) = stats.gather([q])
     assert stale.flow.held is None and stale.oldest_overdue_ms == 5000
+
+
+def test_a_cap_held_by_killed_consumers_is_not_believed_past_their_deadlines(redis_client, clock):
+    q = make_queue(redis_client, "order-close", clock)
+    q.settings = q.settings.replace(max_in_flight=1)
+    for n in range(3):
+        q.schedule({"n": n})
+    assert len(q.claim(3)) == 1  # the cap holds two back
+    (held,) = stats.gather([q])
+    assert held.flow.held == "in_flight" and held.oldest_overdue_ms is None
+    # Every consumer killed -9: the claimed one stays in unack, its visibility deadline passes.
+    clock.advance(seconds=q.settings.visibility_timeout + 600)
+    (stalled,) = stats.gather([q])
+    assert stalled.counts["unack"] == 1  # not reaped yet, yet nothing runs any more
+    assert stalled.flow.held is None and stalled.oldest_overdue_ms is not None
+
+
+@pytest.mark.parametrize(
+    ("limit", "held_by"), [({"max_in_flight": 1}, "in_flight"), ({"rate_limit": "1/h"}, "rate")]
+)
+def test_a_limit_cleared_by_staff_leaves_no_hold_behind(redis_client, clock, limit, held_by):
+    q = make_queue(redis_client, "order-close", clock)
+    q.settings = q.settings.replace(**limit)
+    for n in range(5):
+        q.schedule({"n": n})
+    assert len(q.claim(5)) == 1
+    (held,) = stats.gather([q])
+    assert held.flow.held == held_by
+    q.settings = q.settings.replace(**dict.fromkeys(limit))  # cleared in the admin
+    assert len(q.claim(1)) == 1  # claims without limits never touch the limiter
+    clock.advance(seconds=1)
+    (cleared,) = stats.gather([q])
+    assert cleared.flow.held is None and cleared.flow.waiting == 0
+    assert cleared.oldest_overdue_ms is not None

@@ -11,8 +11,10 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
+from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.flow_limits import (
+    NO_SLOT_SHARE,
     RateLimit,
     claim_spec,
     in_flight_problem,
@@ -82,6 +84,35 @@ def test_a_sharded_queue_splits_its_limits_and_never_sums_above_them() -> None:
     assert shards_problem(None, 2, 3) is not None
     assert shards_problem("10/s burst 2", None, 3) is not None
     assert shards_problem("10/s", 3, 3) is None
+
+
+def test_a_cap_smaller_than_the_shards_is_clamped_never_summed_above(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A value the checks refuse can still reach a consumer (published to Redis by hand): the
+    shares then add up to the cap, the last shards get none (they claim nothing), with a
+    warning; a burst share stays 1 (a bucket of 0 would never start anything)."""
+    claim_spec.cache_clear()
+    with caplog.at_level("WARNING", logger="django_delayqueue.core.flow_limits"):
+        caps = [int(claim_spec(None, 2, shard, 4).split()[2]) for shard in range(4)]
+    assert caps == [1, 1, NO_SLOT_SHARE, NO_SLOT_SHARE]
+    assert sum(max(0, cap) for cap in caps) == 2
+    assert len([r for r in caplog.records if "no slot" in r.getMessage()]) == 1
+    bursts = [int(claim_spec("10/s burst 2", None, shard, 4).split()[1]) for shard in range(4)]
+    assert bursts == [1, 1, 1, 1]
+
+
+def test_a_sharded_queue_never_has_more_in_flight_than_a_cap_below_its_shards(
+    redis_client: redis.Redis, manual_clock: ManualClock
+) -> None:
+    settings = QueueSettings(max_in_flight=2)  # refused by the checks, published by hand
+    shards = [
+        Queue(redis_client, "sc", settings=settings, clock=manual_clock, shard=i, shards=4)
+        for i in range(4)
+    ]
+    ShardedQueue(shards).schedule_many([{"payload": i} for i in range(40)])
+    assert [claim(q) for q in shards] == [(1, -1), (1, -1), (0, -1), (0, -1)]
+    assert sum(q.counts()["unack"] for q in shards) == 2  # the cap, never one per shard
 
 
 # --- the rate ---------------------------------------------------------------------------------
@@ -265,6 +296,20 @@ def test_rate_and_cap_together_hold_by_the_tighter(
     assert claim(q) == (2, -1)
     q.client.delete(q.keys.unack)
     assert claim(q) == (1, T0 + 100)  # the burst is used up: the rate holds now
+
+
+def test_a_claim_one_lead_ahead_is_granted_its_token_that_early(
+    make_queue: Callable[..., Queue], manual_clock: ManualClock
+) -> None:
+    """What docs/flow-control.md says: a consumer claims at the instant it aims at, up to one
+    claim lead ahead of the server's clock, so a token may be granted that much early."""
+    q = make_queue(rate_limit="20/s")
+    fill(q, 3)
+    assert claim(q) == (1, T0 + 50)
+    manual_clock.set(T0 + 45)  # the server's now; the loop claims at T0 + 50 (5 ms lead)
+    early = T0 + 45 + int(MAX_CLAIM_LEAD_MS)
+    raw = q.claim_call(early, 100).run(q.client)
+    assert (len(q.claimed(raw, early)), q.claim_hold(raw)) == (1, T0 + 100)
 
 
 def test_a_sharded_queue_keeps_its_shares_per_shard(

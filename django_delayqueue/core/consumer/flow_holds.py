@@ -3,24 +3,29 @@ limit holds back, and until when; and the wake-up it owes consumers waiting on a
 
 A claim held back by a limit answers when the next message may start (claim.lua); the round
 trip (:mod:`.rounds`) notes it here. A queue held until a known instant (a rate's next token)
-makes the next round due then, and its ready messages do not make one due before: the
-consumer sleeps instead of polling. A queue held by ``max_in_flight`` waits for a message in
-flight to end: announced on its wake channel by whichever consumer records the outcome
-(:func:`wake_for_freed_slots`), and found by the idle poll otherwise (a slot the visibility
-timeout freed).
+makes the next round due for the queue then, and its ready messages do not make one due before:
+the consumer sleeps instead of polling. A queue held by ``max_in_flight`` waits for a message in
+flight to end: announced on its wake channel by whichever process records the end
+(:func:`wake_for_freed_slots` in a round or while a consumer stops, :func:`wake_after` for the
+supervisor's settling of a stopped handler and for a reap that retried timed-out deliveries),
+and found by the idle poll otherwise (a wake lost with its connection).
 
 Per-key limits (flow keys, issue 27's later part) would add their holds here, by key.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
 
+from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch
 from django_delayqueue.core.scripts.contracts import SLOT_FREED
+
+logger = logging.getLogger(__name__)
 
 
 class FlowHolds:
@@ -62,3 +67,15 @@ def wake_for_freed_slots(
     for q in queues:
         if q.settings.max_in_flight is not None and any(sent[0] is q for sent in recorded):
             batch.add(SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel))
+
+
+def wake_after(q: Queue, freed: int) -> None:
+    """After ``freed`` messages of ``q`` ended outside a round (settled by the supervisor,
+    retried by a reap), wake the consumers waiting on its cap: one call, only for a capped
+    queue that freed something. A failure is logged: their idle poll finds the slots."""
+    if freed <= 0 or q.settings.max_in_flight is None:
+        return
+    try:
+        SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(q.client)
+    except DelayQueueError as e:
+        logger.info("queue %s: consumers waiting on its cap not woken: %s", q.name, e)

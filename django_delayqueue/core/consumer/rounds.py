@@ -16,18 +16,14 @@ from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.consumer.claims import ClaimReceipts
-from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_for_freed_slots
+from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_after, wake_for_freed_slots
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import (
-    ScriptBatch,
-    is_out_of_memory,
-    redis_errors,
-)
+from django_delayqueue.core.scripts.calls import ScriptBatch, is_out_of_memory, redis_errors
 from django_delayqueue.core.scripts.contracts import HEARTBEAT
 
 logger = logging.getLogger(__name__)
@@ -160,6 +156,7 @@ class RoundTrip:
             recorded = self.outcomes.add_to(batch, queues, now, force=force)
             if not recorded:
                 continue
+            wake_for_freed_slots(batch, queues, recorded)  # as in a round: slots free up
             try:  # one server down must not keep the others' outcomes from being recorded
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
@@ -328,6 +325,7 @@ class RoundTrip:
                 reaped.retried,
                 reaped.buried,
             )
+            wake_after(q, reaped.retried + reaped.buried)  # their slots of a cap are free
         return not reaped.more
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from django_delayqueue.core.consumer.flow_holds import wake_after
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
@@ -80,6 +81,7 @@ def settle_stopped(queues: Mapping[str, Queue], stopped: Sequence[StoppedHandler
         bury = item.settlement == "dead"
         (result,) = q.nack_many([(message, None, item.reason)], bury=bury)
         results.append(result)
+        wake_after(q, 1 if result else 0)  # a slot of its cap is free (consumers may wait)
         if item.task and result:
             record_stop(q, item, dead=result == 2).run(q.client)
     return results

@@ -11,8 +11,10 @@
 -- after them: when (ms) the next message may start, -1 when a message in flight must end first
 -- Flow control: with limits (a rate, an in-flight cap) the claim takes at most what they allow
 -- now and says when to come back, so that consumers sleep instead of polling; without them it
--- pays one comparison of ARGV[4]. The now of the consumer's claim is its reading of the server
--- clock (core/clock.py), never ahead of it: the one clock of due times, injectable in tests.
+-- pays one comparison of ARGV[4]. ARGV[1] is the consumer's reading of the server clock
+-- (core/clock.py, never ahead of it: the one clock of due times, injectable in tests), or the
+-- instant it aims at when that is at most one claim lead (MAX_CLAIM_LEAD_MS, 5 ms) ahead
+-- (consumer/loop.py): a rate's token may then be granted up to that lead before its instant.
 -- The receipt: a claim that took messages records its claim id and what it took in KEYS[13]
 -- (one SET, expiring a minute after their visibility deadline: after an outage longer than the
 -- timeout they may still sit in unack, not reaped yet). A reply can be lost after the script ran
@@ -172,8 +174,9 @@ for _, dead in ipairs(bad) do
   redis.call('HSET', KEYS[8], dead[1], dead[2])
 end
 if flow then
-  local limited = want < wanted and len + nranked - dead_total > want
-  flow_taken(KEYS[12], flow, #deliver, limited)
+  local more = len + nranked - dead_total > want  -- ready messages left after this claim
+  local limited = want < wanted and more
+  flow_taken(KEYS[12], flow, #deliver, limited, more)
   if limited then out[#out + 1] = math.ceil(flow.next_at) end
 end
 if receipt and #deliver > 0 then

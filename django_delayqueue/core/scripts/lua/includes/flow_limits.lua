@@ -17,7 +17,8 @@
 -- this claim take at `now`, and what flow_taken needs: why fewer ('rate', 'in_flight' or nil),
 -- when the next may start (ms; -1: when a message in flight ends), the GCRA time to move on
 -- from and the limiter's fields as read. Reads only: one HMGET (and a ZCARD with a cap).
--- spec: "<interval ms> <burst> <cap>", 0 for a limit that is off.
+-- spec: "<interval ms> <burst> <cap>", 0 for a limit that is off; a cap of -1: this shard has
+-- no share of the queue's cap (a cap smaller than its shards), it takes nothing.
 local function flow_allowance(limiter, unack, spec, now, want)
   local interval, burst, cap = string.match(spec, '^(%S+) (%S+) (%S+)$')
   interval, burst, cap = tonumber(interval), tonumber(burst), tonumber(cap)
@@ -44,8 +45,9 @@ local function flow_allowance(limiter, unack, spec, now, want)
       f.why, f.next_at = 'rate', tat + (allowed - burst + 1) * interval
     end
   end
-  if cap > 0 then
-    local free = cap - redis.call('ZCARD', unack)
+  if cap ~= 0 then
+    local free = math.max(cap, 0) - redis.call('ZCARD', unack)
+    f.free = free
     -- The cap as tight as the rate: a token alone would not do, a freed slot is awaited.
     if free <= allowed and free < want then
       allowed, f.why, f.next_at = math.max(0, free), 'in_flight', -1
@@ -54,11 +56,13 @@ local function flow_allowance(limiter, unack, spec, now, want)
   return allowed, f
 end
 
--- flow_taken(limiter, f, taken, limited): record `taken` messages started (the GCRA moves on,
--- or is written rescaled to an edited rate; the counts), and whether the queue waits on a
--- limit (`limited`: the claim took fewer than it found ready and wanted). One HSET at most
--- (and an HDEL when nothing waits on a limit any more).
-local function flow_taken(limiter, f, taken, limited)
+-- flow_taken(limiter, f, taken, limited, more): record `taken` messages started (the GCRA
+-- moves on, or is written rescaled to an edited rate; the counts), and whether the queue waits
+-- on a limit (`limited`: the claim took fewer than it found ready and wanted). One HSET at most
+-- (and an HDEL when nothing waits on a limit any more). A claim that got all it wanted but
+-- took the last free slot while ready messages are left (`more`) keeps an 'in_flight' hold:
+-- the other consumers still wait on the cap, and slot_freed.lua wakes them only while it is set.
+local function flow_taken(limiter, f, taken, limited, more)
   local fields = {}
   local function put(name, value)
     local n = #fields
@@ -82,7 +86,7 @@ local function flow_taken(limiter, f, taken, limited)
   if limited then
     if f.held ~= f.why then put('held', f.why) end
     if not f.held then put('held_ms', f.now) end
-  elseif f.held then
+  elseif f.held and not (f.held == 'in_flight' and more and f.free and f.free <= taken) then
     redis.call('HDEL', limiter, 'held', 'held_ms')
   end
   if #fields > 0 then redis.call('HSET', limiter, unpack(fields)) end
