@@ -68,6 +68,26 @@ class _Here(threading.local):
 
 
 _here = _Here()
+
+
+class _SharedSlot:
+    """What a context copied from a handler thread carries (asgiref's ``async_to_sync``, a
+    thread of the user's run with ``copy_context().run``): its thread's slot, set in the
+    thread's context once (no set and reset per message). ``message`` is the delivery it was
+    first read for on another thread: a copy kept past its message (a thread of the user's
+    that outlives it) then sees no later message's Run; the handler thread puts a new one in
+    its context before its next message once this one was read (see Runs.enter)."""
+
+    __slots__ = ("message", "slot")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.message: Message | None = None
+
+
+_shared: contextvars.ContextVar[_SharedSlot | None] = contextvars.ContextVar(
+    "dq_slot", default=None
+)
 # Every consumer's runs (message.aborted read on another thread than its handler's).
 _registries: weakref.WeakSet[Runs] = weakref.WeakSet()
 
@@ -77,7 +97,26 @@ def _run_here() -> Run | None:
     if run is not None:
         return run
     slot = _here.slot
-    return None if slot is None else slot.run
+    if slot is not None:
+        return slot.run
+    return _shared_run()
+
+
+def _shared_run() -> Run | None:
+    """The Run of the handler whose thread's context this one was copied from, if that
+    handler still runs the message it was first asked for here (else None)."""
+    shared = _shared.get()
+    if shared is None:
+        return None
+    slot = shared.slot
+    slot.shared = True  # first: its thread puts a new one in its context before its next message
+    message = slot.message
+    if shared.message is None:
+        shared.message = message
+    elif shared.message is not message:
+        return None  # copied during an earlier message of that thread
+    run = slot.run
+    return run if run is not None and run.message is message else None
 
 
 def abort_requested() -> bool:
@@ -168,6 +207,7 @@ class Slot:
         "message",
         "run",
         "runs",
+        "shared",
     )
 
     def __init__(self, runs: Runs, ident: int) -> None:
@@ -178,6 +218,9 @@ class Slot:
         self.logical_queue = ""
         self.inside = False
         self.run: Run | None = None
+        # Read through a context copied from its thread (_shared_run): a new _SharedSlot is
+        # due in that thread's context before its next message.
+        self.shared = False
 
     def enter(self, message: Message, logical_queue: str, watched: bool) -> None:
         """Its thread starts the handler of ``message``; with ``watched`` (its queue has a time
@@ -251,7 +294,7 @@ class Runs:
         """The calling thread's slot, entered (:meth:`Slot.enter`). Call it inside the
         ``try`` whose ``finally`` exits the slot: ``self.slot().exit()`` if it raised."""
         slot = _here.slot
-        if slot is None or slot.runs is not self:
+        if slot is None or slot.runs is not self or slot.shared:
             slot = self.slot()
         if watched:
             slot.enter(message, logical_queue, True)
@@ -268,11 +311,18 @@ class Runs:
         if slot is None or slot.runs is not self:
             ident = get_ident()
             slot = _here.slot = Slot(self, ident)
+            # Once per thread (not per message): contexts copied from this thread carry it.
+            _shared.set(_SharedSlot(slot))
             alive = {t.ident for t in threading.enumerate()}
             with self.lock:  # without the slots of ended threads (whose idents may come again)
                 slots = {i: s for i, s in self._slots.items() if i in alive and i != ident}
                 slots[ident] = slot
                 self._slots = slots
+        elif slot.shared:
+            # Read through a copied context during its last message: copies made from now on
+            # carry a new one, the old ones see no later message (their _SharedSlot is pinned).
+            slot.shared = False
+            _shared.set(_SharedSlot(slot))
         return slot
 
     def adopt(self, slot: Slot, message: Message, started_monotonic: float) -> Run | None:
