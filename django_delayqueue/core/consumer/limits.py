@@ -38,6 +38,7 @@ from django_delayqueue.core.consumer.handler_run import (
     clear_in_thread,
     raise_in_thread,
 )
+from django_delayqueue.core.consumer.shared_slot import SharedSlot, shared_run, shared_slot
 from django_delayqueue.core.envelope import Message
 
 __all__ = [
@@ -56,7 +57,8 @@ __all__ = [
 ]
 
 # The run of the handler this asyncio task (a coroutine's) runs now: a context variable. Handler
-# threads find theirs through their Slot instead (no set and reset per message).
+# threads find theirs through their Slot instead (no set and reset per message); code given a
+# copy of a handler thread's context on another thread, through shared_slot (see .shared_slot).
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("dq_run", default=None)
 
 
@@ -70,24 +72,6 @@ class _Here(threading.local):
 _here = _Here()
 
 
-class _SharedSlot:
-    """What a context copied from a handler thread carries (asgiref's ``async_to_sync``, a
-    thread of the user's run with ``copy_context().run``): its thread's slot, set in the
-    thread's context once (no set and reset per message). ``message`` is the delivery it was
-    first read for on another thread: a copy kept past its message (a thread of the user's
-    that outlives it) then sees no later message's Run; the handler thread puts a new one in
-    its context before its next message once this one was read (see Runs.enter)."""
-
-    __slots__ = ("message", "slot")
-
-    def __init__(self, slot: Slot) -> None:
-        self.slot = slot
-        self.message: Message | None = None
-
-
-_shared: contextvars.ContextVar[_SharedSlot | None] = contextvars.ContextVar(
-    "dq_slot", default=None
-)
 # Every consumer's runs (message.aborted read on another thread than its handler's).
 _registries: weakref.WeakSet[Runs] = weakref.WeakSet()
 
@@ -99,24 +83,7 @@ def _run_here() -> Run | None:
     slot = _here.slot
     if slot is not None:
         return slot.run
-    return _shared_run()
-
-
-def _shared_run() -> Run | None:
-    """The Run of the handler whose thread's context this one was copied from, if that
-    handler still runs the message it was first asked for here (else None)."""
-    shared = _shared.get()
-    if shared is None:
-        return None
-    slot = shared.slot
-    slot.shared = True  # first: its thread puts a new one in its context before its next message
-    message = slot.message
-    if shared.message is None:
-        shared.message = message
-    elif shared.message is not message:
-        return None  # copied during an earlier message of that thread
-    run = slot.run
-    return run if run is not None and run.message is message else None
+    return shared_run()
 
 
 def abort_requested() -> bool:
@@ -163,7 +130,8 @@ def handler_returned() -> None:
 
 
 def current_run() -> Run | None:
-    """The run of the handler running in this thread or asyncio task, if one was made."""
+    """The run of the handler running in this thread or asyncio task (or whose thread's context
+    this one was copied from), if one was made."""
     return _run_here()
 
 
@@ -218,7 +186,7 @@ class Slot:
         self.logical_queue = ""
         self.inside = False
         self.run: Run | None = None
-        # Read through a context copied from its thread (_shared_run): a new _SharedSlot is
+        # Read through a context copied from its thread (shared_run): a new SharedSlot is
         # due in that thread's context before its next message.
         self.shared = False
 
@@ -312,7 +280,7 @@ class Runs:
             ident = get_ident()
             slot = _here.slot = Slot(self, ident)
             # Once per thread (not per message): contexts copied from this thread carry it.
-            _shared.set(_SharedSlot(slot))
+            shared_slot.set(SharedSlot(slot))
             alive = {t.ident for t in threading.enumerate()}
             with self.lock:  # without the slots of ended threads (whose idents may come again)
                 slots = {i: s for i, s in self._slots.items() if i in alive and i != ident}
@@ -320,9 +288,9 @@ class Runs:
                 self._slots = slots
         elif slot.shared:
             # Read through a copied context during its last message: copies made from now on
-            # carry a new one, the old ones see no later message (their _SharedSlot is pinned).
+            # carry a new one, the old ones see no later message (their SharedSlot is pinned).
             slot.shared = False
-            _shared.set(_SharedSlot(slot))
+            shared_slot.set(SharedSlot(slot))
         return slot
 
     def adopt(self, slot: Slot, message: Message, started_monotonic: float) -> Run | None:
