@@ -27,7 +27,8 @@ sets what changed without reading it first, and a task's run costs no round trip
   of them leaves a whole record). The end's writes leave out what enqueue wrote (the
   ``enqueued`` JSON, the task's arguments): a record that lacks it (deleted by hand, or
   expired and its task requeued) is left alone by such a write, which then goes again whole
-  (see django_delayqueue.tasks.attempt).
+  (see django_delayqueue.tasks.attempt); a success's whole write with the consumer's next
+  round trip, like RUNNING, sent again until it lands (its message is acked by then).
 
 The record is read only when the task needs its history: a ``takes_context`` task, or a later
 attempt (whose ``task_started`` result lists the errors so far). A first attempt's result is
@@ -274,10 +275,14 @@ class _TaskRun:
 
         def finished(reply: Any = None) -> None:  # on the consumer's thread, once Redis has it
             if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
+                # With the consumer's next round trip, sent again until it lands (an outage,
+                # Redis full), as the RUNNING write: never a round trip of its own here, after
+                # the ack, whose failure would lose the result.
                 try:
-                    attempt.write(
+                    whole = attempt.write(
                         SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
-                    ).run(queue.client)
+                    )
+                    self.runner._send_soon(queue, whole)
                 except Exception:
                     logger.exception(
                         "queue %s: task %s: result not recorded", queue.name, message.id

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import override_settings
 from waiting import TIMEOUT, wait_until
@@ -108,6 +109,32 @@ def test_cooperative_abort_from_the_api(
     assert redis_client.hget(KEYS.reasons, "r1") == b"aborted: customer cancelled"
     assert redis_client.hget(KEYS.attempts, "r1") == b"1"  # never retried
     assert dq.get_queue(QUEUE).requeue("r1") == 1  # and requeued like any dead letter
+
+
+async def _abort_requested() -> bool:
+    return dq.abort_requested()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_handler_sees_its_abort_inside_async_to_sync(
+    redis_client: redis.Redis, receivers: Any, start_worker: Any
+) -> None:
+    started, seen = threading.Event(), []
+
+    def long_report(message: dq.Message, **kwargs: Any) -> None:
+        started.set()
+        while not async_to_sync(_abort_requested)():  # another thread, this context copied
+            threading.Event().wait(0.01)
+        seen.append(message.aborted)
+        raise RuntimeError("cleaned up and gave up")
+
+    receivers(QUEUE, long_report)
+    dq.schedule(QUEUE, {"report": 1}, id="r2")
+    start_worker(QUEUE)
+    assert started.wait(TIMEOUT)
+    assert dq.abort(QUEUE, "r2", reason="customer cancelled").running
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, "r2") is not None)
+    assert seen == [True]  # seen by the handler (its queue's grace is 600 s)
 
 
 @pytest.mark.django_db(transaction=True)

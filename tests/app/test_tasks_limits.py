@@ -81,6 +81,33 @@ def test_an_aborted_task_that_returns_fails_and_is_dead(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("time_limit", [None, 600], ids=["no-limit", "time-limited"])
+def test_a_sync_task_sees_its_abort_inside_async_to_sync(
+    redis_client: redis.Redis, running: Started, time_limit: float | None
+) -> None:
+    limit = {} if time_limit is None else {"time_limit": time_limit}
+    with queue_settings(max_attempts=3, abort_grace_seconds=600, **limit):
+        result = examples().works_until_aborted_seen_through_asgiref.enqueue()
+        running(Worker.for_queues([QUEUE], idle_seconds=0.1))
+        wait_until(lambda: redis_client.lrange(backend_tests.examples.TRACE, 0, -1))
+        assert dq.abort(QUEUE, result.id, reason="not needed").running
+        failed = wait_until(
+            lambda: (
+                (
+                    r := examples().works_until_aborted_seen_through_asgiref.get_result(result.id)
+                ).status
+                == Status.FAILED
+                and r
+            )
+        )
+    assert [e.exception_class_path for e in failed.errors] == [
+        "django_delayqueue.core.errors.Aborted"
+    ]
+    # Seen by the task itself (not stopped at the end of the abort's grace).
+    assert redis_client.lrange(backend_tests.examples.TRACE, 0, -1)[-1] == b"saw the abort"
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("attempts", "status"), [(2, Status.READY), (1, Status.FAILED)])
 def test_a_stopped_task_settled_by_the_supervisor_says_so(
     redis_client: redis.Redis, attempts: int, status: Any

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
 import test_tasks_backend as backend_tests
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from test_tasks_backend import KEYS, QUEUE, burst, tasks_on_the_demo_queue  # noqa: F401
 
 from django_delayqueue.conf.queues import get_queue
-from django_delayqueue.core.errors import CorruptEnvelope
-from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.core.consumer.outcomes import ACK, Outcome
+from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
+from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.core.task_records import record_fields
 from django_delayqueue.tasks import framework, results, runner
@@ -505,3 +510,53 @@ def test_an_attempt_s_fields_are_the_text_record_fields_makes_of_its_lists(
         always += [f"error:{delivery.token}", json.dumps(task_error(error))]
     text = attempt.fields(status, error, returned, finished_at, whole)
     assert text == record_fields(absent, in_order, deleted, always)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_success_whose_record_is_gone_is_written_whole_with_a_later_round_until_it_lands(
+    redis_client: redis.Redis,
+) -> None:
+    """The whole write of a success whose record went (the write with its ack replied -1)
+    goes with the consumer's next round trips, sent again until Redis has it: its message is
+    acked by then, so a failure of its first try (here a connection that fails) must not lose
+    the result."""
+    result = examples().add.enqueue(2, 3)
+    key = KEYS.task_result(result.id)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=0)
+    tasks = runner.TaskRunner("w1", lambda queue, call: unrecorded.write_soon(queue.name, call))
+    writes = tasks.run(delivery, q)
+    redis_client.delete(key)  # deleted by hand before the task's end lands
+    now = q.clock.now_ms()
+    unrecorded.extend([Outcome(delivery, ACK, now, now, writes=writes)])
+
+    with socket.socket() as closed:  # a port nothing listens on: a connection that fails
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    unreachable = redis.Redis(port=port, retry=Retry(NoBackoff(), 0))
+    reachable = q.client
+
+    def one_round(client: redis.Redis, then: redis.Redis | None = None) -> None:
+        """A round sent on ``client``, its replies read while the queue's client is ``then``
+        (what the result's ``then`` callback would use, run as they are read)."""
+        batch = ScriptBatch()
+        calls = unrecorded.add_to(batch, [q], now, force=True)
+        replies = batch.run(client, raise_errors=False)
+        q.client = then or reachable
+        try:
+            unrecorded.read(calls, replies, now)
+        finally:
+            q.client = reachable
+
+    # The result's write (-1: nothing written) and the ack land; Redis unreachable from then.
+    one_round(reachable, then=unreachable)
+    assert q.counts()["unack"] == 0 and not redis_client.exists(key)
+    with pytest.raises(RedisUnavailable):
+        one_round(unreachable)
+    assert not redis_client.exists(key) and len(unrecorded) == 1  # kept for the next round
+    one_round(reachable)
+    assert len(unrecorded) == 0
+    done = examples().add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 5
+    assert done.args == [2, 3] and done.worker_ids == ["w1"]

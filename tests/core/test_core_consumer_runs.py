@@ -5,13 +5,15 @@ set on its queue while it runs; never once its handler's code has ended.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
+from asgiref.sync import async_to_sync
 from core_consumer_support import Started
 from waiting import TIMEOUT, wait_until
 
@@ -21,6 +23,7 @@ from django_delayqueue.core.consumer.limits import (
     abort_requested,
     current_run,
     handler_returned,
+    stop_error,
 )
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.errors import Aborted, TimeLimitExceeded
@@ -177,3 +180,53 @@ def test_a_time_limit_set_live_stops_a_handler_already_running(
     assert redis_client.hget(q.keys.reasons, "m1") == b"time limit exceeded (0.2 s)"
     assert len(stopped) == 1
     r.stop()
+
+
+# --- contexts copied from a handler thread (asgiref's async_to_sync, copy_context().run) -------
+
+
+async def _asked_in_a_coroutine() -> tuple[bool, object, object]:
+    return abort_requested(), stop_error(), current_run()
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["adopted", "time-limited"])
+def test_an_abort_is_seen_inside_async_to_sync_on_a_handler_thread(watched: bool) -> None:
+    runs = Runs()
+    t = OnThread(runs)
+    m = message()
+    slot = t.do(lambda s: (runs.enter(m, "q", watched), s)[1])
+    assert t.do(lambda s: async_to_sync(_asked_in_a_coroutine)()) == (False, None, slot.run)
+    run = slot.run if watched else runs.adopt(slot, m, 0.0)
+    assert run is not None and run.learn_abort("by staff", 0.0)
+    seen, error, found = t.do(lambda s: async_to_sync(_asked_in_a_coroutine)())
+    assert seen is True and isinstance(error, Aborted) and found is run
+
+
+def test_a_context_copied_during_an_earlier_message_sees_no_later_abort() -> None:
+    runs = Runs()
+    t = OnThread(runs)
+    first, second = message("m1", "7"), message("m2", "8")
+    t.do(lambda s: runs.enter(first, "q", False))
+    copied = t.do(lambda s: contextvars.copy_context())  # kept by a thread of the user's
+    on_other_thread: list[tuple[bool, object]] = []
+
+    def ask() -> None:
+        on_other_thread.append(copied.run(lambda: (abort_requested(), current_run())))
+
+    def in_a_thread(fn: Callable[[], None]) -> None:
+        thread = threading.Thread(target=fn)
+        thread.start()
+        thread.join(TIMEOUT)
+
+    in_a_thread(ask)  # during its message: nothing aborted
+    t.do(lambda s: s.exit())
+    slot = t.do(lambda s: runs.enter(second, "q", False))
+    run = runs.adopt(slot, second, 0.0)
+    assert run is not None and run.learn_abort("the second one", 0.0)
+    in_a_thread(ask)
+    # A copy made during the second message sees it.
+    fresh = t.do(lambda s: contextvars.copy_context())
+    seen_fresh: list[bool] = []
+    in_a_thread(lambda: seen_fresh.append(fresh.run(abort_requested)))
+    assert on_other_thread == [(False, None), (False, None)]
+    assert seen_fresh == [True]

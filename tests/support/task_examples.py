@@ -157,6 +157,25 @@ def works_until_aborted() -> str:
     return "stopped cleanly"
 
 
+async def _abort_requested() -> bool:
+    return dq.abort_requested()
+
+
+@task(queue_name="shop-tasks")
+def works_until_aborted_seen_through_asgiref() -> str:
+    """works_until_aborted, its abort read inside asgiref's async_to_sync (another thread, the
+    task's context copied), as Django's async signal receivers of a sync send are."""
+    import time
+
+    from asgiref.sync import async_to_sync
+
+    _redis().rpush(TRACE, "working")
+    while not async_to_sync(_abort_requested)():
+        time.sleep(0.01)
+    _redis().rpush(TRACE, "saw the abort")
+    return "stopped cleanly"
+
+
 @task(queue_name="shop-tasks")
 def empties_its_arguments(items: list[int], *, options: dict[str, int]) -> int:
     """Changes its arguments in place as it runs (what a record's "enqueued" must not see)."""

@@ -38,6 +38,7 @@ from django_delayqueue.core.consumer.handler_run import (
     clear_in_thread,
     raise_in_thread,
 )
+from django_delayqueue.core.consumer.shared_slot import SharedSlot, shared_run, shared_slot
 from django_delayqueue.core.envelope import Message
 
 __all__ = [
@@ -56,7 +57,8 @@ __all__ = [
 ]
 
 # The run of the handler this asyncio task (a coroutine's) runs now: a context variable. Handler
-# threads find theirs through their Slot instead (no set and reset per message).
+# threads find theirs through their Slot instead (no set and reset per message); code given a
+# copy of a handler thread's context on another thread, through shared_slot (see .shared_slot).
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("dq_run", default=None)
 
 
@@ -68,6 +70,8 @@ class _Here(threading.local):
 
 
 _here = _Here()
+
+
 # Every consumer's runs (message.aborted read on another thread than its handler's).
 _registries: weakref.WeakSet[Runs] = weakref.WeakSet()
 
@@ -77,7 +81,9 @@ def _run_here() -> Run | None:
     if run is not None:
         return run
     slot = _here.slot
-    return None if slot is None else slot.run
+    if slot is not None:
+        return slot.run
+    return shared_run()
 
 
 def abort_requested() -> bool:
@@ -124,7 +130,8 @@ def handler_returned() -> None:
 
 
 def current_run() -> Run | None:
-    """The run of the handler running in this thread or asyncio task, if one was made."""
+    """The run of the handler running in this thread or asyncio task (or whose thread's context
+    this one was copied from), if one was made."""
     return _run_here()
 
 
@@ -168,6 +175,7 @@ class Slot:
         "message",
         "run",
         "runs",
+        "shared",
     )
 
     def __init__(self, runs: Runs, ident: int) -> None:
@@ -178,6 +186,9 @@ class Slot:
         self.logical_queue = ""
         self.inside = False
         self.run: Run | None = None
+        # Read through a context copied from its thread (shared_run): a new SharedSlot is
+        # due in that thread's context before its next message.
+        self.shared = False
 
     def enter(self, message: Message, logical_queue: str, watched: bool) -> None:
         """Its thread starts the handler of ``message``; with ``watched`` (its queue has a time
@@ -251,7 +262,7 @@ class Runs:
         """The calling thread's slot, entered (:meth:`Slot.enter`). Call it inside the
         ``try`` whose ``finally`` exits the slot: ``self.slot().exit()`` if it raised."""
         slot = _here.slot
-        if slot is None or slot.runs is not self:
+        if slot is None or slot.runs is not self or slot.shared:
             slot = self.slot()
         if watched:
             slot.enter(message, logical_queue, True)
@@ -268,11 +279,18 @@ class Runs:
         if slot is None or slot.runs is not self:
             ident = get_ident()
             slot = _here.slot = Slot(self, ident)
+            # Once per thread (not per message): contexts copied from this thread carry it.
+            shared_slot.set(SharedSlot(slot))
             alive = {t.ident for t in threading.enumerate()}
             with self.lock:  # without the slots of ended threads (whose idents may come again)
                 slots = {i: s for i, s in self._slots.items() if i in alive and i != ident}
                 slots[ident] = slot
                 self._slots = slots
+        elif slot.shared:
+            # Read through a copied context during its last message: copies made from now on
+            # carry a new one, the old ones see no later message (their SharedSlot is pinned).
+            slot.shared = False
+            shared_slot.set(SharedSlot(slot))
         return slot
 
     def adopt(self, slot: Slot, message: Message, started_monotonic: float) -> Run | None:
