@@ -5,8 +5,9 @@ the limits cost a claim when unused, and when set but never reached.
 
 - ``rate_limit.claim_us.*``: Redis time per claim (``INFO commandstats``, microseconds) of
   claim.lua as it is now without limits against claim.lua of the base branch (``git show
-  $BENCH_BASE_REF:…``, default ``main``), interleaved rounds on the same ready list: what the
-  feature costs a queue that does not use it. Claims of 1 and of 100 messages.
+  $BENCH_BASE_REF:…``, default the last commit before flow control), interleaved rounds on
+  the same ready list: what the feature costs a queue that does not use it. Claims of 1 and
+  of 100 messages.
 - ``rate_limit.deliver``: delivery (messages due at once, one consumer process, concurrency 8)
   with a rate limit and a cap set far above what is reached, against none: interleaved rounds.
 - ``rate_limit.window_*``: three ``runqueue`` processes (concurrency 4 each) on a queue with
@@ -51,11 +52,15 @@ def rate_limit(bench: Bench, sizes: Sizes) -> list[Row]:
 
 # --- what an unused limit costs a claim -----------------------------------------------------
 
+# The last commit of main before flow control (issue 27): its claim.lua is the baseline once
+# main has the feature (``main`` itself then has nothing to compare with).
+BASE_REF = "db6a334"
+
 
 def base_claim_script() -> LuaScript | None:
     """claim.lua of the base branch, its includes resolved from this checkout (the base's
     includes are these, less the new flow_limits.lua, which it does not name)."""
-    ref = os.environ.get("BENCH_BASE_REF", "main")
+    ref = os.environ.get("BENCH_BASE_REF", BASE_REF)
     try:
         text = subprocess.run(
             ["git", "show", f"{ref}:{CLAIM_PATH}"],
@@ -81,7 +86,7 @@ def claim_cost(bench: Bench, sizes: Sizes) -> list[Row]:
     q = Queue(bench.client, "bench-claim-cost")
     keys = CLAIM.keys_for(q.keys)  # ready .. ranked, limiter
     messages = max(2000, sizes.delivery // 10)
-    ref = os.environ.get("BENCH_BASE_REF", "main")
+    ref = os.environ.get("BENCH_BASE_REF", BASE_REF)
     rows = []
     for batch in (1, 100):
         ratios, ours_us, base_us = [], [], []
