@@ -226,3 +226,32 @@ def test_a_full_redis_refuses_windowed_items_and_schedule_many_reports_them(q: Q
     assert [r.id for r in result.not_scheduled] == ["a", "b"]  # b was not even sent
     assert q.client.exists(q.keys.unique, q.keys.messages) == 0
     assert q.schedule_many([{"payload": 1, "id": "a", "unique_for": 60}]).scheduled == 1
+
+
+def test_schedule_many_counts_each_window_from_when_it_is_sent(
+    q: Queue, manual_clock: ManualClock
+) -> None:
+    def slow_items():  # type: ignore[no-untyped-def]
+        yield {"payload": 0, "id": "a", "unique_for": 60}
+        manual_clock.advance(120)  # the iterable took two minutes: a's window would be over
+        yield {"payload": 1, "id": "b", "unique_for": 60}
+
+    assert q.schedule_many(slow_items(), chunk_size=1).scheduled == 2
+    sent_at = T0 + 120_000
+    assert q.client.zscore(q.keys.unique, "b") == sent_at + 60_000
+    q.cancel("b")
+    assert q.schedule("again", id="b", unique_for=60).within_window
+
+
+def test_unique_for_without_an_id_is_rejected_in_bulk_sharded_or_not(
+    q: Queue, redis_client: redis.Redis, manual_clock: ManualClock
+) -> None:
+    sharded = ShardedQueue(
+        [Queue(redis_client, "sharded", shard=i, clock=manual_clock) for i in range(2)]
+    )
+    items = [{"payload": 0, "id": "a"}, {"payload": 1, "unique_for": 60}, {"payload": 2}]
+    for queue in (q, sharded):
+        result = queue.schedule_many(items)
+        assert [(r.index, r.id) for r in result.rejected] == [(1, None)]
+        assert "unique_for needs an id" in result.rejected[0].reason
+        assert result.scheduled == 2
