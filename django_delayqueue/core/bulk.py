@@ -88,9 +88,9 @@ class BulkScheduling:
             except PayloadError as e:
                 total.rejected.append(Rejected(index, _safe_id(item), str(e)))
             if len(pending) >= chunk_size * 8:
-                self._send_prepared(pending, now, chunk_size, flags, indexes, total, windows)
+                self._send_prepared(pending, chunk_size, flags, indexes, total, windows)
                 pending, flags, windows, indexes = [], [], [], []
-        self._send_prepared(pending, now, chunk_size, flags, indexes, total, windows)
+        self._send_prepared(pending, chunk_size, flags, indexes, total, windows)
         _confirm(self, total)
         return total
 
@@ -111,15 +111,13 @@ class BulkScheduling:
             raise ValueError("unique_ms needs one window (or 0) per prepared message")
         result = BulkResult()
         indexes = list(range(len(prepared)))
-        now = self.clock.now_ms()
-        self._send_prepared(prepared, now, chunk_size, flags, indexes, result, unique_ms)
+        self._send_prepared(prepared, chunk_size, flags, indexes, result, unique_ms)
         _confirm(self, result)
         return result
 
     def _send_prepared(
         self,
         prepared: Sequence[Prepared],
-        now: int,
         chunk_size: int,
         flags: Sequence[bool],
         indexes: Sequence[int],
@@ -129,7 +127,9 @@ class BulkScheduling:
         """Send runs of items that replace or not, with a uniqueness window or not, in order
         (one pipeline per run), counting what became of them in ``result``. Once a chunk was
         refused for memory, the rest is reported as not scheduled without being sent (each
-        refused chunk changed nothing: see lua/includes/memory.lua)."""
+        refused chunk changed nothing: see lua/includes/memory.lua). The scripts' now is read
+        again for each pipeline, not taken from the start of the batch: a window opens when its
+        message is stored, so a slow iterable or a long batch cannot open one already over."""
         windowed = [bool(w) for w in windows] if windows else [False] * len(prepared)
         start = 0
         while start < len(prepared):
@@ -137,6 +137,7 @@ class BulkScheduling:
             while end < len(prepared) and (flags[end], windowed[end]) == (replace, unique):
                 end += 1
             chunks = [range(i, min(i + chunk_size, end)) for i in range(start, end, chunk_size)]
+            now = self.clock.now_ms()
             if unique:
                 assert windows is not None
                 self._send_windowed(prepared, now, chunks, replace, windows, indexes, result)

@@ -21,7 +21,7 @@ from typing import Any
 
 from django_delayqueue.core.due_times import Delay
 from django_delayqueue.core.envelope import new_id
-from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
 from django_delayqueue.core.queue import Queue
@@ -31,6 +31,7 @@ from django_delayqueue.core.results import (
     BulkResult,
     Page,
     Prepared,
+    Rejected,
     ScheduleResult,
     Snapshot,
 )
@@ -117,13 +118,20 @@ class ShardedQueue:
         """As ``Queue.schedule_many``; ids are given to items without one first, to route them."""
         by_shard: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
         positions: dict[int, list[int]] = defaultdict(list)  # each item's place in ``items``
+        total = BulkResult()
         for position, item in enumerate(items):
-            if item.get("id") is None:
+            if isinstance(item, Mapping) and item.get("id") is None:
+                try:  # before an id is made up for it, which would make its window a no-op
+                    window_ms_of(item.get("unique_for"), None)
+                except PayloadError as e:
+                    total.rejected.append(Rejected(position, None, str(e)))
+                    continue
                 item = {**item, "id": new_id()}
-            index = shard_index(str(item["id"]), len(self.shards))
+            # Not a mapping: any shard reports it as the plain queue does.
+            key = str(item["id"]) if isinstance(item, Mapping) else ""
+            index = shard_index(key, len(self.shards))
             by_shard[index].append(item)
             positions[index].append(position)
-        total = BulkResult()
         for index, chunk in by_shard.items():
             done = self.shards[index].schedule_many(chunk, **kwargs)
             # A refused item is reported at its place in the caller's items, not in the chunk.

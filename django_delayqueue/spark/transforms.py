@@ -143,12 +143,13 @@ def unique_ms(spec: MessageSpec) -> tuple[Column, Column]:
         return F.lit(0).cast("long"), F.lit(None).cast("string")
     raw = F.col(spec.unique_for_column)
     seconds = raw.try_cast("double")
+    rounded = F.round(seconds * 1000, 6)
+    # A tiny positive window that rounds to 0 ms is bad, as the core refuses it: as a 0 it
+    # would be taken for no window at all.
     bad = raw.isNotNull() & (
-        seconds.isNull() | F.isnan(seconds) | (seconds <= 0) | (seconds > 1e11)
+        seconds.isNull() | F.isnan(seconds) | (rounded <= 0) | (seconds > 1e11)
     )
-    window = F.when(raw.isNull() | bad, F.lit(0)).otherwise(
-        F.ceil(F.round(seconds * 1000, 6)).try_cast("long")
-    )
+    window = F.when(raw.isNull() | bad, F.lit(0)).otherwise(F.ceil(rounded).try_cast("long"))
     return window.cast("long"), F.when(bad, F.lit(BAD_UNIQUE_FOR))
 
 

@@ -226,3 +226,70 @@ def test_a_full_redis_refuses_windowed_items_and_schedule_many_reports_them(q: Q
     assert [r.id for r in result.not_scheduled] == ["a", "b"]  # b was not even sent
     assert q.client.exists(q.keys.unique, q.keys.messages) == 0
     assert q.schedule_many([{"payload": 1, "id": "a", "unique_for": 60}]).scheduled == 1
+
+
+def test_schedule_many_counts_each_window_from_when_it_is_sent(
+    q: Queue, manual_clock: ManualClock
+) -> None:
+    def slow_items():  # type: ignore[no-untyped-def]
+        yield {"payload": 0, "id": "a", "unique_for": 60}
+        manual_clock.advance(120)  # the iterable took two minutes: a's window would be over
+        yield {"payload": 1, "id": "b", "unique_for": 60}
+
+    assert q.schedule_many(slow_items(), chunk_size=1).scheduled == 2
+    sent_at = T0 + 120_000
+    assert q.client.zscore(q.keys.unique, "b") == sent_at + 60_000
+    q.cancel("b")
+    assert q.schedule("again", id="b", unique_for=60).within_window
+
+
+def test_unique_for_without_an_id_is_rejected_in_bulk_sharded_or_not(
+    q: Queue, redis_client: redis.Redis, manual_clock: ManualClock
+) -> None:
+    sharded = ShardedQueue(
+        [Queue(redis_client, "sharded", shard=i, clock=manual_clock) for i in range(2)]
+    )
+    items = [{"payload": 0, "id": "a"}, {"payload": 1, "unique_for": 60}, {"payload": 2}]
+    for queue in (q, sharded):
+        result = queue.schedule_many(items)
+        assert [(r.index, r.id) for r in result.rejected] == [(1, None)]
+        assert "unique_for needs an id" in result.rejected[0].reason
+        assert result.scheduled == 2
+
+
+def wakes_published_by(q: Queue, send: Callable[[], object]) -> list[bytes]:
+    """What ``send`` published on q's wake channel: read up to a marker published after it (a
+    channel keeps its order), so no count waits on a timeout."""
+    pubsub = q.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(q.keys.wake_channel)
+    while pubsub.get_message(timeout=5) is not None:  # the subscribe confirmation
+        pass
+    send()
+    q.client.publish(q.keys.wake_channel, "marker")
+    seen: list[bytes] = []
+    while (message := pubsub.get_message(timeout=5)) is None or message["data"] != b"marker":
+        if message is not None:
+            seen.append(message["data"])
+    pubsub.close()
+    return seen
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_windowed_bulk_call_publishes_one_wake(q: Queue, replace: bool) -> None:
+    items = [{"payload": n, "id": f"m{n}", "unique_for": 60} for n in range(50)]
+    items += [{"payload": 0, "id": "later", "unique_for": 60, "delay": 1}]
+    assert wakes_published_by(q, lambda: q.schedule_many(items, replace=replace)) == [
+        str(T0).encode()  # the earliest: due now
+    ]
+    assert q.counts()["ready"] == 50
+
+
+def test_a_windowed_send_once_and_schedule_still_wake_consumers(q: Queue) -> None:
+    sent = q.prepare("x", id="once", delay=1)
+    assert wakes_published_by(q, lambda: q.send_once(sent, "token-1", unique_ms=60_000)) == [
+        str(T0 + 1_000).encode()
+    ]
+    assert wakes_published_by(q, lambda: q.schedule("y", id="one", unique_for=60)) == [
+        str(T0).encode()
+    ]
+    assert wakes_published_by(q, lambda: q.schedule("z", id="one", unique_for=60)) == []

@@ -121,14 +121,22 @@ def test_a_uniqueness_window_column_becomes_whole_milliseconds_or_a_reason(spark
     df = rows(
         spark,
         "key string, window string",
-        [("a", "86400"), ("b", "0.29"), ("c", None), ("d", "0"), ("e", "-1"), ("f", "soon")],
+        [
+            ("a", "86400"),
+            ("b", "0.29"),
+            ("c", None),
+            ("d", "0"),
+            ("e", "-1"),
+            ("f", "soon"),
+            ("g", "1e-10"),  # rounds to 0 ms: the core refuses it too
+        ],
     )
     spec = MessageSpec(id_column="key", unique_for_column="window")
     out = {r[t.ID]: (r[t.UNIQUE], r[t.REASON]) for r in prepare(df, spec, NOW).collect()}
     assert out["a"] == (86_400_000, None)
     assert out["b"] == (290, None)  # rounded as the core rounds it, float noise ignored
     assert out["c"] == (0, None)  # null: no window
-    assert {out[k][1] for k in "def"} == {t.BAD_UNIQUE_FOR}
+    assert {out[k][1] for k in "defg"} == {t.BAD_UNIQUE_FOR}
     no_column = prepare(df, MessageSpec(id_column="key"), NOW).collect()
     assert {r[t.UNIQUE] for r in no_column} == {0}
 

@@ -33,13 +33,14 @@ else
     KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset'
   )
 end
-local out, opened = {0}, 0
+local out, opened, wake = {0}, 0, nil
 for i = 5, #ARGV, 4 do
-  local stored, state, open_until = schedule_in_window(
+  local stored, state, open_until, announce = schedule_in_window(
     KEYS[15], i, tonumber(ARGV[i + 3]), mode == 'replace'
   )
   out[1] = out[1] + stored
   opened = opened + stored
+  wake = earlier(wake, announce)
   if state ~= nil then
     out[#out + 1] = (i - 5) / 4 + 1
     out[#out + 1] = state
@@ -47,4 +48,5 @@ for i = 5, #ARGV, 4 do
   end
 end
 if opened > 0 then forget_windows(KEYS[15], 2 * opened) end
+publish_wake(wake)  -- once for the call, as schedule.lua
 return out

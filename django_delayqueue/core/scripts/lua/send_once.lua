@@ -45,10 +45,13 @@ if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then
 end
 local out
 if window > 0 then
-  local stored, state, open_until = schedule_in_window(KEYS[17], 4, window, mode == 'replace')
+  local stored, state, open_until, wake = schedule_in_window(
+    KEYS[17], 4, window, mode == 'replace'
+  )
   out = {stored}
   if state ~= nil then out = {stored, 1, state, open_until or 0} end
   if stored > 0 then forget_windows(KEYS[17], 2) end
+  publish_wake(wake)
 elseif mode == 'schedule' then
   out = schedule_triples(4, 6)
 elseif mode == 'replace' then

@@ -11,10 +11,12 @@
 --- @include "includes/state.lua"
 --- @include "includes/placing.lua"
 
--- replace_triples(first, last): the messages in ARGV[first..last], triples of id, due (ms),
--- envelope. Returns {how many were stored (all of them), then for each id that was taken: its
--- position among the triples (1-based) and the state of the message it replaced}.
-local function replace_triples(first, last)
+-- replace_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
+-- due (ms), envelope. Returns {how many were stored (all of them), then for each id that was
+-- taken: its position among the triples (1-based) and the state of the message it replaced}.
+-- With keep_wake, the time to announce is returned second instead of published (as
+-- schedule_triples's).
+local function replace_triples(first, last, keep_wake)
   guard(
     KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
     KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
@@ -56,6 +58,7 @@ local function replace_triples(first, last)
     end
     out[1] = out[1] + 1
   end
+  if keep_wake then return out, wake end
   if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
   return out
 end

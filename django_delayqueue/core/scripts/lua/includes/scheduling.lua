@@ -10,11 +10,13 @@
 --- @include "includes/guard.lua"
 --- @include "includes/state.lua"
 
--- schedule_triples(first, last): the messages in ARGV[first..last], triples of id, due (ms),
--- envelope. Returns {how many were scheduled, then for each message not scheduled because its
--- id is taken (nothing of it changed): its position among the triples (1-based) and the state
--- of the message holding the id}. Telling that state costs reads only when the id is taken.
-local function schedule_triples(first, last)
+-- schedule_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
+-- due (ms), envelope. Returns {how many were scheduled, then for each message not scheduled
+-- because its id is taken (nothing of it changed): its position among the triples (1-based)
+-- and the state of the message holding the id}. Telling that state costs reads only when the
+-- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
+-- returned second, for a caller that calls this per message to publish once (unique.lua).
+local function schedule_triples(first, last, keep_wake)
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
   -- Types: ready and pending are written after a HSETNX (the first write, which proves the
@@ -53,7 +55,8 @@ local function schedule_triples(first, last)
       created = created + 1
     end
   end
-  if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
   out[1] = created
+  if keep_wake then return out, wake end
+  if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
   return out
 end

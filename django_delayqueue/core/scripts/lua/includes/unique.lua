@@ -15,8 +15,10 @@
 
 -- schedule_in_window(unique, i, window_ms, replace): the message in ARGV[i..i+2] (id, due,
 -- envelope). Returns stored (1 or 0), the state of the message that held the id (nil when it
--- was free; '' when refused and the id holds nothing any more), and the end (ms) of the open
--- window that refused it (nil when not refused by a window).
+-- was free; '' when refused and the id holds nothing any more), the end (ms) of the open
+-- window that refused it (nil when not refused by a window), and the time to announce on the
+-- wake channel (nil for none): nothing is published here, so that a call of many messages
+-- publishes once, the earliest (publish_wake), as schedule.lua does.
 local function schedule_in_window(unique, i, window_ms, replace)
   local now = tonumber(ARGV[1])
   local id = ARGV[i]
@@ -26,12 +28,21 @@ local function schedule_in_window(unique, i, window_ms, replace)
     if redis.call('HEXISTS', KEYS[3], id) == 1 then
       state = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
     end
-    return 0, state, tonumber(open_until)
+    return 0, state, tonumber(open_until), nil
   end
-  local out
-  if replace then out = replace_triples(i, i + 2) else out = schedule_triples(i, i + 2) end
+  local out, wake
+  if replace then
+    out, wake = replace_triples(i, i + 2, true)
+  else
+    out, wake = schedule_triples(i, i + 2, true)
+  end
   if out[1] == 1 then redis.call('ZADD', unique, now + window_ms, id) end
-  return out[1], out[3], nil
+  return out[1], out[3], nil, wake
+end
+
+-- publish_wake(wake): announce the earliest time schedule_in_window returned, if any.
+local function publish_wake(wake)
+  if wake ~= nil then redis.call('PUBLISH', ARGV[3], tostring(wake)) end
 end
 
 -- forget_windows(unique, most): remove at most ``most`` windows that are over (the oldest
