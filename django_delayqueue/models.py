@@ -153,9 +153,12 @@ class OutboxMessage(models.Model):
     # A task's result record ('enqueued' field, JSON) and priority (mode "task").
     record = models.TextField(blank=True, default="")
     priority = models.SmallIntegerField(default=0)
-    # The uniqueness window asked for (schedule(..., unique_for=)), ms; 0 for none. Counted
-    # from the send, like every window: a row relayed later opens (or meets) it then.
-    unique_ms = models.BigIntegerField("uniqueness window (ms)", default=0)
+    # The uniqueness window asked for (schedule(..., unique_for=)), ms; None (or 0) for none.
+    # Counted from the send, like every window: a row relayed later opens (or meets) it then.
+    # Nullable, not NOT NULL with a default: Django keeps no default in the database, so the
+    # rows a process not yet upgraded writes during a rolling deploy (without this column)
+    # would fail its user's transaction.
+    unique_ms = models.BigIntegerField("uniqueness window (ms)", null=True, default=None)
     # No indexes: every row costs its insert and delete on a view's request, and the table is
     # empty but for a Redis outage's backlog, which a relay reads oldest first in batches.
     created_at = models.DateTimeField(default=timezone.now)

@@ -1,5 +1,8 @@
 from django.db import migrations, models
 
+# Nullable (None: no window): the rows an older process inserts during a rolling deploy,
+# without this column, must not break its transaction (Django keeps no default in the table).
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -10,6 +13,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="outboxmessage",
             name="unique_ms",
-            field=models.BigIntegerField(default=0, verbose_name="uniqueness window (ms)"),
+            field=models.BigIntegerField(
+                default=None, null=True, verbose_name="uniqueness window (ms)"
+            ),
         ),
     ]

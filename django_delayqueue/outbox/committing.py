@@ -95,7 +95,7 @@ def write_row(outgoing: Outgoing, using: str) -> OutboxMessage:
         mode=outgoing.mode,
         record=outgoing.record or "",
         priority=outgoing.priority,
-        unique_ms=outgoing.unique_ms,
+        unique_ms=outgoing.unique_ms or None,  # None: no window, as an older process writes
         created_at=now,
         leased_until=now + timedelta(seconds=float(dq_settings.OUTBOX_LEASE_SECONDS)),
     )

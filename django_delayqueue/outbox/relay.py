@@ -86,7 +86,7 @@ def outgoing_of(row: OutboxMessage) -> Outgoing:
         replace=replace,
         record=record,
         priority=row.priority,
-        unique_ms=row.unique_ms,
+        unique_ms=row.unique_ms or 0,  # None: no window (a row of a process not upgraded)
     )
 
 

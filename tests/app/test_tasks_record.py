@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -557,6 +558,41 @@ def test_a_success_whose_record_is_gone_is_written_whole_with_a_later_round_unti
     assert not redis_client.exists(key) and len(unrecorded) == 1  # kept for the next round
     one_round(reachable)
     assert len(unrecorded) == 0
+    done = examples().add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 5
+    assert done.args == [2, 3] and done.worker_ids == ["w1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_right_after_a_success_whose_record_is_gone_still_writes_it_whole(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At a stop, the ack recorded by the last try of record_left hands over the whole write
+    of a task whose record went (write_soon): it is sent all the same (the message is acked,
+    that write is its only result), and nothing is logged as left."""
+    from django_delayqueue.core.consumer.left_at_stop import RECORD_RETRY_PAUSE_SECONDS
+    from django_delayqueue.core.consumer.loop import Consumer
+
+    result = examples().add.enqueue(2, 3)
+    key = KEYS.task_result(result.id)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    consumer = Consumer([q], lambda m: None)
+    try:
+        tasks = runner.TaskRunner("w1", consumer.write_soon)
+        writes = tasks.run(delivery, q)
+        redis_client.delete(key)  # deleted by hand before the task's end lands
+        now = q.clock.now_ms()
+        consumer._unrecorded.extend([Outcome(delivery, ACK, now, now, writes=writes)])
+        with caplog.at_level(logging.WARNING, logger="django_delayqueue"):
+            # One try (the bound of tries), on a clock that stands still: the ack is recorded
+            # by the last try.
+            consumer._round_trip.record_left(RECORD_RETRY_PAUSE_SECONDS, lambda: 0.0)
+        assert q.counts()["unack"] == 0 and len(consumer._unrecorded) == 0
+        assert "not recorded" not in caplog.text and "not sent" not in caplog.text
+    finally:
+        consumer._threads.close()
+        consumer._waiter.close()
     done = examples().add.get_result(result.id)
     assert done.status == framework.SUCCESSFUL and done.return_value == 5
     assert done.args == [2, 3] and done.worker_ids == ["w1"]

@@ -361,3 +361,29 @@ def test_the_task_results_of_a_round_go_as_one_call_and_a_bad_key_fails_only_its
     assert not redis_client.exists(q.keys.task_result("m0"))
     assert redis_client.hget(q.keys.task_result("m2"), "status") == b"SUCCESSFUL"
     assert len(unrecorded) == 0 and q.counts()["unack"] == 0
+
+
+def test_what_is_left_at_a_stop_is_logged_as_outcomes_apart_from_handed_over_writes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An early write (write_soon) left at a stop is lost, not delivered again: the log says
+    which is which."""
+    from django_delayqueue.core import Message, Queue
+    from django_delayqueue.core.consumer.loop import Consumer
+    from django_delayqueue.embedded import free_port
+
+    down = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    q = Queue(down, "left")
+    consumer = Consumer([q], lambda m: None)
+    try:
+        consumer._unrecorded.extend(
+            [Outcome(Message("m", "left", None, 0, 0, 1, "1", 0), ACK, 0, 0)]
+        )
+        consumer.write_soon(q, running_record_call(q))
+        with caplog.at_level(logging.WARNING, logger="django_delayqueue"):
+            consumer._round_trip.record_left(0.2, lambda: 0.0)
+        assert "1 outcome(s) not recorded: those messages will be delivered again" in caplog.text
+        assert "1 write(s) handed over by handlers not sent" in caplog.text
+    finally:
+        consumer._threads.close()
+        consumer._waiter.close()

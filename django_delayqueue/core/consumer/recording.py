@@ -107,11 +107,15 @@ class UnrecordedOutcomes:
             early.setdefault(name, []).append(call)
 
     def __len__(self) -> int:
+        return sum(self.left())
+
+    def left(self) -> tuple[int, int]:
+        """How many outcomes, and how many early writes (write_soon), are not recorded yet."""
         # Under the lock: the loop adds queues to _early (taking what write_soon handed over)
         # while another thread may count, and a dict that grows while iterated raises.
         with self._lock:
             early = len(self._handed) + sum(len(calls) for calls in self._early.values())
-            return early + sum(len(entries) for entries in self._entries.values())
+            return sum(len(entries) for entries in self._entries.values()), early
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
         journalled = not self.journal_maxlen

@@ -10,13 +10,13 @@ the promotes and claims, two parts ride on every round trip through one interfac
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.consumer.claims import ClaimReceipts
 from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_after, wake_for_freed_slots
+from django_delayqueue.core.consumer.left_at_stop import record_left
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
 from django_delayqueue.core.envelope import Message
@@ -32,7 +32,6 @@ QUEUE_ERROR_PAUSE_MS = 5000  # how long a queue whose scripts fail is left alone
 SERVER_DOWN_PAUSE_MS = 1000  # how long the queues of an unreachable server are left alone
 HEARTBEAT_PRUNE_MS = 3_600_000
 HEARTBEAT_FORGET_MS = 86_400_000  # consumers silent this long leave the heartbeats zset
-RECORD_RETRY_PAUSE_SECONDS = 0.2  # between two tries to record what is left at shutdown
 
 Plan = list[tuple[Queue, str, int]]
 
@@ -201,23 +200,13 @@ class RoundTrip:
         return messages
 
     def record_left(self, seconds: float, monotonic: Callable[[], float]) -> None:
-        """Record what is left (shutting down), trying for ``seconds`` with a pause between."""
-        deadline = monotonic() + seconds
-        # Bounded in tries as well: an injected clock that stands still must not loop for ever.
-        tries = max(1, round(seconds / RECORD_RETRY_PAUSE_SECONDS))
-        while self.outcomes and monotonic() < deadline and tries > 0:
-            tries -= 1
-            try:
-                self.record_only(self.clock.now_ms(), force=True)
-            except DelayQueueError as e:
-                logger.warning("could not record outcomes on shutdown: %s", e)
-            if self.outcomes:
-                time.sleep(RECORD_RETRY_PAUSE_SECONDS)
-        if self.outcomes:
-            logger.warning(
-                "%d outcome(s) not recorded: those messages will be delivered again",
-                len(self.outcomes),
-            )
+        """Record what is left (shutting down), trying for ``seconds`` (see left_at_stop)."""
+        record_left(
+            self.outcomes,
+            lambda: self.record_only(self.clock.now_ms(), force=True),
+            seconds,
+            monotonic,
+        )
 
     def due_by(self, now: int) -> bool:
         """Whether something is known to be due on a queue by ``now`` (or its retry is)."""

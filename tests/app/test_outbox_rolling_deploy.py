@@ -1,0 +1,77 @@
+"""A rolling deploy: processes not yet upgraded keep writing outbox rows without the columns
+of the newer migrations (``unique_ms``, 0007). Their inserts must not fail their transaction on
+any database, and the relay sends such a row as it was meant: without a uniqueness window.
+
+A program (tests/support/programs/outbox_old_row.py) migrates a fresh database, inserts the
+row with raw SQL as the old model would, and relays it: on SQLite and on the PostgreSQL of this
+machine (127.0.0.1:5432, trust auth; a database the test creates and drops).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from paths import PROGRAMS, child_pythonpath
+
+from django_delayqueue.embedded import RedisServerProcess
+
+PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+
+
+def _postgres_database() -> Iterator[dict[str, str]]:
+    psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
+    name = f"dq_rolling_deploy_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no PostgreSQL on 127.0.0.1:5432: {e}")
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield {"DRILL_PG_NAME": name}
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    if request.param == "sqlite":
+        yield {}
+    else:
+        yield from _postgres_database()
+
+
+def test_a_row_written_without_the_window_column_is_kept_and_relayed_without_a_window(
+    tmp_path: Path,
+    database: dict[str, str],
+    redis_client: redis.Redis,
+    redis_server: RedisServerProcess,
+) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "drill_settings",
+        "PYTHONPATH": child_pythonpath(),
+        "REDIS_URL": redis_server.url,
+        "DRILL_DB": str(tmp_path / "rolling.sqlite3"),
+        "DRILL_LEDGER": str(tmp_path / "ledger"),
+        **database,
+    }
+    program = [sys.executable, str(PROGRAMS / "outbox_old_row.py")]
+    done = subprocess.run(program, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["vendor"] == ("postgresql" if database else "sqlite")
+    assert seen["inserted"] == "inserted"  # the old process's transaction commits
+    assert (seen["sent"], seen["failed"], seen["rows_left"]) == (1, 0, 0)
+    assert seen["stored"] is True
+    assert seen["window"] is None  # no uniqueness window opened for it
