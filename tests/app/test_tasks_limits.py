@@ -155,7 +155,10 @@ def test_a_limit_reached_after_the_task_returned_does_not_fail_it(
             )
         )
     assert sent == [False]  # refused: the task had returned
-    assert done.status == framework.SUCCESSFUL and done.return_value == 5
+    # (Its errors shown: once, under load in CI's floor-versions run, it read FAILED.)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 5, [
+        e.traceback for e in done.errors
+    ]
     wait_until(lambda: redis_client.hlen(KEYS.messages) == 0)
 
 

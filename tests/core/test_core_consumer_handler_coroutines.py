@@ -462,6 +462,7 @@ def test_a_coroutine_dropped_while_its_sync_part_runs_stays_extended_until_that_
         wait_until(lambda: (redis_client.zscore(q.keys.unack, "held") or 0) > first)
     finally:
         release.set()
-    # Its sync part ended: released, no longer extended (the extender's linger ends).
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "delayqueue-extender"])
+    # Its sync part ended: released, no longer extended (this consumer's extender's linger
+    # ends; another test's consumer in this process may have one of its own).
+    wait_until(lambda: not consumer._extender._thread.is_alive())
     assert q.counts() == {**EMPTY, "unack": 1}
