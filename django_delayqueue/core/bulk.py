@@ -6,7 +6,7 @@ A mixin of :class:`~django_delayqueue.core.queue.Queue`, which provides ``clock`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.errors import PayloadError
@@ -144,21 +144,11 @@ class BulkScheduling:
                 start = end
                 continue
             script = self._replace_one if replace else self._schedule_one
-            replies: list[Any] = [None] * len(chunks)  # None: not sent
-            if not result.not_scheduled:
-                calls = [
-                    [now, *self.announce_args, *(part for i in chunk for part in prepared[i])]
-                    for chunk in chunks
-                ]
-                replies = script.call_many(calls, raise_errors=False)
-            for chunk, reply in zip(chunks, replies, strict=True):
-                if reply is None or is_out_of_memory(reply):
-                    result.not_scheduled += [
-                        Rejected(indexes[i], prepared[i].id, NOT_STORED) for i in chunk
-                    ]
-                    continue
-                if isinstance(reply, Exception):
-                    raise script_error(script.script.name, reply) from reply
+            calls = (
+                [now, *self.announce_args, *(part for i in chunk for part in prepared[i])]
+                for chunk in chunks
+            )
+            for chunk, reply in _stored_chunks(script, calls, chunks, prepared, indexes, result):
                 stored, taken = int(reply[0]), (len(reply) - 1) // 2
                 result.scheduled += stored - (taken if replace else 0)
                 result.replaced += taken if replace else 0
@@ -176,28 +166,18 @@ class BulkScheduling:
         result: BulkResult,
     ) -> None:
         """One run of items with uniqueness windows: schedule_unique.lua per chunk."""
-        script = self._schedule_unique
-        replies: list[Any] = [None] * len(chunks)  # None: not sent
-        if not result.not_scheduled:
-            mode = "replace" if replace else "schedule"
-            calls = [
-                [
-                    now,
-                    *self.announce_args,
-                    mode,
-                    *(part for i in chunk for part in (*prepared[i], windows[i])),
-                ]
-                for chunk in chunks
+        mode = "replace" if replace else "schedule"
+        calls = (
+            [
+                now,
+                *self.announce_args,
+                mode,
+                *(part for i in chunk for part in (*prepared[i], windows[i])),
             ]
-            replies = script.call_many(calls, raise_errors=False)
-        for chunk, reply in zip(chunks, replies, strict=True):
-            if reply is None or is_out_of_memory(reply):
-                result.not_scheduled += [
-                    Rejected(indexes[i], prepared[i].id, NOT_STORED) for i in chunk
-                ]
-                continue
-            if isinstance(reply, Exception):
-                raise script_error(script.script.name, reply) from reply
+            for chunk in chunks
+        )
+        chunked = _stored_chunks(self._schedule_unique, calls, chunks, prepared, indexes, result)
+        for _chunk, reply in chunked:
             # {stored, then triples: position, state, window end (0: the id was taken)}
             ends = [int(reply[n]) for n in range(3, len(reply), 3)]
             refused = sum(1 for end in ends if end > 0)
@@ -207,6 +187,32 @@ class BulkScheduling:
             result.scheduled += stored - (taken if replace else 0)
             result.replaced += taken if replace else 0
             result.already_present += 0 if replace else taken
+
+
+def _stored_chunks(
+    script: Any,
+    calls: Iterable[list[Any]],
+    chunks: Sequence[range],
+    prepared: Sequence[Prepared],
+    indexes: Sequence[int],
+    result: BulkResult,
+) -> Iterator[tuple[range, Any]]:
+    """Send ``calls`` (one per chunk) and yield each chunk whose script ran with its reply.
+
+    Nothing is sent once a full Redis refused part of this ``schedule_many``: those chunks, and
+    any a full Redis refuses now, are counted as not scheduled. A script error is raised."""
+    replies: list[Any] = [None] * len(chunks)  # None: not sent
+    if not result.not_scheduled:
+        replies = script.call_many(list(calls), raise_errors=False)
+    for chunk, reply in zip(chunks, replies, strict=True):
+        if reply is None or is_out_of_memory(reply):
+            result.not_scheduled += [
+                Rejected(indexes[i], prepared[i].id, NOT_STORED) for i in chunk
+            ]
+            continue
+        if isinstance(reply, Exception):
+            raise script_error(script.script.name, reply) from reply
+        yield chunk, reply
 
 
 def _confirm(queue: BulkScheduling, result: BulkResult) -> None:

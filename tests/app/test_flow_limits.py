@@ -9,12 +9,12 @@ start (see tests/core/test_core_consumer_flow.py for the exact check on claim in
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from core_consumer_support import Started
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.test import override_settings
@@ -42,20 +42,10 @@ def flow_queue() -> Iterator[None]:
 
 
 @pytest.fixture
-def worker_on() -> Iterator[Callable[[str], Worker]]:
-    started: list[tuple[Worker, threading.Thread]] = []
-
-    def start(name: str) -> Worker:
-        worker = Worker.for_queues([name], idle_seconds=0.1, maintenance_seconds=0.1)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.request_stop()
-        thread.join(TIMEOUT)
+def running() -> Iterator[Started]:
+    started = Started()
+    yield started
+    started.stop_all()
 
 
 def journal_rows(client: redis.Redis, keys: QueueKeys) -> list[list[Any]]:
@@ -75,7 +65,7 @@ def most_in_any_window(instants: list[int], window_ms: float) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rate_edited_in_the_admin_reaches_a_running_worker(
-    redis_client: redis.Redis, worker_on: Any
+    redis_client: redis.Redis, running: Started
 ) -> None:
     from django_delayqueue.models import QueueConfig
 
@@ -86,7 +76,8 @@ def test_a_rate_edited_in_the_admin_reaches_a_running_worker(
 
     dq.topic(QUEUE).connect(record, weak=False)
     try:
-        worker = worker_on(QUEUE)
+        worker = Worker.for_queues([QUEUE], idle_seconds=0.1, maintenance_seconds=0.1)
+        running(worker)
         for i in range(6):
             dq.schedule(QUEUE, {"n": i}, id=f"f{i}")
         wait_until(lambda: len(seen) == 1)  # one token, the next in an hour

@@ -13,42 +13,20 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from paths import PROGRAMS, child_pythonpath
+from postgres_databases import database_env
 
 from django_delayqueue.embedded import RedisServerProcess
-
-PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-
-
-def _postgres_database() -> Iterator[dict[str, str]]:
-    psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
-    name = f"dq_rolling_deploy_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no PostgreSQL on 127.0.0.1:5432: {e}")
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield {"DRILL_PG_NAME": name}
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    if request.param == "sqlite":
-        yield {}
-    else:
-        yield from _postgres_database()
+    yield from database_env(request, "dq_rolling_deploy")
 
 
 def test_a_row_written_without_the_window_column_is_kept_and_relayed_without_a_window(

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,38 +21,17 @@ import pytest
 from drill import Runqueues
 from ledger import check, read
 from paths import PROGRAMS, child_pythonpath
+from postgres_databases import database_env
 
 from django_delayqueue.embedded import RedisServerProcess
 
 PRODUCER = PROGRAMS / "outbox_producer.py"
 MESSAGES = 60
-PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-
-
-def _postgres_database() -> Iterator[dict[str, str]]:
-    """A fresh database on the local PostgreSQL, dropped afterwards (CI: must be there)."""
-    psycopg = pytest.importorskip("psycopg") if not os.environ.get("CI") else __import__("psycopg")
-    name = f"dq_outbox_drill_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no PostgreSQL on 127.0.0.1:5432: {e}")
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield {"DRILL_PG_NAME": name}
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    if request.param == "sqlite":
-        yield {}
-    else:
-        yield from _postgres_database()
+    yield from database_env(request, "dq_outbox_drill")
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> str:
