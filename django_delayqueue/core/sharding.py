@@ -150,18 +150,18 @@ class ShardedQueue:
         return self.shard_for(prepared.id).send_once(prepared, token, **kwargs)
 
     def schedule_many(self, items: Iterable[Mapping[str, Any]], **kwargs: Any) -> BulkResult:
-        """As ``Queue.schedule_many``; ids are given to items without one first, to route them."""
+        """As ``Queue.schedule_many``; ids are given to items without one first, to route them
+        (a keyed item's to its key's shard, as :meth:`prepare` does; a given id that routes
+        elsewhere is rejected)."""
         by_shard: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
         positions: dict[int, list[int]] = defaultdict(list)  # each item's place in ``items``
         total = BulkResult()
         for position, item in enumerate(items):
-            if isinstance(item, Mapping) and item.get("id") is None:
-                try:  # before an id is made up for it, which would make its window a no-op
-                    window_ms_of(item.get("unique_for"), None)
-                except PayloadError as e:
-                    total.rejected.append(Rejected(position, None, str(e)))
-                    continue
-                item = {**item, "id": new_id()}
+            try:
+                item = self._routable(item)
+            except PayloadError as e:
+                total.rejected.append(Rejected(position, _given_id(item), str(e)))
+                continue
             # Not a mapping: any shard reports it as the plain queue does.
             key = str(item["id"]) if isinstance(item, Mapping) else ""
             index = shard_index(key, len(self.shards))
@@ -174,6 +174,18 @@ class ShardedQueue:
         total.rejected.sort(key=lambda r: r.index)
         total.not_scheduled.sort(key=lambda r: r.index)
         return total
+
+    def _routable(self, item: Any) -> Any:
+        """``item`` with the id that routes it (PayloadError: it cannot be routed)."""
+        if not isinstance(item, Mapping):
+            return item  # any shard reports it as the plain queue does
+        key = item.get("key")
+        if item.get("id") is None:
+            # Before an id is made up for it, which would make its window a no-op.
+            window_ms_of(item.get("unique_for"), None)
+        if key is not None:
+            return {**item, "id": self.id_for_key(validate_key(key), item.get("id"))}
+        return item if item.get("id") is not None else {**item, "id": new_id()}
 
     def schedule_prepared(
         self,
@@ -254,6 +266,11 @@ class ShardedQueue:
                 message_id if items is None else items[n]
             )
         return chosen
+
+
+def _given_id(item: Any) -> str | None:
+    value = item.get("id") if isinstance(item, Mapping) else None
+    return value if isinstance(value, str) else None
 
 
 def _placed(done: BulkResult, positions: Sequence[int]) -> BulkResult:
