@@ -44,6 +44,24 @@ def key_shard(key: str, shards: int) -> int:
     return zlib.crc32(key.encode()) % shards
 
 
+def keyed_schedule_problem(name: str, key: str | None, shards: int) -> str | None:
+    """Why a recurring schedule ``name`` with flow key ``key`` cannot tick on a queue of
+    ``shards`` shards (None: it can). Its state and ticks live on its name's shard (one script
+    moves them on together, core.recurring), and a keyed message on its key's shard: both must
+    be the same shard. The hint names a name that fits."""
+    if key is None or shards <= 1 or shard_index(name, shards) == key_shard(key, shards):
+        return None
+    home = key_shard(key, shards)
+    fits = next(
+        f"{name}-{n}" for n in range(1, 10_000) if shard_index(f"{name}-{n}", shards) == home
+    )
+    return (
+        f"on a queue of {shards} shards, a schedule's ticks live on its name's shard "
+        f"({shard_index(name, shards)}) and the messages of key {key!r} on shard {home}: name "
+        f"the schedule so that both are one (e.g. {fits!r}) or leave out its key"
+    )
+
+
 def shard_index(message_id: str, shards: int) -> int:
     """The shard of ``message_id`` among ``shards`` (stable across processes and versions).
 

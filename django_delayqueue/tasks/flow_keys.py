@@ -69,6 +69,27 @@ def task_key(task: Any, args: Any, kwargs: Mapping[str, Any], option: Any) -> st
     given = _block_key.get()
     if given is not _UNSET:
         return given
+    return argument_key(task, args, kwargs, option)
+
+
+def schedule_task_key(path: str, alias: str, args: Any, kwargs: Mapping[str, Any]) -> str | None:
+    """The key argument's value for a recurring schedule's ``task`` (at ``path``, run by
+    TASKS[``alias``]) with its ``args`` and ``kwargs``; None when that backend names none."""
+    from django.utils.module_loading import import_string
+
+    from django_delayqueue.tasks import framework
+
+    try:
+        option = getattr(framework.task_backends[alias], "options", {}).get(KEY_ARGUMENT)
+    except Exception:  # no such backend: the checks report it (E009), the tick says why
+        return None
+    if option is None:
+        return None
+    return argument_key(import_string(path), args, kwargs, option)
+
+
+def argument_key(task: Any, args: Any, kwargs: Mapping[str, Any], option: Any) -> str | None:
+    """The value of ``task``'s key argument (named by ``option``) in a call, as a key."""
     name = _argument_name(task, option)
     if name is None:
         return None

@@ -138,7 +138,7 @@ WRITE_RECORDS = Contract("write_records", keys="*records", args="*writes")
 # --- recurrences (recurring schedules) ------------------------------------------------------
 ADVANCE_RECURRENCE = Contract(
     "advance_recurrence",
-    keys=f"{_STATES} recurrence_states ticks tick_runs",
+    keys=f"{_STATES} recurrence_states ticks tick_runs flow_keys",
     args=f"{_ANNOUNCE} name expected new_state withdraw skips *skipped_ids *triples",
 )
 RECURRENCE_STATES = Contract("recurrence_states", keys="recurrence_states")

@@ -18,7 +18,7 @@
 -- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
 -- returned second, for a caller that calls this per message to publish once (unique.lua).
 -- flow_keys: the flow_keys hash, where the key of a keyed envelope is noted (nil: the messages
--- can have no key, a recurring tick's).
+-- can have no key).
 local function schedule_triples(first, last, keep_wake, flow_keys)
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
