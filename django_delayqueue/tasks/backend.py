@@ -34,6 +34,7 @@ from django_delayqueue.core.envelope import encode_payload, new_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
@@ -104,7 +105,10 @@ class DelayQueueBackend(framework.BaseTaskBackend):
                 "a keyed task takes turns by key and cannot have a priority (use priority 0, "
                 "or enqueue it inside flow_key(None))"
             )
-        result_id = new_id()
+        # On a sharded queue a keyed message lives on its key's shard: its id (the result's)
+        # must route there too, or the result could not be found by id.
+        sharded = key is not None and isinstance(queue, ShardedQueue)
+        result_id = queue.id_for_key(key) if sharded else new_id()
         deferred = task.run_after is not None
         payload = task_payload(
             task.module_path, args, kwargs, self.alias, priority=task.priority, deferred=deferred

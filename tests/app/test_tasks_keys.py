@@ -167,3 +167,20 @@ def test_a_bad_key_argument_option_is_a_check_error() -> None:
     errors = list(framework.task_backends["default"].check())
     (error,) = [e for e in errors if e.id == "delayqueue.E017"]
     assert isinstance(error, Error) and "KEY_ARGUMENT must be the name of an argument" in error.msg
+
+
+def test_keyed_tasks_on_a_sharded_queue_live_on_their_keys_shard_and_run(
+    redis_client: redis.Redis,
+) -> None:
+    from django_delayqueue.core.sharding import key_shard, shard_index
+
+    queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"shards": 3, "backoff_base": 0}}
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "QUEUES": queues}):
+        results = {f"store-{n}": examples.sync_store.enqueue(f"store-{n}") for n in range(12)}
+        for key, result in results.items():
+            assert shard_index(result.id, 3) == key_shard(key, 3)  # found by its id
+            shard = QueueKeys("dq", QUEUE, shard=key_shard(key, 3))
+            assert redis_client.hget(shard.flow_keys, result.id) == key.encode()
+        Worker.for_queues([QUEUE], burst=True, name="keys-worker").run()
+        for result in results.values():
+            assert examples.sync_store.get_result(result.id).status == framework.SUCCESSFUL
