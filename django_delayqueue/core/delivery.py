@@ -16,7 +16,7 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.due_times import retry_ms
 from django_delayqueue.core.envelope import (
     Message,
-    decode_marked_envelope,
+    decode_traced_envelope,
     storable_text,
     to_str,
 )
@@ -34,6 +34,7 @@ from django_delayqueue.core.scripts.contracts import (
     RELEASE,
 )
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.observability.log_fields import message_fields
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -118,7 +119,7 @@ class Delivery:
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
             try:  # whatever one envelope holds, it costs only its own message
-                due, scheduled, payload, task = decode_marked_envelope(raw[i + 1])
+                due, scheduled, payload, task, trace = decode_traced_envelope(raw[i + 1])
             except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
                 reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
@@ -126,13 +127,31 @@ class Delivery:
                 continue
             messages.append(
                 Message(
-                    message_id, self.name, payload, due, scheduled, attempt, token, now_ms, task
+                    message_id,
+                    self.name,
+                    payload,
+                    due,
+                    scheduled,
+                    attempt,
+                    token,
+                    now_ms,
+                    task,
+                    trace,
                 )
             )
         if corrupt:
             logger.warning(
                 "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
             )
+            for m, reason in corrupt:  # one line each, with its fields, for a log search
+                logger.warning(
+                    "queue %s: message %s (attempt %d) to the dead letters: %s",
+                    self.name,
+                    m.id,
+                    m.attempt,
+                    reason,
+                    extra=message_fields(m),
+                )
             try:
                 self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
             except DelayQueueError as e:  # the good ones are claimed: deliver them anyway

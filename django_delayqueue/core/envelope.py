@@ -9,6 +9,12 @@ Payloads are JSON only: nothing read from Redis is ever unpickled or evaluated. 
 written by earlier versions (a JSON object ``{"d":due,"s":scheduled,"p":payload}``) are still
 read.
 
+A message scheduled inside an OpenTelemetry span carries that span's context between the times
+and the payload: ``^<trace>\n`` (:data:`TRACE_MARK`; its text is
+``django_delayqueue.observability.context``'s, opaque here). Absent without a span, so an
+envelope costs nothing more then. No JSON text starts with "^", and the text never holds a
+newline (the W3C headers it comes from cannot), so the field ends at the first one.
+
 A payload is accepted only when every consumer can decode it again: JSON that nests at most
 :data:`MAX_PAYLOAD_DEPTH` levels and is valid UTF-8. Decoding never raises anything but
 :class:`CorruptEnvelope`, whatever Redis holds (a too-deep payload written by an older producer
@@ -144,13 +150,20 @@ def _too_deep(what: str) -> str:
 # what a caller of ``dq.schedule`` sends (a webhook's JSON, say) is never run as a task. No JSON
 # text starts with "t," (``true`` goes on with "r"), and the Lua scripts read only the times.
 TASK_MARK = "t,"
+# Before the task mark: the trace context of the span the message was scheduled in (see the
+# module's docstring), ended by a newline.
+TRACE_MARK = "^"
 
 
 def encode_envelope(
-    payload_json: str, due_ms: int, scheduled_ms: int, *, task: bool = False
+    payload_json: str, due_ms: int, scheduled_ms: int, *, task: bool = False, trace: str = ""
 ) -> str:
+    """The envelope text; ``trace`` (from ``observability.context.current_trace``, "" for
+    none) is stored as it is and must hold no newline."""
     due = int(due_ms)
     mark = TASK_MARK if task else ""
+    if trace:
+        mark = f"{TRACE_MARK}{trace}\n{mark}"
     return f"{due:x},{due - int(scheduled_ms):x},{mark}{payload_json}"
 
 
@@ -167,6 +180,11 @@ def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
 
 def decode_marked_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool]:
     """:func:`decode_envelope`, and whether the envelope carries the task mark."""
+    return decode_traced_envelope(raw)[:4]
+
+
+def decode_traced_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool, str]:
+    """:func:`decode_marked_envelope`, and the envelope's trace context ("" for none)."""
     try:
         return _decode_envelope(raw)
     except CorruptEnvelope:
@@ -180,23 +198,29 @@ def decode_marked_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool
         raise CorruptEnvelope(f"corrupt: envelope cannot be decoded ({e!r})") from e
 
 
-def _decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool]:
+def _decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool, str]:
     if raw is None or raw == b"" or raw == "":
         raise CorruptEnvelope("corrupt: envelope missing")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     if text.startswith("{"):
-        return (*_decode_json_envelope(raw), False)
+        return (*_decode_json_envelope(raw), False, "")
     head = _HEAD.match(text)
     if head is None:
         raise CorruptEnvelope("corrupt: envelope does not start with hex due and lead times")
     due, lead = int(head[1], 16), int(head[2], 16)
     start = head.end()
+    trace = ""
+    if text.startswith(TRACE_MARK, start):
+        end = text.find("\n", start)
+        if end < 0:
+            raise CorruptEnvelope("corrupt: envelope trace context has no end")
+        trace, start = text[start + len(TRACE_MARK) : end], end + 1
     task = text.startswith(TASK_MARK, start)
     try:
         payload = json.loads(text[start + len(TASK_MARK) if task else start :])
     except ValueError as e:
         raise CorruptEnvelope(f"corrupt: envelope payload is not JSON ({e})") from e
-    return due, due - lead, payload, task
+    return due, due - lead, payload, task, trace
 
 
 def _decode_json_envelope(raw: bytes | str) -> tuple[int, int, Any]:
@@ -232,6 +256,9 @@ class Message:
     # Sent as a task by the Tasks backend (or a recurring ``task`` schedule): its envelope's
     # TASK_MARK, which no payload can set.
     task: bool = False
+    # The trace context of the span it was scheduled in (its envelope's TRACE_MARK field; ""
+    # for none), read by django_delayqueue.observability only when tracing is on.
+    trace: str = ""
 
     @property
     def due_at(self) -> datetime:

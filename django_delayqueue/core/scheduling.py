@@ -33,6 +33,8 @@ from django_delayqueue.core.scripts.contracts import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
+from django_delayqueue.observability import tracing
+from django_delayqueue.observability.context import current_trace
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -48,6 +50,7 @@ SEND_TOKEN_MEMORY_MS = 3600 * 1000
 class Scheduling:
     client: RedisClient
     name: str
+    logical_name: str
     keys: QueueKeys
     settings: QueueSettings
     clock: Clock
@@ -77,6 +80,9 @@ class Scheduling:
         see :func:`~.clock.producer_now_ms`) or from ``now_ms`` if that is later. ``now_ms``
         (default: the clock's ``now_ms``) is the envelope's scheduled time, and the due time
         without a delay (or with a zero one): due at once, straight to ready.
+
+        The envelope carries the trace context of the current OpenTelemetry span, if any
+        (``observability.context``): the producer span of whoever schedules it.
         """
         if delay is not None and at is not None:
             raise PayloadError("give delay= or at=, not both")
@@ -91,7 +97,8 @@ class Scheduling:
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
-        return Prepared(message_id, due, encode_envelope(payload_json, due, now, task=task))
+        envelope = encode_envelope(payload_json, due, now, task=task, trace=current_trace())
+        return Prepared(message_id, due, envelope)
 
     def schedule(
         self,
@@ -112,10 +119,12 @@ class Scheduling:
         window for its id, and a schedule with ``unique_for`` of the id while it is open is
         refused (``result.within_window``), even once the first is acknowledged.
         """
-        window_ms = window_ms_of(unique_for, id)
-        now = self.clock.now_ms()
-        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
+        with tracing.producing(self.logical_name) as span:
+            window_ms = window_ms_of(unique_for, id)
+            now = self.clock.now_ms()
+            prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+            tracing.scheduled(span, prepared.id, prepared.due_ms)
+            return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(
         self,
