@@ -24,7 +24,7 @@ import tracing_urls
 from django.conf import settings
 from django.test import Client, override_settings
 from paths import PROGRAMS, ROOT, child_pythonpath
-from tracing_app.handlers import DELIVERED
+from tracing_app.notes import DELIVERED
 from tracing_settings import TRACED_QUEUES, TRACED_TASKS
 from tracing_support import Traced, hex_id, read_spans, tracing_on
 

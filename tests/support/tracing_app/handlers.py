@@ -12,7 +12,8 @@ import redis
 
 import django_delayqueue as dq
 
-DELIVERED = "test:tracing:delivered"
+from .notes import DELIVERED
+
 QUEUE = "traced"
 ASYNC_QUEUE = "traced-async"
 

@@ -7,7 +7,7 @@ try:
 except ImportError:
     from django_tasks import task
 
-from tracing_app.handlers import DELIVERED  # where it notes its runs
+from tracing_app.notes import DELIVERED
 
 TASK_QUEUE = "traced-tasks"
 
