@@ -22,13 +22,18 @@ import pytest
 import redis
 import tracing_urls
 from django.conf import settings
+from django.db import transaction
 from django.test import Client, override_settings
 from paths import PROGRAMS, ROOT, child_pythonpath
 from tracing_app.notes import DELIVERED
 from tracing_settings import TRACED_QUEUES, TRACED_TASKS
 from tracing_support import Traced, hex_id, read_spans, tracing_on
 
+import django_delayqueue as dq
 from django_delayqueue.core import QueueKeys
+from django_delayqueue.core.envelope import decode_traced_envelope
+from django_delayqueue.models import OutboxMessage
+from django_delayqueue.observability.context import parse_trace
 
 WAIT = 120  # bound on a child process
 
@@ -206,3 +211,20 @@ def test_runqueue_without_opentelemetry_delivers_traced_messages_as_before(
     keys = QueueKeys("dq", "traced")
     assert redis_client.hlen(keys.messages) == 1  # the failed one, retrying
     assert redis_client.zrange(keys.retry, 0, -1) == [failing["id"].encode()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_outbox_row_keeps_the_context_of_the_schedule(
+    traced: Traced, redis_client: redis.Redis
+) -> None:
+    # Captured when dq.schedule is called, not when the row is sent after the commit (by the
+    # commit's hook or, Redis down then, by a relay in another process): the row's envelope.
+    with traced.tracer.start_as_current_span("view"), transaction.atomic():
+        message_id = dq.schedule("traced", {"order": 5})
+        row = OutboxMessage.objects.get(message_id=message_id)
+    producer = traced.one("delayqueue.schedule traced").context
+    parsed = parse_trace(decode_traced_envelope(row.envelope)[4])
+    assert parsed is not None and parsed[:2] == (producer.trace_id, producer.span_id)
+    assert (
+        redis_client.hget(QueueKeys("dq", "traced").messages, message_id) == row.envelope.encode()
+    )

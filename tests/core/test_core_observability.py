@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import T0, burst
+from core_consumer_support import T0, Started, burst
 from opentelemetry.trace import SpanKind, StatusCode
 from paths import ROOT
 from tracing_support import Traced, tracing_on
+from waiting import TIMEOUT, wait_until
 
-from django_delayqueue.core import CorruptEnvelope, Message, Queue
+from django_delayqueue.core import CorruptEnvelope, Message, Queue, SystemClock
+from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import (
     decode_envelope,
     decode_marked_envelope,
@@ -304,3 +307,27 @@ def test_the_core_schedules_and_delivers_without_opentelemetry_or_django(
     assert done.returncode == 0, done.stderr[-3000:]
     delivered = f"[('a', {{'n': 1}}, ''), ('b', {{'n': 2}}, '{field}')]"
     assert done.stdout.split("\n")[0] == f"{delivered} True False 0"
+
+
+def test_an_aborted_delivery_is_stopped(make_queue: Any, traced: Traced) -> None:
+    q: Queue = make_queue("long", clock=SystemClock(), abort_grace_seconds=600)
+    q.schedule("job", id="j")
+    started = threading.Event()
+
+    def long_job(m: Message) -> None:
+        started.set()
+        while not m.aborted:
+            threading.Event().wait(0.01)
+
+    running = Started()
+    try:
+        running(Consumer([q], long_job, idle_seconds=0.1))
+        assert started.wait(TIMEOUT)
+        assert q.abort("j", "by staff").running
+        wait_until(lambda: traced.spans("delayqueue.deliver long"))
+    finally:
+        running.stop_all()
+    deliver = traced.one("delayqueue.deliver long")
+    assert deliver.attributes is not None and deliver.attributes["delayqueue.outcome"] == "stopped"
+    assert deliver.status.status_code == StatusCode.ERROR
+    assert deliver.status.description == "aborted: by staff"
