@@ -30,10 +30,13 @@ from tracing_settings import TRACED_QUEUES, TRACED_TASKS
 from tracing_support import Traced, hex_id, read_spans, tracing_on
 
 import django_delayqueue as dq
+from django_delayqueue.checks import check_settings
 from django_delayqueue.core import QueueKeys
 from django_delayqueue.core.envelope import decode_traced_envelope
 from django_delayqueue.models import OutboxMessage
+from django_delayqueue.observability import tracing
 from django_delayqueue.observability.context import parse_trace
+from django_delayqueue.worker import Worker
 
 WAIT = 120  # bound on a child process
 
@@ -228,3 +231,17 @@ def test_the_outbox_row_keeps_the_context_of_the_schedule(
     assert (
         redis_client.hget(QueueKeys("dq", "traced").messages, message_id) == row.envelope.encode()
     )
+
+
+@pytest.mark.parametrize("value", ["sibling", None, 1])
+def test_an_unknown_otel_parent_is_reported_by_the_checks(value: Any) -> None:
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "OTEL_PARENT": value}):
+        (found,) = check_settings()
+    assert found.id == "delayqueue.E004" and "OTEL_PARENT" in found.msg
+
+
+def test_the_worker_takes_otel_parent_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "_parent", "link")
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "OTEL_PARENT": "child"}):
+        Worker.for_queues(["traced"], burst=True)
+    assert tracing._parent == "child"
