@@ -32,7 +32,7 @@ from tracing_support import Traced, hex_id, read_spans, tracing_on
 import django_delayqueue as dq
 from django_delayqueue.checks import check_settings
 from django_delayqueue.core import QueueKeys
-from django_delayqueue.core.envelope import decode_traced_envelope
+from django_delayqueue.core.envelope import decode_envelope_parts
 from django_delayqueue.models import OutboxMessage
 from django_delayqueue.observability import tracing
 from django_delayqueue.observability.context import parse_trace
@@ -226,7 +226,7 @@ def test_the_outbox_row_keeps_the_context_of_the_schedule(
         message_id = dq.schedule("traced", {"order": 5})
         row = OutboxMessage.objects.get(message_id=message_id)
     producer = traced.one("delayqueue.schedule traced").context
-    parsed = parse_trace(decode_traced_envelope(row.envelope)[4])
+    parsed = parse_trace(decode_envelope_parts(row.envelope).trace)
     assert parsed is not None and parsed[:2] == (producer.trace_id, producer.span_id)
     assert (
         redis_client.hget(QueueKeys("dq", "traced").messages, message_id) == row.envelope.encode()

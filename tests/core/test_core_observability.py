@@ -20,9 +20,10 @@ from waiting import TIMEOUT, wait_until
 from django_delayqueue.core import CorruptEnvelope, Message, Queue, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import (
+    EnvelopeParts,
     decode_envelope,
+    decode_envelope_parts,
     decode_marked_envelope,
-    decode_traced_envelope,
     encode_envelope,
 )
 from django_delayqueue.core.errors import Reject
@@ -73,13 +74,20 @@ def test_envelope_carries_the_trace_before_the_task_mark_and_the_payload() -> No
     field = trace_field(TRACE_ID, SPAN_ID, 1, "k=v")
     envelope = encode_envelope('{"a":1}', 2_000, 1_000, task=True, trace=field)
     assert envelope == f'7d0,3e8,^{field}\nt,{{"a":1}}'
-    assert decode_traced_envelope(envelope) == (2_000, 1_000, {"a": 1}, True, field)
-    assert decode_traced_envelope(envelope.encode()) == (2_000, 1_000, {"a": 1}, True, field)
+    parts = EnvelopeParts(2_000, 1_000, {"a": 1}, True, None, field)
+    assert decode_envelope_parts(envelope) == parts
+    assert decode_envelope_parts(envelope.encode()) == parts
     assert decode_marked_envelope(envelope) == (2_000, 1_000, {"a": 1}, True)
     assert decode_envelope(envelope) == (2_000, 1_000, {"a": 1})
     # Without a trace the envelope is as it was, byte for byte.
     assert encode_envelope('{"a":1}', 2_000, 1_000) == '7d0,3e8,{"a":1}'
-    assert decode_traced_envelope('7d0,3e8,{"a":1}') == (2_000, 1_000, {"a": 1}, False, "")
+    assert decode_envelope_parts('7d0,3e8,{"a":1}') == EnvelopeParts(2_000, 1_000, {"a": 1})
+    # After a flow key (which Lua reads right after the times), before the task mark.
+    keyed = encode_envelope('{"a":1}', 2_000, 1_000, task=True, key="shop,7", trace=field)
+    assert keyed == f'7d0,3e8,k6,shop,7^{field}\nt,{{"a":1}}'
+    assert decode_envelope_parts(keyed) == EnvelopeParts(
+        2_000, 1_000, {"a": 1}, True, "shop,7", field
+    )
 
 
 def test_a_trace_field_without_its_end_is_a_corrupt_envelope() -> None:
@@ -117,7 +125,7 @@ def test_schedule_in_a_span_stores_its_producer_spans_context(
         "messaging.message.id": "m1",
         "delayqueue.due_ms": T0 + 30_000,
     }
-    *_, trace = decode_traced_envelope(redis_client.hget(q.keys.messages, "m1"))
+    trace = decode_envelope_parts(redis_client.hget(q.keys.messages, "m1")).trace
     context = producer.get_span_context()
     assert parse_trace(trace) == (context.trace_id, context.span_id, context.trace_flags, "")
 
@@ -133,7 +141,7 @@ def test_schedule_many_is_one_producer_span_every_message_carries(
     assert span.attributes["messaging.batch.message_count"] == 3
     sid = span.get_span_context().span_id
     for i in range(3):
-        *_, trace = decode_traced_envelope(redis_client.hget(q.keys.messages, f"b{i}"))
+        trace = decode_envelope_parts(redis_client.hget(q.keys.messages, f"b{i}")).trace
         assert parse_trace(trace)[1] == sid  # type: ignore[index]
 
 
