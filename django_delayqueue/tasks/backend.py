@@ -31,6 +31,7 @@ from django_delayqueue.core.envelope import encode_payload, new_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.observability import tracing
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
@@ -89,6 +90,11 @@ class DelayQueueBackend(framework.BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)
+        # A producer span, as dq.schedule's: the task's message carries its trace context.
+        with tracing.producing(task.queue_name) as span:
+            return self._enqueue(task, args, kwargs, span)
+
+    def _enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any], span: Any) -> Any:
         queue = get_queue(task.queue_name, task=not self.queues)
         args, kwargs = _json_arguments(task, args, kwargs)
         result_id = new_id()
@@ -108,6 +114,9 @@ class DelayQueueBackend(framework.BaseTaskBackend):
             prepared = queue.prepare(payload, at=run_after, id=result_id, now_ms=now, task=True)
         else:
             prepared = queue.prepare(payload, id=result_id, now_ms=now, task=True)
+        tracing.scheduled(span, result_id, prepared.due_ms)
+        if span.is_recording():
+            span.set_attribute("delayqueue.task", task.module_path)
         record = TaskRecord(
             task=task.module_path,
             queue=queue.name,
