@@ -28,6 +28,7 @@ from . import (
     processes,
     produce,
     rate_limit,
+    tracing,
     unique,
 )
 from .harness import Bench, Row, private_redis
@@ -50,6 +51,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "processes_cpu": processes.cpu_bound,
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
+    "tracing": tracing.tracing,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -14,6 +14,8 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.results import AbortResult
 from django_delayqueue.core.uniqueness import window_ms_of
+from django_delayqueue.observability import tracing
+from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 
@@ -55,13 +57,17 @@ def schedule(
     ``DELAYQUEUE['OUTBOX']`` (True) it is also written to the database in that transaction,
     so a Redis that is down at the commit delays it instead of losing it (docs/outbox.md).
     """
-    q = get_queue(queue)
-    window_ms = window_ms_of(unique_for, id)
-    prepared = q.prepare(payload, delay=delay, at=at, id=id, key=key)
-    use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
-    outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
-    send_on_commit(outgoing, on_commit=use_on_commit, using=using)
-    return prepared.id
+    # The producer span (OpenTelemetry, when configured: observability.tracing) is current as
+    # the message is prepared, so its envelope carries the span's context, in the outbox row too.
+    with tracing.producing(queue) as span:
+        q = get_queue(queue)
+        window_ms = window_ms_of(unique_for, id)
+        prepared = q.prepare(payload, delay=delay, at=at, id=id, key=key)
+        tracing.scheduled(span, prepared.id, prepared.due_ms)
+        use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
+        outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
+        send_on_commit(outgoing, on_commit=use_on_commit, using=using)
+        return prepared.id
 
 
 def cancel(queue: str, id: str) -> bool:
@@ -86,7 +92,7 @@ def abort(queue: str, id: str, reason: str = "") -> AbortResult:
     """
     result = get_queue(queue).abort(id, reason)
     if not result:
-        logger.info("abort: %s", result.message)
+        logger.info("abort: %s", result.message, extra=id_fields(queue, id))
     return result
 
 

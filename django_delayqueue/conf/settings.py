@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     "OUTBOX_RELAY_SECONDS": 1.0,  # how often each runqueue's relay looks for unsent rows
     "OUTBOX_LEASE_SECONDS": 30.0,  # a row's sender holds it this long before a relay may
     "OUTBOX_MAX_AGE_SECONDS": 60,  # older unsent rows: check warning, health problem
+    # OpenTelemetry (docs/observability.md): a delivery span is linked to the span that
+    # scheduled its message ("link") or is its child ("child").
+    "OTEL_PARENT": "link",
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -34,6 +34,7 @@ from django_delayqueue.core.scripts.contracts import (
     RELEASE,
 )
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.observability.log_fields import message_fields
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -136,12 +137,22 @@ class Delivery:
                     now_ms,
                     parts.task,
                     parts.key,
+                    parts.trace,
                 )
             )
         if corrupt:
             logger.warning(
                 "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
             )
+            for m, reason in corrupt:  # one line each, with its fields, for a log search
+                logger.warning(
+                    "queue %s: message %s (attempt %d) to the dead letters: %s",
+                    self.name,
+                    m.id,
+                    m.attempt,
+                    reason,
+                    extra=message_fields(m),
+                )
             try:
                 self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
             except DelayQueueError as e:  # the good ones are claimed: deliver them anyway

@@ -9,6 +9,12 @@ Payloads are JSON only: nothing read from Redis is ever unpickled or evaluated. 
 written by earlier versions (a JSON object ``{"d":due,"s":scheduled,"p":payload}``) are still
 read.
 
+A message scheduled inside an OpenTelemetry span carries that span's context after the times
+(and its flow key, if any) and before the payload: ``^<trace>\n`` (:data:`TRACE_MARK`; its text is
+``django_delayqueue.observability.context``'s, opaque here). Absent without a span, so an
+envelope costs nothing more then. No JSON text starts with "^", and the text never holds a
+newline (the W3C headers it comes from cannot), so the field ends at the first one.
+
 A payload is accepted only when every consumer can decode it again: JSON that nests at most
 :data:`MAX_PAYLOAD_DEPTH` levels and is valid UTF-8. Decoding never raises anything but
 :class:`CorruptEnvelope`, whatever Redis holds (a too-deep payload written by an older producer
@@ -144,6 +150,10 @@ def _too_deep(what: str) -> str:
 # what a caller of ``dq.schedule`` sends (a webhook's JSON, say) is never run as a task. No JSON
 # text starts with "t," (``true`` goes on with "r"), and the Lua scripts read only the times.
 TASK_MARK = "t,"
+# After the flow key (below) if any, before the task mark: the trace context of the span the
+# message was scheduled in (see the module's docstring), ended by a newline. In full:
+# ``<due>,<lead>,[k<n>,<key>][^<trace>\n][t,]<payload>``.
+TRACE_MARK = "^"
 
 # A message's flow key (``dq.schedule(..., key=...)``, docs/flow-control.md "Keys") travels in
 # its envelope between the times and the rest: ``<due>,<lead>,k<n>,<key>[t,]<payload>``, ``n``
@@ -179,11 +189,16 @@ def encode_envelope(
     *,
     task: bool = False,
     key: str | None = None,
+    trace: str = "",
 ) -> str:
-    """The stored envelope; ``key`` (validated by :func:`validate_key`) or None for none."""
+    """The stored envelope; ``key`` (validated by :func:`validate_key`) or None for none;
+    ``trace`` (from ``observability.context.current_trace``, "" for none) is stored as it is
+    and must hold no newline."""
     due = int(due_ms)
     mark = TASK_MARK if task else ""
-    if key is not None:
+    if trace:
+        mark = f"{TRACE_MARK}{trace}\n{mark}"
+    if key is not None:  # first: lua/includes/flow_keys.lua reads it right after the times
         mark = f"{KEY_MARK}{len(key.encode('utf-8')):x},{key}{mark}"
     return f"{due:x},{due - int(scheduled_ms):x},{mark}{payload_json}"
 
@@ -203,6 +218,7 @@ class EnvelopeParts:
     payload: Any
     task: bool = False
     key: str | None = None
+    trace: str = ""  # the TRACE_MARK field, "" for none
 
 
 def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
@@ -248,12 +264,18 @@ def _decode_envelope(raw: bytes | str | None) -> EnvelopeParts:
         raise CorruptEnvelope("corrupt: envelope does not start with hex due and lead times")
     due, lead = int(head[1], 16), int(head[2], 16)
     key, start = _read_key(text, head.end())
+    trace = ""
+    if text.startswith(TRACE_MARK, start):
+        end = text.find("\n", start)
+        if end < 0:
+            raise CorruptEnvelope("corrupt: envelope trace context has no end")
+        trace, start = text[start + len(TRACE_MARK) : end], end + 1
     task = text.startswith(TASK_MARK, start)
     try:
         payload = json.loads(text[start + len(TASK_MARK) if task else start :])
     except ValueError as e:
         raise CorruptEnvelope(f"corrupt: envelope payload is not JSON ({e})") from e
-    return EnvelopeParts(due, due - lead, payload, task, key)
+    return EnvelopeParts(due, due - lead, payload, task, key, trace)
 
 
 _KEY_HEAD = re.compile(r"k([0-9a-f]{1,4}),")
@@ -311,6 +333,9 @@ class Message:
     task: bool = False
     # The flow key it was scheduled with (``key=``), None without one.
     key: str | None = None
+    # The trace context of the span it was scheduled in (its envelope's TRACE_MARK field; ""
+    # for none), read by django_delayqueue.observability only when tracing is on.
+    trace: str = ""
 
     @property
     def due_at(self) -> datetime:

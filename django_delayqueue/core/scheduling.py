@@ -35,6 +35,8 @@ from django_delayqueue.core.scripts.contracts import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
+from django_delayqueue.observability import tracing
+from django_delayqueue.observability.context import current_trace
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -50,6 +52,7 @@ SEND_TOKEN_MEMORY_MS = 3600 * 1000
 class Scheduling:
     client: RedisClient
     name: str
+    logical_name: str
     keys: QueueKeys
     settings: QueueSettings
     clock: Clock
@@ -81,6 +84,9 @@ class Scheduling:
         see :func:`~.clock.producer_now_ms`) or from ``now_ms`` if that is later. ``now_ms``
         (default: the clock's ``now_ms``) is the envelope's scheduled time, and the due time
         without a delay (or with a zero one): due at once, straight to ready.
+
+        The envelope carries the trace context of the current OpenTelemetry span, if any
+        (``observability.context``): the producer span of whoever schedules it.
         """
         if delay is not None and at is not None:
             raise PayloadError("give delay= or at=, not both")
@@ -97,7 +103,9 @@ class Scheduling:
         if key is not None:
             validate_key(key)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
-        envelope = encode_envelope(payload_json, due, now, task=task, key=key)
+        envelope = encode_envelope(
+            payload_json, due, now, task=task, key=key, trace=current_trace()
+        )
         return Prepared(message_id, due, envelope)
 
     def schedule(
@@ -126,10 +134,12 @@ class Scheduling:
         as ``message.key``. With ``replace=True`` the new message's key (or none) replaces the
         old one's, when the new message takes the id's place.
         """
-        window_ms = window_ms_of(unique_for, id)
-        now = self.clock.now_ms()
-        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
-        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
+        with tracing.producing(self.logical_name) as span:
+            window_ms = window_ms_of(unique_for, id)
+            now = self.clock.now_ms()
+            prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
+            tracing.scheduled(span, prepared.id, prepared.due_ms)
+            return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(
         self,

@@ -37,6 +37,7 @@ from django_delayqueue.core.results import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
+from django_delayqueue.observability import tracing
 
 
 def key_shard(key: str, shards: int) -> int:
@@ -150,11 +151,13 @@ class ShardedQueue:
         unique_for: UniqueFor | None = None,
         key: str | None = None,
     ) -> ScheduleResult:
-        window_ms = window_ms_of(unique_for, id)
-        now = self.clock.now_ms()
-        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
-        # The id's shard holds its window too: every schedule of an id finds the same one.
-        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
+        with tracing.producing(self.logical_name) as span:
+            window_ms = window_ms_of(unique_for, id)
+            now = self.clock.now_ms()
+            prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
+            tracing.scheduled(span, prepared.id, prepared.due_ms)
+            # The id's shard holds its window too: every schedule of an id finds the same one.
+            return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(self, prepared: Prepared, **kwargs: Any) -> ScheduleResult:
         return self.shard_for(prepared.id).send_prepared(prepared, **kwargs)

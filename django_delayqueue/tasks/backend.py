@@ -35,6 +35,7 @@ from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.sharding import ShardedQueue
+from django_delayqueue.observability import tracing
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
@@ -94,6 +95,11 @@ class DelayQueueBackend(framework.BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)
+        # A producer span, as dq.schedule's: the task's message carries its trace context.
+        with tracing.producing(task.queue_name) as span:
+            return self._enqueue(task, args, kwargs, span)
+
+    def _enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any], span: Any) -> Any:
         queue = get_queue(task.queue_name, task=not self.queues)
         args, kwargs = _json_arguments(task, args, kwargs)
         key = task_key(task, args, kwargs, self.options.get(KEY_ARGUMENT))
@@ -107,8 +113,10 @@ class DelayQueueBackend(framework.BaseTaskBackend):
             )
         # On a sharded queue a keyed message lives on its key's shard: its id (the result's)
         # must route there too, or the result could not be found by id.
-        sharded = key is not None and isinstance(queue, ShardedQueue)
-        result_id = queue.id_for_key(key) if sharded else new_id()
+        if key is not None and isinstance(queue, ShardedQueue):
+            result_id = queue.id_for_key(key)
+        else:
+            result_id = new_id()
         deferred = task.run_after is not None
         payload = task_payload(
             task.module_path, args, kwargs, self.alias, priority=task.priority, deferred=deferred
@@ -127,6 +135,9 @@ class DelayQueueBackend(framework.BaseTaskBackend):
             )
         else:
             prepared = queue.prepare(payload, id=result_id, now_ms=now, task=True, key=key)
+        tracing.scheduled(span, result_id, prepared.due_ms)
+        if span.is_recording():
+            span.set_attribute("delayqueue.task", task.module_path)
         record = TaskRecord(
             task=task.module_path,
             queue=queue.name,

@@ -62,6 +62,7 @@ from django_delayqueue.core.errors import (
 )
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.attempt import Attempt, task_error
 from django_delayqueue.tasks.payload import (
@@ -230,7 +231,12 @@ class _TaskRun:
                 error = None if isinstance(e, Retry) else e
                 attempt.write_now(READY, error=error)
         except Exception:  # the record is secondary: the task's own outcome stands
-            logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+            logger.exception(
+                "queue %s: task %s: result not recorded",
+                queue.name,
+                message.id,
+                extra=message_fields(message),
+            )
         finally:
             if close_connections:
                 close_old_connections()
@@ -263,7 +269,12 @@ class _TaskRun:
             try:
                 self.runner._failed(attempt, record, error, backend, task)
             except Exception:
-                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+                logger.exception(
+                    "queue %s: task %s: result not recorded",
+                    queue.name,
+                    message.id,
+                    extra=message_fields(message),
+                )
             raise Reject(f"task ran, but its result cannot be stored: {e}") from e
         record.status, record.finished_at = SUCCESSFUL, finished_at
         record.return_value = return_value
@@ -285,7 +296,10 @@ class _TaskRun:
                     self.runner._send_soon(queue, whole)
                 except Exception:
                     logger.exception(
-                        "queue %s: task %s: result not recorded", queue.name, message.id
+                        "queue %s: task %s: result not recorded",
+                        queue.name,
+                        message.id,
+                        extra=message_fields(message),
                     )
             # Its receivers' connections closed after them.
             if unheard(framework.task_finished, backend, SUCCESSFUL):

@@ -56,6 +56,11 @@ EXPECTED_ROWS = {
     "rate_limit.window_max",
     "rate_limit.burst_claimed",
     "rate_limit.burst_started",
+    *(
+        f"tracing.{part}.{mode}"
+        for part in ("deliver", "burst", "schedule")
+        for mode in ("absent", "api", "sdk")
+    ),
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

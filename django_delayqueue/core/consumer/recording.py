@@ -40,6 +40,7 @@ from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import JOURNAL, WRITE_RECORDS
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +280,11 @@ class UnrecordedOutcomes:
             if not isinstance(result, redis.exceptions.ResponseError):
                 return  # not the script's fault: try again with the next round
             logger.error(
-                "queue %s: message %s: handler's write dropped: %s", q.name, message_id, result
+                "queue %s: message %s: handler's write dropped: %s",
+                q.name,
+                message_id,
+                result,
+                extra=message_fields(entry.outcome.message),
             )
         entry.written = True
         writes = entry.outcome.writes
@@ -287,7 +292,12 @@ class UnrecordedOutcomes:
             try:
                 writes.then(result)
             except Exception:
-                logger.exception("queue %s: message %s: after its write", q.name, message_id)
+                logger.exception(
+                    "queue %s: message %s: after its write",
+                    q.name,
+                    message_id,
+                    extra=message_fields(entry.outcome.message),
+                )
 
     def _journal_refused(self, q: Queue, entries: list[_Entry], error: Any) -> bool:
         """Whether Redis refused the journal rows for memory: then they are dropped now (kept,
@@ -327,6 +337,7 @@ class UnrecordedOutcomes:
                     q.name,
                     e.outcome.message.id,
                     e.outcome.reason,
+                    extra=message_fields(e.outcome.message),
                 )
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:
