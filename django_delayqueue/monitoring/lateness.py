@@ -63,6 +63,14 @@ class LatenessStats:
             "flagged": self.flagged,
         }
 
+    @property
+    def text_5m(self) -> str:
+        return self.summary("5m")
+
+    @property
+    def text_1h(self) -> str:
+        return self.summary("1h")
+
     def summary(self, window: str = "5m") -> str:
         """ "p50 1.2 ms, p99 8 ms" (— when nothing was delivered in ``window``)."""
         p50, p99 = self.percentile_ms(window, 0.5), self.percentile_ms(window, 0.99)
