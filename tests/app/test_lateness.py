@@ -14,7 +14,6 @@ from io import StringIO
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
@@ -205,9 +204,12 @@ def test_health_fails_on_lateness_only_when_opted_in(client: Any, redis_client: 
     assert response.status_code == 503
     check = response.json()["checks"]["lateness"]
     assert check["ok"] is False and LATE_QUEUE in check["failing"]
-    with late_queue(lateness_warning_ms=60):
-        with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "HEALTH_LATENESS": True}):
-            assert client.get(HEALTH).json()["checks"]["lateness"]["ok"] is True
+    # Evaluated in order: the second override reads the settings the first one made.
+    with (
+        late_queue(lateness_warning_ms=60),
+        override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "HEALTH_LATENESS": True}),
+    ):
+        assert client.get(HEALTH).json()["checks"]["lateness"]["ok"] is True
 
 
 def test_a_bad_warning_is_refused_by_the_checks() -> None:
