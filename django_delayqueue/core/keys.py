@@ -345,4 +345,5 @@ class QueueKeys:
             self.tick_runs,
             self.limiter,
             self.unique,
+            self.timings,
         ]

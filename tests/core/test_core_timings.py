@@ -203,3 +203,18 @@ def _queue() -> Any:
 
 def _nack(quadruples: list[Any]) -> Any:
     return _queue().nack_call([], T0)._replace(args=[T0, 5, 0, "w", *quadruples])
+
+
+def test_a_timings_key_of_another_type_fails_the_flush_and_changes_nothing(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    from django_delayqueue.core.scripts.contracts import RECORD_TIMINGS
+
+    q = make_queue()
+    minute = q.keys.timings_minute(1)
+    redis_client.set(minute, "not a hash")
+    call = RECORD_TIMINGS.call(q.keys, minute=minute, ttl_seconds=60, increments=["l0", 1])
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        call.run(redis_client)
+    assert redis_client.exists(q.keys.timings) == 0  # the totals were not touched either
+    assert redis_client.get(minute) == b"not a hash"
