@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 METER_NAME = "django_delayqueue"
 # The API's own providers before the site sets one: recording through them costs for nothing.
 _DEFAULT_PROVIDERS = frozenset({"_ProxyMeterProvider", "NoOpMeterProvider"})
+_api_missing = False  # the opentelemetry API is not installed (found out once)
 
 
 class OtelTimings:
@@ -46,9 +47,13 @@ class OtelTimings:
     @classmethod
     def if_configured(cls) -> OtelTimings | None:
         """The instruments, when the API is importable and a MeterProvider was set; else None."""
+        global _api_missing
+        if _api_missing:
+            return None
         try:
             from opentelemetry import metrics
-        except ImportError:
+        except ImportError:  # asked again every maintenance: remember, not search sys.path
+            _api_missing = True
             return None
         provider = metrics.get_meter_provider()
         if type(provider).__name__ in _DEFAULT_PROVIDERS:
