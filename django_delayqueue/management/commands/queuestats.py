@@ -101,7 +101,8 @@ class Command(BaseCommand):
             self.stdout.write(render_table(stats))
             if any(st.flow.limited for st in stats):
                 self.stdout.write("\n" + render_flow(stats))
-            self.stdout.write("\n" + render_lateness(stats))
+            if any(_watched(st) for st in stats):
+                self.stdout.write("\n" + render_lateness(stats))
             for st in stats:
                 if st.lateness is not None and st.lateness.flagged:
                     self.stderr.write(
@@ -143,8 +144,14 @@ LATENESS_COLUMNS = (
 
 def render_lateness(stats: Sequence[QueueStats]) -> str:
     """How late handlers start (p50/p99 of handler start minus due time, from the consumers'
-    histograms, interpolated inside a bucket), and the queues flagged past their warning."""
-    return _table(stats, LATENESS_COLUMNS, left=1)
+    histograms, interpolated inside a bucket), and the queues flagged past their warning: the
+    queues with deliveries in the last hour or a ``lateness_warning_ms``."""
+    return _table([s for s in stats if _watched(s)], LATENESS_COLUMNS, left=1)
+
+
+def _watched(s: QueueStats) -> bool:
+    late = s.lateness
+    return late is not None and (late.warning_ms is not None or bool(late.windows.last_hour))
 
 
 def render_flow(stats: Sequence[QueueStats]) -> str:
