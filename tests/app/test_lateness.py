@@ -82,6 +82,25 @@ def test_histograms_count_every_delivery_in_its_bucket(client: Any, redis_client
     assert ("delayqueue_limit_wait_seconds_count", queue) not in m
 
 
+def test_limit_wait_histogram_of_a_flow_limited_queue(client: Any, redis_client: Any) -> None:
+    # What a consumer of a rate-limited queue flushes (tests/core/test_core_timings.py has a
+    # real one): two messages, one held 30 ms by the limit, one not held.
+    from django_delayqueue.core import QueueKeys
+    from django_delayqueue.core.scripts.contracts import RECORD_TIMINGS
+    from django_delayqueue.core.timings.buckets import bucket_of
+
+    keys = QueueKeys("dq", LATE_QUEUE)
+    increments = [f"w{bucket_of(30)}", 1, f"w{bucket_of(0)}", 1, "w_sum", 30, "o_ack", 2]
+    RECORD_TIMINGS.call(
+        keys, minute=keys.timings_minute(0), ttl_seconds=60, increments=increments
+    ).run(redis_client)
+    m = scrape(client)
+    wait = "delayqueue_limit_wait_seconds"
+    assert m[(f"{wait}_count", (("queue", LATE_QUEUE),))] == 2
+    assert bucket(m, wait, "0.025") == 1 and bucket(m, wait, "0.05") == 2
+    assert m[(f"{wait}_sum", (("queue", LATE_QUEUE),))] == pytest.approx(0.03)
+
+
 def test_counters_add_up_over_runs_and_consumers(client: Any, redis_client: Any) -> None:
     deliver_late(redis_client, list(range(5)), late_ms=3)
     first = scrape(client)

@@ -93,5 +93,5 @@ def _histogram(meter: Any, name: str, description: str) -> Any:
             description=description,
             explicit_bucket_boundaries_advisory=list(BOUNDS_SECONDS),
         )
-    except TypeError:  # an API before the advice (1.23): the SDK's default buckets
+    except TypeError:  # an API before the advice (1.30): the SDK's default buckets
         return meter.create_histogram(name, unit="s", description=description)
