@@ -218,3 +218,16 @@ def test_a_timings_key_of_another_type_fails_the_flush_and_changes_nothing(
         call.run(redis_client)
     assert redis_client.exists(q.keys.timings) == 0  # the totals were not touched either
     assert redis_client.get(minute) == b"not a hash"
+
+
+def test_handlers_stopped_by_a_limit_an_abort_or_a_stop_count_as_stopped() -> None:
+    from django_delayqueue.core.journal import GARBAGE
+    from django_delayqueue.core.timings.recorder import outcome_kind
+
+    m = message("a", T0)
+    time_limit = Outcome(m, RETRY, T0, T0, error="TimeLimitExceeded", reason="time limit")
+    aborted = Outcome(m, GARBAGE, T0, T0, error="Aborted", reason="aborted by staff")
+    consumer_stop = Outcome(m, RETRY, T0, T0, reason="handler stopped: SystemExit()")
+    assert {outcome_kind(o, None) for o in (time_limit, aborted, consumer_stop)} == {"stopped"}
+    assert outcome_kind(Outcome(m, GARBAGE, T0, T0, error="Reject"), None) == "dead"
+    assert outcome_kind(Outcome(m, RETRY, T0, T0, error="ValueError"), None) == "retry"
