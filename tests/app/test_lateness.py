@@ -196,6 +196,26 @@ def test_admin_shows_p50_p99_and_flags_a_late_queue(admin_client: Any, redis_cli
     assert "p99 50 ms" in row and "⚠ late" not in row
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_warning_set_in_the_admin_is_followed_at_once(
+    admin_client: Any, redis_client: Any
+) -> None:
+    from django_delayqueue.mirror.following import sync_settings
+    from django_delayqueue.models import QueueConfig
+
+    deliver_late(redis_client, list(range(10)), late_ms=30)
+    sync_settings()  # the queue's row, as migrate or runqueue makes it
+    overview = admin_client.get(OVERVIEW).content.decode()
+    assert "⚠ late" not in overview  # no warning in the settings file
+    row = QueueConfig.objects.get(name=LATE_QUEUE)
+    row.lateness_warning_ms = 20
+    row.full_clean()
+    row.save()  # published to Redis on commit
+    overview = admin_client.get(OVERVIEW).content.decode()
+    late_row = overview.split(f'data-queue="{LATE_QUEUE}"', 1)[1].split("</tr>", 1)[0]
+    assert "⚠ late" in late_row
+
+
 def test_queuestats_shows_lateness_and_the_flag(redis_client: Any) -> None:
     deliver_late(redis_client, list(range(10)), late_ms=30)
     with late_queue(lateness_warning_ms=20):
