@@ -121,7 +121,7 @@ class DeliveryTimings:
                 took = 0
             hist["duration"][bisect_left(BOUNDS_MS, took)] += 1
             sums["duration"] += took
-            kind = outcome_kind(o, q)
+            kind = "ack" if o.status == ACK else outcome_kind(o, q)  # the common case inline
             counts.outcomes[kind] += 1
             if otel is not None:
                 otel.record(
