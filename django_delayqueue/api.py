@@ -33,6 +33,7 @@ def schedule(
     using: str | None = None,
     replace: bool = False,
     unique_for: float | timedelta | None = None,
+    key: str | None = None,
 ) -> str:
     """Schedule ``payload`` on ``queue`` after ``delay`` (seconds or timedelta) or ``at``.
 
@@ -44,7 +45,10 @@ def schedule(
     with ``id``) the message opens a uniqueness window for its id when it is stored, and
     another schedule with ``unique_for`` of the id is refused (and logged at INFO) while the
     window is open, even after the first was acknowledged (docs/flow-control.md, "Uniqueness
-    windows"). The payload, id, due time and window are checked now, so a bad one raises
+    windows"). With ``key`` (a non-empty str of at most 200 characters) the message has a flow
+    key: the queue's ``key_concurrency`` and ``key_rate_limit`` count the messages of one key,
+    and ready messages take turns by key (docs/flow-control.md, "Keys"); its handler sees
+    ``message.key``. The payload, id, key, due time and window are checked now, so a bad one raises
     :class:`PayloadError` here. With ``on_commit`` (default
     ``DELAYQUEUE['ON_COMMIT']``, True) a call inside ``transaction.atomic`` sends the message
     only when the transaction commits, and not at all when it rolls back; with
@@ -53,7 +57,7 @@ def schedule(
     """
     q = get_queue(queue)
     window_ms = window_ms_of(unique_for, id)
-    prepared = q.prepare(payload, delay=delay, at=at, id=id)
+    prepared = q.prepare(payload, delay=delay, at=at, id=id, key=key)
     use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
     outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
     send_on_commit(outgoing, on_commit=use_on_commit, using=using)

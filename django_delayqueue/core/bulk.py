@@ -72,6 +72,11 @@ class BulkScheduling:
                     raise PayloadError(
                         f"item must be a mapping with a payload, not a {type(item).__name__}"
                     )
+                if item.get("key") is not None:  # not to be dropped without a word
+                    raise PayloadError(
+                        "key is not supported by schedule_many yet: schedule keyed messages "
+                        "with schedule(..., key=...)"
+                    )
                 window = window_ms_of(item.get("unique_for"), item.get("id"))
                 pending.append(
                     self.prepare(

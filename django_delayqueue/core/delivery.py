@@ -16,7 +16,7 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.due_times import retry_ms
 from django_delayqueue.core.envelope import (
     Message,
-    decode_marked_envelope,
+    decode_envelope_parts,
     storable_text,
     to_str,
 )
@@ -118,7 +118,7 @@ class Delivery:
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
             try:  # whatever one envelope holds, it costs only its own message
-                due, scheduled, payload, task = decode_marked_envelope(raw[i + 1])
+                parts = decode_envelope_parts(raw[i + 1])
             except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
                 reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
@@ -126,7 +126,16 @@ class Delivery:
                 continue
             messages.append(
                 Message(
-                    message_id, self.name, payload, due, scheduled, attempt, token, now_ms, task
+                    message_id,
+                    self.name,
+                    parts.payload,
+                    parts.due_ms,
+                    parts.scheduled_ms,
+                    attempt,
+                    token,
+                    now_ms,
+                    parts.task,
+                    parts.key,
                 )
             )
         if corrupt:

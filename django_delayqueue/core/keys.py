@@ -187,6 +187,19 @@ class QueueKeys:
         return self._key("limiter")
 
     @property
+    def flow_keys(self) -> str:
+        """Hash: id -> flow key of a message scheduled with ``key=`` (docs/flow-control.md,
+        "Keys"); no field for a message without one.
+
+        Written with the message by every script that stores one (from the key in its envelope,
+        see lua/includes/flow_keys.lua) and deleted with it wherever a message is deleted (ack,
+        cancel, purge, replace, a successor taking its place). Kept through retries and the
+        dead letters, like the envelope. Empty (one HLEN of 0) on a queue without keyed
+        messages: what lets the key limits cost such a queue nothing.
+        """
+        return self._key("flow_keys")
+
+    @property
     def successors(self) -> str:
         """Hash: id -> envelope of the message booked to follow the id's running delivery.
 
@@ -345,5 +358,6 @@ class QueueKeys:
             self.tick_runs,
             self.limiter,
             self.unique,
+            self.flow_keys,
             self.timings,
         ]

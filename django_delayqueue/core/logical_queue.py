@@ -58,6 +58,7 @@ class LogicalQueue(Protocol):
         id: str | None = None,
         now_ms: int | None = None,
         task: bool = False,
+        key: str | None = None,
     ) -> Prepared: ...
 
     def schedule(
@@ -69,6 +70,7 @@ class LogicalQueue(Protocol):
         id: str | None = None,
         replace: bool = False,
         unique_for: UniqueFor | None = None,
+        key: str | None = None,
     ) -> ScheduleResult: ...
 
     def send_prepared(

@@ -16,9 +16,11 @@ from django_delayqueue.core.due_times import MAX_DUE_MS, Delay, at_ms, delay_ms_
 from django_delayqueue.core.envelope import (
     encode_envelope,
     encode_payload,
+    has_key,
     new_id,
     to_str,
     validate_id,
+    validate_key,
 )
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, PayloadError
 from django_delayqueue.core.keys import QueueKeys
@@ -66,11 +68,13 @@ class Scheduling:
         id: str | None = None,
         now_ms: int | None = None,
         task: bool = False,
+        key: str | None = None,
     ) -> Prepared:
         """Validate one message and return it encoded (:class:`Prepared`); raise PayloadError.
 
         ``task``: the envelope carries the task mark (``envelope.TASK_MARK``), for the Tasks
-        backend alone: its consumer runs the payload as a task.
+        backend alone: its consumer runs the payload as a task. ``key``: the message's flow key
+        (see :meth:`schedule`), carried in its envelope.
 
         Never early: the due time is the instant asked for rounded up to a whole millisecond,
         a delay counted from the producer's reading of the clock (never behind the server's,
@@ -90,8 +94,11 @@ class Scheduling:
             if due > MAX_DUE_MS:
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
+        if key is not None:
+            validate_key(key)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
-        return Prepared(message_id, due, encode_envelope(payload_json, due, now, task=task))
+        envelope = encode_envelope(payload_json, due, now, task=task, key=key)
+        return Prepared(message_id, due, envelope)
 
     def schedule(
         self,
@@ -102,6 +109,7 @@ class Scheduling:
         id: str | None = None,
         replace: bool = False,
         unique_for: UniqueFor | None = None,
+        key: str | None = None,
     ) -> ScheduleResult:
         """Schedule one message.
 
@@ -111,10 +119,16 @@ class Scheduling:
         With ``unique_for`` (seconds or a timedelta; needs ``id``) a message stored opens a
         window for its id, and a schedule with ``unique_for`` of the id while it is open is
         refused (``result.within_window``), even once the first is acknowledged.
+
+        ``key`` (a non-empty str of at most 200 characters) is the message's flow key: the
+        queue's ``key_concurrency`` and ``key_rate_limit`` count the messages of one key, and
+        ready messages take turns by key (docs/flow-control.md, "Keys"); the handler sees it
+        as ``message.key``. With ``replace=True`` the new message's key (or none) replaces the
+        old one's, when the new message takes the id's place.
         """
         window_ms = window_ms_of(unique_for, id)
         now = self.clock.now_ms()
-        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
+        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
         return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(
@@ -184,7 +198,7 @@ class Scheduling:
         that are ready, those of a higher ``priority`` (-100..100; 0 is every other message's)
         are claimed first, and within one priority the oldest first.
         """
-        self._check_record(record_key, priority)
+        self._check_record(record_key, priority, prepared)
         message_id, due, envelope = prepared
         horizon, channel = self.announce_args
         call = ENQUEUE_TASK.call(
@@ -232,7 +246,7 @@ class Scheduling:
                 raise ConfigurationError(
                     "a task with its record cannot replace a message or take a uniqueness window"
                 )
-            self._check_record(record_key, priority)
+            self._check_record(record_key, priority, prepared)
             mode = "task"
         else:
             mode = "replace" if replace else "schedule"
@@ -259,11 +273,18 @@ class Scheduling:
             return None
         return result_of(reply, message_id, due)
 
-    def _check_record(self, record_key: str, priority: int) -> None:
+    def _check_record(self, record_key: str, priority: int, prepared: Prepared) -> None:
         if not record_key.startswith(self.keys.tag):
             raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
             raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
+        # Keyed ready messages take turns by key (their own lists, docs/flow-control.md "Keys"),
+        # prioritised ones by priority (the ranked zset): one message cannot be in both orders.
+        if priority != 0 and has_key(prepared.envelope):
+            raise PayloadError(
+                "a message with a flow key cannot have a priority: keyed messages take turns by "
+                "key (give key= or a priority other than 0, not both)"
+            )
 
     def _run_message_call(self, call: ScriptCall, message_id: str, due: int) -> Any:
         """Run a call that stores one message; with ``replicas``, in one pipeline with their

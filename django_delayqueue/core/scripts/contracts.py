@@ -18,23 +18,24 @@ _REPLACED = "attempts tokens reasons successors cancelled ready_since ranked pri
 _ANNOUNCE = "now_ms horizon_ms wake_channel"
 
 # --- storing messages ------------------------------------------------------------------------
-SCHEDULE = Contract("schedule", keys=_STATES, args=f"{_ANNOUNCE} *triples")
-REPLACE = Contract("replace", keys=f"{_STATES} {_REPLACED}", args=f"{_ANNOUNCE} *triples")
+# The flow_keys hash comes last (before a group): a message's key is read from its envelope.
+SCHEDULE = Contract("schedule", keys=f"{_STATES} flow_keys", args=f"{_ANNOUNCE} *triples")
+REPLACE = Contract("replace", keys=f"{_STATES} {_REPLACED} flow_keys", args=f"{_ANNOUNCE} *triples")
 ENQUEUE_TASK = Contract(
     "enqueue_task",
-    keys=f"{_STATES} record ranked priorities",
+    keys=f"{_STATES} record ranked priorities flow_keys",
     args=f"{_ANNOUNCE} id due_ms envelope enqueued priority",
 )
 SEND_ONCE = Contract(
     "send_once",
-    keys=f"{_STATES} {_REPLACED} sent record unique",
+    keys=f"{_STATES} {_REPLACED} sent record unique flow_keys",
     args=f"{_ANNOUNCE} id due_ms envelope mode token remembered_ms enqueued priority unique_ms",
 )
 # Schedules with a uniqueness window (unique_for=): a script of their own, so that schedule.lua
 # and replace.lua, every other producer's path, stay as lean as they were.
 SCHEDULE_UNIQUE = Contract(
     "schedule_unique",
-    keys=f"{_STATES} {_REPLACED} unique",
+    keys=f"{_STATES} {_REPLACED} unique flow_keys",
     args=f"{_ANNOUNCE} mode *quadruples",
 )
 
@@ -54,19 +55,19 @@ CLAIM = Contract(
 ACK = Contract(
     "ack",
     keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities "
-    "aborts",
+    "aborts flow_keys",
     args=f"{_ANNOUNCE} *pairs",
 )
 NACK = Contract(
     "nack",
     keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities "
-    "aborts",
+    "aborts flow_keys",
     args="now_ms max_attempts horizon_ms wake_channel *quadruples",
 )
 REAP = Contract(
     "reap",
     keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities "
-    "aborts",
+    "aborts flow_keys",
     args="now_ms limit max_attempts backoff_base_ms backoff_max_ms horizon_ms wake_channel",
 )
 RELEASE = Contract(
@@ -104,7 +105,7 @@ ABORT = Contract(
 CANCEL = Contract(
     "cancel",
     keys="pending retry ready messages attempts tokens reasons journal unack garbage cancelled "
-    "ready_since successors ranked priorities *records",
+    "ready_since successors ranked priorities flow_keys *records",
     args="now_ms journal_max_length record_kept_seconds *ids",
 )
 RUN_NOW = Contract(
@@ -119,7 +120,7 @@ REQUEUE = Contract(
 )
 PURGE = Contract(
     "purge",
-    keys="garbage messages attempts tokens reasons successors priorities *records",
+    keys="garbage messages attempts tokens reasons successors priorities flow_keys *records",
     args="record_kept_seconds *ids",
 )
 

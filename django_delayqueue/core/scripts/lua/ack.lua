@@ -4,6 +4,7 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] successors hash
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
+-- KEYS[13] flow_keys hash (a message's flow key goes with it; a successor's comes)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] pairs: id, token
 -- returns: number of messages acknowledged
@@ -20,7 +21,7 @@
 --- @include "includes/placing.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[11], 'hash'
+  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[11], 'hash', KEYS[13], 'hash'
 )
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
@@ -44,9 +45,12 @@ for i = 4, #ARGV, 2000 do
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
     redis.call('HDEL', KEYS[11], unpack(done))
+    redis.call('HDEL', KEYS[13], unpack(done))
     if successors then
       for _, id in ipairs(done) do
-        local _, at = succeed(KEYS[8], KEYS[4], KEYS[9], KEYS[10], KEYS[11], id, now, horizon)
+        local _, at = succeed(
+          KEYS[8], KEYS[4], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, KEYS[13]
+        )
         wake = earlier(wake, at)
       end
     end

@@ -3,6 +3,7 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] reasons hash   KEYS[7] successors hash   KEYS[8] messages hash
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
+-- KEYS[13] flow_keys hash (a successor taking a dead message's place brings its own key)
 -- ARGV[1] now (ms)   ARGV[2] max attempts   ARGV[3] announce horizon (ms)   ARGV[4] wake channel
 -- ARGV[5..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
@@ -19,7 +20,7 @@
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash'
 )
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[3])
@@ -47,7 +48,9 @@ for i = 5, #ARGV, 4 do
       result = 1
     elseif redis.call('HEXISTS', KEYS[7], id) == 1 then
       for key = 4, 6 do redis.call('HDEL', KEYS[key], id) end
-      local _, at = succeed(KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon)
+      local _, at = succeed(
+        KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, KEYS[13]
+      )
       wake = earlier(wake, at)
       result = 2
     else

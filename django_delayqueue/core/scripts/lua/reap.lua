@@ -3,6 +3,7 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
 -- KEYS[5] reasons hash   KEYS[6] tokens hash   KEYS[7] successors hash   KEYS[8] messages hash
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
+-- KEYS[13] flow_keys hash (a successor taking a dead message's place brings its own key)
 -- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] max attempts
 -- ARGV[4] backoff base (ms)   ARGV[5] backoff max (ms)
 -- ARGV[6] announce horizon (ms)   ARGV[7] wake channel
@@ -29,7 +30,7 @@ if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadlin
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash'
 )
 local horizon, wake = now + tonumber(ARGV[6]), nil
 local function bury(id, reason)
@@ -37,7 +38,9 @@ local function bury(id, reason)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
     redis.call('HDEL', KEYS[6], id)
-    local _, at = succeed(KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon)
+    local _, at = succeed(
+        KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, KEYS[13]
+      )
     wake = earlier(wake, at)
   else
     redis.call('ZADD', KEYS[3], now, id)

@@ -1,5 +1,6 @@
 -- includes/placing.lua: placing a stored message in pending or ready, and successors.
 --- @include "includes/envelope.lua"
+--- @include "includes/flow_keys.lua"
 
 -- place(pending, ready, id, due, now, horizon): a message whose envelope is stored -> ready if
 -- due, else pending. Returns the time to announce on the wake channel (due now, or within the
@@ -15,17 +16,20 @@ local function place(pending, ready, id, due, now, horizon)
   return nil
 end
 
--- succeed(successors, messages, pending, ready, priorities, id, now, horizon): the message
+-- succeed(successors, messages, pending, ready, priorities, id, now, horizon, flow_keys): the message
 -- booked to follow id's delivery (schedule with replace=True while it was in flight) takes its
 -- place: stored as id's envelope and placed by its due time, a new message without the
 -- finished one's priority. The caller has removed the finished message from its state and
--- hashes. Returns whether there was one, and the time to announce (or nil).
-local function succeed(successors, messages, pending, ready, priorities, id, now, horizon)
+-- hashes. Returns whether there was one, and the time to announce (or nil). Its flow key (or
+-- none) is the successor's envelope's.
+local function succeed(successors, messages, pending, ready, priorities, id, now, horizon,
+                       flow_keys)
   local envelope = redis.call('HGET', successors, id)
   if not envelope then return false, nil end
   redis.call('HDEL', successors, id)
   redis.call('HDEL', priorities, id)
   redis.call('HSET', messages, id, envelope)
+  keep_flow_key(flow_keys, id, envelope)
   local due = envelope_times(envelope) or now
   return true, place(pending, ready, id, due, now, horizon)
 end

@@ -4,6 +4,7 @@
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
 -- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash
+-- (and the flow_keys hash, given to replace_triples by the caller)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- The rules are replace.lua's (docs/scheduling.md, "Re-scheduling an id").
 --- @include "includes/guard.lua"
@@ -15,13 +16,15 @@
 -- due (ms), envelope. Returns {how many were stored (all of them), then for each id that was
 -- taken: its position among the triples (1-based) and the state of the message it replaced}.
 -- With keep_wake, the time to announce is returned second instead of published (as
--- schedule_triples's).
-local function replace_triples(first, last, keep_wake)
+-- schedule_triples's). flow_keys: the flow_keys hash; a message replaced at once takes the
+-- key of its new envelope (or none); one in flight keeps its own until its successor follows.
+local function replace_triples(first, last, keep_wake, flow_keys)
   guard(
     KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
     KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
     KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash'
   )
+  if flow_keys then guard(flow_keys, 'hash') end
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
   local out, wake = {0}, nil
@@ -44,6 +47,11 @@ local function replace_triples(first, last, keep_wake)
         redis.call('ZREM', KEYS[6], id)
       end
       redis.call('HSET', KEYS[3], id, envelope)
+      if state then
+        keep_flow_key(flow_keys, id, envelope)
+      else
+        note_flow_key(flow_keys, id, envelope)
+      end
       for key = 7, 10 do redis.call('HDEL', KEYS[key], id) end
       redis.call('HDEL', KEYS[12], id)
       redis.call('HDEL', KEYS[14], id)

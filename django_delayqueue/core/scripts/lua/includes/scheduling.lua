@@ -9,6 +9,7 @@
 -- and scheduling it does not read the head at all.
 --- @include "includes/guard.lua"
 --- @include "includes/state.lua"
+--- @include "includes/flow_keys.lua"
 
 -- schedule_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
 -- due (ms), envelope. Returns {how many were scheduled, then for each message not scheduled
@@ -16,17 +17,21 @@
 -- and the state of the message holding the id}. Telling that state costs reads only when the
 -- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
 -- returned second, for a caller that calls this per message to publish once (unique.lua).
-local function schedule_triples(first, last, keep_wake)
+-- flow_keys: the flow_keys hash, where the key of a keyed envelope is noted (nil: the messages
+-- can have no key, a recurring tick's).
+local function schedule_triples(first, last, keep_wake, flow_keys)
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
   -- Types: ready and pending are written after a HSETNX (the first write, which proves the
   -- messages hash), so each is checked first, and only if this call will write it.
-  local write_ready, write_pending = false, false
+  local write_ready, write_pending, write_keys = false, false, false
   for i = first + 1, last, 3 do
     if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
+    if flow_keys and not write_keys and envelope_key(ARGV[i + 1]) then write_keys = true end
   end
   if write_pending then guard(KEYS[1], 'zset') end
   if write_ready then guard(KEYS[2], 'list') end
+  if write_keys then guard(flow_keys, 'hash') end
   local earliest, head_read, wake = nil, false, nil
   local created, out = 0, {0}
   for i = first, last, 3 do
@@ -35,6 +40,7 @@ local function schedule_triples(first, last, keep_wake)
       out[#out + 1] = (i - first) / 3 + 1
       out[#out + 1] = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
     else
+      note_flow_key(flow_keys, id, ARGV[i + 2])
       if due <= now then
         redis.call('RPUSH', KEYS[2], id)
         wake = now
