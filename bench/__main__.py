@@ -22,6 +22,7 @@ from . import (
     backlog,
     deliver,
     django_path,
+    lateness_cost,
     lua_loading,
     outbox_cost,
     peers,
@@ -52,6 +53,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
     "tracing": tracing.tracing,
+    "lateness_cost": lateness_cost.lateness_cost,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -262,6 +262,19 @@ class QueueKeys:
         return self._key("exported")
 
     @property
+    def timings(self) -> str:
+        """Hash: delivery timings since the queue began, summed over its consumers (bucket
+        counts of start lateness, handler duration and limit wait, their sums, outcome counts:
+        core.timings). Only ever incremented, never expiring: what Prometheus reads as
+        counters. Its fields are fixed, so it stays small."""
+        return self._key("timings")
+
+    def timings_minute(self, minute: int) -> str:
+        """Hash: the same counts for one minute (``minute``: ms since the epoch // 60000),
+        expiring a little over an hour later: what the admin's p50/p99 are read from."""
+        return self._key(f"timings:{minute}")
+
+    @property
     def config(self) -> str:  # hash: effective queue settings published by the Django layer
         return self._key("config")
 
@@ -346,4 +359,5 @@ class QueueKeys:
             self.limiter,
             self.unique,
             self.flow_keys,
+            self.timings,
         ]

@@ -42,6 +42,9 @@ class QueueSettings:
     # messages in flight. None: no limit (the claim then pays nothing for them).
     rate_limit: str | None = None
     max_in_flight: int | None = None
+    # The admin, queuestats and (opted in) the health probe flag the queue when the p99 of its
+    # handlers' start lateness over the last 5 minutes passes this many ms (None: never).
+    lateness_warning_ms: float | None = None
 
     def __post_init__(self) -> None:
         for problem in self.problems():
@@ -63,6 +66,8 @@ class QueueSettings:
             out.append("max_payload_bytes must be between 1 and 64 MiB")
         if not 1 <= self.promote_batch <= 100_000:
             out.append("promote_batch must be between 1 and 100000")
+        if problem := lateness_warning_problem(self.lateness_warning_ms):
+            out.append(problem)
         for problem in (rate_problem(self.rate_limit), in_flight_problem(self.max_in_flight)):
             if problem:
                 out.append(problem)
@@ -120,3 +125,20 @@ class QueueSettings:
 
     def replace(self, **changes: Any) -> QueueSettings:
         return replace(self, **changes)
+
+
+MAX_LATENESS_WARNING_MS = 3_600_000
+
+
+def lateness_warning_problem(value: Any) -> str | None:
+    """What is wrong with a ``lateness_warning_ms`` value, or None (None: no warning)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"lateness_warning_ms must be a number of milliseconds or None, not {value!r}"
+    if not 0 < value <= MAX_LATENESS_WARNING_MS:
+        return (
+            f"lateness_warning_ms must be more than 0 and at most {MAX_LATENESS_WARNING_MS} "
+            "(an hour)"
+        )
+    return None

@@ -171,6 +171,7 @@ KEY_NAMES = [
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
     "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "flow_keys",
+    "timings",
 ]  # fmt: skip
 
 

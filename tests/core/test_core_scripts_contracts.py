@@ -89,7 +89,7 @@ def test_every_key_name_is_a_queue_key_or_given_by_name() -> None:
         for name in contract.keys
         if not isinstance(getattr(QueueKeys, name.lstrip("*"), None), property)
     }
-    assert given == {"record", "records", "receipt", "published"}
+    assert given == {"record", "records", "receipt", "published", "minute", "minutes"}
 
 
 @pytest.mark.parametrize("name", script_names())

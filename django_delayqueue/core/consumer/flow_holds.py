@@ -33,6 +33,9 @@ class FlowHolds:
 
     def __init__(self) -> None:
         self.until: dict[str, float] = {}
+        # Since when (ms) each held queue's claims have come back held: the limit wait of the
+        # messages the claims take later is counted from then (core/timings/recorder.py).
+        self.since: dict[str, int] = {}
 
     def holds(self, name: str) -> bool:
         """Whether queue ``name``'s last claim was held back by a limit."""
@@ -44,13 +47,18 @@ class FlowHolds:
         the slots are another consumer's to free."""
         return any(until != math.inf for until in self.until.values())
 
-    def note(self, name: str, until: int | None, next_wake: dict[str, int | None]) -> None:
-        """Queue ``name``'s claim was held back until ``until`` (-1: until a slot frees), or
-        not (None). A known instant makes a round due for the queue then (in ``next_wake``,
-        the round trip's due times by queue)."""
+    def note(
+        self, name: str, until: int | None, next_wake: dict[str, int | None], now: int = 0
+    ) -> None:
+        """Queue ``name``'s claim at ``now`` was held back until ``until`` (-1: until a slot
+        frees), or not (None). A known instant makes a round due for the queue then (in
+        ``next_wake``, the round trip's due times by queue)."""
         if until is None:
             self.until.pop(name, None)
-        elif until < 0:
+            self.since.pop(name, None)
+            return
+        self.since.setdefault(name, now)
+        if until < 0:
             self.until[name] = math.inf
         else:
             self.until[name] = until

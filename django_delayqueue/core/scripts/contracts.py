@@ -145,6 +145,10 @@ RECURRENCE_STATES = Contract("recurrence_states", keys="recurrence_states")
 RECORD_TICK = Contract("record_tick", keys="tick_runs recurrence_states", args="name run")
 PUBLISH_RECURRENCES = Contract("publish_recurrences", keys="published", args="definitions")
 
+# --- delivery timings (core/timings) -----------------------------------------------------------
+RECORD_TIMINGS = Contract("record_timings", keys="timings minute", args="ttl_seconds *increments")
+READ_TIMINGS = Contract("read_timings", keys="timings *minutes")
+
 CONTRACTS: dict[str, Contract] = {
     contract.name: contract
     for contract in (
@@ -154,5 +158,6 @@ CONTRACTS: dict[str, Contract] = {
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),
+        *(RECORD_TIMINGS, READ_TIMINGS),
     )
 }
