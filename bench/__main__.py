@@ -22,6 +22,7 @@ from . import (
     backlog,
     deliver,
     django_path,
+    flow_keys,
     lua_loading,
     outbox_cost,
     peers,
@@ -50,6 +51,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "processes_cpu": processes.cpu_bound,
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
+    "flow_keys": flow_keys.flow_keys,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -96,6 +96,7 @@ class QueueConfigAdmin(admin.ModelAdmin):
         ("soft_time_limit", "time_limit"),
         "abort_grace_seconds",
         ("rate_limit", "max_in_flight"),
+        ("key_concurrency", "key_rate_limit"),
         "updated_at",
     ]
 

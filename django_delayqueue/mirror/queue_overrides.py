@@ -40,6 +40,8 @@ MIRRORED_FIELDS: tuple[str, ...] = (
     "abort_grace_seconds",
     "rate_limit",
     "max_in_flight",
+    "key_concurrency",
+    "key_rate_limit",
 )
 
 VERSION_FIELD, UPDATED_FIELD = "version", "updated_ms"

@@ -189,7 +189,11 @@ def _read(q: Queue, counts_raw: Any, stats_raw: Any, flow_raw: Any, now: int) ->
     if isinstance(flow_raw, Exception):
         errors.append(f"flow limits: {flow_raw}")
         flow_raw = None
-    flow = values["flow"] = read_flow(q.settings, published, flow_raw, values["counts"]["ready"])
+    keyed = None
+    if not isinstance(counts_raw, Exception) and len(counts_raw) > 8:
+        keyed = int(counts_raw[8])
+    ready = values["counts"]["ready"]
+    flow = values["flow"] = read_flow(q.settings, published, flow_raw, ready, keyed)
     if flow.held and not isinstance(counts_raw, Exception):
         # Ready messages held back by a flow limit wait on purpose, as the site asked: not
         # late (they are counted in flow.waiting and flow.throttled). Late is only what no

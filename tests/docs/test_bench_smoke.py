@@ -56,6 +56,11 @@ EXPECTED_ROWS = {
     "rate_limit.window_max",
     "rate_limit.burst_claimed",
     "rate_limit.burst_started",
+    "flow_keys.fairness",
+    "flow_keys.claim_us.many_keys",
+    "flow_keys.claim_us.b1",
+    "flow_keys.claim_us.b100",
+    "flow_keys.ack_us",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

@@ -24,16 +24,24 @@
 --- @include "includes/placing.lua"
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[11], 'hash', KEYS[13], 'hash'
+  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[11], 'hash'
 )
+-- Keyed messages: one HLEN tells whether the queue has any (else nothing more is paid).
+local K = nil
 if redis.call('HLEN', KEYS[13]) > 0 then
   guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset')
+  K = keyed_keys(13)
 end
-local K = keyed_keys(13)
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
 local successors = redis.call('EXISTS', KEYS[8]) == 1
-if successors then guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list') end
+if successors then
+  guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list')
+  if not K then  -- a successor may bring a key
+    guard(KEYS[13], 'hash', KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash')
+    K = keyed_keys(13)
+  end
+end
 local n, wake = 0, nil
 for i = 4, #ARGV, 2000 do
   local last = math.min(i + 1999, #ARGV)
@@ -52,8 +60,10 @@ for i = 4, #ARGV, 2000 do
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
     redis.call('HDEL', KEYS[11], unpack(done))
-    keys_freed(K, done, now)  -- before the flow keys go: it reads whether any is left
-    redis.call('HDEL', K.flow_keys, unpack(done))
+    if K then
+      keys_freed(K, done, now)  -- before the flow keys go: it reads whether any is left
+      redis.call('HDEL', K.flow_keys, unpack(done))
+    end
     if successors then
       for _, id in ipairs(done) do
         local _, at = succeed(
