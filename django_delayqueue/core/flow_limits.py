@@ -22,10 +22,10 @@ number of shards (its shards are separate scripts, they cannot take turns). This
 that which reaches a consumer anyway (published to Redis by hand) is clamped: the first shards
 get one slot each, the others none (they claim nothing while it stays set), with a warning.
 
-A flow key (``dq.schedule(..., key=...)``, issue 27's later part) slots in beside these: its
-own GCRA state and in-flight count in a hash per queue keyed by flow key, read by the same
-include for the key at the head of the ready rotation; the spec string then carries the
-key's limits after the queue's.
+A flow key (``dq.schedule(..., key=...)``) has limits of its own, ``key_concurrency`` and
+``key_rate_limit`` (:func:`key_claim_spec`): the spec string carries them after the queue's,
+and lua/includes/key_claims.lua applies them to each key whose turn it is. They are never split
+between shards: every message of a key lives on the key's shard.
 """
 
 from __future__ import annotations

@@ -83,10 +83,13 @@ def test_the_handler_sees_the_key_and_the_hash_holds_it_until_the_ack(q: Queue) 
 def test_a_queue_without_keyed_messages_never_writes_the_hash(
     q: Queue, redis_client: redis.Redis
 ) -> None:
+    q.settings = q.settings.replace(key_concurrency=1, key_rate_limit="1/s")
     q.schedule("a")
     q.schedule("b", delay=5)
     q.ack(*q.claim(10))
-    assert not redis_client.exists(q.keys.flow_keys)
+    keyed = (q.keys.flow_keys, q.keys.key_turns, q.keys.key_waiting, q.keys.key_tats)
+    assert redis_client.exists(*keyed, q.keys.key_state) == 0
+    assert redis_client.keys(q.keys.key_lists + "*") == []
 
 
 def test_the_key_stays_through_retries_and_the_dead_letters_and_goes_with_a_purge(
