@@ -215,3 +215,15 @@ def test_a_sharded_queue_refuses_a_given_id_that_routes_away_from_its_key(
         sharded.schedule("a", id=away, key="k1")
     fits = next(f"id-{n}" for n in range(100) if shard_index(f"id-{n}", 4) == home)
     assert sharded.schedule("a", id=fits, key="k1").created
+
+
+def test_peek_lists_keyed_ready_messages_after_the_others(q: Queue) -> None:
+    q.schedule("p", id="plain")
+    for n in range(3):
+        q.schedule(n, id=f"a{n}", key="a")
+    q.schedule("b", id="b0", key="b")
+    page = q.peek("ready", 0, 50)
+    assert page.total == 5
+    assert [m.id for m in page.messages] == ["plain", "a0", "a1", "a2", "b0"]
+    assert [m.id for m in q.peek("ready", 2, 2).messages] == ["a1", "a2"]
+    assert [m.id for m in q.peek("ready", 4, 10).messages] == ["b0"]

@@ -90,7 +90,7 @@ COUNTS = Contract(
 )
 PEEK = Contract(
     "peek",
-    keys="pending ready unack retry garbage messages attempts reasons cancelled ranked",
+    keys=f"pending ready unack retry garbage messages attempts reasons cancelled ranked {_KEYED}",
     args="state offset limit",
 )
 FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
