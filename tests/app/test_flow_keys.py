@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -18,11 +19,14 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 from test_checks import delayqueue
-from waiting import wait_until
+from test_flow_limits import journal_rows, publish_to_children
+from test_runqueue import SLOW, runqueue  # noqa: F401  (a fixture)
+from waiting import TIMEOUT, wait_until
 
 import django_delayqueue as dq
 from django_delayqueue.checks import check_settings
-from django_delayqueue.core import QueueKeys
+from django_delayqueue.core import Queue, QueueKeys
+from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.mirror import queue_overrides
 from django_delayqueue.monitoring.stats import collect
 from django_delayqueue.worker import Worker
@@ -115,3 +119,51 @@ def test_key_concurrency_edited_in_the_admin_reaches_a_running_worker(
     finally:
         release.set()
         dq.topic(QUEUE).disconnect(handler)
+
+
+@pytest.mark.slow
+def test_key_concurrency_holds_across_runqueue_processes(
+    redis_client: redis.Redis,
+    redis_server: RedisServerProcess,
+    runqueue: Any,  # noqa: F811
+) -> None:
+    publish_to_children(redis_client, SLOW, key_concurrency=1)
+    queue = Queue(redis_client, "demo-slow", prefix="dq")
+    key_of = {}
+    for n in range(3):
+        for k in range(3):
+            message_id = queue.schedule({"seconds": 0.2}, id=f"k{k}-{n}", key=f"k{k}").id
+            key_of[message_id] = f"k{k}"
+    for _ in "ab":
+        runqueue(redis_server.url, "demo-slow", "--concurrency", "4")
+    wait_until(lambda: len(journal_rows(redis_client, SLOW)) == 9, TIMEOUT * 2)
+    rows = journal_rows(redis_client, SLOW)
+    # Eight threads could run all nine at once; per key, the deliveries run one after the
+    # other (a key's slot is claimed again only after the ack that freed it), in their order.
+    for key in ("k0", "k1", "k2"):
+        runs = sorted((r[3], r[4], r[0]) for r in rows if key_of[r[0]] == key)
+        assert [run[2] for run in runs] == [f"{key}-{n}" for n in range(3)]
+        for (_, finished, _), (started, _, _) in pairwise(runs):
+            assert started >= finished - 2  # the processes' clocks may differ by 1-2 ms
+
+
+@pytest.mark.slow
+def test_a_key_slot_of_a_killed_runqueue_comes_back_with_the_visibility_timeout(
+    redis_client: redis.Redis,
+    redis_server: RedisServerProcess,
+    runqueue: Any,  # noqa: F811
+) -> None:
+    publish_to_children(redis_client, SLOW, key_concurrency=1, visibility_timeout=2)
+    queue = Queue(redis_client, "demo-slow", prefix="dq")
+    queue.schedule({"seconds": 60}, id="hang", key="+33612345678")
+    queue.schedule({"seconds": 0}, id="quick", key="+33612345678")
+    first = runqueue(redis_server.url, "demo-slow", "--concurrency", "4")
+    first.wait_until(lambda: redis_client.llen("demo:slow:started") == 1, "the first hangs")
+    assert redis_client.zcard(SLOW.unack) == 1  # the key's slot: the quick one waits
+    first.proc.kill()  # kill -9: its slot stays taken until the visibility timeout
+    first.proc.wait()
+    second = runqueue(redis_server.url, "demo-slow", "--concurrency", "4")
+    second.wait_until(
+        lambda: b"quick" in redis_client.lrange("demo:slow:done", 0, -1),
+        "the quick one runs in the slot the killed process held",
+    )
