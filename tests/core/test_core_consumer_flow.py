@@ -10,6 +10,7 @@ its handler threads. Waits are bounds against hangs, never timing checks.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -242,3 +243,22 @@ def test_key_concurrency_holds_across_consumers_and_keeps_each_keys_order(
     wait_until(lambda: len(recorder.calls) == 200 and queues[0].counts() == EMPTY)
     assert overlaps == []
     assert order == {f"store-{k}": [0, 1, 2, 3] for k in range(50)}
+
+
+def test_a_consumer_sleeps_until_a_keys_next_token(make_queue: Any, running: Any) -> None:
+    """key_rate_limit "20/s": one key's six messages start 50 ms apart (read on the claims'
+    instants), another key's message at once, and the consumer wakes about once a token."""
+    q = make_queue(clock=SystemClock(), key_rate_limit="20/s", concurrency=4)
+    for n in range(6):
+        q.schedule({"n": n}, key="+33612345678")
+    q.schedule({"other": 1}, key="+33699999999")
+    recorder = Recorder()
+    consumer = Counting([q], recorder, idle_seconds=1)
+    running(consumer)
+    wait_until(lambda: len(recorder.calls) == 7 and q.counts() == EMPTY)
+    of_key = sorted(m.claimed_ms for m in recorder.calls if m.key == "+33612345678")
+    gaps = [b - a for a, b in itertools.pairwise(of_key)]
+    assert all(gap >= 50 - MAX_CLAIM_LEAD_MS for gap in gaps), gaps
+    other = next(m for m in recorder.calls if m.key == "+33699999999")
+    assert other.claimed_ms <= of_key[1]  # not behind the first key's wait
+    assert consumer.rounds < 60, consumer.rounds  # woken per token, not a poll loop

@@ -264,3 +264,16 @@ def test_key_concurrency_over_three_consumers_and_fifty_keys(
         t.join()
     assert overlaps == []
     assert {k: v for k, v in started.items()} == {f"k{k}": list(range(20)) for k in range(50)}
+
+
+def test_run_now_and_promote_put_keyed_messages_in_their_keys_list(
+    q: Queue, manual_clock: ManualClock
+) -> None:
+    limited(q, key_concurrency=1)
+    q.schedule("later", id="later", delay=60, key="a")
+    q.schedule("soon", id="soon", delay=1, key="a")
+    assert q.run_now("later") == 1
+    manual_clock.advance(1)
+    q.promote()
+    assert q.counts()["ready"] == 2
+    assert [m.id for m in q.claim(10)] == ["later"]  # one of key "a" at a time, in its order
