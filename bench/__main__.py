@@ -22,6 +22,7 @@ from . import (
     backlog,
     deliver,
     django_path,
+    flow_keys,
     lateness_cost,
     lua_loading,
     outbox_cost,
@@ -54,6 +55,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "unique": unique.schedule_unique,
     "tracing": tracing.tracing,
     "lateness_cost": lateness_cost.lateness_cost,
+    "flow_keys": flow_keys.flow_keys,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

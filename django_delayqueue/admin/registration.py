@@ -97,6 +97,7 @@ class QueueConfigAdmin(admin.ModelAdmin):
         "abort_grace_seconds",
         ("rate_limit", "max_in_flight"),
         "lateness_warning_ms",
+        ("key_concurrency", "key_rate_limit"),
         "updated_at",
     ]
 

@@ -8,7 +8,12 @@ from typing import Any
 
 from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.flow_limits import claim_spec, in_flight_problem, rate_problem
+from django_delayqueue.core.flow_limits import (
+    claim_spec,
+    in_flight_problem,
+    key_claim_spec,
+    rate_problem,
+)
 
 # The settings that may be None (no limit): a number of seconds otherwise.
 LIMIT_FIELDS: tuple[str, ...] = ("soft_time_limit", "time_limit")
@@ -45,6 +50,10 @@ class QueueSettings:
     # The admin, queuestats and (opted in) the health probe flag the queue when the p99 of its
     # handlers' start lateness over the last 5 minutes passes this many ms (None: never).
     lateness_warning_ms: float | None = None
+    # Per flow key (schedule(..., key=...)): at most this many of a key's messages in flight,
+    # and a rate per key (the syntax of rate_limit). None: no limit.
+    key_concurrency: int | None = None
+    key_rate_limit: str | None = None
 
     def __post_init__(self) -> None:
         for problem in self.problems():
@@ -68,7 +77,12 @@ class QueueSettings:
             out.append("promote_batch must be between 1 and 100000")
         if problem := lateness_warning_problem(self.lateness_warning_ms):
             out.append(problem)
-        for problem in (rate_problem(self.rate_limit), in_flight_problem(self.max_in_flight)):
+        for problem in (
+            rate_problem(self.rate_limit),
+            in_flight_problem(self.max_in_flight),
+            rate_problem(self.key_rate_limit, "key_rate_limit"),
+            in_flight_problem(self.key_concurrency, "key_concurrency"),
+        ):
             if problem:
                 out.append(problem)
         return out + self.limit_problems()
@@ -78,9 +92,17 @@ class QueueSettings:
         """Whether a rate limit or an in-flight cap applies to the claims."""
         return self.rate_limit is not None or self.max_in_flight is not None
 
+    @property
+    def key_limited(self) -> bool:
+        """Whether a flow key's in-flight cap or rate applies to the claims."""
+        return self.key_concurrency is not None or self.key_rate_limit is not None
+
     def claim_limits(self, shard: int | None = None, shards: int = 1) -> str:
         """claim.lua's ``limits`` argument for ``shard`` of ``shards`` (see flow_limits)."""
-        return claim_spec(self.rate_limit, self.max_in_flight, shard, shards)
+        spec = claim_spec(self.rate_limit, self.max_in_flight, shard, shards)
+        if not self.key_limited:
+            return spec
+        return f"{spec or '0 0 0'} {key_claim_spec(self.key_concurrency, self.key_rate_limit)}"
 
     def limit_problems(self) -> list[str]:
         """The time limits' own problems (the system checks give the order its own id)."""

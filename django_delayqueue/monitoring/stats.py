@@ -199,7 +199,11 @@ def _read(
         errors.append(f"timings: {timings_raw}")
     else:
         values["lateness"] = read_lateness(timings_raw, published, q.settings.lateness_warning_ms)
-    flow = values["flow"] = read_flow(q.settings, published, flow_raw, values["counts"]["ready"])
+    keyed = None
+    if not isinstance(counts_raw, Exception) and len(counts_raw) > 8:
+        keyed = int(counts_raw[8])
+    ready = values["counts"]["ready"]
+    flow = values["flow"] = read_flow(q.settings, published, flow_raw, ready, keyed)
     if flow.held and not isinstance(counts_raw, Exception):
         # Ready messages held back by a flow limit wait on purpose, as the site asked: not
         # late (they are counted in flow.waiting and flow.throttled). Late is only what no

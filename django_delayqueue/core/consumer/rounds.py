@@ -291,6 +291,8 @@ class RoundTrip:
                 continue
             if kind == "promote":
                 promoted = q.promote_result(raw)
+                if promoted.moved:
+                    self.holds.promoted(q.name)
                 self._ready_seen[q.name] = promoted.ready
                 # Something reached ready without an announcement (say, released by a
                 # consumer shutting down) while this round skipped the claim: claim next round.
