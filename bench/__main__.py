@@ -22,6 +22,8 @@ from . import (
     backlog,
     deliver,
     django_path,
+    flow_keys,
+    lateness_cost,
     lua_loading,
     outbox_cost,
     peers,
@@ -52,6 +54,8 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
     "tracing": tracing.tracing,
+    "lateness_cost": lateness_cost.lateness_cost,
+    "flow_keys": flow_keys.flow_keys,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -84,7 +84,7 @@ class Delivery:
         count = count or settings.claim_batch
         # '' without a limit: the claim pays one comparison (see core/flow_limits.py).
         limits = ""
-        if settings.rate_limit is not None or settings.max_in_flight is not None:
+        if settings.flow_limited or settings.key_limited:
             limits = settings.claim_limits(self.keys.shard, self.shard_count)
         # The same bound as the claim_batch setting: one claim is one bounded script call.
         if not 1 <= count <= MAX_CLAIM:

@@ -83,10 +83,13 @@ def test_the_handler_sees_the_key_and_the_hash_holds_it_until_the_ack(q: Queue) 
 def test_a_queue_without_keyed_messages_never_writes_the_hash(
     q: Queue, redis_client: redis.Redis
 ) -> None:
+    q.settings = q.settings.replace(key_concurrency=1, key_rate_limit="1/s")
     q.schedule("a")
     q.schedule("b", delay=5)
     q.ack(*q.claim(10))
-    assert not redis_client.exists(q.keys.flow_keys)
+    keyed = (q.keys.flow_keys, q.keys.key_turns, q.keys.key_waiting, q.keys.key_tats)
+    assert redis_client.exists(*keyed, q.keys.key_state) == 0
+    assert redis_client.keys(q.keys.key_lists + "*") == []
 
 
 def test_the_key_stays_through_retries_and_the_dead_letters_and_goes_with_a_purge(
@@ -204,3 +207,15 @@ def test_a_sharded_queue_refuses_a_given_id_that_routes_away_from_its_key(
         sharded.schedule("a", id=away, key="k1")
     fits = next(f"id-{n}" for n in range(100) if shard_index(f"id-{n}", 4) == home)
     assert sharded.schedule("a", id=fits, key="k1").created
+
+
+def test_peek_lists_keyed_ready_messages_after_the_others(q: Queue) -> None:
+    q.schedule("p", id="plain")
+    for n in range(3):
+        q.schedule(n, id=f"a{n}", key="a")
+    q.schedule("b", id="b0", key="b")
+    page = q.peek("ready", 0, 50)
+    assert page.total == 5
+    assert [m.id for m in page.messages] == ["plain", "a0", "a1", "a2", "b0"]
+    assert [m.id for m in q.peek("ready", 2, 2).messages] == ["a1", "a2"]
+    assert [m.id for m in q.peek("ready", 4, 10).messages] == ["b0"]

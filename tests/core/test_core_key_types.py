@@ -171,6 +171,8 @@ KEY_NAMES = [
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
     "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "flow_keys",
+    "timings",
+    "key_turns", "key_waiting", "key_state", "key_tats",
 ]  # fmt: skip
 
 
@@ -233,6 +235,9 @@ def misplaced(held: Held) -> set[str]:
             members = _live(client, keys, members)
         for message_id in members or []:
             where.setdefault(message_id, []).append(state)
+    for key_list in client.scan_iter(match=keys.key_lists + "*"):  # keyed ready messages
+        for message_id in _members(client, key_list.decode(), b"list") or []:
+            where.setdefault(message_id, []).append("ready")
     envelopes = (
         {i.decode() for i in client.hkeys(keys.messages)}
         if client.type(keys.messages) in (b"hash", b"none")

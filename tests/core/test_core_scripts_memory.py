@@ -21,7 +21,14 @@ from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.errors import RedisOutOfMemory
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
 from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.core.scripts.contracts import FLOW_STATE, HEARTBEAT, JOURNAL, SLOT_FREED
+from django_delayqueue.core.scripts.contracts import (
+    BUSIEST_KEYS,
+    FLOW_STATE,
+    HEARTBEAT,
+    JOURNAL,
+    RECORD_TIMINGS,
+    SLOT_FREED,
+)
 from django_delayqueue.core.scripts.loader import script_names
 
 T0 = 1_700_000_000_000
@@ -74,6 +81,10 @@ def test_growing_writes_are_refused_with_out_of_memory_and_change_nothing(
         "journal": lambda: journal_call(q, Message("x", q.name, {}, T0, T0, 1, "1", T0)).run(
             client
         ),
+        # Delivery timings are a measure: dropped by the consumer when Redis refuses them.
+        "delivery timings": lambda: RECORD_TIMINGS.call(
+            q.keys, minute=q.keys.timings_minute(1), ttl_seconds=60, increments=["l0", 1]
+        ).run(client),
     }
     with full(client):
         for what, call in refused.items():
@@ -153,6 +164,15 @@ def test_claims_under_flow_limits_run_on_a_full_server(client: redis.Redis) -> N
         assert held[0] == b"rate"
 
 
+def test_the_busiest_keys_are_read_on_a_full_server(client: redis.Redis) -> None:
+    q = queue(client, ManualClock(T0))
+    for n in range(3):
+        q.schedule({"n": n}, id=f"m{n}", key="hot")
+    with full(client):
+        raw = BUSIEST_KEYS.call(q.keys, most_keys=10, most_fields=100, top=10).run(client)
+    assert raw == [1, 0, 1, b"hot", 3, 0]
+
+
 def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
     client: redis.Redis,
 ) -> None:
@@ -180,13 +200,13 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
     """A new script must be added to one of these lists, and to the tests above."""
     run_when_full = {
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
-        "promote", "flow_state", "slot_freed",
+        "promote", "flow_state", "slot_freed", "busiest_keys",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
-        "stats", "write_record", "write_records",
+        "stats", "write_record", "write_records", "read_timings",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",
-        "schedule", "send_once", "schedule_unique",
+        "schedule", "send_once", "schedule_unique", "record_timings",
     }  # fmt: skip
     assert set(script_names()) == run_when_full | refused_when_full
 

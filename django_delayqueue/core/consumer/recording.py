@@ -14,11 +14,9 @@ after a few tries, with an error naming the ids, rather than kept in memory for 
 leaves only once a reply says it ran. When Redis is out of memory the journal rows it
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
-condition once rather than every round.
-
-The recorder is one of the two parts that ride on every round trip (the recurring keeper is
-the other: see :mod:`.round_parts`): :meth:`UnrecordedOutcomes.add_to` adds its calls to a
-server's pipeline, :meth:`UnrecordedOutcomes.read` takes in their replies.
+condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
+as they come in. The recorder rides on every round trip, as the recurring keeper does (see
+:mod:`.round_parts`): ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,6 +38,7 @@ from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import JOURNAL, WRITE_RECORDS
+from django_delayqueue.core.timings.recorder import DeliveryTimings
 from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
@@ -88,6 +87,7 @@ class UnrecordedOutcomes:
         # whose append and popleft need no lock, so that a handler thread handing one over
         # (a task's RUNNING, for every task it starts) never waits for the loop's lock.
         self._handed: deque[tuple[str, ScriptCall]] = deque()
+        self.timings = DeliveryTimings(self._by_name)  # counted on the loop's thread (extend)
 
     def add_queue(self, q: Queue) -> None:
         """Record the outcomes of queue ``q`` too (a queue added to a running consumer)."""
@@ -118,7 +118,8 @@ class UnrecordedOutcomes:
             early = len(self._handed) + sum(len(calls) for calls in self._early.values())
             return sum(len(entries) for entries in self._entries.values()), early
 
-    def extend(self, outcomes: Iterable[Outcome]) -> None:
+    def extend(self, outcomes: Sequence[Outcome]) -> None:
+        self.timings.record(outcomes)
         journalled = not self.journal_maxlen
         with self._lock:
             for outcome in outcomes:
@@ -181,7 +182,9 @@ class UnrecordedOutcomes:
                 flush.append((q, "ack", acks, batch.add(call)))
             if retry:
                 failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
-                flush.append((q, "retry", retry, batch.add(q.nack_call(failures, now_ms))))
+                call = q.nack_call(failures, now_ms)
+                self.timings.note_retries(call)  # their retry times: the retries' due times
+                flush.append((q, "retry", retry, batch.add(call)))
             if bury:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
                 call = q.nack_call(failures, now_ms, bury=True)

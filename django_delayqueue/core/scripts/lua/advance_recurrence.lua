@@ -7,7 +7,9 @@
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] recurrence states hash
 -- KEYS[8] future ticks zset (tick id -> instant ms)   KEYS[9] tick runs hash (name -> last run)
--- KEYS[10] flow_keys hash (id -> flow key: a keyed schedule's ticks carry its key)
+-- KEYS[10] flow_keys hash   KEYS[11] key_turns zset   KEYS[12] key_waiting zset
+-- KEYS[13] key_state hash   KEYS[14] key_tats zset   KEYS[15] key_lists prefix
+--   (a keyed schedule's ticks carry its key: includes/key_turns.lua)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)
 -- ARGV[6] the new state (a deleted schedule's is a tombstone: see core/recurring/planning.py;
@@ -59,7 +61,7 @@ end
 
 local created, first = 0, 9 + skipped
 if #ARGV >= first then  -- schedule_triples checks the types of what it writes
-  created = schedule_triples(first, #ARGV, false, KEYS[10])[1]
+  created = schedule_triples(first, #ARGV, false, keyed_keys(10))[1]
   for i = first, #ARGV, 3 do
     if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', KEYS[8], ARGV[i + 1], ARGV[i]) end
   end

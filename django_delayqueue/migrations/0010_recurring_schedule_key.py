@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_delayqueue", "0007_outbox_unique_window"),
+        ("django_delayqueue", "0009_flow_keys"),
     ]
 
     operations = [
