@@ -70,6 +70,7 @@ EXPECTED_ROWS = {
     "flow_keys.claim_us.b1",
     "flow_keys.claim_us.b100",
     "flow_keys.ack_us",
+    "busiest_keys.us",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}
