@@ -170,7 +170,7 @@ KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
-    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique",
+    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "progress",
 ]  # fmt: skip
 
 

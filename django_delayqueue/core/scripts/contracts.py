@@ -54,28 +54,30 @@ CLAIM = Contract(
 ACK = Contract(
     "ack",
     keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities "
-    "aborts",
+    "aborts progress",
     args=f"{_ANNOUNCE} *pairs",
 )
 NACK = Contract(
     "nack",
     keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities "
-    "aborts",
+    "aborts progress",
     args="now_ms max_attempts horizon_ms wake_channel *quadruples",
 )
 REAP = Contract(
     "reap",
     keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities "
-    "aborts",
+    "aborts progress",
     args="now_ms limit max_attempts backoff_base_ms backoff_max_ms horizon_ms wake_channel",
 )
 RELEASE = Contract(
     "release",
-    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts",
+    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts "
+    "progress",
     args="now_ms wake_channel *pairs",
 )
 SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
+PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
 HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_ms consumer")
 
@@ -104,7 +106,7 @@ ABORT = Contract(
 CANCEL = Contract(
     "cancel",
     keys="pending retry ready messages attempts tokens reasons journal unack garbage cancelled "
-    "ready_since successors ranked priorities *records",
+    "ready_since successors ranked priorities progress *records",
     args="now_ms journal_max_length record_kept_seconds *ids",
 )
 RUN_NOW = Contract(
@@ -119,7 +121,7 @@ REQUEUE = Contract(
 )
 PURGE = Contract(
     "purge",
-    keys="garbage messages attempts tokens reasons successors priorities *records",
+    keys="garbage messages attempts tokens reasons successors priorities progress *records",
     args="record_kept_seconds *ids",
 )
 
@@ -148,7 +150,8 @@ CONTRACTS: dict[str, Contract] = {
     contract.name: contract
     for contract in (
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
-        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT, SLOT_FREED),
+        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
+        SLOT_FREED,
         *(COUNTS, PEEK, STATS, FLOW_STATE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),

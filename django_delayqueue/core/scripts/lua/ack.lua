@@ -4,6 +4,7 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] messages hash
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] successors hash
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
+-- KEYS[13] progress hash
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] pairs: id, token
 -- returns: number of messages acknowledged
@@ -13,7 +14,8 @@
 -- Tokens are read with one HMGET and the messages deleted with one variadic call per key (per
 -- chunk of 1000, under Lua's unpack limit): a batch costs Redis little more than one message.
 -- An abort of an acknowledged delivery (abort.lua) came too late: its entry goes (the first
--- write of a chunk, so a key of the wrong type fails it before anything changed).
+-- write of a chunk, so a key of the wrong type fails it before anything changed), and so does
+-- its progress (progress.lua), right after it.
 -- Successors are looked for only when the queue has some (one EXISTS otherwise). A successor
 -- due now or within the horizon is announced on the wake channel, as schedule.lua does.
 --- @include "includes/guard.lua"
@@ -41,6 +43,7 @@ for i = 4, #ARGV, 2000 do
   end
   if #done > 0 then
     redis.call('HDEL', KEYS[12], unpack(done))
+    redis.call('HDEL', KEYS[13], unpack(done))
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
     redis.call('HDEL', KEYS[11], unpack(done))

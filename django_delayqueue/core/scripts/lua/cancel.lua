@@ -6,7 +6,8 @@
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] journal stream
 -- KEYS[9] unack zset   KEYS[10] garbage zset   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash   KEYS[13] successors hash   KEYS[14] ranked zset
--- KEYS[15] priorities hash   KEYS[16..] the result record of each id (a task's; any type)
+-- KEYS[15] priorities hash   KEYS[16] progress hash
+-- KEYS[17..] the result record of each id (a task's; any type)
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
 -- ARGV[3] seconds a cancelled task's result record is kept (when it has no expiry yet)
 -- ARGV[4..] ids
@@ -27,7 +28,7 @@ guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
   KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash',
-  KEYS[14], 'zset', KEYS[15], 'hash'
+  KEYS[14], 'zset', KEYS[15], 'hash', KEYS[16], 'hash'
 )
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
@@ -63,9 +64,11 @@ for i = 4, #ARGV do
     for key = 4, 7 do redis.call('HDEL', KEYS[key], id) end
     redis.call('HDEL', KEYS[12], id)
     redis.call('HDEL', KEYS[15], id)
+    -- None by rights (only an in-flight delivery writes one, and ends it): a leftover goes too.
+    redis.call('HDEL', KEYS[16], id)
     -- A task's result says FAILED from now on (get_result sees its message gone), for as long
     -- as a finished task's is kept; no expiry would keep it for ever. One it has stays.
-    keep_ended_record(KEYS[12 + i], ARGV[3])
+    keep_ended_record(KEYS[13 + i], ARGV[3])
   end
 end
 if #rows > 0 and maxlen > 0 then

@@ -3,6 +3,7 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] reasons hash   KEYS[7] successors hash   KEYS[8] messages hash
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
+-- KEYS[13] progress hash
 -- ARGV[1] now (ms)   ARGV[2] max attempts   ARGV[3] announce horizon (ms)   ARGV[4] wake channel
 -- ARGV[5..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
@@ -12,6 +13,7 @@
 -- retries; when it dies instead, the successor takes its place as a new message (what its
 -- caller asked for: replace=True replaces a dead message too), announced like schedule.lua's.
 -- An aborted delivery (abort.lua) goes to garbage with the abort's reason, never to retry.
+-- The delivery's progress (progress.lua) goes: a retry starts without one.
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/aborts.lua"
@@ -19,7 +21,7 @@
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash'
 )
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[3])
@@ -30,6 +32,7 @@ for i = 5, #ARGV, 4 do
   if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
     local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
     local aborted = take_abort(KEYS[12], id, ARGV[i + 1])
+    redis.call('HDEL', KEYS[13], id)
     redis.call('ZREM', KEYS[1], id)
     if bad then
       reason = bad .. ': ' .. reason
