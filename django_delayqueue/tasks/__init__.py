@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from django_delayqueue.core.consumer.progress_reports import progress
     from django_delayqueue.tasks.backend import DelayQueueBackend
-    from django_delayqueue.tasks.progress import progress_of
+    from django_delayqueue.tasks.progress_reading import progress_of
 
 __all__ = ["DelayQueueBackend", "progress", "progress_of"]
 
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return progress
     if name == "progress_of":
-        from django_delayqueue.tasks.progress import progress_of
+        from django_delayqueue.tasks.progress_reading import progress_of
 
         return progress_of
     if name == "DelayQueueBackend":
