@@ -1,5 +1,6 @@
 """Progress shown (issue 28): a real consumer's handler reports it and blocks; the queue page's
-in-flight list, ``queuestats`` and its JSON show it; it is gone once the message is acked."""
+in-flight list (through the test client and in Chromium), ``queuestats`` and its JSON show it;
+it is gone once the message is acked."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 import redis
 from admin_support import QUEUE, page
 from django.core.management import call_command
+from test_admin_browser import _log_in, _open, browser  # noqa: F401
 from waiting import wait_until
 
 from django_delayqueue.core import Message, Queue, QueueSettings
 from django_delayqueue.core.consumer.loop import Consumer
-
-pytestmark = pytest.mark.django_db
+from django_delayqueue.monitoring.stats import collect
 
 NOTE = "row 4,250 of 10,000 <b>"  # escaped on the page
 
@@ -64,6 +65,7 @@ def _with_progress(admin_client: Any) -> Any:
     return response if running and running["progress"] else None
 
 
+@pytest.mark.django_db
 def test_the_in_flight_list_shows_percent_and_note_until_the_ack(
     admin_client: Any, redis_client: redis.Redis, reporting: Reporting
 ) -> None:
@@ -95,6 +97,7 @@ def test_the_in_flight_list_shows_percent_and_note_until_the_ack(
     assert reporting.queue.progress_of(reporting.message_id) == {}
 
 
+@pytest.mark.django_db
 def test_a_message_that_reported_nothing_shows_a_dash(
     admin_client: Any, redis_client: redis.Redis
 ) -> None:
@@ -124,3 +127,27 @@ def test_a_message_that_reported_nothing_shows_a_dash(
         release.set()
         consumer.request_stop()
         thread.join(30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_progress_bar_in_the_browser(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    django_user_model: Any,
+    reporting: Reporting,
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "s3cret-pass")
+    # Listed by the consumer's heartbeat, its report sent: what the page reads.
+    wait_until(lambda: any(r.progress for r in collect([QUEUE])[0].running), 30, "the report")
+    _log_in(browser, live_server.url)
+    row_css = f'tr[data-id="{reporting.message_id}"]'
+    _open(browser, f"{live_server.url}{page(QUEUE, 'unack')}", f"{row_css} td.dq-progress")
+    cell = browser.find_element(By.CSS_SELECTOR, f"{row_css} td.dq-progress")
+    bar = cell.find_element(By.TAG_NAME, "progress")
+    assert bar.get_attribute("value") == "42.5" and bar.get_attribute("max") == "100"
+    assert cell.find_element(By.CSS_SELECTOR, ".dq-progress-percent").text == "42.5%"
+    assert cell.find_element(By.CSS_SELECTOR, ".dq-progress-note").text == NOTE
+    header = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#result_list thead th")]
+    assert "PROGRESS" in [name.upper() for name in header]  # the admin's CSS upper-cases it
