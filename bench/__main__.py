@@ -27,6 +27,7 @@ from . import (
     peers,
     processes,
     produce,
+    progress_cost,
     rate_limit,
     unique,
 )
@@ -50,6 +51,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "processes_cpu": processes.cpu_bound,
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
+    "progress": progress_cost.progress_cost,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -56,6 +56,10 @@ EXPECTED_ROWS = {
     "rate_limit.window_max",
     "rate_limit.burst_claimed",
     "rate_limit.burst_started",
+    "progress.ack_us.b1",
+    "progress.ack_us.b100",
+    "progress.deliver",
+    "progress.deliver_reporting",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}
