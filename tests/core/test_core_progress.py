@@ -45,9 +45,12 @@ def test_a_note_is_a_str_cut_to_its_limit() -> None:
         checked_progress(1, b"bytes")
 
 
-def test_progress_outside_a_handler_sends_nothing() -> None:
+def test_progress_outside_a_handler_sends_nothing(make_queue: Any) -> None:
+    q = make_queue("nothing-runs")
+    message = q.prepare("x", id="m")
     assert dq.progress(50, "x") is False
-    assert not REPORTS
+    assert Message("m", q.name, "x", message.due_ms, 0, 1, "token").progress(50) is False
+    assert REPORTS.take(q.name) == []
     with pytest.raises(ValueError):
         dq.progress(101)
 
@@ -175,7 +178,38 @@ def test_a_coroutine_handler_reports_progress(
     r.stop()
 
 
-def test_unused_progress_sends_nothing(make_queue: Any) -> None:
-    q = make_queue()
-    assert not REPORTS
-    assert send_reports([q]) == 0
+def test_waiting_reports_are_sent_once_the_latest_of_each_message(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue("sent-by-tick")
+    q.schedule("x", id="m")
+    (m,) = q.claim(1)
+    assert send_reports([q]) == 0  # nothing waits for it
+    REPORTS.put(m, 10.0, "old")
+    REPORTS.put(m, 20.0, "new")
+    assert send_reports([q]) == 1
+    assert q.progress_of("m")["m"].note == "new"
+    assert send_reports([q]) == 0  # taken: sent once
+
+
+def test_a_sharded_queue_reads_each_id_s_progress_on_its_shard(
+    redis_client: redis.Redis, manual_clock: Any
+) -> None:
+    from django_delayqueue.core import Queue
+    from django_delayqueue.core.sharding import ShardedQueue
+
+    sharded = ShardedQueue(
+        [Queue(redis_client, "orders", shard=i, clock=manual_clock) for i in range(3)]
+    )
+    ids = [f"m{i}" for i in range(6)]
+    for message_id in ids:
+        sharded.schedule("x", id=message_id)
+    claimed = [m for shard in sharded.shards for m in shard.claim(10)]
+    assert sorted(m.id for m in claimed) == ids
+    for shard in sharded.shards:
+        mine = [m for m in claimed if m.queue == shard.name]
+        written = shard.write_progress([(m.id, m.token, 50.0, m.queue) for m in mine])
+        assert written == len(mine)
+    found = sharded.progress_of(*ids, "unknown")
+    assert sorted(found) == ids
+    assert all(found[m.id].note == m.queue for m in claimed)  # "orders#<shard>"
