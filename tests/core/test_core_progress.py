@@ -190,6 +190,13 @@ def test_waiting_reports_are_sent_once_the_latest_of_each_message(
     assert send_reports([q]) == 1
     assert q.progress_of("m")["m"].note == "new"
     assert send_reports([q]) == 0  # taken: sent once
+    # A delivery its consumer no longer holds (ended since): dropped before Redis.
+    REPORTS.put(m, 30.0, "ended")
+    assert send_reports([q], lambda name: []) == 0
+    assert q.progress_of("m")["m"].note == "new"
+    REPORTS.put(m, 40.0, "held")
+    assert send_reports([q], lambda name: [m] if name == q.name else []) == 1
+    assert q.progress_of("m")["m"].note == "held"
 
 
 def test_a_sharded_queue_reads_each_id_s_progress_on_its_shard(

@@ -59,7 +59,7 @@ class Extender:
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
-            send_reports(self._queues)
+            send_reports(self._queues, self._in_flight)
             self.extend_due()
             if self._lingering and not any(self._in_flight(q.name) for q in self._queues):
                 return

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_delayqueue.core.consumer.handler_run import _same_delivery
@@ -139,15 +139,22 @@ def _delivery_anywhere(message: Message) -> Message | None:
     return None
 
 
-def send_reports(queues: Sequence[Queue]) -> int:
+def send_reports(
+    queues: Sequence[Queue], in_flight: Callable[[str], Sequence[Message]] | None = None
+) -> int:
     """Send the reports waiting for ``queues`` (one call per queue that has some); returns how
-    many were written. A queue whose call fails loses its reports (the next ones replace them)
-    and never keeps another's from being sent."""
+    many were written. With ``in_flight`` (queue name -> the deliveries its consumer holds),
+    the reports of deliveries that have ended since are dropped here rather than by
+    progress.lua. A queue whose call fails loses its reports (the next ones replace them) and
+    never keeps another's from being sent."""
     if not REPORTS:
         return 0
     written = 0
     for q in queues:
         reports = REPORTS.take(q.name)
+        if reports and in_flight is not None:
+            held = {m.token for m in in_flight(q.name)}
+            reports = [r for r in reports if r[1] in held]
         if not reports:
             continue
         try:
