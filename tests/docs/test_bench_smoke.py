@@ -59,6 +59,7 @@ EXPECTED_ROWS = {
     "progress.ack_us.b1",
     "progress.ack_us.b100",
     "progress.deliver",
+    "progress.deliver_cpu",
     "progress.deliver_reporting",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
