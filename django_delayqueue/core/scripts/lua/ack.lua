@@ -15,7 +15,8 @@
 -- chunk of 1000, under Lua's unpack limit): a batch costs Redis little more than one message.
 -- An abort of an acknowledged delivery (abort.lua) came too late: its entry goes (the first
 -- write of a chunk, so a key of the wrong type fails it before anything changed), and so does
--- its progress (progress.lua), right after it.
+-- its progress (progress.lua), right after it, looked for only when the queue has some (one
+-- EXISTS: a queue whose handlers never report passes no ids to delete).
 -- Successors are looked for only when the queue has some (one EXISTS otherwise). A successor
 -- due now or within the horizon is announced on the wake channel, as schedule.lua does.
 --- @include "includes/guard.lua"
@@ -27,6 +28,7 @@ guard(
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
 local successors = redis.call('EXISTS', KEYS[8]) == 1
+local progress = redis.call('EXISTS', KEYS[13]) == 1
 if successors then guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list') end
 local n, wake = 0, nil
 for i = 4, #ARGV, 2000 do
@@ -43,7 +45,7 @@ for i = 4, #ARGV, 2000 do
   end
   if #done > 0 then
     redis.call('HDEL', KEYS[12], unpack(done))
-    redis.call('HDEL', KEYS[13], unpack(done))
+    if progress then redis.call('HDEL', KEYS[13], unpack(done)) end
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
     redis.call('HDEL', KEYS[11], unpack(done))
