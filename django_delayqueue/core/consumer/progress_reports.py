@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_delayqueue.core.consumer.handler_run import _same_delivery
-from django_delayqueue.core.consumer.limits import _current, _here, _registries
+from django_delayqueue.core.consumer.limits import Slot, _current, _here, _registries
 from django_delayqueue.core.consumer.shared_slot import shared_slot
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.progress import checked_progress
@@ -113,7 +113,7 @@ def _delivery_here(message: Message | None) -> Message | None:
     return found
 
 
-def _copied_slot() -> Any:
+def _copied_slot() -> Slot | None:
     """The slot of the handler thread this context was copied from, if it still runs the
     message it ran when this copy was first read (see .shared_slot)."""
     shared = shared_slot.get()
