@@ -29,6 +29,7 @@ from . import (
     peers,
     processes,
     produce,
+    progress_cost,
     rate_limit,
     tracing,
     unique,
@@ -56,6 +57,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "tracing": tracing.tracing,
     "lateness_cost": lateness_cost.lateness_cost,
     "flow_keys": flow_keys.flow_keys,
+    "progress": progress_cost.progress_cost,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
