@@ -30,6 +30,7 @@ from . import (
     peers,
     processes,
     produce,
+    progress_cost,
     rate_limit,
     tracing,
     unique,
@@ -58,6 +59,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "lateness_cost": lateness_cost.lateness_cost,
     "flow_keys": flow_keys.flow_keys,
     "busiest_keys": busiest_keys.busiest_keys,
+    "progress": progress_cost.progress_cost,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

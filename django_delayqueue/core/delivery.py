@@ -22,6 +22,7 @@ from django_delayqueue.core.envelope import (
 )
 from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope, DelayQueueError
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.progress import encode_progress
 from django_delayqueue.core.results import PromoteResult, ReapResult
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import (
@@ -29,6 +30,7 @@ from django_delayqueue.core.scripts.contracts import (
     CLAIM,
     EXTEND,
     NACK,
+    PROGRESS,
     PROMOTE,
     REAP,
     RELEASE,
@@ -279,3 +281,17 @@ class Delivery:
             pairs=[part for m in messages for part in (m.id, m.token)],
         )
         return call.run(self.client)
+
+    def write_progress(self, reports: Iterable[tuple[str, str, float, str]]) -> int:
+        """Store the progress ``(id, token, percent, note)`` of running deliveries, each only
+        if its token is still the message's in flight (checked reports: see core/progress.py).
+        Returns how many were written."""
+        now = self.clock.now_ms()
+        triples = [
+            part
+            for message_id, token, percent, note in reports
+            for part in (message_id, token, encode_progress(percent, note, now))
+        ]
+        if not triples:
+            return 0
+        return PROGRESS.call(self.keys, triples=triples).run(self.client)

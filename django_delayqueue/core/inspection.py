@@ -13,8 +13,9 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import STATES, QueueKeys
+from django_delayqueue.core.progress import Progress, decode_progress
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
-from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import (
     BUSIEST_KEYS,
     COUNTS,
@@ -73,6 +74,16 @@ class Inspection:
             now_ms - min(overdue) if overdue else None,
             min(upcoming) if upcoming else None,
         )
+
+    def progress_of(self, *message_ids: str) -> dict[str, Progress]:
+        """The progress the running deliveries of ``message_ids`` reported, by id (an id
+        without one is left out: not running, or it reported none)."""
+        if not message_ids:
+            return {}
+        with redis_errors("reading progress"):
+            values = self.client.hmget(self.keys.progress, list(message_ids))
+        found = {i: decode_progress(v) for i, v in zip(message_ids, values, strict=True)}
+        return {i: p for i, p in found.items() if p is not None}
 
     def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
         """One page of messages in ``state`` (pending, ready, unack, retry or garbage)."""

@@ -253,6 +253,17 @@ class QueueKeys:
         return self._key("aborts")
 
     @property
+    def progress(self) -> str:
+        """Hash: id -> JSON of the progress its running delivery reported (``message.progress``,
+        ``dq.progress``): percent, note and when (core/progress.py).
+
+        Written by progress.lua only for the delivery holding the message's current token while
+        it is in unack; every script that takes a message out of unack (ack, nack, reap,
+        release) removes its entry, and cancel and purge too: progress ends with its delivery.
+        """
+        return self._key("progress")
+
+    @property
     def sent(self) -> str:
         """Zset: send token -> when (ms) it was sent, for the transactional outbox.
 
@@ -385,6 +396,7 @@ class QueueKeys:
             self.ranked,
             self.sent,
             self.aborts,
+            self.progress,
             self.replicated,
             self.recurrence_states,
             self.ticks,

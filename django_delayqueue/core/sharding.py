@@ -24,6 +24,7 @@ from django_delayqueue.core.envelope import new_id, validate_id, validate_key
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
+from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.recurrence import parse_tick_id
 from django_delayqueue.core.results import (
@@ -255,6 +256,12 @@ class ShardedQueue:
 
     def counts(self) -> dict[str, int]:
         return self.snapshot().counts
+
+    def progress_of(self, *message_ids: str) -> dict[str, Progress]:
+        found: dict[str, Progress] = {}
+        for i, chunk in self._by_shard(message_ids).items():
+            found.update(self.shards[i].progress_of(*chunk))
+        return found
 
     def snapshot(self, now_ms: int | None = None) -> Snapshot:
         now = self.clock.now_ms() if now_ms is None else now_ms

@@ -33,6 +33,7 @@ from django_delayqueue.conf.settings import queue_names
 from django_delayqueue.core.envelope import encode_payload, new_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.observability import tracing
@@ -176,6 +177,18 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         queue, record = found
         reconcile(queue, result_id, record)
         return to_task_result(record, result_id)
+
+    def get_progress(self, result_id: str) -> Progress | None:
+        """The progress the task ``result_id`` reported while it runs (``dq.progress``,
+        ``django_delayqueue.tasks.progress``); None when it reported none, or does not run
+        now (not started, finished: progress ends with its attempt). One Redis round trip
+        more than the record's. The framework's TaskResult has no field for it (a frozen,
+        slotted dataclass), so it is read here, beside ``get_result``."""
+        found = self.find_record(result_id)
+        if found is None:
+            return None
+        queue = found[0]
+        return queue.progress_of(result_id).get(result_id)
 
     def find_record(self, result_id: str) -> tuple[Queue, TaskRecord] | None:
         """The queue and record of ``result_id`` among this backend's queues (None: nowhere)."""

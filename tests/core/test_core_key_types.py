@@ -173,6 +173,7 @@ KEY_NAMES = [
     "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "flow_keys",
     "timings",
     "key_turns", "key_waiting", "key_state", "key_tats",
+    "progress",
 ]  # fmt: skip
 
 

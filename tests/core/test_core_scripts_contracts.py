@@ -152,8 +152,8 @@ def test_a_call_is_built_in_the_declared_order() -> None:
     )
     assert call.script.name == "cancel"
     assert call.keys[:3] == [keys.pending, keys.retry, keys.ready]
-    assert call.keys[-3:] == [keys.key_lists, keys.task_result("a"), keys.task_result("b")]
-    assert len(call.keys) == 23
+    assert call.keys[-3:] == [keys.progress, keys.task_result("a"), keys.task_result("b")]
+    assert len(call.keys) == 24
     assert call.args == [5, 10, 60, "a", "b"]
     claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="")
     assert (len(claim.keys), claim.args) == (18, [1, 2, 3, ""])

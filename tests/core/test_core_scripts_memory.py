@@ -206,7 +206,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",
-        "schedule", "send_once", "schedule_unique", "record_timings",
+        "schedule", "send_once", "schedule_unique", "record_timings", "progress",
     }  # fmt: skip
     assert set(script_names()) == run_when_full | refused_when_full
 

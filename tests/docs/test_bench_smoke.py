@@ -71,6 +71,11 @@ EXPECTED_ROWS = {
     "flow_keys.claim_us.b100",
     "flow_keys.ack_us",
     "busiest_keys.us",
+    "progress.ack_us.b1",
+    "progress.ack_us.b100",
+    "progress.deliver",
+    "progress.deliver_cpu",
+    "progress.deliver_reporting",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

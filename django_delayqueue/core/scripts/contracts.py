@@ -16,6 +16,8 @@ _STATES = "pending ready messages unack retry garbage"
 _REPLACED = "attempts tokens reasons successors cancelled ready_since ranked priorities"
 # Flow keys: the id -> key hash, and where keyed ready messages take turns (key_turns.lua).
 _KEYED = "flow_keys key_turns key_waiting key_state key_tats key_lists"
+# What a purged message may still hold besides its state: its flow key, a leftover progress.
+_PURGED_TOO = "flow_keys progress"
 # The time, then when and where to announce a message due soon (includes/scheduling.lua).
 _ANNOUNCE = "now_ms horizon_ms wake_channel"
 
@@ -57,29 +59,30 @@ CLAIM = Contract(
 ACK = Contract(
     "ack",
     keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities "
-    f"aborts {_KEYED}",
+    f"aborts {_KEYED} progress",
     args=f"{_ANNOUNCE} *pairs",
 )
 NACK = Contract(
     "nack",
     keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities "
-    f"aborts {_KEYED}",
+    f"aborts {_KEYED} progress",
     args="now_ms max_attempts horizon_ms wake_channel *quadruples",
 )
 REAP = Contract(
     "reap",
     keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities "
-    f"aborts {_KEYED}",
+    f"aborts {_KEYED} progress",
     args="now_ms limit max_attempts backoff_base_ms backoff_max_ms horizon_ms wake_channel",
 )
 RELEASE = Contract(
     "release",
     keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts "
-    f"{_KEYED}",
+    f"{_KEYED} progress",
     args="now_ms wake_channel *pairs",
 )
 SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
+PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
 HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_ms consumer")
 
@@ -114,7 +117,7 @@ ABORT = Contract(
 CANCEL = Contract(
     "cancel",
     keys="pending retry ready messages attempts tokens reasons journal unack garbage cancelled "
-    f"ready_since successors ranked priorities {_KEYED} *records",
+    f"ready_since successors ranked priorities {_KEYED} progress *records",
     args="now_ms journal_max_length record_kept_seconds *ids",
 )
 RUN_NOW = Contract(
@@ -129,7 +132,7 @@ REQUEUE = Contract(
 )
 PURGE = Contract(
     "purge",
-    keys="garbage messages attempts tokens reasons successors priorities flow_keys *records",
+    keys=f"garbage messages attempts tokens reasons successors priorities {_PURGED_TOO} *records",
     args="record_kept_seconds *ids",
 )
 
@@ -162,7 +165,8 @@ CONTRACTS: dict[str, Contract] = {
     contract.name: contract
     for contract in (
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
-        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT, SLOT_FREED),
+        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
+        SLOT_FREED,
         *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),

@@ -255,12 +255,15 @@ PROCESS_COLUMNS = (
 
 def render_processes(stats: Sequence[QueueStats]) -> str:
     """Each live consumer process once (over every queue), under its supervisor, with what it
-    runs now ("queue:id for 3 s", longest first)."""
+    runs now ("queue:id for 3 s at 40%: note", longest first)."""
     now = max(st.now_ms for st in stats)
     merged = merge_processes([st.processes for st in stats])
     running: dict[str, list[str]] = {}
     for r in sorted((r for st in stats for r in st.running), key=lambda r: r.started_ms):
         text = f"{r.queue}:{r.id} for {format_seconds(r.running_seconds(now))}"
+        if r.progress is not None:  # what it reported (message.progress): "at 42%: row 4000"
+            note = f": {r.progress.note}" if r.progress.note else ""
+            text += f" at {r.progress.percent:g}%{note}"
         running.setdefault(r.consumer, []).append(text)
     rows = [
         (label or "-", p, ", ".join(running.get(p.name, [])[:3]) or "idle")
