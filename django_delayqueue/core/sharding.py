@@ -26,6 +26,9 @@ from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
 from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.recurring.recurrence import (
+    MAX_NAME_LENGTH as MAX_SCHEDULE_NAME,
+)
 from django_delayqueue.core.recurring.recurrence import parse_tick_id
 from django_delayqueue.core.results import (
     AbortResult,
@@ -54,13 +57,14 @@ def keyed_schedule_problem(name: str, key: str | None, shards: int) -> str | Non
     if key is None or shards <= 1 or shard_index(name, shards) == key_shard(key, shards):
         return None
     home = key_shard(key, shards)
-    fits = next(
-        f"{name}-{n}" for n in range(1, 10_000) if shard_index(f"{name}-{n}", shards) == home
-    )
+    # About one name in `shards` fits: 100 times as many tries all miss with odds of e**-100.
+    tries = (f"{name}-{n}" for n in range(1, 100 * shards + 1))
+    fits = next((t for t in tries if shard_index(t, shards) == home), None)
+    example = f" (e.g. {fits!r})" if fits and len(fits) <= MAX_SCHEDULE_NAME else ""
     return (
         f"on a queue of {shards} shards, a schedule's ticks live on its name's shard "
         f"({shard_index(name, shards)}) and the messages of key {key!r} on shard {home}: name "
-        f"the schedule so that both are one (e.g. {fits!r}) or leave out its key"
+        f"the schedule so that both are one{example} or leave out its key"
     )
 
 

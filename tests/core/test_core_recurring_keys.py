@@ -126,3 +126,17 @@ def test_missed_ticks_created_due_wait_in_their_keys_turns(
     q.clock.set(T0 + 10_000)  # type: ignore[attr-defined]
     (first,) = q.claim(20)  # one of the key at a time
     assert first.key == "store-1" and q.claim(20) == []
+
+
+@pytest.mark.parametrize("shards", [2, 1024])
+def test_the_hint_names_a_schedule_name_on_the_keys_shard(shards: int) -> None:
+    name = next(
+        f"s{n}" for n in range(5000) if shard_index(f"s{n}", shards) != key_shard("k", shards)
+    )
+    problem = keyed_schedule_problem(name, "k", shards)
+    assert problem is not None
+    hinted = problem.split("(e.g. '")[1].split("'")[0]
+    assert keyed_schedule_problem(hinted, "k", shards) is None
+    too_long = "x" * 100  # a name of the longest kind: a suffix would make it too long
+    if shard_index(too_long, shards) != key_shard("k", shards):
+        assert "e.g." not in (keyed_schedule_problem(too_long, "k", shards) or "")
