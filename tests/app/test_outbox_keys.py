@@ -1,6 +1,7 @@
 """A flow key given to ``dq.schedule`` inside a transaction, with the outbox on, is kept: in the
 row's envelope (the bytes Redis stores, so no column of its own and no migration), sent right
-after the commit, or by the relay once Redis is back (docs/flow-control.md, "The outbox").
+after the commit, or by the relay once Redis is back; the admin's outbox list shows it
+(docs/flow-control.md, "Keys everywhere a message is scheduled").
 
 A program (tests/support/programs/outbox_keyed_rows.py) migrates a fresh database and runs
 both paths: on SQLite and on the PostgreSQL of this machine (a database the test creates and
@@ -18,10 +19,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.conf import settings
+from django.db import transaction
+from django.test import override_settings
 from paths import PROGRAMS, child_pythonpath
 from postgres_databases import database_env
 
-from django_delayqueue.embedded import RedisServerProcess
+import django_delayqueue as dq
+from django_delayqueue.embedded import RedisServerProcess, free_port
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -54,3 +59,17 @@ def test_a_keyed_message_keeps_its_key_through_the_commit_and_the_relay(
     assert (seen["sent"], seen["failed"], seen["rows_left"]) == (1, 0, 0)
     assert seen["stored_keys"] == {"committed": "+33612345678", "relayed": "store-42"}
     assert seen["flow_keys"] == {"committed": "+33612345678", "relayed": "store-42"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_outbox_list_shows_each_rows_key(admin_client: object) -> None:
+    down = {**settings.DELAYQUEUE, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    with override_settings(DELAYQUEUE=down):
+        with transaction.atomic():
+            dq.schedule("order-close", {"n": 1}, delay=60, id="keyed", key="<i>store-42</i>")
+        with transaction.atomic():
+            dq.schedule("order-close", {"n": 2}, delay=60, id="plain")
+    listing = admin_client.get("/admin/django_delayqueue/outboxmessage/")  # type: ignore[attr-defined]
+    text = listing.content.decode()
+    assert "flow key" in text.lower() and "&lt;i&gt;store-42&lt;/i&gt;" in text
+    assert "<i>store-42</i>" not in text  # escaped
