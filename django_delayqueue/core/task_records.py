@@ -45,7 +45,7 @@ class TaskRecords:
 
         ``mergeable``: a call of write_records.lua instead, whose reply is a list of the one
         reply, which a consumer's round sends as one call with the other such writes of the
-        queue (see django_delayqueue.core.consumer.recording.merged_writes). ``fields``: the
+        queue (see django_delayqueue.core.consumer.merged_writes). ``fields``: the
         four lists' text as :func:`record_fields` makes it, built by the caller already."""
         # Built here rather than through Contract.call: a worker builds one per task it runs.
         key = self.keys.task_result(message_id)

@@ -32,12 +32,13 @@ from typing import Any, Literal
 import redis
 from redis.cluster import RedisCluster
 
+from django_delayqueue.core.consumer.merged_writes import is_merged, merged_writes
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
-from django_delayqueue.core.scripts.contracts import JOURNAL, WRITE_RECORDS
+from django_delayqueue.core.scripts.contracts import JOURNAL
 from django_delayqueue.core.timings.recorder import DeliveryTimings
 from django_delayqueue.observability.log_fields import message_fields
 
@@ -210,7 +211,7 @@ class UnrecordedOutcomes:
                 self._early_done(q, entries[0], result)
                 continue
             if kind == "write":
-                if len(entries) == 1 and not _is_merged(entries[0]):
+                if len(entries) == 1 and not is_merged(entries[0]):
                     self._written(q, entries[0], result)
                     continue
                 # A merged call: one reply per write, or one error for them all.
@@ -350,39 +351,6 @@ class UnrecordedOutcomes:
             for item in pair
         ]
         return JOURNAL.call(q.keys, max_length=self.journal_maxlen, fields=fields)
-
-
-# Scripts whose call writes KEYS[i] with ARGV[i] alone and replies with a list of one reply
-# per key (an error among them failing its own write only): calls of one queue merge into one.
-MERGEABLE_SCRIPTS = frozenset({WRITE_RECORDS.name})
-
-
-def _is_merged(entry: _Entry) -> bool:
-    writes = entry.outcome.writes
-    return writes is not None and writes.call.script.name in MERGEABLE_SCRIPTS
-
-
-def merged_writes(entries: list[_Entry]) -> list[tuple[ScriptCall, list[_Entry]]]:
-    """The calls that send the writes of ``entries`` (one queue's), and the entries each
-    carries: those of a mergeable script as one call (a round of task results costs one
-    EVALSHA and two arguments per task, not six), the others one each, in order."""
-    calls: list[tuple[ScriptCall, list[_Entry]]] = []
-    merged: dict[str, tuple[list[Any], list[Any], list[_Entry]]] = {}
-    for e in entries:
-        writes = e.outcome.writes
-        assert writes is not None
-        call = writes.call
-        if call.script.name not in MERGEABLE_SCRIPTS:
-            calls.append((call, [e]))
-            continue
-        found = merged.get(call.script.name)
-        if found is None:
-            found = merged[call.script.name] = ([], [], [])
-            calls.append((ScriptCall(call.script, found[0], found[1]), found[2]))
-        found[0].extend(call.keys)
-        found[1].extend(call.args)
-        found[2].append(e)
-    return calls
 
 
 def _confirm_acks(flush: Flush) -> None:
