@@ -91,10 +91,10 @@ local function split_keyed(K, ids, front)
 end
 
 -- key_forget(K, key, now): a key with nothing ready and nothing in flight: its state goes, its
--- GCRA time too once it is past (a time ahead still spaces its next message).
+-- GCRA time too once it is past (a time ahead still spaces its next message). Its load left
+-- K.load already, as it reached 0 (key_load_add).
 local function key_forget(K, key, now)
   redis.call('HDEL', K.state, 'c:' .. key)
-  redis.call('ZREM', K.load, key)
   redis.call('ZREM', K.turns, key)
   redis.call('ZREM', K.waiting, key)
   local tat = redis.call('ZSCORE', K.tats, key)
