@@ -46,8 +46,10 @@ end
 -- key_join(K, key): a key with ready messages that is neither in turns nor waiting for a
 -- token joins the rotation's tail. Whether it has a free slot or a token is the claim's to
 -- find out (a key without one leaves again, once per message pushed or slot freed: O(1) each).
-local function key_join(K, key)
-  if redis.call('ZSCORE', K.turns, key) or redis.call('ZSCORE', K.waiting, key) then return end
+-- not_waiting: the caller knows the key is not in K.waiting (one ZSCORE less).
+local function key_join(K, key, not_waiting)
+  if redis.call('ZSCORE', K.turns, key) then return end
+  if not not_waiting and redis.call('ZSCORE', K.waiting, key) then return end
   redis.call('ZADD', K.turns, next_turn(K), key)
 end
 
@@ -138,7 +140,8 @@ local function key_slot_freed(K, id, now)
   redis.call('HDEL', K.state, 'i:' .. id)
   key_load_add(K, key, -1)
   local blocked = redis.call('ZSCORE', K.waiting, key)
-  if blocked and tonumber(blocked) >= KEY_BLOCKED then redis.call('ZREM', K.waiting, key) end
+  local waits_token = blocked and tonumber(blocked) < KEY_BLOCKED
+  if blocked and not waits_token then redis.call('ZREM', K.waiting, key) end
   local left = (tonumber(redis.call('HGET', K.state, 'c:' .. key)) or 1) - 1
   if left > 0 then
     redis.call('HSET', K.state, 'c:' .. key, left)
@@ -146,7 +149,8 @@ local function key_slot_freed(K, id, now)
     redis.call('HDEL', K.state, 'c:' .. key)
   end
   if redis.call('LLEN', K.lists .. key) > 0 then
-    key_join(K, key)
+    -- Known from above whether it waits for a token (then it stays there): no second ZSCORE.
+    if not waits_token then key_join(K, key, true) end
   elseif left <= 0 then
     key_forget(K, key, now)
   end
