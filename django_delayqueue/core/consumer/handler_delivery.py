@@ -21,6 +21,7 @@ from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
     Outcome,
+    WhileRunning,
     run_coroutine_handler,
 )
 from django_delayqueue.core.consumer.round_parts import Keeper
@@ -54,7 +55,7 @@ class HandlerDelivery:
 
         def around_handler(self, message: Message) -> Outcome: ...
 
-        def write_soon(self, queue: Queue, call: ScriptCall) -> None: ...
+        def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None: ...
 
     # --- coroutine handlers ---------------------------------------------------------------------
 
