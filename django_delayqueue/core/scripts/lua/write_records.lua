@@ -3,9 +3,9 @@
 -- consumer (which packs every argument and reads every reply in Python, on the thread that
 -- claims) one key of its own and nothing else: one argument and one reply for them all.
 -- KEYS[1..] records: the result records written (hashes)
--- ARGV[1] writes: one line per record ("\n" between them, in the order of KEYS), each
---   "<seconds kept> <order> <required field or nothing> <fields JSON>", the parts as
---   write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline.
+-- ARGV[1] writes: one line per record ("\n" between them; KEYS[1] with the first line, and so
+--   on), each "<seconds kept> <order> <required field or nothing> <fields JSON>", the parts
+--   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline.
 -- returns: {codes, errors...}: codes a string of one character per record, in order: "1",
 --   "0" or "-" for what write_record.lua returns for it (1, 0 or -1), or "e" for an error (a
 --   key of the wrong type fails its own write only), which is the next of the error replies
