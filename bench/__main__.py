@@ -22,12 +22,16 @@ from . import (
     backlog,
     deliver,
     django_path,
+    flow_keys,
+    lateness_cost,
     lua_loading,
     outbox_cost,
     peers,
     processes,
     produce,
+    progress_cost,
     rate_limit,
+    tracing,
     unique,
 )
 from .harness import Bench, Row, private_redis
@@ -50,6 +54,10 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "processes_cpu": processes.cpu_bound,
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
+    "tracing": tracing.tracing,
+    "lateness_cost": lateness_cost.lateness_cost,
+    "flow_keys": flow_keys.flow_keys,
+    "progress": progress_cost.progress_cost,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="", help="write a pyinstrument profile here")
     parser.add_argument("--rate-limit", default=None, help="the queue's rate_limit setting")
     parser.add_argument("--max-in-flight", type=int, default=None, help="its max_in_flight")
+    parser.add_argument(
+        "--progress", type=int, default=0, help="message.progress() calls per handler run"
+    )
     args = parser.parse_args(argv)
 
     client = redis.Redis.from_url(args.url)
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.slow_ms / 1000)  # a slow API call: not measured
             handled[0] += 1
             return
+        for step in range(args.progress):
+            message.progress(100 * step / args.progress, "step")
         if args.lateness:
             late_ms.append(time.time() * 1000 - message.due_ms)
             late_ids.append(message.id)

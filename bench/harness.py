@@ -192,16 +192,23 @@ class Child:
     """A Python child process (consumer, huey worker, runserver) that is always stopped."""
 
     def __init__(
-        self, args: Sequence[str], env: dict[str, str] | None = None, *, quiet: bool = False
+        self,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        *,
+        quiet: bool = False,
+        cwd: Path | None = None,
     ) -> None:
         """``quiet``: its standard output is dropped (a chatty child would block on a full
-        pipe that nobody reads until it exits)."""
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        pipe that nobody reads until it exits). ``cwd``: another checkout to run (a base
+        commit's files), instead of this one."""
+        root = ROOT if cwd is None else cwd
+        path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
         full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
         self.what = " ".join(args[:2])
         self.proc = subprocess.Popen(
             [sys.executable, *args],
-            cwd=ROOT,
+            cwd=root,
             env=full_env,
             stdout=subprocess.DEVNULL if quiet else subprocess.PIPE,
             stderr=subprocess.PIPE,

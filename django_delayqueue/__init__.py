@@ -29,6 +29,7 @@ from django_delayqueue.core.errors import (
 if TYPE_CHECKING:
     from django_delayqueue.api import abort, cancel, get_queue, schedule, topic
     from django_delayqueue.core.consumer.limits import abort_requested
+    from django_delayqueue.core.consumer.progress_reports import progress
 
 _LAZY = {
     "abort": "api",
@@ -37,6 +38,7 @@ _LAZY = {
     "cancel": "api",
     "get_queue": "api",
     "topic": "api",
+    "progress": "core.consumer.progress_reports",
 }
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "abort_requested",
     "cancel",
     "get_queue",
+    "progress",
     "schedule",
     "topic",
 ]

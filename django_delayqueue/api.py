@@ -14,6 +14,8 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.results import AbortResult
 from django_delayqueue.core.uniqueness import window_ms_of
+from django_delayqueue.observability import tracing
+from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 
@@ -33,6 +35,7 @@ def schedule(
     using: str | None = None,
     replace: bool = False,
     unique_for: float | timedelta | None = None,
+    key: str | None = None,
 ) -> str:
     """Schedule ``payload`` on ``queue`` after ``delay`` (seconds or timedelta) or ``at``.
 
@@ -44,20 +47,27 @@ def schedule(
     with ``id``) the message opens a uniqueness window for its id when it is stored, and
     another schedule with ``unique_for`` of the id is refused (and logged at INFO) while the
     window is open, even after the first was acknowledged (docs/flow-control.md, "Uniqueness
-    windows"). The payload, id, due time and window are checked now, so a bad one raises
+    windows"). With ``key`` (a non-empty str of at most 200 characters) the message has a flow
+    key: the queue's ``key_concurrency`` and ``key_rate_limit`` count the messages of one key,
+    and ready messages take turns by key (docs/flow-control.md, "Keys"); its handler sees
+    ``message.key``. The payload, id, key, due time and window are checked now, so a bad one raises
     :class:`PayloadError` here. With ``on_commit`` (default
     ``DELAYQUEUE['ON_COMMIT']``, True) a call inside ``transaction.atomic`` sends the message
     only when the transaction commits, and not at all when it rolls back; with
     ``DELAYQUEUE['OUTBOX']`` (True) it is also written to the database in that transaction,
     so a Redis that is down at the commit delays it instead of losing it (docs/outbox.md).
     """
-    q = get_queue(queue)
-    window_ms = window_ms_of(unique_for, id)
-    prepared = q.prepare(payload, delay=delay, at=at, id=id)
-    use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
-    outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
-    send_on_commit(outgoing, on_commit=use_on_commit, using=using)
-    return prepared.id
+    # The producer span (OpenTelemetry, when configured: observability.tracing) is current as
+    # the message is prepared, so its envelope carries the span's context, in the outbox row too.
+    with tracing.producing(queue) as span:
+        q = get_queue(queue)
+        window_ms = window_ms_of(unique_for, id)
+        prepared = q.prepare(payload, delay=delay, at=at, id=id, key=key)
+        tracing.scheduled(span, prepared.id, prepared.due_ms)
+        use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
+        outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
+        send_on_commit(outgoing, on_commit=use_on_commit, using=using)
+        return prepared.id
 
 
 def cancel(queue: str, id: str) -> bool:
@@ -82,7 +92,7 @@ def abort(queue: str, id: str, reason: str = "") -> AbortResult:
     """
     result = get_queue(queue).abort(id, reason)
     if not result:
-        logger.info("abort: %s", result.message)
+        logger.info("abort: %s", result.message, extra=id_fields(queue, id))
     return result
 
 

@@ -77,6 +77,27 @@ class QueueConfig(models.Model):
         help_text="At most this many messages of the queue run at once, across every consumer "
         "(whatever their concurrency). Empty: no cap.",
     )
+    # Lateness you can watch (docs/observability.md): the admin flags the queue past it.
+    lateness_warning_ms = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Flag the queue (admin, queuestats, the health probe when asked) when the "
+        "p99 of its handlers' start lateness over the last 5 minutes passes this many "
+        "milliseconds. Empty: no warning.",
+    )
+    key_concurrency = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="At most this many messages of one flow key (schedule(..., key=...)) run at "
+        "once, across every consumer. Empty: no cap.",
+    )
+    key_rate_limit = models.CharField(
+        max_length=40,
+        null=True,
+        blank=True,
+        help_text='At most this many messages of one flow key start: "1/s", "60/m", with an '
+        'optional burst ("1/s burst 3"). Empty: no limit.',
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # What the settings file said at the last sync: a field whose file value changed since
     # is taken from the file, one that staff changed is kept (see mirror.pipeline.Mirror.sync).

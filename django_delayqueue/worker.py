@@ -43,6 +43,8 @@ from django_delayqueue.mirror import recurrences
 from django_delayqueue.mirror.following import follow_queue_settings, sync_settings
 from django_delayqueue.mirror.kinds import recurrences_mirror
 from django_delayqueue.monitoring.servers import ServerGuard
+from django_delayqueue.observability import tracing
+from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks.payload import is_task_payload, task_payload
 from django_delayqueue.tasks.serving import TaskServing
 
@@ -69,6 +71,9 @@ class Worker(TaskServing, Consumer):
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload))
         super().__init__(queues, **kwargs)
+        # A bad value is the system check E004's to report: the default then.
+        if dq_settings.OTEL_PARENT in tracing.PARENT_MODES:
+            tracing.set_parent_mode(dq_settings.OTEL_PARENT)
         self._by_name = {q.name: q for q in self.queues}
         # Read by handler threads, replaced (never changed in place) by the loop's.
         self._task_queues = frozenset(task_queue_names())
@@ -182,6 +187,7 @@ class Worker(TaskServing, Consumer):
                         message.id,
                         message.attempt,
                         exc_info=result,
+                        extra=message_fields(message),
                     )
                 raise result
         return responses

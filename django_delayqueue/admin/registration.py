@@ -96,6 +96,8 @@ class QueueConfigAdmin(admin.ModelAdmin):
         ("soft_time_limit", "time_limit"),
         "abort_grace_seconds",
         ("rate_limit", "max_in_flight"),
+        "lateness_warning_ms",
+        ("key_concurrency", "key_rate_limit"),
         "updated_at",
     ]
 

@@ -2,7 +2,8 @@
 
 From the heartbeat details (monitoring.processes): each live consumer process under its
 supervisor, and, on the "In flight" tab, for each running message how long it has run, its
-queue's ``time_limit`` and which process runs it. A message running past its limit is a
+queue's ``time_limit``, the progress it reported (``message.progress``: percent and note) and
+which process runs it. A message running past its limit is a
 stalled slot: its row carries a red badge and the page a count at the top.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django_delayqueue.core.progress import Progress
 from django_delayqueue.monitoring.processes import by_supervisor, past_limit
 from django_delayqueue.monitoring.stats import QueueStats, format_seconds
 
@@ -61,4 +63,10 @@ def annotate_running(
             "consumer": r.consumer,
             "pid": r.pid,
             "stalled": r.id in stalled,
+            "progress": None if r.progress is None else _progress(r.progress),
         }
+
+
+def _progress(p: Progress) -> dict[str, Any]:
+    """What the Progress column shows: a bar, its percent ("42.5%") and the note."""
+    return {"percent": p.percent, "label": f"{p.percent:g}%", "note": p.note, "at": p.at}

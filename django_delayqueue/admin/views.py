@@ -266,6 +266,7 @@ def _overview_row(site: str, s: QueueStats) -> dict[str, Any]:
         ],
         "deliveries": s.deliveries,
         "failures": s.failures,
+        "lateness": s.lateness,  # p50/p99 start lateness (monitoring.lateness), may be None
         "ok": s.ok,
     }
 

@@ -3,7 +3,7 @@
 ==================  ================================================================
 delayqueue.E001     Redis unreachable (``check --deploy [--tag delayqueue]``)
 delayqueue.E002     unknown key in ``DELAYQUEUE``, its ``DEFAULTS`` or a queue
-delayqueue.E003     invalid per-queue settings values
+delayqueue.E003     invalid per-queue settings values (``lateness_warning_ms`` included)
 delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix, names)
 delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
 delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
@@ -12,7 +12,8 @@ delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
 delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid, has no queue, or
                     puts a task where no backend runs it (or a payload where only tasks run)
 delayqueue.E010     a Redis whose ``maxmemory-policy`` evicts keys (``check --deploy``)
-delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION`` or ``HEALTH_MAX_MEMORY_PERCENT``
+delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION``, ``HEALTH_MAX_MEMORY_PERCENT`` or
+                    ``HEALTH_LATENESS``
 delayqueue.E012     ``django_delayqueue`` missing from INSTALLED_APPS (a TASKS backend's check)
 delayqueue.E013     a queue's ``time_limit`` not above its ``soft_time_limit``
 delayqueue.E014     a queue's ``visibility_timeout`` that cannot cover its ``time_limit``

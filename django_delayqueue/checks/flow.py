@@ -1,5 +1,7 @@
-"""E015: a queue's flow limits (``rate_limit``, ``max_in_flight``): a value that cannot be
-read, or one that cannot be split between the queue's shards (core/flow_limits.py)."""
+"""E015: a queue's flow limits (``rate_limit``, ``max_in_flight``, ``key_concurrency``,
+``key_rate_limit``): a value that cannot be read, or one that cannot be split between the
+queue's shards (core/flow_limits.py). A key's limits are never split: a key lives on one
+shard."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from django_delayqueue.core.flow_limits import (
     shards_problem,
 )
 
-FLOW_SETTINGS = ("rate_limit", "max_in_flight")
+FLOW_SETTINGS = ("rate_limit", "max_in_flight", "key_concurrency", "key_rate_limit")
 
 _RATE_HINT = (
     f"Write rate_limit as {RATE_FORMAT}: at most <count> messages of the queue start per "
@@ -25,6 +27,16 @@ _RATE_HINT = (
 _IN_FLIGHT_HINT = (
     f"max_in_flight is how many messages of the queue may run at once across every consumer: "
     f"a whole number from 1 to {MAX_IN_FLIGHT}, or None for no cap. See docs/flow-control.md."
+)
+_KEY_RATE_HINT = (
+    f"Write key_rate_limit as {RATE_FORMAT}: at most <count> messages of one flow key start "
+    "per second, minute or hour across every consumer, at most <n> at once after a quiet time. "
+    "None (or leaving it out) sets no limit. See docs/flow-control.md, 'Keys'."
+)
+_KEY_CONCURRENCY_HINT = (
+    f"key_concurrency is how many messages of one flow key may run at once across every "
+    f"consumer: a whole number from 1 to {MAX_IN_FLIGHT}, or None for no cap (1: one at a "
+    "time per key). See docs/flow-control.md, 'Keys'."
 )
 _SHARDS_HINT = (
     "A sharded queue's shards are separate hash tags (separate slots on a cluster): each "
@@ -46,6 +58,10 @@ def flow_errors(where: str, options: dict[str, Any], shards: Any) -> list[Any]:
         out.append(Error(f"{where}: {problem}.", hint=_RATE_HINT, id="delayqueue.E015"))
     if problem := in_flight_problem(cap):
         out.append(Error(f"{where}: {problem}.", hint=_IN_FLIGHT_HINT, id="delayqueue.E015"))
+    if problem := rate_problem(options.get("key_rate_limit"), "key_rate_limit"):
+        out.append(Error(f"{where}: {problem}.", hint=_KEY_RATE_HINT, id="delayqueue.E015"))
+    if problem := in_flight_problem(options.get("key_concurrency"), "key_concurrency"):
+        out.append(Error(f"{where}: {problem}.", hint=_KEY_CONCURRENCY_HINT, id="delayqueue.E015"))
     splittable = not out and isinstance(shards, int) and not isinstance(shards, bool)
     if splittable and (problem := shards_problem(rate, cap, shards)):
         out.append(Error(f"{where}: {problem}.", hint=_SHARDS_HINT, id="delayqueue.E015"))

@@ -46,6 +46,16 @@ def server_setting_errors() -> list[Error]:
                 id="delayqueue.E011",
             )
         )
+    lateness = dq_settings.HEALTH_LATENESS
+    if not isinstance(lateness, bool):
+        out.append(
+            Error(
+                f"DELAYQUEUE['HEALTH_LATENESS'] must be True or False, not {lateness!r}.",
+                hint="True: the health probe fails for a queue whose p99 start lateness passes "
+                "its lateness_warning_ms (see docs/observability.md).",
+                id="delayqueue.E011",
+            )
+        )
     return out
 
 

@@ -21,6 +21,7 @@ from django_delayqueue.conf.connection import (
 from django_delayqueue.conf.settings import DEFAULTS, dq_settings
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_prefix
+from django_delayqueue.observability.tracing import PARENT_MODES
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
@@ -92,6 +93,16 @@ def _connection_errors() -> list[Any]:
             Error(
                 f"DELAYQUEUE['CLOCK'] must be 'redis' or 'system', not {dq_settings.CLOCK!r}.",
                 hint="'redis' (the default) keeps hosts with different clocks in agreement.",
+                id="delayqueue.E004",
+            )
+        )
+    if dq_settings.OTEL_PARENT not in PARENT_MODES:
+        out.append(
+            Error(
+                f"DELAYQUEUE['OTEL_PARENT'] must be 'link' or 'child', not "
+                f"{dq_settings.OTEL_PARENT!r}.",
+                hint="'link' (the default): a delivery span links to the span that scheduled "
+                "it; 'child': it is that span's child (docs/observability.md).",
                 id="delayqueue.E004",
             )
         )

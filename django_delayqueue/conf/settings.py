@@ -52,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_CONSUMER_SECONDS": 30,  # a consumer is alive if it beat within this many seconds
     # The health probe fails when a Redis server uses this share of its maxmemory (None: off).
     "HEALTH_MAX_MEMORY_PERCENT": None,
+    # The health probe fails when a queue's p99 start lateness over the last 5 minutes passes
+    # its lateness_warning_ms (off unless True: late handlers are a warning, not an outage).
+    "HEALTH_LATENESS": False,
     # runqueue refuses a Redis whose maxmemory-policy evicts keys (and messages with them)
     # unless this is True: the operator accepts that messages may vanish (docs/redis.md).
     "ACCEPT_DATA_LOSS_ON_EVICTION": False,
@@ -66,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     "OUTBOX_RELAY_SECONDS": 1.0,  # how often each runqueue's relay looks for unsent rows
     "OUTBOX_LEASE_SECONDS": 30.0,  # a row's sender holds it this long before a relay may
     "OUTBOX_MAX_AGE_SECONDS": 60,  # older unsent rows: check warning, health problem
+    # OpenTelemetry (docs/observability.md): a delivery span is linked to the span that
+    # scheduled its message ("link") or is its child ("child").
+    "OTEL_PARENT": "link",
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

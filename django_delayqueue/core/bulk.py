@@ -13,6 +13,7 @@ from django_delayqueue.core.errors import PayloadError
 from django_delayqueue.core.results import BulkResult, Prepared, Rejected
 from django_delayqueue.core.scripts.calls import is_out_of_memory, script_error
 from django_delayqueue.core.uniqueness import window_ms_of
+from django_delayqueue.observability import tracing
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -24,6 +25,7 @@ NOT_STORED = "Redis is out of memory (used_memory above maxmemory): not stored, 
 
 class BulkScheduling:
     clock: Clock
+    logical_name: str
     _schedule_one: BoundScript
     _replace_one: BoundScript
     _schedule_unique: BoundScript
@@ -60,6 +62,18 @@ class BulkScheduling:
         of memory, a chunk it refuses (nothing of it is written) and every item after it are
         reported in ``not_scheduled``, and no more is sent.
         """
+        # One producer span for the call: every message of it carries its context.
+        with tracing.producing(self.logical_name) as span:
+            total = self._schedule_items(items, chunk_size, replace)
+            if span.is_recording():
+                span.set_attribute(
+                    "messaging.batch.message_count", total.scheduled + total.replaced
+                )
+            return total
+
+    def _schedule_items(
+        self, items: Iterable[Mapping[str, Any]], chunk_size: int, replace: bool
+    ) -> BulkResult:
         total = BulkResult()
         now = self.clock.now_ms()
         pending: list[Prepared] = []
@@ -71,6 +85,11 @@ class BulkScheduling:
                 if not isinstance(item, Mapping):
                     raise PayloadError(
                         f"item must be a mapping with a payload, not a {type(item).__name__}"
+                    )
+                if item.get("key") is not None:  # not to be dropped without a word
+                    raise PayloadError(
+                        "key is not supported by schedule_many yet: schedule keyed messages "
+                        "with schedule(..., key=...)"
                     )
                 window = window_ms_of(item.get("unique_for"), item.get("id"))
                 pending.append(

@@ -16,12 +16,13 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.due_times import retry_ms
 from django_delayqueue.core.envelope import (
     Message,
-    decode_marked_envelope,
+    decode_envelope_parts,
     storable_text,
     to_str,
 )
 from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope, DelayQueueError
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.progress import encode_progress
 from django_delayqueue.core.results import PromoteResult, ReapResult
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import (
@@ -29,11 +30,13 @@ from django_delayqueue.core.scripts.contracts import (
     CLAIM,
     EXTEND,
     NACK,
+    PROGRESS,
     PROMOTE,
     REAP,
     RELEASE,
 )
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.observability.log_fields import message_fields
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -83,7 +86,7 @@ class Delivery:
         count = count or settings.claim_batch
         # '' without a limit: the claim pays one comparison (see core/flow_limits.py).
         limits = ""
-        if settings.rate_limit is not None or settings.max_in_flight is not None:
+        if settings.flow_limited or settings.key_limited:
             limits = settings.claim_limits(self.keys.shard, self.shard_count)
         # The same bound as the claim_batch setting: one claim is one bounded script call.
         if not 1 <= count <= MAX_CLAIM:
@@ -118,7 +121,7 @@ class Delivery:
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
             try:  # whatever one envelope holds, it costs only its own message
-                due, scheduled, payload, task = decode_marked_envelope(raw[i + 1])
+                parts = decode_envelope_parts(raw[i + 1])
             except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
                 reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
@@ -126,13 +129,32 @@ class Delivery:
                 continue
             messages.append(
                 Message(
-                    message_id, self.name, payload, due, scheduled, attempt, token, now_ms, task
+                    message_id,
+                    self.name,
+                    parts.payload,
+                    parts.due_ms,
+                    parts.scheduled_ms,
+                    attempt,
+                    token,
+                    now_ms,
+                    parts.task,
+                    parts.key,
+                    parts.trace,
                 )
             )
         if corrupt:
             logger.warning(
                 "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
             )
+            for m, reason in corrupt:  # one line each, with its fields, for a log search
+                logger.warning(
+                    "queue %s: message %s (attempt %d) to the dead letters: %s",
+                    self.name,
+                    m.id,
+                    m.attempt,
+                    reason,
+                    extra=message_fields(m),
+                )
             try:
                 self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
             except DelayQueueError as e:  # the good ones are claimed: deliver them anyway
@@ -259,3 +281,17 @@ class Delivery:
             pairs=[part for m in messages for part in (m.id, m.token)],
         )
         return call.run(self.client)
+
+    def write_progress(self, reports: Iterable[tuple[str, str, float, str]]) -> int:
+        """Store the progress ``(id, token, percent, note)`` of running deliveries, each only
+        if its token is still the message's in flight (checked reports: see core/progress.py).
+        Returns how many were written."""
+        now = self.clock.now_ms()
+        triples = [
+            part
+            for message_id, token, percent, note in reports
+            for part in (message_id, token, encode_progress(percent, note, now))
+        ]
+        if not triples:
+            return 0
+        return PROGRESS.call(self.keys, triples=triples).run(self.client)

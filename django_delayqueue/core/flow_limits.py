@@ -22,10 +22,10 @@ number of shards (its shards are separate scripts, they cannot take turns). This
 that which reaches a consumer anyway (published to Redis by hand) is clamped: the first shards
 get one slot each, the others none (they claim nothing while it stays set), with a warning.
 
-A flow key (``dq.schedule(..., key=...)``, issue 27's later part) slots in beside these: its
-own GCRA state and in-flight count in a hash per queue keyed by flow key, read by the same
-include for the key at the head of the ready rotation; the spec string then carries the
-key's limits after the queue's.
+A flow key (``dq.schedule(..., key=...)``) has limits of its own, ``key_concurrency`` and
+``key_rate_limit`` (:func:`key_claim_spec`): the spec string carries them after the queue's,
+and lua/includes/key_claims.lua applies them to each key whose turn it is. They are never split
+between shards: every message of a key lives on the key's shard.
 """
 
 from __future__ import annotations
@@ -100,24 +100,41 @@ def parse_rate(value: object) -> RateLimit:
     return RateLimit(count, PERIOD_MS[unit], burst)
 
 
-def rate_problem(value: object) -> str | None:
-    """What is wrong with a ``rate_limit`` value (None is no limit), or None."""
+def rate_problem(value: object, name: str = "rate_limit") -> str | None:
+    """What is wrong with a ``rate_limit`` (or ``key_rate_limit``: ``name``) value (None is no
+    limit), or None."""
     if value is None:
         return None
     try:
         parse_rate(value)
     except ConfigurationError as e:
-        return str(e)
+        return str(e).replace("rate_limit", name)
     return None
 
 
-def in_flight_problem(value: object) -> str | None:
-    """What is wrong with a ``max_in_flight`` value (None is no cap), or None."""
+def in_flight_problem(value: object, name: str = "max_in_flight") -> str | None:
+    """What is wrong with a ``max_in_flight`` (or ``key_concurrency``: ``name``) value (None is
+    no cap), or None."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_IN_FLIGHT:
-        return f"max_in_flight must be a whole number from 1 to {MAX_IN_FLIGHT} (or None)"
+        return f"{name} must be a whole number from 1 to {MAX_IN_FLIGHT} (or None)"
     return None
+
+
+@lru_cache(maxsize=4096)
+def key_claim_spec(key_concurrency: int | None, key_rate_limit: str | None) -> str:
+    """The flow keys' part of claim.lua's ``limits``: ``"<key cap> <key interval ms> <key
+    burst>"`` (0: off), read by lua/includes/key_claims.lua.
+
+    Not split between shards: every message of a key lives on one shard (the key's, see
+    ``ShardedQueue.id_for_key``), so that shard keeps the key's whole limits, exactly.
+    """
+    interval, burst = 0.0, 1
+    if key_rate_limit is not None:
+        rate = parse_rate(key_rate_limit)
+        interval, burst = rate.interval_ms, rate.burst
+    return f"{key_concurrency or 0} {_number(interval)} {burst}"
 
 
 def shards_problem(rate_limit: str | None, max_in_flight: int | None, shards: int) -> str | None:

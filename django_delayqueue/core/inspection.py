@@ -13,9 +13,11 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import STATES, QueueKeys
+from django_delayqueue.core.progress import Progress, decode_progress
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
-from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import COUNTS, FLOW_STATE, PEEK, STATS
+from django_delayqueue.core.timings.reading import read_call as timings_call
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -67,6 +69,16 @@ class Inspection:
             min(upcoming) if upcoming else None,
         )
 
+    def progress_of(self, *message_ids: str) -> dict[str, Progress]:
+        """The progress the running deliveries of ``message_ids`` reported, by id (an id
+        without one is left out: not running, or it reported none)."""
+        if not message_ids:
+            return {}
+        with redis_errors("reading progress"):
+            values = self.client.hmget(self.keys.progress, list(message_ids))
+        found = {i: decode_progress(v) for i, v in zip(message_ids, values, strict=True)}
+        return {i: p for i, p in found.items() if p is not None}
+
     def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
         """One page of messages in ``state`` (pending, ready, unack, retry or garbage)."""
         if state not in STATES:
@@ -108,15 +120,20 @@ def counts_and_activity(
     most_entries: int,
     most_consumers: int,
     now_ms: int = 0,
-) -> list[tuple[Any, Any, Any]]:
-    """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call` and
-    the flow limits' state (flow_state.lua, at ``now_ms``) of each of ``queues`` (which share
-    one client), in one round trip: a script's error is returned in its place;
-    DelayQueueError when the round trip fails."""
+) -> list[tuple[Any, Any, Any, Any]]:
+    """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call`,
+    the flow limits' state (flow_state.lua, at ``now_ms``) and the delivery timings
+    (core.timings.reading, as of ``now_ms``) of each of ``queues`` (which share one client),
+    in one round trip: a script's error is returned in its place; DelayQueueError when the
+    round trip fails."""
     batch = ScriptBatch()
     for q in queues:
         batch.add(q.counts_call())
         batch.add(q.activity_call(alive_since_ms, most_entries, most_consumers))
         batch.add(FLOW_STATE.call(q.keys, now_ms=now_ms))
+        batch.add(timings_call(q.keys, now_ms))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
-    return [(results[3 * i], results[3 * i + 1], results[3 * i + 2]) for i in range(len(queues))]
+    return [
+        (results[4 * i], results[4 * i + 1], results[4 * i + 2], results[4 * i + 3])
+        for i in range(len(queues))
+    ]

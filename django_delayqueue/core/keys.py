@@ -187,6 +187,52 @@ class QueueKeys:
         return self._key("limiter")
 
     @property
+    def flow_keys(self) -> str:
+        """Hash: id -> flow key of a message scheduled with ``key=`` (docs/flow-control.md,
+        "Keys"); no field for a message without one.
+
+        Written with the message by every script that stores one (from the key in its envelope,
+        see lua/includes/flow_keys.lua) and deleted with it wherever a message is deleted (ack,
+        cancel, purge, replace, a successor taking its place). Kept through retries and the
+        dead letters, like the envelope. Empty (one HLEN of 0) on a queue without keyed
+        messages: what lets the key limits cost such a queue nothing.
+        """
+        return self._key("flow_keys")
+
+    # Keyed ready messages and their turns (lua/includes/key_turns.lua says how they are used).
+    @property
+    def key_turns(self) -> str:
+        """Zset: flow key -> turn, the keys whose ready messages claims take turns from."""
+        return self._key("key_turns")
+
+    @property
+    def key_waiting(self) -> str:
+        """Zset: flow key -> when (ms) its next token of ``key_rate_limit`` comes, for keys with
+        ready messages waiting for it."""
+        return self._key("key_waiting")
+
+    @property
+    def key_state(self) -> str:
+        """Hash: per flow key, how many of its messages are in flight (``c:<key>``); per id in
+        flight, its key (``i:<id>``); the rotation's last turn, the keyed ready count and the
+        unkeyed list's turn (fields starting with a space)."""
+        return self._key("key_state")
+
+    @property
+    def key_tats(self) -> str:
+        """Zset: flow key -> its ``key_rate_limit`` GCRA time (ms), while that is ahead."""
+        return self._key("key_tats")
+
+    @property
+    def key_lists(self) -> str:
+        """Not a key: the prefix of the per-key ready lists, ``<prefix><flow key>``."""
+        return self._key("key:")
+
+    def key_list(self, flow_key: str) -> str:
+        """List: the ready messages of one flow key, oldest first."""
+        return self.key_lists + flow_key
+
+    @property
     def successors(self) -> str:
         """Hash: id -> envelope of the message booked to follow the id's running delivery.
 
@@ -205,6 +251,17 @@ class QueueKeys:
         the dead letters instead: an aborted message is never retried by itself.
         """
         return self._key("aborts")
+
+    @property
+    def progress(self) -> str:
+        """Hash: id -> JSON of the progress its running delivery reported (``message.progress``,
+        ``dq.progress``): percent, note and when (core/progress.py).
+
+        Written by progress.lua only for the delivery holding the message's current token while
+        it is in unack; every script that takes a message out of unack (ack, nack, reap,
+        release) removes its entry, and cancel and purge too: progress ends with its delivery.
+        """
+        return self._key("progress")
 
     @property
     def sent(self) -> str:
@@ -247,6 +304,19 @@ class QueueKeys:
     @property
     def exported(self) -> str:  # hash: export destination URI -> newest journal entry id there
         return self._key("exported")
+
+    @property
+    def timings(self) -> str:
+        """Hash: delivery timings since the queue began, summed over its consumers (bucket
+        counts of start lateness, handler duration and limit wait, their sums, outcome counts:
+        core.timings). Only ever incremented, never expiring: what Prometheus reads as
+        counters. Its fields are fixed, so it stays small."""
+        return self._key("timings")
+
+    def timings_minute(self, minute: int) -> str:
+        """Hash: the same counts for one minute (``minute``: ms since the epoch // 60000),
+        expiring a little over an hour later: what the admin's p50/p99 are read from."""
+        return self._key(f"timings:{minute}")
 
     @property
     def config(self) -> str:  # hash: effective queue settings published by the Django layer
@@ -326,10 +396,17 @@ class QueueKeys:
             self.ranked,
             self.sent,
             self.aborts,
+            self.progress,
             self.replicated,
             self.recurrence_states,
             self.ticks,
             self.tick_runs,
             self.limiter,
             self.unique,
+            self.flow_keys,
+            self.timings,
+            self.key_turns,
+            self.key_waiting,
+            self.key_state,
+            self.key_tats,
         ]

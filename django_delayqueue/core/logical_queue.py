@@ -16,6 +16,7 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.due_times import Delay
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.results import (
     AbortResult,
     BulkResult,
@@ -58,6 +59,7 @@ class LogicalQueue(Protocol):
         id: str | None = None,
         now_ms: int | None = None,
         task: bool = False,
+        key: str | None = None,
     ) -> Prepared: ...
 
     def schedule(
@@ -69,6 +71,7 @@ class LogicalQueue(Protocol):
         id: str | None = None,
         replace: bool = False,
         unique_for: UniqueFor | None = None,
+        key: str | None = None,
     ) -> ScheduleResult: ...
 
     def send_prepared(
@@ -131,6 +134,8 @@ class LogicalQueue(Protocol):
     # --- reading ---------------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]: ...
+
+    def progress_of(self, *message_ids: str) -> dict[str, Progress]: ...
 
     def snapshot(self, now_ms: int | None = None) -> Snapshot: ...
 

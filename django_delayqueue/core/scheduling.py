@@ -16,9 +16,11 @@ from django_delayqueue.core.due_times import MAX_DUE_MS, Delay, at_ms, delay_ms_
 from django_delayqueue.core.envelope import (
     encode_envelope,
     encode_payload,
+    has_key,
     new_id,
     to_str,
     validate_id,
+    validate_key,
 )
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, PayloadError
 from django_delayqueue.core.keys import QueueKeys
@@ -33,6 +35,8 @@ from django_delayqueue.core.scripts.contracts import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
+from django_delayqueue.observability import tracing
+from django_delayqueue.observability.context import current_trace
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -48,6 +52,7 @@ SEND_TOKEN_MEMORY_MS = 3600 * 1000
 class Scheduling:
     client: RedisClient
     name: str
+    logical_name: str
     keys: QueueKeys
     settings: QueueSettings
     clock: Clock
@@ -66,17 +71,22 @@ class Scheduling:
         id: str | None = None,
         now_ms: int | None = None,
         task: bool = False,
+        key: str | None = None,
     ) -> Prepared:
         """Validate one message and return it encoded (:class:`Prepared`); raise PayloadError.
 
         ``task``: the envelope carries the task mark (``envelope.TASK_MARK``), for the Tasks
-        backend alone: its consumer runs the payload as a task.
+        backend alone: its consumer runs the payload as a task. ``key``: the message's flow key
+        (see :meth:`schedule`), carried in its envelope.
 
         Never early: the due time is the instant asked for rounded up to a whole millisecond,
         a delay counted from the producer's reading of the clock (never behind the server's,
         see :func:`~.clock.producer_now_ms`) or from ``now_ms`` if that is later. ``now_ms``
         (default: the clock's ``now_ms``) is the envelope's scheduled time, and the due time
         without a delay (or with a zero one): due at once, straight to ready.
+
+        The envelope carries the trace context of the current OpenTelemetry span, if any
+        (``observability.context``): the producer span of whoever schedules it.
         """
         if delay is not None and at is not None:
             raise PayloadError("give delay= or at=, not both")
@@ -90,8 +100,13 @@ class Scheduling:
             if due > MAX_DUE_MS:
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
+        if key is not None:
+            validate_key(key)
         payload_json = encode_payload(payload, self.settings.max_payload_bytes)
-        return Prepared(message_id, due, encode_envelope(payload_json, due, now, task=task))
+        envelope = encode_envelope(
+            payload_json, due, now, task=task, key=key, trace=current_trace()
+        )
+        return Prepared(message_id, due, envelope)
 
     def schedule(
         self,
@@ -102,6 +117,7 @@ class Scheduling:
         id: str | None = None,
         replace: bool = False,
         unique_for: UniqueFor | None = None,
+        key: str | None = None,
     ) -> ScheduleResult:
         """Schedule one message.
 
@@ -111,11 +127,19 @@ class Scheduling:
         With ``unique_for`` (seconds or a timedelta; needs ``id``) a message stored opens a
         window for its id, and a schedule with ``unique_for`` of the id while it is open is
         refused (``result.within_window``), even once the first is acknowledged.
+
+        ``key`` (a non-empty str of at most 200 characters) is the message's flow key: the
+        queue's ``key_concurrency`` and ``key_rate_limit`` count the messages of one key, and
+        ready messages take turns by key (docs/flow-control.md, "Keys"); the handler sees it
+        as ``message.key``. With ``replace=True`` the new message's key (or none) replaces the
+        old one's, when the new message takes the id's place.
         """
-        window_ms = window_ms_of(unique_for, id)
-        now = self.clock.now_ms()
-        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
+        with tracing.producing(self.logical_name) as span:
+            window_ms = window_ms_of(unique_for, id)
+            now = self.clock.now_ms()
+            prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
+            tracing.scheduled(span, prepared.id, prepared.due_ms)
+            return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(
         self,
@@ -184,7 +208,7 @@ class Scheduling:
         that are ready, those of a higher ``priority`` (-100..100; 0 is every other message's)
         are claimed first, and within one priority the oldest first.
         """
-        self._check_record(record_key, priority)
+        self._check_record(record_key, priority, prepared)
         message_id, due, envelope = prepared
         horizon, channel = self.announce_args
         call = ENQUEUE_TASK.call(
@@ -232,7 +256,7 @@ class Scheduling:
                 raise ConfigurationError(
                     "a task with its record cannot replace a message or take a uniqueness window"
                 )
-            self._check_record(record_key, priority)
+            self._check_record(record_key, priority, prepared)
             mode = "task"
         else:
             mode = "replace" if replace else "schedule"
@@ -259,11 +283,18 @@ class Scheduling:
             return None
         return result_of(reply, message_id, due)
 
-    def _check_record(self, record_key: str, priority: int) -> None:
+    def _check_record(self, record_key: str, priority: int, prepared: Prepared) -> None:
         if not record_key.startswith(self.keys.tag):
             raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
             raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
+        # Keyed ready messages take turns by key (their own lists, docs/flow-control.md "Keys"),
+        # prioritised ones by priority (the ranked zset): one message cannot be in both orders.
+        if priority != 0 and has_key(prepared.envelope):
+            raise PayloadError(
+                "a message with a flow key cannot have a priority: keyed messages take turns by "
+                "key (give key= or a priority other than 0, not both)"
+            )
 
     def _run_message_call(self, call: ScriptCall, message_id: str, due: int) -> Any:
         """Run a call that stores one message; with ``replicas``, in one pipeline with their

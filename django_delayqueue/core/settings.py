@@ -8,7 +8,12 @@ from typing import Any
 
 from django_delayqueue.core.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.flow_limits import claim_spec, in_flight_problem, rate_problem
+from django_delayqueue.core.flow_limits import (
+    claim_spec,
+    in_flight_problem,
+    key_claim_spec,
+    rate_problem,
+)
 
 # The settings that may be None (no limit): a number of seconds otherwise.
 LIMIT_FIELDS: tuple[str, ...] = ("soft_time_limit", "time_limit")
@@ -42,6 +47,13 @@ class QueueSettings:
     # messages in flight. None: no limit (the claim then pays nothing for them).
     rate_limit: str | None = None
     max_in_flight: int | None = None
+    # The admin, queuestats and (opted in) the health probe flag the queue when the p99 of its
+    # handlers' start lateness over the last 5 minutes passes this many ms (None: never).
+    lateness_warning_ms: float | None = None
+    # Per flow key (schedule(..., key=...)): at most this many of a key's messages in flight,
+    # and a rate per key (the syntax of rate_limit). None: no limit.
+    key_concurrency: int | None = None
+    key_rate_limit: str | None = None
 
     def __post_init__(self) -> None:
         for problem in self.problems():
@@ -63,7 +75,14 @@ class QueueSettings:
             out.append("max_payload_bytes must be between 1 and 64 MiB")
         if not 1 <= self.promote_batch <= 100_000:
             out.append("promote_batch must be between 1 and 100000")
-        for problem in (rate_problem(self.rate_limit), in_flight_problem(self.max_in_flight)):
+        if problem := lateness_warning_problem(self.lateness_warning_ms):
+            out.append(problem)
+        for problem in (
+            rate_problem(self.rate_limit),
+            in_flight_problem(self.max_in_flight),
+            rate_problem(self.key_rate_limit, "key_rate_limit"),
+            in_flight_problem(self.key_concurrency, "key_concurrency"),
+        ):
             if problem:
                 out.append(problem)
         return out + self.limit_problems()
@@ -73,9 +92,17 @@ class QueueSettings:
         """Whether a rate limit or an in-flight cap applies to the claims."""
         return self.rate_limit is not None or self.max_in_flight is not None
 
+    @property
+    def key_limited(self) -> bool:
+        """Whether a flow key's in-flight cap or rate applies to the claims."""
+        return self.key_concurrency is not None or self.key_rate_limit is not None
+
     def claim_limits(self, shard: int | None = None, shards: int = 1) -> str:
         """claim.lua's ``limits`` argument for ``shard`` of ``shards`` (see flow_limits)."""
-        return claim_spec(self.rate_limit, self.max_in_flight, shard, shards)
+        spec = claim_spec(self.rate_limit, self.max_in_flight, shard, shards)
+        if not self.key_limited:
+            return spec
+        return f"{spec or '0 0 0'} {key_claim_spec(self.key_concurrency, self.key_rate_limit)}"
 
     def limit_problems(self) -> list[str]:
         """The time limits' own problems (the system checks give the order its own id)."""
@@ -120,3 +147,20 @@ class QueueSettings:
 
     def replace(self, **changes: Any) -> QueueSettings:
         return replace(self, **changes)
+
+
+MAX_LATENESS_WARNING_MS = 3_600_000
+
+
+def lateness_warning_problem(value: Any) -> str | None:
+    """What is wrong with a ``lateness_warning_ms`` value, or None (None: no warning)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"lateness_warning_ms must be a number of milliseconds or None, not {value!r}"
+    if not 0 < value <= MAX_LATENESS_WARNING_MS:
+        return (
+            f"lateness_warning_ms must be more than 0 and at most {MAX_LATENESS_WARNING_MS} "
+            "(an hour)"
+        )
+    return None

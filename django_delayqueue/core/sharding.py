@@ -20,10 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from django_delayqueue.core.due_times import Delay
-from django_delayqueue.core.envelope import new_id
+from django_delayqueue.core.envelope import new_id, validate_id, validate_key
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
+from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.recurrence import parse_tick_id
 from django_delayqueue.core.results import (
@@ -37,6 +38,12 @@ from django_delayqueue.core.results import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
+from django_delayqueue.observability import tracing
+
+
+def key_shard(key: str, shards: int) -> int:
+    """The shard where every message of flow key ``key`` lives (see ``ShardedQueue.id_for_key``)."""
+    return zlib.crc32(key.encode()) % shards
 
 
 def shard_index(message_id: str, shards: int) -> int:
@@ -85,7 +92,36 @@ class ShardedQueue:
     # --- scheduling: by id -----------------------------------------------------------------
 
     def prepare(self, payload: Any, **kwargs: Any) -> Prepared:
+        key = kwargs.get("key")
+        if key is not None:
+            kwargs["id"] = self.id_for_key(validate_key(key), kwargs.get("id"))
         return self.shards[0].prepare(payload, **kwargs)
+
+    def id_for_key(self, key: str, message_id: str | None = None) -> str:
+        """An id that routes a message of ``key`` to the key's shard.
+
+        Every message of a key lives on one shard, so that the key's limits (in-flight count,
+        rate, turns) are kept by one script call, exactly. Messages are still found by id
+        (cancel, abort, task results), so the id must route there too: without ``message_id``
+        a random one that does is made up (about as many draws as there are shards); a given
+        id that routes elsewhere is refused, as no place could both find it by id and keep its
+        key's limits.
+        """
+        shards = len(self.shards)
+        home = key_shard(key, shards)
+        if message_id is None:
+            while True:
+                candidate = new_id()
+                if shard_index(candidate, shards) == home:
+                    return candidate
+        if shard_index(validate_id(message_id), shards) != home:
+            raise PayloadError(
+                f"queue {self.name!r} has {shards} shards: a message of key {key!r} lives on "
+                f"shard {home}, where id {message_id!r} is not found (its id routes to shard "
+                f"{shard_index(message_id, shards)}); leave id= out (an id that routes there "
+                "is made up and returned) or schedule it without key="
+            )
+        return message_id
 
     def schedule(
         self,
@@ -96,12 +132,15 @@ class ShardedQueue:
         id: str | None = None,
         replace: bool = False,
         unique_for: UniqueFor | None = None,
+        key: str | None = None,
     ) -> ScheduleResult:
-        window_ms = window_ms_of(unique_for, id)
-        now = self.clock.now_ms()
-        prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now)
-        # The id's shard holds its window too: every schedule of an id finds the same one.
-        return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
+        with tracing.producing(self.logical_name) as span:
+            window_ms = window_ms_of(unique_for, id)
+            now = self.clock.now_ms()
+            prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
+            tracing.scheduled(span, prepared.id, prepared.due_ms)
+            # The id's shard holds its window too: every schedule of an id finds the same one.
+            return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
 
     def send_prepared(self, prepared: Prepared, **kwargs: Any) -> ScheduleResult:
         return self.shard_for(prepared.id).send_prepared(prepared, **kwargs)
@@ -187,6 +226,12 @@ class ShardedQueue:
 
     def counts(self) -> dict[str, int]:
         return self.snapshot().counts
+
+    def progress_of(self, *message_ids: str) -> dict[str, Progress]:
+        found: dict[str, Progress] = {}
+        for i, chunk in self._by_shard(message_ids).items():
+            found.update(self.shards[i].progress_of(*chunk))
+        return found
 
     def snapshot(self, now_ms: int | None = None) -> Snapshot:
         now = self.clock.now_ms() if now_ms is None else now_ms

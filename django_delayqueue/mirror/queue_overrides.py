@@ -40,6 +40,9 @@ MIRRORED_FIELDS: tuple[str, ...] = (
     "abort_grace_seconds",
     "rate_limit",
     "max_in_flight",
+    "lateness_warning_ms",
+    "key_concurrency",
+    "key_rate_limit",
 )
 
 VERSION_FIELD, UPDATED_FIELD = "version", "updated_ms"

@@ -2,7 +2,9 @@
 
 Read by flow_state.lua from the queue's limiter hash (per shard: a sharded queue's stats add
 its shards up): whether a limit holds the queue back and why, since when, how many messages
-it throttled, and how many started in the last whole second (the current rate).
+it throttled, and how many started in the last whole second (the current rate). With flow
+keys, the keyed ready messages (counts.lua) wait their key's turn, slot or token: counted
+apart (``waiting_on_keys``), and a claim that no key could give anything to is held by "key".
 """
 
 from __future__ import annotations
@@ -30,10 +32,19 @@ class FlowStats:
     held_since_ms: int | None = None
     throttled: int | None = None  # messages that started later because of a limit, in all
     rate_now: float | None = None  # messages started in the last whole second
+    key_concurrency: int | None = None
+    key_rate_limit: str | None = None
+    # Ready messages with a flow key, in their keys' lists: they wait for their key's turn,
+    # slot or token (with key limits set: "key" is their reason), not for a consumer.
+    waiting_on_keys: int | None = None
 
     @property
     def limited(self) -> bool:
-        return self.rate_limit is not None or self.max_in_flight is not None
+        return self.rate_limit is not None or self.max_in_flight is not None or self.key_limited
+
+    @property
+    def key_limited(self) -> bool:
+        return self.key_concurrency is not None or self.key_rate_limit is not None
 
     @property
     def rate_per_second(self) -> float | None:
@@ -49,6 +60,9 @@ class FlowStats:
             "waiting_on_limit": self.waiting or 0,
             "held_by": self.held,
             "throttled": self.throttled,
+            "key_concurrency": self.key_concurrency,
+            "key_rate_limit": self.key_rate_limit,
+            "waiting_on_keys": self.waiting_on_keys or 0,
         }
 
     def summary(self) -> str:
@@ -56,11 +70,16 @@ class FlowStats:
         if not self.limited:
             return "—"
         parts = [p for p in (self.rate_limit, _cap(self.max_in_flight)) if p]
+        if self.key_limited:
+            per_key = [p for p in (self.key_rate_limit, _cap(self.key_concurrency)) if p]
+            parts.append("per key " + " ".join(per_key))
         text = ", ".join(parts)
         if self.rate_now is not None:
             text += f"; {self.rate_now:g}/s now"
         if self.held:
             text += f"; {self.waiting or 0} wait ({self.held.replace('_', ' ')})"
+        elif self.key_limited and self.waiting_on_keys:
+            text += f"; {self.waiting_on_keys} wait (key)"
         return text
 
 
@@ -69,19 +88,37 @@ def _cap(value: int | None) -> str | None:
 
 
 def read_flow(
-    settings: QueueSettings, published: dict[str, str], raw: Any, ready: int | None
+    settings: QueueSettings,
+    published: dict[str, str],
+    raw: Any,
+    ready: int | None,
+    keyed: int | None = None,
 ) -> FlowStats:
     """The flow stats of one queue (or shard): its limits as published (the admin's) or in
-    the settings file, and flow_state.lua's reply ``raw`` (None: unread)."""
+    the settings file, and flow_state.lua's reply ``raw`` (None: unread); ``keyed``: how many
+    of the ready messages have a flow key (counts.lua)."""
     rate, cap = settings.rate_limit, settings.max_in_flight
+    key_cap, key_rate = settings.key_concurrency, settings.key_rate_limit
     if "rate_limit" in published or "max_in_flight" in published:
         rate = _published(published, "rate_limit", rate, rate_problem)
         cap = _published(published, "max_in_flight", cap, in_flight_problem)
+    if "key_concurrency" in published or "key_rate_limit" in published:
+        key_cap = _published(published, "key_concurrency", key_cap, in_flight_problem)
+        key_rate = _published(published, "key_rate_limit", key_rate, rate_problem)
+    keys: dict[str, Any] = {
+        "key_concurrency": key_cap,
+        "key_rate_limit": key_rate,
+        "waiting_on_keys": keyed,
+    }
     if raw is None:
-        return FlowStats(rate, cap)
+        return FlowStats(rate, cap, **keys)
     held, since, throttled, last_second = raw
     held = to_str(held) or None
-    if (held == "rate" and rate is None) or (held == "in_flight" and cap is None):
+    if (
+        (held == "rate" and rate is None)
+        or (held == "in_flight" and cap is None)
+        or (held == "key" and key_cap is None and key_rate is None)
+    ):
         # A limit staff cleared since: claims without limits never touch the limiter, so
         # its flag stays behind; nothing waits on a limit that is not set.
         held = None
@@ -89,10 +126,11 @@ def read_flow(
         rate,
         cap,
         held=held,
-        waiting=(ready or 0) if held else 0,
+        waiting=((keyed if held == "key" else ready) or 0) if held else 0,
         held_since_ms=int(since) if held and int(since) >= 0 else None,
         throttled=int(throttled),
         rate_now=float(last_second),
+        **keys,
     )
 
 
@@ -121,4 +159,7 @@ def merge_flow(parts: Sequence[FlowStats]) -> FlowStats:
         held_since_ms=min(since) if since else None,
         throttled=total([p.throttled for p in parts]),
         rate_now=total([p.rate_now for p in parts]),
+        key_concurrency=parts[0].key_concurrency,
+        key_rate_limit=parts[0].key_rate_limit,
+        waiting_on_keys=total([p.waiting_on_keys for p in parts]),
     )

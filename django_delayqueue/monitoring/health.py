@@ -14,6 +14,10 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
   waited longer for a relay fails the ``outbox`` check.
 - ``HEALTH_MAX_MEMORY_PERCENT`` (None: off): a Redis server that uses this share of its
   ``maxmemory`` or more (or is full) fails the ``memory`` check.
+- ``HEALTH_LATENESS`` (False: off): when True, a running queue whose p99 start lateness over
+  the last 5 minutes passes its ``lateness_warning_ms`` fails the ``lateness`` check (the
+  queues without that setting are never checked). Off, the report still shows each queue's
+  lateness.
 
 A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` check, unless
 ``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers); ``servers`` in the report has each
@@ -31,6 +35,7 @@ from django.views.decorators.http import require_safe
 
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.queues import queue_settings
+from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
 from django_delayqueue.monitoring.processes import past_limit, supervisors_dict
@@ -72,6 +77,14 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if s.oldest_overdue_seconds is not None and s.oldest_overdue_seconds > max_overdue
         }
         checks["overdue"] = _check(failing, max_seconds=max_overdue)
+    if dq_settings.HEALTH_LATENESS is True:
+        failing = {
+            s.queue: f"p99 start lateness over 5 min {s.lateness.p99_5m:.1f} ms > "
+            f"{s.lateness.warning_ms:g} ms"
+            for s in running
+            if s.lateness is not None and s.lateness.flagged
+        }
+        checks["lateness"] = _check(failing)
     outbox = _outbox_report()
     if outbox:
         checks["outbox"] = outbox
@@ -90,6 +103,7 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
                 "stalled": stalled_count(s),
                 "oldest_overdue_seconds": s.oldest_overdue_seconds,
                 "counts": s.counts,
+                "lateness": s.lateness.to_dict() if s.lateness is not None else None,
             }
             for s in all_stats
         },

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_safe
 
 from django_delayqueue.core import STATES
 from django_delayqueue.monitoring.stats import QueueStats, collect
+from django_delayqueue.monitoring.timing_metrics import add_timings, timing_families
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +46,13 @@ class StatsCollector:
             name: kinds[kind](f"delayqueue_{name}", help_text, labels=["queue", *extra])
             for name, (kind, help_text, extra) in FAMILIES.items()
         }
+        timings = timing_families()
         for s in collect():
             _add(s, families)
+            if s.lateness is not None:
+                add_timings(s.queue, s.lateness.windows.total, timings)
         yield from families.values()
+        yield from timings.values()
         yield from _schedule_families()
         yield from _server_families()
 

@@ -4,7 +4,8 @@ Each consumer writes, with its heartbeat, a JSON value per queue (core.consumer.
 pid, host, supervisor, messages handled, resident memory and the handlers of that queue running
 now. Here they are read back for the live consumers only (one HMGET per queue, bounded by
 ``MAX_CONSUMERS_LISTED``) and grouped under their supervisor, for ``queuestats``, the health
-probe and the admin.
+probe and the admin; with, in the same round trip, the progress the running messages reported
+(the queue's ``progress`` hash: one entry per running message that reported, no more).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from django_delayqueue.core import DelayQueueError, Queue
 from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.progress import Progress, decode_progress
 from django_delayqueue.core.scripts.calls import redis_errors
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ class RunningNow:
     pid: int | None
     started_ms: int
     attempt: int = 1
+    progress: Progress | None = None  # the last it reported (message.progress), if any
 
     def running_seconds(self, now_ms: int) -> float:
         return max(0, now_ms - self.started_ms) / 1000
@@ -73,6 +76,7 @@ class ConsumerProcess:
                     "queue": r.queue,
                     "attempt": r.attempt,
                     "running_seconds": r.running_seconds(now_ms),
+                    "progress": None if r.progress is None else r.progress.to_dict(),
                 }
                 for r in self.running
             ],
@@ -92,20 +96,35 @@ def read_processes(
         pipe = queues[0].client.pipeline(transaction=False)
         for q, group in zip(queues, consumers, strict=True):
             pipe.hmget(q.keys.consumer_details, [n for n, _ in group] or ["-"])
+            pipe.hgetall(q.keys.progress)
         with redis_errors("consumer details"):
             replies = pipe.execute(raise_on_error=False)
     except DelayQueueError as e:
         logger.debug("consumer details not read: %s", e)
         return plain
     out = []
-    for q, group, reply in zip(queues, consumers, replies, strict=True):
+    for i, (q, group) in enumerate(zip(queues, consumers, strict=True)):
+        reply, progress = replies[2 * i], _progress(replies[2 * i + 1])
         values = reply if isinstance(reply, list) else [None] * len(group)
-        parsed = [_parse(q.name, n, seen, v) for (n, seen), v in zip(group, values, strict=False)]
+        parsed = [
+            _parse(q.name, n, seen, v, progress)
+            for (n, seen), v in zip(group, values, strict=False)
+        ]
         out.append([p for p in parsed if p is not None])
     return out
 
 
-def _parse(queue: str, name: str, seen: int, raw: Any) -> ConsumerProcess | None:
+def _progress(reply: Any) -> dict[str, Progress]:
+    """A ``progress`` hash as read (an error: none), decoded, by id."""
+    if not isinstance(reply, dict):
+        return {}
+    found = {to_str(i): decode_progress(v) for i, v in reply.items()}
+    return {i: p for i, p in found.items() if p is not None}
+
+
+def _parse(
+    queue: str, name: str, seen: int, raw: Any, progress: Mapping[str, Progress]
+) -> ConsumerProcess | None:
     if raw is None:
         return None
     try:
@@ -113,7 +132,13 @@ def _parse(queue: str, name: str, seen: int, raw: Any) -> ConsumerProcess | None
         pid = data.get("pid")
         running = [
             RunningNow(
-                str(r["id"]), queue, name, pid, int(r["started_ms"]), int(r.get("attempt", 1))
+                str(r["id"]),
+                queue,
+                name,
+                pid,
+                int(r["started_ms"]),
+                int(r.get("attempt", 1)),
+                progress.get(str(r["id"])),
             )
             for r in data.get("running") or []
         ]

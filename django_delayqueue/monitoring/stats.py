@@ -29,6 +29,7 @@ from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, 
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
 from django_delayqueue.monitoring.flow import FlowStats, merge_flow, read_flow
+from django_delayqueue.monitoring.lateness import LatenessStats, merge_lateness, read_lateness
 from django_delayqueue.monitoring.processes import (
     ConsumerProcess,
     RunningNow,
@@ -63,6 +64,8 @@ class QueueStats:
     processes: list[ConsumerProcess] = field(default_factory=list)
     # Flow control (docs/flow-control.md): the limits, what they do now.
     flow: FlowStats = field(default_factory=lambda: FlowStats())
+    # How late handlers start (core.timings via monitoring.lateness); None: not read.
+    lateness: LatenessStats | None = None
 
     @property
     def running(self) -> list[RunningNow]:
@@ -110,6 +113,7 @@ class QueueStats:
             "failures": self.failures,
             "outcomes": dict(self.outcomes) if self.outcomes is not None else None,
             "flow": self.flow.to_dict(),
+            "lateness": self.lateness.to_dict() if self.lateness is not None else None,
             "errors": list(self.errors),
         }
 
@@ -144,8 +148,8 @@ def gather(
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
-        _read(q, counts, stats, flow, now)
-        for q, (counts, stats, flow) in zip(queues, replies, strict=True)
+        _read(q, counts, stats, flow, timings, now)
+        for q, (counts, stats, flow, timings) in zip(queues, replies, strict=True)
     ]
     processes = read_processes(queues, [s.consumers for s in read])
     return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
@@ -155,7 +159,9 @@ def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> 
     return QueueStats(name, now, dict.fromkeys(STATES), paused=paused, errors=[error])
 
 
-def _read(q: Queue, counts_raw: Any, stats_raw: Any, flow_raw: Any, now: int) -> QueueStats:
+def _read(
+    q: Queue, counts_raw: Any, stats_raw: Any, flow_raw: Any, timings_raw: Any, now: int
+) -> QueueStats:
     values: dict[str, Any] = {"counts": dict.fromkeys(STATES), "paused": q.settings.paused}
     errors: list[str] = []
     published: dict[str, str] = {}
@@ -189,7 +195,15 @@ def _read(q: Queue, counts_raw: Any, stats_raw: Any, flow_raw: Any, now: int) ->
     if isinstance(flow_raw, Exception):
         errors.append(f"flow limits: {flow_raw}")
         flow_raw = None
-    flow = values["flow"] = read_flow(q.settings, published, flow_raw, values["counts"]["ready"])
+    if isinstance(timings_raw, Exception):
+        errors.append(f"timings: {timings_raw}")
+    else:
+        values["lateness"] = read_lateness(timings_raw, published, q.settings.lateness_warning_ms)
+    keyed = None
+    if not isinstance(counts_raw, Exception) and len(counts_raw) > 8:
+        keyed = int(counts_raw[8])
+    ready = values["counts"]["ready"]
+    flow = values["flow"] = read_flow(q.settings, published, flow_raw, ready, keyed)
     if flow.held and not isinstance(counts_raw, Exception):
         # Ready messages held back by a flow limit wait on purpose, as the site asked: not
         # late (they are counted in flow.waiting and flow.throttled). Late is only what no
@@ -269,6 +283,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         for name, last in p.consumers:
             seen[name] = max(last, seen.get(name, last))
     alive = [p.consumers_alive for p in parts if p.consumers_alive is not None]
+    lateness = [p.lateness for p in parts if p.lateness is not None]
     outcomes: dict[str, int] | None = None
     if all(p.outcomes is not None for p in parts):
         outcomes = {}
@@ -288,6 +303,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         outcomes=outcomes,
         errors=[f"{p.queue}: {e}" for p in parts for e in p.errors],
         flow=merge_flow([p.flow for p in parts]),
+        lateness=merge_lateness(lateness) if len(lateness) == len(parts) else None,
     )
 
 

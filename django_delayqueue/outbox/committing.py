@@ -22,6 +22,7 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.core.errors import DelayQueueError, NotReplicated
 from django_delayqueue.core.results import ScheduleResult
+from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.outbox.outgoing import Outgoing
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def _send_committed_row(
             outgoing.queue.name,
             row.message_id,
             e,
+            extra=id_fields(outgoing.queue.name, row.message_id),
         )
         release(row, using, e)
     else:
@@ -155,6 +157,7 @@ def _send_committed(outgoing: Outgoing, then: Callable[[], None] | None) -> None
             outgoing.queue.name,
             outgoing.prepared.id,
             e,
+            extra=id_fields(outgoing.queue.name, outgoing.prepared.id),
         )
         return
     except DelayQueueError as e:
@@ -185,12 +188,13 @@ def _log_lost(outgoing: Outgoing, error: Exception) -> None:
         error,
         payload_json,
         extra={
+            **id_fields(queue, message_id),
             "delayqueue": {
                 "queue": queue,
                 "id": message_id,
                 "due_ms": due_ms,
                 "payload": payload_json,
-            }
+            },
         },
     )
 
@@ -204,6 +208,7 @@ def log_result(result: ScheduleResult, queue: str) -> None:
             queue,
             _when(result.unique_until_ms),
             f" (a message with this id is {result.state})" if result.state else "",
+            extra=id_fields(queue, result.id),
         )
     elif not result.created:
         api_logger.info(
@@ -212,13 +217,25 @@ def log_result(result: ScheduleResult, queue: str) -> None:
             result.id,
             queue,
             result.state,
+            extra=id_fields(queue, result.id),
         )
     elif result.successor:
-        api_logger.debug("scheduled %s on %s after its delivery in flight", result.id, queue)
+        api_logger.debug(
+            "scheduled %s on %s after its delivery in flight",
+            result.id,
+            queue,
+            extra=id_fields(queue, result.id),
+        )
     elif result.replaced:
-        api_logger.debug("scheduled %s on %s, replacing one %s", result.id, queue, result.state)
+        api_logger.debug(
+            "scheduled %s on %s, replacing one %s",
+            result.id,
+            queue,
+            result.state,
+            extra=id_fields(queue, result.id),
+        )
     else:
-        api_logger.debug("scheduled %s on %s", result.id, queue)
+        api_logger.debug("scheduled %s on %s", result.id, queue, extra=id_fields(queue, result.id))
 
 
 def _when(ms: int | None) -> str:

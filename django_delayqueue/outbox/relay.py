@@ -28,6 +28,7 @@ from django_delayqueue.core.errors import DelayQueueError, RedisUnavailable
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.results import Prepared
 from django_delayqueue.models import OutboxMessage
+from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.outbox.committing import (
     delete_sent,
     holds_outbox,
@@ -183,7 +184,13 @@ class OutboxRelay:
             except (
                 DelayQueueError
             ) as e:  # this row alone: a queue not configured here, a broken key
-                logger.error("outbox row %s (queue %s) not sent: %s", row.pk, row.queue, e)
+                logger.error(
+                    "outbox row %s (queue %s) not sent: %s",
+                    row.pk,
+                    row.queue,
+                    e,
+                    extra=id_fields(row.queue, row.message_id),
+                )
                 release(row, alias, e, wait=ROW_FAILURE_WAIT)
                 done.failed += 1
                 continue
@@ -191,7 +198,12 @@ class OutboxRelay:
             delete_sent(row, alias)
             if result is None:
                 done.already_sent += 1
-                logger.info("outbox row %s (%s) was sent already", row.pk, row.message_id)
+                logger.info(
+                    "outbox row %s (%s) was sent already",
+                    row.pk,
+                    row.message_id,
+                    extra=id_fields(row.queue, row.message_id),
+                )
             else:
                 done.sent += 1
                 log_result(result, row.queue)
@@ -201,6 +213,7 @@ class OutboxRelay:
                     row.queue,
                     row.due_ms,
                     row.created_at.isoformat(),
+                    extra=id_fields(row.queue, row.message_id),
                 )
 
     def _log_database_error(self, alias: str, error: Exception) -> None:

@@ -22,6 +22,7 @@ from django.db import connections
 from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.observability.log_fields import id_fields
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,13 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
         try:
             (outcome,) = settle_stopped(_queues_for(item.queue), [item])
         except ConfigurationError as e:
-            logger.error("queue %s: message %s not settled: %s", item.queue, item.message_id, e)
+            logger.error(
+                "queue %s: message %s not settled: %s",
+                item.queue,
+                item.message_id,
+                e,
+                extra=id_fields(item.queue, item.message_id, item.attempt),
+            )
             continue
         except (KeyError, ValueError, TypeError) as e:  # a queue this process cannot name
             logger.error(
@@ -54,6 +61,7 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
                 item.queue,
                 item.message_id,
                 e,
+                extra=id_fields(item.queue, item.message_id, item.attempt),
             )
             continue
         except (DelayQueueError, redis.RedisError) as e:  # Redis down: the rest waits
@@ -77,6 +85,7 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
             item.message_id,
             item.reason,
             SETTLED[outcome],
+            extra=id_fields(item.queue, item.message_id, item.attempt),
         )
     return []
 

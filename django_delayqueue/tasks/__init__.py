@@ -11,12 +11,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from django_delayqueue.core.consumer.progress_reports import progress
     from django_delayqueue.tasks.backend import DelayQueueBackend
+    from django_delayqueue.tasks.progress_reading import progress_of
 
-__all__ = ["DelayQueueBackend"]
+__all__ = ["DelayQueueBackend", "progress", "progress_of"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "progress":
+        # The running task's progress (a TaskContext is a frozen dataclass without room for a
+        # method of ours): the same as dq.progress, Django-free.
+        from django_delayqueue.core.consumer.progress_reports import progress
+
+        return progress
+    if name == "progress_of":
+        from django_delayqueue.tasks.progress_reading import progress_of
+
+        return progress_of
     if name == "DelayQueueBackend":
         from django_delayqueue.tasks.backend import DelayQueueBackend
 

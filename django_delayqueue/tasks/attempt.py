@@ -15,6 +15,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
     ERROR_PREFIX,
@@ -69,11 +70,16 @@ class Attempt(WhileRunning):
                 self.queue.name,
                 self.message.id,
                 e,
+                extra=message_fields(self.message),
             )
             return from_message
         except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
             logger.warning(
-                "queue %s: task result %s %s: rebuilt", self.queue.name, self.message.id, e
+                "queue %s: task result %s %s: rebuilt",
+                self.queue.name,
+                self.message.id,
+                e,
+                extra=message_fields(self.message),
             )
             return from_message
 

@@ -30,7 +30,9 @@ from django_delayqueue.conf.settings import queue_names
 from django_delayqueue.core.envelope import encode_payload, new_id
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
+from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.observability import tracing
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
@@ -89,6 +91,11 @@ class DelayQueueBackend(framework.BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)
+        # A producer span, as dq.schedule's: the task's message carries its trace context.
+        with tracing.producing(task.queue_name) as span:
+            return self._enqueue(task, args, kwargs, span)
+
+    def _enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any], span: Any) -> Any:
         queue = get_queue(task.queue_name, task=not self.queues)
         args, kwargs = _json_arguments(task, args, kwargs)
         result_id = new_id()
@@ -108,6 +115,9 @@ class DelayQueueBackend(framework.BaseTaskBackend):
             prepared = queue.prepare(payload, at=run_after, id=result_id, now_ms=now, task=True)
         else:
             prepared = queue.prepare(payload, id=result_id, now_ms=now, task=True)
+        tracing.scheduled(span, result_id, prepared.due_ms)
+        if span.is_recording():
+            span.set_attribute("delayqueue.task", task.module_path)
         record = TaskRecord(
             task=task.module_path,
             queue=queue.name,
@@ -146,6 +156,18 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         queue, record = found
         reconcile(queue, result_id, record)
         return to_task_result(record, result_id)
+
+    def get_progress(self, result_id: str) -> Progress | None:
+        """The progress the task ``result_id`` reported while it runs (``dq.progress``,
+        ``django_delayqueue.tasks.progress``); None when it reported none, or does not run
+        now (not started, finished: progress ends with its attempt). One Redis round trip
+        more than the record's. The framework's TaskResult has no field for it (a frozen,
+        slotted dataclass), so it is read here, beside ``get_result``."""
+        found = self.find_record(result_id)
+        if found is None:
+            return None
+        queue = found[0]
+        return queue.progress_of(result_id).get(result_id)
 
     def find_record(self, result_id: str) -> tuple[Queue, TaskRecord] | None:
         """The queue and record of ``result_id`` among this backend's queues (None: nowhere)."""

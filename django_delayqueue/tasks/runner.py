@@ -43,7 +43,6 @@ its record says so (two worker ids).
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -54,15 +53,15 @@ from django.db import close_old_connections
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
 from django_delayqueue.core.consumer.limits import handler_returned, stop_error
 from django_delayqueue.core.consumer.outcomes import WhileRunning, WritesWithAck
-from django_delayqueue.core.envelope import Message, encode_json
+from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import (
     Aborted,
-    PayloadError,
     Reject,
     Retry,
 )
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks import framework
 from django_delayqueue.tasks.attempt import Attempt, task_error
 from django_delayqueue.tasks.payload import (
@@ -79,6 +78,7 @@ from django_delayqueue.tasks.results import (
     task_as_enqueued,
     to_task_result,
 )
+from django_delayqueue.tasks.return_values import _cause, _stored
 from django_delayqueue.tasks.unheard import unheard
 
 logger = logging.getLogger(__name__)
@@ -233,7 +233,12 @@ class _TaskRun:
                 error = None if isinstance(e, Retry) else e
                 attempt.write_now(READY, error=error)
         except Exception:  # the record is secondary: the task's own outcome stands
-            logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+            logger.exception(
+                "queue %s: task %s: result not recorded",
+                queue.name,
+                message.id,
+                extra=message_fields(message),
+            )
         finally:
             if close_connections:
                 close_old_connections()
@@ -267,7 +272,12 @@ class _TaskRun:
             try:
                 self.runner._failed(attempt, record, error, backend, task)
             except Exception:
-                logger.exception("queue %s: task %s: result not recorded", queue.name, message.id)
+                logger.exception(
+                    "queue %s: task %s: result not recorded",
+                    queue.name,
+                    message.id,
+                    extra=message_fields(message),
+                )
             raise Reject(f"task ran, but its result cannot be stored: {e}") from e
         record.status, record.finished_at = SUCCESSFUL, finished_at
         record.return_value = return_value
@@ -288,8 +298,13 @@ class _TaskRun:
                 )
                 self.runner._send_soon(queue, whole)
             except Exception:
-                name, message_id = queue.name, self.message.id
-                logger.exception("queue %s: task %s: result not recorded", name, message_id)
+                message = self.message
+                logger.exception(
+                    "queue %s: task %s: result not recorded",
+                    queue.name,
+                    message.id,
+                    extra=message_fields(message),
+                )
         if unheard(framework.task_finished, backend, SUCCESSFUL):
             return  # nothing ran here that could have opened or used a connection
         if self.started is None:  # the started TaskResult's copy, or one built whole
@@ -323,40 +338,6 @@ _ASYNC_FUNCS_KEPT = 256
 _async_funcs: dict[Any, bool] = {}
 
 
-def _stored(value: Any) -> tuple[str, Any]:
-    """The JSON text a return value is stored as, and the value a reader gets back from it."""
-    kind = type(value)
-    # The common returns, whose JSON and whose value read back are known without the round
-    # trip through the framework's normalisation, the encoder and the decoder.
-    if value is None:
-        return "null", None
-    if kind is bool:
-        return ("true" if value else "false"), value
-    if kind is int and -_SMALL_INT < value < _SMALL_INT:  # far from int-string limits
-        return str(value), value
-    # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
-    returned = encode_json(_normalized(value), "return value", ascii_only=True)
-    return returned, json.loads(returned)  # what a reader gets: lists, not tuples
-
-
-_SMALL_INT = 10**18
-
-
-def _normalized(value: Any) -> Any:
-    """The return value as the framework's own backends keep it (Django 6: a tuple is a list,
-    bytes are text, anything else that is not JSON a TypeError "Unsupported type: ...")."""
-    normalize = framework.normalize_json
-    if normalize is None:
-        return value
-    try:
-        return normalize(value)
-    except RecursionError:  # nested far too deep: the PayloadError that says how deep
-        encode_json(value, "return value")
-        raise
-    except TypeError as e:  # recorded as the TypeError it is (see _cause)
-        raise PayloadError(f"return value is not JSON-serialisable: {e}") from e
-
-
 def _backend_of_queue(name: str) -> Any:
     """A backend of this app that takes queue ``name`` (None: none does)."""
     for alias in delayqueue_backends():
@@ -382,15 +363,6 @@ def _send_robust(signal: Any, backend: Any, result: Any) -> None:
                 getattr(receiver, "__qualname__", receiver),
                 exc_info=response,
             )
-
-
-def _cause(error: Exception) -> BaseException:
-    """What a task's result records for ``error``: json's own TypeError or ValueError when
-    that is what PayloadError wraps (as Django's backends record a value that is not JSON)."""
-    cause = error.__cause__
-    if isinstance(error, PayloadError) and isinstance(cause, (TypeError, ValueError)):
-        return cause
-    return error
 
 
 def _default_ttl() -> int:

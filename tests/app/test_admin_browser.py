@@ -242,3 +242,36 @@ def test_recurring_schedules_list_and_run_now(
     parsed = parse_tick_id(sent.id)
     assert parsed is not None and parsed[0] == "nightly-report"
     assert sent.payload == {"kind": "unpaid"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_queue_is_flagged_with_its_p50_and_p99(
+    browser, live_server, redis_client, django_user_model
+):
+    from django.conf import settings
+    from django.test import override_settings
+    from lateness_support import LATE_QUEUE, LATE_QUEUE_SETTINGS, deliver_late
+    from selenium.webdriver.common.by import By
+
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "s3cret-pass")
+    queues = {
+        **settings.DELAYQUEUE["QUEUES"],
+        LATE_QUEUE: {**LATE_QUEUE_SETTINGS, "lateness_warning_ms": 20},
+    }
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "QUEUES": queues}):
+        deliver_late(redis_client, list(range(10)), late_ms=30)  # p99 50 ms: past 20 ms
+        _log_in(browser, live_server.url)
+        overview = f"{live_server.url}/admin/django_delayqueue/queuemessage/"
+        _open(browser, overview, f'tr[data-queue="{LATE_QUEUE}"]')
+        cell = browser.find_element(
+            By.CSS_SELECTOR, f'tr[data-queue="{LATE_QUEUE}"] td.dq-lateness'
+        )
+        assert "p50 38 ms, p99 50 ms" in cell.text and "late" in cell.text
+        assert "dq-alert" in cell.get_attribute("class")
+        flag = cell.find_element(By.CSS_SELECTOR, ".dq-late-flag")
+        assert flag.is_displayed()
+        _screenshot(browser, "overview-lateness")
+        # Its own page says the same, next to the counts.
+        _open(browser, f"{overview}{LATE_QUEUE}/", "#dq-lateness")
+        row = browser.find_element(By.ID, "dq-lateness").text
+        assert "last 5 min: p50 38 ms, p99 50 ms" in row and "warning above 20 ms" in row

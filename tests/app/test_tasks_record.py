@@ -30,7 +30,7 @@ from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.core.task_records import record_fields
-from django_delayqueue.tasks import framework, results, runner
+from django_delayqueue.tasks import framework, results, return_values, runner
 from django_delayqueue.tasks.attempt import Attempt
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
@@ -397,7 +397,7 @@ def test_a_return_value_s_short_cut_stores_what_the_encoder_would(value: Any) ->
     decoding: stored as the same text, read back as the same value, as the full path."""
     from django_delayqueue.core.envelope import encode_json
 
-    text = encode_json(runner._normalized(value), "return value", ascii_only=True)
+    text = encode_json(return_values._normalized(value), "return value", ascii_only=True)
     assert runner._stored(value) == (text, json.loads(text))
     assert type(runner._stored(value)[1]) is type(json.loads(text))
 

@@ -10,6 +10,7 @@ its handler threads. Waits are bounds against hangs, never timing checks.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -201,3 +202,63 @@ def test_a_burst_run_drains_a_rate_limited_queue_at_its_rate(make_queue: Any) ->
     assert len(recorder.calls) == 6 and q.counts() == EMPTY
     claimed = [m.claimed_ms for m in recorder.calls]
     assert max(claimed) - min(claimed) >= 5 * 25 - MAX_CLAIM_LEAD_MS
+
+
+def test_key_concurrency_holds_across_consumers_and_keeps_each_keys_order(
+    make_queue: Any, running: Any
+) -> None:
+    """Three consumers (four threads each), 50 keys of 4 messages, key_concurrency 1: never two
+    messages of one key running at once (the ledger), each key's messages in their order, and
+    every message delivered (slots freed by the acks wake the consumers waiting on them)."""
+    queues = [make_queue(clock=SystemClock(), key_concurrency=1, concurrency=4) for _ in "abc"]
+    for n in range(4):
+        for k in range(50):
+            queues[0].schedule({"n": n}, key=f"store-{k}")
+    lock = threading.Lock()
+    running_keys: set[str] = set()
+    overlaps: list[str] = []
+    order: dict[str, list[int]] = {}
+
+    client, keys = queues[0].client, queues[0].keys
+
+    def run(message: Message) -> None:
+        assert message.key is not None
+        # What Redis holds in flight now: of this key, only this message.
+        in_flight = [i.decode() for i in client.zrange(keys.unack, 0, -1)]
+        of_key = client.hmget(keys.flow_keys, in_flight) if in_flight else []
+        same = [i for i, k in zip(in_flight, of_key, strict=True) if k == message.key.encode()]
+        with lock:
+            if same != [message.id]:
+                overlaps.append(f"{message.key}: {same}")
+            if message.key in running_keys:
+                overlaps.append(message.key)
+            running_keys.add(message.key)
+            order.setdefault(message.key, []).append(message.payload["n"])
+        with lock:
+            running_keys.discard(message.key)
+
+    recorder = Recorder(run)
+    for q in queues:
+        running(Counting([q], recorder, idle_seconds=1))
+    wait_until(lambda: len(recorder.calls) == 200 and queues[0].counts() == EMPTY)
+    assert overlaps == []
+    assert order == {f"store-{k}": [0, 1, 2, 3] for k in range(50)}
+
+
+def test_a_consumer_sleeps_until_a_keys_next_token(make_queue: Any, running: Any) -> None:
+    """key_rate_limit "20/s": one key's six messages start 50 ms apart (read on the claims'
+    instants), another key's message at once, and the consumer wakes about once a token."""
+    q = make_queue(clock=SystemClock(), key_rate_limit="20/s", concurrency=4)
+    for n in range(6):
+        q.schedule({"n": n}, key="+33612345678")
+    q.schedule({"other": 1}, key="+33699999999")
+    recorder = Recorder()
+    consumer = Counting([q], recorder, idle_seconds=1)
+    running(consumer)
+    wait_until(lambda: len(recorder.calls) == 7 and q.counts() == EMPTY)
+    of_key = sorted(m.claimed_ms for m in recorder.calls if m.key == "+33612345678")
+    gaps = [b - a for a, b in itertools.pairwise(of_key)]
+    assert all(gap >= 50 - MAX_CLAIM_LEAD_MS for gap in gaps), gaps
+    other = next(m for m in recorder.calls if m.key == "+33699999999")
+    assert other.claimed_ms <= of_key[1]  # not behind the first key's wait
+    assert consumer.rounds < 60, consumer.rounds  # woken per token, not a poll loop

@@ -58,8 +58,8 @@ def populated(client: redis.Redis) -> Held:
     q.cancel("r1")  # a dead entry in the middle of ready
     q.schedule({"n": "back"}, delay=10, id="back")
     q.run_now("back")  # ready, with the time it came back
-    assert q.schedule({"n": "next"}, id=inflight.id, replace=True).successor
-    q.schedule({"n": "later"}, delay=10, id="later")
+    assert q.schedule({"n": "next"}, id=inflight.id, replace=True, key="k1").successor
+    q.schedule({"n": "later"}, delay=10, id="later", key="k1")
     q.schedule({"n": "soon"}, delay=1, id="soon")
     # Tasks with a priority: one ready in the ranked zset, one waiting to be promoted there.
     _task(q, "urgent", priority=9)
@@ -170,7 +170,10 @@ KEY_NAMES = [
     "pending", "ready", "unack", "retry", "garbage", "messages", "attempts", "tokens",
     "reasons", "seq", "journal", "tally", "config", "heartbeats", "consumer_details", "cancelled",
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
-    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique",
+    "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "flow_keys",
+    "timings",
+    "key_turns", "key_waiting", "key_state", "key_tats",
+    "progress",
 ]  # fmt: skip
 
 
@@ -233,6 +236,9 @@ def misplaced(held: Held) -> set[str]:
             members = _live(client, keys, members)
         for message_id in members or []:
             where.setdefault(message_id, []).append(state)
+    for key_list in client.scan_iter(match=keys.key_lists + "*"):  # keyed ready messages
+        for message_id in _members(client, key_list.decode(), b"list") or []:
+            where.setdefault(message_id, []).append("ready")
     envelopes = (
         {i.decode() for i in client.hkeys(keys.messages)}
         if client.type(keys.messages) in (b"hash", b"none")

@@ -24,11 +24,12 @@ from django_delayqueue.embedded import RedisServerProcess, free_port
 
 
 def _key_properties() -> list[str]:
-    """Every property of QueueKeys that names a Redis key (not the tag or the channel)."""
+    """Every property of QueueKeys that names a Redis key (not the tag, the channel or the
+    prefix of the per-key lists)."""
     return [
         name
         for name, value in vars(QueueKeys).items()
-        if isinstance(value, property) and name not in ("tag", "wake_channel")
+        if isinstance(value, property) and name not in ("tag", "wake_channel", "key_lists")
     ]
 
 

@@ -182,7 +182,7 @@ def test_a_script_call_loads_the_script_when_redis_does_not_know_it(
     script = LuaScript.named("counts")
     redis_client.script_flush()
     assert redis_client.script_exists(script.sha) == [False]
-    keys = [f"{{t}}:{i}" for i in range(9)]
+    keys = [f"{{t}}:{i}" for i in range(10)]
     assert ScriptCall(script, keys, []).run(redis_client)[:5] == [0, 0, 0, 0, 0]
     assert redis_client.script_exists(script.sha) == [True]
 

@@ -89,7 +89,7 @@ def test_every_key_name_is_a_queue_key_or_given_by_name() -> None:
         for name in contract.keys
         if not isinstance(getattr(QueueKeys, name.lstrip("*"), None), property)
     }
-    assert given == {"record", "records", "receipt", "published"}
+    assert given == {"record", "records", "receipt", "published", "minute", "minutes"}
 
 
 @pytest.mark.parametrize("name", script_names())
@@ -152,12 +152,12 @@ def test_a_call_is_built_in_the_declared_order() -> None:
     )
     assert call.script.name == "cancel"
     assert call.keys[:3] == [keys.pending, keys.retry, keys.ready]
-    assert call.keys[-3:] == [keys.priorities, keys.task_result("a"), keys.task_result("b")]
-    assert len(call.keys) == 17
+    assert call.keys[-3:] == [keys.progress, keys.task_result("a"), keys.task_result("b")]
+    assert len(call.keys) == 24
     assert call.args == [5, 10, 60, "a", "b"]
     claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="")
-    assert (len(claim.keys), claim.args) == (12, [1, 2, 3, ""])
-    assert claim.keys[-1] == keys.limiter
+    assert (len(claim.keys), claim.args) == (18, [1, 2, 3, ""])
+    assert claim.keys[-1] == keys.key_lists
     receipt = keys.claim_receipt("c")
     given = {"receipt": receipt, "claim_id": "7", "replay_only": "0"}
     claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", **given)

@@ -21,7 +21,13 @@ from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.errors import RedisOutOfMemory
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
 from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.core.scripts.contracts import FLOW_STATE, HEARTBEAT, JOURNAL, SLOT_FREED
+from django_delayqueue.core.scripts.contracts import (
+    FLOW_STATE,
+    HEARTBEAT,
+    JOURNAL,
+    RECORD_TIMINGS,
+    SLOT_FREED,
+)
 from django_delayqueue.core.scripts.loader import script_names
 
 T0 = 1_700_000_000_000
@@ -74,6 +80,10 @@ def test_growing_writes_are_refused_with_out_of_memory_and_change_nothing(
         "journal": lambda: journal_call(q, Message("x", q.name, {}, T0, T0, 1, "1", T0)).run(
             client
         ),
+        # Delivery timings are a measure: dropped by the consumer when Redis refuses them.
+        "delivery timings": lambda: RECORD_TIMINGS.call(
+            q.keys, minute=q.keys.timings_minute(1), ttl_seconds=60, increments=["l0", 1]
+        ).run(client),
     }
     with full(client):
         for what, call in refused.items():
@@ -182,11 +192,11 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
         "promote", "flow_state", "slot_freed",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
-        "stats", "write_record", "write_records",
+        "stats", "write_record", "write_records", "read_timings",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",
-        "schedule", "send_once", "schedule_unique",
+        "schedule", "send_once", "schedule_unique", "record_timings", "progress",
     }  # fmt: skip
     assert set(script_names()) == run_when_full | refused_when_full
 

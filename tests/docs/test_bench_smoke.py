@@ -56,6 +56,25 @@ EXPECTED_ROWS = {
     "rate_limit.window_max",
     "rate_limit.burst_claimed",
     "rate_limit.burst_started",
+    *(
+        f"tracing.{part}.{mode}"
+        for part in ("deliver", "burst", "schedule")
+        for mode in ("absent", "api", "sdk")
+    ),
+    "lateness_cost.deliver",
+    "lateness_cost.deliver_cpu_us",
+    "lateness_cost.record_ns",
+    "lateness_cost.otel_ns",
+    "flow_keys.fairness",
+    "flow_keys.claim_us.many_keys",
+    "flow_keys.claim_us.b1",
+    "flow_keys.claim_us.b100",
+    "flow_keys.ack_us",
+    "progress.ack_us.b1",
+    "progress.ack_us.b100",
+    "progress.deliver",
+    "progress.deliver_cpu",
+    "progress.deliver_reporting",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

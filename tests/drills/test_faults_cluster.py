@@ -204,3 +204,21 @@ def test_a_sharded_queue_spreads_over_the_masters_and_delivers_each_message_once
         assert {(sender, name) for sender, name, _ in seen} == {("order-close", "order-close")}
         (stats,) = collect(["order-close"])
         assert stats.counts["ready"] == 0 and stats.queue == "order-close"
+
+
+def test_flow_keys_work_on_a_three_master_cluster(cluster: list[RedisServerProcess]) -> None:
+    """Keyed messages on every master: their per-key lists (named in the scripts, under the
+    queue's hash tag) share the queue's slot, and key_concurrency holds there."""
+    client = RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    for name in spread_queues(client):
+        q = Queue(client, f"{name}-keys", settings=QueueSettings(key_concurrency=1))
+        assert client.keyslot(q.keys.key_list("+33612345678")) == client.keyslot(q.keys.ready)
+        for n in range(3):
+            q.schedule({"n": n}, key="+33612345678")
+        q.schedule({"other": True}, key="+33699999999")
+        first = q.claim(10)
+        assert sorted(m.key for m in first) == ["+33612345678", "+33699999999"]
+        assert q.ack(*first) == 2
+        (second,) = q.claim(10)
+        assert (second.key, second.payload) == ("+33612345678", {"n": 1})
+        q.ack(second)

@@ -183,3 +183,31 @@ def empties_its_arguments(items: list[int], *, options: dict[str, int]) -> int:
     items.clear()
     options.clear()
     return total
+
+
+# A test pushes here to let a task that reported its progress finish (a list: BLPOP waits on it
+# from a runqueue subprocess as well as from an in-process worker).
+PROGRESS_GATE = "test:tasks:progress-gate"
+
+
+@task(queue_name="shop-tasks", takes_context=True)
+def reports_progress(context: Any, steps: int) -> int:
+    """Reports its progress in a tight loop, ends at 50%, then waits for the test."""
+    from django_delayqueue.tasks import progress
+
+    for step in range(steps):
+        assert progress(100 * step / steps, f"step {step} of {steps}")
+    assert progress(50, f"halfway, attempt {context.attempt}")
+    _redis().rpush(TRACE, "reported")
+    _redis().blpop([PROGRESS_GATE], timeout=60)
+    return steps
+
+
+@task(queue_name="shop-tasks")
+async def async_reports_progress() -> str:
+    """reports_progress as an async def task (dq.progress finds it through its context)."""
+    assert dq.progress(25.5, "async quarter")
+    _redis().rpush(TRACE, "reported")
+    while not _redis().exists(PROGRESS_GATE):
+        await asyncio.sleep(0.01)
+    return "done"

@@ -22,6 +22,7 @@ from django_delayqueue.core.consumer.limits import Run, Runs, Slot
 from django_delayqueue.core.envelope import Message, to_str
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import redis_errors
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ class AbortPoller:
                     run.message.queue,
                     run.message.id,
                     f" ({reason})" if reason else "",
+                    extra=message_fields(run.message),
                 )
                 self._on_abort(run)
         return new

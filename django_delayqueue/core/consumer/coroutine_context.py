@@ -23,6 +23,7 @@ from django_delayqueue.core.consumer.interruptible import Interruptible
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.consumer.stopped import Settlement
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ def _sync_part_ended(entry: RunningCoroutine) -> None:
             "message %s: the sync part of its coroutine handler ended after the event loop: "
             "released, it comes back after its visibility timeout",
             entry.message.id,
+            extra=message_fields(entry.message),
         )
         release(entry, outcome)
 
@@ -139,6 +141,7 @@ def release_after_sync_parts(entry: RunningCoroutine, outcome: Outcome) -> None:
             "message %s: its coroutine handler's sync part still runs on its thread: "
             "kept in flight until it ends",
             entry.message.id,
+            extra=message_fields(entry.message),
         )
         return
     release(entry, outcome)
@@ -148,4 +151,8 @@ def release(entry: RunningCoroutine, outcome: Outcome) -> None:
     try:
         entry.done(outcome)
     except Exception:
-        logger.exception("coroutine of message %s: not released", entry.message.id)
+        logger.exception(
+            "coroutine of message %s: not released",
+            entry.message.id,
+            extra=message_fields(entry.message),
+        )

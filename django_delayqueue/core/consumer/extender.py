@@ -3,6 +3,10 @@
 Each queue is extended on its own schedule, a third of its *current* visibility timeout (so a
 timeout lowered in the admin takes effect in a running consumer), through its own Redis client,
 and a queue whose extend fails never keeps another queue's messages from being extended.
+
+Each tick also sends the progress its handlers reported since the last one
+(:mod:`.progress_reports`): the thread wakes every tick anyway, so a report waits at most a
+tick, and a consumer whose handlers report nothing makes no call for it.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from django_delayqueue.core.consumer.progress_reports import send_reports
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
 
 logger = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.2  # how often the thread looks whether a queue is due (costs no Redis call)
+# How often the thread looks whether a queue is due (costs no Redis call), and the longest a
+# progress report waits to be sent.
+TICK_SECONDS = 0.2
 SHORTEST_INTERVAL_SECONDS = 0.2
 
 
@@ -52,6 +59,7 @@ class Extender:
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
+            send_reports(self._queues, self._in_flight)
             self.extend_due()
             if self._lingering and not any(self._in_flight(q.name) for q in self._queues):
                 return

@@ -10,7 +10,10 @@ flight to end: announced on its wake channel by whichever process records the en
 supervisor's settling of a stopped handler and for a reap that retried timed-out deliveries),
 and found by the idle poll otherwise (a wake lost with its connection).
 
-Per-key limits (flow keys, issue 27's later part) would add their holds here, by key.
+Flow keys' limits (``key_concurrency``, ``key_rate_limit``) hold a queue when no key with
+ready messages may start one: until a key's next token (a known instant), or until a delivery of
+a key ends (woken as for ``max_in_flight``). Messages promoted meanwhile may be of a key that
+can start: a hold until a slot frees is dropped then, and the next round claims.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class FlowHolds:
 
     def __init__(self) -> None:
         self.until: dict[str, float] = {}
+        # Since when (ms) each held queue's claims have come back held: the limit wait of the
+        # messages the claims take later is counted from then (core/timings/recorder.py).
+        self.since: dict[str, int] = {}
 
     def holds(self, name: str) -> bool:
         """Whether queue ``name``'s last claim was held back by a limit."""
@@ -44,18 +50,34 @@ class FlowHolds:
         the slots are another consumer's to free."""
         return any(until != math.inf for until in self.until.values())
 
-    def note(self, name: str, until: int | None, next_wake: dict[str, int | None]) -> None:
-        """Queue ``name``'s claim was held back until ``until`` (-1: until a slot frees), or
-        not (None). A known instant makes a round due for the queue then (in ``next_wake``,
-        the round trip's due times by queue)."""
+    def promoted(self, name: str) -> None:
+        """Messages of queue ``name`` reached ready: a hold until a slot frees ends (they may
+        be of a flow key that has a slot; a claim held by ``max_in_flight`` says so again)."""
+        if self.until.get(name) == math.inf:
+            del self.until[name]
+
+    def note(
+        self, name: str, until: int | None, next_wake: dict[str, int | None], now: int = 0
+    ) -> None:
+        """Queue ``name``'s claim at ``now`` was held back until ``until`` (-1: until a slot
+        frees), or not (None). A known instant makes a round due for the queue then (in
+        ``next_wake``, the round trip's due times by queue)."""
         if until is None:
             self.until.pop(name, None)
-        elif until < 0:
+            self.since.pop(name, None)
+            return
+        self.since.setdefault(name, now)
+        if until < 0:
             self.until[name] = math.inf
         else:
             self.until[name] = until
             due = next_wake.get(name)
             next_wake[name] = until if due is None else min(due, until)
+
+
+def waits_on_slots(q: Queue) -> bool:
+    """Whether claims of ``q`` may wait for a delivery to end: a cap of the queue or of a key."""
+    return q.settings.max_in_flight is not None or q.settings.key_concurrency is not None
 
 
 def wake_for_freed_slots(
@@ -65,7 +87,7 @@ def wake_for_freed_slots(
     consumers whose claims wait on the cap (slot_freed.lua): one call per such queue with
     outcomes this round, none for the others."""
     for q in queues:
-        if q.settings.max_in_flight is not None and any(sent[0] is q for sent in recorded):
+        if waits_on_slots(q) and any(sent[0] is q for sent in recorded):
             batch.add(SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel))
 
 
@@ -73,7 +95,7 @@ def wake_after(q: Queue, freed: int) -> None:
     """After ``freed`` messages of ``q`` ended outside a round (settled by the supervisor,
     retried by a reap), wake the consumers waiting on its cap: one call, only for a capped
     queue that freed something. A failure is logged: their idle poll finds the slots."""
-    if freed <= 0 or q.settings.max_in_flight is None:
+    if freed <= 0 or not waits_on_slots(q):
         return
     try:
         SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(q.client)

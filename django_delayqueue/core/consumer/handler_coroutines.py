@@ -44,6 +44,7 @@ from django_delayqueue.core.consumer.outcomes import Outcome, failed_outcome
 from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.journal import GARBAGE, RETRY
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,11 @@ class HandlerCoroutines:
         try:
             return bool(self._deliverer.runs_async(message))
         except Exception:
-            logger.exception("message %s: cannot tell whether its handler is async", message.id)
+            logger.exception(
+                "message %s: cannot tell whether its handler is async",
+                message.id,
+                extra=message_fields(message),
+            )
             return False
 
     @property
@@ -266,7 +271,11 @@ class HandlerCoroutines:
         try:
             entry.done(outcome)
         except Exception:
-            logger.exception("coroutine handler of message %s: outcome not taken", message.id)
+            logger.exception(
+                "coroutine handler of message %s: outcome not taken",
+                message.id,
+                extra=message_fields(message),
+            )
 
     @staticmethod
     def _cancel_task(entry: RunningCoroutine, reason: str) -> None:

@@ -5,7 +5,8 @@ A mixin of :class:`.loop.Consumer`: what the handler threads and the coroutines 
 with no part in the loop's rounds. Apart from :mod:`.loop` so that the per-message path (a
 :class:`~.limits.Run` when a limit or an abort needs one, the outcome settled by it, a recurring
 tick's write) reads on its own, and the loop class keeps only the loop. The methods are the
-consumer's, moved as they were: no call is added on the way to a handler.
+consumer's, moved as they were: the one call added on the way to a handler is the delivery
+span's (``observability.tracing``), a flag read when tracing is off.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Aborted
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.observability.tracing import (
+    Delivery,
+    delivery_ended,
+    delivery_started,
+    outcome_name,
+)
 
 
 class HandlerDelivery:
@@ -102,10 +109,19 @@ class HandlerDelivery:
         # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
         # end of the abort's grace cancels it, the outcome is the dead letters); its time
         # limits are the coroutines runner's (the watchdog leaves them to it).
-        with self.handler_run(message, self._coroutine_canceller(message)) as run:
-            outcome = await self.around_coroutine_handler(message)
-        outcome = run.settled(outcome)
         q = self._queue_named.get(message.queue)
+        # The delivery span (None when tracing is off), current in this coroutine's context.
+        traced = delivery_started(message, q, self.clock)
+        outcome: Outcome | None = None
+        run: Run | None = None
+        try:
+            with self.handler_run(message, self._coroutine_canceller(message)) as run:
+                outcome = await self.around_coroutine_handler(message)
+            outcome = run.settled(outcome)
+        finally:  # a cancelled coroutine (no outcome) ends its span as stopped
+            if traced is not None:
+                _end_span(traced, q, outcome, run)
+        assert outcome is not None  # set, or the await raised
         write = None if q is None else self.keeper.finished(q, outcome)
         if q is not None and write is not None:
             self.write_soon(q, write)
@@ -129,7 +145,7 @@ class HandlerDelivery:
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
         sleep_until_due(self.clock, message.due_ms)
         q = self._queue_named.get(message.queue)
-        slot = None
+        slot = traced = None
         try:  # at once: a stop landing from here on still frees the slot (finally)
             if q is None:
                 slot = self._runs.enter(message, message.queue, False)
@@ -143,6 +159,8 @@ class HandlerDelivery:
                         self._run_started(slot.run.started_monotonic, q)
                 else:
                     slot = self._runs.enter(message, q.logical_name, False)
+            # The delivery span (None when tracing is off), current on this thread meanwhile.
+            traced = delivery_started(message, q, self.clock)
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self.clock.now_ms()
@@ -152,6 +170,8 @@ class HandlerDelivery:
             run = (slot or self._runs.slot()).exit()
         if run is not None:
             outcome = run.settled(outcome)
+        if traced is not None:
+            _end_span(traced, q, outcome, run)
         write = None if q is None else self.keeper.finished(q, outcome)
         if q is not None and write is not None:
             self.write_soon(q, write)  # a recurring tick's run, with the next round
@@ -185,6 +205,19 @@ class HandlerDelivery:
         be asleep till then)."""
         limits = [x for x in (q.settings.soft_time_limit, q.settings.time_limit) if x]
         self._watchdog.due_by(started_monotonic + min(limits))
+
+
+def _end_span(traced: Delivery, q: Queue | None, outcome: Outcome | None, run: Run | None) -> None:
+    """End a delivery span with what the delivery came to (no outcome: it was cancelled)."""
+    stopped = outcome is None or (run is not None and (run.stop is not None or run.aborted))
+    if outcome is None:
+        delivery_ended(traced, "stopped", "cancelled")
+        return
+    m = outcome.message
+    attempts = q.settings.max_attempts if q is not None else m.attempt + 1
+    delivery_ended(
+        traced, outcome_name(outcome.status, m.attempt, attempts, stopped), outcome.reason
+    )
 
 
 def is_coroutine_function(target: Any) -> bool:

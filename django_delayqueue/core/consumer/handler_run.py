@@ -21,6 +21,7 @@ from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import _stop_reasons
 from django_delayqueue.core.journal import GARBAGE, RETRY
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,11 @@ class Run:
                 try:
                     self.canceller(exception)
                 except Exception:
-                    logger.exception("cancelling message %s failed", self.message.id)
+                    logger.exception(
+                        "cancelling message %s failed",
+                        self.message.id,
+                        extra=message_fields(self.message),
+                    )
                 return True
             _stop_reasons[self.thread_ident] = reason
             self._sent = True

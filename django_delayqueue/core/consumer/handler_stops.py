@@ -20,6 +20,7 @@ from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.waiter import Waiter
 from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.observability.log_fields import id_fields
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class HandlerStops:
                 item.message_id,
                 item.reason,
                 "a visibility timeout",
+                extra=id_fields(item.queue, item.message_id, item.attempt),
             )
 
     # --- what the coroutines' watcher calls ------------------------------------------------------

@@ -44,6 +44,7 @@ from django_delayqueue.core.consumer.handler_contracts import (
 )
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,9 @@ class HandlerThreads:
             try:
                 ident = coroutines.start(message, self._finish)
             except Exception as e:  # the loop is closed (a stop): a failed attempt, recorded
-                logger.exception("message %s: coroutine not started", message.id)
+                logger.exception(
+                    "message %s: coroutine not started", message.id, extra=message_fields(message)
+                )
                 self._running.pop(message.token, None)
                 reason = f"coroutine not started: {e!r}"
                 self._finished.append(Outcome(message, RETRY, started_ms, started_ms, None, reason))
@@ -339,7 +342,9 @@ class HandlerThreads:
             try:
                 outcome = self._deliverer.deliver(message)
             except BaseException as e:  # run_handler never raises; this guards the thread itself
-                logger.exception("handler thread failed on message %s", message.id)
+                logger.exception(
+                    "handler thread failed on message %s", message.id, extra=message_fields(message)
+                )
                 outcome = Outcome(message, RETRY, 0, 0, None, f"handler thread failed: {e!r}")
             self._finish(outcome, me)
 

@@ -15,6 +15,8 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.core.journal import ACK, GARBAGE, RETRY, OutcomeStatus
 from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.observability.tracing import record_failure
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +132,7 @@ def returned_outcome(message: Message, returned: Any, started: int, t0: float) -
 def failed_outcome(message: Message, e: BaseException, started: int, t0: float) -> Outcome:
     """The outcome of a handler that raised ``e``: Retry and Reject as they ask, anything else
     (even a BaseException) a failed attempt, retried with backoff."""
+    record_failure(e)  # on the delivery span, when tracing is on
     if isinstance(e, Retry):
         status, reason, error = RETRY, e.reason or "retry requested", "Retry"
         delay = _sane_delay(e.delay)
@@ -147,6 +150,7 @@ def failed_outcome(message: Message, e: BaseException, started: int, t0: float) 
                 message.id,
                 message.attempt,
                 exc_info=e,
+                extra=message_fields(message),
             )
         reason = f"{error}: {e}"[:2000]
     finished = started + int((time.perf_counter() - t0) * 1000)

@@ -14,11 +14,9 @@ after a few tries, with an error naming the ids, rather than kept in memory for 
 leaves only once a reply says it ran. When Redis is out of memory the journal rows it
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
-condition once rather than every round.
-
-The recorder is one of the two parts that ride on every round trip (the recurring keeper is
-the other: see :mod:`.round_parts`): :meth:`UnrecordedOutcomes.add_to` adds its calls to a
-server's pipeline, :meth:`UnrecordedOutcomes.read` takes in their replies.
+condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
+as they come in. The recorder rides on every round trip, as the recurring keeper does (see
+:mod:`.round_parts`): ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
 
 from __future__ import annotations
@@ -27,12 +25,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
-from redis.cluster import RedisCluster
 
 from django_delayqueue.core.consumer.merged_writes import is_merged, merged_writes, record_replies
 from django_delayqueue.core.consumer.outcomes import (
@@ -42,11 +39,14 @@ from django_delayqueue.core.consumer.outcomes import (
     WhileRunning,
     journal_entry,
 )
+from django_delayqueue.core.consumer.replica_acks import confirm_acks as _confirm_acks
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import JOURNAL
+from django_delayqueue.core.timings.recorder import DeliveryTimings
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class UnrecordedOutcomes:
         # write_soon()'s WhileRunning writes, until the loop's next round takes them: a dict
         # that handler threads add to and only the loop removes from, each at once.
         self._while_running: dict[WhileRunning, str] = {}
+        self.timings = DeliveryTimings(self._by_name)  # counted on the loop's thread (extend)
 
     def add_queue(self, q: Queue) -> None:
         """Record the outcomes of queue ``q`` too (a queue added to a running consumer)."""
@@ -150,7 +151,8 @@ class UnrecordedOutcomes:
             early = len(self._handed) + sum(len(calls) for calls in self._early.values())
             return sum(len(entries) for entries in self._entries.values()), early
 
-    def extend(self, outcomes: Iterable[Outcome]) -> None:
+    def extend(self, outcomes: Sequence[Outcome]) -> None:
+        self.timings.record(outcomes)
         journalled = not self.journal_maxlen
         with self._lock:
             for outcome in outcomes:
@@ -214,7 +216,9 @@ class UnrecordedOutcomes:
                 flush.append((q, "ack", acks, batch.add(call)))
             if retry:
                 failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
-                flush.append((q, "retry", retry, batch.add(q.nack_call(failures, now_ms))))
+                call = q.nack_call(failures, now_ms)
+                self.timings.note_retries(call)  # their retry times: the retries' due times
+                flush.append((q, "retry", retry, batch.add(call)))
             if bury:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
                 call = q.nack_call(failures, now_ms, bury=True)
@@ -312,7 +316,11 @@ class UnrecordedOutcomes:
             if not isinstance(result, redis.exceptions.ResponseError):
                 return  # not the script's fault: try again with the next round
             logger.error(
-                "queue %s: message %s: handler's write dropped: %s", q.name, message_id, result
+                "queue %s: message %s: handler's write dropped: %s",
+                q.name,
+                message_id,
+                result,
+                extra=message_fields(entry.outcome.message),
             )
         entry.written = True
         writes = entry.outcome.writes
@@ -320,7 +328,12 @@ class UnrecordedOutcomes:
             try:
                 writes.then(result)
             except Exception:
-                logger.exception("queue %s: message %s: after its write", q.name, message_id)
+                logger.exception(
+                    "queue %s: message %s: after its write",
+                    q.name,
+                    message_id,
+                    extra=message_fields(entry.outcome.message),
+                )
 
     def _journal_refused(self, q: Queue, entries: list[_Entry], error: Any) -> bool:
         """Whether Redis refused the journal rows for memory: then they are dropped now (kept,
@@ -360,6 +373,7 @@ class UnrecordedOutcomes:
                     q.name,
                     e.outcome.message.id,
                     e.outcome.reason,
+                    extra=message_fields(e.outcome.message),
                 )
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:
@@ -369,27 +383,3 @@ class UnrecordedOutcomes:
             for item in pair
         ]
         return JOURNAL.call(q.keys, max_length=self.journal_maxlen, fields=fields)
-
-
-def _confirm_acks(flush: Flush) -> None:
-    """With ``MIN_REPLICAS``, wait for the replicas to have the acks just sent, so that a
-    failover does not bring acknowledged messages back. One WAIT covers every queue of the
-    server; a timeout is logged, not raised: the deliveries are done, and at worst a failover
-    delivers them again (at least once)."""
-    queues = [q for q, kind, _, _ in flush if kind == "ack" and q.replicas is not None]
-    # One check per server: every queue of a plain client shares it; on a cluster, each
-    # queue's slot has its own primary.
-    by_server: dict[object, Queue] = {}
-    for q in queues:
-        client = q.client
-        server = (
-            client.get_node_from_key(q.keys.replicated).name
-            if isinstance(client, RedisCluster)
-            else id(client)
-        )
-        by_server.setdefault(server, q)
-    for q in by_server.values():
-        try:
-            q.confirm_replicas("acknowledgements")
-        except Exception as e:  # a WAIT error reply too: never lose the round's claims to it
-            logger.warning("%s; a failover now may deliver them again", e)

@@ -120,9 +120,12 @@ class RoundTrip:
                 budget = self._plan_queue(batch, plan, q, claim_until, room, budget, poll)
                 if maintenance:
                     plan.append((q, "reap", batch.add(q.reap_call(now))))
+            # 4. at maintenance, the delivery timings counted since the last (core.timings).
+            timed = self.outcomes.timings.add_to(batch, queues, now) if maintenance else []
             try:
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
+                self.outcomes.timings.put_back(timed)
                 # This server is down: its queues wait, the others' round goes on (and what
                 # they claimed is delivered: raising here would strand it in unack). Its
                 # claims may have run: the next round asks for them again by their ids.
@@ -135,6 +138,7 @@ class RoundTrip:
             # The replies: the outcomes, the claimed messages, then the keeper's (after the
             # claims, which must reach their handlers whatever a schedule's reply holds).
             self.outcomes.read(recorded, results, now)
+            self.outcomes.timings.read(timed, results)
             claimed, reaped_all = self._read_queue_results(plan, results, now)
             reap_again = reap_again or not reaped_all
             self.keeper.read(ticks, results, now)
@@ -207,6 +211,7 @@ class RoundTrip:
             seconds,
             monotonic,
         )
+        self.outcomes.timings.flush_now(self._clients, self.clock.now_ms())
 
     def due_by(self, now: int) -> bool:
         """Whether something is known to be due on a queue by ``now`` (or its retry is)."""
@@ -286,6 +291,8 @@ class RoundTrip:
                 continue
             if kind == "promote":
                 promoted = q.promote_result(raw)
+                if promoted.moved:
+                    self.holds.promoted(q.name)
                 self._ready_seen[q.name] = promoted.ready
                 # Something reached ready without an announcement (say, released by a
                 # consumer shutting down) while this round skipped the claim: claim next round.
@@ -295,9 +302,13 @@ class RoundTrip:
                 self.claims.answered(q.name)
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
+                held_since = self.holds.since.get(q.name)  # before this claim's answer
                 if len(raw) % 4 or self.holds.holds(q.name):  # a flow limit's answer
-                    self.holds.note(q.name, q.claim_hold(raw), self._next_wake)
-                messages.extend(q.claimed(raw, now))
+                    self.holds.note(q.name, q.claim_hold(raw), self._next_wake, now)
+                claimed = q.claimed(raw, now)
+                if held_since is not None and claimed:  # they waited on the limit too
+                    self.outcomes.timings.note_limit_waits(claimed, held_since, now)
+                messages.extend(claimed)
             elif kind == "reap":
                 reaped_all = self._log_reaped(q, raw) and reaped_all
         return messages, reaped_all

@@ -28,6 +28,7 @@ from django_delayqueue.core.consumer.limits import Run, Runs
 from django_delayqueue.core.consumer.stopped import abort_reason, time_limit_reason
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
 from django_delayqueue.core.settings import QueueSettings
+from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ class Watchdog:
                     run.message.queue,
                     run.message.id,
                     s.abort_grace_seconds,
+                    extra=message_fields(run.message),
                 )
                 run.send_stop("dead", reason, Aborted, now)
                 return now + STOP_WAIT_SECONDS
@@ -168,6 +170,7 @@ class Watchdog:
                     run.message.id,
                     run.message.attempt,
                     reason,
+                    extra=message_fields(run.message),
                 )
                 run.send_stop("retry", reason, TimeLimitExceeded, now)
                 return now + STOP_WAIT_SECONDS

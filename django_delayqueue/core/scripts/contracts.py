@@ -14,78 +14,86 @@ from django_delayqueue.core.scripts.contract import Contract
 _STATES = "pending ready messages unack retry garbage"
 # What replace.lua (and send_once.lua, which may replace) clear of the message they replace.
 _REPLACED = "attempts tokens reasons successors cancelled ready_since ranked priorities"
+# Flow keys: the id -> key hash, and where keyed ready messages take turns (key_turns.lua).
+_KEYED = "flow_keys key_turns key_waiting key_state key_tats key_lists"
+# What a purged message may still hold besides its state: its flow key, a leftover progress.
+_PURGED_TOO = "flow_keys progress"
 # The time, then when and where to announce a message due soon (includes/scheduling.lua).
 _ANNOUNCE = "now_ms horizon_ms wake_channel"
 
 # --- storing messages ------------------------------------------------------------------------
-SCHEDULE = Contract("schedule", keys=_STATES, args=f"{_ANNOUNCE} *triples")
-REPLACE = Contract("replace", keys=f"{_STATES} {_REPLACED}", args=f"{_ANNOUNCE} *triples")
+# The keyed keys come last (before a group): a message's key is read from its envelope.
+SCHEDULE = Contract("schedule", keys=f"{_STATES} {_KEYED}", args=f"{_ANNOUNCE} *triples")
+REPLACE = Contract("replace", keys=f"{_STATES} {_REPLACED} {_KEYED}", args=f"{_ANNOUNCE} *triples")
 ENQUEUE_TASK = Contract(
     "enqueue_task",
-    keys=f"{_STATES} record ranked priorities",
+    keys=f"{_STATES} record ranked priorities {_KEYED}",
     args=f"{_ANNOUNCE} id due_ms envelope enqueued priority",
 )
 SEND_ONCE = Contract(
     "send_once",
-    keys=f"{_STATES} {_REPLACED} sent record unique",
+    keys=f"{_STATES} {_REPLACED} sent record unique {_KEYED}",
     args=f"{_ANNOUNCE} id due_ms envelope mode token remembered_ms enqueued priority unique_ms",
 )
 # Schedules with a uniqueness window (unique_for=): a script of their own, so that schedule.lua
 # and replace.lua, every other producer's path, stay as lean as they were.
 SCHEDULE_UNIQUE = Contract(
     "schedule_unique",
-    keys=f"{_STATES} {_REPLACED} unique",
+    keys=f"{_STATES} {_REPLACED} unique {_KEYED}",
     args=f"{_ANNOUNCE} mode *quadruples",
 )
 
 # --- the consumer's transitions ---------------------------------------------------------------
 PROMOTE = Contract(
     "promote",
-    keys="pending retry ready tokens ready_since ranked priorities",
+    keys=f"pending retry ready tokens ready_since ranked priorities {_KEYED}",
     args="now_ms limit",
 )
 CLAIM = Contract(
     "claim",
     keys="ready unack messages attempts tokens seq garbage reasons cancelled ready_since ranked "
-    "limiter receipt",
+    f"limiter {_KEYED} receipt",
     args="now_ms deadline_ms most_ids limits claim_id replay_only",
     optional="receipt claim_id replay_only",  # a consumer's claims carry them (consumer/claims)
 )
 ACK = Contract(
     "ack",
     keys="unack retry garbage messages attempts tokens reasons successors pending ready priorities "
-    "aborts",
+    f"aborts {_KEYED} progress",
     args=f"{_ANNOUNCE} *pairs",
 )
 NACK = Contract(
     "nack",
     keys="unack retry garbage attempts tokens reasons successors messages pending ready priorities "
-    "aborts",
+    f"aborts {_KEYED} progress",
     args="now_ms max_attempts horizon_ms wake_channel *quadruples",
 )
 REAP = Contract(
     "reap",
     keys="unack retry garbage attempts reasons tokens successors messages pending ready priorities "
-    "aborts",
+    f"aborts {_KEYED} progress",
     args="now_ms limit max_attempts backoff_base_ms backoff_max_ms horizon_ms wake_channel",
 )
 RELEASE = Contract(
     "release",
-    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts",
+    keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts "
+    f"{_KEYED} progress",
     args="now_ms wake_channel *pairs",
 )
 SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
+PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
 HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_ms consumer")
 
 # --- reading -----------------------------------------------------------------------------------
 COUNTS = Contract(
-    "counts", keys="pending ready unack retry garbage messages cancelled ready_since ranked"
+    "counts",
+    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state",
 )
 PEEK = Contract(
     "peek",
-    keys="pending ready unack retry garbage messages attempts reasons cancelled ranked",
+    keys=f"pending ready unack retry garbage messages attempts reasons cancelled ranked {_KEYED}",
     args="state offset limit",
 )
 FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
@@ -104,22 +112,22 @@ ABORT = Contract(
 CANCEL = Contract(
     "cancel",
     keys="pending retry ready messages attempts tokens reasons journal unack garbage cancelled "
-    "ready_since successors ranked priorities *records",
+    f"ready_since successors ranked priorities {_KEYED} progress *records",
     args="now_ms journal_max_length record_kept_seconds *ids",
 )
 RUN_NOW = Contract(
     "run_now",
-    keys="pending retry ready tokens ready_since ranked priorities",
+    keys=f"pending retry ready tokens ready_since ranked priorities {_KEYED}",
     args="now_ms wake_channel *ids",
 )
 REQUEUE = Contract(
     "requeue",
-    keys="garbage ready attempts tokens reasons ready_since ranked priorities *records",
+    keys=f"garbage ready attempts tokens reasons ready_since ranked priorities {_KEYED} *records",
     args="now_ms wake_channel *ids",
 )
 PURGE = Contract(
     "purge",
-    keys="garbage messages attempts tokens reasons successors priorities *records",
+    keys=f"garbage messages attempts tokens reasons successors priorities {_PURGED_TOO} *records",
     args="record_kept_seconds *ids",
 )
 
@@ -144,14 +152,20 @@ RECURRENCE_STATES = Contract("recurrence_states", keys="recurrence_states")
 RECORD_TICK = Contract("record_tick", keys="tick_runs recurrence_states", args="name run")
 PUBLISH_RECURRENCES = Contract("publish_recurrences", keys="published", args="definitions")
 
+# --- delivery timings (core/timings) -----------------------------------------------------------
+RECORD_TIMINGS = Contract("record_timings", keys="timings minute", args="ttl_seconds *increments")
+READ_TIMINGS = Contract("read_timings", keys="timings *minutes")
+
 CONTRACTS: dict[str, Contract] = {
     contract.name: contract
     for contract in (
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
-        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, JOURNAL, HEARTBEAT, SLOT_FREED),
+        *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
+        SLOT_FREED,
         *(COUNTS, PEEK, STATS, FLOW_STATE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),
+        *(RECORD_TIMINGS, READ_TIMINGS),
     )
 }

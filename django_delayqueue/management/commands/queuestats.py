@@ -37,6 +37,7 @@ class Command(BaseCommand):
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
         "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
         "then the flow limits (rate, in-flight cap, how many wait on them, throttled); then "
+        "how late handlers start (p50/p99 over the last 5 minutes and hour); then "
         "each recurring schedule's next run, last run and its outcome; then each Redis "
         "server's memory (used against maxmemory), eviction policy and persistence."
     )
@@ -100,6 +101,14 @@ class Command(BaseCommand):
             self.stdout.write(render_table(stats))
             if any(st.flow.limited for st in stats):
                 self.stdout.write("\n" + render_flow(stats))
+            if any(_watched(st) for st in stats):
+                self.stdout.write("\n" + render_lateness(stats))
+            for st in stats:
+                if st.lateness is not None and st.lateness.flagged:
+                    self.stderr.write(
+                        f"warning: queue {st.queue}: p99 start lateness over the last 5 minutes "
+                        f"above its lateness_warning_ms ({st.lateness.warning_ms:g} ms)"
+                    )
             if any(st.processes for st in stats):
                 self.stdout.write("\n" + render_processes(stats))
             if schedules:
@@ -122,6 +131,27 @@ FLOW_COLUMNS = (
     ("HELD BY", lambda s: (s.flow.held or "").replace("_", " ") or None),
     ("THROTTLED", lambda s: s.flow.throttled),
 )
+
+
+LATENESS_COLUMNS = (
+    ("QUEUE", lambda s: s.queue),
+    ("LATENESS 5 MIN", lambda s: s.lateness and s.lateness.text_5m),
+    ("LATENESS 1 H", lambda s: s.lateness and s.lateness.text_1h),
+    ("WARN AT", lambda s: s.lateness and s.lateness.warning_ms and f"{s.lateness.warning_ms:g} ms"),
+    ("LATE", lambda s: "YES" if s.lateness is not None and s.lateness.flagged else None),
+)
+
+
+def render_lateness(stats: Sequence[QueueStats]) -> str:
+    """How late handlers start (p50/p99 of handler start minus due time, from the consumers'
+    histograms, interpolated inside a bucket), and the queues flagged past their warning: the
+    queues with deliveries in the last hour or a ``lateness_warning_ms``."""
+    return _table([s for s in stats if _watched(s)], LATENESS_COLUMNS, left=1)
+
+
+def _watched(s: QueueStats) -> bool:
+    late = s.lateness
+    return late is not None and (late.warning_ms is not None or bool(late.windows.last_hour))
 
 
 def render_flow(stats: Sequence[QueueStats]) -> str:
@@ -194,12 +224,15 @@ PROCESS_COLUMNS = (
 
 def render_processes(stats: Sequence[QueueStats]) -> str:
     """Each live consumer process once (over every queue), under its supervisor, with what it
-    runs now ("queue:id for 3 s", longest first)."""
+    runs now ("queue:id for 3 s at 40%: note", longest first)."""
     now = max(st.now_ms for st in stats)
     merged = merge_processes([st.processes for st in stats])
     running: dict[str, list[str]] = {}
     for r in sorted((r for st in stats for r in st.running), key=lambda r: r.started_ms):
         text = f"{r.queue}:{r.id} for {format_seconds(r.running_seconds(now))}"
+        if r.progress is not None:  # what it reported (message.progress): "at 42%: row 4000"
+            note = f": {r.progress.note}" if r.progress.note else ""
+            text += f" at {r.progress.percent:g}%{note}"
         running.setdefault(r.consumer, []).append(text)
     rows = [
         (label or "-", p, ", ".join(running.get(p.name, [])[:3]) or "idle")

@@ -6,7 +6,11 @@
 -- KEYS[5] attempts hash   KEYS[6] tokens hash   KEYS[7] reasons hash   KEYS[8] journal stream
 -- KEYS[9] unack zset   KEYS[10] garbage zset   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash   KEYS[13] successors hash   KEYS[14] ranked zset
--- KEYS[15] priorities hash   KEYS[16..] the result record of each id (a task's; any type)
+-- KEYS[15] priorities hash
+-- KEYS[16] flow_keys hash   KEYS[17] key_turns zset   KEYS[18] key_waiting zset
+-- KEYS[19] key_state hash   KEYS[20] key_tats zset   KEYS[21] key_lists prefix
+-- KEYS[22] progress hash
+-- KEYS[23..] the result record of each id (a task's; any type)
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
 -- ARGV[3] seconds a cancelled task's result record is kept (when it has no expiry yet)
 -- ARGV[4..] ids
@@ -27,8 +31,12 @@ guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
   KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash',
-  KEYS[14], 'zset', KEYS[15], 'hash'
+  KEYS[14], 'zset', KEYS[15], 'hash', KEYS[16], 'hash', KEYS[22], 'hash'
 )
+if redis.call('HLEN', KEYS[16]) > 0 then
+  guard(KEYS[17], 'zset', KEYS[18], 'zset', KEYS[19], 'hash', KEYS[20], 'zset')
+end
+local K = keyed_keys(16)
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
 
@@ -46,7 +54,10 @@ local function waiting(id)
       or redis.call('HEXISTS', KEYS[4], id) == 0 then
     return false
   end
-  drop_from_ready(KEYS[3], KEYS[11], KEYS[14], id)
+  local key = redis.call('HGET', K.flow_keys, id)
+  if not (key and key_drop(K, key, id, now)) then
+    drop_from_ready(KEYS[3], KEYS[11], KEYS[14], id)
+  end
   return true
 end
 
@@ -63,9 +74,12 @@ for i = 4, #ARGV do
     for key = 4, 7 do redis.call('HDEL', KEYS[key], id) end
     redis.call('HDEL', KEYS[12], id)
     redis.call('HDEL', KEYS[15], id)
+    redis.call('HDEL', KEYS[16], id)
+    -- None by rights (only an in-flight delivery writes one, and ends it): a leftover goes too.
+    redis.call('HDEL', KEYS[22], id)
     -- A task's result says FAILED from now on (get_result sees its message gone), for as long
     -- as a finished task's is kept; no expiry would keep it for ever. One it has stays.
-    keep_ended_record(KEYS[12 + i], ARGV[3])
+    keep_ended_record(KEYS[19 + i], ARGV[3])
   end
 end
 if #rows > 0 and maxlen > 0 then

@@ -2,10 +2,14 @@
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
 -- KEYS[9] cancelled hash   KEYS[10] ready_since hash   KEYS[11] ranked zset
--- KEYS[12] limiter hash   KEYS[13] claim receipt string (optional: one per consumer, see below)
+-- KEYS[12] limiter hash
+-- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
+-- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
+-- KEYS[19] claim receipt string (optional: one per consumer, see below)
 -- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
--- ARGV[4] limits: '' or "<interval ms> <burst> <cap>" (see includes/flow_limits.lua)
--- ARGV[5] claim id (with KEYS[13])   ARGV[6] '1': replay the receipt only, claim nothing new
+-- ARGV[4] limits: '' or "<interval ms> <burst> <cap> <key cap> <key interval ms> <key burst>"
+--   (see includes/flow_limits.lua and includes/key_claims.lua)
+-- ARGV[5] claim id (with KEYS[19])   ARGV[6] '1': replay the receipt only, claim nothing new
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token; when a
 -- limit held the claim back (it took fewer than it wanted and found ready), one more element
 -- after them: when (ms) the next message may start, -1 when a message in flight must end first
@@ -15,7 +19,11 @@
 -- (core/clock.py, never ahead of it: the one clock of due times, injectable in tests), or the
 -- instant it aims at when that is at most one claim lead (MAX_CLAIM_LEAD_MS, 5 ms) ahead
 -- (consumer/loop.py): a rate's token may then be granted up to that lead before its instant.
--- The receipt: a claim that took messages records its claim id and what it took in KEYS[13]
+-- Keys (includes/key_claims.lua): keyed ready messages wait in per-key lists; the claim takes
+-- them by turns, one per key per turn, the unkeyed ready list taking turns as one more key, and
+-- within each key's limits (key_concurrency, key_rate_limit). A queue without keyed messages
+-- pays one HLEN for this.
+-- The receipt: a claim that took messages records its claim id and what it took in KEYS[19]
 -- (one SET, expiring a minute after their visibility deadline: after an outage longer than the
 -- timeout they may still sit in unack, not reaped yet). A reply can be lost after the script ran
 -- (the connection broke; redis-py may even send the pipeline again): called again with the
@@ -43,7 +51,8 @@
 --- @include "includes/ready_list.lua"
 --- @include "includes/memory.lua"
 --- @include "includes/flow_limits.lua"
-local receipt = KEYS[13]
+--- @include "includes/key_claims.lua"
+local receipt = KEYS[19]
 if receipt then
   local held = redis.call('GET', receipt)
   local record = held and cmsgpack.unpack(held)  -- {claim id, first token, ids...}
@@ -69,7 +78,9 @@ if receipt then
   if ARGV[6] == '1' then return {} end
 end
 local len, nranked = redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[11])
-if len == 0 and nranked == 0 then return {} end
+local K = keyed_keys(13)
+local nkeyed = redis.call('HLEN', K.flow_keys) > 0 and keyed_ready(K) or 0
+if len == 0 and nranked == 0 and nkeyed == 0 then return {} end
 local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
 local limits, wanted, flow = ARGV[4], want, nil
 if limits ~= '' then
@@ -84,24 +95,38 @@ local high, low = {}, {}
 if nranked > 0 then
   high = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. RANK_NORMAL, 'LIMIT', 0, want)
 end
+-- Keyed messages and the list take turns (key_claims.lua): how many the list gives, the keyed
+-- ids taken (popped from their lists already) and why keys held some back.
+local plain_quota, keyed_ids, key_hold = want - #high, {}, nil
+if nkeyed > 0 and #high < want then
+  -- The rotation writes before the INCRBY of tokens: a counter it would fail on fails now.
+  local seq = redis.call('GET', KEYS[6])
+  if seq and not tonumber(seq) then redis.call('INCRBY', KEYS[6], 1) end
+  guard(KEYS[2], 'zset', KEYS[5], 'hash')
+  allow_oom(KEYS[2], 'zset')
+  plain_quota, keyed_ids, key_hold = take_turns(
+    K, limits, tonumber(ARGV[1]), want - #high, math.max(0, len - dead_total)
+  )
+end
 local listed, walked, dead, ndead = {}, 0, {}, 0
-if #high < want and len > 0 then
+if plain_quota > 0 and len > 0 then
   if dead_total > 0 then
-    listed, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, want - #high, 1000)
+    listed, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, plain_quota, 1000)
   else
-    walked = math.min(len, want - #high)
+    walked = math.min(len, plain_quota)
     listed = redis.call('LRANGE', KEYS[1], 0, walked - 1)
   end
 end
 -- Below priority 0 only once the list is walked to its end (past a long run of dead entries it
 -- may not be).
-if nranked > #high and #high + #listed < want and walked == len then
+if nranked > #high and #high + #listed + #keyed_ids < want and walked == len then
   low = redis.call('ZRANGEBYSCORE', KEYS[11], '(' .. RANK_NORMAL, '+inf', 'LIMIT', 0,
-    want - #high - #listed)
+    want - #high - #listed - #keyed_ids)
 end
 local ids, ranked_ids = {}, {}
 for _, id in ipairs(high) do ids[#ids + 1], ranked_ids[#ranked_ids + 1] = id, id end
 for _, id in ipairs(listed) do ids[#ids + 1] = id end
+for _, id in ipairs(keyed_ids) do ids[#ids + 1] = id end
 for _, id in ipairs(low) do ids[#ids + 1], ranked_ids[#ranked_ids + 1] = id, id end
 local n = #ids
 local since = n > 0 and redis.call('HLEN', KEYS[10]) > 0  -- rarely: a message came back
@@ -172,10 +197,14 @@ end
 for _, dead in ipairs(bad) do
   redis.call('ZADD', KEYS[7], ARGV[1], dead[1])
   redis.call('HSET', KEYS[8], dead[1], dead[2])
+  if nkeyed > 0 then key_slot_freed(K, dead[1], tonumber(ARGV[1])) end
 end
 if flow then
-  local more = len + nranked - dead_total > want  -- ready messages left after this claim
+  local more = len + nranked - dead_total + nkeyed > n  -- ready messages left after this claim
   local limited = want < wanted and more
+  if not limited and key_hold and n < wanted then
+    limited, flow.why, flow.next_at = true, 'key', key_hold
+  end
   flow_taken(KEYS[12], flow, #deliver, limited, more)
   if limited then out[#out + 1] = math.ceil(flow.next_at) end
 end

@@ -4,10 +4,12 @@
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] the task's result record (hash)
 -- KEYS[8] ranked zset   KEYS[9] priorities hash
+-- KEYS[10] flow_keys hash   KEYS[11] key_turns zset   KEYS[12] key_waiting zset
+-- KEYS[13] key_state hash   KEYS[14] key_tats zset   KEYS[15] key_lists prefix
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope   ARGV[7] the record's enqueued field (JSON)
 -- ARGV[8] priority (-100..100)
 -- returns: as schedule.lua; the record is written only when the message was scheduled (an id
 -- taken already keeps the record it has, and its priority). See includes/task_enqueue.lua.
 --- @include "includes/task_enqueue.lua"
-return enqueue_task(KEYS[7], KEYS[8], KEYS[9], ARGV[7], tonumber(ARGV[8]))
+return enqueue_task(KEYS[7], KEYS[8], KEYS[9], ARGV[7], tonumber(ARGV[8]), keyed_keys(10))

@@ -2,10 +2,14 @@
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] unack zset   KEYS[4] retry zset
 -- KEYS[5] garbage zset   KEYS[6] messages hash   KEYS[7] attempts hash   KEYS[8] reasons hash
 -- KEYS[9] cancelled hash   KEYS[10] ranked zset
+-- KEYS[11] flow_keys hash   KEYS[12] key_turns zset   KEYS[13] key_waiting zset
+-- KEYS[14] key_state hash   KEYS[15] key_tats zset   KEYS[16] key_lists prefix
 -- ARGV[1] state name   ARGV[2] offset   ARGV[3] limit
 -- returns: {total, then quintuples: id, score ('' for ready), envelope or '', attempts, reason}
 -- Ready is listed in the order a claim takes it: the ranked entries above priority 0, the list,
--- then the ranked entries below 0 (see ready_list.lua).
+-- then the ranked entries below 0 (see ready_list.lua); then the keyed ready messages
+-- (key_turns.lua), key by key: the keys in turn order, then those waiting for a token or a
+-- slot, each key's messages in its order (a page deep among them walks the keys before it).
 -- An attempt count that is not a number is shown as 0, with the bad value named in the reason.
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
@@ -40,6 +44,33 @@ if index == 2 then
   from, to = math.max(first, high + listed) - listed, last - listed
   if from <= to and from < nranked then  -- the rest: the ranked zset after its first `high`
     for _, id in ipairs(redis.call('ZRANGE', KEYS[10], from, to)) do ids[#ids + 1] = id end
+  end
+  local K = keyed_keys(11)
+  local nkeyed = keyed_ready(K)
+  total = total + nkeyed
+  local skip, want = math.max(0, first - listed - nranked), last - first + 1 - #ids
+  if nkeyed > 0 and want > 0 then
+    for _, zset in ipairs({K.turns, K.waiting}) do
+      local at = 0
+      while want > 0 do
+        local keys = redis.call('ZRANGE', zset, at, at + 99)
+        if #keys == 0 then break end
+        at = at + #keys
+        for _, flow_key in ipairs(keys) do
+          if want <= 0 then break end
+          local list = K.lists .. flow_key
+          local len = redis.call('LLEN', list)
+          if skip >= len then
+            skip = skip - len
+          else
+            local page = redis.call('LRANGE', list, skip, skip + want - 1)
+            skip = 0
+            for _, id in ipairs(page) do ids[#ids + 1] = id end
+            want = want - #page
+          end
+        end
+      end
+    end
   end
   for _, id in ipairs(ids) do
     rows[#rows + 1] = id

@@ -1,12 +1,15 @@
 -- promote: due pending and due retry messages -> ready, in bounded batches.
 -- KEYS[1] pending zset   KEYS[2] retry zset   KEYS[3] ready list   KEYS[4] tokens hash
 -- KEYS[5] ready_since hash   KEYS[6] ranked zset   KEYS[7] priorities hash
+-- KEYS[8] flow_keys hash   KEYS[9] key_turns zset   KEYS[10] key_waiting zset
+-- KEYS[11] key_state hash   KEYS[12] key_tats zset   KEYS[13] key_lists prefix
 -- ARGV[1] now (ms)   ARGV[2] limit: most ids moved from each zset in this call
 -- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1,
 --           how many wait in ready afterwards (the list and the ranked zset; dead entries of
 --           cancelled messages included: a claim drops them, so they only cost a claim that
 --           finds nothing)}
--- A message with a priority goes to its place in the ranked zset (see ready_list.lua).
+-- A message with a priority goes to its place in the ranked zset (see ready_list.lua), one with a
+-- flow key to its key's list (key_turns.lua; one HLEN when the queue has no keyed message).
 -- A retry id loses its delivery token here: a late ack of the old delivery must not delete a
 -- message that is back in the ready list. Its retry time is recorded in ready_since: it is
 -- overdue from then, not from the due time in its envelope.
@@ -23,10 +26,15 @@ local function head(key)
 end
 local heads = {head(KEYS[1]), head(KEYS[2])}
 local ready = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[6])
+if redis.call('HLEN', KEYS[8]) > 0 then ready = ready + keyed_ready(keyed_keys(8)) end
 if heads[2] and heads[2] <= now then guard(KEYS[4], 'hash', KEYS[5], 'hash') end
 if (heads[1] and heads[1] <= now) or (heads[2] and heads[2] <= now) then
   guard(KEYS[7], 'hash')  -- to_ready reads it after the first ZREM
+  if redis.call('HLEN', KEYS[8]) > 0 then
+    guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash')
+  end
 end
+local K = keyed_keys(8)
 local moved, more, next_due = 0, 0, -1
 for index = 1, 2 do
   local src, first = KEYS[index], heads[index]
@@ -45,7 +53,7 @@ for index = 1, 2 do
     for i = 1, #ids, 500 do
       local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
       redis.call('ZREM', src, unpack(chunk))
-      to_ready(KEYS[3], KEYS[6], KEYS[7], chunk, false)
+      to_ready(KEYS[3], KEYS[6], KEYS[7], chunk, false, K)
       if index == 2 then
         redis.call('HDEL', KEYS[4], unpack(chunk))
         redis.call('HSET', KEYS[5], unpack(since, 2 * i - 1, 2 * (i + #chunk - 1)))

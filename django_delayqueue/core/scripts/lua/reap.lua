@@ -3,6 +3,9 @@
 -- KEYS[1] unack zset   KEYS[2] retry zset   KEYS[3] garbage zset   KEYS[4] attempts hash
 -- KEYS[5] reasons hash   KEYS[6] tokens hash   KEYS[7] successors hash   KEYS[8] messages hash
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
+-- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
+-- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
+-- KEYS[19] progress hash
 -- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] max attempts
 -- ARGV[4] backoff base (ms)   ARGV[5] backoff max (ms)
 -- ARGV[6] announce horizon (ms)   ARGV[7] wake channel
@@ -13,6 +16,9 @@
 -- A message with a successor (see nack.lua) keeps it when retried; when it dies, the successor
 -- takes its place (and the dead delivery's token goes: its late ack must not touch the new one).
 -- An aborted delivery (abort.lua) goes to garbage with the abort's reason, never to retry.
+-- The delivery's progress (progress.lua) goes: a retry starts without one.
+-- A keyed delivery that ends frees its key's slot (includes/key_turns.lua); a successor taking
+-- a dead message's place brings its own key.
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/aborts.lua"
@@ -29,15 +35,21 @@ if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadlin
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[19], 'hash'
 )
+if redis.call('HLEN', KEYS[13]) > 0 then
+  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset')
+end
+local K = keyed_keys(13)
 local horizon, wake = now + tonumber(ARGV[6]), nil
 local function bury(id, reason)
   if redis.call('HEXISTS', KEYS[7], id) == 1 then
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
     redis.call('HDEL', KEYS[6], id)
-    local _, at = succeed(KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon)
+    local _, at = succeed(
+        KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, K
+      )
     wake = earlier(wake, at)
   else
     redis.call('ZADD', KEYS[3], now, id)
@@ -49,7 +61,9 @@ local retried, buried = 0, 0
 for _, id in ipairs(ids) do
   local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
   local aborted = take_abort(KEYS[12], id, redis.call('HGET', KEYS[6], id))
+  redis.call('HDEL', KEYS[19], id)
   redis.call('ZREM', KEYS[1], id)
+  key_slot_freed(K, id, now)
   if bad then
     bury(id, bad .. ': visibility timeout passed')
     buried = buried + 1

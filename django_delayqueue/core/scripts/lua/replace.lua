@@ -3,6 +3,8 @@
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
 -- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash
+-- KEYS[15] flow_keys hash   KEYS[16] key_turns zset   KEYS[17] key_waiting zset
+-- KEYS[18] key_state hash   KEYS[19] key_tats zset   KEYS[20] key_lists prefix
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] triples: id, due (ms), envelope
 -- returns: {how many messages were stored (all of them), then for each id that was taken: its
@@ -20,4 +22,4 @@
 -- New messages due now, or due within the horizon, are announced on the wake channel.
 -- The work is includes/replacing.lua's (send_once.lua does it too).
 --- @include "includes/replacing.lua"
-return replace_triples(4, #ARGV)
+return replace_triples(4, #ARGV, false, keyed_keys(15))

@@ -5,6 +5,8 @@
 -- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash  (as replace.lua)
 -- KEYS[15] unique zset (id -> end of its window, ms)
+-- KEYS[16] flow_keys hash   KEYS[17] key_turns zset   KEYS[18] key_waiting zset
+-- KEYS[19] key_state hash   KEYS[20] key_tats zset   KEYS[21] key_lists prefix
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] mode: 'schedule' (an id that is taken keeps its message) or 'replace'
 -- ARGV[5..] quadruples: id, due (ms), envelope, window (ms, > 0)
@@ -36,7 +38,7 @@ end
 local out, opened, wake = {0}, 0, nil
 for i = 5, #ARGV, 4 do
   local stored, state, open_until, announce = schedule_in_window(
-    KEYS[15], i, tonumber(ARGV[i + 3]), mode == 'replace'
+    KEYS[15], i, tonumber(ARGV[i + 3]), mode == 'replace', keyed_keys(16)
   )
   out[1] = out[1] + stored
   opened = opened + stored

@@ -10,6 +10,8 @@
 -- KEYS[15] sent zset (send token -> when it was sent, ms)
 -- KEYS[16] the task's result record (hash; mode 'task' only, any key of the queue otherwise)
 -- KEYS[17] unique zset (id -> end of its uniqueness window, ms; read only with ARGV[12] > 0)
+-- KEYS[18] flow_keys hash   KEYS[19] key_turns zset   KEYS[20] key_waiting zset
+-- KEYS[21] key_state hash   KEYS[22] key_tats zset   KEYS[23] key_lists prefix
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
 -- ARGV[7] mode: 'schedule', 'replace' or 'task'   ARGV[8] send token
@@ -46,18 +48,18 @@ end
 local out
 if window > 0 then
   local stored, state, open_until, wake = schedule_in_window(
-    KEYS[17], 4, window, mode == 'replace'
+    KEYS[17], 4, window, mode == 'replace', keyed_keys(18)
   )
   out = {stored}
   if state ~= nil then out = {stored, 1, state, open_until or 0} end
   if stored > 0 then forget_windows(KEYS[17], 2) end
   publish_wake(wake)
 elseif mode == 'schedule' then
-  out = schedule_triples(4, 6)
+  out = schedule_triples(4, 6, false, keyed_keys(18))
 elseif mode == 'replace' then
-  out = replace_triples(4, 6)
+  out = replace_triples(4, 6, false, keyed_keys(18))
 else
-  out = enqueue_task(KEYS[16], KEYS[13], KEYS[14], ARGV[10], tonumber(ARGV[11]))
+  out = enqueue_task(KEYS[16], KEYS[13], KEYS[14], ARGV[10], tonumber(ARGV[11]), keyed_keys(18))
 end
 -- Written last, so that a mode's guard failing leaves everything as it was.
 redis.call('ZADD', KEYS[15], now, ARGV[8])

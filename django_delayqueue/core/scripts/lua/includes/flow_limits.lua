@@ -20,7 +20,7 @@
 -- spec: "<interval ms> <burst> <cap>", 0 for a limit that is off; a cap of -1: this shard has
 -- no share of the queue's cap (a cap smaller than its shards), it takes nothing.
 local function flow_allowance(limiter, unack, spec, now, want)
-  local interval, burst, cap = string.match(spec, '^(%S+) (%S+) (%S+)$')
+  local interval, burst, cap = string.match(spec, '^(%S+) (%S+) (%S+)')
   interval, burst, cap = tonumber(interval), tonumber(burst), tonumber(cap)
   local s = redis.call(
     'HMGET', limiter, 'tat', 'held', 'interval', 'window_ms', 'started', 'throttled'

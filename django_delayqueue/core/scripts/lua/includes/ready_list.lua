@@ -1,5 +1,7 @@
 -- includes/ready_list.lua: ready messages (the list, and the ranked zset of those with a
--- priority) and the dead entries cancels leave in the list.
+-- priority) and the dead entries cancels leave in the list; keyed ready messages wait in their
+-- key's list instead (includes/key_turns.lua).
+--- @include "includes/key_turns.lua"
 
 -- Priorities. A message with a priority other than 0 (-100..100, given by enqueue_task.lua and
 -- kept in the priorities hash until the message is acknowledged, cancelled, replaced or
@@ -23,11 +25,14 @@ local function ranked_score(priority, offset)
   return string.format('%.0f', (100 - priority) * RANK_BAND + RANK_HALF + offset)
 end
 
--- to_ready(ready, ranked, priorities, ids, front): ids -> ready: the tail of the list, or with a
--- priority the tail of their priority in the ranked zset (front: the heads, for a delivery
+-- to_ready(ready, ranked, priorities, ids, front, K): ids -> ready: the tail of the list, or with
+-- a priority the tail of their priority in the ranked zset, or with a flow key the tail of its
+-- key's list (with K, the keyed keys: see key_turns.lua) (front: the heads, for a delivery
 -- given back unstarted; LPUSH reverses ids, so give one id at a time). Costs one HLEN when no
--- message of the queue has a priority. A priority that is not a number is read as 0.
-local function to_ready(ready, ranked, priorities, ids, front)
+-- message of the queue has a priority (and one more with K when none has a key). A priority
+-- that is not a number is read as 0.
+local function to_ready(ready, ranked, priorities, ids, front, K)
+  ids = split_keyed(K, ids, front)
   local plain = ids
   if redis.call('HLEN', priorities) > 1 then
     plain = {}
@@ -128,12 +133,12 @@ local function drop_from_ready(ready, cancelled, ranked, id)
   end
 end
 
--- back_to_ready(ready, ranked, priorities, tokens, ready_since, id, now): a waiting or dead
+-- back_to_ready(ready, ranked, priorities, tokens, ready_since, id, now, K): a waiting or dead
 -- message -> the tail of ready (see to_ready), its old delivery token void (a late ack of it
 -- must not delete the message), overdue from `now` rather than from the due time in its
 -- envelope.
-local function back_to_ready(ready, ranked, priorities, tokens, ready_since, id, now)
-  to_ready(ready, ranked, priorities, {id}, false)
+local function back_to_ready(ready, ranked, priorities, tokens, ready_since, id, now, K)
+  to_ready(ready, ranked, priorities, {id}, false, K)
   redis.call('HDEL', tokens, id)
   redis.call('HSET', ready_since, id, now)
 end

@@ -4,6 +4,7 @@
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] attempts hash   KEYS[8] tokens hash
 -- KEYS[9] reasons hash   KEYS[10] successors hash   KEYS[11] cancelled hash
 -- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash
+-- (and the keyed keys, key_turns.lua, given to replace_triples by the caller)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- The rules are replace.lua's (docs/scheduling.md, "Re-scheduling an id").
 --- @include "includes/guard.lua"
@@ -15,13 +16,17 @@
 -- due (ms), envelope. Returns {how many were stored (all of them), then for each id that was
 -- taken: its position among the triples (1-based) and the state of the message it replaced}.
 -- With keep_wake, the time to announce is returned second instead of published (as
--- schedule_triples's).
-local function replace_triples(first, last, keep_wake)
+-- schedule_triples's). K: the keyed keys (key_turns.lua); a message replaced at once takes the
+-- key of its new envelope (or none); one in flight keeps its own until its successor follows.
+-- A keyed message replaced in ready leaves its key's list (and goes where it belongs now).
+local function replace_triples(first, last, keep_wake, K)
+  local flow_keys = K and K.flow_keys
   guard(
     KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
     KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
     KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash'
   )
+  if K then guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash') end
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
   local out, wake = {0}, nil
@@ -33,6 +38,7 @@ local function replace_triples(first, last, keep_wake)
       out[#out + 1] = (i - first) / 3 + 1
       out[#out + 1] = state
     end
+    local old_key = state == 'ready' and flow_keys and redis.call('HGET', flow_keys, id)
     if state == 'unack' then
       redis.call('HSET', KEYS[10], id, envelope)
     else
@@ -44,16 +50,24 @@ local function replace_triples(first, last, keep_wake)
         redis.call('ZREM', KEYS[6], id)
       end
       redis.call('HSET', KEYS[3], id, envelope)
+      if state then
+        keep_flow_key(flow_keys, id, envelope)
+      else
+        note_flow_key(flow_keys, id, envelope)
+      end
       for key = 7, 10 do redis.call('HDEL', KEYS[key], id) end
       redis.call('HDEL', KEYS[12], id)
       redis.call('HDEL', KEYS[14], id)
       if state ~= 'ready' then
-        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon))
-      elseif due > now then
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon, K))
+      elseif old_key then
+        key_drop(K, old_key, id, now)
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon, K))
+      elseif due > now or (flow_keys and envelope_key(envelope)) then
         drop_from_ready(KEYS[2], KEYS[11], KEYS[13], id)
-        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon))
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon, K))
       elseif redis.call('ZREM', KEYS[13], id) == 1 then
-        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon))
+        wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon, K))
       end
     end
     out[1] = out[1] + 1

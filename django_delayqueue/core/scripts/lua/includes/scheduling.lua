@@ -9,6 +9,7 @@
 -- and scheduling it does not read the head at all.
 --- @include "includes/guard.lua"
 --- @include "includes/state.lua"
+--- @include "includes/key_turns.lua"
 
 -- schedule_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
 -- due (ms), envelope. Returns {how many were scheduled, then for each message not scheduled
@@ -16,17 +17,22 @@
 -- and the state of the message holding the id}. Telling that state costs reads only when the
 -- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
 -- returned second, for a caller that calls this per message to publish once (unique.lua).
-local function schedule_triples(first, last, keep_wake)
+-- K: the keyed keys (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and
+-- a keyed message due now goes to its key's list (nil: the messages have no key, a tick's).
+local function schedule_triples(first, last, keep_wake, K)
+  local flow_keys = K and K.flow_keys
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
   -- Types: ready and pending are written after a HSETNX (the first write, which proves the
   -- messages hash), so each is checked first, and only if this call will write it.
-  local write_ready, write_pending = false, false
+  local write_ready, write_pending, keyed = false, false, {}
   for i = first + 1, last, 3 do
     if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
+    if flow_keys then keyed[i - 1] = envelope_key(ARGV[i + 1]) end
   end
   if write_pending then guard(KEYS[1], 'zset') end
   if write_ready then guard(KEYS[2], 'list') end
+  if next(keyed) then guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash') end
   local earliest, head_read, wake = nil, false, nil
   local created, out = 0, {0}
   for i = first, last, 3 do
@@ -35,8 +41,10 @@ local function schedule_triples(first, last, keep_wake)
       out[#out + 1] = (i - first) / 3 + 1
       out[#out + 1] = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
     else
+      local key = keyed[i]
+      if key then redis.call('HSET', flow_keys, id, key) end
       if due <= now then
-        redis.call('RPUSH', KEYS[2], id)
+        if key then key_push(K, key, id, false) else redis.call('RPUSH', KEYS[2], id) end
         wake = now
       else
         if due <= horizon then

@@ -7,13 +7,13 @@
 --- @include "includes/scheduling.lua"
 --- @include "includes/ready_list.lua"
 
--- enqueue_task(record, ranked, priorities, enqueued, priority): the task's message as
+-- enqueue_task(record, ranked, priorities, enqueued, priority, K): the task's message as
 -- schedule.lua stores it, and, only when the message was created, its record (a hash whose
 -- field enqueued is the JSON given, status READY). An id taken already keeps the record it
 -- has, and its priority. A priority other than 0 is kept in the priorities hash; a task due
 -- now then moves from the tail of the ready list, where schedule_triples put it, to its place
 -- in the ranked zset. Returns what schedule_triples returns.
-local function enqueue_task(record, ranked, priorities, enqueued, priority)
+local function enqueue_task(record, ranked, priorities, enqueued, priority, K)
   -- The ranked zset and the priorities hash are written only for a priority other than 0 (the
   -- framework's default): only then are their types checked, two TYPE calls fewer per task.
   if priority ~= 0 then
@@ -21,7 +21,7 @@ local function enqueue_task(record, ranked, priorities, enqueued, priority)
   else
     guard(record, 'hash')
   end
-  local out = schedule_triples(4, 6)
+  local out = schedule_triples(4, 6, nil, K)
   if out[1] == 1 then
     redis.call('HSET', record, 'enqueued', enqueued, 'status', 'READY')
     if priority ~= 0 then

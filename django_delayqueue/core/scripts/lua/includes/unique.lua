@@ -13,13 +13,13 @@
 --- @include "includes/scheduling.lua"
 --- @include "includes/replacing.lua"
 
--- schedule_in_window(unique, i, window_ms, replace): the message in ARGV[i..i+2] (id, due,
+-- schedule_in_window(unique, i, window_ms, replace, K): the message in ARGV[i..i+2] (id, due,
 -- envelope). Returns stored (1 or 0), the state of the message that held the id (nil when it
 -- was free; '' when refused and the id holds nothing any more), the end (ms) of the open
 -- window that refused it (nil when not refused by a window), and the time to announce on the
 -- wake channel (nil for none): nothing is published here, so that a call of many messages
 -- publishes once, the earliest (publish_wake), as schedule.lua does.
-local function schedule_in_window(unique, i, window_ms, replace)
+local function schedule_in_window(unique, i, window_ms, replace, K)
   local now = tonumber(ARGV[1])
   local id = ARGV[i]
   local open_until = redis.call('ZSCORE', unique, id)
@@ -32,9 +32,9 @@ local function schedule_in_window(unique, i, window_ms, replace)
   end
   local out, wake
   if replace then
-    out, wake = replace_triples(i, i + 2, true)
+    out, wake = replace_triples(i, i + 2, true, K)
   else
-    out, wake = schedule_triples(i, i + 2, true)
+    out, wake = schedule_triples(i, i + 2, true, K)
   end
   if out[1] == 1 then redis.call('ZADD', unique, now + window_ms, id) end
   return out[1], out[3], nil, wake

@@ -1,0 +1,126 @@
+-- includes/key_claims.lua: the claim's side of flow keys (includes/key_turns.lua): turns taken
+-- between keys, within each key's limits.
+-- Limits, after the queue's in claim.lua's ARGV[4]: "<key cap> <key interval ms> <key burst>"
+-- (0: that limit is off): key_concurrency, and key_rate_limit as a GCRA per key (as the
+-- queue's rate, includes/flow_limits.lua, its time in K.tats).
+--- @include "includes/key_turns.lua"
+
+-- key_limits(spec): key cap, key interval (ms), key burst from the claim's limits argument.
+local function key_limits(spec)
+  local cap, interval, burst = string.match(spec or '', '^%S+ %S+ %S+ (%S+) (%S+) (%S+)')
+  return tonumber(cap) or 0, tonumber(interval) or 0, tonumber(burst) or 1
+end
+
+-- take_one(K, key, now, cap, interval, burst): one message of `key`, whose turn it is, if its
+-- limits allow. Returns the id taken, or nil and why not: 'slot' (key_concurrency reached:
+-- the key leaves the rotation until a delivery of it ends), 'rate' with when its next token
+-- comes (it waits in K.waiting until then) or 'empty'. A key that gave one goes to the
+-- rotation's tail while it has more ready.
+local function take_one(K, key, now, cap, interval, burst)
+  if cap > 0 and (tonumber(redis.call('HGET', K.state, 'c:' .. key)) or 0) >= cap then
+    redis.call('ZREM', K.turns, key)
+    redis.call('ZADD', K.waiting, KEY_BLOCKED, key)
+    return nil, 'slot'
+  end
+  local tat = now
+  if interval > 0 then
+    tat = math.max(tonumber(redis.call('ZSCORE', K.tats, key)) or now, now)
+    if math.floor((now - tat) / interval + burst + 1e-9) < 1 then
+      local at = tat + (1 - burst) * interval  -- when it has a token again
+      redis.call('ZREM', K.turns, key)
+      redis.call('ZADD', K.waiting, string.format('%.3f', at), key)
+      return nil, 'rate', at
+    end
+  end
+  local list = K.lists .. key
+  local id = redis.call('LPOP', list)
+  if not id then
+    redis.call('ZREM', K.turns, key)
+    return nil, 'empty'
+  end
+  redis.call('HINCRBY', K.state, ' ready', -1)
+  if interval > 0 then redis.call('ZADD', K.tats, string.format('%.3f', tat + interval), key) end
+  key_taken(K, key, id)
+  if redis.call('LLEN', list) > 0 then
+    redis.call('ZADD', K.turns, next_turn(K), key)
+  else
+    redis.call('ZREM', K.turns, key)
+  end
+  return id
+end
+
+-- take_turns(K, limits, now, want, plain_left): up to `want` messages by turns: the keys in
+-- K.turns, lowest turn first, one message each per turn, and the unkeyed ready list as one
+-- more participant (its turn in K.state ' plain') while it has messages (`plain_left`).
+-- Returns how many the list gives (the caller takes them from its head), the keyed ids taken,
+-- and, when keys held messages back, when to come back: the earliest key token (ms), or -1
+-- (a key's slot must free first), or nil when nothing was held back.
+-- Cost: O(log n) per key looked at, in number of keys; keys looked at are bounded (2 per
+-- message wanted, plus 100), and a key looked at without being taken from leaves the
+-- rotation (it came back once per message pushed or slot freed), so it is paid once.
+-- Keys whose token came (K.waiting) rejoin the tail first (at most 100 per claim, the
+-- earliest first); GCRA times that are past (which a key without them reads the same) are
+-- forgotten, up to 100 per claim.
+local function take_turns(K, limits, now, want, plain_left)
+  local cap, interval, burst = key_limits(limits)
+  local back = redis.call('ZRANGEBYSCORE', K.waiting, '-inf', now, 'LIMIT', 0, 100)
+  -- A cap raised (or lifted) since the last claim: keys out of slots may have one now.
+  local last_cap = tonumber(redis.call('HGET', K.state, ' cap')) or 0
+  if last_cap ~= cap then
+    if last_cap > 0 and (cap == 0 or cap > last_cap) then
+      local blocked = redis.call('ZRANGEBYSCORE', K.waiting, KEY_BLOCKED, '+inf', 'LIMIT', 0, 1000)
+      for _, key in ipairs(blocked) do back[#back + 1] = key end
+    end
+    redis.call('HSET', K.state, ' cap', cap)
+  end
+  for _, key in ipairs(back) do
+    redis.call('ZREM', K.waiting, key)
+    key_join(K, key)
+  end
+  forget_past_tats(K, now, 100)
+  local plain_turn = tonumber(redis.call('HGET', K.state, ' plain')) or 0
+  local plain, taken, held_slot, next_token = 0, {}, false, nil
+  local budget, remaining, exhausted = 2 * want + 100, want, false
+  while remaining > 0 and budget > 0 do
+    local heads = redis.call('ZRANGE', K.turns, 0, remaining - 1, 'WITHSCORES')
+    if #heads == 0 then
+      exhausted = true
+      break
+    end
+    for h = 1, #heads, 2 do
+      if remaining == 0 or budget == 0 then break end
+      local key, turn = heads[h], tonumber(heads[h + 1])
+      if plain < plain_left and plain_turn <= turn then  -- the list's turn comes first
+        plain, remaining, plain_turn = plain + 1, remaining - 1, next_turn(K)
+      end
+      if remaining > 0 then
+        budget = budget - 1
+        local id, why, at = take_one(K, key, now, cap, interval, burst)
+        if id then
+          taken[#taken + 1] = id
+          remaining = remaining - 1
+        elseif why == 'slot' then
+          held_slot = true
+        elseif why == 'rate' and (next_token == nil or at < next_token) then
+          next_token = at
+        end
+      end
+    end
+  end
+  if exhausted and plain < plain_left then  -- no key can give more: the list gives the rest
+    plain = math.min(plain_left, plain + remaining)
+  end
+  redis.call('HSET', K.state, ' plain', plain_turn)
+  local hold = nil
+  if #taken + plain < want and redis.call('ZCARD', K.turns) == 0 then
+    local first = redis.call('ZRANGE', K.waiting, 0, 0, 'WITHSCORES')
+    if first[2] and tonumber(first[2]) < KEY_BLOCKED then
+      hold = tonumber(first[2])
+    elseif first[2] or held_slot or keyed_ready(K) > 0 then
+      hold = -1
+    end
+  elseif #taken + plain < want and budget == 0 then
+    hold = now  -- looked at as many keys as a claim may: come back at once
+  end
+  return plain, taken, hold
+end

@@ -1,0 +1,147 @@
+-- includes/key_turns.lua: keyed ready messages (schedule(..., key=...)) waiting in per-key
+-- lists, and the rotation of keys that claims take turns from (docs/flow-control.md, "Keys").
+-- A script that may put keyed ids in ready, or take them out, gets six keys in a row, read by
+-- keyed_keys(first) into a table K:
+--   K.flow_keys  hash id -> flow key (includes/flow_keys.lua)
+--   K.turns      zset key -> turn: the keys whose messages may be claimed, in turn order (the
+--                lowest first); a key taken from goes back at the tail (the next turn)
+--   K.waiting    zset key -> when (ms) its next token of key_rate_limit comes: keys with ready
+--                messages that wait for it (the claim brings them back into turns when due);
+--                or KEY_BLOCKED for a key out of slots (key_concurrency), which the end of one
+--                of its deliveries (key_slot_freed) or a raised cap brings back
+--   K.state      hash: 'c:<key>' messages of the key in flight, 'i:<id>' the key of an id in
+--                flight (so that a slot is freed once, whatever ends the delivery), ' turn'
+--                the last turn given, ' ready' keyed ready messages, ' plain' the turn of the
+--                unkeyed ready messages (they take turns as one more key)
+--   K.tats       zset key -> the GCRA time of key_rate_limit (a key's next start)
+--   K.lists      not a key: the prefix of the per-key lists, '<prefix><key>' (ids, oldest
+--                first). The only keys built in a script: one per flow key, which no caller
+--                can list; they share the queue's hash tag, so a cluster keeps them in its slot.
+-- A key is in at most one of turns and waiting. A key with no ready message is in neither, and
+-- its state goes once nothing of it is in flight; its GCRA time once that is past (forgotten
+-- by later claims and ends of deliveries: bounded memory).
+--- @include "includes/flow_keys.lua"
+
+local KEY_BLOCKED = 4503599627370496  -- 2^52: after any time in ms, exact in a double
+
+local function keyed_keys(first)
+  return {
+    flow_keys = KEYS[first], turns = KEYS[first + 1], waiting = KEYS[first + 2],
+    state = KEYS[first + 3], tats = KEYS[first + 4], lists = KEYS[first + 5],
+  }
+end
+
+-- next_turn(K): a turn after every one given so far.
+local function next_turn(K)
+  return redis.call('HINCRBY', K.state, ' turn', 1)
+end
+
+-- key_join(K, key): a key with ready messages that is neither in turns nor waiting for a
+-- token joins the rotation's tail. Whether it has a free slot or a token is the claim's to
+-- find out (a key without one leaves again, once per message pushed or slot freed: O(1) each).
+local function key_join(K, key)
+  if redis.call('ZSCORE', K.turns, key) or redis.call('ZSCORE', K.waiting, key) then return end
+  redis.call('ZADD', K.turns, next_turn(K), key)
+end
+
+-- key_push(K, key, id, front): a keyed ready message -> its key's list (the tail, or the head
+-- for a delivery given back unstarted), its key in the rotation.
+local function key_push(K, key, id, front)
+  redis.call(front and 'LPUSH' or 'RPUSH', K.lists .. key, id)
+  redis.call('HINCRBY', K.state, ' ready', 1)
+  key_join(K, key)
+end
+
+-- keyed_ready(K): how many keyed messages are ready (in the per-key lists).
+local function keyed_ready(K)
+  if not K then return 0 end
+  return tonumber(redis.call('HGET', K.state, ' ready')) or 0
+end
+
+-- split_keyed(K, ids, front): the ids that have a flow key go to their key's list; returns the
+-- others (for the ready list). One HLEN when the queue has no keyed message.
+local function split_keyed(K, ids, front)
+  if not K or #ids == 0 or redis.call('HLEN', K.flow_keys) == 0 then return ids end
+  local plain = {}
+  for i = 1, #ids, 1000 do
+    local last = math.min(i + 999, #ids)
+    local keys = redis.call('HMGET', K.flow_keys, unpack(ids, i, last))
+    for k = 1, last - i + 1 do
+      local id = ids[i + k - 1]
+      if keys[k] then key_push(K, keys[k], id, front) else plain[#plain + 1] = id end
+    end
+  end
+  return plain
+end
+
+-- key_forget(K, key, now): a key with nothing ready and nothing in flight: its state goes, its
+-- GCRA time too once it is past (a time ahead still spaces its next message).
+local function key_forget(K, key, now)
+  redis.call('HDEL', K.state, 'c:' .. key)
+  redis.call('ZREM', K.turns, key)
+  redis.call('ZREM', K.waiting, key)
+  local tat = redis.call('ZSCORE', K.tats, key)
+  if tat and tonumber(tat) <= now then redis.call('ZREM', K.tats, key) end
+end
+
+-- key_drop(K, key, id, now): a keyed ready message leaves its key's list (cancel, replace):
+-- LREM, a walk of that key's list only (O(messages of the key)).
+local function key_drop(K, key, id, now)
+  local list = K.lists .. key
+  if redis.call('LREM', list, 1, id) == 0 then return false end
+  redis.call('HINCRBY', K.state, ' ready', -1)
+  if redis.call('LLEN', list) == 0 and not redis.call('HGET', K.state, 'c:' .. key) then
+    key_forget(K, key, now)
+  end
+  return true
+end
+
+-- key_taken(K, key, id): a keyed message claimed: counted in flight for its key.
+local function key_taken(K, key, id)
+  redis.call('HSET', K.state, 'i:' .. id, key)
+  redis.call('HINCRBY', K.state, 'c:' .. key, 1)
+end
+
+-- forget_past_tats(K, now, most): up to `most` GCRA times that are past (a key without one
+-- reads the same), the oldest first.
+local function forget_past_tats(K, now, most)
+  local old = redis.call('ZRANGEBYSCORE', K.tats, '-inf', now, 'LIMIT', 0, most)
+  if #old > 0 then redis.call('ZREM', K.tats, unpack(old)) end
+end
+
+-- key_slot_freed(K, id, now): a delivery of id ended (acked, retried, dead, released, reaped):
+-- if it held a slot of its key, the slot is free again, the key back in turns if it has ready
+-- messages, its state gone if nothing of it is left. Once per delivery (the 'i:' entry).
+-- Returns the key when a slot was freed, else nil.
+local function key_slot_freed(K, id, now)
+  if not K then return nil end
+  local key = redis.call('HGET', K.state, 'i:' .. id)
+  if not key then return nil end
+  redis.call('HDEL', K.state, 'i:' .. id)
+  local blocked = redis.call('ZSCORE', K.waiting, key)
+  if blocked and tonumber(blocked) >= KEY_BLOCKED then redis.call('ZREM', K.waiting, key) end
+  local left = (tonumber(redis.call('HGET', K.state, 'c:' .. key)) or 1) - 1
+  if left > 0 then
+    redis.call('HSET', K.state, 'c:' .. key, left)
+  else
+    redis.call('HDEL', K.state, 'c:' .. key)
+  end
+  if redis.call('LLEN', K.lists .. key) > 0 then
+    key_join(K, key)
+  elseif left <= 0 then
+    key_forget(K, key, now)
+  end
+  return key
+end
+
+-- keys_freed(K, ids, now): key_slot_freed for each of ids; one HLEN when no keyed message is
+-- in flight. Returns how many key slots were freed.
+local function keys_freed(K, ids, now)
+  if not K or redis.call('HLEN', K.flow_keys) == 0 then return 0 end
+  local n = 0
+  for _, id in ipairs(ids) do
+    if key_slot_freed(K, id, now) then n = n + 1 end
+  end
+  if n > 0 then forget_past_tats(K, now, 2 * n) end
+  return n
+end

@@ -1,0 +1,206 @@
+"""What a consumer records of each delivery, as it runs: start lateness, handler duration,
+limit wait and outcome, counted per queue in fixed buckets, and flushed to Redis every few
+seconds with a maintenance round trip.
+
+Start lateness is the handler's start minus the message's due time, less the time a flow
+limit (``rate_limit``, ``max_in_flight``) held it back: that wait is what the site asked for,
+and is counted apart as the limit wait. Both are read on the consumer's clock, in whole
+milliseconds. Approximations, made on the consumer's side because claim.lua does not say more:
+
+- the limit wait of a message is the time between its due time (or the moment its queue's
+  claims were first held back by a limit, if later) and the claim that took it, when the
+  claim before that one was held back; a claim that takes messages and also says "held"
+  holds back the next ones, not those it took;
+- a retry's due time is its retry time, which this consumer knows when it sent the nack
+  itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent); a retry nacked by another
+  consumer, or retried by a reap after a visibility timeout, has no known due time: its
+  lateness is not counted (its duration and outcome are);
+- a message run early by staff ("run now") counts as 0 ms late.
+
+The counting runs on the consumer's loop thread only (where outcomes are taken from the
+handler threads and where rounds are planned), so it takes no lock: a few integer increments
+and a bisect per message.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.journal import ACK, GARBAGE
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.contracts import RECORD_TIMINGS
+from django_delayqueue.core.timings.buckets import BOUNDS_MS
+from django_delayqueue.core.timings.counts import TimingCounts
+from django_delayqueue.core.timings.otel import OtelTimings
+
+if TYPE_CHECKING:
+    from django_delayqueue.core.consumer.outcomes import Outcome
+    from django_delayqueue.core.queue import Queue
+
+logger = logging.getLogger(__name__)
+
+MINUTE_MS = 60_000
+MINUTE_TTL_SECONDS = 3900  # an hour and 5 minutes: the last hour is always there to read
+MAX_RETRY_TIMES = 10_000  # retry times remembered (see above); the oldest are forgotten
+MAX_LIMIT_WAITS = 100_000  # noted limit waits of messages not finished yet (a safety bound)
+# The Outcome errors of a handler stopped by its time limit or an abort (handler_run.py).
+STOPPED_ERRORS = frozenset({"TimeLimitExceeded", "Aborted"})
+STOPPED_REASON = "handler stopped"  # a stop of the consumer that landed as the handler ended
+
+# One flushed call: the queue and the counts its call carries (put back if the call fails).
+TimingsFlush = list[tuple[str, TimingCounts, int]]
+
+
+class DeliveryTimings:
+    """The delivery timings of one consumer's queues since its last flush."""
+
+    def __init__(self, queues: Mapping[str, Queue]) -> None:
+        self._queues = queues  # by name (the consumer's: queues added later are seen)
+        self._counts: dict[str, TimingCounts] = {}
+        self._limit_waits: dict[str, int] = {}  # by delivery token, ms
+        self._retry_times: dict[str, int] = {}  # by message id, ms (insertion order: oldest first)
+        self.otel = OtelTimings.if_configured()
+
+    # --- the loop thread, per round -------------------------------------------------------------
+
+    def note_limit_waits(self, messages: Sequence[Message], held_since: int, now: int) -> None:
+        """``messages`` were claimed at ``now`` by a claim of a queue that a flow limit held
+        back since ``held_since``: note how long each waited on it."""
+        waits = self._limit_waits
+        if len(waits) > MAX_LIMIT_WAITS:  # given back unstarted, never finished: forget
+            waits.clear()
+        for m in messages:
+            waited = now - max(m.due_ms, held_since)
+            if waited > 0:
+                waits[m.token] = waited
+
+    def note_retries(self, call: ScriptCall) -> None:
+        """A nack call was sent: remember each retried message's retry time (nack.lua's ARGV:
+        4 fixed values, then id, token, retry-at, reason per message; -1: to garbage)."""
+        args, times = call.args, self._retry_times
+        for i in range(4, len(args) - 3, 4):
+            retry_at = int(args[i + 2])
+            if retry_at >= 0:
+                times.pop(args[i], None)  # to the end: the newest
+                times[args[i]] = retry_at
+        while len(times) > MAX_RETRY_TIMES:
+            del times[next(iter(times))]
+
+    def record(self, outcomes: Sequence[Outcome]) -> None:
+        """Count finished deliveries (the loop's thread, as it takes them)."""
+        waits, retry_times, otel = self._limit_waits, self._retry_times, self.otel
+        for o in outcomes:
+            m = o.message
+            counts = self._counts.get(m.queue)
+            if counts is None:
+                counts = self._counts[m.queue] = TimingCounts()
+            hist, sums = counts.histograms, counts.sums
+            waited = waits.pop(m.token, 0) if waits else 0
+            q = self._queues.get(m.queue)
+            limited = q is not None and q.settings.flow_limited
+            if limited:
+                hist["limit_wait"][bisect_left(BOUNDS_MS, waited)] += 1
+                sums["limit_wait"] += waited
+            due: int | None = m.due_ms
+            if m.attempt > 1:
+                due = retry_times.pop(m.id, None) if retry_times else None
+            late = None
+            if due is not None:
+                late = o.started_ms - due - waited
+                if late < 0:
+                    late = 0
+                hist["lateness"][bisect_left(BOUNDS_MS, late)] += 1
+                sums["lateness"] += late
+            took = o.finished_ms - o.started_ms
+            if took < 0:
+                took = 0
+            hist["duration"][bisect_left(BOUNDS_MS, took)] += 1
+            sums["duration"] += took
+            kind = "ack" if o.status == ACK else outcome_kind(o, q)  # the common case inline
+            counts.outcomes[kind] += 1
+            if otel is not None:
+                otel.record(
+                    q.logical_name if q else m.queue, late, took, waited if limited else None, kind
+                )
+
+    # --- the maintenance round trip -------------------------------------------------------------
+
+    def add_to(self, batch: ScriptBatch, queues: Sequence[Queue], now_ms: int) -> TimingsFlush:
+        """Queue the counts of ``queues`` (one server's) since the last flush: one call per
+        queue with something counted. What is taken is put back if its call fails."""
+        self.refresh()
+        flush: TimingsFlush = []
+        minute = now_ms // MINUTE_MS
+        for q in queues:
+            counts = self._counts.pop(q.name, None)
+            if not counts:
+                continue
+            call = RECORD_TIMINGS.call(
+                q.keys,
+                minute=q.keys.timings_minute(minute),
+                ttl_seconds=MINUTE_TTL_SECONDS,
+                increments=counts.increments(),
+            )
+            flush.append((q.name, counts, batch.add(call)))
+        return flush
+
+    def read(self, flush: TimingsFlush, results: Sequence[Any]) -> None:
+        """Take in the replies: a call that failed for a reason that may pass (a connection)
+        gives its counts back for the next flush; one Redis refused (full, a key of the
+        wrong type) drops them: the counts are a measure, not data to keep at any cost."""
+        for name, counts, index in flush:
+            reply = results[index]
+            if isinstance(reply, Exception) and not _refused(reply):
+                self.put_back([(name, counts, index)])
+
+    def put_back(self, flush: TimingsFlush) -> None:
+        """The round trip carrying ``flush`` failed: keep its counts for the next one."""
+        for name, counts, _ in flush:
+            kept = self._counts.get(name)
+            self._counts[name] = counts if kept is None else counts.add(kept)
+
+    def flush_now(self, servers: Sequence[tuple[Any, Sequence[Queue]]], now_ms: int) -> None:
+        """At a stop: send what was counted since the last maintenance, one try per server
+        (``servers``: each client with its queues); a failure loses those counts, logged."""
+        for client, queues in servers:
+            batch = ScriptBatch()
+            if not self.add_to(batch, queues, now_ms):
+                continue
+            try:
+                batch.run(client, raise_errors=False)
+            except DelayQueueError as e:
+                logger.info("delivery timings of the last seconds not recorded: %s", e)
+
+    def pending(self) -> bool:
+        """Whether counts wait to be flushed."""
+        return any(self._counts.values())
+
+    def refresh(self) -> None:
+        """Pick up a MeterProvider configured since the consumer started (maintenance)."""
+        if self.otel is None:
+            self.otel = OtelTimings.if_configured()
+
+
+def outcome_kind(o: Outcome, q: Queue | None) -> str:
+    """ack, retry, dead or stopped (see counts.OUTCOMES)."""
+    if o.status == ACK:
+        return "ack"
+    if o.error in STOPPED_ERRORS or o.reason.startswith(STOPPED_REASON):
+        return "stopped"
+    if o.status == GARBAGE:
+        return "dead"
+    # A failure on the last attempt goes to the dead letters (nack.lua), as the journal says.
+    if q is not None and o.message.attempt >= q.settings.max_attempts:
+        return "dead"
+    return "retry"
+
+
+def _refused(error: Exception) -> bool:
+    import redis
+
+    return isinstance(error, redis.exceptions.ResponseError)

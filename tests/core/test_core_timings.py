@@ -1,0 +1,233 @@
+"""core.timings: what the consumer records of each delivery (start lateness, handler duration,
+limit wait, outcome), flushed to the queue's totals and minute hashes in Redis, and read back.
+
+The deliveries run on a ManualClock in burst mode, so every start lateness is exact: the clock
+stands still while the consumer runs, and a handler starts at the instant the clock reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from core_consumer_support import T0, burst
+
+from django_delayqueue.core import Message, Reject, Retry, SystemClock
+from django_delayqueue.core.consumer.flow_holds import FlowHolds
+from django_delayqueue.core.consumer.outcomes import Outcome
+from django_delayqueue.core.journal import ACK, RETRY
+from django_delayqueue.core.timings.buckets import BOUNDS_MS, BUCKETS, bucket_of, quantile_ms
+from django_delayqueue.core.timings.counts import TimingCounts
+from django_delayqueue.core.timings.reading import read_call, read_result
+from django_delayqueue.core.timings.recorder import (
+    MINUTE_MS,
+    MINUTE_TTL_SECONDS,
+    DeliveryTimings,
+)
+
+
+def totals(client: redis.Redis, q: Any) -> TimingCounts:
+    flat = [x for pair in client.hgetall(q.keys.timings).items() for x in pair]
+    return TimingCounts.from_hash(flat)
+
+
+# --- buckets and quantiles ----------------------------------------------------------------------
+
+
+def test_buckets_are_inclusive_upper_bounds_with_inf_last() -> None:
+    assert bucket_of(0) == 0
+    assert bucket_of(1) == BOUNDS_MS.index(1)
+    assert bucket_of(1.5) == BOUNDS_MS.index(2)
+    assert bucket_of(300_000) == BUCKETS - 2
+    assert bucket_of(300_001) == BUCKETS - 1
+
+
+def test_quantiles_interpolate_inside_their_bucket() -> None:
+    counts = [0] * BUCKETS
+    counts[bucket_of(7)] = 100  # all in (5, 10]
+    assert quantile_ms(counts, 0.5) == pytest.approx(7.5)
+    assert quantile_ms(counts, 0.99) == pytest.approx(9.95)
+    counts[bucket_of(400)] = 100  # half of them in (250, 500]
+    assert quantile_ms(counts, 0.5) == pytest.approx(10)
+    assert 250 < quantile_ms(counts, 0.99) <= 500  # type: ignore[operator]
+    assert quantile_ms([0] * BUCKETS, 0.5) is None
+
+
+# --- the consumer records, flushes at its stop ----------------------------------------------------
+
+
+def test_lateness_duration_and_outcomes_reach_redis(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue(max_attempts=1)
+    q.schedule_many([{"payload": i} for i in range(10)])  # due at T0
+    q.schedule("bad", id="bad")
+    manual_clock.advance(ms=7)  # every handler starts 7 ms late
+
+    def handler(m: Message) -> None:
+        if m.payload == "bad":
+            raise ValueError("no")  # its only attempt: dead
+
+    burst([q], handler)
+    got = totals(redis_client, q)
+    assert got.histograms["lateness"][bucket_of(7)] == 11
+    assert got.count("lateness") == 11 and got.sums["lateness"] == 77
+    assert got.count("duration") == 11
+    assert got.outcomes == {"ack": 10, "retry": 0, "dead": 1, "stopped": 0}
+    assert got.count("limit_wait") == 0  # no flow limit: nothing recorded
+    # The same counts in this minute's hash, which expires a little over an hour later.
+    minute_key = q.keys.timings_minute(T0 // MINUTE_MS)
+    assert 0 < redis_client.ttl(minute_key) <= MINUTE_TTL_SECONDS
+    assert MINUTE_TTL_SECONDS > 3600
+    assert redis_client.ttl(q.keys.timings) == -1  # the totals never expire
+    # Bounded whatever the traffic: a fixed set of fields (buckets, sums, outcomes).
+    assert redis_client.hlen(q.keys.timings) <= 3 * (BUCKETS + 1) + 4
+    windows = read_result(read_call(q.keys, T0).run(redis_client))
+    assert windows.last_5m.count("lateness") == 11
+    assert 5 < windows.last_5m.quantile_ms("lateness", 0.5) <= 10  # type: ignore[operator]
+
+
+def test_a_retry_is_late_from_its_retry_time_not_its_first_due_time(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    q.schedule("x", id="x")
+    manual_clock.advance(ms=3000)  # the first attempt starts 3 s late
+
+    def handler(m: Message) -> None:
+        if m.attempt == 1:
+            raise Retry(delay=0)  # due again at once: its retry is not late
+
+    burst([q], handler)
+    got = totals(redis_client, q)
+    assert got.histograms["lateness"][bucket_of(3000)] == 1
+    assert got.histograms["lateness"][bucket_of(0)] == 1
+    assert got.outcomes["retry"] == 1 and got.outcomes["ack"] == 1
+
+
+def test_reject_counts_as_dead(redis_client: redis.Redis, make_queue: Any) -> None:
+    q = make_queue()
+    q.schedule("x")
+
+    def handler(m: Message) -> None:
+        raise Reject("no")
+
+    burst([q], handler)
+    assert totals(redis_client, q).outcomes["dead"] == 1
+
+
+def test_minutes_outside_the_windows_are_not_read(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    q.schedule("x")
+    burst([q], lambda m: None)
+    six_minutes_on = T0 + 6 * MINUTE_MS
+    windows = read_result(read_call(q.keys, six_minutes_on).run(redis_client))
+    assert windows.last_5m.count("lateness") == 0
+    assert windows.last_hour.count("lateness") == 1
+    hour_on = read_result(read_call(q.keys, T0 + 60 * MINUTE_MS).run(redis_client))
+    assert hour_on.last_hour.count("lateness") == 0 and hour_on.total.count("lateness") == 1
+
+
+def test_a_rate_limited_queue_counts_its_wait_apart(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue(clock=SystemClock(), rate_limit="20/s", concurrency=2)
+    q.schedule_many([{"payload": i} for i in range(6)])
+    burst([q], lambda m: None)
+    got = totals(redis_client, q)
+    assert got.count("limit_wait") == 6 and got.count("lateness") == 6
+    # One start per 50 ms (burst 1): the i-th message cannot be claimed before 50 * (i - 1) ms
+    # after the first claim, which found the queue held; each claim may lead by 5 ms.
+    assert got.sums["limit_wait"] >= 50 * (1 + 2 + 3 + 4 + 5) - 5 * 5
+
+
+# --- the recorder alone -------------------------------------------------------------------------
+
+
+def message(token: str, due: int, attempt: int = 1, queue: str = "q") -> Message:
+    return Message(token, queue, None, due, due, attempt, token, 0)
+
+
+def test_limit_wait_is_taken_off_the_lateness() -> None:
+    timings = DeliveryTimings({})
+    holds = FlowHolds()
+    wake: dict[str, int | None] = {}
+    holds.note("q", T0 + 50, wake, T0)  # a claim at T0 was held back
+    late = message("a", T0 - 10)  # due before the hold began
+    timings.note_limit_waits([late, message("b", T0 + 20)], holds.since["q"], T0 + 100)
+    timings.record(
+        [
+            Outcome(late, ACK, T0 + 103, T0 + 104),
+            Outcome(message("b", T0 + 20), ACK, T0 + 100, T0 + 100),
+        ]
+    )
+    counts = timings._counts["q"]
+    # a: 113 ms after its due time, 100 of them on the limit; b: 80 on the limit, 0 late.
+    assert counts.histograms["lateness"][bucket_of(13)] == 1
+    assert counts.histograms["lateness"][bucket_of(0)] == 1
+    holds.note("q", None, wake, T0 + 200)
+    assert "q" not in holds.since
+
+
+def test_an_unknown_retry_time_leaves_the_lateness_out() -> None:
+    timings = DeliveryTimings({})
+    timings.record([Outcome(message("a", T0, attempt=2), RETRY, T0 + 5000, T0 + 5001)])
+    counts = timings._counts["q"]
+    assert counts.count("lateness") == 0
+    assert counts.count("duration") == 1 and counts.outcomes["retry"] == 1
+
+
+def test_remembered_retry_times_are_bounded() -> None:
+    from django_delayqueue.core.timings import recorder
+
+    timings = DeliveryTimings({})
+    quadruples = [x for i in range(recorder.MAX_RETRY_TIMES + 50) for x in (f"m{i}", "t", i, "")]
+    timings.note_retries(_nack(quadruples))
+    assert len(timings._retry_times) == recorder.MAX_RETRY_TIMES
+    assert "m0" not in timings._retry_times and timings._retry_times["m10049"] == 10049
+    # Read from the call nack_call builds: the retry-at it sends (-1, to garbage: not kept).
+    q = _queue()
+    timings.note_retries(q.nack_call([(message("r", T0), 2.5, "again")], T0))
+    timings.note_retries(q.nack_call([(message("d", T0), None, "dead")], T0, bury=True))
+    assert timings._retry_times["r"] == T0 + 2500 and "d" not in timings._retry_times
+
+
+def _queue() -> Any:
+    from django_delayqueue.core import ManualClock, Queue
+
+    return Queue(redis.Redis(), "q", clock=ManualClock(T0))  # builds calls, never sends them
+
+
+def _nack(quadruples: list[Any]) -> Any:
+    return _queue().nack_call([], T0)._replace(args=[T0, 5, 0, "w", *quadruples])
+
+
+def test_a_timings_key_of_another_type_fails_the_flush_and_changes_nothing(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    from django_delayqueue.core.scripts.contracts import RECORD_TIMINGS
+
+    q = make_queue()
+    minute = q.keys.timings_minute(1)
+    redis_client.set(minute, "not a hash")
+    call = RECORD_TIMINGS.call(q.keys, minute=minute, ttl_seconds=60, increments=["l0", 1])
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        call.run(redis_client)
+    assert redis_client.exists(q.keys.timings) == 0  # the totals were not touched either
+    assert redis_client.get(minute) == b"not a hash"
+
+
+def test_handlers_stopped_by_a_limit_an_abort_or_a_stop_count_as_stopped() -> None:
+    from django_delayqueue.core.journal import GARBAGE
+    from django_delayqueue.core.timings.recorder import outcome_kind
+
+    m = message("a", T0)
+    time_limit = Outcome(m, RETRY, T0, T0, error="TimeLimitExceeded", reason="time limit")
+    aborted = Outcome(m, GARBAGE, T0, T0, error="Aborted", reason="aborted by staff")
+    consumer_stop = Outcome(m, RETRY, T0, T0, reason="handler stopped: SystemExit()")
+    assert {outcome_kind(o, None) for o in (time_limit, aborted, consumer_stop)} == {"stopped"}
+    assert outcome_kind(Outcome(m, GARBAGE, T0, T0, error="Reject"), None) == "dead"
+    assert outcome_kind(Outcome(m, RETRY, T0, T0, error="ValueError"), None) == "retry"
