@@ -20,6 +20,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from . import (
     backlog,
+    busiest_keys,
     deliver,
     django_path,
     flow_keys,
@@ -57,6 +58,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "tracing": tracing.tracing,
     "lateness_cost": lateness_cost.lateness_cost,
     "flow_keys": flow_keys.flow_keys,
+    "busiest_keys": busiest_keys.busiest_keys,
     "progress": progress_cost.progress_cost,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"

@@ -15,10 +15,11 @@ from django.db import models
 from django.utils import timezone
 
 from django_delayqueue.conf.settings import queue_shards, settings_problems
-from django_delayqueue.core.envelope import MAX_ID_LENGTH
+from django_delayqueue.core.envelope import MAX_ID_LENGTH, MAX_KEY_LENGTH
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.flow_limits import shards_problem
 from django_delayqueue.core.settings import LIMIT_FIELDS, LIMIT_MARGIN_SECONDS, QueueSettings
+from django_delayqueue.core.sharding import keyed_schedule_problem
 from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
 
 _D = QueueSettings()
@@ -234,6 +235,16 @@ class RecurringSchedule(models.Model):
     catch_up = models.CharField(max_length=10, choices=CATCH_UP, default="latest")
     catch_up_limit = models.PositiveIntegerField(default=100)
     paused = models.BooleanField(default=False)
+    # Nullable, as OutboxMessage.unique_ms: the rows a process not yet upgraded writes during a
+    # rolling deploy (without this column) must not fail its transaction.
+    key = models.CharField(
+        "flow key",
+        max_length=MAX_KEY_LENGTH,
+        null=True,
+        blank=True,
+        default=None,
+        help_text="Every tick's flow key, which the queue's key limits count by. Empty: none.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # What DELAYQUEUE["SCHEDULES"] said at the last sync (empty: added in the admin). As for
     # QueueConfig, a field whose file value changed is taken from the file, one staff changed
@@ -266,6 +277,8 @@ class RecurringSchedule(models.Model):
             )
         else:
             values["payload"] = self.payload
+        if self.key:
+            values["key"] = self.key
         return values
 
     def clean(self) -> None:
@@ -280,3 +293,10 @@ class RecurringSchedule(models.Model):
             raise ValidationError(
                 {"queue": f"{self.queue!r} is not a configured queue: no runqueue would keep it."}
             )
+        try:
+            shards = queue_shards(self.queue)
+        except ConfigurationError:  # reported by the queue checks
+            return
+        problem = keyed_schedule_problem(self.name, self.key or None, shards)
+        if problem:
+            raise ValidationError({"key": problem})

@@ -45,6 +45,7 @@ from django_delayqueue.mirror.kinds import recurrences_mirror
 from django_delayqueue.monitoring.servers import ServerGuard
 from django_delayqueue.observability import tracing
 from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.tasks.flow_keys import schedule_task_key
 from django_delayqueue.tasks.payload import is_task_payload, task_payload
 from django_delayqueue.tasks.serving import TaskServing
 
@@ -69,7 +70,7 @@ class Worker(TaskServing, Consumer):
     def __init__(self, queues: Sequence[Queue], *, discover: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
-        kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload))
+        kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload, key_for=tick_key))
         super().__init__(queues, **kwargs)
         # A bad value is the system check E004's to report: the default then.
         if dq_settings.OTEL_PARENT in tracing.PARENT_MODES:
@@ -310,3 +311,14 @@ def tick_payload(recurrence: Recurrence, instant_ms: int) -> Any:
             recurrence.task, list(recurrence.args), dict(recurrence.kwargs), recurrence.backend
         )
     return recurrence.payload
+
+
+def tick_key(recurrence: Recurrence) -> str | None:
+    """A tick's flow key: the schedule's ``key``, else for a ``task`` schedule what the task's
+    key argument (its backend's ``KEY_ARGUMENT``) says of the schedule's arguments, as an
+    enqueue of the task with them would have."""
+    if recurrence.key is not None or not recurrence.task:
+        return recurrence.key
+    return schedule_task_key(
+        recurrence.task, recurrence.backend, list(recurrence.args), dict(recurrence.kwargs)
+    )

@@ -35,7 +35,7 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["name", "queue", "paused"]}),
         ("When", {"fields": ["cron", "every", "timezone", ("catch_up", "catch_up_limit")]}),
-        ("What", {"fields": ["payload", ("task", "backend"), "args", "kwargs"]}),
+        ("What", {"fields": ["payload", ("task", "backend"), "args", "kwargs", "key"]}),
         (None, {"fields": ["updated_at", "from_settings"]}),
     ]
 
@@ -105,7 +105,7 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Run selected schedules now (one extra tick)", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: Any) -> None:
-        from django_delayqueue.worker import tick_payload
+        from django_delayqueue.worker import tick_key, tick_payload
 
         sent, failed = [], []
         for row in queryset:
@@ -113,7 +113,9 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
                 recurrence = Recurrence.from_mapping(row.name, row.definition())
                 now = get_clock().now_ms()
                 get_queue(recurrence.queue).schedule(
-                    tick_payload(recurrence, now), id=recurrence.tick_id(now)
+                    tick_payload(recurrence, now),
+                    id=recurrence.tick_id(now),
+                    key=tick_key(recurrence),
                 )
                 sent.append(row.name)
             except (ConfigurationError, DelayQueueError, PayloadError) as e:

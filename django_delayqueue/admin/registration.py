@@ -22,7 +22,8 @@ from django.urls import URLPattern, path
 
 from django_delayqueue.admin import actions as admin_actions
 from django_delayqueue.admin import views as admin_views
-from django_delayqueue.core.envelope import ms_to_datetime
+from django_delayqueue.core.envelope import decode_envelope_parts, ms_to_datetime
+from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
 from django_delayqueue.models import OutboxMessage, QueueConfig, QueueMessage
 
@@ -123,6 +124,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         "queue",
         "mode",
         "due",
+        "flow_key",
         "created_at",
         "attempts",
         "relayed_at",
@@ -145,6 +147,15 @@ class OutboxMessageAdmin(admin.ModelAdmin):
             return ms_to_datetime(row.due_ms)
         except (OverflowError, ValueError, OSError):  # the very end of year 9999
             return f"{row.due_ms} ms"
+
+    @admin.display(description="flow key")
+    def flow_key(self, row: OutboxMessage) -> str:
+        """The key the row's envelope carries (no column of its own: the envelope is what
+        Redis will store, so it cannot disagree with it)."""
+        try:
+            return decode_envelope_parts(row.envelope).key or "-"
+        except CorruptEnvelope:
+            return "-"
 
     @admin.display(description="last error")
     def short_error(self, row: OutboxMessage) -> str:

@@ -221,6 +221,7 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "time_limit": None if time_limit is None else format_seconds(time_limit),
         "supervisors": running.processes_context(stats),
         "flow": stats.flow,
+        "busiest_keys": stats.busiest_keys,
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
 

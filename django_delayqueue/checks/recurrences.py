@@ -3,7 +3,8 @@
 delayqueue.E009: a schedule that cannot run: invalid options, a queue no runqueue serves, a
 ``task`` on a queue no TASKS backend of this app takes (its ticks would go to the queue's
 signal handlers, and never run the task), or a ``payload`` on a task queue without a signal
-handler (every tick would be dead-lettered: "no handler").
+handler (every tick would be dead-lettered: "no handler"), or a ``key`` whose messages live on
+another shard of a sharded queue than the schedule's ticks.
 delayqueue.W005: the same of a schedule row (added in the admin), with the database checks.
 """
 
@@ -15,10 +16,11 @@ from django.core.checks import Error, Warning
 from django.db import DatabaseError
 
 from django_delayqueue.api import topics
-from django_delayqueue.conf.settings import queue_names
+from django_delayqueue.conf.settings import queue_names, queue_shards
 from django_delayqueue.conf.task_backends import backend_takes, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.recurring.recurrence import Recurrence
+from django_delayqueue.core.sharding import keyed_schedule_problem
 from django_delayqueue.mirror.recurrences import declared
 
 HINT = 'See "Recurring schedules" in the docs (docs/recurring.md).'
@@ -59,7 +61,22 @@ def _kept_problem(
     tasks run)."""
     if recurrence.queue not in queues and not _takes_its_task(recurrence):
         return f"queue {recurrence.queue!r} is not configured, {unkept}", unkept_hint
-    return task_problem(recurrence)
+    return key_problem(recurrence) or task_problem(recurrence)
+
+
+def key_problem(recurrence: Recurrence) -> tuple[str, str] | None:
+    """A keyed schedule on a sharded queue whose key's shard is not its name's."""
+    try:
+        shards = queue_shards(recurrence.queue)
+    except ConfigurationError:  # reported by the queue checks
+        return None
+    problem = keyed_schedule_problem(recurrence.name, recurrence.key, shards)
+    if problem is None:
+        return None
+    return (
+        f"its key {recurrence.key!r} cannot be kept: {problem}.",
+        'See "Keys" in docs/flow-control.md.',
+    )
 
 
 def _takes_its_task(recurrence: Recurrence) -> bool:

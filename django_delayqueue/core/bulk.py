@@ -41,6 +41,7 @@ class BulkScheduling:
             at: Any = None,
             id: str | None = None,
             now_ms: int | None = None,
+            key: str | None = None,
         ) -> Prepared: ...
 
         def confirm_replicas(self, what: str, result: Any = None) -> None: ...
@@ -55,12 +56,15 @@ class BulkScheduling:
         """Schedule many messages in pipelined chunks; invalid ones are reported, not raised.
 
         Each item is a mapping with ``payload`` and optional ``id``, ``delay``, ``at``,
-        ``replace`` (default: the ``replace`` argument) and ``unique_for`` (seconds or a
+        ``replace`` (default: the ``replace`` argument), ``unique_for`` (seconds or a
         timedelta, with an ``id``: as ``Queue.schedule``'s; refused ones are counted in
-        ``within_window``). A pipeline holds several chunks so a batch costs few round trips;
-        items keep their order, replacing or not, with a window or not. When Redis is out
-        of memory, a chunk it refuses (nothing of it is written) and every item after it are
-        reported in ``not_scheduled``, and no more is sent.
+        ``within_window``) and ``key`` (the message's flow key, as ``Queue.schedule``'s; a bad
+        one is rejected). The key travels in the envelope, so keyed and unkeyed items share
+        the chunks and scripts (which keep the queue's flow_keys hash). A pipeline holds several
+        chunks so a batch costs few round trips; items keep their order, replacing or not, with
+        a window or not. When Redis is out of memory, a chunk it refuses (nothing of it is
+        written) and every item after it are reported in ``not_scheduled``, and no more is
+        sent.
         """
         # One producer span for the call: every message of it carries its context.
         with tracing.producing(self.logical_name) as span:
@@ -86,11 +90,6 @@ class BulkScheduling:
                     raise PayloadError(
                         f"item must be a mapping with a payload, not a {type(item).__name__}"
                     )
-                if item.get("key") is not None:  # not to be dropped without a word
-                    raise PayloadError(
-                        "key is not supported by schedule_many yet: schedule keyed messages "
-                        "with schedule(..., key=...)"
-                    )
                 window = window_ms_of(item.get("unique_for"), item.get("id"))
                 pending.append(
                     self.prepare(
@@ -99,6 +98,7 @@ class BulkScheduling:
                         at=item.get("at"),
                         id=item.get("id"),
                         now_ms=now,
+                        key=item.get("key"),
                     )
                 )
                 flags.append(bool(item.get("replace", replace)))

@@ -26,6 +26,9 @@ from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
 from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.recurring.recurrence import (
+    MAX_NAME_LENGTH as MAX_SCHEDULE_NAME,
+)
 from django_delayqueue.core.recurring.recurrence import parse_tick_id
 from django_delayqueue.core.results import (
     AbortResult,
@@ -44,6 +47,25 @@ from django_delayqueue.observability import tracing
 def key_shard(key: str, shards: int) -> int:
     """The shard where every message of flow key ``key`` lives (see ``ShardedQueue.id_for_key``)."""
     return zlib.crc32(key.encode()) % shards
+
+
+def keyed_schedule_problem(name: str, key: str | None, shards: int) -> str | None:
+    """Why a recurring schedule ``name`` with flow key ``key`` cannot tick on a queue of
+    ``shards`` shards (None: it can). Its state and ticks live on its name's shard (one script
+    moves them on together, core.recurring), and a keyed message on its key's shard: both must
+    be the same shard. The hint names a name that fits."""
+    if key is None or shards <= 1 or shard_index(name, shards) == key_shard(key, shards):
+        return None
+    home = key_shard(key, shards)
+    # About one name in `shards` fits: 100 times as many tries all miss with odds of e**-100.
+    tries = (f"{name}-{n}" for n in range(1, 100 * shards + 1))
+    fits = next((t for t in tries if shard_index(t, shards) == home), None)
+    example = f" (e.g. {fits!r})" if fits and len(fits) <= MAX_SCHEDULE_NAME else ""
+    return (
+        f"on a queue of {shards} shards, a schedule's ticks live on its name's shard "
+        f"({shard_index(name, shards)}) and the messages of key {key!r} on shard {home}: name "
+        f"the schedule so that both are one{example} or leave out its key"
+    )
 
 
 def shard_index(message_id: str, shards: int) -> int:
@@ -154,18 +176,18 @@ class ShardedQueue:
         return self.shard_for(prepared.id).send_once(prepared, token, **kwargs)
 
     def schedule_many(self, items: Iterable[Mapping[str, Any]], **kwargs: Any) -> BulkResult:
-        """As ``Queue.schedule_many``; ids are given to items without one first, to route them."""
+        """As ``Queue.schedule_many``; ids are given to items without one first, to route them
+        (a keyed item's to its key's shard, as :meth:`prepare` does; a given id that routes
+        elsewhere is rejected)."""
         by_shard: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
         positions: dict[int, list[int]] = defaultdict(list)  # each item's place in ``items``
         total = BulkResult()
         for position, item in enumerate(items):
-            if isinstance(item, Mapping) and item.get("id") is None:
-                try:  # before an id is made up for it, which would make its window a no-op
-                    window_ms_of(item.get("unique_for"), None)
-                except PayloadError as e:
-                    total.rejected.append(Rejected(position, None, str(e)))
-                    continue
-                item = {**item, "id": new_id()}
+            try:
+                item = self._routable(item)
+            except PayloadError as e:
+                total.rejected.append(Rejected(position, _given_id(item), str(e)))
+                continue
             # Not a mapping: any shard reports it as the plain queue does.
             key = str(item["id"]) if isinstance(item, Mapping) else ""
             index = shard_index(key, len(self.shards))
@@ -178,6 +200,18 @@ class ShardedQueue:
         total.rejected.sort(key=lambda r: r.index)
         total.not_scheduled.sort(key=lambda r: r.index)
         return total
+
+    def _routable(self, item: Any) -> Any:
+        """``item`` with the id that routes it (PayloadError: it cannot be routed)."""
+        if not isinstance(item, Mapping):
+            return item  # any shard reports it as the plain queue does
+        key = item.get("key")
+        if item.get("id") is None:
+            # Before an id is made up for it, which would make its window a no-op.
+            window_ms_of(item.get("unique_for"), None)
+        if key is not None:
+            return {**item, "id": self.id_for_key(validate_key(key), item.get("id"))}
+        return item if item.get("id") is not None else {**item, "id": new_id()}
 
     def schedule_prepared(
         self,
@@ -264,6 +298,11 @@ class ShardedQueue:
                 message_id if items is None else items[n]
             )
         return chosen
+
+
+def _given_id(item: Any) -> str | None:
+    value = item.get("id") if isinstance(item, Mapping) else None
+    return value if isinstance(value, str) else None
 
 
 def _placed(done: BulkResult, positions: Sequence[int]) -> BulkResult:

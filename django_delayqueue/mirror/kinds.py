@@ -57,7 +57,7 @@ class QueueSettingsMirror(Mirror):
 # A settings entry as a RecurringSchedule row's fields.
 ROW_FIELDS = (
     "queue", "cron", "every", "timezone", "payload", "task", "backend", "args", "kwargs",
-    "catch_up", "catch_up_limit", "paused",
+    "catch_up", "catch_up_limit", "paused", "key",
 )  # fmt: skip
 
 
@@ -130,6 +130,7 @@ def row_values(name: str, options: dict[str, Any]) -> dict[str, Any]:
     values["cron"] = values["cron"] or ""
     values["task"] = values["task"] or ""
     values["args"] = list(values["args"])
+    values["key"] = values.get("key")  # left out of the mapping when None
     return {f: values[f] for f in ROW_FIELDS}
 
 

@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
 from django_delayqueue.core import STATES
+from django_delayqueue.core.flow_limits import parse_rate
 from django_delayqueue.monitoring.stats import QueueStats, collect
 from django_delayqueue.monitoring.timing_metrics import add_timings, timing_families
 
@@ -84,11 +85,27 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "waiting_on_limit": (
         "gauge",
-        "Ready messages waiting on a flow limit, by the limit that holds them (rate, in_flight).",
+        "Ready messages waiting on a flow limit, by the limit that holds them (rate, in_flight; "
+        "key: keyed ready messages waiting for their key's turn, slot or token).",
         ("limit",),
     ),
     "rate_limit_per_second": ("gauge", "The queue's rate_limit, in messages per second.", ()),
     "max_in_flight": ("gauge", "The queue's max_in_flight.", ()),
+    "key_concurrency": ("gauge", "The queue's key_concurrency (messages of one key at once).", ()),
+    "key_rate_limit_per_second": (
+        "gauge",
+        "The queue's key_rate_limit, in messages per second of one key.",
+        (),
+    ),
+    "keys_with_ready_messages": ("gauge", "Flow keys with messages ready to start.", ()),
+    # The busiest keys by rank, not by name: a label per key would be a series per phone
+    # number or store (unbounded, and often personal data); the admin and queuestats name them.
+    "busiest_key_messages": (
+        "gauge",
+        "Ready and in-flight messages of the queue's busiest flow keys, by rank (1: the "
+        "busiest; at most 10); their names are in the admin and queuestats.",
+        ("rank",),
+    ),
     "started_last_second": (
         "gauge",
         "Messages of a rate-limited or capped queue claimed in the last whole second.",
@@ -115,6 +132,7 @@ def _add(s: QueueStats, families: dict[str, Any]) -> None:
         for outcome, value in s.outcomes.items():
             families["outcomes"].add_metric([q, outcome], value)
     _add_flow(s, families)
+    _add_keys(s, families)
 
 
 def _add_flow(s: QueueStats, families: dict[str, Any]) -> None:
@@ -134,6 +152,23 @@ def _add_flow(s: QueueStats, families: dict[str, Any]) -> None:
             families["waiting_on_limit"].add_metric(
                 [q, limit], flow.waiting if flow.held == limit else 0
             )
+    if flow.key_limited and flow.waiting_on_keys is not None:
+        families["waiting_on_limit"].add_metric([q, "key"], flow.waiting_on_keys)
+    if flow.key_concurrency is not None:
+        families["key_concurrency"].add_metric([q], flow.key_concurrency)
+    if flow.key_rate_limit is not None:
+        per_second = parse_rate(flow.key_rate_limit).per_second
+        families["key_rate_limit_per_second"].add_metric([q], per_second)
+
+
+def _add_keys(s: QueueStats, families: dict[str, Any]) -> None:
+    """A queue's keys: only for one that has keyed messages now, or key limits."""
+    busiest = s.busiest_keys
+    if busiest is None or not (busiest.keys or s.flow.key_limited):
+        return
+    families["keys_with_ready_messages"].add_metric([s.queue], busiest.keys_ready)
+    for rank, key in enumerate(busiest.keys, 1):
+        families["busiest_key_messages"].add_metric([s.queue, str(rank)], key.load)
 
 
 # Recurring schedules: name (after "delayqueue_schedule_") -> help text; labels schedule, queue.

@@ -28,6 +28,14 @@ from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
+from django_delayqueue.monitoring.busiest_keys import (
+    MAX_STATE_FIELDS,
+    SAMPLE,
+    TOP,
+    BusiestKeys,
+    merge_busiest,
+    read_busiest,
+)
 from django_delayqueue.monitoring.flow import FlowStats, merge_flow, read_flow
 from django_delayqueue.monitoring.lateness import LatenessStats, merge_lateness, read_lateness
 from django_delayqueue.monitoring.processes import (
@@ -66,6 +74,8 @@ class QueueStats:
     flow: FlowStats = field(default_factory=lambda: FlowStats())
     # How late handlers start (core.timings via monitoring.lateness); None: not read.
     lateness: LatenessStats | None = None
+    # The flow keys with the most ready and in-flight messages (None: could not be read).
+    busiest_keys: BusiestKeys | None = None
 
     @property
     def running(self) -> list[RunningNow]:
@@ -114,6 +124,7 @@ class QueueStats:
             "outcomes": dict(self.outcomes) if self.outcomes is not None else None,
             "flow": self.flow.to_dict(),
             "lateness": self.lateness.to_dict() if self.lateness is not None else None,
+            "busiest_keys": None if self.busiest_keys is None else self.busiest_keys.to_dict(),
             "errors": list(self.errors),
         }
 
@@ -142,17 +153,28 @@ def gather(
     alive_since = now - int(alive_seconds * 1000)
     try:
         replies = counts_and_activity(
-            queues, alive_since, journal_batch, MAX_CONSUMERS_LISTED, now_ms=now
+            queues,
+            alive_since,
+            journal_batch,
+            MAX_CONSUMERS_LISTED,
+            now_ms=now,
+            busiest=(SAMPLE, MAX_STATE_FIELDS, TOP),
         )
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
-        _read(q, counts, stats, flow, timings, now)
-        for q, (counts, stats, flow, timings) in zip(queues, replies, strict=True)
+        _with_busiest(_read(q, counts, stats, flow, timings, now), busiest)
+        for q, (counts, stats, flow, timings, busiest) in zip(queues, replies, strict=True)
     ]
     processes = read_processes(queues, [s.consumers for s in read])
     return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
+
+
+def _with_busiest(stats: QueueStats, raw: Any) -> QueueStats:
+    if isinstance(raw, Exception):
+        return replace(stats, errors=[*stats.errors, f"busiest keys: {raw}"])
+    return replace(stats, busiest_keys=read_busiest(raw))
 
 
 def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:
@@ -304,6 +326,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         errors=[f"{p.queue}: {e}" for p in parts for e in p.errors],
         flow=merge_flow([p.flow for p in parts]),
         lateness=merge_lateness(lateness) if len(lateness) == len(parts) else None,
+        busiest_keys=merge_busiest([p.busiest_keys for p in parts]),
     )
 
 

@@ -5,7 +5,10 @@ Each Spark task opens one Redis client and sends its rows in pipelined chunks wi
 idempotent on the (deterministic) message id, so a retried task or a re-run of the whole job
 creates nothing twice: what was already there is counted as ``already_present``. Rows with a
 uniqueness window (``MessageSpec.unique_for_column``) go through ``schedule_unique.lua`` instead;
-those their id's open window refused are counted as ``within_window``.
+those their id's open window refused are counted as ``within_window``. A row's flow key
+(``MessageSpec.key_column``) goes in its envelope, as ``schedule(..., key=)`` puts it there; on a
+sharded queue a keyed row's id must route to its key's shard (the row is rejected otherwise, as
+``schedule`` refuses such an id: a made-up id would not be deterministic).
 
 Counting uses Spark actions only, never files read back: every prepared row goes to the
 writers, which schedule the good ones and count the rejected ones by reason, and each task
@@ -30,17 +33,19 @@ from pyspark.sql import DataFrame, SparkSession
 
 from django_delayqueue.core.client import connect
 from django_delayqueue.core.clock import RedisClock
-from django_delayqueue.core.envelope import encode_envelope, validate_id
+from django_delayqueue.core.envelope import encode_envelope, validate_id, validate_key
 from django_delayqueue.core.errors import ConfigurationError, PayloadError, RedisOutOfMemory
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.logical_queue import LogicalQueue
 from django_delayqueue.core.queue import DEFAULT_CHUNK, Queue
 from django_delayqueue.core.results import BulkResult, Prepared
-from django_delayqueue.core.sharding import ShardedQueue
+from django_delayqueue.core.sharding import ShardedQueue, key_shard, shard_index
 from django_delayqueue.spark.progress import ProgressCallback, watch_progress
 from django_delayqueue.spark.transforms import (
     DUE,
     ID,
+    KEY,
+    KEY_SHARD,
     PAYLOAD,
     REASON,
     UNIQUE,
@@ -148,7 +153,7 @@ def schedule_dataframe(
             redis_url, prefix, queue, now_ms, chunk_size, redis_cluster, shards
         )
         rows = (
-            prepared.select(ID, DUE, PAYLOAD, UNIQUE, REASON)
+            prepared.select(ID, DUE, PAYLOAD, UNIQUE, KEY, REASON)
             .mapInArrow(writer, _RESULT_SCHEMA)
             .collect()
         )
@@ -272,15 +277,16 @@ def _send(
         ids = batch.column(ID).to_pylist()
         dues = batch.column(DUE).to_pylist()
         payloads = batch.column(PAYLOAD).to_pylist()
-        has_windows = batch.schema.get_field_index(UNIQUE) >= 0
-        uniques = batch.column(UNIQUE).to_pylist() if has_windows else [0] * len(ids)
-        for message_id, due, payload, window in zip(ids, dues, payloads, uniques, strict=True):
+        uniques = _optional(batch, UNIQUE, 0)
+        keys = _optional(batch, KEY, None)
+        rows = zip(ids, dues, payloads, uniques, keys, strict=True)
+        for message_id, due, payload, window, key in rows:
             try:
-                validate_id(message_id)
+                envelope = _envelope(q, message_id, due, payload, key, now_ms)
             except PayloadError as e:
-                refused.append((message_id, due, payload, f"bad id: {e}"))
+                refused.append((message_id, due, payload, str(e)))
                 continue
-            prepared.append(Prepared(message_id, due, encode_envelope(payload, due, now_ms)))
+            prepared.append(Prepared(message_id, due, envelope))
             windows.append(window or 0)
             if len(prepared) >= flush_at:
                 done.merge(_stored(q, prepared, windows, chunk_size))
@@ -288,6 +294,33 @@ def _send(
     if prepared:
         done.merge(_stored(q, prepared, windows, chunk_size))
     return done, refused
+
+
+def _optional(batch: pa.RecordBatch, name: str, default: Any) -> list[Any]:
+    """A column of ``batch`` as a list, or ``default`` for each row when it has none."""
+    if batch.schema.get_field_index(name) >= 0:
+        return batch.column(name).to_pylist()
+    return [default] * len(batch)
+
+
+def _envelope(
+    q: LogicalQueue, message_id: str, due: int, payload: str, key: str | None, now_ms: int
+) -> str:
+    """The row's envelope; PayloadError (its reason) for what the core refuses that Spark's
+    checks let through, or a keyed row whose id cannot live on its key's shard."""
+    try:
+        validate_id(message_id)
+    except PayloadError as e:
+        raise PayloadError(f"bad id: {e}") from e
+    if key is not None:
+        try:
+            validate_key(key)
+        except PayloadError as e:
+            raise PayloadError(f"bad key: {e}") from e
+        shards = len(q.shards) if isinstance(q, ShardedQueue) else 1
+        if shards > 1 and shard_index(message_id, shards) != key_shard(key, shards):
+            raise PayloadError(KEY_SHARD)
+    return encode_envelope(payload, due, now_ms, key=key)
 
 
 def _stored(

@@ -1,8 +1,9 @@
 """Pure DataFrame -> DataFrame steps that turn rows of data into messages (or rejects).
 
-:func:`prepare` adds five columns to the input: ``dq_id``, ``dq_due_ms``, ``dq_payload``
-(JSON), ``dq_unique_ms`` (the row's uniqueness window in ms, 0 for none) and ``dq_reason``
-(``None`` for a good row, else why the row cannot be scheduled).
+:func:`prepare` adds six columns to the input: ``dq_id``, ``dq_due_ms``, ``dq_payload``
+(JSON), ``dq_unique_ms`` (the row's uniqueness window in ms, 0 for none), ``dq_key`` (the row's
+flow key, null for none) and ``dq_reason`` (``None`` for a good row, else why the row cannot be
+scheduled).
 :func:`split` separates the good rows from the rejects. Nothing here touches Redis or files.
 
 Ids must be deterministic so that a re-run (or a retried Spark task) schedules nothing twice:
@@ -21,13 +22,14 @@ from pyspark.sql import types as T
 from django_delayqueue.core.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_ID_LENGTH,
+    MAX_KEY_LENGTH,
     MAX_PAYLOAD_DEPTH,
 )
 from django_delayqueue.core.errors import ConfigurationError
 
 ID, DUE, PAYLOAD, REASON = "dq_id", "dq_due_ms", "dq_payload", "dq_reason"
-UNIQUE = "dq_unique_ms"
-OUTPUT_COLUMNS = (ID, DUE, PAYLOAD, UNIQUE, REASON)
+UNIQUE, KEY = "dq_unique_ms", "dq_key"
+OUTPUT_COLUMNS = (ID, DUE, PAYLOAD, UNIQUE, KEY, REASON)
 
 # What Python's str.isprintable() refuses, in Java regex terms (the core's validate_id runs
 # again on the executors, so a character class the two disagree on is still caught there).
@@ -43,6 +45,11 @@ BAD_DUE = "bad due time: not a timestamp"
 MISSING_DELAY = "missing delay"
 BAD_DELAY = "bad delay: not a number of seconds >= 0"
 BAD_UNIQUE_FOR = "bad unique_for: not a number of seconds > 0"
+EMPTY_KEY = "bad key: empty (null for no key)"
+KEY_TOO_LONG = f"bad key: longer than {MAX_KEY_LENGTH} characters"
+# Found by the executors (they know the shards): every message of a key lives on its key's shard,
+# and a row's id, deterministic for re-runs, cannot be made up to route there.
+KEY_SHARD = "bad id for its key: a sharded queue keeps a key's messages on the key's shard"
 NOT_JSON = "payload not serialisable: NaN or Infinity in column "
 TOO_LARGE = "payload too large: over max_payload_bytes="
 
@@ -55,7 +62,8 @@ class MessageSpec:
     Spark can read as a timestamp, or epoch milliseconds) or ``delay_column`` (seconds from
     ``now``), or neither for "due now". ``payload_columns`` empty means every column.
     ``unique_for_column``: a column of seconds, each row's uniqueness window (as
-    ``schedule(..., unique_for=)``; null for none).
+    ``schedule(..., unique_for=)``; null for none). ``key_column``: each row's flow key (as
+    ``schedule(..., key=)``; null for none; numbers are taken as their text).
     """
 
     id_column: str | None = None
@@ -65,6 +73,7 @@ class MessageSpec:
     payload_columns: tuple[str, ...] = ()
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     unique_for_column: str | None = None
+    key_column: str | None = None
 
     def check(self, columns: Sequence[str]) -> None:
         """Raise ConfigurationError when the spec does not fit a DataFrame's ``columns``."""
@@ -80,6 +89,7 @@ class MessageSpec:
             self.due_column,
             self.delay_column,
             self.unique_for_column,
+            self.key_column,
         ]
         missing = sorted({c for c in [*named, *self.payload_columns] if c and c not in columns})
         if missing:
@@ -153,6 +163,18 @@ def unique_ms(spec: MessageSpec) -> tuple[Column, Column]:
     return window.cast("long"), F.when(bad, F.lit(BAD_UNIQUE_FOR))
 
 
+def flow_key(spec: MessageSpec) -> tuple[Column, Column]:
+    """``(flow key or null, reason or null)``: what the core's ``validate_key`` refuses of a
+    string (empty, too long) is a reason here; the executors run it again for the rest."""
+    if not spec.key_column:
+        return F.lit(None).cast("string"), F.lit(None).cast("string")
+    key = F.col(spec.key_column).cast("string")
+    reason = F.when(key == "", F.lit(EMPTY_KEY)).when(
+        F.length(key) > MAX_KEY_LENGTH, F.lit(KEY_TOO_LONG)
+    )
+    return key, reason
+
+
 def payload_json(df: DataFrame, spec: MessageSpec) -> tuple[Column, Column]:
     """``(payload JSON, reason or null)``: nulls are kept as JSON null, NaN/Infinity refused."""
     names = list(spec.payload_columns) or list(df.columns)
@@ -199,8 +221,8 @@ def id_reason(message_id: Column) -> Column:
 
 
 def prepare(df: DataFrame, spec: MessageSpec, now_ms: int) -> DataFrame:
-    """Add ``dq_id``, ``dq_due_ms``, ``dq_payload``, ``dq_unique_ms`` and ``dq_reason`` to
-    every row."""
+    """Add ``dq_id``, ``dq_due_ms``, ``dq_payload``, ``dq_unique_ms``, ``dq_key`` and
+    ``dq_reason`` to every row."""
     spec.check(df.columns)
     if spec.id_column:
         message_id = F.col(spec.id_column).cast("string")
@@ -209,21 +231,23 @@ def prepare(df: DataFrame, spec: MessageSpec, now_ms: int) -> DataFrame:
     due, due_reason = due_ms(df, spec, now_ms)
     payload, payload_reason = payload_json(df, spec)
     window, window_reason = unique_ms(spec)
+    key, key_reason = flow_key(spec)
     with_id = df.withColumn(ID, message_id)
-    reason = F.coalesce(id_reason(F.col(ID)), due_reason, payload_reason, window_reason)
+    reason = F.coalesce(id_reason(F.col(ID)), due_reason, payload_reason, window_reason, key_reason)
     return (
         with_id.withColumn(DUE, due)
         .withColumn(PAYLOAD, payload)
         .withColumn(UNIQUE, window)
+        .withColumn(KEY, key)
         .withColumn(REASON, reason)
     )
 
 
 def split(prepared: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(good, rejects)``: good rows as (id, due ms, payload, window ms); rejects as input +
-    id + reason."""
-    good = prepared.where(F.col(REASON).isNull()).select(ID, DUE, PAYLOAD, UNIQUE)
-    rejects = prepared.where(F.col(REASON).isNotNull()).drop(DUE, PAYLOAD, UNIQUE)
+    """``(good, rejects)``: good rows as (id, due ms, payload, window ms, key); rejects as
+    input + id + reason."""
+    good = prepared.where(F.col(REASON).isNull()).select(ID, DUE, PAYLOAD, UNIQUE, KEY)
+    rejects = prepared.where(F.col(REASON).isNotNull()).drop(DUE, PAYLOAD, UNIQUE, KEY)
     return good, rejects
 
 

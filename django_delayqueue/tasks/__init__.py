@@ -3,19 +3,22 @@
     TASKS = {"default": {"BACKEND": "django_delayqueue.tasks.DelayQueueBackend"}}
 
 The backend loads on first use, so that ``runqueue`` and the admin import this package's
-Django-free parts (``payload``) on a project without the framework.
+Django-free parts (``payload``) on a project without the framework. :func:`flow_key` gives the
+tasks enqueued inside its block a flow key (``tasks.flow_keys``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django_delayqueue.tasks.flow_keys import flow_key
+
 if TYPE_CHECKING:
     from django_delayqueue.core.consumer.progress_reports import progress
     from django_delayqueue.tasks.backend import DelayQueueBackend
     from django_delayqueue.tasks.progress_reading import progress_of
 
-__all__ = ["DelayQueueBackend", "progress", "progress_of"]
+__all__ = ["DelayQueueBackend", "flow_key", "progress", "progress_of"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,9 @@
         }
     }
 
+With ``"KEY_ARGUMENT"`` in ``OPTIONS`` (an argument's name, or a dict of task paths to names)
+a task's message gets its flow key from that argument (``tasks.flow_keys``).
+
 A task is a message of its queue (``payload.task_payload``) with a result record beside it, both
 written by one script; ``runqueue`` runs it (``runner.TaskRunner``), with the queue's retries,
 backoff and dead letters. ``run_after`` becomes the due time exactly as ``dq.schedule(at=...)``
@@ -32,10 +35,12 @@ from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.sharding import ShardedQueue
 from django_delayqueue.observability import tracing
 from django_delayqueue.outbox.committing import send_on_commit
 from django_delayqueue.outbox.outgoing import Outgoing
 from django_delayqueue.tasks import framework
+from django_delayqueue.tasks.flow_keys import KEY_ARGUMENT, key_argument_problem, task_key
 from django_delayqueue.tasks.payload import TaskRecord, task_payload
 from django_delayqueue.tasks.reading import (
     find_in_outbox,
@@ -98,7 +103,21 @@ class DelayQueueBackend(framework.BaseTaskBackend):
     def _enqueue(self, task: Any, args: Iterable[Any], kwargs: dict[str, Any], span: Any) -> Any:
         queue = get_queue(task.queue_name, task=not self.queues)
         args, kwargs = _json_arguments(task, args, kwargs)
-        result_id = new_id()
+        key = task_key(task, args, kwargs, self.options.get(KEY_ARGUMENT))
+        if key is not None and task.priority != 0:
+            # Keyed ready messages take turns by key, prioritised ones by priority: a message
+            # cannot be in both orders (refused now, not after the commit).
+            raise framework.InvalidTask(
+                f"task {task.module_path} has priority {task.priority} and flow key {key!r}: "
+                "a keyed task takes turns by key and cannot have a priority (use priority 0, "
+                "or enqueue it inside flow_key(None))"
+            )
+        # On a sharded queue a keyed message lives on its key's shard: its id (the result's)
+        # must route there too, or the result could not be found by id.
+        if key is not None and isinstance(queue, ShardedQueue):
+            result_id = queue.id_for_key(key)
+        else:
+            result_id = new_id()
         deferred = task.run_after is not None
         payload = task_payload(
             task.module_path, args, kwargs, self.alias, priority=task.priority, deferred=deferred
@@ -106,15 +125,17 @@ class DelayQueueBackend(framework.BaseTaskBackend):
         now = queue.clock.now_ms()
         if isinstance(task.run_after, timedelta):
             prepared = queue.prepare(
-                payload, delay=task.run_after, id=result_id, now_ms=now, task=True
+                payload, delay=task.run_after, id=result_id, now_ms=now, task=True, key=key
             )
         elif isinstance(task.run_after, datetime):
             run_after = task.run_after
             if timezone.is_naive(run_after):  # USE_TZ = False: the framework allows it
                 run_after = timezone.make_aware(run_after)
-            prepared = queue.prepare(payload, at=run_after, id=result_id, now_ms=now, task=True)
+            prepared = queue.prepare(
+                payload, at=run_after, id=result_id, now_ms=now, task=True, key=key
+            )
         else:
-            prepared = queue.prepare(payload, id=result_id, now_ms=now, task=True)
+            prepared = queue.prepare(payload, id=result_id, now_ms=now, task=True, key=key)
         tracing.scheduled(span, result_id, prepared.due_ms)
         if span.is_recording():
             span.set_attribute("delayqueue.task", task.module_path)
@@ -203,6 +224,9 @@ class DelayQueueBackend(framework.BaseTaskBackend):
                 f"seconds, not {self.options.get('RESULT_TTL')!r}.",
                 id="delayqueue.E005",
             )
+        problem = key_argument_problem(self.options.get(KEY_ARGUMENT))
+        if problem:
+            yield Error(f"TASKS[{self.alias!r}]['OPTIONS']: {problem}.", id="delayqueue.E017")
         for name in sorted(self.queues):
             try:
                 validate_name(name, "queue name")

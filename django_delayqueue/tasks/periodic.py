@@ -41,8 +41,12 @@ def periodic(
     kwargs: dict[str, Any] | None = None,
     paused: bool = False,
     name: str | None = None,
+    key: str | None = None,
 ) -> Callable[[Any], Any]:
     """Register the decorated task as a recurring schedule; returns the task unchanged.
+
+    ``key``: every tick's flow key (without it, the backend's ``KEY_ARGUMENT`` reads it from
+    ``args``/``kwargs``, as for an enqueue).
 
     Raises :class:`ConfigurationError` at import for options that cannot run (a bad cron
     expression, no ``cron`` or ``every``, an unknown time zone, arguments that are not JSON).
@@ -65,6 +69,7 @@ def periodic(
             backend=task.backend,
             args=list(args),
             kwargs=dict(kwargs or {}),
+            key=key,
         )
         with _lock:
             _registry[recurrence.name] = recurrence

@@ -142,10 +142,10 @@ def test_flow_limits_are_shown_with_what_waits_on_them(redis_client):
     section = out.split("\n\n")[1].splitlines()
     assert section[0].split() == [
         "QUEUE", "RATE", "LIMIT", "MAX", "IN", "FLIGHT", "RATE", "NOW", "WAITING", "HELD", "BY",
-        "THROTTLED",
+        "THROTTLED", "PER", "KEY", "ON", "KEYS",
     ]  # fmt: skip
     assert section[1].split()[:5] == ["activation-sms", "20/s", "burst", "5", "-"]
-    assert section[1].split()[-3:] == ["7", "rate", "0"]
+    assert section[1].split()[-5:] == ["7", "rate", "0", "-", "-"]  # no key limits
     assert len(section) == 2  # only the queues with limits
     (stats,) = json.loads(run("activation-sms", "--json")[0])["queues"]
     flow = stats["flow"]

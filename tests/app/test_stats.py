@@ -178,7 +178,8 @@ def test_all_queues_in_one_round_trip(redis_client, clock):
     spy.sent.clear()
     result = stats.gather([make_queue(spy, n, clock) for n in names])
     assert [s.counts["pending"] for s in result] == [1, 1, 1, 1]
-    assert spy.sent == ["pipeline of 16"]  # counts, activity, flow state, timings of each
+    # counts, activity, flow state, timings and busiest flow keys of each queue
+    assert spy.sent == ["pipeline of 20"]
 
 
 def test_scripts_reload_after_script_flush(redis_client, clock):

@@ -176,14 +176,6 @@ def test_a_task_may_have_a_key_but_not_with_a_priority(q: Queue) -> None:
     assert flow_keys(q) == {"t1": "k1"}
 
 
-def test_schedule_many_refuses_a_key_rather_than_drop_it(q: Queue) -> None:
-    result = q.schedule_many([{"payload": 1, "key": "k1"}, {"payload": 2}])
-    assert result.scheduled == 1
-    (rejected,) = result.rejected
-    assert rejected.index == 0 and "not supported by schedule_many yet" in rejected.reason
-    assert flow_keys(q) == {}
-
-
 @pytest.fixture
 def sharded(redis_client: redis.Redis, manual_clock: ManualClock) -> ShardedQueue:
     settings = QueueSettings()

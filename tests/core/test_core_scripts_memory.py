@@ -22,6 +22,7 @@ from django_delayqueue.core.errors import RedisOutOfMemory
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import (
+    BUSIEST_KEYS,
     FLOW_STATE,
     HEARTBEAT,
     JOURNAL,
@@ -163,6 +164,15 @@ def test_claims_under_flow_limits_run_on_a_full_server(client: redis.Redis) -> N
         assert held[0] == b"rate"
 
 
+def test_the_busiest_keys_are_read_on_a_full_server(client: redis.Redis) -> None:
+    q = queue(client, ManualClock(T0))
+    for n in range(3):
+        q.schedule({"n": n}, id=f"m{n}", key="hot")
+    with full(client):
+        raw = BUSIEST_KEYS.call(q.keys, most_keys=10, most_fields=100, top=10).run(client)
+    assert raw == [1, 0, 1, b"hot", 3, 0]
+
+
 def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
     client: redis.Redis,
 ) -> None:
@@ -190,7 +200,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
     """A new script must be added to one of these lists, and to the tests above."""
     run_when_full = {
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
-        "promote", "flow_state", "slot_freed",
+        "promote", "flow_state", "slot_freed", "busiest_keys",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
         "stats", "write_record", "write_records", "read_timings",
     }  # fmt: skip

@@ -70,6 +70,7 @@ EXPECTED_ROWS = {
     "flow_keys.claim_us.b1",
     "flow_keys.claim_us.b100",
     "flow_keys.ack_us",
+    "busiest_keys.us",
     "progress.ack_us.b1",
     "progress.ack_us.b100",
     "progress.deliver",

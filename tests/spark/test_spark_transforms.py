@@ -145,7 +145,7 @@ def test_split_keeps_the_input_row_with_its_reason(spark: Any) -> None:
     df = rows(spark, "key string, delay int", [("a", 5), ("b", None)])
     good, rejects = split(prepare(df, MessageSpec(id_column="key", delay_column="delay"), NOW))
     assert [(r[t.ID], r[t.DUE]) for r in good.collect()] == [("a", NOW + 5000)]
-    assert good.columns == [t.ID, t.DUE, t.PAYLOAD, t.UNIQUE]
+    assert good.columns == [t.ID, t.DUE, t.PAYLOAD, t.UNIQUE, t.KEY]
     rejected = [r.asDict() for r in rejects.collect()]
     assert rejected == [{"key": "b", "delay": None, t.ID: "b", t.REASON: t.MISSING_DELAY}]
 

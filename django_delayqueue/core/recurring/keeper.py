@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.envelope import encode_envelope, encode_payload
+from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.planning import (
@@ -51,6 +52,8 @@ FAILED_PAUSE_MS = 1000
 RUNNING_GAP_MS = 30_000
 TOMBSTONE_DAYS_MS = 86_400_000  # a deleted schedule's tombstone is forgotten after a day
 PayloadFor = Callable[[Recurrence, int], Any]
+# A tick's flow key: by default the schedule's ``key``; the Django layer reads a task's too.
+KeyFor = Callable[[Recurrence], "str | None"]
 Entry = tuple[Queue, str, int, Any]  # queue, kind ("states" | "advance"), index, detail
 
 
@@ -58,11 +61,18 @@ def schedule_payload(recurrence: Recurrence, instant_ms: int) -> Any:
     return recurrence.payload
 
 
+def schedule_key(recurrence: Recurrence) -> str | None:
+    return recurrence.key
+
+
 class ScheduleKeeper:
     """The recurring schedules of a consumer's queues, and their states as last seen."""
 
-    def __init__(self, payload_for: PayloadFor = schedule_payload) -> None:
+    def __init__(
+        self, payload_for: PayloadFor = schedule_payload, key_for: KeyFor = schedule_key
+    ) -> None:
         self.payload_for = payload_for
+        self.key_for = key_for
         # Ticks refused because Redis is full are logged here once (the consumer shares its own).
         self.memory = OutOfMemoryLog(logger)
         self.version = 0
@@ -282,14 +292,16 @@ class ScheduleKeeper:
     def _call(self, q: Queue, name: str, plan: TickPlan, now_ms: int) -> ScriptCall:
         recurrence = self._by_queue.get(q.name, {}).get(name)
         triples: list[Any] = []
-        if recurrence is not None:
+        if recurrence is not None and plan.instants:
+            key = self.key_for(recurrence)
+            _check_key_shard(q, name, key)
             for instant in plan.instants:
                 payload = encode_payload(
                     self.payload_for(recurrence, instant), q.settings.max_payload_bytes
                 )
                 # A ``task`` schedule (staff's, from the settings or the admin) sends a task.
                 envelope = encode_envelope(
-                    payload, instant, min(now_ms, instant), task=bool(recurrence.task)
+                    payload, instant, min(now_ms, instant), task=bool(recurrence.task), key=key
                 )
                 triples.extend((recurrence.tick_id(instant), instant, envelope))
         horizon, channel = q.announce_args
@@ -325,6 +337,16 @@ class ScheduleKeeper:
         elif plan.withdraw:
             logger.info("queue %s: schedule %s changed; its waiting tick replaced", q.name, name)
         logger.debug("queue %s: schedule %s: %d tick(s) created", q.name, name, created)
+
+
+def _check_key_shard(q: Queue, name: str, key: str | None) -> None:
+    """ConfigurationError when a keyed schedule's ticks cannot live on ``q``'s shard (the
+    checks and the admin refuse such a schedule; one published by hand fails here, logged)."""
+    from django_delayqueue.core.sharding import keyed_schedule_problem  # it imports this package
+
+    problem = keyed_schedule_problem(name, key, q.shard_count)
+    if problem is not None:
+        raise ConfigurationError(problem)
 
 
 def tick_run(instant_ms: int, finished_ms: int, outcome: str, error: str) -> str:

@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django_delayqueue.core.envelope import encode_json
+from django_delayqueue.core.envelope import encode_json, validate_key
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 
 CatchUp = Literal["latest", "all", "none"]
@@ -45,7 +45,8 @@ class Recurrence:
     (seconds) is given. ``catch_up`` says what happens to ticks missed while no ``runqueue``
     ran: "latest" runs the most recent of them once, "all" runs each (at most
     ``catch_up_limit``, the latest), "none" skips them. ``task`` (a dotted path) makes each tick
-    run that Django task with ``args`` and ``kwargs`` instead of sending ``payload``.
+    run that Django task with ``args`` and ``kwargs`` instead of sending ``payload``. ``key``:
+    every tick's flow key (as ``schedule(..., key=)``; docs/flow-control.md, "Keys").
     """
 
     name: str
@@ -61,6 +62,7 @@ class Recurrence:
     backend: str = "default"  # the TASKS alias that runs ``task``
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -87,6 +89,11 @@ class Recurrence:
     def to_mapping(self) -> dict[str, Any]:
         values = asdict(self)
         values.pop("name")
+        if values["key"] is None:
+            # Left out, not null: a release without keys refuses an option it does not know,
+            # so a schedule without one stays readable by consumers not yet upgraded, and its
+            # signature (its pending tick) is what it was.
+            values.pop("key")
         return values
 
     def problems(self) -> list[str]:
@@ -134,6 +141,11 @@ class Recurrence:
             encode_json({"args": list(self.args), "kwargs": self.kwargs}, "'args'/'kwargs'")
         except (PayloadError, TypeError) as e:
             out.append(f"payload, args and kwargs must be JSON: {e}")
+        if self.key is not None:
+            try:
+                validate_key(self.key)
+            except PayloadError as e:
+                out.append(f"'key': {e}")
         return out
 
     # --- instants ------------------------------------------------------------------------------

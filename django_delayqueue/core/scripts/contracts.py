@@ -97,6 +97,11 @@ PEEK = Contract(
     args="state offset limit",
 )
 FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
+BUSIEST_KEYS = Contract(
+    "busiest_keys",
+    keys="key_turns key_waiting key_state key_lists",
+    args="most_keys most_fields top",
+)
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
@@ -145,7 +150,7 @@ WRITE_RECORDS = Contract("write_records", keys="*records", args="writes")
 # --- recurrences (recurring schedules) ------------------------------------------------------
 ADVANCE_RECURRENCE = Contract(
     "advance_recurrence",
-    keys=f"{_STATES} recurrence_states ticks tick_runs",
+    keys=f"{_STATES} recurrence_states ticks tick_runs {_KEYED}",
     args=f"{_ANNOUNCE} name expected new_state withdraw skips *skipped_ids *triples",
 )
 RECURRENCE_STATES = Contract("recurrence_states", keys="recurrence_states")
@@ -162,7 +167,7 @@ CONTRACTS: dict[str, Contract] = {
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
         SLOT_FREED,
-        *(COUNTS, PEEK, STATS, FLOW_STATE),
+        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

@@ -36,7 +36,8 @@ class Command(BaseCommand):
     help = (
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
         "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
-        "then the flow limits (rate, in-flight cap, how many wait on them, throttled); then "
+        "then the flow limits (rate, in-flight cap, per-key limits, how many wait on them, "
+        "throttled) and the busiest flow keys (ready + in flight, the top 10); then "
         "how late handlers start (p50/p99 over the last 5 minutes and hour); then "
         "each recurring schedule's next run, last run and its outcome; then each Redis "
         "server's memory (used against maxmemory), eviction policy and persistence."
@@ -101,6 +102,8 @@ class Command(BaseCommand):
             self.stdout.write(render_table(stats))
             if any(st.flow.limited for st in stats):
                 self.stdout.write("\n" + render_flow(stats))
+            if any(st.busiest_keys and st.busiest_keys.keys for st in stats):
+                self.stdout.write("\n" + render_keys(stats))
             if any(_watched(st) for st in stats):
                 self.stdout.write("\n" + render_lateness(stats))
             for st in stats:
@@ -130,6 +133,8 @@ FLOW_COLUMNS = (
     ("WAITING", lambda s: s.flow.waiting),
     ("HELD BY", lambda s: (s.flow.held or "").replace("_", " ") or None),
     ("THROTTLED", lambda s: s.flow.throttled),
+    ("PER KEY", lambda s: _per_key(s.flow)),
+    ("ON KEYS", lambda s: s.flow.waiting_on_keys if s.flow.key_limited else None),
 )
 
 
@@ -154,10 +159,36 @@ def _watched(s: QueueStats) -> bool:
     return late is not None and (late.warning_ms is not None or bool(late.windows.last_hour))
 
 
+def _per_key(flow: Any) -> str | None:
+    """The key limits: "1/s, 1 in flight"."""
+    cap = None if flow.key_concurrency is None else f"{flow.key_concurrency} in flight"
+    return ", ".join(p for p in (flow.key_rate_limit, cap) if p) or None
+
+
 def render_flow(stats: Sequence[QueueStats]) -> str:
     """The queues with flow limits: the limits, messages started in the last second, how many
     wait on a limit (and which), how many it throttled in all (docs/flow-control.md)."""
     return _table([s for s in stats if s.flow.limited], FLOW_COLUMNS, left=1)
+
+
+KEY_COLUMNS = (
+    ("QUEUE", lambda row: row[0]),
+    ("KEY", lambda row: row[1].key if row[1].key.isprintable() else repr(row[1].key)),
+    ("READY", lambda row: row[1].ready),
+    ("IN FLIGHT", lambda row: row[1].in_flight),
+)
+
+
+def render_keys(stats: Sequence[QueueStats]) -> str:
+    """The busiest flow keys of each queue (ready + in flight), then what they were found among
+    (every key, or a bounded sample of them: monitoring/busiest_keys.py)."""
+    rows = [(s.queue, k) for s in stats if s.busiest_keys for k in s.busiest_keys.keys]
+    notes = [
+        f"{s.queue}: busiest keys {s.busiest_keys.summary()}"
+        for s in stats
+        if s.busiest_keys and s.busiest_keys.keys
+    ]
+    return _table(rows, KEY_COLUMNS, left=2) + "\n" + "\n".join(notes)
 
 
 SCHEDULE_COLUMNS = (

@@ -49,6 +49,11 @@ class Command(BaseCommand):
             help="column of seconds: each row's uniqueness window (as unique_for=; null: none)",
         )
         parser.add_argument(
+            "--key-column",
+            help="column of each row's flow key (as key=; null: none), which the queue's "
+            "key_concurrency and key_rate_limit count by",
+        )
+        parser.add_argument(
             "--rejects",
             help="path or URI for rejected rows (default on local[*]: ./delayqueue-rejects/...; "
             "required on a cluster)",
@@ -99,6 +104,7 @@ class Command(BaseCommand):
                 "delay_column": options["delay_column"],
                 "payload_columns": split_columns(options["payload_columns"]),
                 "unique_for_column": options["unique_for_column"],
+                "key_column": options["key_column"],
                 "max_payload_bytes": max_payload,
             },
             rejects=rejects,

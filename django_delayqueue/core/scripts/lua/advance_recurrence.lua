@@ -7,6 +7,9 @@
 -- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
 -- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7] recurrence states hash
 -- KEYS[8] future ticks zset (tick id -> instant ms)   KEYS[9] tick runs hash (name -> last run)
+-- KEYS[10] flow_keys hash   KEYS[11] key_turns zset   KEYS[12] key_waiting zset
+-- KEYS[13] key_state hash   KEYS[14] key_tats zset   KEYS[15] key_lists prefix
+--   (a keyed schedule's ticks carry its key: includes/key_turns.lua)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)
 -- ARGV[6] the new state (a deleted schedule's is a tombstone: see core/recurring/planning.py;
@@ -24,7 +27,7 @@
 -- Rare (once per tick, per schedule): every key it may touch is checked before any write.
 guard(
   KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
-  KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'zset'
+  KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'zset', KEYS[10], 'hash'
 )
 local now, name = tonumber(ARGV[1]), ARGV[4]
 local found = redis.call('HGET', KEYS[7], name) or ''
@@ -36,7 +39,10 @@ if ARGV[7] ~= '0' then
     if string.sub(id, 1, #prefix) == prefix then
       -- Only a tick still waiting in pending is withdrawn (a pending message is its score
       -- and its envelope, nothing else); one already due or delivered stays.
-      if redis.call('ZREM', KEYS[1], id) == 1 then redis.call('HDEL', KEYS[3], id) end
+      if redis.call('ZREM', KEYS[1], id) == 1 then
+        redis.call('HDEL', KEYS[3], id)
+        redis.call('HDEL', KEYS[10], id)
+      end
       redis.call('ZREM', KEYS[8], id)
     end
   end
@@ -46,13 +52,16 @@ end
 -- taken them out of pending yet (one a consumer promoted before it died runs after all).
 local skipped = tonumber(ARGV[8])
 for i = 9, 8 + skipped do
-  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then redis.call('HDEL', KEYS[3], ARGV[i]) end
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    redis.call('HDEL', KEYS[10], ARGV[i])
+  end
   redis.call('ZREM', KEYS[8], ARGV[i])
 end
 
 local created, first = 0, 9 + skipped
 if #ARGV >= first then  -- schedule_triples checks the types of what it writes
-  created = schedule_triples(first, #ARGV)[1]
+  created = schedule_triples(first, #ARGV, false, keyed_keys(10))[1]
   for i = first, #ARGV, 3 do
     if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', KEYS[8], ARGV[i + 1], ARGV[i]) end
   end

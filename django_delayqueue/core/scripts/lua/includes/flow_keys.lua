@@ -16,7 +16,7 @@ end
 -- keep_flow_key(flow_keys, id, envelope): id's entry in the flow_keys hash says the key of the
 -- envelope now stored for it: written when it has one, deleted when it has none (a message
 -- replaced by one without a key). No call at all when flow_keys is nil (a script storing what
--- can never carry a key: a recurring tick).
+-- can never carry a key).
 local function keep_flow_key(flow_keys, id, envelope)
   if not flow_keys then return end
   local key = envelope_key(envelope)
