@@ -185,14 +185,16 @@ def test_remembered_retry_times_are_bounded() -> None:
 
     timings = DeliveryTimings({})
     quadruples = [x for i in range(recorder.MAX_RETRY_TIMES + 50) for x in (f"m{i}", "t", i, "")]
-    timings.note_retries(_nack(quadruples))
+    failed = [message(f"m{i}", T0) for i in range(recorder.MAX_RETRY_TIMES + 50)]
+    timings.note_retries(_nack(quadruples), failed)
     assert len(timings._retry_times) == recorder.MAX_RETRY_TIMES
-    assert "m0" not in timings._retry_times and timings._retry_times["m10049"] == 10049
+    assert "m0" not in timings._retry_times and timings._retry_times["m10049"] == (10049, 2)
     # Read from the call nack_call builds: the retry-at it sends (-1, to garbage: not kept).
     q = _queue()
-    timings.note_retries(q.nack_call([(message("r", T0), 2.5, "again")], T0))
-    timings.note_retries(q.nack_call([(message("d", T0), None, "dead")], T0, bury=True))
-    assert timings._retry_times["r"] == T0 + 2500 and "d" not in timings._retry_times
+    r, d = message("r", T0), message("d", T0)
+    timings.note_retries(q.nack_call([(r, 2.5, "again")], T0), [r])
+    timings.note_retries(q.nack_call([(d, None, "dead")], T0, bury=True), [d])
+    assert timings._retry_times["r"] == (T0 + 2500, 2) and "d" not in timings._retry_times
 
 
 def _queue() -> Any:
@@ -231,3 +233,62 @@ def test_handlers_stopped_by_a_limit_an_abort_or_a_stop_count_as_stopped() -> No
     assert {outcome_kind(o, None) for o in (time_limit, aborted, consumer_stop)} == {"stopped"}
     assert outcome_kind(Outcome(m, GARBAGE, T0, T0, error="Reject"), None) == "dead"
     assert outcome_kind(Outcome(m, RETRY, T0, T0, error="ValueError"), None) == "retry"
+
+
+# --- review r2: the limit wait of claims after a hold has ended ----------------------------------
+
+
+def _claim_reply(*messages: tuple[str, int]) -> list[Any]:
+    from django_delayqueue.core.envelope import encode_envelope
+
+    return [
+        part
+        for message_id, due in messages
+        for part in (message_id, encode_envelope('"x"', due, due), 1, f"tok-{message_id}")
+    ]
+
+
+def test_a_hold_ended_by_a_promote_does_not_keep_counting_limit_waits() -> None:
+    """A hold on a slot (max_in_flight) ended by a promote (FlowHolds.promoted) must end its
+    "held since" at the next claim that is not held: a message claimed late much later, with
+    no limit holding the queue, is late, not waiting on a limit."""
+    from django_delayqueue.core import ManualClock, Queue, QueueSettings
+    from django_delayqueue.core.consumer.loop import Consumer
+
+    settings = QueueSettings(max_in_flight=1)
+    q = Queue(redis.Redis(), "q", clock=ManualClock(T0), settings=settings)  # calls never sent
+    consumer = Consumer([q], lambda m: None)
+    trip = consumer._round_trip
+    plan = [(q, "promote", 0), (q, "claim", 1)]
+    nothing_moved, moved = [0, 0, -1, 1], [1, 0, -1, 1]
+    # T0: a claim held back until a slot frees (max_in_flight).
+    trip._read_queue_results(plan, [nothing_moved, [-1]], T0)
+    assert trip.holds.since == {"q": T0}
+    # T0 + 100: a message reached ready (the hold on the slot is dropped), the claim takes one.
+    trip._read_queue_results(plan, [moved, _claim_reply(("a", T0 + 50))], T0 + 100)
+    # An hour later, nothing holds the queue: a message claimed 1 s after its due time (busy
+    # handlers) did not wait on a limit, and its lateness must say so.
+    hour = T0 + 3_600_000
+    claimed, _ = trip._read_queue_results(
+        plan, [nothing_moved, _claim_reply(("b", hour))], hour + 1000
+    )
+    (late,) = claimed
+    assert late.token not in consumer._unrecorded.timings._limit_waits
+    timings = consumer._unrecorded.timings
+    timings.record([Outcome(late, ACK, hour + 1000, hour + 1001)])
+    assert timings._counts["q"].histograms["lateness"][bucket_of(1000)] == 1
+
+
+def test_a_retry_time_is_not_read_for_a_later_attempt_another_consumer_retried() -> None:
+    """This consumer nacked attempt 1 (retry at T0 + 1 s); attempt 2 ran on another consumer,
+    which retried it a minute later; attempt 3 runs here. Its due time (the other consumer's
+    retry time) is unknown here: its lateness is left out, not read against attempt 2's retry
+    time (a minute of backoff and a whole attempt counted as lateness)."""
+    timings = DeliveryTimings({})
+    first = message("r", T0)
+    timings.note_retries(_queue().nack_call([(first, 1.0, "again")], T0), [first])
+    third = Message("r", "q", None, T0, T0, 3, "t3", 0)  # attempt 3, claimed by us
+    timings.record([Outcome(third, ACK, T0 + 61_005, T0 + 61_006)])
+    counts = timings._counts["q"]
+    assert counts.count("lateness") == 0, counts.histograms["lateness"]
+    assert counts.count("duration") == 1

@@ -12,9 +12,10 @@ milliseconds. Approximations, made on the consumer's side because claim.lua does
   claim before that one was held back; a claim that takes messages and also says "held"
   holds back the next ones, not those it took;
 - a retry's due time is its retry time, which this consumer knows when it sent the nack
-  itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent); a retry nacked by another
-  consumer, or retried by a reap after a visibility timeout, has no known due time: its
-  lateness is not counted (its duration and outcome are);
+  itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent, with the attempt it is the
+  due time of: the nacked attempt's next); a retry nacked by another consumer, or retried by
+  a reap after a visibility timeout, has no known due time: its lateness is not counted (its
+  duration and outcome are);
 - a message run early by staff ("run now") counts as 0 ms late.
 
 The counting runs on the consumer's loop thread only (where outcomes are taken from the
@@ -63,7 +64,9 @@ class DeliveryTimings:
         self._queues = queues  # by name (the consumer's: queues added later are seen)
         self._counts: dict[str, TimingCounts] = {}
         self._limit_waits: dict[str, int] = {}  # by delivery token, ms
-        self._retry_times: dict[str, int] = {}  # by message id, ms (insertion order: oldest first)
+        # By message id: (retry time in ms, the attempt it is the due time of); insertion
+        # order, oldest first.
+        self._retry_times: dict[str, tuple[int, int]] = {}
         self.otel = OtelTimings.if_configured()
 
     # --- the loop thread, per round -------------------------------------------------------------
@@ -79,15 +82,18 @@ class DeliveryTimings:
             if waited > 0:
                 waits[m.token] = waited
 
-    def note_retries(self, call: ScriptCall) -> None:
-        """A nack call was sent: remember each retried message's retry time (nack.lua's ARGV:
-        4 fixed values, then id, token, retry-at, reason per message; -1: to garbage)."""
+    def note_retries(self, call: ScriptCall, messages: Sequence[Message]) -> None:
+        """A nack call of ``messages`` (the failed deliveries, in the call's order) was sent:
+        remember each retried message's retry time, as the due time of its next attempt only
+        (nack.lua's ARGV: 4 fixed values, then id, token, retry-at, reason per message; -1:
+        to garbage). A later attempt (this one's retry run by another consumer, which retried
+        it again) has another due time, unknown here."""
         args, times = call.args, self._retry_times
-        for i in range(4, len(args) - 3, 4):
+        for m, i in zip(messages, range(4, len(args) - 3, 4), strict=True):
             retry_at = int(args[i + 2])
             if retry_at >= 0:
                 times.pop(args[i], None)  # to the end: the newest
-                times[args[i]] = retry_at
+                times[args[i]] = (retry_at, m.attempt + 1)
         while len(times) > MAX_RETRY_TIMES:
             del times[next(iter(times))]
 
@@ -108,7 +114,8 @@ class DeliveryTimings:
                 sums["limit_wait"] += waited
             due: int | None = m.due_ms
             if m.attempt > 1:
-                due = retry_times.pop(m.id, None) if retry_times else None
+                noted = retry_times.pop(m.id, None) if retry_times else None
+                due = noted[0] if noted is not None and noted[1] == m.attempt else None
             late = None
             if due is not None:
                 late = o.started_ms - due - waited
