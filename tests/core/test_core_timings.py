@@ -292,3 +292,15 @@ def test_a_retry_time_is_not_read_for_a_later_attempt_another_consumer_retried()
     counts = timings._counts["q"]
     assert counts.count("lateness") == 0, counts.histograms["lateness"]
     assert counts.count("duration") == 1
+
+
+def test_a_retrys_limit_wait_starts_at_its_retry_time_not_its_first_due_time() -> None:
+    """A queue held back by its rate limit since T0 (a backlog); a retry this consumer sent,
+    due again at T0 + 50 s, is claimed at T0 + 60 s: it waited 10 s on the limit, not the
+    60 s since the hold began (its first due time, long before, is not when it became due)."""
+    timings = DeliveryTimings({})
+    first = message("r", T0 - 1000)
+    timings.note_retries(_queue().nack_call([(first, 50.0, "again")], T0), [first])
+    retry = Message("r", "q", None, T0 - 1000, T0 - 1000, 2, "t2", 0)
+    timings.note_limit_waits([retry], T0, T0 + 60_000)
+    assert timings._limit_waits["t2"] == 10_000

@@ -74,11 +74,16 @@ class DeliveryTimings:
     def note_limit_waits(self, messages: Sequence[Message], held_since: int, now: int) -> None:
         """``messages`` were claimed at ``now`` by a claim of a queue that a flow limit held
         back since ``held_since``: note how long each waited on it."""
-        waits = self._limit_waits
+        waits, retry_times = self._limit_waits, self._retry_times
         if len(waits) > MAX_LIMIT_WAITS:  # given back unstarted, never finished: forget
             waits.clear()
         for m in messages:
-            waited = now - max(m.due_ms, held_since)
+            due = m.due_ms
+            if m.attempt > 1 and retry_times:  # a retry became due at its retry time
+                noted = retry_times.get(m.id)
+                if noted is not None and noted[1] == m.attempt:
+                    due = noted[0]
+            waited = now - max(due, held_since)
             if waited > 0:
                 waits[m.token] = waited
 
