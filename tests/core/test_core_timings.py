@@ -304,3 +304,18 @@ def test_a_retrys_limit_wait_starts_at_its_retry_time_not_its_first_due_time() -
     retry = Message("r", "q", None, T0 - 1000, T0 - 1000, 2, "t2", 0)
     timings.note_limit_waits([retry], T0, T0 + 60_000)
     assert timings._limit_waits["t2"] == 10_000
+
+
+def test_a_key_limited_queue_counts_its_wait_apart_too(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """The wait a key limit imposed is taken off the lateness (the claims said "held"), so it
+    must be counted as limit wait, as a rate_limit's is: not lost from both."""
+    q = make_queue(clock=SystemClock(), key_rate_limit="20/s", concurrency=2)
+    q.schedule_many([{"payload": i, "key": "A"} for i in range(6)])
+    burst([q], lambda m: None)
+    got = totals(redis_client, q)
+    assert got.count("lateness") == 6
+    assert got.count("limit_wait") == 6
+    # One start of key A per 50 ms: the i-th message waits about 50 * (i - 1) ms on the limit.
+    assert got.sums["limit_wait"] >= 50 * (1 + 2 + 3 + 4 + 5) - 5 * 5

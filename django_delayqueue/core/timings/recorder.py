@@ -3,7 +3,7 @@ limit wait and outcome, counted per queue in fixed buckets, and flushed to Redis
 seconds with a maintenance round trip.
 
 Start lateness is the handler's start minus the message's due time, less the time a flow
-limit (``rate_limit``, ``max_in_flight``) held it back: that wait is what the site asked for,
+limit (``rate_limit``, ``max_in_flight``, a flow key's limits) held it back: that wait is what the site asked for,
 and is counted apart as the limit wait. Both are read on the consumer's clock, in whole
 milliseconds. Approximations, made on the consumer's side because claim.lua does not say more:
 
@@ -113,7 +113,9 @@ class DeliveryTimings:
             hist, sums = counts.histograms, counts.sums
             waited = waits.pop(m.token, 0) if waits else 0
             q = self._queues.get(m.queue)
-            limited = q is not None and q.settings.flow_limited
+            # Key limits hold claims too (flow_holds.py): their wait is taken off the lateness
+            # above, so it is counted here, not lost from both.
+            limited = q is not None and (q.settings.flow_limited or q.settings.key_limited)
             if limited:
                 hist["limit_wait"][bisect_left(BOUNDS_MS, waited)] += 1
                 sums["limit_wait"] += waited
