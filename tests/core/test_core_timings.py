@@ -273,7 +273,7 @@ def test_a_hold_ended_by_a_promote_does_not_keep_counting_limit_waits() -> None:
         plan, [nothing_moved, _claim_reply(("b", hour))], hour + 1000
     )
     (late,) = claimed
-    assert late.token not in consumer._unrecorded.timings._limit_waits
+    assert ("q", late.token) not in consumer._unrecorded.timings._limit_waits
     timings = consumer._unrecorded.timings
     timings.record([Outcome(late, ACK, hour + 1000, hour + 1001)])
     assert timings._counts["q"].histograms["lateness"][bucket_of(1000)] == 1
@@ -303,7 +303,7 @@ def test_a_retrys_limit_wait_starts_at_its_retry_time_not_its_first_due_time() -
     timings.note_retries(_queue().nack_call([(first, 50.0, "again")], T0), [first])
     retry = Message("r", "q", None, T0 - 1000, T0 - 1000, 2, "t2", 0)
     timings.note_limit_waits([retry], T0, T0 + 60_000)
-    assert timings._limit_waits["t2"] == 10_000
+    assert timings._limit_waits[("q", "t2")] == 10_000
 
 
 def test_a_key_limited_queue_counts_its_wait_apart_too(
@@ -319,3 +319,17 @@ def test_a_key_limited_queue_counts_its_wait_apart_too(
     assert got.count("limit_wait") == 6
     # One start of key A per 50 ms: the i-th message waits about 50 * (i - 1) ms on the limit.
     assert got.sums["limit_wait"] >= 50 * (1 + 2 + 3 + 4 + 5) - 5 * 5
+
+
+def test_a_limit_wait_belongs_to_its_queues_delivery_not_another_with_the_same_token() -> None:
+    """Tokens count per queue (claim.lua's seq: "1", "2", ...), so two queues of a consumer,
+    or two shards of a queue, hand out the same tokens: queue a's limit wait is not queue b's
+    delivery's, whose lateness is its own."""
+    timings = DeliveryTimings({})
+    waited = message("1", T0, queue="a")  # token "1" of queue a waited 500 ms on a's limit
+    timings.note_limit_waits([waited], T0, T0 + 500)
+    other = message("1", T0, queue="b")  # token "1" of queue b: 300 ms late, no limit
+    timings.record([Outcome(other, ACK, T0 + 300, T0 + 301)])
+    assert timings._counts["b"].histograms["lateness"][bucket_of(300)] == 1
+    timings.record([Outcome(waited, ACK, T0 + 510, T0 + 511)])  # 10 ms late once claimed
+    assert timings._counts["a"].histograms["lateness"][bucket_of(10)] == 1

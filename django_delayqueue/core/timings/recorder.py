@@ -3,9 +3,9 @@ limit wait and outcome, counted per queue in fixed buckets, and flushed to Redis
 seconds with a maintenance round trip.
 
 Start lateness is the handler's start minus the message's due time, less the time a flow
-limit (``rate_limit``, ``max_in_flight``, a flow key's limits) held it back: that wait is what the site asked for,
-and is counted apart as the limit wait. Both are read on the consumer's clock, in whole
-milliseconds. Approximations, made on the consumer's side because claim.lua does not say more:
+limit (``rate_limit``, ``max_in_flight``, a flow key's limits) held it back: that wait is
+what the site asked for, and is counted apart as the limit wait. Both are read on the
+consumer's clock, in whole milliseconds. Approximations, made on the consumer's side because claim.lua does not say more:
 
 - the limit wait of a message is the time between its due time (or the moment its queue's
   claims were first held back by a limit, if later) and the claim that took it, when the
@@ -63,7 +63,8 @@ class DeliveryTimings:
     def __init__(self, queues: Mapping[str, Queue]) -> None:
         self._queues = queues  # by name (the consumer's: queues added later are seen)
         self._counts: dict[str, TimingCounts] = {}
-        self._limit_waits: dict[str, int] = {}  # by delivery token, ms
+        # By (physical queue, delivery token), ms: tokens count per queue (and per shard).
+        self._limit_waits: dict[tuple[str, str], int] = {}
         # By message id: (retry time in ms, the attempt it is the due time of); insertion
         # order, oldest first.
         self._retry_times: dict[str, tuple[int, int]] = {}
@@ -85,7 +86,7 @@ class DeliveryTimings:
                     due = noted[0]
             waited = now - max(due, held_since)
             if waited > 0:
-                waits[m.token] = waited
+                waits[(m.queue, m.token)] = waited
 
     def note_retries(self, call: ScriptCall, messages: Sequence[Message]) -> None:
         """A nack call of ``messages`` (the failed deliveries, in the call's order) was sent:
@@ -111,7 +112,7 @@ class DeliveryTimings:
             if counts is None:
                 counts = self._counts[m.queue] = TimingCounts()
             hist, sums = counts.histograms, counts.sums
-            waited = waits.pop(m.token, 0) if waits else 0
+            waited = waits.pop((m.queue, m.token), 0) if waits else 0
             q = self._queues.get(m.queue)
             # Key limits hold claims too (flow_holds.py): their wait is taken off the lateness
             # above, so it is counted here, not lost from both.
