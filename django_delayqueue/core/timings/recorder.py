@@ -5,7 +5,8 @@ seconds with a maintenance round trip.
 Start lateness is the handler's start minus the message's due time, less the time a flow
 limit (``rate_limit``, ``max_in_flight``, a flow key's limits) held it back: that wait is
 what the site asked for, and is counted apart as the limit wait. Both are read on the
-consumer's clock, in whole milliseconds. Approximations, made on the consumer's side because claim.lua does not say more:
+consumer's clock, in whole milliseconds. Approximations, made on the consumer's side
+because claim.lua does not say more:
 
 - the limit wait of a message is the time between its due time (or the moment its queue's
   claims were first held back by a limit, if later) and the claim that took it, when the
