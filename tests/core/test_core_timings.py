@@ -188,13 +188,15 @@ def test_remembered_retry_times_are_bounded() -> None:
     failed = [message(f"m{i}", T0) for i in range(recorder.MAX_RETRY_TIMES + 50)]
     timings.note_retries(_nack(quadruples), failed)
     assert len(timings._retry_times) == recorder.MAX_RETRY_TIMES
-    assert "m0" not in timings._retry_times and timings._retry_times["m10049"] == (10049, 2)
+    assert ("q", "m0") not in timings._retry_times
+    assert timings._retry_times[("q", "m10049")] == (10049, 2)
     # Read from the call nack_call builds: the retry-at it sends (-1, to garbage: not kept).
     q = _queue()
     r, d = message("r", T0), message("d", T0)
     timings.note_retries(q.nack_call([(r, 2.5, "again")], T0), [r])
     timings.note_retries(q.nack_call([(d, None, "dead")], T0, bury=True), [d])
-    assert timings._retry_times["r"] == (T0 + 2500, 2) and "d" not in timings._retry_times
+    assert timings._retry_times[("q", "r")] == (T0 + 2500, 2)
+    assert ("q", "d") not in timings._retry_times
 
 
 def _queue() -> Any:
@@ -333,3 +335,14 @@ def test_a_limit_wait_belongs_to_its_queues_delivery_not_another_with_the_same_t
     assert timings._counts["b"].histograms["lateness"][bucket_of(300)] == 1
     timings.record([Outcome(waited, ACK, T0 + 510, T0 + 511)])  # 10 ms late once claimed
     assert timings._counts["a"].histograms["lateness"][bucket_of(10)] == 1
+
+
+def test_a_retry_time_is_its_queues_not_another_queues_message_of_the_same_id() -> None:
+    """Message ids are the caller's (``id="order-42"``): two queues may each have one. Queue
+    a's retry time is not the due time of queue b's second attempt of its own "x"."""
+    timings = DeliveryTimings({})
+    in_a = message("x", T0, queue="a")
+    timings.note_retries(_queue().nack_call([(in_a, 1.0, "again")], T0), [in_a])
+    in_b = Message("x", "b", None, T0, T0, 2, "t", 0)  # retried by another consumer
+    timings.record([Outcome(in_b, ACK, T0 + 30_000, T0 + 30_001)])
+    assert timings._counts["b"].count("lateness") == 0

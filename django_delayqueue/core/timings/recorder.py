@@ -66,9 +66,9 @@ class DeliveryTimings:
         self._counts: dict[str, TimingCounts] = {}
         # By (physical queue, delivery token), ms: tokens count per queue (and per shard).
         self._limit_waits: dict[tuple[str, str], int] = {}
-        # By message id: (retry time in ms, the attempt it is the due time of); insertion
-        # order, oldest first.
-        self._retry_times: dict[str, tuple[int, int]] = {}
+        # By (physical queue, message id): (retry time in ms, the attempt it is the due time
+        # of); insertion order, oldest first. Ids are the caller's: two queues may share one.
+        self._retry_times: dict[tuple[str, str], tuple[int, int]] = {}
         self.otel = OtelTimings.if_configured()
 
     # --- the loop thread, per round -------------------------------------------------------------
@@ -82,7 +82,7 @@ class DeliveryTimings:
         for m in messages:
             due = m.due_ms
             if m.attempt > 1 and retry_times:  # a retry became due at its retry time
-                noted = retry_times.get(m.id)
+                noted = retry_times.get((m.queue, m.id))
                 if noted is not None and noted[1] == m.attempt:
                     due = noted[0]
             waited = now - max(due, held_since)
@@ -99,8 +99,8 @@ class DeliveryTimings:
         for m, i in zip(messages, range(4, len(args) - 3, 4), strict=True):
             retry_at = int(args[i + 2])
             if retry_at >= 0:
-                times.pop(args[i], None)  # to the end: the newest
-                times[args[i]] = (retry_at, m.attempt + 1)
+                times.pop((m.queue, m.id), None)  # to the end: the newest
+                times[(m.queue, m.id)] = (retry_at, m.attempt + 1)
         while len(times) > MAX_RETRY_TIMES:
             del times[next(iter(times))]
 
@@ -123,7 +123,7 @@ class DeliveryTimings:
                 sums["limit_wait"] += waited
             due: int | None = m.due_ms
             if m.attempt > 1:
-                noted = retry_times.pop(m.id, None) if retry_times else None
+                noted = retry_times.pop((m.queue, m.id), None) if retry_times else None
                 due = noted[0] if noted is not None and noted[1] == m.attempt else None
             late = None
             if due is not None:
