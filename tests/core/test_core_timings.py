@@ -346,3 +346,30 @@ def test_a_retry_time_is_its_queues_not_another_queues_message_of_the_same_id() 
     in_b = Message("x", "b", None, T0, T0, 2, "t", 0)  # retried by another consumer
     timings.record([Outcome(in_b, ACK, T0 + 30_000, T0 + 30_001)])
     assert timings._counts["b"].count("lateness") == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r2: claim.lua does not tell the consumer a requeued message's ready_since",
+)
+def test_a_requeued_dead_letter_is_not_late_from_its_first_due_time(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    """Staff requeue a dead letter a day after it died: requeue.lua gives it fresh attempts
+    and counts it overdue from now (ready_since), not from its envelope's due time. Its
+    start lateness must not be a day (every requeue of a backlog would fill the +Inf bucket,
+    flag the queue and fail the health probe)."""
+    q = make_queue(max_attempts=1)
+    q.schedule("x", id="x")
+
+    def handler(m: Message) -> None:
+        if m.attempt == 1 and manual_clock.now_ms() == T0:
+            raise Reject("bug")
+
+    burst([q], handler)
+    manual_clock.advance(ms=86_400_000)
+    assert q.requeue("x") == 1
+    burst([q], handler)
+    got = totals(redis_client, q)
+    assert got.outcomes["dead"] == 1 and got.outcomes["ack"] == 1
+    assert got.histograms["lateness"][-1] == 0, "a day late"
