@@ -217,7 +217,8 @@ class UnrecordedOutcomes:
             if retry:
                 failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
                 call = q.nack_call(failures, now_ms)
-                self.timings.note_retries(call)  # their retry times: the retries' due times
+                # Their retry times: their next attempts' due times.
+                self.timings.note_retries(call, [f[0] for f in failures])
                 flush.append((q, "retry", retry, batch.add(call)))
             if bury:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
