@@ -14,6 +14,7 @@ is current while the handler runs, so the handler's own spans are its children.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from django_delayqueue.core.envelope import Message
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
     from django_delayqueue.core.queue import Queue
 
+logger = logging.getLogger(__name__)
+
 SYSTEM = "delayqueue"
 PARENT_MODES = ("link", "child")
 Outcome = Literal["ack", "retry", "dead", "stopped"]
@@ -31,6 +34,7 @@ Outcome = Literal["ack", "retry", "dead", "stopped"]
 # The tracer, once looked for: None not yet, False when tracing is off.
 _tracer: Any = None
 _parent: str = "link"
+_failure_logged = False  # a failing SDK (a span processor that raises) is logged once
 
 
 def tracer() -> Any:
@@ -126,10 +130,32 @@ class Delivery:
 def delivery_started(message: Message, q: Queue | None, clock: Clock) -> Delivery | None:
     """Start the span of one delivery attempt of ``message`` (from ``q``, its queue or shard;
     its handler starts now), current on this thread or task until :func:`delivery_ended`;
-    None when tracing is off."""
+    None when tracing is off, or when the SDK failed to start it: tracing never fails a
+    delivery (its handler runs untraced, the failure logged once)."""
     found = _tracer if _tracer is not None else tracer()
     if found is False:
         return None
+    try:
+        return _start_delivery(found, message, q, clock)
+    except Exception:  # an SDK's span processor (on_start) or sampler raised
+        _tracing_failed("a delivery span not started")
+        return None
+
+
+def _tracing_failed(what: str) -> None:
+    """Log a failure of the tracing SDK once per process (it would fail every delivery)."""
+    global _failure_logged
+    if _failure_logged:
+        return
+    _failure_logged = True
+    logger.warning(
+        "OpenTelemetry failed: %s, messages are delivered untraced (logged once)",
+        what,
+        exc_info=True,
+    )
+
+
+def _start_delivery(found: Any, message: Message, q: Queue | None, clock: Clock) -> Delivery:
     queue = message.queue if q is None else q.logical_name
     now_ms = clock.now_ms()
     from opentelemetry import context as otel_context
@@ -166,18 +192,22 @@ def delivery_started(message: Message, q: Queue | None, clock: Clock) -> Deliver
 
 def delivery_ended(delivery: Delivery, outcome: Outcome, reason: str = "") -> None:
     """End a delivery span with its outcome (status ERROR unless acknowledged); on the thread
-    or task that started it."""
+    or task that started it. Never raises: an SDK that fails here (a span processor's
+    on_end) loses the span, not the delivery's outcome (logged once)."""
     from opentelemetry import context as otel_context
 
     otel = otel_trace()
     try:
-        otel_context.detach(delivery.token)
-    finally:
-        span = delivery.span
-        span.set_attribute("delayqueue.outcome", outcome)
-        if outcome != "ack":
-            span.set_status(otel.Status(otel.StatusCode.ERROR, reason or outcome))
-        span.end()
+        try:
+            otel_context.detach(delivery.token)
+        finally:
+            span = delivery.span
+            span.set_attribute("delayqueue.outcome", outcome)
+            if outcome != "ack":
+                span.set_status(otel.Status(otel.StatusCode.ERROR, reason or outcome))
+            span.end()
+    except Exception:
+        _tracing_failed("a delivery span not ended")
 
 
 def outcome_name(status: str, attempt: int, max_attempts: int, stopped: bool) -> Outcome:
@@ -196,6 +226,9 @@ def record_failure(error: BaseException) -> None:
     """Record ``error``, which a handler raised, on the delivery span (the current one)."""
     if _tracer is None or _tracer is False:
         return
-    span = otel_trace().get_current_span()
-    if span.is_recording():
-        span.record_exception(error)
+    try:
+        span = otel_trace().get_current_span()
+        if span.is_recording():
+            span.record_exception(error)
+    except Exception:
+        _tracing_failed("a handler's exception not recorded on its span")

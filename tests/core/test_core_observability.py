@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from core_consumer_support import T0, Started, burst
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 from paths import ROOT
 from tracing_support import Traced, tracing_on
@@ -339,3 +340,51 @@ def test_an_aborted_delivery_is_stopped(make_queue: Any, traced: Traced) -> None
     assert deliver.attributes is not None and deliver.attributes["delayqueue.outcome"] == "stopped"
     assert deliver.status.status_code == StatusCode.ERROR
     assert deliver.status.description == "aborted: by staff"
+
+
+class _RaisingProcessor(SpanProcessor):
+    """An SDK span processor that fails as the span starts, or as it ends."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.when == "start":
+            raise RuntimeError("processor broke on start")
+
+    def on_end(self, span: Any) -> None:
+        if self.when == "end":
+            raise RuntimeError("processor broke on end")
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_failing_span_processor_never_fails_a_delivery(
+    make_queue: Any,
+    traced: Traced,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
+    asynchronous: bool,
+) -> None:
+    """Tracing is the operator's aid, never the handler's condition: an SDK whose processor
+    raises delivers every message (its handler runs, it is acknowledged), logged once."""
+    monkeypatch.setattr(tracing, "_failure_logged", False)
+    q: Queue = make_queue("orders")
+    q.schedule(1, id="m1")
+    q.schedule(2, id="m2")
+    traced.provider.add_span_processor(_RaisingProcessor(when))  # once they are scheduled
+    ran: list[str] = []
+
+    def handler(message: Message) -> None:
+        ran.append(message.id)
+
+    async def ahandler(message: Message) -> None:
+        ran.append(message.id)
+
+    burst([q], ahandler if asynchronous else handler)
+    assert sorted(ran) == ["m1", "m2"]
+    assert q.counts()["unack"] == 0 and q.counts()["retry"] == 0 and q.counts()["garbage"] == 0
+    failures = [r for r in caplog.records if r.name == tracing.__name__]
+    assert len(failures) == 1 and failures[0].levelname == "WARNING"
+    assert "untraced" in failures[0].getMessage()
