@@ -24,6 +24,7 @@ from django_delayqueue.observability.context import otel_trace, span_context
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
     from django_delayqueue.core.queue import Queue
+    from django_delayqueue.core.timings.recorder import DeliveryTimings
 
 logger = logging.getLogger(__name__)
 
@@ -127,16 +128,20 @@ class Delivery:
         self.span, self.token = span, token
 
 
-def delivery_started(message: Message, q: Queue | None, clock: Clock) -> Delivery | None:
+def delivery_started(
+    message: Message, q: Queue | None, clock: Clock, timings: DeliveryTimings | None = None
+) -> Delivery | None:
     """Start the span of one delivery attempt of ``message`` (from ``q``, its queue or shard;
     its handler starts now), current on this thread or task until :func:`delivery_ended`;
     None when tracing is off, or when the SDK failed to start it: tracing never fails a
-    delivery (its handler runs untraced, the failure logged once)."""
+    delivery (its handler runs untraced, the failure logged once). ``timings``: the
+    consumer's, whose due instant and limit wait the span's lateness takes, as the lateness
+    histogram does (a retry's retry time, a requeued message's requeue)."""
     found = _tracer if _tracer is not None else tracer()
     if found is False:
         return None
     try:
-        return _start_delivery(found, message, q, clock)
+        return _start_delivery(found, message, q, clock, timings)
     except Exception:  # an SDK's span processor (on_start) or sampler raised
         _tracing_failed("a delivery span not started")
         return None
@@ -155,9 +160,27 @@ def _tracing_failed(what: str) -> None:
     )
 
 
-def _start_delivery(found: Any, message: Message, q: Queue | None, clock: Clock) -> Delivery:
+def _start_delivery(
+    found: Any, message: Message, q: Queue | None, clock: Clock, timings: DeliveryTimings | None
+) -> Delivery:
     queue = message.queue if q is None else q.logical_name
     now_ms = clock.now_ms()
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "deliver",
+        "messaging.message.id": message.id,
+        # The attempt, counted from 1, as the messaging conventions' systems name it.
+        "messaging.delayqueue.message.delivery_count": message.attempt,
+    }
+    due: int | None = message.due_ms
+    waited = 0
+    if timings is not None:
+        due, waited = timings.due_of(message), timings.limit_wait(message)
+    if due is not None:  # unknown (a retry the consumer cannot date): no lateness, as counted
+        attributes["delayqueue.due_ms"] = due
+        attributes["delayqueue.lateness_ms"] = max(0, now_ms - due - waited)
     from opentelemetry import context as otel_context
 
     otel = otel_trace()
@@ -174,17 +197,7 @@ def _start_delivery(found: Any, message: Message, q: Queue | None, clock: Clock)
         context=parent,
         kind=otel.SpanKind.CONSUMER,
         links=links,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.destination.name": queue,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "deliver",
-            "messaging.message.id": message.id,
-            # The attempt, counted from 1, as the messaging conventions' systems name it.
-            "messaging.delayqueue.message.delivery_count": message.attempt,
-            "delayqueue.due_ms": message.due_ms,
-            "delayqueue.lateness_ms": now_ms - message.due_ms,
-        },
+        attributes=attributes,
     )
     token = otel_context.attach(otel.set_span_in_context(span))
     return Delivery(span, token)

@@ -27,7 +27,7 @@ from django_delayqueue.core.envelope import (
     decode_marked_envelope,
     encode_envelope,
 )
-from django_delayqueue.core.errors import Reject
+from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.observability import tracing
 from django_delayqueue.observability.context import (
     current_trace,
@@ -388,3 +388,47 @@ def test_a_failing_span_processor_never_fails_a_delivery(
     failures = [r for r in caplog.records if r.name == tracing.__name__]
     assert len(failures) == 1 and failures[0].levelname == "WARNING"
     assert "untraced" in failures[0].getMessage()
+
+
+def _deliveries(traced: Traced, queue: str) -> dict[int, dict[str, Any]]:
+    """The attributes of each delivery span of ``queue``, by attempt."""
+    spans = [dict(s.attributes or {}) for s in traced.spans(f"delayqueue.deliver {queue}")]
+    return {a["messaging.delayqueue.message.delivery_count"]: a for a in spans}
+
+
+def test_a_retrys_span_is_dated_from_its_retry_time_as_the_lateness_histogram(
+    make_queue: Any, traced: Traced, manual_clock: Any
+) -> None:
+    """A retry due 10 s after its first due time and started 7 ms after that is 7 ms late, on
+    its span as in the histograms: not 10 s from its envelope's first due time."""
+    q: Queue = make_queue("orders", max_attempts=2)
+    q.schedule(1, id="m1")
+
+    def handler(message: Message) -> None:
+        if message.attempt == 1:
+            raise Retry(delay=10)
+
+    burst([q], handler)
+    manual_clock.advance(ms=10_007)
+    burst([q], handler)  # another consumer: the retry time comes from the claim
+    retried = _deliveries(traced, "orders")[2]
+    assert retried["delayqueue.due_ms"] == T0 + 10_000
+    assert retried["delayqueue.lateness_ms"] == 7
+
+
+def test_a_requeued_dead_letters_span_is_dated_from_its_requeue(
+    make_queue: Any, traced: Traced, manual_clock: Any
+) -> None:
+    """A dead letter requeued a day later starts with fresh attempts (attempt 1 again): its
+    span's due time is its requeue, as its lateness histogram counts it, not a day ago."""
+    q: Queue = make_queue("orders", max_attempts=1)
+    q.schedule(1, id="m1")
+    burst([q], lambda m: (_ for _ in ()).throw(Reject("bug")))
+    manual_clock.advance(ms=86_400_000)
+    assert q.requeue("m1") == 1
+    manual_clock.advance(ms=3)
+    burst([q], lambda m: None)
+    spans = [dict(s.attributes or {}) for s in traced.spans("delayqueue.deliver orders")]
+    assert [s["delayqueue.outcome"] for s in spans] == ["dead", "ack"]
+    assert spans[1]["delayqueue.due_ms"] == T0 + 86_400_000
+    assert spans[1]["delayqueue.lateness_ms"] == 3
