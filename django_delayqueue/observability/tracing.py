@@ -107,9 +107,40 @@ def producing(queue: str, count: int | None = None) -> Any:
     }
     if count is not None:
         attributes["messaging.batch.message_count"] = count
-    return found.start_as_current_span(
-        f"delayqueue.schedule {queue}", kind=otel.SpanKind.PRODUCER, attributes=attributes
+    return _Guarded(
+        found.start_as_current_span(
+            f"delayqueue.schedule {queue}", kind=otel.SpanKind.PRODUCER, attributes=attributes
+        )
     )
+
+
+class _Guarded:
+    """A producer span's context manager whose SDK failures (a span processor raising as the
+    span starts or ends) never fail the schedule: it goes on untraced, logged once. What the
+    block raises still leaves it, recorded on the span."""
+
+    __slots__ = ("manager",)
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def __enter__(self) -> Any:
+        try:
+            return self.manager.__enter__()
+        except Exception:
+            self.manager = None
+            _tracing_failed("a schedule span not started")
+            return NO_SPAN
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.manager is None:
+            return
+        try:
+            self.manager.__exit__(*exc)
+        except Exception as e:
+            if e is exc[1]:
+                raise  # the block's own exception, passed on by the span (recorded there)
+            _tracing_failed("a schedule span not ended")
 
 
 def scheduled(span: Any, message_id: str, due_ms: int) -> None:

@@ -432,3 +432,23 @@ def test_a_requeued_dead_letters_span_is_dated_from_its_requeue(
     assert [s["delayqueue.outcome"] for s in spans] == ["dead", "ack"]
     assert spans[1]["delayqueue.due_ms"] == T0 + 86_400_000
     assert spans[1]["delayqueue.lateness_ms"] == 3
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+def test_a_failing_span_processor_never_fails_a_schedule(
+    make_queue: Any,
+    traced: Traced,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
+) -> None:
+    """The producer's side of the same promise: the view's schedule goes through, untraced,
+    the SDK's failure logged once."""
+    monkeypatch.setattr(tracing, "_failure_logged", False)
+    traced.provider.add_span_processor(_RaisingProcessor(when))
+    q: Queue = make_queue("orders")
+    q.schedule(1, id="m1")
+    q.schedule_many([{"payload": 2, "id": "m2"}])
+    assert q.counts()["pending"] + q.counts()["ready"] == 2
+    failures = [r for r in caplog.records if r.name == tracing.__name__]
+    assert len(failures) == 1 and failures[0].levelname == "WARNING"
