@@ -54,3 +54,27 @@ def test_due_order_within_a_key_when_an_earlier_message_is_not_promoted_yet(
     later = q.schedule("due now", key="store-42").id
     q.promote()
     assert [m.id for m in q.claim(10)] == [earlier, later]
+
+
+def test_a_claim_that_got_all_it_wanted_keeps_the_key_hold_of_the_consumers_still_waiting(
+    q: Queue,
+) -> None:
+    # A consumer whose claim found only a key out of slots sleeps until a slot frees
+    # (slot_freed.lua wakes it while the limiter says 'key'). Another consumer's claim that gets
+    # all it asks for (here an unkeyed message) must not clear that hold while the key still
+    # waits for its slot: the wake of the slot's end would be lost (the max_in_flight hold is
+    # kept so, flow_limits.lua's flow_taken).
+    from django_delayqueue.core.scripts.contracts import SLOT_FREED
+
+    q.settings = q.settings.replace(key_concurrency=1)
+    q.schedule("a1", key="a")
+    q.schedule("a2", key="a")
+    (running,) = q.claim(1)  # a1 holds key a's slot
+    taken, hold = claim_raw(q, 5)  # consumer 2: only a2, which waits for the slot
+    assert taken == [] and hold == -1
+    q.schedule("plain")
+    taken, hold = claim_raw(q, 1)  # consumer 3 gets all it wanted
+    assert len(taken) == 1 and hold is None
+    q.ack(running)
+    woken = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(q.client)
+    assert woken == 1  # consumer 2 is woken to claim a2
