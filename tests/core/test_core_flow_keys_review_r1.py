@@ -78,3 +78,18 @@ def test_a_claim_that_got_all_it_wanted_keeps_the_key_hold_of_the_consumers_stil
     q.ack(running)
     woken = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(q.client)
     assert woken == 1  # consumer 2 is woken to claim a2
+
+
+def test_a_replace_of_a_keyed_message_an_older_promote_put_in_the_list_leaves_one_copy(
+    q: Queue, manual_clock: ManualClock
+) -> None:
+    # Rolling deploy: a consumer of the release before keys promotes a keyed message to the
+    # ready list (it knows no key lists). A replace then must take it out of that list, as
+    # cancel does, or the id is claimed twice.
+    q.schedule("old", id="m", delay=1, key="k")
+    manual_clock.advance(2)
+    q.client.zrem(q.keys.pending, "m")  # promote.lua of the previous release
+    q.client.rpush(q.keys.ready, "m")
+    q.schedule("new", id="m", key="k", replace=True)
+    claimed = q.claim(10)
+    assert [(m.id, m.payload) for m in claimed] == [("m", "new")]
