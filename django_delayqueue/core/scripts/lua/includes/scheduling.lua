@@ -18,7 +18,8 @@
 -- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
 -- returned second, for a caller that calls this per message to publish once (unique.lua).
 -- K: the keyed keys (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and
--- a keyed message due now goes to its key's list (nil: the messages have no key).
+-- a keyed message due now goes to its key's list, or behind the due messages still in pending
+-- (key_turns.lua, due_unpromoted) (nil: the messages have no key).
 local function schedule_triples(first, last, keep_wake, K)
   local flow_keys = K and K.flow_keys
   local now = tonumber(ARGV[1])
