@@ -22,6 +22,7 @@ from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
     Outcome,
+    WhileRunning,
     run_coroutine_handler,
 )
 from django_delayqueue.core.consumer.round_parts import Keeper
@@ -61,7 +62,7 @@ class HandlerDelivery:
 
         def around_handler(self, message: Message) -> Outcome: ...
 
-        def write_soon(self, queue: Queue, call: ScriptCall) -> None: ...
+        def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None: ...
 
     # --- coroutine handlers ---------------------------------------------------------------------
 
