@@ -111,6 +111,11 @@ if nkeyed > 0 and #high < want then
   plain_quota, keyed_ids, key_hold = take_turns(
     K, limits, tonumber(ARGV[1]), want - #high, math.max(0, len - dead_total)
   )
+  -- Consumers may sleep on a key hold (slot_freed.lua wakes them only while the limiter says
+  -- 'key'): a claim that gets all it wants keeps it while keys still wait for a slot or token.
+  if flow and flow.held == 'key' and redis.call('ZCARD', K.waiting) > 0 then
+    flow.keep_held = true
+  end
 end
 local listed, walked, dead, ndead = {}, 0, {}, 0
 if plain_quota > 0 and len > 0 then
