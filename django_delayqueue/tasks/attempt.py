@@ -70,7 +70,7 @@ class Attempt(WhileRunning):
                 self.queue.name,
                 self.message.id,
                 e,
-                extra=message_fields(self.message),
+                extra=message_fields(self.message, self.queue.name),
             )
             return from_message
         except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
@@ -79,7 +79,7 @@ class Attempt(WhileRunning):
                 self.queue.name,
                 self.message.id,
                 e,
-                extra=message_fields(self.message),
+                extra=message_fields(self.message, self.queue.name),
             )
             return from_message
 

@@ -237,7 +237,7 @@ class _TaskRun:
                 "queue %s: task %s: result not recorded",
                 queue.name,
                 message.id,
-                extra=message_fields(message),
+                extra=message_fields(message, queue.name),
             )
         finally:
             if close_connections:
@@ -276,7 +276,7 @@ class _TaskRun:
                     "queue %s: task %s: result not recorded",
                     queue.name,
                     message.id,
-                    extra=message_fields(message),
+                    extra=message_fields(message, queue.name),
                 )
             raise Reject(f"task ran, but its result cannot be stored: {e}") from e
         record.status, record.finished_at = SUCCESSFUL, finished_at
@@ -303,7 +303,7 @@ class _TaskRun:
                     "queue %s: task %s: result not recorded",
                     queue.name,
                     message.id,
-                    extra=message_fields(message),
+                    extra=message_fields(message, queue.name),
                 )
         if unheard(framework.task_finished, backend, SUCCESSFUL):
             return  # nothing ran here that could have opened or used a connection

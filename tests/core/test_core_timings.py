@@ -348,10 +348,6 @@ def test_a_retry_time_is_its_queues_not_another_queues_message_of_the_same_id() 
     assert timings._counts["b"].count("lateness") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r2: claim.lua does not tell the consumer a requeued message's ready_since",
-)
 def test_a_requeued_dead_letter_is_not_late_from_its_first_due_time(
     redis_client: redis.Redis, make_queue: Any, manual_clock: Any
 ) -> None:
@@ -373,3 +369,25 @@ def test_a_requeued_dead_letter_is_not_late_from_its_first_due_time(
     got = totals(redis_client, q)
     assert got.outcomes["dead"] == 1 and got.outcomes["ack"] == 1
     assert got.histograms["lateness"][-1] == 0, "a day late"
+
+
+def test_a_held_claim_gives_its_hold_and_when_its_messages_came_back(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    """claim.lua's reply: quadruples, a limit's "come back at", then the ready_since of the
+    messages that came back (the trailing table): each part read as what it is, so a hold
+    still holds and the requeued message's lateness counts from its requeue."""
+    q = make_queue(max_attempts=1, max_in_flight=1)
+    q.schedule("a", id="a")
+    q.schedule("b", id="b")
+    burst([q], lambda m: (_ for _ in ()).throw(Reject("bug")))
+    manual_clock.advance(ms=60_000)
+    assert q.requeue("a", "b") == 2
+    now = manual_clock.now_ms()
+    raw = q.claim_call(now, 5).run(q.client)
+    assert q.claim_hold(raw) == -1  # the slot is taken: held until a delivery ends
+    (m,) = q.claimed(raw, now)
+    assert m.attempt == 1 and m.ready_since_ms == T0 + 60_000
+    timings = DeliveryTimings({})
+    timings.record([Outcome(m, ACK, now + 3, now + 4)])
+    assert timings._counts[q.name].histograms["lateness"][bucket_of(3)] == 1

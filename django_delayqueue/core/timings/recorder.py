@@ -12,11 +12,16 @@ because claim.lua does not say more:
   claims were first held back by a limit, if later) and the claim that took it, when the
   claim before that one was held back; a claim that takes messages and also says "held"
   holds back the next ones, not those it took;
-- a retry's due time is its retry time, which this consumer knows when it sent the nack
-  itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent, with the attempt it is the
-  due time of: the nacked attempt's next); a retry nacked by another consumer, or retried by
-  a reap after a visibility timeout, has no known due time: its lateness is not counted (its
-  duration and outcome are);
+- a message that came back to ready (a retry, a requeued dead letter, a "run now", one
+  released by a stopping consumer) is due from then if later than its envelope's due time:
+  claim.lua gives its ready_since (``Message.ready_since_ms``), the instant the stats count
+  it overdue from (a requeued dead letter has fresh attempts: without it, it would be late
+  from its first due time, days ago);
+- failing that, a retry's due time is its retry time, which this consumer knows when it sent
+  the nack itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent, with the attempt it
+  is the due time of: the nacked attempt's next); a retry with neither (a claim replayed
+  after a lost reply) has no known due time: its lateness is not counted (its duration and
+  outcome are);
 - a message run early by staff ("run now") counts as 0 ms late.
 
 The counting runs on the consumer's loop thread only (where outcomes are taken from the
@@ -76,18 +81,29 @@ class DeliveryTimings:
     def note_limit_waits(self, messages: Sequence[Message], held_since: int, now: int) -> None:
         """``messages`` were claimed at ``now`` by a claim of a queue that a flow limit held
         back since ``held_since``: note how long each waited on it."""
-        waits, retry_times = self._limit_waits, self._retry_times
+        waits = self._limit_waits
         if len(waits) > MAX_LIMIT_WAITS:  # given back unstarted, never finished: forget
             waits.clear()
         for m in messages:
-            due = m.due_ms
-            if m.attempt > 1 and retry_times:  # a retry became due at its retry time
-                noted = retry_times.get((m.queue, m.id))
-                if noted is not None and noted[1] == m.attempt:
-                    due = noted[0]
-            waited = now - max(due, held_since)
+            due = self.due_of(m)
+            waited = now - max(m.due_ms if due is None else due, held_since)
             if waited > 0:
                 waits[(m.queue, m.token)] = waited
+
+    def due_of(self, m: Message) -> int | None:
+        """The instant ``m``'s start lateness counts from (see the module's docstring), None
+        when unknown. Read-only: a delivery span reads it too, from its handler's thread."""
+        since = m.ready_since_ms
+        if since is not None:
+            return since if since > m.due_ms else m.due_ms
+        if m.attempt == 1:
+            return m.due_ms
+        noted = self._retry_times.get((m.queue, m.id)) if self._retry_times else None
+        return noted[0] if noted is not None and noted[1] == m.attempt else None
+
+    def limit_wait(self, m: Message) -> int:
+        """How long (ms) ``m``'s delivery waited on a flow limit, as noted at its claim."""
+        return self._limit_waits.get((m.queue, m.token), 0) if self._limit_waits else 0
 
     def note_retries(self, call: ScriptCall, messages: Sequence[Message]) -> None:
         """A nack call of ``messages`` (the failed deliveries, in the call's order) was sent:
@@ -121,10 +137,9 @@ class DeliveryTimings:
             if limited:
                 hist["limit_wait"][bisect_left(BOUNDS_MS, waited)] += 1
                 sums["limit_wait"] += waited
-            due: int | None = m.due_ms
-            if m.attempt > 1:
-                noted = retry_times.pop((m.queue, m.id), None) if retry_times else None
-                due = noted[0] if noted is not None and noted[1] == m.attempt else None
+            due = m.due_ms if m.attempt == 1 and m.ready_since_ms is None else self.due_of(m)
+            if m.attempt > 1 and retry_times:  # used: forgotten
+                retry_times.pop((m.queue, m.id), None)
             late = None
             if due is not None:
                 late = o.started_ms - due - waited
