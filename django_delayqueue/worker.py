@@ -165,7 +165,7 @@ class Worker(TaskServing, Consumer):
             handler_returned()  # its receivers are done: no limit lands past here
             dispatching.active = False
             close_old_connections()
-        return self._answered(message, responses)
+        return self._answered(shard, message, responses)
 
     def _logical(self, message: Message) -> tuple[Queue, Message]:
         """The message's shard, and the message as handlers see it (on its logical queue)."""
@@ -174,8 +174,9 @@ class Worker(TaskServing, Consumer):
             message = dataclasses.replace(message, queue=shard.logical_name)
         return shard, message
 
-    def _answered(self, message: Message, responses: list[tuple[Any, Any]]) -> Any:
-        """The receivers' responses, or the first error among them raised (logged here)."""
+    def _answered(self, shard: Queue, message: Message, responses: list[tuple[Any, Any]]) -> Any:
+        """The receivers' responses, or the first error among them raised (logged here, naming
+        ``shard``, the queue or shard it was claimed from, as the consumer's lines do)."""
         if not responses:
             raise Reject(f"no handler for queue {message.queue!r}")
         for receiver, result in responses:
@@ -183,12 +184,12 @@ class Worker(TaskServing, Consumer):
                 if not isinstance(result, (Retry, Reject)):
                     logger.warning(
                         "queue %s: handler %s failed on message %s (attempt %d)",
-                        message.queue,
+                        shard.name,
                         getattr(receiver, "__qualname__", receiver),
                         message.id,
                         message.attempt,
                         exc_info=result,
-                        extra=message_fields(message),
+                        extra=message_fields(message, shard.name),
                     )
                 raise result
         return responses
@@ -226,7 +227,7 @@ class Worker(TaskServing, Consumer):
             await in_thread_to_its_end(close_old_connections)
             raise
         await in_thread_to_its_end(close_old_connections)
-        return self._answered(message, responses)
+        return self._answered(shard, message, responses)
 
     def handler_thread_exit(self) -> None:
         """A handler thread ends (fewer threads, or the worker stops): close its DB connections."""

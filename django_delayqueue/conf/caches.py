@@ -29,6 +29,18 @@ def reset_all() -> None:
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in (SETTING_NAME, "TASKS"):  # TASKS: which queues take tasks, and their settings
         reset_all()
+    if setting == "TASKS":
+        _forget_task_backends()
+
+
+def _forget_task_backends() -> None:
+    """The Tasks framework's backends built for the old TASKS (tasks.framework.forget_backends:
+    the backport up to 0.8 forgets them only when listed in INSTALLED_APPS)."""
+    try:
+        from django_delayqueue.tasks import framework
+    except ImportError:  # no Tasks framework installed: nothing was built
+        return
+    framework.forget_backends()
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayqueue.conf.caches")

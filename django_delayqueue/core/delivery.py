@@ -117,6 +117,7 @@ class Delivery:
         "come back at" after the quadruples is read by :func:`claim_hold`)."""
         messages: list[Message] = []
         corrupt: list[tuple[Message, str]] = []
+        raw, came_back = _came_back(raw)
         for i in range(0, len(raw) - len(raw) % 4, 4):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
@@ -140,6 +141,7 @@ class Delivery:
                     parts.task,
                     parts.key,
                     parts.trace,
+                    came_back.get(message_id) if came_back else None,
                 )
             )
         if corrupt:
@@ -165,6 +167,7 @@ class Delivery:
     def claim_hold(raw: Sequence[Any]) -> int | None:
         """When a claim held back by a flow limit says the next message may start (ms; -1:
         when a message in flight ends), or None when no limit held it back."""
+        raw = _came_back(raw)[0]
         return int(raw[-1]) if len(raw) % 4 else None
 
     def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
@@ -295,3 +298,15 @@ class Delivery:
         if not triples:
             return 0
         return PROGRESS.call(self.keys, triples=triples).run(self.client)
+
+
+def _came_back(raw: Sequence[Any]) -> tuple[Sequence[Any], dict[str, int]]:
+    """A claim's reply without its trailing table of the claimed messages that came back to
+    ready (claim.lua: {id, ready_since, ...}, a list only it is), and that table by id."""
+    if not raw or not isinstance(raw[-1], list):
+        return raw, {}
+    pairs = raw[-1]
+    # A score of the retry zset, written by promote.lua, may read as a float ("1e+12").
+    return raw[:-1], {
+        to_str(pairs[i]): int(float(pairs[i + 1])) for i in range(0, len(pairs) - 1, 2)
+    }

@@ -28,7 +28,7 @@ import os
 import re
 from base64 import urlsafe_b64encode
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -336,6 +336,10 @@ class Message:
     # The trace context of the span it was scheduled in (its envelope's TRACE_MARK field; ""
     # for none), read by django_delayqueue.observability only when tracing is on.
     trace: str = ""
+    # When it came back to ready (a retry's retry time, a requeue, a "run now", a release),
+    # as claim.lua read it: its start lateness counts from then (core/timings). None: it did
+    # not come back, or the consumer was not told.
+    ready_since_ms: int | None = field(default=None, compare=False)
 
     @property
     def due_at(self) -> datetime:

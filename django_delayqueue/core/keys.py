@@ -6,19 +6,13 @@ them in one slot and every Lua script can touch them atomically.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
+# Spelled in core/names.py (what a queue name and a key prefix may hold), imported from here
+# by the rest of the package as before.
 from django_delayqueue.core.errors import ConfigurationError
-
-# Braces would break the hash tag, whitespace and control characters make keys unreadable.
-# A prefix may hold ":" (a namespace such as "shop:eu"), a queue name may not: the queue is the
-# last ":" segment of its tag "{<prefix>:<queue>}", so no two (prefix, queue) pairs share a tag
-# ("shop" + "eu:orders" and "shop:eu" + "orders" would both be {shop:eu:orders}). Neither holds
-# "#", which starts a shard's number.
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+from django_delayqueue.core.names import validate_name, validate_prefix
 
 # The five states of a message. Shown in the admin as Pending, Ready, In flight, Retrying and
 # Dead letters; everywhere else (settings, stats, metrics, docs) by these names.
@@ -26,32 +20,6 @@ State = Literal["pending", "ready", "unack", "retry", "garbage"]
 STATES: tuple[State, ...] = ("pending", "ready", "unack", "retry", "garbage")
 # The field of the cancelled hash that sums its counts; never an id (ids have no edge spaces).
 TOMBSTONE_TOTAL = " total"
-
-
-def validate_name(value: str, what: str = "queue name") -> str:
-    """Return ``value`` if it is a valid queue name, else raise (``what`` names it)."""
-    if isinstance(value, str) and ":" in value and _PREFIX_RE.match(value):
-        raise ConfigurationError(
-            f"invalid {what} {value!r}: ':' separates the key prefix from the queue name, so a "
-            "queue name cannot hold it (use '.', '_' or '-'; to keep two sites apart give each "
-            "its own DELAYQUEUE['PREFIX'])"
-        )
-    if not isinstance(value, str) or not _NAME_RE.match(value):
-        raise ConfigurationError(
-            f"invalid {what} {value!r}: use 1-100 characters from A-Z a-z 0-9 . _ - "
-            "starting with a letter or digit"
-        )
-    return value
-
-
-def validate_prefix(value: str) -> str:
-    """Return ``value`` if it is a valid key prefix (``DELAYQUEUE['PREFIX']``), else raise."""
-    if not isinstance(value, str) or not _PREFIX_RE.match(value):
-        raise ConfigurationError(
-            f"invalid key prefix {value!r}: use 1-100 characters from A-Z a-z 0-9 . _ : - "
-            "starting with a letter or digit"
-        )
-    return value
 
 
 def published_recurrences_key(prefix: str) -> str:

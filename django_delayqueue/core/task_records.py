@@ -35,6 +35,7 @@ class TaskRecords:
         required: str | None = None,
         mergeable: bool = False,
         fields: str | None = None,
+        key: str | None = None,
     ) -> ScriptCall:
         """The write of fields of the result record of ``message_id``, to run alone or with
         the consumer's round trip: the field, value pairs ``absent`` set where the field is
@@ -43,12 +44,14 @@ class TaskRecords:
         and the pairs ``always`` set whatever the order. With ``required``, a record without
         that field is left as it is (the call's reply is then -1).
 
-        ``mergeable``: a call of write_records.lua instead, whose reply is a list of the one
-        reply, which a consumer's round sends as one call with the other such writes of the
-        queue (see django_delayqueue.core.consumer.merged_writes). ``fields``: the
-        four lists' text as :func:`record_fields` makes it, built by the caller already."""
+        ``mergeable``: a call of write_records.lua instead (its reply read by
+        :func:`~django_delayqueue.core.consumer.merged_writes.record_replies`), which a
+        consumer's round sends as one call with the other such writes of the queue (see
+        django_delayqueue.core.consumer.merged_writes). ``fields``: the four lists' text as
+        :func:`record_fields` makes it, and ``key`` the record's, built by the caller already."""
         # Built here rather than through Contract.call: a worker builds one per task it runs.
-        key = self.keys.task_result(message_id)
+        if key is None:
+            key = self.keys.task_result(message_id)
         if fields is None:
             fields = record_fields(absent, in_order, deleted, always)
         if mergeable:

@@ -9,7 +9,7 @@ cumulative, as the exposition format wants, with the bounds of core.timings.buck
 - ``delayqueue_start_lateness_seconds``: handler start minus due time (a retry's: its retry
   time), less the time a flow limit held the message back;
 - ``delayqueue_handler_duration_seconds``;
-- ``delayqueue_limit_wait_seconds``: queues with a ``rate_limit`` or ``max_in_flight`` only;
+- ``delayqueue_limit_wait_seconds``: queues with a flow limit (queue or key) only;
 - ``delayqueue_delivery_outcomes_total{outcome}``: ack, retry, dead, stopped, as the consumers
   saw them (``delayqueue_outcomes_total`` is the journal's count, ack/retry/garbage, kept as
   it was).
@@ -31,7 +31,7 @@ HISTOGRAM_FAMILIES: dict[str, tuple[str, str]] = {
     "duration": ("delayqueue_handler_duration_seconds", "How long handlers ran."),
     "limit_wait": (
         "delayqueue_limit_wait_seconds",
-        "How long a flow limit (rate_limit, max_in_flight) held a due message back.",
+        "How long a flow limit (rate_limit, max_in_flight, key limits) held a due message back.",
     ),
 }
 OUTCOMES_FAMILY = "delayqueue_delivery_outcomes"

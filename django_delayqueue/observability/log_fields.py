@@ -18,9 +18,15 @@ QUEUE = "dq_queue"
 ATTEMPT = "dq_attempt"
 
 
-def message_fields(message: Message) -> dict[str, Any]:
-    """The fields of a line about one delivery of ``message``."""
-    return {MESSAGE_ID: message.id, QUEUE: message.queue, ATTEMPT: message.attempt}
+def message_fields(message: Message, queue: str | None = None) -> dict[str, Any]:
+    """The fields of a line about one delivery of ``message``; ``queue``: the shard's name
+    where ``message`` is the copy handlers see, named by its logical queue (worker.py), so
+    that every line of one delivery names the shard, as the consumer's own lines do."""
+    return {
+        MESSAGE_ID: message.id,
+        QUEUE: message.queue if queue is None else queue,
+        ATTEMPT: message.attempt,
+    }
 
 
 def id_fields(queue: str, message_id: str, attempt: int = 0) -> dict[str, Any]:

@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Callable, Iterator, Sequence
 from json.encoder import encode_basestring as _quoted
 from typing import Any
 
+from django_delayqueue.core.consumer.outcomes import WhileRunning
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
-from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
@@ -34,8 +33,9 @@ from django_delayqueue.tasks.payload import (
 logger = logging.getLogger(__name__)
 
 
-class Attempt:
-    """One delivery of a task: the fields it writes to its record."""
+class Attempt(WhileRunning):
+    """One delivery of a task: the fields it writes to its record; its RUNNING write handed to
+    the consumer as itself (see :meth:`call`)."""
 
     def __init__(
         self, worker_id: str, message: Message, queue: Queue, from_message: TaskRecord
@@ -70,7 +70,7 @@ class Attempt:
                 self.queue.name,
                 self.message.id,
                 e,
-                extra=message_fields(self.message),
+                extra=message_fields(self.message, self.queue.name),
             )
             return from_message
         except CorruptEnvelope as e:  # gone (deleted by hand) or unreadable: rebuilt
@@ -79,7 +79,7 @@ class Attempt:
                 self.queue.name,
                 self.message.id,
                 e,
-                extra=message_fields(self.message),
+                extra=message_fields(self.message, self.queue.name),
             )
             return from_message
 
@@ -89,15 +89,12 @@ class Attempt:
         record.last_attempted_at = self.started_at
         record.worker_ids.append(self.worker_id)
 
-    def running_write(self) -> ScriptCall:
-        """The write of RUNNING, its arguments built only if it is sent: a task that ends before
-        the consumer's next round trip has it superseded by its result (``WritesWithAck``), and
-        most tasks do. Built on whichever thread sends it, from this attempt's own fields only
-        (set before the task runs, never changed after)."""
-        return ScriptCall(WRITE_RECORD.script, [self.key], Later(self._running_args))
-
-    def _running_args(self) -> Sequence[Any]:
-        return self.write(RUNNING, whole=True).args
+    def call(self) -> ScriptCall:
+        """The write of RUNNING (``WhileRunning``): built only if it is sent, by the consumer's
+        next round while the task still runs; a task that ends first never builds it (its
+        result says it all: ``ended``), and most tasks do. Built on whichever thread sends it,
+        from this attempt's own fields only (set before the task runs, never changed after)."""
+        return self.write(RUNNING, whole=True)
 
     def write_now(
         self, status: str, *, error: BaseException | None = None, ttl: int = 0,
@@ -135,6 +132,7 @@ class Attempt:
             fields=fields,
             required=None if whole else ENQUEUED,
             mergeable=mergeable,
+            key=self.key,
         )
 
     def fields(
@@ -171,34 +169,24 @@ class Attempt:
             in_order += f',"{RETURN_VALUE}",{quoted(returned)}'
         # Always, per delivery (its token in the name): set whatever the order, never clashing.
         token = self.message.token
-        always = f"{quoted(f'{WORKER_PREFIX}{token}')},{quoted(self.worker_id)}"
+        always = f"{quoted(f'{WORKER_PREFIX}{token}')},{_quoted_worker(self.worker_id)}"
         if error is not None:
             error_json = json.dumps(task_error(error))
             always += f",{quoted(f'{ERROR_PREFIX}{token}')},{quoted(error_json)}"
         return f"[[{absent}],[{in_order}],[{','.join(deleted)}],[{always}]]"
 
 
-class Later(Sequence[Any]):
-    """A call's arguments, built by ``build`` the first time they are read."""
+def _quoted_worker(worker_id: str) -> str:
+    """``worker_id`` as JSON text: a worker has one, written into every result."""
+    quoted = _worker_quoted.get(worker_id)
+    if quoted is None:
+        if len(_worker_quoted) >= 64:
+            _worker_quoted.clear()
+        quoted = _worker_quoted[worker_id] = _quoted(worker_id)
+    return quoted
 
-    def __init__(self, build: Callable[[], Sequence[Any]]) -> None:
-        self._build: Callable[[], Sequence[Any]] | None = build
-        self._built: Sequence[Any] = ()
 
-    def _args(self) -> Sequence[Any]:
-        if self._build is not None:
-            self._built, self._build = self._build(), None
-        return self._built
-
-    def __len__(self) -> int:
-        return len(self._args())
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._args()[index]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._args())
-
+_worker_quoted: dict[str, str] = {}
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 

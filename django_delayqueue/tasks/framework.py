@@ -69,3 +69,20 @@ task_backends: Any = _pick(_root, "task_backends", "tasks")  # "tasks" up to 0.8
 # What TaskResult does to args and kwargs (Django 6.0, the backport from 0.9): a TypeError
 # "Unsupported type: ..." for what is not JSON. None where the framework has none.
 normalize_json: Any = getattr(_base, "normalize_json", None)
+
+
+def forget_backends() -> None:
+    """Forget the task backends built so far, as the framework does when ``TASKS`` changes.
+
+    Django 6 and the backport connect a ``setting_changed`` receiver doing this; the backport up
+    to 0.8 connects it in its AppConfig only, so a project (or its tests) without
+    "django_tasks" in INSTALLED_APPS kept the backend built for the old ``TASKS``: an
+    ``override_settings(TASKS=...)`` then enqueued through the previous backend, or refused a
+    queue the new one takes. Doing it once more where the framework did is harmless.
+    """
+    from asgiref.local import Local
+
+    handler = task_backends
+    if hasattr(handler, "_connections") and hasattr(handler, "configure_settings"):
+        handler._settings = handler.settings = handler.configure_settings(None)
+        handler._connections = Local()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from datetime import datetime, timezone
 from functools import cache
 from typing import Any
@@ -168,6 +169,27 @@ def stand_in_task(record: TaskRecord) -> Any:
 
 def load_task(path: str) -> Any:
     """The Task object at ``path``; ImportError for anything else (never a plain function)."""
+    # A worker loads the same few tasks over and over: the one found last time, while its
+    # module still holds it under that name (the test import_string's own cache makes, less
+    # the split of the path and the checks of a module still importing, which it passed).
+    kept = _loaded.get(path)
+    if kept is not None:
+        module = sys.modules.get(kept[0])
+        if module is not None and getattr(module, kept[1], None) is kept[2]:
+            return kept[2]
+    task = _import_task(path)
+    if len(_loaded) >= _LOADED_KEPT:
+        _loaded.clear()
+    module_path, _, name = path.rpartition(".")
+    _loaded[path] = (module_path, name, task)
+    return task
+
+
+_LOADED_KEPT = 256
+_loaded: dict[str, tuple[str, str, Any]] = {}
+
+
+def _import_task(path: str) -> Any:
     try:
         task = import_string(path)
     except ImportError:

@@ -18,8 +18,9 @@ with a ``TaskContext``); then:
 The record is a hash of one field per fact (see django_delayqueue.tasks.payload), so a write
 sets what changed without reading it first, and a task's run costs no round trip of its own:
 
-- the RUNNING write goes with the consumer's next round trip (``write_soon``); until it lands
-  ``get_result`` reads RUNNING from the message being in flight;
+- the RUNNING write goes with the consumer's next round trip (``write_soon``) if the task
+  still runs by then (its result says it all otherwise); till then ``get_result`` reads
+  RUNNING from the message being in flight;
 - a success is written with the message's ack, before it (``WritesWithAck``), in one
   write_records.lua call with the round's other results, and ``task_finished`` is sent once
   Redis has it, so a receiver that reads the result finds it SUCCESSFUL;
@@ -42,7 +43,6 @@ its record says so (two worker ids).
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -52,11 +52,10 @@ from django.db import close_old_connections
 
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
 from django_delayqueue.core.consumer.limits import handler_returned, stop_error
-from django_delayqueue.core.consumer.outcomes import WritesWithAck
-from django_delayqueue.core.envelope import Message, encode_json
+from django_delayqueue.core.consumer.outcomes import WhileRunning, WritesWithAck
+from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import (
     Aborted,
-    PayloadError,
     Reject,
     Retry,
 )
@@ -79,12 +78,13 @@ from django_delayqueue.tasks.results import (
     task_as_enqueued,
     to_task_result,
 )
+from django_delayqueue.tasks.return_values import _cause, _stored
 from django_delayqueue.tasks.unheard import unheard
 
 logger = logging.getLogger(__name__)
 
 # Sends a script call with the consumer's next round trip (Consumer.write_soon).
-WriteSoon = Callable[[Queue, ScriptCall], None]
+WriteSoon = Callable[[Queue, ScriptCall | WhileRunning], None]
 
 
 class TaskRunner:
@@ -149,9 +149,9 @@ class TaskRunner:
         """Load the scripts a task's run sends, ahead of the first (a NOSCRIPT costs a trip)."""
         queue.load_record_script()
 
-    def _send_soon(self, queue: Queue, call: ScriptCall) -> None:
+    def _send_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None:
         if self.write_soon is None:
-            call.run(queue.client)
+            (call.call() if isinstance(call, WhileRunning) else call).run(queue.client)
         else:
             self.write_soon(queue, call)
 
@@ -181,7 +181,8 @@ class _TaskRun:
         self.attempt = Attempt(runner.worker_id, message, queue, self.record)
         self.backend: Any = None
         self.task: Any = None
-        self.running: ScriptCall | None = None
+        # A success's end: its return value's JSON, the record's expiry, when it finished.
+        self.end: tuple[str, int, int] = ("", 0, 0)
         # The TaskResult task_started was sent with; None when nothing would have read it.
         self.started: Any = None
         self.args: list[Any] = []
@@ -206,8 +207,7 @@ class _TaskRun:
         if loaded.takes_context and message.attempt == 1:
             record = self.record = attempt.read(record)
         attempt.mark_running(record)
-        self.running = attempt.running_write()
-        self.runner._send_soon(queue, self.running)
+        self.runner._send_soon(queue, attempt)  # RUNNING, if it still runs at the next round
         task = self.task = task_as_enqueued(loaded, record)
         # Its TaskResult built only for what reads it (see django_delayqueue.tasks.unheard).
         quiet = unheard(framework.task_started, self.backend, RUNNING)
@@ -215,14 +215,16 @@ class _TaskRun:
             self.started = to_task_result(record, message.id, task)
         if not quiet:
             _send_robust(framework.task_started, self.backend, self.started)
-        self.args, self.kwargs = list(record.args), dict(record.kwargs)
+        # The record's own: the call unpacks them into a tuple and a dict of its own.
+        self.args, self.kwargs = record.args, record.kwargs
         if task.takes_context:
-            self.args.insert(0, framework.TaskContext(task_result=self.started))
+            self.args = [framework.TaskContext(task_result=self.started), *record.args]
 
     def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
         """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
         the dead letters whatever its attempts)."""
         message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
+        attempt.ended = True  # its RUNNING, if not sent yet, never is: this write says more
         last = dead or isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
         try:
             if last:  # what nack.lua will do too: no attempts left, or dead on purpose
@@ -235,7 +237,7 @@ class _TaskRun:
                 "queue %s: task %s: result not recorded",
                 queue.name,
                 message.id,
-                extra=message_fields(message),
+                extra=message_fields(message, queue.name),
             )
         finally:
             if close_connections:
@@ -251,6 +253,7 @@ class _TaskRun:
 
     def _succeeded(self, value: Any) -> WritesWithAck:
         message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
+        attempt.ended = True  # its RUNNING, if not sent yet, never is: its result says it all
         backend, task = self.backend, self.task
         try:
             returned, return_value = _stored(value)
@@ -273,43 +276,45 @@ class _TaskRun:
                     "queue %s: task %s: result not recorded",
                     queue.name,
                     message.id,
-                    extra=message_fields(message),
+                    extra=message_fields(message, queue.name),
                 )
             raise Reject(f"task ran, but its result cannot be stored: {e}") from e
         record.status, record.finished_at = SUCCESSFUL, finished_at
         record.return_value = return_value
+        self.end = (returned, ttl, finished_at)
+        return WritesWithAck(write, self._finished, supersedes=attempt.taken)
 
-        def result() -> Any:  # a copy of the started one; built whole if that was not needed
-            if self.started is None:
-                return to_task_result(record, message.id, task)
-            return finished_result(self.started, record)
-
-        def finished(reply: Any = None) -> None:  # on the consumer's thread, once Redis has it
-            if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
-                # With the consumer's next round trip, sent again until it lands (an outage,
-                # Redis full), as the RUNNING write: never a round trip of its own here, after
-                # the ack, whose failure would lose the result.
-                try:
-                    whole = attempt.write(
-                        SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
-                    )
-                    self.runner._send_soon(queue, whole)
-                except Exception:
-                    logger.exception(
-                        "queue %s: task %s: result not recorded",
-                        queue.name,
-                        message.id,
-                        extra=message_fields(message),
-                    )
-            # Its receivers' connections closed after them.
-            if unheard(framework.task_finished, backend, SUCCESSFUL):
-                return  # nothing ran here that could have opened or used a connection
+    def _finished(self, reply: Any = None) -> None:
+        """On the consumer's thread, once Redis has the success's write (its ``reply``)."""
+        queue, backend = self.queue, self.backend
+        if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
+            # With the consumer's next round trip, sent again until it lands (an outage,
+            # Redis full), as the RUNNING write: never a round trip of its own here, after
+            # the ack, whose failure would lose the result.
+            returned, ttl, finished_at = self.end
             try:
-                _send_robust(framework.task_finished, backend, result())
-            finally:
-                close_old_connections()
-
-        return WritesWithAck(write, finished, supersedes=self.running)
+                whole = self.attempt.write(
+                    SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
+                )
+                self.runner._send_soon(queue, whole)
+            except Exception:
+                message = self.message
+                logger.exception(
+                    "queue %s: task %s: result not recorded",
+                    queue.name,
+                    message.id,
+                    extra=message_fields(message, queue.name),
+                )
+        if unheard(framework.task_finished, backend, SUCCESSFUL):
+            return  # nothing ran here that could have opened or used a connection
+        if self.started is None:  # the started TaskResult's copy, or one built whole
+            result = to_task_result(self.record, self.message.id, self.task)
+        else:
+            result = finished_result(self.started, self.record)
+        try:
+            _send_robust(framework.task_finished, backend, result)
+        finally:
+            close_old_connections()  # its receivers' connections closed after them
 
 
 def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -331,40 +336,6 @@ def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
 # Per task function (kept with it, so never mistaken for another): whether it is async.
 _ASYNC_FUNCS_KEPT = 256
 _async_funcs: dict[Any, bool] = {}
-
-
-def _stored(value: Any) -> tuple[str, Any]:
-    """The JSON text a return value is stored as, and the value a reader gets back from it."""
-    kind = type(value)
-    # The common returns, whose JSON and whose value read back are known without the round
-    # trip through the framework's normalisation, the encoder and the decoder.
-    if value is None:
-        return "null", None
-    if kind is bool:
-        return ("true" if value else "false"), value
-    if kind is int and -_SMALL_INT < value < _SMALL_INT:  # far from int-string limits
-        return str(value), value
-    # Escaped to ASCII, as before: a lone surrogate (a file name) is kept, not refused.
-    returned = encode_json(_normalized(value), "return value", ascii_only=True)
-    return returned, json.loads(returned)  # what a reader gets: lists, not tuples
-
-
-_SMALL_INT = 10**18
-
-
-def _normalized(value: Any) -> Any:
-    """The return value as the framework's own backends keep it (Django 6: a tuple is a list,
-    bytes are text, anything else that is not JSON a TypeError "Unsupported type: ...")."""
-    normalize = framework.normalize_json
-    if normalize is None:
-        return value
-    try:
-        return normalize(value)
-    except RecursionError:  # nested far too deep: the PayloadError that says how deep
-        encode_json(value, "return value")
-        raise
-    except TypeError as e:  # recorded as the TypeError it is (see _cause)
-        raise PayloadError(f"return value is not JSON-serialisable: {e}") from e
 
 
 def _backend_of_queue(name: str) -> Any:
@@ -392,15 +363,6 @@ def _send_robust(signal: Any, backend: Any, result: Any) -> None:
                 getattr(receiver, "__qualname__", receiver),
                 exc_info=response,
             )
-
-
-def _cause(error: Exception) -> BaseException:
-    """What a task's result records for ``error``: json's own TypeError or ValueError when
-    that is what PayloadError wraps (as Django's backends record a value that is not JSON)."""
-    cause = error.__cause__
-    if isinstance(error, PayloadError) and isinstance(cause, (TypeError, ValueError)):
-        return cause
-    return error
 
 
 def _default_ttl() -> int:

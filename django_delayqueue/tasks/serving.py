@@ -26,6 +26,7 @@ from django_delayqueue.dispatch import is_async_receiver
 from django_delayqueue.tasks.payload import TASK_KEY, is_task_payload
 
 if TYPE_CHECKING:
+    from django_delayqueue.core.consumer.outcomes import WhileRunning
     from django_delayqueue.core.scripts.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class TaskServing:
 
     if TYPE_CHECKING:  # the Consumer's
 
-        def write_soon(self, queue: Queue, call: ScriptCall) -> None: ...
+        def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None: ...
 
         def add_queues(self, queues: Sequence[Queue]) -> list[Queue]: ...
 

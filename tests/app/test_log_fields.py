@@ -17,11 +17,16 @@ from django.test import override_settings
 import django_delayqueue as dq
 
 QUEUE = "logged"
+SHARDED = "logged-sharded"
 
 
 @pytest.fixture(autouse=True)
 def logged_queue() -> Iterator[None]:
-    queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"max_attempts": 2, "backoff_base": 0}}
+    queues = {
+        **settings.DELAYQUEUE["QUEUES"],
+        QUEUE: {"max_attempts": 2, "backoff_base": 0},
+        SHARDED: {"max_attempts": 1, "shards": 3},
+    }
     with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "QUEUES": queues}):
         yield
 
@@ -32,8 +37,10 @@ def failing() -> Iterator[None]:
         raise ValueError(f"order {message.payload} cannot be closed")
 
     dq.topic(QUEUE).connect(fail)
+    dq.topic(SHARDED).connect(fail)
     yield
     dq.topic(QUEUE).disconnect(fail)
+    dq.topic(SHARDED).disconnect(fail)
 
 
 def fields(record: logging.LogRecord) -> tuple[Any, Any, Any]:
@@ -65,3 +72,23 @@ def test_every_line_about_a_message_carries_its_fields(
     assert all(fields(r)[0] == "order-42" for r in about), [
         r.getMessage() for r in about if fields(r)[0] is None
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sharded_queues_lines_all_name_the_shard(
+    redis_client: Any, failing: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler's failure (worker.py, where the handler sees the logical queue) and the
+    consumer's own lines about the same delivery name the same queue: its shard
+    (docs/observability.md, "Logs"), so a search by dq_queue finds them together."""
+    caplog.set_level(logging.INFO, logger="django_delayqueue")
+    dq.schedule(SHARDED, 7, id="order-7", on_commit=False)
+    call_command("runqueue", SHARDED, "--burst")
+
+    about = [r for r in caplog.records if "order-7" in r.getMessage()]
+    (failed,) = [r for r in about if "failed on message" in r.getMessage()]
+    (last,) = [r for r in about if "used its last attempt" in r.getMessage()]
+    shard = fields(last)[1]
+    assert shard.startswith(f"{SHARDED}#"), shard
+    assert fields(failed) == ("order-7", shard, 1)
+    assert failed.getMessage().startswith(f"queue {shard}: ")

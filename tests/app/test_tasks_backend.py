@@ -781,3 +781,15 @@ def test_tasks_on_a_sharded_queue_run_as_the_queue_s_own(redis_client: redis.Red
     finally:
         framework.task_started.disconnect(started)
     assert seen and set(seen) == {QUEUE}
+
+
+def test_a_changed_tasks_setting_builds_its_backend_anew() -> None:
+    """override_settings(TASKS=...) reaches the backend even where the framework does not
+    forget it by itself (the backport up to 0.8 without "django_tasks" in INSTALLED_APPS)."""
+    from demo_project.settings import TASKS_SETTING
+
+    first = framework.task_backends["default"]
+    other = {"default": {**TASKS_SETTING["default"], "QUEUES": ["another-queue"]}}
+    with override_settings(TASKS=other):
+        assert framework.task_backends["default"].queues == {"another-queue"}
+    assert framework.task_backends["default"].queues == first.queues

@@ -21,6 +21,8 @@ from django_delayqueue.tasks import framework, progress_of
 from django_delayqueue.worker import Worker
 
 Status = framework.TaskResultStatus
+# SUCCEEDED up to django-tasks 0.11, SUCCESSFUL from 0.12 and in Django 6 (framework.py).
+SUCCESSFUL = framework.SUCCESSFUL
 
 
 @pytest.fixture
@@ -31,7 +33,9 @@ def running() -> Iterator[Started]:
 
 
 def _finished(task: Any, result_id: str) -> Any:
-    return wait_until(lambda: (r := task.get_result(result_id)).status == Status.SUCCESSFUL and r)
+    return wait_until(
+        lambda: (r := task.get_result(result_id)).status == framework.SUCCESSFUL and r
+    )
 
 
 @pytest.mark.django_db(transaction=True)

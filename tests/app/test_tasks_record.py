@@ -30,7 +30,7 @@ from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
 from django_delayqueue.core.task_records import record_fields
-from django_delayqueue.tasks import framework, results, runner
+from django_delayqueue.tasks import framework, results, return_values, runner
 from django_delayqueue.tasks.attempt import Attempt
 from django_delayqueue.tasks.payload import FAILED, RUNNING, SUCCESSFUL, TaskRecord
 
@@ -259,17 +259,18 @@ def redis_commands(client: redis.Redis) -> dict[str, int]:
 def test_a_task_s_run_writes_its_result_once_with_the_ack_in_five_commands(
     redis_client: redis.Redis,
 ) -> None:
-    """A task that ends before the consumer's next round trip: its RUNNING write is superseded
-    (never built, never sent), its result is one write_record call of five commands."""
+    """A task that ends before the consumer's next round trip: its RUNNING write is never
+    built, never sent (handed over as the attempt, which ended), its result is one
+    write_record call of five commands."""
     result = examples().add.enqueue(2, 3)
     q = get_queue(QUEUE)
     q.load_record_script()
     (delivery,) = q.claim(1)
-    early: list[ScriptCall] = []
+    early: list[Any] = []
     writes = runner.TaskRunner("w1", lambda queue, call: early.append(call)).run(delivery, q)
     (running,) = early
-    assert writes.supersedes is running
-    assert running.args._build is not None  # type: ignore[attr-defined]  # not built: not sent
+    assert isinstance(running, Attempt) and running.ended and running.taken is None
+    assert writes.supersedes is None  # the loop never built it: nothing to leave out
     redis_client.config_resetstat()
     writes.call.run(q.client)
     assert redis_commands(redis_client) == {
@@ -292,17 +293,17 @@ def test_a_superseded_running_write_leaves_the_same_record_as_one_sent(
     enqueued = redis_client.hgetall(key)
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
-    early: list[ScriptCall] = []
+    early: list[Any] = []
     writes = runner.TaskRunner("w1", lambda queue, call: early.append(call)).run(delivery, q)
     (running,) = early
-    assert writes.supersedes is running
-    assert running.run(q.client) == 1  # sent, as for a task still running at the next round
+    assert running.ended  # never sent by a consumer: the task ended before its next round
+    assert running.call().run(q.client) == 1  # sent, as for a task still running by then
     assert redis_client.hget(key, "status") == RUNNING.encode()
-    assert writes.call.run(q.client) == [1]
+    assert writes.call.run(q.client) == [b"1"]
     both, both_ttl = redis_client.hgetall(key), redis_client.ttl(key)
     redis_client.delete(key)
     redis_client.hset(key, mapping=enqueued)  # the record as enqueue left it, again
-    assert writes.call.run(q.client) == [1]  # superseded: the result alone
+    assert writes.call.run(q.client) == [b"1"]  # superseded: the result alone
     alone, alone_ttl = redis_client.hgetall(key), redis_client.ttl(key)
     assert alone == both
     assert alone[b"status"] == SUCCESSFUL.encode() and b"started_at" in alone
@@ -322,7 +323,7 @@ def test_a_running_write_built_late_is_the_attempt_s_running_write(
     q = get_queue(QUEUE)
     (delivery,) = q.claim(1)
     attempt = Attempt("w1", delivery, q, from_message(delivery, q))
-    late = attempt.running_write()
+    late = attempt.call()
     assert list(late.args) == list(attempt.write(RUNNING, whole=True).args)
     assert late.keys == [KEYS.task_result(result.id)]
     assert late.run(q.client) == 1
@@ -396,7 +397,7 @@ def test_a_return_value_s_short_cut_stores_what_the_encoder_would(value: Any) ->
     decoding: stored as the same text, read back as the same value, as the full path."""
     from django_delayqueue.core.envelope import encode_json
 
-    text = encode_json(runner._normalized(value), "return value", ascii_only=True)
+    text = encode_json(return_values._normalized(value), "return value", ascii_only=True)
     assert runner._stored(value) == (text, json.loads(text))
     assert type(runner._stored(value)[1]) is type(json.loads(text))
 

@@ -13,7 +13,7 @@ import redis
 from core_consumer_support import T0
 from waiting import TIMEOUT
 
-from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, RETRY, Outcome
+from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, RETRY, Outcome, WhileRunning
 from django_delayqueue.core.consumer.recording import JOURNAL_TRIES, UnrecordedOutcomes
 from django_delayqueue.core.journal import JOURNAL_FIELDS
 from django_delayqueue.core.scripts.calls import ScriptBatch
@@ -388,6 +388,39 @@ def test_what_is_left_at_a_stop_is_logged_as_outcomes_apart_from_handed_over_wri
     finally:
         consumer._threads.close()
         consumer._waiter.close()
+
+
+class RunningWrite(WhileRunning):
+    """A handler's write while it runs, as a task's attempt hands its RUNNING over."""
+
+    def __init__(self, q: Any) -> None:
+        self.q = q
+        self.built = 0
+
+    def call(self) -> Any:
+        self.built += 1
+        return running_record_call(self.q)
+
+
+def test_a_write_while_running_goes_with_the_next_round_only_if_its_handler_still_runs(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A task that ended before the next round never has its RUNNING built nor sent (its
+    result says it all); one still running has it sent by that round, once, and kept as
+    ``taken`` (its result leaves it out if both go together)."""
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=0)
+    ended, running = RunningWrite(q), RunningWrite(q)
+    unrecorded.write_soon(q.name, ended)
+    unrecorded.write_soon(q.name, running)
+    ended.ended = True
+    assert unrecorded.left() == (0, 0)  # no write yet: only a handler's wish
+    flush(redis_client, unrecorded, [q])
+    assert ended.built == 0 and ended.taken is None
+    assert running.built == 1 and running.taken is not None
+    assert redis_client.hget(q.keys.task_result("t1"), "status") == b"RUNNING"
+    flush(redis_client, unrecorded, [q])
+    assert running.built == 1 and len(unrecorded) == 0  # taken once
 
 
 def test_the_journal_row_carries_the_limit_wait_apart_from_lateness(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from core_consumer_support import T0, Started, burst
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 from paths import ROOT
 from tracing_support import Traced, tracing_on
@@ -26,7 +27,7 @@ from django_delayqueue.core.envelope import (
     decode_marked_envelope,
     encode_envelope,
 )
-from django_delayqueue.core.errors import Reject
+from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.observability import tracing
 from django_delayqueue.observability.context import (
     current_trace,
@@ -339,3 +340,115 @@ def test_an_aborted_delivery_is_stopped(make_queue: Any, traced: Traced) -> None
     assert deliver.attributes is not None and deliver.attributes["delayqueue.outcome"] == "stopped"
     assert deliver.status.status_code == StatusCode.ERROR
     assert deliver.status.description == "aborted: by staff"
+
+
+class _RaisingProcessor(SpanProcessor):
+    """An SDK span processor that fails as the span starts, or as it ends."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.when == "start":
+            raise RuntimeError("processor broke on start")
+
+    def on_end(self, span: Any) -> None:
+        if self.when == "end":
+            raise RuntimeError("processor broke on end")
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_failing_span_processor_never_fails_a_delivery(
+    make_queue: Any,
+    traced: Traced,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
+    asynchronous: bool,
+) -> None:
+    """Tracing is the operator's aid, never the handler's condition: an SDK whose processor
+    raises delivers every message (its handler runs, it is acknowledged), logged once."""
+    monkeypatch.setattr(tracing, "_failure_logged", False)
+    q: Queue = make_queue("orders")
+    q.schedule(1, id="m1")
+    q.schedule(2, id="m2")
+    traced.provider.add_span_processor(_RaisingProcessor(when))  # once they are scheduled
+    ran: list[str] = []
+
+    def handler(message: Message) -> None:
+        ran.append(message.id)
+
+    async def ahandler(message: Message) -> None:
+        ran.append(message.id)
+
+    burst([q], ahandler if asynchronous else handler)
+    assert sorted(ran) == ["m1", "m2"]
+    assert q.counts()["unack"] == 0 and q.counts()["retry"] == 0 and q.counts()["garbage"] == 0
+    failures = [r for r in caplog.records if r.name == tracing.__name__]
+    assert len(failures) == 1 and failures[0].levelname == "WARNING"
+    assert "untraced" in failures[0].getMessage()
+
+
+def _deliveries(traced: Traced, queue: str) -> dict[int, dict[str, Any]]:
+    """The attributes of each delivery span of ``queue``, by attempt."""
+    spans = [dict(s.attributes or {}) for s in traced.spans(f"delayqueue.deliver {queue}")]
+    return {a["messaging.delayqueue.message.delivery_count"]: a for a in spans}
+
+
+def test_a_retrys_span_is_dated_from_its_retry_time_as_the_lateness_histogram(
+    make_queue: Any, traced: Traced, manual_clock: Any
+) -> None:
+    """A retry due 10 s after its first due time and started 7 ms after that is 7 ms late, on
+    its span as in the histograms: not 10 s from its envelope's first due time."""
+    q: Queue = make_queue("orders", max_attempts=2)
+    q.schedule(1, id="m1")
+
+    def handler(message: Message) -> None:
+        if message.attempt == 1:
+            raise Retry(delay=10)
+
+    burst([q], handler)
+    manual_clock.advance(ms=10_007)
+    burst([q], handler)  # another consumer: the retry time comes from the claim
+    retried = _deliveries(traced, "orders")[2]
+    assert retried["delayqueue.due_ms"] == T0 + 10_000
+    assert retried["delayqueue.lateness_ms"] == 7
+
+
+def test_a_requeued_dead_letters_span_is_dated_from_its_requeue(
+    make_queue: Any, traced: Traced, manual_clock: Any
+) -> None:
+    """A dead letter requeued a day later starts with fresh attempts (attempt 1 again): its
+    span's due time is its requeue, as its lateness histogram counts it, not a day ago."""
+    q: Queue = make_queue("orders", max_attempts=1)
+    q.schedule(1, id="m1")
+    burst([q], lambda m: (_ for _ in ()).throw(Reject("bug")))
+    manual_clock.advance(ms=86_400_000)
+    assert q.requeue("m1") == 1
+    manual_clock.advance(ms=3)
+    burst([q], lambda m: None)
+    spans = [dict(s.attributes or {}) for s in traced.spans("delayqueue.deliver orders")]
+    assert [s["delayqueue.outcome"] for s in spans] == ["dead", "ack"]
+    assert spans[1]["delayqueue.due_ms"] == T0 + 86_400_000
+    assert spans[1]["delayqueue.lateness_ms"] == 3
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+def test_a_failing_span_processor_never_fails_a_schedule(
+    make_queue: Any,
+    traced: Traced,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
+) -> None:
+    """The producer's side of the same promise: the view's schedule goes through, untraced,
+    the SDK's failure logged once."""
+    monkeypatch.setattr(tracing, "_failure_logged", False)
+    traced.provider.add_span_processor(_RaisingProcessor(when))
+    q: Queue = make_queue("orders")
+    q.schedule(1, id="m1")
+    q.schedule_many([{"payload": 2, "id": "m2"}])
+    assert q.counts()["pending"] + q.counts()["ready"] == 2
+    failures = [r for r in caplog.records if r.name == tracing.__name__]
+    assert len(failures) == 1 and failures[0].levelname == "WARNING"

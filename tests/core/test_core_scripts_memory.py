@@ -126,7 +126,7 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
         merged = q.record_write_call(
             "m0", order=2, in_order=["status", "SUCCESSFUL"], mergeable=True
         )
-        assert merged.run(client) == [1]
+        assert merged.run(client) == [b"1"]  # its code: "1", written in order
         assert q.ack(ok) == 1
         assert q.nack(failed, delay=1, reason="boom") == 1
         assert q.bury(dropped, "poison")

@@ -185,14 +185,18 @@ def test_remembered_retry_times_are_bounded() -> None:
 
     timings = DeliveryTimings({})
     quadruples = [x for i in range(recorder.MAX_RETRY_TIMES + 50) for x in (f"m{i}", "t", i, "")]
-    timings.note_retries(_nack(quadruples))
+    failed = [message(f"m{i}", T0) for i in range(recorder.MAX_RETRY_TIMES + 50)]
+    timings.note_retries(_nack(quadruples), failed)
     assert len(timings._retry_times) == recorder.MAX_RETRY_TIMES
-    assert "m0" not in timings._retry_times and timings._retry_times["m10049"] == 10049
+    assert ("q", "m0") not in timings._retry_times
+    assert timings._retry_times[("q", "m10049")] == (10049, 2)
     # Read from the call nack_call builds: the retry-at it sends (-1, to garbage: not kept).
     q = _queue()
-    timings.note_retries(q.nack_call([(message("r", T0), 2.5, "again")], T0))
-    timings.note_retries(q.nack_call([(message("d", T0), None, "dead")], T0, bury=True))
-    assert timings._retry_times["r"] == T0 + 2500 and "d" not in timings._retry_times
+    r, d = message("r", T0), message("d", T0)
+    timings.note_retries(q.nack_call([(r, 2.5, "again")], T0), [r])
+    timings.note_retries(q.nack_call([(d, None, "dead")], T0, bury=True), [d])
+    assert timings._retry_times[("q", "r")] == (T0 + 2500, 2)
+    assert ("q", "d") not in timings._retry_times
 
 
 def _queue() -> Any:
@@ -231,3 +235,159 @@ def test_handlers_stopped_by_a_limit_an_abort_or_a_stop_count_as_stopped() -> No
     assert {outcome_kind(o, None) for o in (time_limit, aborted, consumer_stop)} == {"stopped"}
     assert outcome_kind(Outcome(m, GARBAGE, T0, T0, error="Reject"), None) == "dead"
     assert outcome_kind(Outcome(m, RETRY, T0, T0, error="ValueError"), None) == "retry"
+
+
+# --- review r2: the limit wait of claims after a hold has ended ----------------------------------
+
+
+def _claim_reply(*messages: tuple[str, int]) -> list[Any]:
+    from django_delayqueue.core.envelope import encode_envelope
+
+    return [
+        part
+        for message_id, due in messages
+        for part in (message_id, encode_envelope('"x"', due, due), 1, f"tok-{message_id}")
+    ]
+
+
+def test_a_hold_ended_by_a_promote_does_not_keep_counting_limit_waits() -> None:
+    """A hold on a slot (max_in_flight) ended by a promote (FlowHolds.promoted) must end its
+    "held since" at the next claim that is not held: a message claimed late much later, with
+    no limit holding the queue, is late, not waiting on a limit."""
+    from django_delayqueue.core import ManualClock, Queue, QueueSettings
+    from django_delayqueue.core.consumer.loop import Consumer
+
+    settings = QueueSettings(max_in_flight=1)
+    q = Queue(redis.Redis(), "q", clock=ManualClock(T0), settings=settings)  # calls never sent
+    consumer = Consumer([q], lambda m: None)
+    trip = consumer._round_trip
+    plan = [(q, "promote", 0), (q, "claim", 1)]
+    nothing_moved, moved = [0, 0, -1, 1], [1, 0, -1, 1]
+    # T0: a claim held back until a slot frees (max_in_flight).
+    trip._read_queue_results(plan, [nothing_moved, [-1]], T0)
+    assert trip.holds.since == {"q": T0}
+    # T0 + 100: a message reached ready (the hold on the slot is dropped), the claim takes one.
+    trip._read_queue_results(plan, [moved, _claim_reply(("a", T0 + 50))], T0 + 100)
+    # An hour later, nothing holds the queue: a message claimed 1 s after its due time (busy
+    # handlers) did not wait on a limit, and its lateness must say so.
+    hour = T0 + 3_600_000
+    claimed, _ = trip._read_queue_results(
+        plan, [nothing_moved, _claim_reply(("b", hour))], hour + 1000
+    )
+    (late,) = claimed
+    assert ("q", late.token) not in consumer._unrecorded.timings._limit_waits
+    timings = consumer._unrecorded.timings
+    timings.record([Outcome(late, ACK, hour + 1000, hour + 1001)])
+    assert timings._counts["q"].histograms["lateness"][bucket_of(1000)] == 1
+
+
+def test_a_retry_time_is_not_read_for_a_later_attempt_another_consumer_retried() -> None:
+    """This consumer nacked attempt 1 (retry at T0 + 1 s); attempt 2 ran on another consumer,
+    which retried it a minute later; attempt 3 runs here. Its due time (the other consumer's
+    retry time) is unknown here: its lateness is left out, not read against attempt 2's retry
+    time (a minute of backoff and a whole attempt counted as lateness)."""
+    timings = DeliveryTimings({})
+    first = message("r", T0)
+    timings.note_retries(_queue().nack_call([(first, 1.0, "again")], T0), [first])
+    third = Message("r", "q", None, T0, T0, 3, "t3", 0)  # attempt 3, claimed by us
+    timings.record([Outcome(third, ACK, T0 + 61_005, T0 + 61_006)])
+    counts = timings._counts["q"]
+    assert counts.count("lateness") == 0, counts.histograms["lateness"]
+    assert counts.count("duration") == 1
+
+
+def test_a_retrys_limit_wait_starts_at_its_retry_time_not_its_first_due_time() -> None:
+    """A queue held back by its rate limit since T0 (a backlog); a retry this consumer sent,
+    due again at T0 + 50 s, is claimed at T0 + 60 s: it waited 10 s on the limit, not the
+    60 s since the hold began (its first due time, long before, is not when it became due)."""
+    timings = DeliveryTimings({})
+    first = message("r", T0 - 1000)
+    timings.note_retries(_queue().nack_call([(first, 50.0, "again")], T0), [first])
+    retry = Message("r", "q", None, T0 - 1000, T0 - 1000, 2, "t2", 0)
+    timings.note_limit_waits([retry], T0, T0 + 60_000)
+    assert timings._limit_waits[("q", "t2")] == 10_000
+
+
+def test_a_key_limited_queue_counts_its_wait_apart_too(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """The wait a key limit imposed is taken off the lateness (the claims said "held"), so it
+    must be counted as limit wait, as a rate_limit's is: not lost from both."""
+    q = make_queue(clock=SystemClock(), key_rate_limit="20/s", concurrency=2)
+    q.schedule_many([{"payload": i, "key": "A"} for i in range(6)])
+    burst([q], lambda m: None)
+    got = totals(redis_client, q)
+    assert got.count("lateness") == 6
+    assert got.count("limit_wait") == 6
+    # One start of key A per 50 ms: the i-th message waits about 50 * (i - 1) ms on the limit.
+    assert got.sums["limit_wait"] >= 50 * (1 + 2 + 3 + 4 + 5) - 5 * 5
+
+
+def test_a_limit_wait_belongs_to_its_queues_delivery_not_another_with_the_same_token() -> None:
+    """Tokens count per queue (claim.lua's seq: "1", "2", ...), so two queues of a consumer,
+    or two shards of a queue, hand out the same tokens: queue a's limit wait is not queue b's
+    delivery's, whose lateness is its own."""
+    timings = DeliveryTimings({})
+    waited = message("1", T0, queue="a")  # token "1" of queue a waited 500 ms on a's limit
+    timings.note_limit_waits([waited], T0, T0 + 500)
+    other = message("1", T0, queue="b")  # token "1" of queue b: 300 ms late, no limit
+    timings.record([Outcome(other, ACK, T0 + 300, T0 + 301)])
+    assert timings._counts["b"].histograms["lateness"][bucket_of(300)] == 1
+    timings.record([Outcome(waited, ACK, T0 + 510, T0 + 511)])  # 10 ms late once claimed
+    assert timings._counts["a"].histograms["lateness"][bucket_of(10)] == 1
+
+
+def test_a_retry_time_is_its_queues_not_another_queues_message_of_the_same_id() -> None:
+    """Message ids are the caller's (``id="order-42"``): two queues may each have one. Queue
+    a's retry time is not the due time of queue b's second attempt of its own "x"."""
+    timings = DeliveryTimings({})
+    in_a = message("x", T0, queue="a")
+    timings.note_retries(_queue().nack_call([(in_a, 1.0, "again")], T0), [in_a])
+    in_b = Message("x", "b", None, T0, T0, 2, "t", 0)  # retried by another consumer
+    timings.record([Outcome(in_b, ACK, T0 + 30_000, T0 + 30_001)])
+    assert timings._counts["b"].count("lateness") == 0
+
+
+def test_a_requeued_dead_letter_is_not_late_from_its_first_due_time(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    """Staff requeue a dead letter a day after it died: requeue.lua gives it fresh attempts
+    and counts it overdue from now (ready_since), not from its envelope's due time. Its
+    start lateness must not be a day (every requeue of a backlog would fill the +Inf bucket,
+    flag the queue and fail the health probe)."""
+    q = make_queue(max_attempts=1)
+    q.schedule("x", id="x")
+
+    def handler(m: Message) -> None:
+        if m.attempt == 1 and manual_clock.now_ms() == T0:
+            raise Reject("bug")
+
+    burst([q], handler)
+    manual_clock.advance(ms=86_400_000)
+    assert q.requeue("x") == 1
+    burst([q], handler)
+    got = totals(redis_client, q)
+    assert got.outcomes["dead"] == 1 and got.outcomes["ack"] == 1
+    assert got.histograms["lateness"][-1] == 0, "a day late"
+
+
+def test_a_held_claim_gives_its_hold_and_when_its_messages_came_back(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    """claim.lua's reply: quadruples, a limit's "come back at", then the ready_since of the
+    messages that came back (the trailing table): each part read as what it is, so a hold
+    still holds and the requeued message's lateness counts from its requeue."""
+    q = make_queue(max_attempts=1, max_in_flight=1)
+    q.schedule("a", id="a")
+    q.schedule("b", id="b")
+    burst([q], lambda m: (_ for _ in ()).throw(Reject("bug")))
+    manual_clock.advance(ms=60_000)
+    assert q.requeue("a", "b") == 2
+    now = manual_clock.now_ms()
+    raw = q.claim_call(now, 5).run(q.client)
+    assert q.claim_hold(raw) == -1  # the slot is taken: held until a delivery ends
+    (m,) = q.claimed(raw, now)
+    assert m.attempt == 1 and m.ready_since_ms == T0 + 60_000
+    timings = DeliveryTimings({})
+    timings.record([Outcome(m, ACK, now + 3, now + 4)])
+    assert timings._counts[q.name].histograms["lateness"][bucket_of(3)] == 1

@@ -22,8 +22,10 @@ from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
     Outcome,
+    WhileRunning,
     run_coroutine_handler,
 )
+from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
 from django_delayqueue.core.consumer.stopped import abort_reason
 from django_delayqueue.core.consumer.waiter import asleep_until_due, sleep_until_due
@@ -54,6 +56,7 @@ class HandlerDelivery:
     _runs: Runs
     _watchdog: Watchdog
     _handler_is_async: tuple[Any, bool] | None  # (handler, whether async)
+    _unrecorded: UnrecordedOutcomes  # its timings date a delivery span as the histograms do
 
     if TYPE_CHECKING:  # the Consumer's
 
@@ -61,7 +64,7 @@ class HandlerDelivery:
 
         def around_handler(self, message: Message) -> Outcome: ...
 
-        def write_soon(self, queue: Queue, call: ScriptCall) -> None: ...
+        def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None: ...
 
     # --- coroutine handlers ---------------------------------------------------------------------
 
@@ -110,7 +113,7 @@ class HandlerDelivery:
         # limits are the coroutines runner's (the watchdog leaves them to it).
         q = self._queue_named.get(message.queue)
         # The delivery span (None when tracing is off), current in this coroutine's context.
-        traced = delivery_started(message, q, self.clock)
+        traced = delivery_started(message, q, self.clock, self._unrecorded.timings)
         outcome: Outcome | None = None
         run: Run | None = None
         try:
@@ -159,7 +162,7 @@ class HandlerDelivery:
                 else:
                     slot = self._runs.enter(message, q.logical_name, False)
             # The delivery span (None when tracing is off), current on this thread meanwhile.
-            traced = delivery_started(message, q, self.clock)
+            traced = delivery_started(message, q, self.clock, self._unrecorded.timings)
             outcome = self.around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self.clock.now_ms()

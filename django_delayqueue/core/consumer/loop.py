@@ -30,10 +30,7 @@ from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.handler_delivery import HandlerDelivery
 from django_delayqueue.core.consumer.handler_stops import HandlerStops
 from django_delayqueue.core.consumer.limits import Run, Runs, handler_returned
-from django_delayqueue.core.consumer.outcomes import (
-    Outcome,
-    run_handler,
-)
+from django_delayqueue.core.consumer.outcomes import Outcome, WhileRunning, run_handler
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
 from django_delayqueue.core.consumer.round_planning import RoundPlanning
@@ -192,7 +189,7 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
 
     # --- what handlers and a subclass call -------------------------------------------------------
 
-    def write_soon(self, queue: Queue, call: ScriptCall) -> None:
+    def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None:
         """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe):
         a write a handler wants done without a round trip of its own (a task's RUNNING). It
         goes before any outcome's writes and acks of the same round, and the wait ends soon

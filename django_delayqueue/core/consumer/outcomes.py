@@ -21,6 +21,20 @@ from django_delayqueue.observability.tracing import record_failure
 logger = logging.getLogger(__name__)
 
 
+class WhileRunning:
+    """A write a handler wants sent with the consumer's next round trip if it still runs by
+    then (``Consumer.write_soon``): a task's RUNNING. One that ends first sets ``ended`` and
+    the write is never built: its outcome's writes say it all (most tasks end before the next
+    round). The loop builds it with :meth:`call` (on its thread) and keeps it in ``taken``.
+    Handed over and ended without a lock: a dict entry and an attribute, each set at once."""
+
+    ended: bool = False
+    taken: ScriptCall | None = None
+
+    def call(self) -> ScriptCall:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class WritesWithAck:
     """What a handler that succeeded leaves for the consumer to write with the delivery's ack.
@@ -34,8 +48,9 @@ class WritesWithAck:
 
     call: ScriptCall
     then: Callable[[Any], None] | None = None
-    # A call the handler gave ``Consumer.write_soon`` that ``call`` makes needless (it writes the
-    # same and more): not sent if it is still waiting when this one goes.
+    # A call the handler gave ``Consumer.write_soon`` (or one the loop built of its
+    # ``WhileRunning``) that ``call`` makes needless (it writes the same and more): not sent if
+    # it is still waiting when this one goes.
     supersedes: ScriptCall | None = None
 
 

@@ -30,10 +30,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
-from redis.cluster import RedisCluster
 
-from django_delayqueue.core.consumer.merged_writes import is_merged, merged_writes
-from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, Outcome, journal_entry
+from django_delayqueue.core.consumer.merged_writes import is_merged, merged_writes, record_replies
+from django_delayqueue.core.consumer.outcomes import (
+    ACK,
+    GARBAGE,
+    Outcome,
+    WhileRunning,
+    journal_entry,
+)
+from django_delayqueue.core.consumer.replica_acks import confirm_acks as _confirm_acks
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
@@ -88,6 +94,9 @@ class UnrecordedOutcomes:
         # whose append and popleft need no lock, so that a handler thread handing one over
         # (a task's RUNNING, for every task it starts) never waits for the loop's lock.
         self._handed: deque[tuple[str, ScriptCall]] = deque()
+        # write_soon()'s WhileRunning writes, until the loop's next round takes them: a dict
+        # that handler threads add to and only the loop removes from, each at once.
+        self._while_running: dict[WhileRunning, str] = {}
         self.timings = DeliveryTimings(self._by_name)  # counted on the loop's thread (extend)
 
     def add_queue(self, q: Queue) -> None:
@@ -95,11 +104,34 @@ class UnrecordedOutcomes:
         with self._lock:
             self._by_name[q.name] = q
 
-    def write_soon(self, name: str, call: ScriptCall) -> None:
+    def write_soon(self, name: str, call: ScriptCall | WhileRunning) -> None:
         """Send ``call`` (a script call on queue ``name``) with the next round trip, before
-        every write and ack of an outcome, without waiting for it: a running task's RUNNING
-        (from a handler thread). A call the script refuses is dropped, logged."""
-        self._handed.append((name, call))
+        every write and ack of an outcome, without waiting for it (from a handler thread). A
+        call the script refuses is dropped, logged. A :class:`WhileRunning` (a running task's
+        RUNNING) is built and sent by the next round only if its handler has not ended."""
+        if isinstance(call, WhileRunning):
+            self._while_running[call] = name
+        else:
+            self._handed.append((name, call))
+
+    def _take_running(self, names: set[str]) -> None:
+        """Hand over the writes of handlers still running (``WhileRunning``) of ``names``; forget
+        those that ended. Each is taken once: only the loop pops them."""
+        pending = self._while_running
+        if not pending:
+            return
+        for write, name in pending.copy().items():  # a copy: handler threads add to it
+            if name not in names:
+                continue
+            del pending[write]
+            if write.ended:
+                continue
+            try:
+                call = write.taken = write.call()
+            except Exception:  # never the round's fault: the write is lost, logged
+                logger.exception("queue %s: a running handler's write not built", name)
+                continue
+            self._handed.append((name, call))
 
     def _take_handed(self) -> None:
         """Move the calls handed over by write_soon into _early, in order (under the lock)."""
@@ -152,6 +184,7 @@ class UnrecordedOutcomes:
         flush: Flush = []
         clock = time.monotonic()
         with self._lock:
+            self._take_running(names)
             self._take_handed()
             for name in [n for n in self._early if n in names]:
                 if force or self._paused_until.get(name, 0.0) <= clock:
@@ -184,7 +217,8 @@ class UnrecordedOutcomes:
             if retry:
                 failures = [(e.outcome.message, e.outcome.delay, e.outcome.reason) for e in retry]
                 call = q.nack_call(failures, now_ms)
-                self.timings.note_retries(call)  # their retry times: the retries' due times
+                # Their retry times: their next attempts' due times.
+                self.timings.note_retries(call, [f[0] for f in failures])
                 flush.append((q, "retry", retry, batch.add(call)))
             if bury:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
@@ -215,8 +249,7 @@ class UnrecordedOutcomes:
                     self._written(q, entries[0], result)
                     continue
                 # A merged call: one reply per write, or one error for them all.
-                replies = result if isinstance(result, list) else [result] * len(entries)
-                for e, reply in zip(entries, replies, strict=False):
+                for e, reply in zip(entries, record_replies(result, len(entries)), strict=True):
                     self._written(q, e, reply)
                 continue
             if isinstance(result, Exception):
@@ -351,27 +384,3 @@ class UnrecordedOutcomes:
             for item in pair
         ]
         return JOURNAL.call(q.keys, max_length=self.journal_maxlen, fields=fields)
-
-
-def _confirm_acks(flush: Flush) -> None:
-    """With ``MIN_REPLICAS``, wait for the replicas to have the acks just sent, so that a
-    failover does not bring acknowledged messages back. One WAIT covers every queue of the
-    server; a timeout is logged, not raised: the deliveries are done, and at worst a failover
-    delivers them again (at least once)."""
-    queues = [q for q, kind, _, _ in flush if kind == "ack" and q.replicas is not None]
-    # One check per server: every queue of a plain client shares it; on a cluster, each
-    # queue's slot has its own primary.
-    by_server: dict[object, Queue] = {}
-    for q in queues:
-        client = q.client
-        server = (
-            client.get_node_from_key(q.keys.replicated).name
-            if isinstance(client, RedisCluster)
-            else id(client)
-        )
-        by_server.setdefault(server, q)
-    for q in by_server.values():
-        try:
-            q.confirm_replicas("acknowledgements")
-        except Exception as e:  # a WAIT error reply too: never lose the round's claims to it
-            logger.warning("%s; a failover now may deliver them again", e)

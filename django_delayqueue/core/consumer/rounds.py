@@ -303,8 +303,11 @@ class RoundTrip:
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
                 held_since = self.holds.since.get(q.name)  # before this claim's answer
-                if len(raw) % 4 or self.holds.holds(q.name):  # a flow limit's answer
-                    self.holds.note(q.name, q.claim_hold(raw), self._next_wake, now)
+                # A flow limit's answer, or the first claim after a hold (one a promote ended
+                # too, see FlowHolds.promoted): not held, it ends the hold's "since".
+                hold = q.claim_hold(raw)
+                if hold is not None or self.holds.holds(q.name) or held_since is not None:
+                    self.holds.note(q.name, hold, self._next_wake, now)
                 claimed = q.claimed(raw, now)
                 if held_since is not None and claimed:  # they waited on the limit too
                     self.outcomes.timings.note_limit_waits(claimed, held_since, now)

@@ -145,7 +145,7 @@ WRITE_RECORD = Contract(
 )
 # The writes of several records of a queue in one call (those a consumer's round sends with its
 # acks: see django_delayqueue.core.consumer.recording).
-WRITE_RECORDS = Contract("write_records", keys="*records", args="*writes")
+WRITE_RECORDS = Contract("write_records", keys="*records", args="writes")
 
 # --- recurrences (recurring schedules) ------------------------------------------------------
 ADVANCE_RECURRENCE = Contract(

@@ -3,18 +3,25 @@ limit wait and outcome, counted per queue in fixed buckets, and flushed to Redis
 seconds with a maintenance round trip.
 
 Start lateness is the handler's start minus the message's due time, less the time a flow
-limit (``rate_limit``, ``max_in_flight``) held it back: that wait is what the site asked for,
-and is counted apart as the limit wait. Both are read on the consumer's clock, in whole
-milliseconds. Approximations, made on the consumer's side because claim.lua does not say more:
+limit (``rate_limit``, ``max_in_flight``, a flow key's limits) held it back: that wait is
+what the site asked for, and is counted apart as the limit wait. Both are read on the
+consumer's clock, in whole milliseconds. Approximations, made on the consumer's side
+because claim.lua does not say more:
 
 - the limit wait of a message is the time between its due time (or the moment its queue's
   claims were first held back by a limit, if later) and the claim that took it, when the
   claim before that one was held back; a claim that takes messages and also says "held"
   holds back the next ones, not those it took;
-- a retry's due time is its retry time, which this consumer knows when it sent the nack
-  itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent); a retry nacked by another
-  consumer, or retried by a reap after a visibility timeout, has no known due time: its
-  lateness is not counted (its duration and outcome are);
+- a message that came back to ready (a retry, a requeued dead letter, a "run now", one
+  released by a stopping consumer) is due from then if later than its envelope's due time:
+  claim.lua gives its ready_since (``Message.ready_since_ms``), the instant the stats count
+  it overdue from (a requeued dead letter has fresh attempts: without it, it would be late
+  from its first due time, days ago);
+- failing that, a retry's due time is its retry time, which this consumer knows when it sent
+  the nack itself (kept for the last ``MAX_RETRY_TIMES`` retries it sent, with the attempt it
+  is the due time of: the nacked attempt's next); a retry with neither (a claim replayed
+  after a lost reply) has no known due time: its lateness is not counted (its duration and
+  outcome are);
 - a message run early by staff ("run now") counts as 0 ms late.
 
 The counting runs on the consumer's loop thread only (where outcomes are taken from the
@@ -62,8 +69,11 @@ class DeliveryTimings:
     def __init__(self, queues: Mapping[str, Queue]) -> None:
         self._queues = queues  # by name (the consumer's: queues added later are seen)
         self._counts: dict[str, TimingCounts] = {}
-        self._limit_waits: dict[str, int] = {}  # by delivery token, ms
-        self._retry_times: dict[str, int] = {}  # by message id, ms (insertion order: oldest first)
+        # By (physical queue, delivery token), ms: tokens count per queue (and per shard).
+        self._limit_waits: dict[tuple[str, str], int] = {}
+        # By (physical queue, message id): (retry time in ms, the attempt it is the due time
+        # of); insertion order, oldest first. Ids are the caller's: two queues may share one.
+        self._retry_times: dict[tuple[str, str], tuple[int, int]] = {}
         self.otel = OtelTimings.if_configured()
 
     # --- the loop thread, per round -------------------------------------------------------------
@@ -75,19 +85,38 @@ class DeliveryTimings:
         if len(waits) > MAX_LIMIT_WAITS:  # given back unstarted, never finished: forget
             waits.clear()
         for m in messages:
-            waited = now - max(m.due_ms, held_since)
+            due = self.due_of(m)
+            waited = now - max(m.due_ms if due is None else due, held_since)
             if waited > 0:
-                waits[m.token] = waited
+                waits[(m.queue, m.token)] = waited
 
-    def note_retries(self, call: ScriptCall) -> None:
-        """A nack call was sent: remember each retried message's retry time (nack.lua's ARGV:
-        4 fixed values, then id, token, retry-at, reason per message; -1: to garbage)."""
+    def due_of(self, m: Message) -> int | None:
+        """The instant ``m``'s start lateness counts from (see the module's docstring), None
+        when unknown. Read-only: a delivery span reads it too, from its handler's thread."""
+        since = m.ready_since_ms
+        if since is not None:
+            return since if since > m.due_ms else m.due_ms
+        if m.attempt == 1:
+            return m.due_ms
+        noted = self._retry_times.get((m.queue, m.id)) if self._retry_times else None
+        return noted[0] if noted is not None and noted[1] == m.attempt else None
+
+    def limit_wait(self, m: Message) -> int:
+        """How long (ms) ``m``'s delivery waited on a flow limit, as noted at its claim."""
+        return self._limit_waits.get((m.queue, m.token), 0) if self._limit_waits else 0
+
+    def note_retries(self, call: ScriptCall, messages: Sequence[Message]) -> None:
+        """A nack call of ``messages`` (the failed deliveries, in the call's order) was sent:
+        remember each retried message's retry time, as the due time of its next attempt only
+        (nack.lua's ARGV: 4 fixed values, then id, token, retry-at, reason per message; -1:
+        to garbage). A later attempt (this one's retry run by another consumer, which retried
+        it again) has another due time, unknown here."""
         args, times = call.args, self._retry_times
-        for i in range(4, len(args) - 3, 4):
+        for m, i in zip(messages, range(4, len(args) - 3, 4), strict=True):
             retry_at = int(args[i + 2])
             if retry_at >= 0:
-                times.pop(args[i], None)  # to the end: the newest
-                times[args[i]] = retry_at
+                times.pop((m.queue, m.id), None)  # to the end: the newest
+                times[(m.queue, m.id)] = (retry_at, m.attempt + 1)
         while len(times) > MAX_RETRY_TIMES:
             del times[next(iter(times))]
 
@@ -101,16 +130,18 @@ class DeliveryTimings:
             if counts is None:
                 counts = self._counts[m.queue] = TimingCounts()
             hist, sums = counts.histograms, counts.sums
-            waited = waits.pop(m.token, 0) if waits else 0
+            waited = waits.pop((m.queue, m.token), 0) if waits else 0
             o.limit_wait_ms = waited  # for its journal row
             q = self._queues.get(m.queue)
-            limited = q is not None and q.settings.flow_limited
+            # Key limits hold claims too (flow_holds.py): their wait is taken off the lateness
+            # above, so it is counted here, not lost from both.
+            limited = q is not None and (q.settings.flow_limited or q.settings.key_limited)
             if limited:
                 hist["limit_wait"][bisect_left(BOUNDS_MS, waited)] += 1
                 sums["limit_wait"] += waited
-            due: int | None = m.due_ms
-            if m.attempt > 1:
-                due = retry_times.pop(m.id, None) if retry_times else None
+            due = m.due_ms if m.attempt == 1 and m.ready_since_ms is None else self.due_of(m)
+            if m.attempt > 1 and retry_times:  # used: forgotten
+                retry_times.pop((m.queue, m.id), None)
             late = None
             if due is not None:
                 late = o.started_ms - due - waited

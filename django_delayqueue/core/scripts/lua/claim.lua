@@ -13,7 +13,11 @@
 -- ARGV[5] claim id (with KEYS[20])   ARGV[6] '1': replay the receipt only, claim nothing new
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token; when a
 -- limit held the claim back (it took fewer than it wanted and found ready), one more element
--- after them: when (ms) the next message may start, -1 when a message in flight must end first
+-- after them: when (ms) the next message may start, -1 when a message in flight must end first;
+-- when a claimed message had come back to ready (a retry, requeue, run now, release: it has a
+-- ready_since), one last element, a table {id, ready_since (ms), ...} of those: the consumer
+-- measures their start lateness from it, as counts.lua counts them overdue from it. A replay
+-- (the receipt) returns the quadruples only: ready_since was deleted by the claim it replays.
 -- Flow control: with limits (a rate, an in-flight cap) the claim takes at most what they allow
 -- now and says when to come back, so that consumers sleep instead of polling; without them it
 -- pays one comparison of ARGV[4]. ARGV[1] is the consumer's reading of the server clock
@@ -108,6 +112,11 @@ if nkeyed > 0 and #high < want then
   plain_quota, keyed_ids, key_hold = take_turns(
     K, limits, tonumber(ARGV[1]), want - #high, math.max(0, len - dead_total)
   )
+  -- Consumers may sleep on a key hold (slot_freed.lua wakes them only while the limiter says
+  -- 'key'): a claim that gets all it wants keeps it while keys still wait for a slot or token.
+  if flow and flow.held == 'key' and redis.call('ZCARD', K.waiting) > 0 then
+    flow.keep_held = true
+  end
 end
 local listed, walked, dead, ndead = {}, 0, {}, 0
 if plain_quota > 0 and len > 0 then
@@ -131,12 +140,16 @@ for _, id in ipairs(keyed_ids) do ids[#ids + 1] = id end
 for _, id in ipairs(low) do ids[#ids + 1], ranked_ids[#ranked_ids + 1] = id, id end
 local n = #ids
 local since = n > 0 and redis.call('HLEN', KEYS[10]) > 0  -- rarely: a message came back
-local envelopes, counts = {}, {}
+local envelopes, counts, came_back = {}, {}, {}
 for i = 1, n, 1000 do
   local last = math.min(i + 999, n)
   local e = redis.call('HMGET', KEYS[3], unpack(ids, i, last))
   local a = redis.call('HMGET', KEYS[4], unpack(ids, i, last))
   for k = 1, last - i + 1 do envelopes[i + k - 1], counts[i + k - 1] = e[k], a[k] end
+  if since then
+    local r = redis.call('HMGET', KEYS[10], unpack(ids, i, last))
+    for k = 1, last - i + 1 do came_back[i + k - 1] = r[k] end
+  end
 end
 local deliver, bad = {}, {}
 for j = 1, n do
@@ -208,6 +221,13 @@ if flow then
   end
   flow_taken(KEYS[12], flow, #deliver, limited, more)
   if limited then out[#out + 1] = math.ceil(flow.next_at) end
+end
+if since then
+  local back = {}
+  for _, j in ipairs(deliver) do
+    if came_back[j] then back[#back + 1], back[#back + 2] = ids[j], came_back[j] end
+  end
+  if #back > 0 then out[#out + 1] = back end
 end
 if receipt and #deliver > 0 then
   local record = {ARGV[5], first}

@@ -1,29 +1,44 @@
 -- write_records: the writes of several records (tasks' results) of one queue, in one call:
 -- those a consumer's round sends with its acks, so that each costs Redis no EVALSHA and the
--- consumer no arguments of its own beyond its key and its write.
+-- consumer (which packs every argument and reads every reply in Python, on the thread that
+-- claims) one key of its own and nothing else: one argument and one reply for them all.
 -- KEYS[1..] records: the result records written (hashes)
--- ARGV[1..] writes: one per record, "<seconds kept> <order> <required field or nothing>
---   <fields JSON>", each part as write_record.lua's ARGV[1] to ARGV[4] (see there)
--- The writes pair with the keys in order (KEYS[1] with ARGV[1], and so on).
--- returns: per record, what write_record.lua returns for it (1, 0 or -1), or its error (a key
---   of the wrong type fails its own write only)
+-- ARGV[1] writes: one line per record ("\n" between them; KEYS[1] with the first line, and so
+--   on), each "<seconds kept> <order> <required field or nothing> <fields JSON>", the parts
+--   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline.
+-- returns: {codes, errors...}: codes a string of one character per record, in order: "1",
+--   "0" or "-" for what write_record.lua returns for it (1, 0 or -1), or "e" for an error (a
+--   key of the wrong type fails its own write only), which is the next of the error replies
+--   that follow, in order
 -- Runs when Redis is out of memory, as write_record.lua does.
 --- @include "includes/record_write.lua"
-local replies = {}
-for i = 1, #KEYS do
-  local ttl, order, required, fields = string.match(ARGV[i], '^(%d+) (%d+) (%S*) (.*)$')
+local codes, errors = {}, {}
+local function failed(reply)
+  codes[#codes + 1] = 'e'
+  errors[#errors + 1] = reply
+end
+local i = 0
+for write in string.gmatch(ARGV[1] or '', '[^\n]+') do
+  i = i + 1
+  if i > #KEYS then break end
+  local ttl, order, required, fields = string.match(write, '^(%d+) (%d+) (%S*) (.*)$')
   if not ttl then
-    replies[i] = redis.error_reply('ERR write_records: a write not understood: ' .. ARGV[i])
+    failed(redis.error_reply('ERR write_records: a write not understood: ' .. write))
   else
     if required == '' then required = nil end
     local ok, reply = pcall(record_write, KEYS[i], ttl, order, fields, required)
-    if ok then
-      replies[i] = reply
+    if not ok then
+      failed(type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply)))
     elseif type(reply) == 'table' and reply.err then
-      replies[i] = reply
+      failed(reply)
     else
-      replies[i] = redis.error_reply(tostring(reply))
+      codes[#codes + 1] = (reply == 1 and '1') or (reply == 0 and '0') or '-'
     end
   end
 end
+for _ = i + 1, #KEYS do
+  failed(redis.error_reply('ERR write_records: no write for a record'))
+end
+local replies = {table.concat(codes)}
+for n = 1, #errors do replies[n + 1] = errors[n] end
 return replies

@@ -62,6 +62,7 @@ end
 -- (and an HDEL when nothing waits on a limit any more). A claim that got all it wanted but
 -- took the last free slot while ready messages are left (`more`) keeps an 'in_flight' hold:
 -- the other consumers still wait on the cap, and slot_freed.lua wakes them only while it is set.
+-- Likewise a 'key' hold while keys wait for a slot or a token (f.keep_held, set by claim.lua).
 local function flow_taken(limiter, f, taken, limited, more)
   local fields = {}
   local function put(name, value)
@@ -73,7 +74,7 @@ local function flow_taken(limiter, f, taken, limited, more)
     put('interval', f.interval)
   end
   if taken > 0 then
-    if f.held then put('throttled', f.throttled + taken) end
+    if f.held and not f.keep_held then put('throttled', f.throttled + taken) end
     local window = f.now - f.now % 1000
     if f.window_ms == window then
       put('started', f.started + taken)
@@ -86,7 +87,8 @@ local function flow_taken(limiter, f, taken, limited, more)
   if limited then
     if f.held ~= f.why then put('held', f.why) end
     if not f.held then put('held_ms', f.now) end
-  elseif f.held and not (f.held == 'in_flight' and more and f.free and f.free <= taken) then
+  elseif f.held and not f.keep_held
+      and not (f.held == 'in_flight' and more and f.free and f.free <= taken) then
     redis.call('HDEL', limiter, 'held', 'held_ms')
   end
   if #fields > 0 then redis.call('HSET', limiter, unpack(fields)) end

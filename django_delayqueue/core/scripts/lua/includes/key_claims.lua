@@ -49,6 +49,33 @@ local function take_one(K, key, now, cap, interval, burst)
   return id
 end
 
+-- retime_keys(K, now, interval): key_rate_limit edited since the last claim (its interval, as
+-- the last claim saw it, in K.state ' interval'): the GCRA times still ahead are rescaled to the
+-- new interval (dropped when the limit is off), as the queue's rate is (flow_limits.lua), and
+-- the keys waiting for a token rejoin the rotation, where take_one decides again with the new
+-- times. Without this a key would wait out a token of the old rate (an hour for "1/h" cleared
+-- or raised). Once per edit: O(keys with a token ahead).
+local function retime_keys(K, now, interval)
+  local last = tonumber(redis.call('HGET', K.state, ' interval')) or 0
+  if last == interval then return end
+  redis.call('HSET', K.state, ' interval', interval)
+  if last == 0 then return end
+  if interval == 0 then
+    redis.call('DEL', K.tats)
+  else
+    local ahead = redis.call('ZRANGEBYSCORE', K.tats, '(' .. now, '+inf', 'WITHSCORES')
+    for i = 1, #ahead, 2 do
+      local tat = now + (tonumber(ahead[i + 1]) - now) * interval / last
+      redis.call('ZADD', K.tats, string.format('%.3f', tat), ahead[i])
+    end
+  end
+  local waiting = redis.call('ZRANGEBYSCORE', K.waiting, '-inf', '(' .. KEY_BLOCKED)
+  for _, key in ipairs(waiting) do
+    redis.call('ZREM', K.waiting, key)
+    key_join(K, key)
+  end
+end
+
 -- take_turns(K, limits, now, want, plain_left): up to `want` messages by turns: the keys in
 -- K.turns, lowest turn first, one message each per turn, and the unkeyed ready list as one
 -- more participant (its turn in K.state ' plain') while it has messages (`plain_left`).
@@ -63,6 +90,7 @@ end
 -- forgotten, up to 100 per claim.
 local function take_turns(K, limits, now, want, plain_left)
   local cap, interval, burst = key_limits(limits)
+  retime_keys(K, now, interval)
   local back = redis.call('ZRANGEBYSCORE', K.waiting, '-inf', now, 'LIMIT', 0, 100)
   -- A cap raised (or lifted) since the last claim: keys out of slots may have one now.
   local last_cap = tonumber(redis.call('HGET', K.state, ' cap')) or 0

@@ -70,6 +70,16 @@ local function key_push(K, key, id, front)
   key_join(K, key)
 end
 
+-- due_unpromoted(pending, now): whether due messages still wait in pending (no consumer has
+-- promoted them yet: all busy, restarting, or the promote is a few ms behind). A keyed message
+-- due now then goes to pending as well, not straight to its key's list: promote moves them all
+-- in due order, so that an earlier message of its key is not queued behind it (due order is
+-- kept within a key). One ZRANGE, paid only by a keyed message due now.
+local function due_unpromoted(pending, now)
+  local head = redis.call('ZRANGE', pending, 0, 0, 'WITHSCORES')
+  return head[2] ~= nil and tonumber(head[2]) <= now
+end
+
 -- keyed_ready(K): how many keyed messages are ready (in the per-key lists).
 local function keyed_ready(K)
   if not K then return 0 end

@@ -10,7 +10,10 @@
 local function place(pending, ready, id, due, now, horizon, K)
   if due <= now then
     local key = K and redis.call('HGET', K.flow_keys, id)
-    if key then
+    if key and due_unpromoted(pending, now) then
+      redis.call('ZADD', pending, due, id)  -- behind the due ones (see due_unpromoted)
+      return now
+    elseif key then
       key_push(K, key, id, false)
     else
       redis.call('RPUSH', ready, id)

@@ -63,7 +63,11 @@ local function replace_triples(first, last, keep_wake, K)
       if state ~= 'ready' then
         wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon, K))
       elseif old_key then
-        key_drop(K, old_key, id, now)
+        -- Not in its key's list: in the ready list, where a consumer of the release before
+        -- keys promoted it (as cancel.lua's fallback).
+        if not key_drop(K, old_key, id, now) then
+          drop_from_ready(KEYS[2], KEYS[11], KEYS[13], id)
+        end
         wake = earlier(wake, place(KEYS[1], KEYS[2], id, due, now, horizon, K))
       elseif due > now or (flow_keys and envelope_key(envelope)) then
         drop_from_ready(KEYS[2], KEYS[11], KEYS[13], id)

@@ -18,7 +18,8 @@
 -- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
 -- returned second, for a caller that calls this per message to publish once (unique.lua).
 -- K: the keyed keys (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and
--- a keyed message due now goes to its key's list (nil: the messages have no key).
+-- a keyed message due now goes to its key's list, or behind the due messages still in pending
+-- (key_turns.lua, due_unpromoted) (nil: the messages have no key).
 local function schedule_triples(first, last, keep_wake, K)
   local flow_keys = K and K.flow_keys
   local now = tonumber(ARGV[1])
@@ -27,8 +28,14 @@ local function schedule_triples(first, last, keep_wake, K)
   -- messages hash), so each is checked first, and only if this call will write it.
   local write_ready, write_pending, keyed = false, false, {}
   for i = first + 1, last, 3 do
-    if tonumber(ARGV[i]) <= now then write_ready = true else write_pending = true end
     if flow_keys then keyed[i - 1] = envelope_key(ARGV[i + 1]) end
+    if tonumber(ARGV[i]) <= now and not keyed[i - 1] then
+      write_ready = true
+    elseif tonumber(ARGV[i]) <= now then
+      write_pending = true  -- may wait in pending behind due ones (due_unpromoted)
+    else
+      write_pending = true
+    end
   end
   if write_pending then guard(KEYS[1], 'zset') end
   if write_ready then guard(KEYS[2], 'list') end
@@ -36,6 +43,7 @@ local function schedule_triples(first, last, keep_wake, K)
     guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash', K.load, 'zset')
   end
   local earliest, head_read, wake = nil, false, nil
+  local behind = nil  -- due_unpromoted(KEYS[1], now), read once, for a keyed message due now
   local created, out = 0, {0}
   for i = first, last, 3 do
     local id, due = ARGV[i], tonumber(ARGV[i + 1])
@@ -46,7 +54,14 @@ local function schedule_triples(first, last, keep_wake, K)
       local key = keyed[i]
       if key then redis.call('HSET', flow_keys, id, key) end
       if due <= now then
-        if key then key_push(K, key, id, false) else redis.call('RPUSH', KEYS[2], id) end
+        if key and behind == nil then behind = due_unpromoted(KEYS[1], now) end
+        if key and behind then
+          redis.call('ZADD', KEYS[1], due, id)
+        elseif key then
+          key_push(K, key, id, false)
+        else
+          redis.call('RPUSH', KEYS[2], id)
+        end
         wake = now
       else
         if due <= horizon then
