@@ -126,22 +126,21 @@ def counts_and_activity(
     most_entries: int,
     most_consumers: int,
     now_ms: int = 0,
-    busiest: tuple[int, int, int] = (100, 2000, 10),
+    busiest_top: int = 10,
 ) -> list[tuple[Any, Any, Any, Any, Any]]:
     """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call`,
     the flow limits' state (flow_state.lua, at ``now_ms``), the delivery timings
     (core.timings.reading, as of ``now_ms``) and the busiest flow keys (busiest_keys.lua:
-    ``busiest`` is its most keys, most fields, top) of each of ``queues`` (which share one
+    the top ``busiest_top``) of each of ``queues`` (which share one
     client), in one round trip: a script's error is returned in its place; DelayQueueError
     when the round trip fails."""
     batch = ScriptBatch()
-    most_keys, most_fields, top = busiest
     for q in queues:
         batch.add(q.counts_call())
         batch.add(q.activity_call(alive_since_ms, most_entries, most_consumers))
         batch.add(FLOW_STATE.call(q.keys, now_ms=now_ms))
         batch.add(timings_call(q.keys, now_ms))
-        batch.add(BUSIEST_KEYS.call(q.keys, most_keys=most_keys, most_fields=most_fields, top=top))
+        batch.add(BUSIEST_KEYS.call(q.keys, top=busiest_top))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
     return [
         (

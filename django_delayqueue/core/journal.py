@@ -21,4 +21,9 @@ JOURNAL_FIELDS = (
     "attempt",
     "outcome",
     "error",
+    # Added later: how long a flow limit held the message back before its claim (ms), which
+    # is not lateness. Rows written before it (and cancel.lua's) have 8 fields: read it as 0.
+    "limit_wait_ms",
 )
+# The fields every row has (a reader takes a row this long or longer, a missing field as 0).
+JOURNAL_MIN_FIELDS = 8

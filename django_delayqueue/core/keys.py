@@ -196,6 +196,12 @@ class QueueKeys:
         """Not a key: the prefix of the per-key ready lists, ``<prefix><flow key>``."""
         return self._key("key:")
 
+    @property
+    def key_load(self) -> str:
+        """Zset: flow key -> its messages ready plus in flight, for an exact top of the busiest
+        keys at any number of keys; a key leaves it at 0 (lua/includes/key_turns.lua)."""
+        return self._key("key_load")
+
     def key_list(self, flow_key: str) -> str:
         """List: the ready messages of one flow key, oldest first."""
         return self.key_lists + flow_key
@@ -377,4 +383,5 @@ class QueueKeys:
             self.key_waiting,
             self.key_state,
             self.key_tats,
+            self.key_load,
         ]

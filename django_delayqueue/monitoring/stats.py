@@ -29,8 +29,6 @@ from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, 
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
 from django_delayqueue.monitoring.busiest_keys import (
-    MAX_STATE_FIELDS,
-    SAMPLE,
     TOP,
     BusiestKeys,
     merge_busiest,
@@ -158,7 +156,7 @@ def gather(
             journal_batch,
             MAX_CONSUMERS_LISTED,
             now_ms=now,
-            busiest=(SAMPLE, MAX_STATE_FIELDS, TOP),
+            busiest_top=TOP,
         )
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)

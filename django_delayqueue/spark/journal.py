@@ -2,7 +2,8 @@
 
 Each queue's capped stream (``QueueKeys.journal``) holds one entry per consumer batch (and one
 per ``cancel`` call) with fields ``n`` (row count) and ``o`` (a JSON list of rows laid out as
-:data:`~django_delayqueue.core.journal.JOURNAL_FIELDS`). An export is incremental: it
+:data:`~django_delayqueue.core.journal.JOURNAL_FIELDS`; rows of earlier versions lack the
+last, ``limit_wait_ms``, read as 0). An export is incremental: it
 appends the entries newer than the newest one already exported for each queue, so exporting often
 keeps the history that the stream's cap would otherwise drop.
 
@@ -27,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from django_delayqueue.core.client import RedisClient, connect
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.journal import JOURNAL_FIELDS
+from django_delayqueue.core.journal import JOURNAL_MIN_FIELDS
 from django_delayqueue.core.keys import QueueKeys
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ ARROW_SCHEMA = pa.schema(
         ("attempt", pa.int32()),
         ("outcome", pa.string()),
         ("error", pa.string()),
+        # A flow limit's hold before the claim (ms; 0 in rows written before it was kept). A
+        # journal exported before this column reads it as null: reports take that as 0.
+        ("limit_wait_ms", pa.int64()),
         ("day", pa.string()),  # UTC day of the outcome, the second partition level
     ]
 )
@@ -111,7 +115,6 @@ def journal_rows(
     """Rows (in :data:`COLUMNS` order) of ``queue``'s journal (or its shard ``shard``'s) after
     entry id ``after``; the rows of a shard are the logical queue's."""
     stream = QueueKeys(prefix, queue, shard).journal
-    width = len(JOURNAL_FIELDS)
     for entry_id, fields in read_entries(client, stream, after):
         ms, seq = (int(x) for x in entry_id.split("-"))
         try:
@@ -120,15 +123,17 @@ def journal_rows(
             logger.warning("journal %s: entry %s is not JSON; skipped", stream, entry_id)
             continue
         for row in rows:
-            if not isinstance(row, list) or len(row) != width:
+            if not isinstance(row, list) or len(row) < JOURNAL_MIN_FIELDS:
                 logger.warning("journal %s: malformed row in entry %s; skipped", stream, entry_id)
                 continue
-            message_id, scheduled, due, delivered, finished, attempt, outcome, error = row
+            message_id, scheduled, due, delivered, finished, attempt, outcome, error = row[:8]
+            # Rows of earlier versions, and cancels, have no limit wait: none held them.
+            waited = _int(row[8]) if len(row) > JOURNAL_MIN_FIELDS else 0
             when = finished if finished is not None else delivered if delivered is not None else ms
             day = time.strftime("%Y-%m-%d", time.gmtime(when / 1000))
             times = [_int(scheduled), _int(due), _int(delivered), _int(finished)]
             yield (queue, entry_id, ms, seq, str(message_id), *times, _int(attempt),
-                   str(outcome), str(error or ""), day)  # fmt: skip
+                   str(outcome), str(error or ""), waited or 0, day)  # fmt: skip
 
 
 def rows_to_arrow(rows: Sequence[tuple[Any, ...]]) -> pa.Table:

@@ -36,6 +36,7 @@ TABLE_COLUMNS = (
     ("queue", "queue"), ("outcomes", "outcomes"), ("ack", "ack"), ("retry", "retry"),
     ("garbage", "garbage"), ("cancel", "cancel"), ("lateness_p50_ms", "p50 ms"),
     ("lateness_p95_ms", "p95 ms"), ("lateness_p99_ms", "p99 ms"), ("lateness_max_ms", "max ms"),
+    ("limit_wait_p99_ms", "limit wait p99 ms"),
     ("dead_letter_rate", "dead %"), ("throughput_per_s", "msg/s"), ("top_error", "top error"),
 )  # fmt: skip
 

@@ -5,8 +5,12 @@ interpolates linearly between the two nearest ranks, like ``numpy.percentile``):
 
 - ``outcomes``: journal rows (deliveries and cancels); ``ack``/``retry``/``garbage``/``cancel``
   split them by outcome; ``deliveries`` = ack + retry + garbage.
-- lateness = delivered_ms - due_ms, over first deliveries only (``attempt == 1``): later
-  attempts wait for their backoff on purpose, which is not lateness.
+- lateness = delivered_ms - due_ms - limit_wait_ms, over first deliveries only
+  (``attempt == 1``): later attempts wait for their backoff on purpose, which is not lateness,
+  and neither is the time a flow limit (rate, in-flight cap, key limits) held a due message
+  back, as the site asked. That wait is its own figures: ``limit_wait_p50_ms`` ...
+  ``limit_wait_max_ms`` over the same first deliveries (rows written before the journal kept
+  it, or a journal exported before, read as 0).
 - ``dead_letter_rate`` = garbage / (ack + garbage): of the deliveries that ended a message,
   the share that sent it to the dead letters. ``retry_rate`` = retry / deliveries.
 - ``throughput_per_s`` = deliveries / 3600 per hour; overall, over the hours with activity.
@@ -31,6 +35,7 @@ HISTOGRAM_BINS = 30
 FIGURES = (
     "outcomes", *OUTCOMES, "deliveries", "first_deliveries",
     "lateness_p50_ms", "lateness_p95_ms", "lateness_p99_ms", "lateness_max_ms",
+    "limit_wait_p50_ms", "limit_wait_p99_ms", "limit_wait_max_ms",
     "dead_letter_rate", "retry_rate", "throughput_per_s",
 )  # fmt: skip
 
@@ -61,21 +66,30 @@ def with_hour(journal: DataFrame) -> DataFrame:
     return journal.withColumn("hour_ms", F.floor(when / HOUR_MS).cast("long") * HOUR_MS)
 
 
-def lateness() -> Column:
-    """delivered - due of a first delivery, null for other rows."""
-    first = (
+def _first_delivery() -> Column:
+    return (
         F.col("outcome").isin(ACK, RETRY, GARBAGE)
         & (F.col("attempt") == 1)
         & F.col("delivered_ms").isNotNull()
         & F.col("due_ms").isNotNull()
     )
-    return F.when(first, F.col("delivered_ms") - F.col("due_ms"))
+
+
+def limit_wait() -> Column:
+    """How long a flow limit held a first delivery back (0 when not recorded), null for other
+    rows."""
+    return F.when(_first_delivery(), F.coalesce(F.col("limit_wait_ms"), F.lit(0)))
+
+
+def lateness() -> Column:
+    """delivered - due - limit wait of a first delivery, null for other rows."""
+    return F.when(_first_delivery(), F.col("delivered_ms") - F.col("due_ms") - limit_wait())
 
 
 def figures(journal: DataFrame, keys: list[str]) -> DataFrame:
     """The FIGURES of ``journal`` grouped by ``keys`` (plus ``hours``: distinct hours)."""
     outcome = F.col("outcome")
-    late = lateness()
+    late, waited = lateness(), limit_wait()
     counts = [F.sum(F.when(outcome == name, 1).otherwise(0)).alias(name) for name in OUTCOMES]
     grouped = journal.groupBy(*keys).agg(
         F.count(F.lit(1)).alias("outcomes"),
@@ -83,6 +97,8 @@ def figures(journal: DataFrame, keys: list[str]) -> DataFrame:
         F.count(late).alias("first_deliveries"),
         F.percentile(late, list(PERCENTILES)).alias("_p"),
         F.max(late).alias("lateness_max_ms"),
+        F.percentile(waited, [0.5, 0.99]).alias("_w"),
+        F.max(waited).alias("limit_wait_max_ms"),
         F.countDistinct("hour_ms").alias("hours"),
         F.min("hour_ms").alias("first_hour_ms"),
         F.max("hour_ms").alias("last_hour_ms"),
@@ -94,10 +110,12 @@ def figures(journal: DataFrame, keys: list[str]) -> DataFrame:
         .withColumn("lateness_p50_ms", F.col("_p")[0])
         .withColumn("lateness_p95_ms", F.col("_p")[1])
         .withColumn("lateness_p99_ms", F.col("_p")[2])
+        .withColumn("limit_wait_p50_ms", F.col("_w")[0])
+        .withColumn("limit_wait_p99_ms", F.col("_w")[1])
         .withColumn("dead_letter_rate", F.when(ended > 0, F.col(GARBAGE) / ended))
         .withColumn("retry_rate", F.when(deliveries > 0, F.col(RETRY) / deliveries))
         .withColumn("throughput_per_s", F.col("deliveries") / (F.col("hours") * 3600.0))
-        .drop("_p")
+        .drop("_p", "_w")
     )
 
 

@@ -165,7 +165,7 @@ def test_max_in_flight_holds_across_runqueue_processes(
     # Each delivery's run, started -> finished: never three at once. A slot is claimed again
     # only after the ack that freed it, which follows its handler's end; the processes' clocks
     # (readings of the server's) may differ by a millisecond or two.
-    for _, _, _, started, _, _, _, _ in rows:
+    for started in (row[3] for row in rows):
         running = [r for r in rows if r[3] <= started + 2 and r[4] > started + 2]
         assert len(running) <= 2
 

@@ -1,6 +1,7 @@
 """busiest_keys.lua and its reader (monitoring/busiest_keys.py): the flow keys with the most
-ready and in-flight messages, exact while every key fits the bounded read, a labelled sample
-beyond it; a sharded queue's shards ranked together. Real Redis, the manual clock."""
+ready and in-flight messages, exact at any number of keys (read from key_load: see
+test_core_key_load.py); a sharded queue's shards ranked together. Real Redis, the manual
+clock."""
 
 from __future__ import annotations
 
@@ -24,10 +25,8 @@ def q(make_queue: Callable[..., Queue]) -> Queue:
     return make_queue("sms", visibility_timeout=30, key_concurrency=1)
 
 
-def busiest(q: Queue, most_keys: int = 100, most_fields: int = 2000, top: int = 10) -> Any:
-    replies = counts_and_activity(
-        [q], 0, 10, 10, now_ms=q.clock.now_ms(), busiest=(most_keys, most_fields, top)
-    )
+def busiest(q: Queue, top: int = 10) -> Any:
+    replies = counts_and_activity([q], 0, 10, 10, now_ms=q.clock.now_ms(), busiest_top=top)
     return read_busiest(replies[0][4])
 
 
@@ -37,7 +36,7 @@ def rows(found: BusiestKeys) -> list[tuple[str, int, int]]:
 
 def test_a_queue_without_keys_has_none(q: Queue) -> None:
     q.schedule("plain")
-    assert busiest(q) == BusiestKeys([], 0, 0, True)
+    assert busiest(q) == BusiestKeys([], 0, 0)
 
 
 def test_the_busiest_keys_count_ready_and_in_flight_messages(q: Queue) -> None:
@@ -50,39 +49,39 @@ def test_the_busiest_keys_count_ready_and_in_flight_messages(q: Queue) -> None:
     assert len(claimed) == 6
     found = busiest(q)
     assert rows(found) == [("hot", 5, 1), ("b", 1, 1), ("a", 0, 1), ("c,d", 0, 1), ("é€😀", 0, 1)]
-    assert (found.keys_ready, found.keys_in_flight, found.exact) == (2, 5, True)
+    assert (found.keys_ready, found.keys_with_messages) == (2, 5)
     q.ack(*claimed)
     assert rows(busiest(q)) == [("hot", 5, 0), ("b", 1, 0)]
     assert rows(busiest(q, top=1)) == [("hot", 5, 0)]
 
 
-def test_beyond_the_bounded_read_the_top_is_a_sample_and_says_so(q: Queue) -> None:
-    for k in range(30):
+def test_every_key_is_ranked_and_the_summary_says_among_how_many(q: Queue) -> None:
+    for k in range(130):
         for n in range(k % 3 + 1):
-            q.schedule(n, key=f"k{k:02}")
-    found = busiest(q, most_keys=5)
-    assert (found.keys_ready, found.exact) == (30, False)
-    assert len(found.keys) == 5  # the next 5 in turn (none waits for a token or a slot)
-    assert "a sample, among 30 key(s)" in found.summary()
-    assert busiest(q).exact and "of 30 key(s)" in busiest(q).summary()
+            q.schedule(n, key=f"k{k:03}")
+    found = busiest(q, top=5)
+    assert (found.keys_ready, found.keys_with_messages) == (130, 130)
+    assert [k.load for k in found.keys] == [3] * 5
+    names = [k.key for k in found.keys]
+    assert names == sorted(names)  # ties by name among those read
+    assert "of 130 key(s) with messages, 130 with ready ones" in found.summary()
 
 
-def test_keys_in_flight_are_read_in_bounded_pages(q: Queue) -> None:
+def test_keys_in_flight_only_are_ranked_too(q: Queue) -> None:
     q.schedule_many([{"payload": k, "key": f"k{k:03}"} for k in range(300)])
-    # 300 keys in flight: 600 fields of key_state, past what Redis keeps as one small listpack
-    # (512 entries by default, which one HSCAN returns whole).
+    q.schedule_many([{"payload": n, "key": "k299"} for n in range(2)])
     assert sum(len(q.claim(100)) for _ in range(3)) == 300
-    found = busiest(q, most_fields=20)
-    assert found.keys_in_flight is None and not found.exact
-    assert 0 < len(found.keys) <= 10
-    assert busiest(q).keys_in_flight == 300
+    found = busiest(q)
+    assert (found.keys_ready, found.keys_with_messages) == (1, 300)
+    assert (found.keys[0].key, found.keys[0].ready, found.keys[0].in_flight) == ("k299", 2, 1)
+    assert len(found.keys) == 10
 
 
 def test_a_sharded_queue_ranks_its_shards_keys_together() -> None:
-    one = BusiestKeys([BusyKey("a", 5, 1), BusyKey("b", 1, 0)], 2, 1, True)
-    two = BusiestKeys([BusyKey("c", 3, 0)], 1, None, False)
+    one = BusiestKeys([BusyKey("a", 5, 1), BusyKey("b", 1, 0)], 2, 2)
+    two = BusiestKeys([BusyKey("c", 3, 0)], 1, 4)
     merged = merge_busiest([one, two])
     assert merged is not None
     assert [k.key for k in merged.keys] == ["a", "c", "b"]
-    assert (merged.keys_ready, merged.keys_in_flight, merged.exact) == (3, None, False)
+    assert (merged.keys_ready, merged.keys_with_messages) == (3, 6)
     assert merge_busiest([one, None]) is None

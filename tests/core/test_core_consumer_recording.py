@@ -15,6 +15,7 @@ from waiting import TIMEOUT
 
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, RETRY, Outcome, WhileRunning
 from django_delayqueue.core.consumer.recording import JOURNAL_TRIES, UnrecordedOutcomes
+from django_delayqueue.core.journal import JOURNAL_FIELDS
 from django_delayqueue.core.scripts.calls import ScriptBatch
 
 
@@ -420,3 +421,21 @@ def test_a_write_while_running_goes_with_the_next_round_only_if_its_handler_stil
     assert redis_client.hget(q.keys.task_result("t1"), "status") == b"RUNNING"
     flush(redis_client, unrecorded, [q])
     assert running.built == 1 and len(unrecorded) == 0  # taken once
+
+
+def test_the_journal_row_carries_the_limit_wait_apart_from_lateness(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A flow limit's hold, noted by the round that claimed the message, is the row's 9th
+    field (JOURNAL_FIELDS' limit_wait_ms): what Spark's report takes out of the lateness."""
+    q = make_queue()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    held, free = claimed_outcomes(q, [ACK, ACK])
+    # The queue's claims were held back from T0 - 40; the first message was due at T0 and
+    # claimed at T0 + 250: it waited 250 ms on the limit. The second was not noted: 0.
+    unrecorded.timings.note_limit_waits([held.message], T0 - 40, T0 + 250)
+    unrecorded.extend([held, free])
+    flush(redis_client, unrecorded, [q])
+    rows = {row[0]: row for row in journal_rows(redis_client, q)}
+    assert len(JOURNAL_FIELDS) == 9 and JOURNAL_FIELDS[8] == "limit_wait_ms"
+    assert (len(rows["m0"]), rows["m0"][8], rows["m1"][8]) == (9, 250, 0)

@@ -172,7 +172,7 @@ KEY_NAMES = [
     "ready_since", "successors", "exported", "priorities", "ranked", "sent", "replicated",
     "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "flow_keys",
     "timings",
-    "key_turns", "key_waiting", "key_state", "key_tats",
+    "key_turns", "key_waiting", "key_state", "key_tats", "key_load",
     "progress",
 ]  # fmt: skip
 

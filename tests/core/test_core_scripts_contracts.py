@@ -153,11 +153,11 @@ def test_a_call_is_built_in_the_declared_order() -> None:
     assert call.script.name == "cancel"
     assert call.keys[:3] == [keys.pending, keys.retry, keys.ready]
     assert call.keys[-3:] == [keys.progress, keys.task_result("a"), keys.task_result("b")]
-    assert len(call.keys) == 24
+    assert len(call.keys) == 25
     assert call.args == [5, 10, 60, "a", "b"]
     claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="")
-    assert (len(claim.keys), claim.args) == (18, [1, 2, 3, ""])
-    assert claim.keys[-1] == keys.key_lists
+    assert (len(claim.keys), claim.args) == (19, [1, 2, 3, ""])
+    assert claim.keys[-2:] == [keys.key_lists, keys.key_load]
     receipt = keys.claim_receipt("c")
     given = {"receipt": receipt, "claim_id": "7", "replay_only": "0"}
     claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", **given)

@@ -71,6 +71,7 @@ EXPECTED_ROWS = {
     "flow_keys.claim_us.b100",
     "flow_keys.ack_us",
     "busiest_keys.us",
+    "busiest_keys.keyed_ack_us",
     "progress.ack_us.b1",
     "progress.ack_us.b100",
     "progress.deliver",

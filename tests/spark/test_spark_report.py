@@ -36,6 +36,16 @@ ALPHA_BATCHES = [
     ],
 ]
 BETA_BATCHES = [[["z1", H, H + 10, H + 17, H + 18, 1, "ack", ""]]]
+# A queue with a flow limit: rows as the consumer writes them now, with a 9th field, the time
+# a limit held the message back (limit_wait_ms), beside a row written before it was kept.
+GAMMA_BATCHES = [
+    [
+        ["g1", H, H + 100, H + 350, H + 351, 1, "ack", "", 200],  # held 200: 50 late, not 250
+        ["g2", H, H + 200, H + 210, H + 211, 1, "ack", "", 0],  # 10
+        ["g4", H, H + 400, H + 9000, H + 9001, 2, "ack", "", 999],  # not a first try
+    ],
+    [["g3", H, H + 300, H + 330, H + 331, 1, "ack", ""]],  # an older row: no wait, 30
+]
 
 
 def write_journal(client: redis.Redis, queue: str, batches: list[list[list[Any]]]) -> None:
@@ -57,8 +67,10 @@ def report(spark: Any, redis_server: RedisServerProcess, tmp_path_factory: Any) 
         redis_server.flushall(client)
         write_journal(client, "alpha", ALPHA_BATCHES)
         write_journal(client, "beta", BETA_BATCHES)
+        write_journal(client, "gamma", GAMMA_BATCHES)
         journal = str(tmp / "journal")
-        assert export_journal(spark, redis_server.url, "dq", journal) == {"alpha": 10, "beta": 1}
+        exported = export_journal(spark, redis_server.url, "dq", journal)
+        assert exported == {"alpha": 10, "beta": 1, "gamma": 4}
     finally:
         redis_server.flushall(client)
         client.close()
@@ -122,6 +134,39 @@ def test_summary_attempts_and_errors_equal_the_hand_computed_ones(report: Any) -
     assert sum(r["count"] for r in histogram) == 7
 
 
+def test_time_a_flow_limit_held_a_message_is_not_lateness_and_has_its_own_figures(
+    report: Any,
+) -> None:
+    gamma = {r["queue"]: r for r in report.summary}["gamma"]
+    # First deliveries: g1 350 - 100 - 200 = 50, g2 10, g3 30 (no field: 0 held).
+    assert (gamma["first_deliveries"], gamma["lateness_max_ms"]) == (3, 50)
+    assert gamma["lateness_p50_ms"] == 30
+    # Limit waits of the same first deliveries 0, 0, 200: p99 = rank 1.98 = 0.98 * 200.
+    assert (gamma["limit_wait_p50_ms"], gamma["limit_wait_max_ms"]) == (0, 200)
+    assert gamma["limit_wait_p99_ms"] == pytest.approx(196.0)
+    alpha = {r["queue"]: r for r in report.summary}["alpha"]
+    assert (alpha["limit_wait_max_ms"], alpha["lateness_max_ms"]) == (0, 300)  # rows of old
+
+
+def test_a_journal_exported_before_the_limit_wait_column_reads_it_as_zero(
+    spark: Any, tmp_path: Path
+) -> None:
+    from django_delayqueue.spark.journal import read_journal
+    from django_delayqueue.spark.report import compute_report
+
+    old = spark.createDataFrame(
+        [("old", "1-0", H, 0, "o1", H, H + 10, H + 25, H + 26, 1, "ack", "", "2023-11-14")],
+        "queue string, entry_id string, entry_ms long, entry_seq long, id string, "
+        "scheduled_ms long, due_ms long, delivered_ms long, finished_ms long, attempt int, "
+        "outcome string, error string, day string",
+    )
+    old.write.partitionBy("queue", "day").parquet(str(tmp_path / "journal"))
+    journal = read_journal(spark, str(tmp_path / "journal"))
+    assert journal.first()["limit_wait_ms"] is None
+    (row,) = compute_report(journal).summary.collect()
+    assert (row["lateness_max_ms"], row["limit_wait_max_ms"]) == (15, 0)
+
+
 def test_the_report_is_written_as_parquet_csv_json_and_charts(report: Any, spark: Any) -> None:
     from django_delayqueue.spark.output import format_table
 
@@ -130,7 +175,7 @@ def test_the_report_is_written_as_parquet_csv_json_and_charts(report: Any, spark
         rows = {r["queue"]: r for r in csv.DictReader(f)}
     assert float(rows["alpha"]["lateness_p95_ms"]) == pytest.approx(240.0)
     parquet = spark.read.parquet(str(out / "parquet" / "hourly"))
-    assert parquet.count() == 3  # alpha x 2 hours, beta x 1
+    assert parquet.count() == 4  # alpha x 2 hours, beta x 1, gamma x 1
     document = json.loads((out / "summary.json").read_text())
     alpha = document["queues"]["alpha"]
     assert alpha["outcomes"] == 10
@@ -138,7 +183,7 @@ def test_the_report_is_written_as_parquet_csv_json_and_charts(report: Any, spark
         "lateness": "charts/alpha-lateness.png",
         "outcomes": "charts/alpha-outcomes.png",
     }
-    for queue in ("alpha", "beta"):
+    for queue in ("alpha", "beta", "gamma"):
         for kind in ("lateness", "outcomes"):
             png = out / "charts" / f"{queue}-{kind}.png"
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

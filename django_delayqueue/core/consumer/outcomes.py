@@ -64,6 +64,10 @@ class Outcome:
     reason: str = ""
     error: str = ""  # exception class, for the journal
     writes: WritesWithAck | None = None  # what the handler left to write with the ack
+    # How long a flow limit held the due message back before its claim (ms), set as the
+    # consumer counts the outcome (core.timings.recorder): the journal row carries it, so that
+    # reports do not count it as lateness.
+    limit_wait_ms: int = 0
 
     def journal_row(self, max_attempts: int | None = None) -> list[Any]:
         """The journal's row; a failure on the last of ``max_attempts`` reads "garbage".
@@ -84,6 +88,7 @@ class Outcome:
             m.attempt,
             status,
             self.error,
+            self.limit_wait_ms,
         ]
 
 

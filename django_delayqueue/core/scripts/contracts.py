@@ -15,7 +15,7 @@ _STATES = "pending ready messages unack retry garbage"
 # What replace.lua (and send_once.lua, which may replace) clear of the message they replace.
 _REPLACED = "attempts tokens reasons successors cancelled ready_since ranked priorities"
 # Flow keys: the id -> key hash, and where keyed ready messages take turns (key_turns.lua).
-_KEYED = "flow_keys key_turns key_waiting key_state key_tats key_lists"
+_KEYED = "flow_keys key_turns key_waiting key_state key_tats key_lists key_load"
 # What a purged message may still hold besides its state: its flow key, a leftover progress.
 _PURGED_TOO = "flow_keys progress"
 # The time, then when and where to announce a message due soon (includes/scheduling.lua).
@@ -99,8 +99,8 @@ PEEK = Contract(
 FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
 BUSIEST_KEYS = Contract(
     "busiest_keys",
-    keys="key_turns key_waiting key_state key_lists",
-    args="most_keys most_fields top",
+    keys="key_turns key_waiting key_load key_state key_lists",
+    args="top",
 )
 STATS = Contract(
     "stats",

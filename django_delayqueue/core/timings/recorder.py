@@ -121,7 +121,8 @@ class DeliveryTimings:
             del times[next(iter(times))]
 
     def record(self, outcomes: Sequence[Outcome]) -> None:
-        """Count finished deliveries (the loop's thread, as it takes them)."""
+        """Count finished deliveries (the loop's thread, as it takes them), and give each its
+        limit wait (``Outcome.limit_wait_ms``), which its journal row carries."""
         waits, retry_times, otel = self._limit_waits, self._retry_times, self.otel
         for o in outcomes:
             m = o.message
@@ -130,6 +131,7 @@ class DeliveryTimings:
                 counts = self._counts[m.queue] = TimingCounts()
             hist, sums = counts.histograms, counts.sums
             waited = waits.pop((m.queue, m.token), 0) if waits else 0
+            o.limit_wait_ms = waited  # for its journal row
             q = self._queues.get(m.queue)
             # Key limits hold claims too (flow_holds.py): their wait is taken off the lateness
             # above, so it is counted here, not lost from both.

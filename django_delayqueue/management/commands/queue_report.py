@@ -16,7 +16,8 @@ from django_delayqueue.management.commands._spark import (
 
 class Command(BaseCommand):
     help = (
-        "Compute per queue and per hour: outcomes, lateness p50/p95/p99/max, attempts, "
+        "Compute per queue and per hour: outcomes, lateness p50/p95/p99/max (less the time a "
+        "flow limit held a message, shown apart as limit wait p50/p99/max), attempts, "
         "dead-letter rate, top errors and throughput from a journal written by export_journal. "
         "Writes Parquet, CSV, summary.json and PNG charts to --out and prints a summary table."
     )

@@ -181,7 +181,7 @@ KEY_COLUMNS = (
 
 def render_keys(stats: Sequence[QueueStats]) -> str:
     """The busiest flow keys of each queue (ready + in flight), then what they were found among
-    (every key, or a bounded sample of them: monitoring/busiest_keys.py)."""
+    (every key with messages: monitoring/busiest_keys.py)."""
     rows = [(s.queue, k) for s in stats if s.busiest_keys for k in s.busiest_keys.keys]
     notes = [
         f"{s.queue}: busiest keys {s.busiest_keys.summary()}"

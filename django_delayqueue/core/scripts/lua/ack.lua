@@ -6,7 +6,8 @@
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
 -- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
 -- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
--- KEYS[19] progress hash
+-- KEYS[19] key_load zset
+-- KEYS[20] progress hash
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] pairs: id, token
 -- returns: number of messages acknowledged
@@ -32,13 +33,13 @@ guard(
 -- Keyed messages: one HLEN tells whether the queue has any (else nothing more is paid).
 local K = nil
 if redis.call('HLEN', KEYS[13]) > 0 then
-  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset')
+  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
   K = keyed_keys(13)
 end
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
 local successors = redis.call('EXISTS', KEYS[8]) == 1
-local progress = redis.call('EXISTS', KEYS[19]) == 1
+local progress = redis.call('EXISTS', KEYS[20]) == 1
 if successors then
   guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list')
   if not K then  -- a successor may bring a key
@@ -61,7 +62,7 @@ for i = 4, #ARGV, 2000 do
   end
   if #done > 0 then
     redis.call('HDEL', KEYS[12], unpack(done))
-    if progress then redis.call('HDEL', KEYS[19], unpack(done)) end
+    if progress then redis.call('HDEL', KEYS[20], unpack(done)) end
     for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
     for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
     redis.call('HDEL', KEYS[11], unpack(done))

@@ -9,6 +9,7 @@
 -- KEYS[8] future ticks zset (tick id -> instant ms)   KEYS[9] tick runs hash (name -> last run)
 -- KEYS[10] flow_keys hash   KEYS[11] key_turns zset   KEYS[12] key_waiting zset
 -- KEYS[13] key_state hash   KEYS[14] key_tats zset   KEYS[15] key_lists prefix
+-- KEYS[16] key_load zset
 --   (a keyed schedule's ticks carry its key: includes/key_turns.lua)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] schedule name   ARGV[5] the state expected ('' for none)

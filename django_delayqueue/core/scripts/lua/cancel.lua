@@ -9,8 +9,9 @@
 -- KEYS[15] priorities hash
 -- KEYS[16] flow_keys hash   KEYS[17] key_turns zset   KEYS[18] key_waiting zset
 -- KEYS[19] key_state hash   KEYS[20] key_tats zset   KEYS[21] key_lists prefix
--- KEYS[22] progress hash
--- KEYS[23..] the result record of each id (a task's; any type)
+-- KEYS[22] key_load zset
+-- KEYS[23] progress hash
+-- KEYS[24..] the result record of each id (a task's; any type)
 -- ARGV[1] now (ms)   ARGV[2] journal max length (approximate; 0: no journal entry)
 -- ARGV[3] seconds a cancelled task's result record is kept (when it has no expiry yet)
 -- ARGV[4..] ids
@@ -31,10 +32,10 @@ guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
   KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash',
-  KEYS[14], 'zset', KEYS[15], 'hash', KEYS[16], 'hash', KEYS[22], 'hash'
+  KEYS[14], 'zset', KEYS[15], 'hash', KEYS[16], 'hash', KEYS[23], 'hash'
 )
 if redis.call('HLEN', KEYS[16]) > 0 then
-  guard(KEYS[17], 'zset', KEYS[18], 'zset', KEYS[19], 'hash', KEYS[20], 'zset')
+  guard(KEYS[17], 'zset', KEYS[18], 'zset', KEYS[19], 'hash', KEYS[20], 'zset', KEYS[22], 'zset')
 end
 local K = keyed_keys(16)
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -76,10 +77,10 @@ for i = 4, #ARGV do
     redis.call('HDEL', KEYS[15], id)
     redis.call('HDEL', KEYS[16], id)
     -- None by rights (only an in-flight delivery writes one, and ends it): a leftover goes too.
-    redis.call('HDEL', KEYS[22], id)
+    redis.call('HDEL', KEYS[23], id)
     -- A task's result says FAILED from now on (get_result sees its message gone), for as long
     -- as a finished task's is kept; no expiry would keep it for ever. One it has stays.
-    keep_ended_record(KEYS[19 + i], ARGV[3])
+    keep_ended_record(KEYS[20 + i], ARGV[3])
   end
 end
 if #rows > 0 and maxlen > 0 then

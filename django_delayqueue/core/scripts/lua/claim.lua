@@ -5,11 +5,12 @@
 -- KEYS[12] limiter hash
 -- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
 -- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
--- KEYS[19] claim receipt string (optional: one per consumer, see below)
+-- KEYS[19] key_load zset
+-- KEYS[20] claim receipt string (optional: one per consumer, see below)
 -- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
 -- ARGV[4] limits: '' or "<interval ms> <burst> <cap> <key cap> <key interval ms> <key burst>"
 --   (see includes/flow_limits.lua and includes/key_claims.lua)
--- ARGV[5] claim id (with KEYS[19])   ARGV[6] '1': replay the receipt only, claim nothing new
+-- ARGV[5] claim id (with KEYS[20])   ARGV[6] '1': replay the receipt only, claim nothing new
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token; when a
 -- limit held the claim back (it took fewer than it wanted and found ready), one more element
 -- after them: when (ms) the next message may start, -1 when a message in flight must end first;
@@ -27,7 +28,7 @@
 -- them by turns, one per key per turn, the unkeyed ready list taking turns as one more key, and
 -- within each key's limits (key_concurrency, key_rate_limit). A queue without keyed messages
 -- pays one HLEN for this.
--- The receipt: a claim that took messages records its claim id and what it took in KEYS[19]
+-- The receipt: a claim that took messages records its claim id and what it took in KEYS[20]
 -- (one SET, expiring a minute after their visibility deadline: after an outage longer than the
 -- timeout they may still sit in unack, not reaped yet). A reply can be lost after the script ran
 -- (the connection broke; redis-py may even send the pipeline again): called again with the
@@ -56,7 +57,7 @@
 --- @include "includes/memory.lua"
 --- @include "includes/flow_limits.lua"
 --- @include "includes/key_claims.lua"
-local receipt = KEYS[19]
+local receipt = KEYS[20]
 if receipt then
   local held = redis.call('GET', receipt)
   local record = held and cmsgpack.unpack(held)  -- {claim id, first token, ids...}
@@ -161,7 +162,7 @@ for j = 1, n do
   end
 end
 guard(KEYS[2], 'zset', KEYS[5], 'hash')
-if #bad > 0 then guard(KEYS[7], 'zset', KEYS[8], 'hash') end
+if #bad > 0 then guard(KEYS[7], 'zset', KEYS[8], 'hash', KEYS[19], 'zset') end
 allow_oom(KEYS[2], 'zset')
 local first = 0
 if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end

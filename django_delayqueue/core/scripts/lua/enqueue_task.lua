@@ -6,6 +6,7 @@
 -- KEYS[8] ranked zset   KEYS[9] priorities hash
 -- KEYS[10] flow_keys hash   KEYS[11] key_turns zset   KEYS[12] key_waiting zset
 -- KEYS[13] key_state hash   KEYS[14] key_tats zset   KEYS[15] key_lists prefix
+-- KEYS[16] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope   ARGV[7] the record's enqueued field (JSON)
 -- ARGV[8] priority (-100..100)

@@ -5,7 +5,8 @@
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
 -- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
 -- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
--- KEYS[19] progress hash
+-- KEYS[19] key_load zset
+-- KEYS[20] progress hash
 -- ARGV[1] now (ms)   ARGV[2] max attempts   ARGV[3] announce horizon (ms)   ARGV[4] wake channel
 -- ARGV[5..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
@@ -25,10 +26,10 @@
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[19], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[20], 'hash'
 )
 if redis.call('HLEN', KEYS[13]) > 0 then
-  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset')
+  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
 end
 local K = keyed_keys(13)
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -40,7 +41,7 @@ for i = 5, #ARGV, 4 do
   if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
     local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
     local aborted = take_abort(KEYS[12], id, ARGV[i + 1])
-    redis.call('HDEL', KEYS[19], id)
+    redis.call('HDEL', KEYS[20], id)
     redis.call('ZREM', KEYS[1], id)
     key_slot_freed(K, id, now)
     if bad then

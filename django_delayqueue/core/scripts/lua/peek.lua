@@ -4,6 +4,7 @@
 -- KEYS[9] cancelled hash   KEYS[10] ranked zset
 -- KEYS[11] flow_keys hash   KEYS[12] key_turns zset   KEYS[13] key_waiting zset
 -- KEYS[14] key_state hash   KEYS[15] key_tats zset   KEYS[16] key_lists prefix
+-- KEYS[17] key_load zset
 -- ARGV[1] state name   ARGV[2] offset   ARGV[3] limit
 -- returns: {total, then quintuples: id, score ('' for ready), envelope or '', attempts, reason}
 -- Ready is listed in the order a claim takes it: the ranked entries above priority 0, the list,

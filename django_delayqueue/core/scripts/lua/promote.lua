@@ -3,6 +3,7 @@
 -- KEYS[5] ready_since hash   KEYS[6] ranked zset   KEYS[7] priorities hash
 -- KEYS[8] flow_keys hash   KEYS[9] key_turns zset   KEYS[10] key_waiting zset
 -- KEYS[11] key_state hash   KEYS[12] key_tats zset   KEYS[13] key_lists prefix
+-- KEYS[14] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] limit: most ids moved from each zset in this call
 -- returns: {moved, more (1 when a zset still holds due ids), next due (ms) or -1,
 --           how many wait in ready afterwards (the list and the ranked zset; dead entries of
@@ -31,7 +32,7 @@ if heads[2] and heads[2] <= now then guard(KEYS[4], 'hash', KEYS[5], 'hash') end
 if (heads[1] and heads[1] <= now) or (heads[2] and heads[2] <= now) then
   guard(KEYS[7], 'hash')  -- to_ready reads it after the first ZREM
   if redis.call('HLEN', KEYS[8]) > 0 then
-    guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash')
+    guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash', KEYS[14], 'zset')
   end
 end
 local K = keyed_keys(8)

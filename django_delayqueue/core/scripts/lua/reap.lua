@@ -5,7 +5,8 @@
 -- KEYS[9] pending zset   KEYS[10] ready list   KEYS[11] priorities hash   KEYS[12] aborts hash
 -- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
 -- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
--- KEYS[19] progress hash
+-- KEYS[19] key_load zset
+-- KEYS[20] progress hash
 -- ARGV[1] now (ms)   ARGV[2] limit   ARGV[3] max attempts
 -- ARGV[4] backoff base (ms)   ARGV[5] backoff max (ms)
 -- ARGV[6] announce horizon (ms)   ARGV[7] wake channel
@@ -35,10 +36,10 @@ if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadlin
 guard(
   KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[19], 'hash'
+  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[20], 'hash'
 )
 if redis.call('HLEN', KEYS[13]) > 0 then
-  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset')
+  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
 end
 local K = keyed_keys(13)
 local horizon, wake = now + tonumber(ARGV[6]), nil
@@ -61,7 +62,7 @@ local retried, buried = 0, 0
 for _, id in ipairs(ids) do
   local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
   local aborted = take_abort(KEYS[12], id, redis.call('HGET', KEYS[6], id))
-  redis.call('HDEL', KEYS[19], id)
+  redis.call('HDEL', KEYS[20], id)
   redis.call('ZREM', KEYS[1], id)
   key_slot_freed(K, id, now)
   if bad then

@@ -5,7 +5,8 @@
 -- KEYS[9] priorities hash   KEYS[10] aborts hash
 -- KEYS[11] flow_keys hash   KEYS[12] key_turns zset   KEYS[13] key_waiting zset
 -- KEYS[14] key_state hash   KEYS[15] key_tats zset   KEYS[16] key_lists prefix
--- KEYS[17] progress hash
+-- KEYS[17] key_load zset
+-- KEYS[18] progress hash
 -- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] pairs: id, token
 -- returns: number of messages released (a stale token or a reaped message is skipped)
 -- A message with a priority goes to the head of its priority in the ranked zset.
@@ -23,10 +24,10 @@
 guard(
   KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'zset',
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'zset', KEYS[9], 'hash', KEYS[10], 'hash',
-  KEYS[17], 'hash'
+  KEYS[18], 'hash'
 )
 if redis.call('HLEN', KEYS[11]) > 0 then
-  guard(KEYS[12], 'zset', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset')
+  guard(KEYS[12], 'zset', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset', KEYS[17], 'zset')
 end
 local K = keyed_keys(11)
 local n = 0
@@ -35,7 +36,7 @@ for i = #ARGV - 1, 3, -2 do
   if redis.call('HGET', KEYS[4], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
     local attempts, bad = attempt_count(redis.call('HGET', KEYS[3], id))
     local aborted = take_abort(KEYS[10], id, ARGV[i + 1])
-    redis.call('HDEL', KEYS[17], id)
+    redis.call('HDEL', KEYS[18], id)
     redis.call('ZREM', KEYS[1], id)
     key_slot_freed(K, id, tonumber(ARGV[1]))
     if bad then

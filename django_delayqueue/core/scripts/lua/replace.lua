@@ -5,6 +5,7 @@
 -- KEYS[12] ready_since hash   KEYS[13] ranked zset   KEYS[14] priorities hash
 -- KEYS[15] flow_keys hash   KEYS[16] key_turns zset   KEYS[17] key_waiting zset
 -- KEYS[18] key_state hash   KEYS[19] key_tats zset   KEYS[20] key_lists prefix
+-- KEYS[21] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] triples: id, due (ms), envelope
 -- returns: {how many messages were stored (all of them), then for each id that was taken: its

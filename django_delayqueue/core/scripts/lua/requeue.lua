@@ -4,7 +4,8 @@
 -- KEYS[8] priorities hash
 -- KEYS[9] flow_keys hash   KEYS[10] key_turns zset   KEYS[11] key_waiting zset
 -- KEYS[12] key_state hash   KEYS[13] key_tats zset   KEYS[14] key_lists prefix
--- KEYS[15..] the result record of each id (a task's; any type)
+-- KEYS[15] key_load zset
+-- KEYS[16..] the result record of each id (a task's; any type)
 -- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] ids
 -- returns: {requeued, dead letters left}
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
@@ -19,7 +20,7 @@ guard(
   KEYS[6], 'hash', KEYS[7], 'zset', KEYS[8], 'hash'
 )
 if redis.call('HLEN', KEYS[9]) > 0 then
-  guard(KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash', KEYS[13], 'zset')
+  guard(KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[15], 'zset')
 end
 local K = keyed_keys(9)
 local n = 0
@@ -29,7 +30,7 @@ for i = 3, #ARGV do
     back_to_ready(KEYS[2], KEYS[7], KEYS[8], KEYS[4], KEYS[6], id, ARGV[1], K)
     redis.call('HDEL', KEYS[3], id)  -- a fresh set of attempts
     redis.call('HDEL', KEYS[5], id)  -- and no reason: it is not dead any more
-    redis.call('PERSIST', KEYS[12 + i])
+    redis.call('PERSIST', KEYS[13 + i])
     n = n + 1
   end
 end

@@ -3,6 +3,7 @@
 -- KEYS[5] ready_since hash   KEYS[6] ranked zset   KEYS[7] priorities hash
 -- KEYS[8] flow_keys hash   KEYS[9] key_turns zset   KEYS[10] key_waiting zset
 -- KEYS[11] key_state hash   KEYS[12] key_tats zset   KEYS[13] key_lists prefix
+-- KEYS[14] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] ids
 -- returns: number of messages moved
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
@@ -13,7 +14,7 @@ guard(
   KEYS[6], 'zset', KEYS[7], 'hash'
 )
 if redis.call('HLEN', KEYS[8]) > 0 then
-  guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash', KEYS[12], 'zset')
+  guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash', KEYS[12], 'zset', KEYS[14], 'zset')
 end
 local K = keyed_keys(8)
 local n = 0

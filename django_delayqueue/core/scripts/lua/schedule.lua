@@ -3,6 +3,7 @@
 -- KEYS[5] retry zset   KEYS[6] garbage zset
 -- KEYS[7] flow_keys hash   KEYS[8] key_turns zset   KEYS[9] key_waiting zset
 -- KEYS[10] key_state hash   KEYS[11] key_tats zset   KEYS[12] key_lists prefix
+-- KEYS[13] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4..] triples: id, due (ms), envelope
 -- returns: {how many messages were scheduled, then for each message not scheduled because its

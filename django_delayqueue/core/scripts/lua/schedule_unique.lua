@@ -7,6 +7,7 @@
 -- KEYS[15] unique zset (id -> end of its window, ms)
 -- KEYS[16] flow_keys hash   KEYS[17] key_turns zset   KEYS[18] key_waiting zset
 -- KEYS[19] key_state hash   KEYS[20] key_tats zset   KEYS[21] key_lists prefix
+-- KEYS[22] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] mode: 'schedule' (an id that is taken keeps its message) or 'replace'
 -- ARGV[5..] quadruples: id, due (ms), envelope, window (ms, > 0)

@@ -12,6 +12,7 @@
 -- KEYS[17] unique zset (id -> end of its uniqueness window, ms; read only with ARGV[12] > 0)
 -- KEYS[18] flow_keys hash   KEYS[19] key_turns zset   KEYS[20] key_waiting zset
 -- KEYS[21] key_state hash   KEYS[22] key_tats zset   KEYS[23] key_lists prefix
+-- KEYS[24] key_load zset
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
 -- ARGV[7] mode: 'schedule', 'replace' or 'task'   ARGV[8] send token

@@ -1,6 +1,6 @@
 -- includes/key_turns.lua: keyed ready messages (schedule(..., key=...)) waiting in per-key
 -- lists, and the rotation of keys that claims take turns from (docs/flow-control.md, "Keys").
--- A script that may put keyed ids in ready, or take them out, gets six keys in a row, read by
+-- A script that may put keyed ids in ready, or take them out, gets seven keys in a row, read by
 -- keyed_keys(first) into a table K:
 --   K.flow_keys  hash id -> flow key (includes/flow_keys.lua)
 --   K.turns      zset key -> turn: the keys whose messages may be claimed, in turn order (the
@@ -17,6 +17,12 @@
 --   K.lists      not a key: the prefix of the per-key lists, '<prefix><key>' (ids, oldest
 --                first). The only keys built in a script: one per flow key, which no caller
 --                can list; they share the queue's hash tag, so a cluster keeps them in its slot.
+--   K.load       zset key -> its messages ready (in its list) plus in flight: what the busiest
+--                keys read, exact at any number of keys (busiest_keys.lua). +1 where a message
+--                enters its key's list (key_push), -1 where it leaves the list other than by a
+--                claim (key_drop) and where its delivery ends (key_slot_freed): a claim moves
+--                it from ready to in flight and keeps its +1; a delivery given back (release)
+--                is -1 then +1. A key whose load reaches 0 leaves the zset.
 -- A key is in at most one of turns and waiting. A key with no ready message is in neither, and
 -- its state goes once nothing of it is in flight; its GCRA time once that is past (forgotten
 -- by later claims and ends of deliveries: bounded memory).
@@ -28,6 +34,7 @@ local function keyed_keys(first)
   return {
     flow_keys = KEYS[first], turns = KEYS[first + 1], waiting = KEYS[first + 2],
     state = KEYS[first + 3], tats = KEYS[first + 4], lists = KEYS[first + 5],
+    load = KEYS[first + 6],
   }
 end
 
@@ -39,9 +46,19 @@ end
 -- key_join(K, key): a key with ready messages that is neither in turns nor waiting for a
 -- token joins the rotation's tail. Whether it has a free slot or a token is the claim's to
 -- find out (a key without one leaves again, once per message pushed or slot freed: O(1) each).
-local function key_join(K, key)
-  if redis.call('ZSCORE', K.turns, key) or redis.call('ZSCORE', K.waiting, key) then return end
+-- not_waiting: the caller knows the key is not in K.waiting (one ZSCORE less).
+local function key_join(K, key, not_waiting)
+  if redis.call('ZSCORE', K.turns, key) then return end
+  if not not_waiting and redis.call('ZSCORE', K.waiting, key) then return end
   redis.call('ZADD', K.turns, next_turn(K), key)
+end
+
+-- key_load_add(K, key, delta): the key's load (ready + in flight) moved by delta; at 0 (or
+-- below, for a message keyed before key_load was kept) the key leaves the zset.
+local function key_load_add(K, key, delta)
+  if tonumber(redis.call('ZINCRBY', K.load, delta, key)) <= 0 then
+    redis.call('ZREM', K.load, key)
+  end
 end
 
 -- key_push(K, key, id, front): a keyed ready message -> its key's list (the tail, or the head
@@ -49,6 +66,7 @@ end
 local function key_push(K, key, id, front)
   redis.call(front and 'LPUSH' or 'RPUSH', K.lists .. key, id)
   redis.call('HINCRBY', K.state, ' ready', 1)
+  key_load_add(K, key, 1)
   key_join(K, key)
 end
 
@@ -85,7 +103,8 @@ local function split_keyed(K, ids, front)
 end
 
 -- key_forget(K, key, now): a key with nothing ready and nothing in flight: its state goes, its
--- GCRA time too once it is past (a time ahead still spaces its next message).
+-- GCRA time too once it is past (a time ahead still spaces its next message). Its load left
+-- K.load already, as it reached 0 (key_load_add).
 local function key_forget(K, key, now)
   redis.call('HDEL', K.state, 'c:' .. key)
   redis.call('ZREM', K.turns, key)
@@ -100,6 +119,7 @@ local function key_drop(K, key, id, now)
   local list = K.lists .. key
   if redis.call('LREM', list, 1, id) == 0 then return false end
   redis.call('HINCRBY', K.state, ' ready', -1)
+  key_load_add(K, key, -1)
   if redis.call('LLEN', list) == 0 and not redis.call('HGET', K.state, 'c:' .. key) then
     key_forget(K, key, now)
   end
@@ -128,8 +148,10 @@ local function key_slot_freed(K, id, now)
   local key = redis.call('HGET', K.state, 'i:' .. id)
   if not key then return nil end
   redis.call('HDEL', K.state, 'i:' .. id)
+  key_load_add(K, key, -1)
   local blocked = redis.call('ZSCORE', K.waiting, key)
-  if blocked and tonumber(blocked) >= KEY_BLOCKED then redis.call('ZREM', K.waiting, key) end
+  local waits_token = blocked and tonumber(blocked) < KEY_BLOCKED
+  if blocked and not waits_token then redis.call('ZREM', K.waiting, key) end
   local left = (tonumber(redis.call('HGET', K.state, 'c:' .. key)) or 1) - 1
   if left > 0 then
     redis.call('HSET', K.state, 'c:' .. key, left)
@@ -137,7 +159,8 @@ local function key_slot_freed(K, id, now)
     redis.call('HDEL', K.state, 'c:' .. key)
   end
   if redis.call('LLEN', K.lists .. key) > 0 then
-    key_join(K, key)
+    -- Known from above whether it waits for a token (then it stays there): no second ZSCORE.
+    if not waits_token then key_join(K, key, true) end
   elseif left <= 0 then
     key_forget(K, key, now)
   end

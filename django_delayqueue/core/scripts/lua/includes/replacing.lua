@@ -26,7 +26,9 @@ local function replace_triples(first, last, keep_wake, K)
     KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
     KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash'
   )
-  if K then guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash') end
+  if K then
+    guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash', K.load, 'zset')
+  end
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
   local out, wake = {0}, nil

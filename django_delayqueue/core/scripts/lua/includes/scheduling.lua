@@ -39,7 +39,9 @@ local function schedule_triples(first, last, keep_wake, K)
   end
   if write_pending then guard(KEYS[1], 'zset') end
   if write_ready then guard(KEYS[2], 'list') end
-  if next(keyed) then guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash') end
+  if next(keyed) then
+    guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash', K.load, 'zset')
+  end
   local earliest, head_read, wake = nil, false, nil
   local behind = nil  -- due_unpromoted(KEYS[1], now), read once, for a keyed message due now
   local created, out = 0, {0}
