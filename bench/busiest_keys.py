@@ -11,7 +11,7 @@ that it stays bounded however many keys wait.
 - ``busiest_keys.keyed_ack_us``: what keeping key_load (the exact top's sorted set) costs a
   keyed queue: Redis time per ack of 100 keyed messages (100 keys), ack.lua as now against
   ack.lua and its includes at the commit before key_load (``$BENCH_KEY_LOAD_BASE_REF``, default
-  ``c0f98ca``), interleaved rounds on the same messages (target <= 1.10x: one ZINCRBY per
+  ``a10d712``), interleaved rounds on the same messages (target <= 1.10x: one ZINCRBY per
   message acked).
 """
 
@@ -34,7 +34,7 @@ from .sizes import Sizes
 T0 = 1_700_000_000_000
 CALLS = 300
 IN_FLIGHT = 200
-KEY_LOAD_BASE_REF = "c0f98ca"  # main before key_load
+KEY_LOAD_BASE_REF = "a10d712"  # main before key_load (review fixes included)
 LUA = "django_delayqueue/core/scripts/lua"
 _INCLUDE = re.compile(r'^--- @include "([\w./-]+\.lua)"[ \t]*$', re.MULTILINE)
 
