@@ -19,22 +19,19 @@ what keys cost a queue that has none.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import statistics
-import subprocess
 
 from django_delayqueue.core import ManualClock, Queue
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.contracts import ACK, CLAIM, SCHEDULE
-from django_delayqueue.core.scripts.loader import _INCLUDE, _resolve
 
-from .harness import PAYLOAD_100, ROOT, Bench, Row, at_most
+from .base_scripts import script_at
+from .harness import PAYLOAD_100, Bench, Row, at_most
 from .sizes import Sizes
 
 BASE_REF = "53e8304"  # main before flow keys
-LUA = "django_delayqueue/core/scripts/lua"
 T0 = 1_700_000_000_000
 
 
@@ -141,24 +138,8 @@ def many_keys_claim_cost(bench: Bench, messages: int) -> Row:
 
 
 def _base_script(name: str) -> LuaScript | None:
-    """``name``.lua at the base ref, its includes resolved from this checkout (they take the
-    keyed keys as an optional last argument, nil for a base script)."""
-    ref = os.environ.get("BENCH_KEYS_BASE_REF", BASE_REF)
-    try:
-        text = subprocess.run(
-            ["git", "show", f"{ref}:{LUA}/{name}.lua"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    if "key_" in text:
-        return None  # the base has flow keys already
-    included: set[str] = set()
-    source = _INCLUDE.sub(lambda m: _resolve(m.group(1), included, (name,)).rstrip("\n"), text)
-    return LuaScript(f"{name}@base", source, hashlib.sha1(source.encode()).hexdigest())
+    """``name``.lua at the base ref (None when it has flow keys already)."""
+    return script_at(os.environ.get("BENCH_KEYS_BASE_REF", BASE_REF), name, "key_")
 
 
 def _us_per_call(bench: Bench) -> float:

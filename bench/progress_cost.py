@@ -19,7 +19,6 @@ what reporting costs a queue whose handlers do.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import statistics
 import subprocess
@@ -31,15 +30,14 @@ from pathlib import Path
 from django_delayqueue.core import Queue
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.contracts import ACK
-from django_delayqueue.core.scripts.loader import _INCLUDE, _resolve
 
+from .base_scripts import script_at
 from .deliver import CHILD, report_of, schedule_due_at_once
 from .harness import PAYLOAD_100, ROOT, Bench, Child, Row, at_least, at_most
 from .sizes import Sizes
 
 # The last commit of main before progress: its ack.lua and its consumer are the baseline.
 BASE_REF = "53e8304"
-ACK_PATH = "django_delayqueue/core/scripts/lua/ack.lua"
 REPORTS_PER_MESSAGE = 10
 
 
@@ -58,22 +56,8 @@ def _base_ref() -> str:
 
 
 def base_ack_script() -> LuaScript | None:
-    """ack.lua of the base, its includes resolved from this checkout (the same files)."""
-    try:
-        text = subprocess.run(
-            ["git", "show", f"{_base_ref()}:{ACK_PATH}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    if "progress" in text:  # the base has the feature already: nothing to compare
-        return None
-    included: set[str] = set()
-    source = _INCLUDE.sub(lambda m: _resolve(m.group(1), included, ("ack.lua",)).rstrip("\n"), text)
-    return LuaScript("ack@base", source, hashlib.sha1(source.encode()).hexdigest())
+    """ack.lua of the base (None when the base has progress already)."""
+    return script_at(_base_ref(), "ack", "progress")
 
 
 def ack_cost(bench: Bench, sizes: Sizes) -> list[Row]:

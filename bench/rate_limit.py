@@ -20,27 +20,24 @@ the limits cost a claim when unused, and when set but never reached.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
 from django_delayqueue.core import Queue
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.contracts import CLAIM
-from django_delayqueue.core.scripts.loader import _INCLUDE, _resolve
 
+from .base_scripts import script_at
 from .deliver import CHILD, report_of, schedule_due_at_once
 from .djapp.apps import RATE_CLAIMS, RATE_STARTS
 from .djapp.settings import RATE_QUEUE
-from .harness import PAYLOAD_100, ROOT, Bench, Child, Row, at_least, at_most, wait_until
+from .harness import PAYLOAD_100, Bench, Child, Row, at_least, at_most, wait_until
 from .sizes import Sizes
 
 RATE = 50.0  # per second: the queue's "50/s" (bench/djapp/settings.py)
 BURST = 1
-CLAIM_PATH = "django_delayqueue/core/scripts/lua/claim.lua"
 
 
 def rate_limit(bench: Bench, sizes: Sizes) -> list[Row]:
@@ -58,26 +55,8 @@ BASE_REF = "db6a334"
 
 
 def base_claim_script() -> LuaScript | None:
-    """claim.lua of the base branch, its includes resolved from this checkout (the base's
-    includes are these, less the new flow_limits.lua, which it does not name)."""
-    ref = os.environ.get("BENCH_BASE_REF", BASE_REF)
-    try:
-        text = subprocess.run(
-            ["git", "show", f"{ref}:{CLAIM_PATH}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    if "flow_limits" in text:  # the base has the feature already: nothing to compare
-        return None
-    included: set[str] = set()
-    source = _INCLUDE.sub(
-        lambda m: _resolve(m.group(1), included, ("claim.lua",)).rstrip("\n"), text
-    )
-    return LuaScript("claim@base", source, hashlib.sha1(source.encode()).hexdigest())
+    """claim.lua of the base branch (None when it has flow_limits.lua already)."""
+    return script_at(os.environ.get("BENCH_BASE_REF", BASE_REF), "claim", "flow_limits")
 
 
 def claim_cost(bench: Bench, sizes: Sizes) -> list[Row]:
