@@ -10,10 +10,6 @@ drops).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +18,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
-from paths import PROGRAMS, child_pythonpath
+from outbox_programs import run_program
 from postgres_databases import database_env
 
 import django_delayqueue as dq
@@ -40,19 +36,7 @@ def test_a_keyed_message_keeps_its_key_through_the_commit_and_the_relay(
     redis_client: redis.Redis,
     redis_server: RedisServerProcess,
 ) -> None:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "drill_settings",
-        "PYTHONPATH": child_pythonpath(),
-        "REDIS_URL": redis_server.url,
-        "DRILL_DB": str(tmp_path / "keys.sqlite3"),
-        "DRILL_LEDGER": str(tmp_path / "ledger"),
-        **database,
-    }
-    program = [sys.executable, str(PROGRAMS / "outbox_keyed_rows.py")]
-    done = subprocess.run(program, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-4000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_program("outbox_keyed_rows.py", tmp_path, redis_server.url, database)
     assert seen["vendor"] == ("postgresql" if database else "sqlite")
     assert seen["committed_row_key"] == "+33612345678"  # in the row, inside the transaction
     assert seen["kept_row_key"] == "store-42" and seen["kept_before_relay"] is False

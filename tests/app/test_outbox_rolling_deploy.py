@@ -9,16 +9,12 @@ machine (127.0.0.1:5432, trust auth; a database the test creates and drops).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from paths import PROGRAMS, child_pythonpath
+from outbox_programs import run_program
 from postgres_databases import database_env
 
 from django_delayqueue.embedded import RedisServerProcess
@@ -35,19 +31,7 @@ def test_a_row_written_without_the_window_column_is_kept_and_relayed_without_a_w
     redis_client: redis.Redis,
     redis_server: RedisServerProcess,
 ) -> None:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "drill_settings",
-        "PYTHONPATH": child_pythonpath(),
-        "REDIS_URL": redis_server.url,
-        "DRILL_DB": str(tmp_path / "rolling.sqlite3"),
-        "DRILL_LEDGER": str(tmp_path / "ledger"),
-        **database,
-    }
-    program = [sys.executable, str(PROGRAMS / "outbox_old_row.py")]
-    done = subprocess.run(program, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-4000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_program("outbox_old_row.py", tmp_path, redis_server.url, database)
     assert seen["vendor"] == ("postgresql" if database else "sqlite")
     assert seen["inserted"] == "inserted"  # the old process's transaction commits
     assert (seen["sent"], seen["failed"], seen["rows_left"]) == (1, 0, 0)
