@@ -281,3 +281,28 @@ def test_a_shutdown_replays_a_lost_claim_only_and_starts_nothing(
     assert sorted(redis_client.lrange(q.keys.ready, 0, -1)) == [b"lost", b"new"]
     assert redis_client.lrange(other.keys.ready, 0, -1) == [b"elsewhere"]
     assert not redis_client.hexists(q.keys.attempts, "lost")  # no attempt used
+
+
+def test_a_replayed_claim_still_says_when_a_requeued_message_came_back(
+    make_queue: Any, manual_clock: ManualClock
+) -> None:
+    """A claim replayed after its reply was lost (or a pipeline redis-py sent again) returns
+    the same messages: with the same ready_since as the claim it replays, or a dead letter
+    requeued a day after its due time reads a day late (the +Inf bucket, a flagged queue, a
+    failing health probe: see test_a_requeued_dead_letter_is_not_late_from_its_first_due_time)."""
+    q = make_queue(max_attempts=1)
+    q.schedule("x", id="x")
+    q.promote()
+    (m,) = q.claim(1)
+    q.nack_many([(m, None, "bug")], bury=True)
+    manual_clock.advance(ms=86_400_000)
+    assert q.requeue("x") == 1
+    requeued_at = manual_clock.now_ms()
+    claims = ClaimReceipts()
+    now = manual_clock.now_ms()
+    (first,) = q.claimed(run(q, claims, 1, now=now), now)
+    assert first.ready_since_ms == requeued_at
+    claims.lost([q.name])  # its reply never arrived: asked again by the same claim id
+    (again,) = q.claimed(run(q, claims, 1, now=now), now)
+    assert (again.id, again.token) == (first.id, first.token)
+    assert again.ready_since_ms == requeued_at

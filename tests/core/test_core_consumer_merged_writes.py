@@ -77,3 +77,21 @@ def test_a_value_with_a_newline_merges_escaped_and_a_raw_newline_goes_alone(
     raw = ScriptCall(odd.script, odd.keys, [odd.args[0].replace("\\n", "\n")])
     calls = merged_writes([entry(write(q, "a", 3)), entry(raw), entry(write(q, "b", 3))])
     assert [len(c.keys) for c, _ in calls] == [2, 1] and calls[1][0] is raw
+
+
+def test_a_write_with_a_raw_newline_that_goes_alone_is_written(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """merged_writes sends a write holding a raw newline as its own call, "as the one line of
+    its call": that call must write it (not split it at the newline and fail)."""
+    from django_delayqueue.core.scripts.calls import ScriptCall
+
+    q = make_queue()
+    odd = q.record_write_call(
+        "odd", order=3, in_order=["status", "SUCCESSFUL"], always=["note", "two\nlines"],
+        mergeable=True,
+    )  # fmt: skip
+    raw = ScriptCall(odd.script, odd.keys, [odd.args[0].replace("\\n", "\n")])
+    [_, (alone, _)] = merged_writes([entry(write(q, "a", 3)), entry(raw)])
+    assert record_replies(alone.run(redis_client), 1) == [1]
+    assert redis_client.hget(q.keys.task_result("odd"), "note") == b"two\nlines"

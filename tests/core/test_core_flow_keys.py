@@ -219,3 +219,42 @@ def test_peek_lists_keyed_ready_messages_after_the_others(q: Queue) -> None:
     assert [m.id for m in page.messages] == ["plain", "a0", "a1", "a2", "b0"]
     assert [m.id for m in q.peek("ready", 2, 2).messages] == ["a1", "a2"]
     assert [m.id for m in q.peek("ready", 4, 10).messages] == ["b0"]
+
+
+def test_an_ack_whose_keyed_successor_meets_a_broken_key_load_changes_nothing(
+    q: Queue,
+) -> None:
+    """ack.lua checks the types of the keys it writes before its first write (a script is not
+    rolled back): key_load too, which the successor's key_push writes. Else the ack removes
+    the running message and then fails placing its successor: the successor is lost."""
+    q.schedule("first", id="x")  # no key: the queue has no keyed message yet
+    (m,) = q.claim()
+    q.schedule("next", id="x", key="k2", replace=True)
+    q.client.set(q.keys.key_load, "broken")
+    with pytest.raises(Exception, match=r"key_load|WRONGTYPE|type"):
+        q.ack(m)
+    assert q.client.zscore(q.keys.unack, "x") is not None  # still in flight: nothing changed
+    q.client.delete(q.keys.key_load)
+    assert q.ack(m) == 1
+    (m,) = q.claim()
+    assert (m.payload, m.key) == ("next", "k2")
+
+
+@pytest.mark.parametrize("end", ["bury", "reap"])
+def test_a_death_whose_keyed_successor_meets_a_broken_key_load_changes_nothing(
+    make_queue: Callable[..., Queue], manual_clock: ManualClock, end: str
+) -> None:
+    """As for the ack: nack.lua and reap.lua place a dying message's successor (which may
+    bring the queue's first key) only after checking every key they write, key_load too."""
+    q = make_queue("sms", max_attempts=1, visibility_timeout=30)
+    q.schedule("first", id="x")
+    (m,) = q.claim()
+    q.schedule("next", id="x", key="k2", replace=True)
+    q.client.set(q.keys.key_load, "broken")
+    with pytest.raises(Exception, match=r"key_load|WRONGTYPE|type"):
+        if end == "bury":
+            q.bury(m, "given up")
+        else:
+            manual_clock.advance(31)
+            q.reap()
+    assert q.client.zscore(q.keys.unack, "x") is not None  # still in flight: nothing changed

@@ -43,7 +43,7 @@ local progress = redis.call('EXISTS', KEYS[20]) == 1
 if successors then
   guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list')
   if not K then  -- a successor may bring a key
-    guard(KEYS[13], 'hash', KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash')
+    guard(KEYS[13], 'hash', KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[19], 'zset')
     K = keyed_keys(13)
   end
 end

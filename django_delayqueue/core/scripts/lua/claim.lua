@@ -17,7 +17,7 @@
 -- when a claimed message had come back to ready (a retry, requeue, run now, release: it has a
 -- ready_since), one last element, a table {id, ready_since (ms), ...} of those: the consumer
 -- measures their start lateness from it, as counts.lua counts them overdue from it. A replay
--- (the receipt) returns the quadruples only: ready_since was deleted by the claim it replays.
+-- (the receipt) returns the same table, kept in the receipt (the claim deleted ready_since).
 -- Flow control: with limits (a rate, an in-flight cap) the claim takes at most what they allow
 -- now and says when to come back, so that consumers sleep instead of polling; without them it
 -- pays one comparison of ARGV[4]. ARGV[1] is the consumer's reading of the server clock
@@ -60,12 +60,15 @@
 local receipt = KEYS[20]
 if receipt then
   local held = redis.call('GET', receipt)
-  local record = held and cmsgpack.unpack(held)  -- {claim id, first token, ids...}
+  -- {claim id, first token, ids..., and the ready_since pairs of those that came back}
+  local record = held and cmsgpack.unpack(held)
   if record and record[1] == ARGV[5] then
-    local out, deadlines = {}, {}
+    local out, deadlines, back, kept = {}, {}, nil, {}
+    if type(record[#record]) == 'table' then back = table.remove(record) end
     for k = 3, #record do
       local id, token = record[k], string.format('%d', record[2] + k - 3)
       if redis.call('HGET', KEYS[5], id) == token and redis.call('ZSCORE', KEYS[2], id) then
+        kept[id] = true
         out[#out + 1] = id
         out[#out + 1] = redis.call('HGET', KEYS[3], id) or ''
         out[#out + 1] = redis.call('HGET', KEYS[4], id)
@@ -77,6 +80,13 @@ if receipt then
     allow_oom(KEYS[2], 'zset')  -- a replay runs when Redis is out of memory, as a claim does
     for i = 1, #deadlines, 2000 do  -- after every read (see above)
       redis.call('ZADD', KEYS[2], 'XX', unpack(deadlines, i, math.min(i + 1999, #deadlines)))
+    end
+    if back then  -- as the claim it replays said, for the messages still in flight
+      local since = {}
+      for k = 1, #back, 2 do
+        if kept[back[k]] then since[#since + 1], since[#since + 2] = back[k], back[k + 1] end
+      end
+      if #since > 0 then out[#out + 1] = since end
     end
     return out
   end
@@ -222,8 +232,8 @@ if flow then
   flow_taken(KEYS[12], flow, #deliver, limited, more)
   if limited then out[#out + 1] = math.ceil(flow.next_at) end
 end
+local back = {}  -- {id, ready_since, ...}: in the reply, and in the receipt for a replay
 if since then
-  local back = {}
   for _, j in ipairs(deliver) do
     if came_back[j] then back[#back + 1], back[#back + 2] = ids[j], came_back[j] end
   end
@@ -232,6 +242,7 @@ end
 if receipt and #deliver > 0 then
   local record = {ARGV[5], first}
   for d = 1, #deliver do record[d + 2] = ids[deliver[d]] end
+  if #back > 0 then record[#record + 1] = back end
   local ttl = math.max(0, tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60000  -- see the header
   redis.call('SET', receipt, cmsgpack.pack(record), 'PX', ttl)
 end

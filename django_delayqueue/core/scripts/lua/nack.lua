@@ -28,7 +28,8 @@ guard(
   KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
   KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[20], 'hash'
 )
-if redis.call('HLEN', KEYS[13]) > 0 then
+-- A dying message's successor may bring the queue's first key: checked then too.
+if redis.call('HLEN', KEYS[13]) > 0 or redis.call('EXISTS', KEYS[7]) == 1 then
   guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
 end
 local K = keyed_keys(13)

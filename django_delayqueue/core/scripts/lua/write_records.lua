@@ -5,7 +5,8 @@
 -- KEYS[1..] records: the result records written (hashes)
 -- ARGV[1] writes: one line per record ("\n" between them; KEYS[1] with the first line, and so
 --   on), each "<seconds kept> <order> <required field or nothing> <fields JSON>", the parts
---   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline.
+--   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline;
+--   with one record the argument is its write whole, raw newlines and all.
 -- returns: {codes, errors...}: codes a string of one character per record, in order: "1",
 --   "0" or "-" for what write_record.lua returns for it (1, 0 or -1), or "e" for an error (a
 --   key of the wrong type fails its own write only), which is the next of the error replies
@@ -17,8 +18,15 @@ local function failed(reply)
   codes[#codes + 1] = 'e'
   errors[#errors + 1] = reply
 end
+-- One record: its write is the whole argument, whatever it holds (merged_writes sends a write
+-- with a raw newline of its own alone, so that it is never split).
+local writes = {ARGV[1] or ''}
+if #KEYS > 1 then
+  writes = {}
+  for write in string.gmatch(ARGV[1] or '', '[^\n]+') do writes[#writes + 1] = write end
+end
 local i = 0
-for write in string.gmatch(ARGV[1] or '', '[^\n]+') do
+for _, write in ipairs(writes) do
   i = i + 1
   if i > #KEYS then break end
   local ttl, order, required, fields = string.match(write, '^(%d+) (%d+) (%S*) (.*)$')
