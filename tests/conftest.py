@@ -21,6 +21,8 @@ import redis
 # by the child processes the tests start (support/paths.py gives those the same path).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
+from core_consumer_support import Started
+
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
 from django_delayqueue.embedded import RedisServerProcess
 
@@ -170,3 +172,12 @@ def spark() -> Iterator[object]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def running() -> Iterator[Started]:
+    """Consumers the test starts with ``running.start(...)`` (core_consumer_support.Started),
+    every one stopped at its end. A test module may define its own ``running`` instead."""
+    started = Started()
+    yield started
+    started.stop_all()

@@ -45,13 +45,6 @@ def keyed_queue() -> Iterator[None]:
     queue_overrides.forget()
 
 
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
-
-
 def test_e015_key_limits_that_cannot_be_read_are_refused_with_hints() -> None:
     queues = {
         "fine": {"key_concurrency": 1, "key_rate_limit": "1/s burst 3"},

@@ -41,13 +41,6 @@ def flow_queue() -> Iterator[None]:
     queue_overrides.forget()
 
 
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
-
-
 def journal_rows(client: redis.Redis, keys: QueueKeys) -> list[list[Any]]:
     """[id, scheduled, due, started, finished, attempt, status, error] of every delivery."""
     rows: list[list[Any]] = []

@@ -79,13 +79,6 @@ def delivered() -> Iterator[Delivered]:
     dq.topic(QUEUE).disconnect(receiver)
 
 
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
-
-
 def start_worker(running: Started) -> Worker:
     """What ``runqueue reports`` does: sync the rows, then run the loop (on a thread)."""
     worker = Worker.for_queues([QUEUE], idle_seconds=0.1)

@@ -5,7 +5,6 @@ the checks and the admin refuse a keyed schedule a sharded queue cannot keep."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,13 +36,6 @@ def configure(schedules: dict[str, Any], **extra: Any) -> Any:
 
 def flow_keys(client: redis.Redis) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in client.hgetall(KEYS.flow_keys).items()}
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 @pytest.mark.django_db(transaction=True)

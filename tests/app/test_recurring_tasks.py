@@ -39,13 +39,6 @@ def tasks_on() -> Iterator[Any]:
     unregister("periodic_examples.beat")
 
 
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_periodic_task_runs_once_per_tick_with_its_result_kept(
     tasks_on: Any, redis_client: redis.Redis, running: Started

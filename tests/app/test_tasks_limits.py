@@ -5,7 +5,6 @@ On the demo's task queue, with the fixtures of test_tasks_backend and test_tasks
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,13 +27,6 @@ STOP = "django_delayqueue.core.errors.TimeLimitExceeded"
 
 def examples() -> Any:
     return backend_tests.examples
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,7 +7,6 @@ On the demo's task queue, with the fixtures of test_tasks_backend.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,13 +22,6 @@ from django_delayqueue.worker import Worker
 Status = framework.TaskResultStatus
 # SUCCEEDED up to django-tasks 0.11, SUCCESSFUL from 0.12 and in Django 6 (framework.py).
 SUCCESSFUL = framework.SUCCESSFUL
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 def _finished(task: Any, result_id: str) -> Any:

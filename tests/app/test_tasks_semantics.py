@@ -57,13 +57,6 @@ def backends_follow_the_tasks_setting(request: pytest.FixtureRequest) -> Iterato
     setting_changed.disconnect(forget)
 
 
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
-
-
 def demo_backend(**changes: Any) -> dict[str, Any]:
     from demo_project.settings import TASKS_SETTING
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import redis
 from asgiref.sync import sync_to_async
-from core_consumer_support import Started
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import SynchronousOnlyOperation
@@ -54,13 +53,6 @@ def receivers(redis_client: redis.Redis) -> Iterator[Callable[[Callable[..., Any
     yield connect
     for fn in connected:
         dq.topic(QUEUE).disconnect(fn)
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 def burst(queue: str = QUEUE) -> Worker:

@@ -6,12 +6,9 @@ then forced after abort_grace_seconds.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
-from core_consumer_support import Started
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, SystemClock
@@ -72,13 +69,6 @@ def test_an_aborted_message_released_unstarted_is_buried(
     assert q.release(m) == 0
     assert redis_client.hget(q.keys.reasons, "m") == b"aborted: stop"
     assert q.counts()["garbage"] == 1 and redis_client.exists(q.keys.aborts) == 0
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 def test_cooperative_abort_turns_message_aborted_true_and_ends_in_dead_letters(

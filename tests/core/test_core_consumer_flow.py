@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from core_consumer_support import EMPTY, Recorder, Started
+from core_consumer_support import EMPTY, Recorder
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 class Counting(Consumer):

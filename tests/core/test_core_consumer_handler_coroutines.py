@@ -9,12 +9,11 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import EMPTY, Started, burst
+from core_consumer_support import EMPTY, burst
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, Reject, Retry
@@ -25,13 +24,6 @@ from django_delayqueue.core.consumer.interruptible import Interruptible
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
 from django_delayqueue.core.errors import SoftTimeLimitExceeded
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 def handler_threads(queue: str = "q") -> list[threading.Thread]:

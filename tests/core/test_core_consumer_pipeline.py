@@ -11,25 +11,18 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import EMPTY, Recorder, Started, burst, threads_alone
+from core_consumer_support import EMPTY, Recorder, burst, threads_alone
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
 from django_delayqueue.core.consumer.extender import Extender
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.embedded import RedisServerProcess
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 class Gate:

@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from asgiref.sync import async_to_sync
-from core_consumer_support import Started
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, SystemClock
@@ -119,13 +118,6 @@ def test_a_watched_handler_has_its_run_from_the_start() -> None:
 
 
 # --- inside a running consumer ----------------------------------------------------------------
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 def test_an_abort_reaches_one_running_handler_of_a_queue_without_limits(

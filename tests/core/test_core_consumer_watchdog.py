@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import Started
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, QueueSettings, SystemClock
@@ -201,13 +200,6 @@ def test_a_handler_blocked_in_a_socket_read_is_unstoppable(
 
 
 # --- inside a running consumer ----------------------------------------------------------------
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 class Supervised(Consumer):

@@ -9,12 +9,10 @@ import asyncio
 import contextvars
 import math
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import Started
 from waiting import TIMEOUT, wait_until
 
 import django_delayqueue as dq
@@ -117,13 +115,6 @@ def test_cancel_and_purge_delete_a_leftover(redis_client: redis.Redis, make_queu
     assert q.cancel("waiting") == 1
     assert q.purge("dead") == 1
     assert redis_client.exists(q.keys.progress) == 0
-
-
-@pytest.fixture
-def running() -> Iterator[Started]:
-    started = Started()
-    yield started
-    started.stop_all()
 
 
 def test_a_handler_thread_reports_progress_coalesced_and_gone_after_ack(
