@@ -29,6 +29,7 @@ from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.supervisor.memory import RecyclePolicy
 from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, ChildChannel
+from django_delayqueue.supervisor.settling import forget_inherited_connections
 from django_delayqueue.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ def run_child(spec: ChildSpec, write_fd: int, inherited_fds: Sequence[int]) -> N
         for fd in inherited_fds:  # the supervisor's ends of its other pipes
             with contextlib.suppress(OSError):
                 os.close(fd)
+        forget_inherited_connections()
         channel = ChildChannel(write_fd)
         code = _consume(spec, channel)
     except BaseException:  # never unwind into the supervisor's frames
