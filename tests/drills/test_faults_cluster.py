@@ -246,7 +246,8 @@ def test_the_supervised_runqueue_delivers_on_the_cluster(
     import django_delayqueue as dq
 
     probe = RedisCluster(host="127.0.0.1", port=cluster[0].port)
-    names = spread_queues(probe, prefix="dq") + spread_queues(probe, prefix="dq", skip=1)
+    # Names of their own: the module's other tests share the cluster and the "dq" prefix.
+    names = spread_queues(probe, base="sup") + spread_queues(probe, skip=1, base="sup")
     probe.close()
     assert len(set(names)) == 6
     queues = {name: {"visibility_timeout": 10, "concurrency": 2} for name in names}
