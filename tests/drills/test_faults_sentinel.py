@@ -1,8 +1,8 @@
 """Sentinel failover with real processes: a primary, a replica and three sentinels of our own,
 a producer scheduling through the app's settings (``DELAYQUEUE['SENTINEL']``) and
 ``runqueue --processes 2`` delivering, while the primary is killed with ``kill -9``. The
-sentinels promote the replica; producer and consumer processes follow it by themselves. The old primary then comes back and the
-sentinels make it a replica of the new one.
+sentinels promote the replica; producer and consumer processes follow it by themselves. The
+old primary then comes back and the sentinels make it a replica of the new one.
 
 The producer schedules as a view does, in transactions with the outbox: a send that fails in the
 failover (Redis down, or not confirmed by a replica) is relayed later under its row's token.

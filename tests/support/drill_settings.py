@@ -7,7 +7,8 @@ it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and
 receiver, other settings) let one ``runqueue`` serve several drill queues at once;
 ``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings, or adds
 a queue (with "drill"'s settings under its own, and the same ledger-keeping receiver);
-``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of.
+``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
+``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on ``REDIS_URL``.
 """
 
 import json
@@ -73,6 +74,13 @@ DELAYQUEUE = {
         },
     },
 }
+if os.environ.get("DRILL_CACHE_ALIAS"):  # the connection of a django-redis cache alias
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "queues": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": os.environ["REDIS_URL"]},
+    }
+    DELAYQUEUE["CACHE_ALIAS"] = "queues"
+    del DELAYQUEUE["REDIS_URL"]
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
     _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
     DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}
