@@ -90,6 +90,12 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
     return []
 
 
+def settling_client() -> Any:
+    """The supervisor's own Redis client (no retries, short timeouts): for what it writes
+    itself, which must never hold its loop long."""
+    return _settling_client()[0]
+
+
 def _settling_client() -> tuple[Any, Any]:
     """The supervisor's own client (no retries, short timeouts) and a clock reading it."""
     global _settling
