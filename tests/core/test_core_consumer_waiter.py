@@ -10,7 +10,7 @@ import redis
 from core_consumer_support import EMPTY, Recorder, Running
 from waiting import TIMEOUT, wait_until
 
-from django_delayqueue.core import ManualClock, Queue, SystemClock
+from django_delayqueue.core import ManualClock, Message, Queue, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.waiter import (
@@ -22,6 +22,7 @@ from django_delayqueue.core.consumer.waiter import (
     ClaimLead,
     Waiter,
     sleep_until_due,
+    start_at_ms,
 )
 
 # --- the claim lead -------------------------------------------------------------------------------
@@ -66,6 +67,34 @@ def test_sleep_until_due_gives_up_after_longest_ms_on_a_clock_that_does_not_move
     clock = ManualClock()
     sleep_until_due(clock, clock.now_ms() + 3, longest_ms=5)  # returns: no hang
     assert clock.now_ms() == ManualClock().now_ms()
+
+
+def _claimed(due_ms: int, attempt: int = 1, ready_since_ms: int | None = None) -> Message:
+    return Message("m", "q", None, due_ms, due_ms, attempt, "1", ready_since_ms=ready_since_ms)
+
+
+def test_a_claimed_message_starts_at_the_later_of_its_due_time_and_its_return_to_ready() -> None:
+    now = 1_700_000_000_000
+    # A first attempt claimed one claim lead early: held until its due time.
+    assert start_at_ms(_claimed(now + 3), now) == now + 3
+    assert start_at_ms(_claimed(now - 5), now) is None
+    # A retry claimed one claim lead before its retry time: its first due time is long past,
+    # and it is held until the retry time the claim returned.
+    assert start_at_ms(_claimed(now - 60_000, 2, now + 4), now) == now + 4
+    assert start_at_ms(_claimed(now - 60_000, 2, now - 1), now) is None
+    # "Run now" on a message due in a minute: not held for its due time.
+    assert start_at_ms(_claimed(now + 60_000, 1, now - 2), now) is None
+    # ... and its retry is held until its retry time all the same.
+    assert start_at_ms(_claimed(now + 60_000, 2, now + 2), now) == now + 2
+    # A message given back by a stopping consumer before its due time: held until then.
+    assert start_at_ms(_claimed(now + 3, 1, now - 1), now) == now + 3
+
+
+def test_start_at_ms_waits_for_nothing_further_off_than_longest_ms() -> None:
+    now = 1_700_000_000_000
+    # Only a clock gone wrong puts a return to ready far ahead: not worth a thread's time.
+    assert start_at_ms(_claimed(now - 1, 2, now + 500), now, longest_ms=100) is None
+    assert start_at_ms(_claimed(now - 1, 2, now + 50), now, longest_ms=100) == now + 50
 
 
 # --- waiting on the wake channel ------------------------------------------------------------------

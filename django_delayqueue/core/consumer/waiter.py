@@ -3,9 +3,11 @@
 Two costs stand between a due time and the start of its handler: waking up (a ``select()``
 timeout overshoots by a few tenths of a millisecond) and the promote + claim round trip. The
 consumer therefore wakes one *claim lead* before the time it aims at, claims what is due by
-that time, and the handler thread waits out the rest (:func:`sleep_until_due`): the handler
+that time, and the handler thread waits out the rest (:func:`hold_until_start`): the handler
 starts on time and never early, and the message waits those last milliseconds safe in the
-unack set. The lead is the slowest recent wake-to-claimed cost plus a margin, never more than
+unack set. The time aimed at is the instant the message became due: its due time, or for one
+that came back to ready (a retry, above all) the instant it did (:func:`start_at_ms`). The
+lead is the slowest recent wake-to-claimed cost plus a margin, never more than
 ``MAX_CLAIM_LEAD_MS``; a cancel in those last milliseconds finds the message already claimed,
 as it would a moment after its due time.
 """
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock, exact_now_ms
-from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.envelope import Message, to_str
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +347,46 @@ class Waiter:
         deadline = time.monotonic() + 2 * WAIT_SLICE_SECONDS + 1
         for listener in listeners:
             listener.join(max(0.0, deadline - time.monotonic()))
+
+
+def start_at_ms(message: Message, now_ms: float, longest_ms: float = HOLD_AT_MOST_MS) -> int | None:
+    """The instant a claimed ``message``'s handler may start, read at ``now_ms``; None: at once.
+
+    The later of the instants it became due: its envelope's due time and, for a message that
+    came back to ready, the instant it did (``ready_since_ms``, from the claim): a retry's
+    retry time, the moment a dead letter was requeued, a message run now or given back. A
+    retry's envelope keeps its first due time, long past, while the claim may come one claim
+    lead before the retry time: without the second, a retry starts up to that lead early.
+    Each instant is waited for only if at most ``longest_ms`` ahead (see
+    :func:`sleep_until_due`): a due time further off was made ready early on purpose.
+    """
+    start = None
+    for at in (message.due_ms, message.ready_since_ms):
+        if at is not None and now_ms < at <= now_ms + longest_ms and (start is None or at > start):
+            start = at
+    return start
+
+
+def hold_until_start(clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS) -> None:
+    """Hold a handler thread until claimed ``message`` may start (:func:`start_at_ms`)."""
+    if message.ready_since_ms is None:  # the common case: one reading of the clock
+        sleep_until_due(clock, message.due_ms, longest_ms)
+        return
+    start = start_at_ms(message, exact_now_ms(clock), longest_ms)
+    if start is not None:
+        sleep_until_due(clock, start, longest_ms)
+
+
+async def ahold_until_start(
+    clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS
+) -> None:
+    """:func:`hold_until_start` for a coroutine, awaited (the event loop runs the others)."""
+    if message.ready_since_ms is None:
+        await asleep_until_due(clock, message.due_ms, longest_ms)
+        return
+    start = start_at_ms(message, exact_now_ms(clock), longest_ms)
+    if start is not None:
+        await asleep_until_due(clock, start, longest_ms)
 
 
 def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_MS) -> None:
