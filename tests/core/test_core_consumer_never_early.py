@@ -25,7 +25,7 @@ from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import Wake, start_at_ms
+from django_delayqueue.core.consumer.waiter import Wake, became_due_ms
 from django_delayqueue.core.scripts.calls import ScriptCall
 
 MESSAGES = 24
@@ -152,7 +152,7 @@ def test_a_retry_claimed_one_claim_lead_early_is_held_until_its_retry_time(
     consumer._aim = Wake(due_ms=retry_at, planned_ms=retry_at - 3, announced=False)
     (m,) = consumer._fetch()
     assert (m.attempt, m.due_ms, m.ready_since_ms) == (2, T0, retry_at)
-    assert start_at_ms(m, manual_clock.now_ms()) == retry_at  # not its first due time, past
+    assert became_due_ms(m) == retry_at  # not its first due time, past
 
 
 def test_a_retry_given_back_before_its_retry_time_keeps_it(
@@ -169,7 +169,7 @@ def test_a_retry_given_back_before_its_retry_time_keeps_it(
     assert q.release(m) == 1
     (again,) = q.claim()
     assert (again.attempt, again.ready_since_ms) == (2, retry_at)
-    assert start_at_ms(again, manual_clock.now_ms()) == retry_at
+    assert became_due_ms(again) == retry_at
     # Given back after its retry time, it is due from its release (see test_core_queue_overdue).
     manual_clock.advance(ms=10)
     assert q.release(again) == 1

@@ -21,8 +21,9 @@ from django_delayqueue.core.consumer.waiter import (
     WRITE_SOON_SECONDS,
     ClaimLead,
     Waiter,
+    became_due_ms,
+    hold_until_start,
     sleep_until_due,
-    start_at_ms,
 )
 
 # --- the claim lead -------------------------------------------------------------------------------
@@ -73,28 +74,25 @@ def _claimed(due_ms: int, attempt: int = 1, ready_since_ms: int | None = None) -
     return Message("m", "q", None, due_ms, due_ms, attempt, "1", ready_since_ms=ready_since_ms)
 
 
-def test_a_claimed_message_starts_at_the_later_of_its_due_time_and_its_return_to_ready() -> None:
+def test_a_claimed_message_became_due_when_it_came_back_to_ready_if_it_did() -> None:
     now = 1_700_000_000_000
-    # A first attempt claimed one claim lead early: held until its due time.
-    assert start_at_ms(_claimed(now + 3), now) == now + 3
-    assert start_at_ms(_claimed(now - 5), now) is None
-    # A retry claimed one claim lead before its retry time: its first due time is long past,
-    # and it is held until the retry time the claim returned.
-    assert start_at_ms(_claimed(now - 60_000, 2, now + 4), now) == now + 4
-    assert start_at_ms(_claimed(now - 60_000, 2, now - 1), now) is None
-    # "Run now" on a message due in a minute: not held for its due time.
-    assert start_at_ms(_claimed(now + 60_000, 1, now - 2), now) is None
-    # ... and its retry is held until its retry time all the same.
-    assert start_at_ms(_claimed(now + 60_000, 2, now + 2), now) == now + 2
-    # A message given back by a stopping consumer before its due time: held until then.
-    assert start_at_ms(_claimed(now + 3, 1, now - 1), now) == now + 3
+    # A first attempt (claimed up to one claim lead early): its due time.
+    assert became_due_ms(_claimed(now + 3)) == now + 3
+    # A retry, claimed up to one claim lead before its retry time: its envelope's due time is
+    # its first delivery's, long past; the claim returned the retry time.
+    assert became_due_ms(_claimed(now - 60_000, 2, now + 4)) == now + 4
+    # "Run now" (or a requeue) on a message due later: the moment it was put back in ready,
+    # however close its due time (not held for it).
+    assert became_due_ms(_claimed(now + 3, 1, now - 2)) == now - 2
+    assert became_due_ms(_claimed(now + 60_000, 2, now + 2)) == now + 2  # then its retry
 
 
-def test_start_at_ms_waits_for_nothing_further_off_than_longest_ms() -> None:
-    now = 1_700_000_000_000
-    # Only a clock gone wrong puts a return to ready far ahead: not worth a thread's time.
-    assert start_at_ms(_claimed(now - 1, 2, now + 500), now, longest_ms=100) is None
-    assert start_at_ms(_claimed(now - 1, 2, now + 50), now, longest_ms=100) == now + 50
+def test_a_retry_is_held_until_its_retry_time_not_its_first_due_time() -> None:
+    clock = SystemClock()
+    for ahead_ms in (0.5, 2.0, 4.0):
+        retry_at = int(exact_now_ms(clock) + ahead_ms) + 1
+        hold_until_start(clock, _claimed(retry_at - 60_000, 2, retry_at))
+        assert exact_now_ms(clock) >= retry_at
 
 
 # --- waiting on the wake channel ------------------------------------------------------------------

@@ -6,7 +6,7 @@ consumer therefore wakes one *claim lead* before the time it aims at, claims wha
 that time, and the handler thread waits out the rest (:func:`hold_until_start`): the handler
 starts on time and never early, and the message waits those last milliseconds safe in the
 unack set. The time aimed at is the instant the message became due: its due time, or for one
-that came back to ready (a retry, above all) the instant it did (:func:`start_at_ms`). The
+that came back to ready (a retry, above all) the instant it did (:func:`became_due_ms`). The
 lead is the slowest recent wake-to-claimed cost plus a margin, never more than
 ``MAX_CLAIM_LEAD_MS``; a cancel in those last milliseconds finds the message already claimed,
 as it would a moment after its due time.
@@ -35,8 +35,9 @@ CLAIM_LEAD_MARGIN_MS = 0.5
 FIRST_CLAIM_LEAD_MS = 1.5  # until a round has been measured
 # A message may reach ready up to one claim lead early on *another* consumer's clock, whose
 # never-ahead estimate of the server's can read a few milliseconds apart from ours: such a
-# message is held until its due time too. Only one due further off than the lead plus this
-# allowance was made ready early on purpose ("run now"), and runs at once.
+# message is held until its due time too. One made ready early on purpose ("run now") says so
+# (the claim returns when it came back to ready: see became_due_ms) and runs at once; a due
+# time further off than the lead plus this allowance is not waited for either way.
 CLOCK_SKEW_ALLOWANCE_MS = 100.0
 HOLD_AT_MOST_MS = MAX_CLAIM_LEAD_MS + CLOCK_SKEW_ALLOWANCE_MS
 WAIT_SLICE_SECONDS = 0.25  # short slices keep signals responsive; they cost no Redis commands
@@ -349,44 +350,30 @@ class Waiter:
             listener.join(max(0.0, deadline - time.monotonic()))
 
 
-def start_at_ms(message: Message, now_ms: float, longest_ms: float = HOLD_AT_MOST_MS) -> int | None:
-    """The instant a claimed ``message``'s handler may start, read at ``now_ms``; None: at once.
+def became_due_ms(message: Message) -> int:
+    """The instant a claimed ``message`` became due, which its handler never starts before.
 
-    The later of the instants it became due: its envelope's due time and, for a message that
-    came back to ready, the instant it did (``ready_since_ms``, from the claim): a retry's
-    retry time, the moment a dead letter was requeued, a message run now or given back. A
-    retry's envelope keeps its first due time, long past, while the claim may come one claim
-    lead before the retry time: without the second, a retry starts up to that lead early.
-    Each instant is waited for only if at most ``longest_ms`` ahead (see
-    :func:`sleep_until_due`): a due time further off was made ready early on purpose.
+    For a message that came back to ready, the instant it did (``ready_since_ms``, which the
+    claim returns): a retry's retry time, the moment a dead letter was requeued, a message was
+    run now, or a retry given back by a stopping consumer was (its retry time if later). Its
+    envelope keeps its first due time: long past for a retry, which the claim may take up to
+    one claim lead before its retry time; ahead for one run now, which runs at once. Else (a
+    first attempt, or a claim that did not say) the envelope's due time.
     """
-    start = None
-    for at in (message.due_ms, message.ready_since_ms):
-        if at is not None and now_ms < at <= now_ms + longest_ms and (start is None or at > start):
-            start = at
-    return start
+    since = message.ready_since_ms
+    return message.due_ms if since is None else since
 
 
 def hold_until_start(clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS) -> None:
-    """Hold a handler thread until claimed ``message`` may start (:func:`start_at_ms`)."""
-    if message.ready_since_ms is None:  # the common case: one reading of the clock
-        sleep_until_due(clock, message.due_ms, longest_ms)
-        return
-    start = start_at_ms(message, exact_now_ms(clock), longest_ms)
-    if start is not None:
-        sleep_until_due(clock, start, longest_ms)
+    """Hold a handler thread until claimed ``message`` became due (:func:`became_due_ms`)."""
+    sleep_until_due(clock, became_due_ms(message), longest_ms)
 
 
 async def ahold_until_start(
     clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS
 ) -> None:
     """:func:`hold_until_start` for a coroutine, awaited (the event loop runs the others)."""
-    if message.ready_since_ms is None:
-        await asleep_until_due(clock, message.due_ms, longest_ms)
-        return
-    start = start_at_ms(message, exact_now_ms(clock), longest_ms)
-    if start is not None:
-        await asleep_until_due(clock, start, longest_ms)
+    await asleep_until_due(clock, became_due_ms(message), longest_ms)
 
 
 def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_MS) -> None:
@@ -394,8 +381,8 @@ def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_
 
     A claim is at most one claim lead early (on the clock of whichever consumer promoted it),
     so an early-claimed message always waits. One due further off was made ready ahead of its
-    time on purpose ("run now" in the admin) and runs at once; a clock that does not move
-    (tests) holds a thread ``longest_ms`` at most.
+    time on purpose ("run now" in the admin, when the claim did not say so) and runs at once;
+    a clock that does not move (tests) holds a thread ``longest_ms`` at most.
     """
     early_ms = due_ms - exact_now_ms(clock)
     if early_ms <= 0 or early_ms > longest_ms:
