@@ -78,7 +78,7 @@ RELEASE = Contract(
     "release",
     keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts "
     f"{_KEYED} progress",
-    args="now_ms wake_channel *pairs",
+    args="now_ms wake_channel *triples",
 )
 SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
