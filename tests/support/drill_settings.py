@@ -4,8 +4,9 @@ Everything that varies comes from the environment set by the test (Redis URL, le
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
 the settings rows could not be synced and goes on), except in the outbox drill, which migrates
 it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
-receiver, other settings) let one ``runqueue`` serve several drill queues at once;
-``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings.
+receiver, other settings) let one ``runqueue`` serve several drill queues at once, and
+"drill-async" has an ``async def`` receiver; ``$DRILL_QUEUES`` (JSON, queue name -> settings)
+overrides any drill queue's settings.
 """
 
 import json
@@ -66,6 +67,14 @@ DELAYQUEUE = {
             "backoff_max": 1.0,
             "concurrency": 1,
             "claim_batch": 5,
+        },
+        # An async def receiver that awaits its action in a thread (drill_app/handlers.py).
+        "drill-async": {
+            "visibility_timeout": 2,
+            "max_attempts": 3,
+            "backoff_base": 0.05,
+            "backoff_max": 0.5,
+            "concurrency": 2,
         },
     },
 }
