@@ -214,7 +214,7 @@ class HandlerCoroutines:
                     logger.exception("the event loop of the coroutine handlers failed")
         finally:
             try:
-                loop.close()  # its default executor shut down, its running threads left be
+                loop.close()  # shuts its default executor down; running threads end on their own
             except Exception:  # tasks still pending are dropped with it
                 logger.debug("event loop closed with tasks pending", exc_info=True)
             if self._uninstall is not None:
