@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -425,3 +426,44 @@ django.setup()
 from django_delayqueue.monitoring.health import check_health
 print(json.dumps(check_health()[1]))
 """
+
+
+@pytest.mark.parametrize("via", ["to_thread", "executor", "sync_to_async"])
+def test_an_async_handler_whose_thread_outlives_its_time_limit_gets_its_process_replaced(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis, via: str
+) -> None:
+    """An ``async def`` receiver awaiting a thread blocked in a socket read, past
+    ``time_limit``: the cancel ends the coroutine, not the thread, so the delivery stays
+    running (never retried beside it), is found unstoppable and its process replaced as a
+    thread handler's is; the retry runs in the replacement, once the old process is gone."""
+    queues = {"drill-async": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill-async")
+        hung = q.schedule({"do": ["block", "ok"], "via": via}).id
+        sup = runqueues.start("--grace", "2", "--processes", "1", queues=["drill-async"])
+        (first,) = runqueues.consuming_children(sup, 1)
+        runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
+
+        def retried() -> list[Any]:
+            return [d for d in read(runqueues.ledger) if d.id == hung and d.attempt == 2]
+
+        # The retry must not start while the thread runs: the process is replaced first.
+        runqueues.wait(
+            lambda: retried() or "could not stop 1 handler(s)" in runqueues.log(sup),
+            30,
+            "the time limit",
+        )
+        assert not retried(), runqueues.logs()[-3000:]
+        again = runqueues.wait(retried, 60, "the retry")
+        # Retried only once the old process was reaped: it never ran beside its retry.
+        assert not _alive(first)
+        assert again[0].pid != first and again[0].ppid == sup.pid
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        log = runqueues.log(sup)
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        report = check([hung], read(runqueues.ledger))
+        assert report.ok, report.summary() + runqueues.logs()
+    finally:
+        runqueues.close()
