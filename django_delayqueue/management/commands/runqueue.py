@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayqueue.conf.queues import configured
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.management.logs import configure_logging
+from django_delayqueue.management.seconds import checked_seconds, seconds_type
 from django_delayqueue.mirror.following import sync_settings
 from django_delayqueue.monitoring.servers import ServerGuard
 from django_delayqueue.worker import Worker
@@ -59,10 +60,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--grace",
-            type=float,
+            type=seconds_type(zero=True),
             default=30.0,
             metavar="SECONDS",
-            help="on SIGTERM, time in-flight handlers get to finish (default 30)",
+            help="on SIGTERM, time in-flight handlers get to finish (default 30; 0 or more)",
         )
         parser.add_argument(
             "--name",
@@ -94,6 +95,8 @@ class Command(BaseCommand):
 
     def handle(self, *queues: str, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        # call_command(grace=...) hands the value over unparsed: checked here as well.
+        options["grace"] = checked_seconds("--grace", options["grace"], zero=True)
         from django_delayqueue.supervisor.fresh import take_child_invocation
 
         invocation = take_child_invocation()
@@ -122,7 +125,7 @@ class Command(BaseCommand):
                 options["queues"] or None,
                 burst=options["burst"],
                 max_messages=options["max_messages"],
-                grace_seconds=max(0.0, options["grace"]),
+                grace_seconds=options["grace"],
                 name=options["name"],
             )
         except ConfigurationError as e:
@@ -159,7 +162,7 @@ class Command(BaseCommand):
                 queues=list(names) if names else None,
                 processes=options["processes"],
                 concurrency=options["concurrency"],
-                grace_seconds=max(0.0, options["grace"]),
+                grace_seconds=options["grace"],
                 max_messages_per_child=options["max_messages_per_child"],
                 max_memory_per_child_mb=options["max_memory_per_child"],
                 name=options["name"],
