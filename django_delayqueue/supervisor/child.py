@@ -66,7 +66,7 @@ class SupervisedWorker(Worker):
         why = self.recycle.reason(self.delivered)
         if why is not None:
             logger.info("%s asks to be replaced: %s", self.name, why)
-            self.channel.send(RECYCLE, reason=why)
+            self.channel.send(RECYCLE, reason=why, memory=self.recycle.for_memory)
         return claimed
 
     def replacement_needed(self, stopped: list[StoppedHandler]) -> None:

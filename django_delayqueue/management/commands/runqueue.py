@@ -90,7 +90,10 @@ class Command(BaseCommand):
             "--max-memory-per-child",
             type=_positive,
             metavar="MB",
-            help="replace a consumer process once its resident memory exceeds MB megabytes",
+            help=(
+                "replace a consumer process once its resident memory exceeds MB megabytes "
+                "(refused below what every consumer process starts with)"
+            ),
         )
 
     def handle(self, *queues: str, **options: Any) -> None:
@@ -147,6 +150,7 @@ class Command(BaseCommand):
     def _supervise(self, options: dict[str, Any]) -> int:
         from django_delayqueue.supervisor.fresh import restart_command
         from django_delayqueue.supervisor.loop import Supervisor, SupervisorOptions
+        from django_delayqueue.supervisor.memory import memory_limit_problem, own_memory_bytes
 
         names = options["queues"] or None
         try:
@@ -157,6 +161,12 @@ class Command(BaseCommand):
             ServerGuard().check()
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
+        if options["max_memory_per_child"] is not None:
+            # Measured now, set up as a consumer process will be: a limit below it would
+            # have every process replaced as soon as it started.
+            problem = memory_limit_problem(options["max_memory_per_child"], own_memory_bytes())
+            if problem:
+                raise CommandError(problem)
         supervisor = Supervisor(
             SupervisorOptions(
                 queues=list(names) if names else None,
