@@ -301,6 +301,14 @@ def test_a_return_value_that_is_not_json_fails_the_task(redis_client: redis.Redi
     failed = examples.returns_a_set.get_result(result.id)
     assert failed.status == Status.FAILED
     assert failed.errors[-1].exception_class_path == "builtins.TypeError"
+    # Issue 37: in Python's words, which users (and django-tasks-db's suite) search for; the
+    # framework's own ("Unsupported type", where it has one) is kept as the cause.
+    traceback = failed.errors[-1].traceback
+    assert "TypeError: Object of type set is not JSON serializable" in traceback
+    if framework.normalize_json is not None:
+        assert "Unsupported type: <class 'set'>" in traceback
+    reason = redis_client.hget(KEYS.reasons, result.id) or b""
+    assert b"is not JSON serializable" in reason
 
 
 @pytest.mark.django_db(transaction=True)
