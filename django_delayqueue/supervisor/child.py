@@ -106,6 +106,9 @@ class ChildSpec:
     grace_seconds: float
     max_messages: int | None
     max_memory_mb: float | None
+    # The name runqueue was given (--name), which task results list in worker_ids; None: the
+    # child's own name.
+    worker_id: str | None = None
     worker_class: type[SupervisedWorker] = SupervisedWorker
 
 
@@ -143,6 +146,7 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
             spec.queues,
             grace_seconds=spec.grace_seconds,
             name=spec.name,
+            worker_id=spec.worker_id,
             channel=channel,
             recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
         )

@@ -68,8 +68,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--name",
             help=(
-                "name shown in heartbeats (default: random); each consumer process is "
-                "NAME.<slot>-<pid>"
+                "name of this runqueue (default: runqueue-<host>-<pid>): each consumer "
+                "process is NAME.<slot>-<pid> in heartbeats and logs, and a task's worker_ids "
+                "list NAME"
             ),
         )
         parser.add_argument(
