@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import MAX_SHARDS
-from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings
+from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings, nan_or_infinite
 
 SETTING_NAME = "DELAYQUEUE"
 
@@ -252,3 +252,21 @@ def shards_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
         return f"shards must be a whole number from 1 to {MAX_SHARDS}, not {value!r}"
     return None
+
+
+def seconds_setting_problem(name: str, *, optional: bool = False, zero: bool = False) -> str | None:
+    """What is wrong with the ``DELAYQUEUE`` setting ``name`` as a number of seconds, or None:
+    it must be a finite number above 0 (or 0 too, with ``zero``; or None, with ``optional``).
+    NaN and infinity are named: NaN compares false with everything, so a threshold of NaN
+    would never be passed and an interval of NaN never end."""
+    value = getattr(dq_settings, name)
+    if value is None and optional:
+        return None
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if number and not nan_or_infinite(value) and (value > 0 or (zero and value == 0)):
+        return None
+    wanted = "0 or more" if zero else "above 0"
+    return (
+        f"DELAYQUEUE[{name!r}] must be a finite number of seconds, {wanted}"
+        f"{' (or None: off)' if optional else ''}, not {value!r}"
+    )
