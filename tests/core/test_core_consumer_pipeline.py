@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import EMPTY, Recorder, burst, threads_alone
+from core_consumer_support import EMPTY, Recorder, Ticks, burst, threads_alone
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
@@ -196,16 +196,6 @@ def test_a_lowered_visibility_timeout_shortens_the_extension_interval(
         assert redis_client.zscore(q.keys.unack, "x") == manual_clock.now_ms() + 3000
     finally:
         extender.stop()
-
-
-class Ticks:
-    """A monotonic clock the test moves (seconds), for the extender's intervals."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_raised_visibility_timeout_extends_the_leases_before_the_interval_grows(
