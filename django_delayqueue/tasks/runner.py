@@ -179,12 +179,14 @@ def _abort(stopped: BaseException | None) -> Aborted | None:
 
 
 def _as_recorded(e: BaseException, abort: Aborted | None) -> BaseException:
-    """What a task's record says ended it: ``abort`` once its message was aborted, raised
-    where ``e`` was (an abort wins over a time limit that came in its grace, or an error the
-    task raised after it, as it does in the journal and the dead letters); else ``e``."""
+    """What a task's record says ended it: ``abort`` once its message was aborted (an abort
+    wins over a time limit that came in its grace, or an error the task raised after it, as it
+    does in the journal and the dead letters), with ``e`` as its cause, so the traceback still
+    shows where and how the task ended; else ``e``."""
     if abort is None or isinstance(e, Aborted):
         return e
-    return abort.with_traceback(e.__traceback__)
+    abort.__cause__ = e
+    return abort
 
 
 class _TaskRun:
