@@ -10,10 +10,12 @@ back through the same ``done`` callback a handler thread's outcome takes.
 
 Stopping a coroutine is cancelling it (:meth:`HandlerCoroutines.cancel`): a time limit, an abort,
 the end of a stop's grace period. Its outcome is then what the canceller said (retried with the
-time limit's reason, or dead for an abort), whatever the coroutine did after. A delivery ends
-only once the work it handed to threads has ended too (:mod:`.coroutine_threads`): cancelling
-stops the waiting, not a thread, so until then it stays running (its outcome held, its message
-in flight and extended), and a thread still running a moment after a stop makes it unstoppable.
+time limit's reason, or dead for an abort), whatever the coroutine did after; but an abort
+learnt before it ended wins over a time limit (:meth:`HandlerCoroutines.settlement`), as it does
+for a thread: dead letters with the abort's reason, never a retry. A delivery ends only once the
+work it handed to threads has ended too (:mod:`.coroutine_threads`): cancelling stops the
+waiting, not a thread, so until then it stays running (its outcome held, its message in flight
+and extended), and a thread still running a moment after a stop makes it unstoppable.
 
 Beside this runner, each in its own module: what a handler's own task reaches of its run
 (:mod:`.coroutine_context`: its stop request, where its soft limit lands, its sync parts), the
@@ -44,10 +46,15 @@ from django_delayqueue.core.consumer.coroutine_context import (
 from django_delayqueue.core.consumer.coroutine_threads import install
 from django_delayqueue.core.consumer.coroutine_watcher import STOP_WAIT_SECONDS, CoroutineWatcher
 from django_delayqueue.core.consumer.interruptible import Interruptible
-from django_delayqueue.core.consumer.outcomes import Outcome, failed_outcome
-from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
+from django_delayqueue.core.consumer.outcomes import (
+    Outcome,
+    aborted_outcome,
+    failed_outcome,
+    is_aborted,
+)
+from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler, abort_reason
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.journal import GARBAGE, RETRY
+from django_delayqueue.core.journal import RETRY
 from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
@@ -79,9 +86,13 @@ class HandlerCoroutines:
         deliverer: CoroutineDeliverer,
         on_unstoppable: Callable[[list[StoppedHandler]], None],
         monotonic: Callable[[], float] = time.monotonic,
+        abort_reason_of: Callable[[Message], str | None] | None = None,
     ) -> None:
         self._deliverer = deliverer
         self._monotonic = monotonic
+        # The reason a running delivery was aborted with, once its consumer learnt it ("" for
+        # none given; None: not aborted): Consumer.abort_reason_for.
+        self._abort_reason_of = abort_reason_of or _never_aborted
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # notified as a coroutine ends
         self._running: dict[tuple[str, str], RunningCoroutine] = {}  # by (queue, token)
@@ -157,6 +168,21 @@ class HandlerCoroutines:
         for entry in entries:
             loop.call_soon_threadsafe(self._cancel_task, entry, reason)
         return len(entries)
+
+    def abort_reason_of(self, message: Message) -> str | None:
+        """The reason the running delivery ``message`` was aborted with, once learnt ("" for
+        none given); None while it was not aborted."""
+        return self._abort_reason_of(message)
+
+    def settlement(self, entry: RunningCoroutine) -> tuple[Settlement, str] | None:
+        """How ``entry``'s stop settles its message: as its canceller said, but dead letters
+        with the abort's reason once an abort of it was learnt (an abort wins over a time
+        limit); None when it was not stopped."""
+        stop = entry.stop
+        if stop is None or stop[0] == "dead":
+            return stop
+        reason = self._abort_reason_of(entry.message)
+        return stop if reason is None else ("dead", abort_reason(reason))
 
     def tokens(self) -> list[tuple[str, str]]:
         """(queue, token) of every running coroutine."""
@@ -287,11 +313,16 @@ class HandlerCoroutines:
             if self._running.pop((message.queue, message.token), None) is None:
                 return  # ended already
             self._ended.notify_all()
-            stop = entry.stop
-        if stop is not None:
+        # Read once it is off the running list: no stop can come after (cancel finds it gone).
+        stop = self.settlement(entry)
+        # An outcome its run settled as aborted stands (the abort wins over a time limit): its
+        # run, which knew of the abort, has ended, so settlement() may no longer know.
+        if stop is not None and not is_aborted(outcome):
             settlement, reason = stop
-            status = GARBAGE if settlement == "dead" else RETRY
-            outcome = replace(outcome, status=status, reason=reason, delay=None)
+            if settlement == "dead":
+                outcome = aborted_outcome(outcome, reason)
+            else:
+                outcome = replace(outcome, status=RETRY, reason=reason, delay=None)
         try:
             entry.done(outcome)
         except Exception:
@@ -305,3 +336,7 @@ class HandlerCoroutines:
     def _cancel_task(entry: RunningCoroutine, reason: str) -> None:
         if entry.task is not None and not entry.task.done():
             entry.task.cancel(reason)
+
+
+def _never_aborted(message: Message) -> str | None:
+    return None

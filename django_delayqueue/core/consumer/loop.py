@@ -132,7 +132,9 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
         # Coroutine handlers (async def) run on one event loop, counted with the threads; their
         # time limits are kept by that runner (handler_coroutines.py), their aborts as below.
-        self.coroutines = HandlerCoroutines(self, self._coroutines_unstoppable)
+        self.coroutines = HandlerCoroutines(
+            self, self._coroutines_unstoppable, abort_reason_of=self.abort_reason_for
+        )
         self._threads = ThreadsByQueue(self, self._waiter, self.coroutines)
         # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
         # the watchdog that stops them, the thread that learns their aborts (while run() runs).
