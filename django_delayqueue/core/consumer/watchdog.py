@@ -27,8 +27,8 @@ from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 from django_delayqueue.core.consumer.limits import Run, Runs
 from django_delayqueue.core.consumer.stopped import abort_reason, time_limit_reason
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.settings import QueueSettings
-from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
