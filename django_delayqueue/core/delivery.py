@@ -22,6 +22,7 @@ from django_delayqueue.core.envelope import (
 )
 from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope, DelayQueueError
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.progress import encode_progress
 from django_delayqueue.core.results import PromoteResult, ReapResult
 from django_delayqueue.core.scripts.calls import ScriptCall
@@ -36,7 +37,6 @@ from django_delayqueue.core.scripts.contracts import (
     RELEASE,
 )
 from django_delayqueue.core.settings import QueueSettings
-from django_delayqueue.observability.log_fields import message_fields
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock

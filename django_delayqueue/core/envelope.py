@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from django_delayqueue.core import running
 from django_delayqueue.core.errors import CorruptEnvelope, PayloadError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
@@ -355,9 +356,7 @@ class Message:
         """Whether this delivery was aborted (``dq.abort``, the admin's "Stop") while it runs:
         true within about a second of the abort. Stop cleanly when it is: the message goes to
         the dead letters whatever the handler does (see docs/workers.md)."""
-        from django_delayqueue.core.consumer.limits import aborted
-
-        return aborted(self)
+        return running.abort_requested(self)
 
     def progress(self, percent: float, note: str = "") -> bool:
         """Report how far the handler of this delivery got: ``percent`` from 0 to 100 and a
@@ -366,9 +365,7 @@ class Message:
         latest report with its next beat). ValueError for a percent out of range. False (and
         nothing sent) once this delivery no longer runs in this process (see docs/progress.md).
         """
-        from django_delayqueue.core.consumer.progress_reports import report_progress
-
-        return report_progress(percent, note, self)
+        return running.progress(self, percent, note)
 
 
 def storable_text(text: Any, limit: int) -> str:

@@ -25,7 +25,7 @@ from django_delayqueue.core.consumer.interruptible import Interruptible
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.consumer.stopped import Settlement
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 

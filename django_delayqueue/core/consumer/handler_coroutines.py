@@ -55,7 +55,7 @@ from django_delayqueue.core.consumer.outcomes import (
 from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler, abort_reason
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.journal import RETRY
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import _stop_reasons
 from django_delayqueue.core.journal import RETRY
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.core.journal import ACK, GARBAGE, RETRY, OutcomeStatus
+from django_delayqueue.core.observability.log_fields import message_fields
+from django_delayqueue.core.observability.tracing import record_failure
 from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.observability.log_fields import message_fields
-from django_delayqueue.observability.tracing import record_failure
 
 logger = logging.getLogger(__name__)
 

@@ -102,7 +102,7 @@ def record_stop(q: Queue, item: StoppedHandler, *, dead: bool) -> ScriptCall:
     """The write of a stopped task's end to its result record: FAILED (its message is dead)
     or READY (retried), with the stop as this delivery's error."""
     from django_delayqueue.core.housekeeping import ENDED_RECORD_TTL_SECONDS
-    from django_delayqueue.tasks.payload import (
+    from django_delayqueue.core.task_records import (
         ERROR_PREFIX,
         FAILED,
         FINISHED_AT,

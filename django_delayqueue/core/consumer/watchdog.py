@@ -35,8 +35,8 @@ from django_delayqueue.core.consumer.stopped import (
     time_limit_reason,
 )
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.settings import QueueSettings
-from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
