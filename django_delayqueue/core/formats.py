@@ -39,9 +39,15 @@ def announced_format(details: Any) -> int:
         value = json.loads(to_str(details)).get("reads_format")
     except (ValueError, TypeError, AttributeError):
         return UNANNOUNCED_FORMAT
+    return format_said(value)
+
+
+def format_said(value: Any) -> int:
+    """The format a heartbeat's ``reads_format`` value says: 1 for none or one that is not a
+    format number. A format newer than this release knows is a newer consumer's: kept."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return UNANNOUNCED_FORMAT
-    return value  # a format newer than this release knows: a newer consumer's, kept as said
+    return value
 
 
 def live_formats(queues: Sequence[Queue], alive_since_ms: int) -> dict[str, int]:
