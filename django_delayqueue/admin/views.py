@@ -86,6 +86,7 @@ def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         "rows": rows,
         "states": [(s, STATE_LABELS[s]) for s in STATES],
         "errors": errors,
+        "start_failures": _start_failures(all_stats),
         "outbox": _outbox_summary(site, request),
         "servers": [_server_row(s) for s in servers],
         "server_banners": _server_banners(servers),
@@ -115,6 +116,14 @@ def _formats_banner(site: str, s: QueueStats) -> dict[str, Any] | None:
         "text": text,
         "stuck": f.stuck,
     }
+
+
+def _start_failures(all_stats: list[QueueStats]) -> list[dict[str, Any]]:
+    """One banner per distinct "consumers keep dying at start" text, with its queues."""
+    texts = sorted({f for s in all_stats for f in s.start_failures})
+    return [
+        {"text": t, "queues": [s.queue for s in all_stats if t in s.start_failures]} for t in texts
+    ]
 
 
 def _server_row(s: ServerInfo) -> dict[str, Any]:
@@ -240,6 +249,7 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "settings_url": _settings_url(site, request, queue),
         "charts": _chart_urls(site, queue),
         "errors": errors,
+        "start_failures": stats.start_failures,
         "show_running": state == "unack",
         "stalled": len(running.stalled_ids(stats, time_limit)),
         "time_limit": None if time_limit is None else format_seconds(time_limit),

@@ -342,11 +342,17 @@ class Delivery:
         """Give back claimed deliveries that never started, without using up an attempt."""
         if not messages:
             return 0
+        # A retry keeps the instant it came back to ready if that is still to come (claimed
+        # a claim lead early): whoever claims it next holds it until then (release.lua).
         call = RELEASE.call(
             self.keys,
             now_ms=self.clock.now_ms(),
             wake_channel=self.keys.wake_channel,
-            pairs=[part for m in messages for part in (m.id, m.token)],
+            triples=[
+                part
+                for m in messages
+                for part in (m.id, m.token, "" if m.ready_since_ms is None else m.ready_since_ms)
+            ],
         )
         return call.run(self.client)
 

@@ -30,6 +30,13 @@ def published_recurrences_key(prefix: str) -> str:
     return f"{{{validate_prefix(prefix)}}}:recurring"
 
 
+def start_failures_key(prefix: str) -> str:
+    """Hash: supervisor name -> JSON of why its consumer processes keep dying before they
+    consume (django_delayqueue.supervisor.start_failures), read by the stats. No queue key
+    ends in ":start-failures"."""
+    return f"{{{validate_prefix(prefix)}}}:start-failures"
+
+
 # Shards of one queue: 1 to this many (core.sharding).
 MAX_SHARDS = 1024
 

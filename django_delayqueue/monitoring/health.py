@@ -10,6 +10,9 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
   fails the ``consumers`` check. ``None`` turns the check off (say, for the web pods' probe,
   which should not fail when the workers do).
 
+A queue whose consumer processes keep dying before they consume (their supervisor says so:
+monitoring.start_failures) fails the ``starting`` check, with the error they die of.
+
 - ``OUTBOX_MAX_AGE_SECONDS`` (60): an outbox message (committed while Redis was down) that has
   waited longer for a relay fails the ``outbox`` check.
 - ``HEALTH_MAX_MEMORY_PERCENT`` (None: off): a Redis server that uses this share of its
@@ -75,6 +78,9 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if not s.consumers_alive  # 0, or None when it could not be read
         }
         checks["consumers"] = _check(failing, within_seconds=consumer_seconds)
+    # Paused or not: a queue whose consumers cannot start is not consumed once resumed either.
+    dying = {s.queue: "; ".join(s.start_failures) for s in all_stats if s.start_failures}
+    checks["starting"] = _check(dying)
     if max_overdue is not None:
         failing = {
             s.queue: f"oldest due message waiting {format_seconds(s.oldest_overdue_seconds)}"
@@ -107,6 +113,7 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
                 "consumers_alive": s.consumers_alive,
                 "supervisors": supervisors_dict(s.processes),
                 "stalled": stalled_count(s),
+                "start_failures": s.start_failures,
                 "oldest_overdue_seconds": s.oldest_overdue_seconds,
                 "counts": s.counts,
                 "lateness": s.lateness.to_dict() if s.lateness is not None else None,

@@ -18,11 +18,15 @@ Nothing here raises because Redis is down: values that could not be read are ``N
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import redis
+
+from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, envelope_format, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
@@ -49,6 +53,7 @@ from django_delayqueue.monitoring.processes import (
     read_processes,
     supervisors_dict,
 )
+from django_delayqueue.monitoring.start_failures import read_start_failures
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +88,9 @@ class QueueStats:
     # Messages waiting for a newer consumer, live consumers older than this process (None:
     # could not be read): docs/upgrades.md.
     formats: EnvelopeFormats | None = None
+    # "consumers keep dying at start: <error>", one per supervisor whose children do
+    # (monitoring.start_failures).
+    start_failures: list[str] = field(default_factory=list)
 
     @property
     def running(self) -> list[RunningNow]:
@@ -133,6 +141,7 @@ class QueueStats:
             "lateness": self.lateness.to_dict() if self.lateness is not None else None,
             "busiest_keys": None if self.busiest_keys is None else self.busiest_keys.to_dict(),
             "envelope_formats": None if self.formats is None else self.formats.to_dict(),
+            "start_failures": list(self.start_failures),
             "errors": list(self.errors),
         }
 
@@ -310,7 +319,26 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
         merged.append(parts[0] if len(parts) == 1 else merge_stats(parts))
     for position, stats in sorted(unreadable.items()):
         merged.insert(position, stats)
-    return merged
+    return _with_start_failures(merged)
+
+
+def _with_start_failures(all_stats: list[QueueStats]) -> list[QueueStats]:
+    """Each queue's stats with what the supervisors publish of children dying at start."""
+    if not all_stats:
+        return all_stats
+    try:
+        # Wall time, as the supervisors stamp their entries (a stale one is minutes old).
+        now = int(time.time() * 1000)
+        failures = read_start_failures(get_client(), str(dq_settings.PREFIX), now)
+    except (redis.RedisError, DelayQueueError, OSError) as e:
+        logger.debug("start failures not read: %s", e)
+        return all_stats
+    if not failures:
+        return all_stats
+    return [
+        replace(s, start_failures=[f.message for f in failures if f.covers(s.queue)])
+        for s in all_stats
+    ]
 
 
 def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:

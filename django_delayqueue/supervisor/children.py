@@ -28,6 +28,9 @@ class Child:
     stopped: list[StoppedHandler] = field(default_factory=list)  # to settle once it is gone
     # A fresh interpreter (after SIGHUP): reaped by the supervisor's waitpid, never by Popen.
     process: subprocess.Popen[bytes] | None = None
+    # The exception it said it ends on (protocol.FAILED): one line, and its traceback.
+    error: str | None = None
+    error_details: str | None = None
 
 
 @dataclass

@@ -41,8 +41,9 @@ from django_delayqueue.supervisor.children import (
     describe_exit,
     send_signal,
 )
-from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED
-from django_delayqueue.supervisor.settling import close_connections, settle
+from django_delayqueue.supervisor.protocol import FAILED, FATAL, READY, RECYCLE, STOPPED
+from django_delayqueue.supervisor.settling import close_connections, settle, settling_client
+from django_delayqueue.supervisor.start_failures import StartFailures
 from django_delayqueue.supervisor.starting import ChildStarter
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ class Supervisor:
         self.fresh_children = False
         self._signals: deque[int] = deque()
         self._wake_r, self._wake_w = -1, -1
+        from django_delayqueue.conf.settings import dq_settings
+
+        self.start_failures = StartFailures(
+            self.name, options.queues, str(dq_settings.PREFIX), client=settling_client
+        )
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -114,6 +120,7 @@ class Supervisor:
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
         self._settle_left(final=True)
+        self.start_failures.stopped()
         if self.fatal is not None:
             return self.fatal[1]
         logger.info("supervisor %s stopped", self.name)
@@ -249,6 +256,7 @@ class Supervisor:
         if kind == READY:
             child.ready = True
             slot.backoff.quick_deaths = 0
+            self.start_failures.consumed(child.slot)
             if slot.successor is child:
                 old, slot.current, slot.successor = slot.current, child, None
                 if slot.replace_wanted == "SIGHUP" and self._rolling:
@@ -280,6 +288,9 @@ class Supervisor:
                     self._fill_slots()
             elif slot.current is not child:  # already on its way out: it stops anyway
                 self._tell_to_stop(child)
+        elif kind == FAILED:
+            child.error = str(message.get("error") or "") or None
+            child.error_details = str(message.get("traceback") or "") or None
         elif kind == FATAL:
             text = str(message.get("message") or "configuration error")
             code = int(message.get("code") or 1)
@@ -357,11 +368,19 @@ class Supervisor:
         delay = slot.backoff.died(lived)
         slot.not_before = time.monotonic() + delay
         logger.error(
-            "consumer process %d died (%s) after %.1fs: %s",
+            "consumer process %d died (%s%s) after %.1fs%s: %s",
             child.pid,
             describe_exit(code),
+            f": {child.error}" if child.error else "",
             lived,
+            "" if child.ready else ", before it consumed",
             f"replaced in {delay:.1f}s" if delay else "replaced now",
+        )
+        self.start_failures.died(
+            child.slot,
+            child.ready,
+            child.error or f"{describe_exit(code)} (no exception reported)",
+            child.error_details,
         )
 
     def _settle_left(self, *, final: bool = False) -> None:

@@ -21,6 +21,9 @@ RECYCLE = "recycle"
 STOPPED = "stopped"
 # A configuration error (an evicting Redis found later): stop everything with ``code``.
 FATAL = "fatal"
+# The child is ending on an exception: ``error`` (one line) and ``traceback``. The supervisor
+# logs it, in full once per distinct error (supervisor.start_failures).
+FAILED = "failed"
 
 
 class ChildChannel:
@@ -30,14 +33,16 @@ class ChildChannel:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def send(self, kind: str, **fields: Any) -> None:
+    def send(self, kind: str, **fields: Any) -> bool:
+        """Whether the message was written whole."""
         data = (json.dumps({"kind": kind, **fields}, separators=(",", ":")) + "\n").encode()
         try:
             while data:
                 written = os.write(self.fd, data)
                 data = data[written:]
         except OSError:
-            pass
+            return False
+        return True
 
 
 class LineReader:

@@ -42,6 +42,7 @@ def test_healthy(client, queues):
     assert {name: c["ok"] for name, c in report["checks"].items()} == {
         "redis": True,
         "consumers": True,
+        "starting": True,
         "overdue": True,
         "outbox": True,
         "eviction": True,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from drill import Runqueues, producer, settled
-from ledger import Causes, check, read, read_runs
+from ledger import Causes, check, overlaps, read, read_runs
 from paths import child_pythonpath
 
 from django_delayqueue.embedded import RedisServerProcess
@@ -343,3 +343,85 @@ def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
         assert report.ok, report.summary() + runqueues.logs()
     finally:
         runqueues.close()
+
+
+def test_the_supervised_runqueue_consumes_through_a_django_redis_cache_alias(
+    tmp_path: Path, redis_server: RedisServerProcess
+) -> None:
+    """``CACHE_ALIAS``: the client is django-redis's own (cached by django-redis, inherited by
+    every forked child). Both children consume, a child killed is replaced by one that consumes
+    too, every message is delivered, none twice at once."""
+    runqueues = Runqueues(redis_server.url, tmp_path, env={"DRILL_CACHE_ALIAS": "1"})
+    q = producer(redis_server.url, "drill")
+    due: dict[str, int] = {}
+    try:
+        sup = runqueues.start("--processes", "2", concurrency="2", claim_batch="1")
+        first = runqueues.consuming_children(sup, 2)
+        due.update({r.id: r.due_ms for r in (q.schedule({"n": i}) for i in range(20))})
+        runqueues.wait(lambda: settled(q), 60, "the first messages delivered")
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        runqueues.wait(lambda: victim not in runqueues.children(sup), 30, "the kill reaped")
+        runqueues.consuming_children(sup, 2)
+        due.update({r.id: r.due_ms for r in (q.schedule({"n": i}) for i in range(20, 40))})
+        runqueues.wait(lambda: settled(q), 60, "every message delivered")
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    finally:
+        runqueues.close()
+    report = check(due, read(runqueues.ledger), Causes(killed_pids={victim}))
+    assert report.ok, report.summary()
+    assert overlaps(read_runs(runqueues.ledger)) == []
+    assert "Traceback" not in runqueues.logs(), runqueues.logs()[-3000:]
+
+
+def test_children_that_keep_dying_at_start_are_reported_once_and_fail_the_probe(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """Every child dies before it consumes: the supervisor logs the traceback once, then one
+    line per death, and publishes "consumers keep dying at start: <error>", which the health
+    probe (run as the web would, from the same settings) fails on; stopping clears it."""
+    from paths import PROGRAMS
+
+    sup = runqueues.start("--processes", "2", program=PROGRAMS / "child_start_fails.py")
+    error = "RedisClusterException: drill: the cluster has no default node"
+    runqueues.wait(
+        lambda: redis.Redis.from_url(redis_server.url).hlen("{dq}:start-failures") == 1,
+        60,
+        "the start failure published",
+    )
+    runqueues.wait(
+        lambda: runqueues.log(sup).count(f"failed again: {error}") >= 2, 60, "more deaths"
+    )
+    log = runqueues.log(sup)
+    assert log.count("Traceback (most recent call last)") == 1, log[-4000:]
+    assert f"keep dying at start (2 in a row): {error}" in log
+    probe = subprocess.run(
+        [sys.executable, "-c", HEALTH_PROBE],
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "drill_settings",
+            "PYTHONPATH": child_pythonpath(),
+            "REDIS_URL": redis_server.url,
+            "DRILL_LEDGER": str(runqueues.ledger),
+            "DRILL_DB": str(runqueues.workdir / "drill.sqlite3"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(probe.stdout)
+    assert report["checks"]["starting"]["ok"] is False, report
+    assert report["checks"]["starting"]["failing"]["drill"] == (
+        f"consumers keep dying at start: {error}"
+    )
+    assert _stop(runqueues, sup) == 0, runqueues.log(sup)[-3000:]
+    assert redis.Redis.from_url(redis_server.url).hlen("{dq}:start-failures") == 0
+
+
+HEALTH_PROBE = """
+import json
+import django
+django.setup()
+from django_delayqueue.monitoring.health import check_health
+print(json.dumps(check_health()[1]))
+"""

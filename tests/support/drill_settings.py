@@ -5,7 +5,10 @@ drill queue's timeouts); the database is a file that is never migrated (the work
 the settings rows could not be synced and goes on), except in the outbox drill, which migrates
 it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
 receiver, other settings) let one ``runqueue`` serve several drill queues at once;
-``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings.
+``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings, or adds
+a queue (with "drill"'s settings under its own, and the same ledger-keeping receiver);
+``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
+``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on ``REDIS_URL``.
 """
 
 import json
@@ -41,6 +44,8 @@ DELAYQUEUE = {
     "MIN_REPLICAS": int(os.environ.get("DRILL_MIN_REPLICAS", "0")),
     "SCHEDULES": json.loads(os.environ.get("DRILL_SCHEDULES", "{}")),
     "MIN_REPLICAS_TIMEOUT_SECONDS": 0.5,
+    # The cluster drill (tests/drills/test_faults_cluster.py): REDIS_URL names one node.
+    "CLUSTER": os.environ.get("DRILL_CLUSTER") == "1",
     "QUEUES": {
         **DELAYQUEUE["QUEUES"],
         "drill": {
@@ -69,8 +74,16 @@ DELAYQUEUE = {
         },
     },
 }
+if os.environ.get("DRILL_CACHE_ALIAS"):  # the connection of a django-redis cache alias
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "queues": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": os.environ["REDIS_URL"]},
+    }
+    DELAYQUEUE["CACHE_ALIAS"] = "queues"
+    del DELAYQUEUE["REDIS_URL"]
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
-    DELAYQUEUE["QUEUES"][_name] = {**DELAYQUEUE["QUEUES"].get(_name, {}), **_overrides}
+    _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
+    DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -78,7 +78,7 @@ RELEASE = Contract(
     "release",
     keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts "
     f"{_KEYED} progress",
-    args="now_ms wake_channel *pairs",
+    args="now_ms wake_channel *triples",
 )
 # A consumer leaves what a newer release wrote for a consumer that reads it (core/delivery.py).
 DEFER = Contract(

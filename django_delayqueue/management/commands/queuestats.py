@@ -124,6 +124,10 @@ class Command(BaseCommand):
             self.stdout.write("\n" + render_servers(servers))
             for finding in findings(servers):
                 self.stderr.write(f"warning: {finding.message}")
+        if not as_json:
+            for text in sorted({f for s in stats for f in s.start_failures}):
+                named = ", ".join(s.queue for s in stats if text in s.start_failures)
+                self.stderr.write(f"error: {text} (queues: {named})")
         errors = sorted({e for s in stats for e in s.errors})
         for error in errors:
             self.stderr.write(f"error: {error}")

@@ -18,6 +18,7 @@ end wall times, and the outcome the consumer's journal must show: ack, retry or 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -31,7 +32,10 @@ import django_delayqueue as dq
 from django_delayqueue.api import topic
 from django_delayqueue.core import Message
 
-QUEUES = ("drill", "drill2", "drill3")
+# The drill queues, and any queue $DRILL_QUEUES adds (drill_settings.py).
+QUEUES = tuple(
+    dict.fromkeys(["drill", "drill2", "drill3", *json.loads(os.environ.get("DRILL_QUEUES", "{}"))])
+)
 
 _ledger = Ledger(os.environ["DRILL_LEDGER"])
 _held: list[bytes] = []  # what "hold:MB" keeps alive
