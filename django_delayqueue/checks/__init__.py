@@ -4,7 +4,8 @@
 delayqueue.E001     Redis unreachable (``check --deploy [--tag delayqueue]``)
 delayqueue.E002     unknown key in ``DELAYQUEUE``, its ``DEFAULTS`` or a queue
 delayqueue.E003     invalid per-queue settings values (``lateness_warning_ms`` included)
-delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix, names)
+delayqueue.E004     invalid connection settings (URL, cache alias, clock, prefix, names),
+                    or a ``SETTINGS_REFRESH_SECONDS`` that is not a finite number >= 0
 delayqueue.E005     invalid ``RESULT_TTL`` of a ``TASKS`` backend of this app
 delayqueue.E006     ``ON_COMMIT`` of a ``TASKS`` backend without any database
 delayqueue.E007     a ``TASKS`` backend's queue name that is not a valid queue name
@@ -12,8 +13,8 @@ delayqueue.E008     invalid outbox settings (``OUTBOX``, ``OUTBOX_*_SECONDS``)
 delayqueue.E009     a recurring schedule in ``SCHEDULES`` that is invalid, has no queue, or
                     puts a task where no backend runs it (or a payload where only tasks run)
 delayqueue.E010     a Redis whose ``maxmemory-policy`` evicts keys (``check --deploy``)
-delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION``, ``HEALTH_MAX_MEMORY_PERCENT`` or
-                    ``HEALTH_LATENESS``
+delayqueue.E011     invalid ``ACCEPT_DATA_LOSS_ON_EVICTION``, ``HEALTH_MAX_MEMORY_PERCENT``,
+                    ``HEALTH_LATENESS`` or ``HEALTH_*_SECONDS``
 delayqueue.E012     ``django_delayqueue`` missing from INSTALLED_APPS (a TASKS backend's check)
 delayqueue.E013     a queue's ``time_limit`` not above its ``soft_time_limit``
 delayqueue.E014     a queue's ``visibility_timeout`` that cannot cover its ``time_limit``

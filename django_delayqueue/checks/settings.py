@@ -19,7 +19,7 @@ from django_delayqueue.conf.connection import (
     replica_ack,
     sentinel_config,
 )
-from django_delayqueue.conf.settings import DEFAULTS, dq_settings
+from django_delayqueue.conf.settings import DEFAULTS, dq_settings, seconds_setting_problem
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_prefix
 from django_delayqueue.observability.tracing import PARENT_MODES
@@ -105,6 +105,16 @@ def _connection_errors() -> list[Any]:
                 f"{dq_settings.OTEL_PARENT!r}.",
                 hint="'link' (the default): a delivery span links to the span that scheduled "
                 "it; 'child': it is that span's child (docs/observability.md).",
+                id="delayqueue.E004",
+            )
+        )
+    refresh = seconds_setting_problem("SETTINGS_REFRESH_SECONDS", zero=True)
+    if refresh:
+        out.append(
+            Error(
+                f"{refresh}.",
+                hint="How often every process re-reads the settings published from the admin "
+                "(default 2).",
                 id="delayqueue.E004",
             )
         )

@@ -26,7 +26,7 @@ from django_delayqueue.conf.task_backends import any_task_queue, task_queue_name
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, validate_format
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import MAX_SHARDS
-from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings
+from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings, nan_or_infinite
 
 SETTING_NAME = "DELAYQUEUE"
 
@@ -276,3 +276,21 @@ def envelope_format_problem(value: object) -> str | None:
     except PayloadError as e:
         return str(e)
     return None
+
+
+def seconds_setting_problem(name: str, *, optional: bool = False, zero: bool = False) -> str | None:
+    """What is wrong with the ``DELAYQUEUE`` setting ``name`` as a number of seconds, or None:
+    it must be a finite number above 0 (or 0 too, with ``zero``; or None, with ``optional``).
+    NaN and infinity are named: NaN compares false with everything, so a threshold of NaN
+    would never be passed and an interval of NaN never end."""
+    value = getattr(dq_settings, name)
+    if value is None and optional:
+        return None
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if number and not nan_or_infinite(value) and (value > 0 or (zero and value == 0)):
+        return None
+    wanted = "0 or more" if zero else "above 0"
+    return (
+        f"DELAYQUEUE[{name!r}] must be a finite number of seconds, {wanted}"
+        f"{' (or None: off)' if optional else ''}, not {value!r}"
+    )

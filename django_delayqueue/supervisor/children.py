@@ -41,6 +41,9 @@ class Slot:
     replace_wanted: str | None = None  # why (recycling, SIGHUP), until a successor serves
     not_before: float = 0.0  # backoff after quick deaths
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    # Replacements asked for memory soon after a start are paced as quick deaths are (a
+    # fresh process is as large: replaced at once, it would only ask again).
+    memory_backoff: RestartBackoff = field(default_factory=RestartBackoff)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ Everything that varies comes from the environment set by the test (Redis URL, le
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
 the settings rows could not be synced and goes on), except in the outbox drill, which migrates
 it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
-receiver, other settings) let one ``runqueue`` serve several drill queues at once;
-``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings, or adds
-a queue (with "drill"'s settings under its own, and the same ledger-keeping receiver);
-``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
-``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on ``REDIS_URL``.
+receiver, other settings) let one ``runqueue`` serve several drill queues at once, and
+"drill-async" has an ``async def`` receiver; ``$DRILL_QUEUES`` (JSON, queue name -> settings)
+overrides any drill queue's settings, or adds a queue (with "drill"'s settings under its own,
+and the same ledger-keeping receiver); ``$DRILL_CLUSTER=1`` connects to a Redis Cluster that
+``REDIS_URL`` names a node of; ``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on
+``REDIS_URL``.
 """
 
 import json
@@ -71,6 +72,14 @@ DELAYQUEUE = {
             "backoff_max": 1.0,
             "concurrency": 1,
             "claim_batch": 5,
+        },
+        # An async def receiver that awaits its action in a thread (drill_app/handlers.py).
+        "drill-async": {
+            "visibility_timeout": 2,
+            "max_attempts": 3,
+            "backoff_base": 0.05,
+            "backoff_max": 0.5,
+            "concurrency": 2,
         },
     },
 }
