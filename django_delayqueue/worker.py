@@ -20,7 +20,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format
 from django_delayqueue.conf.task_backends import (
     DEFAULT_TASK_QUEUE,
     any_task_queue,
@@ -78,6 +78,7 @@ class Worker(TaskServing, Consumer):
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload, key_for=tick_key))
+        kwargs.setdefault("reads_format", envelope_format())
         super().__init__(queues, **kwargs)
         # A bad value is the system check E004's to report: the default then.
         if dq_settings.OTEL_PARENT in tracing.PARENT_MODES:

@@ -20,6 +20,8 @@ delayqueue.E013     a queue's ``time_limit`` not above its ``soft_time_limit``
 delayqueue.E014     a queue's ``visibility_timeout`` that cannot cover its ``time_limit``
 delayqueue.E015     a queue's ``rate_limit`` or ``max_in_flight`` that cannot be read, or
                     cannot be split between the queue's shards
+delayqueue.E016     ``ENVELOPE_FORMAT`` that is not None or a format this release knows
+delayqueue.E017     invalid ``OPTIONS`` of a ``TASKS`` backend of this app
 delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     (retired: E014 says it, now that time limits are enforced)
@@ -30,10 +32,13 @@ delayqueue.W006     a Redis without AOF or RDB snapshots (``check --deploy``; no
                     embedded one of the demo and the tests)
 delayqueue.W007     E010 accepted by ``ACCEPT_DATA_LOSS_ON_EVICTION`` (``check --deploy``)
 delayqueue.W008     a deprecated queue setting (``handler_time_limit``, read as ``time_limit``)
+delayqueue.W009     E014 for a queue that sets only the deprecated ``handler_time_limit``
+delayqueue.W010     live consumers older than this process (an older envelope format), or
+                    messages that wait for a newer consumer (``check --deploy``)
 ==================  ================================================================
 
-Only E001, E010, W006, W007 and W004 do I/O: the first four (``servers``) run
-with the deployment checks (and on demand), W004 with the database checks: a Redis that is
+Only E001, E010, W006, W007, W010 and W004 do I/O: the first five (``servers``, ``formats``)
+run with the deployment checks (and on demand), W004 with the database checks: a Redis that is
 down must not stop ``migrate`` or ``runqueue``, which waits for it (and judges the servers
 itself once they answer: monitoring.servers.ServerGuard). E005-E007 and E012 are the Tasks
 backend's own ``check()``: run by the framework's check once the framework is imported (and,
@@ -42,13 +47,15 @@ for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when i
 One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
 E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
 W008 of a queue; W001, W003), ``flow`` (E015 of a queue), ``servers`` (E001, E010, E011, W006,
-W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005) and ``outbox`` (E008, W004).
+W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005), ``outbox`` (E008, W004)
+and ``formats`` (E016, W010).
 """
 
 from __future__ import annotations
 
 from django.core.checks import Tags, register
 
+from django_delayqueue.checks.formats import check_envelope_formats
 from django_delayqueue.checks.outbox import check_outbox
 from django_delayqueue.checks.queues import check_handlers
 from django_delayqueue.checks.recurrences import check_schedule_rows, check_schedules
@@ -60,6 +67,7 @@ TAG = "delayqueue"
 
 __all__ = [
     "TAG",
+    "check_envelope_formats",
     "check_handlers",
     "check_outbox",
     "check_redis",
@@ -77,6 +85,7 @@ def register_checks() -> None:
     register(check_handlers, TAG)
     register(check_redis, TAG, deploy=True)
     register(check_redis_servers, TAG, deploy=True)
+    register(check_envelope_formats, TAG, deploy=True)
     register(check_task_backends, TAG)
     register(check_schedules, TAG)
     register(check_schedule_rows, Tags.database)

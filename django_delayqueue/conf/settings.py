@@ -23,7 +23,8 @@ from typing import Any
 from django.conf import settings as django_settings
 
 from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
-from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, validate_format
+from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import MAX_SHARDS
 from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings, nan_or_infinite
 
@@ -72,6 +73,10 @@ DEFAULTS: dict[str, Any] = {
     # OpenTelemetry (docs/observability.md): a delivery span is linked to the span that
     # scheduled its message ("link") or is its child ("child").
     "OTEL_PARENT": "link",
+    # The newest envelope format this process reads (its consumers) and may write (docs/
+    # upgrades.md); None: the newest this release knows. An older one pins runqueue to an
+    # earlier release's format, for a drill of a mixed fleet.
+    "ENVELOPE_FORMAT": None,
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -251,6 +256,25 @@ def queue_shards(name: str) -> int:
 def shards_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
         return f"shards must be a whole number from 1 to {MAX_SHARDS}, not {value!r}"
+    return None
+
+
+def envelope_format() -> int:
+    """``DELAYQUEUE["ENVELOPE_FORMAT"]``: the newest envelope format this process reads and may
+    write (None: the newest this release knows). A bad value is the check E016's to report:
+    the default then, so that runqueue still starts and reads everything."""
+    value = dq_settings.ENVELOPE_FORMAT
+    return ENVELOPE_FORMAT if value is None or envelope_format_problem(value) else value
+
+
+def envelope_format_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as ``ENVELOPE_FORMAT`` (None: nothing)."""
+    if value is None:
+        return None
+    try:
+        validate_format(value, "DELAYQUEUE['ENVELOPE_FORMAT']")
+    except PayloadError as e:
+        return str(e)
     return None
 
 

@@ -90,6 +90,10 @@ if os.environ.get("DRILL_CACHE_ALIAS"):  # the connection of a django-redis cach
     }
     DELAYQUEUE["CACHE_ALIAS"] = "queues"
     del DELAYQUEUE["REDIS_URL"]
+# A runqueue pinned to an older envelope format (the upgrade drill): set only when asked, so
+# that a release before envelope formats, which has no such setting, starts as well.
+if os.environ.get("DRILL_ENVELOPE_FORMAT"):
+    DELAYQUEUE["ENVELOPE_FORMAT"] = int(os.environ["DRILL_ENVELOPE_FORMAT"])
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
     _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
     DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}

@@ -19,7 +19,7 @@ from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_after, wa
 from django_delayqueue.core.consumer.left_at_stop import record_left
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
-from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
@@ -54,8 +54,11 @@ class RoundTrip:
         name: str,
         memory: OutOfMemoryLog,
         details: Callable[[Queue], str | None] | None = None,
+        reads_format: int = ENVELOPE_FORMAT,
     ) -> None:
         self.clock = queues[0].clock
+        # The newest envelope format this consumer reads: newer ones are left for another.
+        self.reads_format = reads_format
         # What the heartbeat says about this consumer's process on a queue (details.py).
         self.details = details
         self.outcomes = outcomes
@@ -308,7 +311,7 @@ class RoundTrip:
                 hold = q.claim_hold(raw)
                 if hold is not None or self.holds.holds(q.name) or held_since is not None:
                     self.holds.note(q.name, hold, self._next_wake, now)
-                claimed = q.claimed(raw, now)
+                claimed = q.claimed(raw, now, self.reads_format)
                 if held_since is not None and claimed:  # they waited on the limit too
                     self.outcomes.timings.note_limit_waits(claimed, held_since, now)
                 messages.extend(claimed)

@@ -115,6 +115,11 @@ class Command(BaseCommand):
                         f"warning: queue {st.queue}: p99 start lateness over the last 5 minutes "
                         f"above its lateness_warning_ms ({st.lateness.warning_ms:g} ms)"
                     )
+            for st in stats:  # messages left for a newer consumer, consumers behind this one
+                formats = st.formats
+                for text in (formats.waiting_text(), formats.older_text()) if formats else ():
+                    if text:
+                        self.stderr.write(f"warning: queue {st.queue}: {text}")
             if any(st.processes for st in stats):
                 self.stdout.write("\n" + render_processes(stats))
             if schedules:
