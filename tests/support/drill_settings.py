@@ -6,10 +6,10 @@ the settings rows could not be synced and goes on), except in the outbox drill, 
 it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
 receiver, other settings) let one ``runqueue`` serve several drill queues at once, and
 "drill-async" has an ``async def`` receiver; ``$DRILL_QUEUES`` (JSON, queue name -> settings)
-overrides any drill queue's settings, or adds a queue (with "drill"'s settings under its own,
-and the same ledger-keeping receiver); ``$DRILL_CLUSTER=1`` connects to a Redis Cluster that
-``REDIS_URL`` names a node of; ``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on
-``REDIS_URL``.
+overrides any drill queue's settings, or adds a queue (with "drill"'s settings under its own);
+``$DRILL_RECEIVE`` (a JSON list) names the added queues that get the drill's ledger-keeping
+receiver. ``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
+``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on ``REDIS_URL``.
 """
 
 import json

@@ -41,13 +41,10 @@ from django_delayqueue.api import topic
 from django_delayqueue.core import Message
 
 ASYNC_QUEUE = "drill-async"
-# The drill queues, and any queue $DRILL_QUEUES adds (drill_settings.py), but the async one.
+# The drill queues, and the queues $DRILL_RECEIVE names (a JSON list: queues a test adds with
+# $DRILL_QUEUES, drill_settings.py, for this receiver; others may have handlers of their own).
 QUEUES = tuple(
-    name
-    for name in dict.fromkeys(
-        ["drill", "drill2", "drill3", *json.loads(os.environ.get("DRILL_QUEUES", "{}"))]
-    )
-    if name != ASYNC_QUEUE
+    dict.fromkeys(["drill", "drill2", "drill3", *json.loads(os.environ.get("DRILL_RECEIVE", "[]"))])
 )
 
 _ledger = Ledger(os.environ["DRILL_LEDGER"])
