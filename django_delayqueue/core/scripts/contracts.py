@@ -80,7 +80,7 @@ RELEASE = Contract(
     f"{_KEYED} progress",
     args="now_ms wake_channel *pairs",
 )
-SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
+SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel now_ms")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
 PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
