@@ -80,7 +80,7 @@ RELEASE = Contract(
     f"{_KEYED} progress",
     args="now_ms wake_channel *pairs",
 )
-SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel now_ms")
+SLOT_FREED = Contract("slot_freed", keys="limiter", args="now_ms wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
 PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
@@ -89,7 +89,9 @@ HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_
 # --- reading -----------------------------------------------------------------------------------
 COUNTS = Contract(
     "counts",
-    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state",
+    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state "
+    "key_turns key_waiting key_tats key_lists",
+    args="now_ms key_limits",
 )
 PEEK = Contract(
     "peek",

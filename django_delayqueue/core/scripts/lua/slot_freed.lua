@@ -2,7 +2,7 @@
 -- dead): if claims wait on a cap (the queue's, or a flow key's), wake the sleeping consumers to
 -- claim in the freed slots.
 -- KEYS[1] limiter hash
--- ARGV[1] wake channel   ARGV[2] now (ms)
+-- ARGV[1] now (ms)   ARGV[2] wake channel
 -- returns: 1 if consumers were woken, else 0
 -- Sent by a consumer with the round trip that records its outcomes, after them, only for a
 -- queue whose settings have a cap (no cost otherwise). It reads the flag the claim sets when a
@@ -12,7 +12,7 @@
 -- (also when Redis is out of memory: includes/memory.lua).
 --- @include "includes/memory.lua"
 local limiter = KEYS[1]
-local channel, now = ARGV[1], ARGV[2]
+local now, channel = ARGV[1], ARGV[2]
 local state = redis.call('HMGET', limiter, 'held', 'wait_since', 'wait_free')
 if state[2] and not state[3] then
   allow_oom(limiter, 'hash')
