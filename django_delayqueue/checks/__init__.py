@@ -29,6 +29,9 @@ delayqueue.W006     a Redis without AOF or RDB snapshots (``check --deploy``; no
                     embedded one of the demo and the tests)
 delayqueue.W007     E010 accepted by ``ACCEPT_DATA_LOSS_ON_EVICTION`` (``check --deploy``)
 delayqueue.W008     a deprecated queue setting (``handler_time_limit``, read as ``time_limit``)
+delayqueue.W009     E014's coverage when the time limit comes only from the deprecated key
+delayqueue.W010     a sharded queue with ``rate_limit`` or ``max_in_flight`` that takes flow
+                    keys: a key gets one shard's share of them (figures in the message)
 ==================  ================================================================
 
 Only E001, E010, W006, W007 and W004 do I/O: the first four (``servers``) run
@@ -40,7 +43,7 @@ for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when i
 
 One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
 E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
-W008 of a queue; W001, W003), ``flow`` (E015 of a queue), ``servers`` (E001, E010, E011, W006,
+W008 of a queue; W001, W003), ``flow`` (E015, W010 of a queue), ``servers`` (E001, E010, E011, W006,
 W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005) and ``outbox`` (E008, W004).
 """
 
