@@ -15,12 +15,12 @@
 -- is the first live entry (looked for among the first 1000 dead ones: -1 past them), or the
 -- first of a priority in the ranked zset, whichever is due earliest.
 -- Keyed ready messages (includes/key_turns.lua) count too, but only those their key's limits do
--- not hold back (those wait on purpose): the heads of the first 10 keys in the rotation that
+-- not hold back (those wait on purpose): the heads of the first 3 keys in the rotation that
 -- have a free slot and a token, due from when their key's limits let them go if later (a slot
 -- freed, a token came: the key's limit wait period, includes/limit_waits.lua), and the head of
 -- the key whose token came first, if it came already (the next claim puts it back in turns).
 -- The rotation is in turn order, the key served next first: a backlog no consumer claims shows
--- at its head. Bounded: at most 11 keys read, whatever their number.
+-- at its head. Bounded: at most 4 keys read, whatever their number (a few commands each).
 --- @include "includes/envelope.lua"
 --- @include "includes/ready_list.lua"
 --- @include "includes/limit_waits.lua"
@@ -32,7 +32,7 @@ local now = tonumber(ARGV[1])
 local key_cap, key_interval, key_burst = string.match(ARGV[2] or '', '^(%S+) (%S+) (%S+)')
 key_cap, key_interval, key_burst =
   tonumber(key_cap) or 0, tonumber(key_interval) or 0, tonumber(key_burst) or 1
-local MOST_KEYS = 10
+local MOST_KEYS = 3
 
 local function first_score(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -63,11 +63,18 @@ for _, id in ipairs(heads) do consider(ready_at(id)) end
 
 -- keyed_head(key, free_since): the due time of the key's first ready message, from when its
 -- limits let it go if later (`free_since`, and what its limit wait period says).
+local came_back = nil  -- whether any message came back to ready (one HLEN, when keys are read)
 local function keyed_head(key, free_since)
   local id = redis.call('LINDEX', key_lists .. key, 0)
-  local due = id and ready_at(id)
+  if not id then return nil end
+  if came_back == nil then came_back = redis.call('HLEN', ready_since) > 0 end
+  local due = came_back and tonumber(redis.call('HGET', ready_since, id))
+  due = due or envelope_times(redis.call('HGET', messages, id))
   if not due then return nil end
-  local p = period_of(redis.call('HGET', key_state, 'w:' .. key))
+  local p = nil
+  if key_cap > 0 or key_interval > 0 then
+    p = period_of(redis.call('HGET', key_state, 'w:' .. key))
+  end
   if p then
     if key_cap > 0 then due = math.max(due, p.free or p.at) end
     if key_interval > 0 and p.token then due = math.max(due, p.token) end
