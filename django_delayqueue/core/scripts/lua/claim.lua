@@ -268,8 +268,9 @@ if held_for or next(key_periods) then
     local held_by_key = key_periods[ids[j]]
     local w = 0
     if held_for or held_by_key then
-      local at = tonumber(came_back[j]) or envelope_times(envelopes[j])
-      w = math.max(held_wait(at, now, held_for), held_wait(at, now, held_by_key))
+      local at = tonumber(came_back[j]) or envelope_due(envelopes[j])
+      w = held_wait(at, now, held_for)
+      if held_by_key then w = math.max(w, held_wait(at, now, held_by_key)) end
     end
     waits[d] = w
     if w > 0 then waited = true end

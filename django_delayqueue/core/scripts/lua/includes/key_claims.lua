@@ -12,17 +12,12 @@ local function key_limits(spec)
 end
 
 -- key_held(K, key, now, token): the key's limits hold its ready messages back from `now` (it is
--- out of slots, or of tokens until `token`): its limit wait period begins, if none has.
+-- out of slots, or of tokens until `token`): its limit wait period begins, if none has. One
+-- that has says so already: the take that spent the key's last slot or token wrote it (no
+-- slot free, its next token), so it is left as it is (one HSETNX, no read).
 local function key_held(K, key, now, token)
-  local p = key_period(K, key)
-  if p then
-    if p.free or (token and token ~= p.token) then
-      p.free, p.token = nil, token or p.token
-      key_period_put(K, key, p)
-    end
-    return
-  end
-  key_period_put(K, key, {since = now, at = now, gaps = 0, token = token})
+  local p = {since = now, at = now, gaps = 0, token = token}
+  redis.call('HSETNX', K.state, 'w:' .. key, period_text(p))
 end
 
 -- take_one(K, key, now, cap, interval, burst): one message of `key`, whose turn it is, if its
