@@ -3,7 +3,7 @@
 queue's shards (core/flow_limits.py). A key's limits are never split: a key lives on one
 shard.
 
-W010: a sharded queue with a ``rate_limit`` or ``max_in_flight`` that takes flow keys (its
+W011: a sharded queue with a ``rate_limit`` or ``max_in_flight`` that takes flow keys (its
 settings say so: key limits, a recurring schedule's ``key``, a Tasks backend's
 ``KEY_ARGUMENT``): every message of a key lives on one shard, so a key's backlog starts within
 that shard's share of the queue's limits, not at the queue's full rate. Said with the figures,
@@ -90,7 +90,7 @@ def flow_errors(where: str, options: dict[str, Any], shards: Any) -> list[Any]:
 
 
 def key_share_warnings(name: str, where: str, options: dict[str, Any], shards: Any) -> list[Any]:
-    """W010 for queue ``name`` (its options ``options``, spread over ``shards``): what a flow
+    """W011 for queue ``name`` (its options ``options``, spread over ``shards``): what a flow
     key gets of a sharded queue's limits, when its settings show it takes keys."""
     rate, cap = options.get("rate_limit"), options.get("max_in_flight")
     if not isinstance(shards, int) or isinstance(shards, bool) or shards <= 1:
@@ -120,7 +120,7 @@ def key_share_warnings(name: str, where: str, options: dict[str, Any], shards: A
             f"so a key starts within that shard's share of the queue's limits: "
             f"{' and '.join(shares)}, not the whole.",
             hint=_KEY_SHARE_HINT,
-            id="delayqueue.W010",
+            id="delayqueue.W011",
         )
     ]
 

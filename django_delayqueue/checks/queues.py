@@ -1,4 +1,4 @@
-"""The queues: E002-E004, E013, E014, E015 and W010 (checks/flow.py), W008 and W009 of each queue's
+"""The queues: E002-E004, E013, E014, E015 and W011 (checks/flow.py), W008 and W009 of each queue's
 settings (part of check_settings), W001 and W003 of their handlers."""
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from django_delayqueue.core.scripts.contracts import (
     BUSIEST_KEYS,
     COUNTS,
     FLOW_STATE,
+    NEWER_WAITING,
     PEEK,
     STATS,
 )
@@ -133,11 +134,13 @@ def counts_and_activity(
     most_consumers: int,
     now_ms: int = 0,
     busiest_top: int = 10,
-) -> list[tuple[Any, Any, Any, Any, Any]]:
+    most_newer: int = 1000,
+) -> list[tuple[Any, Any, Any, Any, Any, Any]]:
     """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call`,
     the flow limits' state (flow_state.lua, at ``now_ms``), the delivery timings
-    (core.timings.reading, as of ``now_ms``) and the busiest flow keys (busiest_keys.lua:
-    the top ``busiest_top``) of each of ``queues`` (which share one
+    (core.timings.reading, as of ``now_ms``), the busiest flow keys (busiest_keys.lua:
+    the top ``busiest_top``) and the messages waiting for a newer consumer (newer_waiting.lua,
+    looking at ``most_newer`` entries) of each of ``queues`` (which share one
     client), in one round trip: a script's error is returned in its place; DelayQueueError
     when the round trip fails."""
     batch = ScriptBatch()
@@ -147,14 +150,16 @@ def counts_and_activity(
         batch.add(FLOW_STATE.call(q.keys, now_ms=now_ms))
         batch.add(timings_call(q.keys, now_ms))
         batch.add(BUSIEST_KEYS.call(q.keys, top=busiest_top))
+        batch.add(NEWER_WAITING.call(q.keys, most_entries=most_newer))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
     return [
         (
-            results[5 * i],
-            results[5 * i + 1],
-            results[5 * i + 2],
-            results[5 * i + 3],
-            results[5 * i + 4],
+            results[6 * i],
+            results[6 * i + 1],
+            results[6 * i + 2],
+            results[6 * i + 3],
+            results[6 * i + 4],
+            results[6 * i + 5],
         )
         for i in range(len(queues))
     ]

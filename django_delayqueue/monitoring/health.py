@@ -10,6 +10,9 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
   fails the ``consumers`` check. ``None`` turns the check off (say, for the web pods' probe,
   which should not fail when the workers do).
 
+A queue whose consumer processes keep dying before they consume (their supervisor says so:
+monitoring.start_failures) fails the ``starting`` check, with the error they die of.
+
 - ``OUTBOX_MAX_AGE_SECONDS`` (60): an outbox message (committed while Redis was down) that has
   waited longer for a relay fails the ``outbox`` check.
 - ``HEALTH_MAX_MEMORY_PERCENT`` (None: off): a Redis server that uses this share of its
@@ -18,6 +21,11 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
   the last 5 minutes passes its ``lateness_warning_ms`` fails the ``lateness`` check (the
   queues without that setting are never checked). Off, the report still shows each queue's
   lateness.
+
+The ``envelope_formats`` check (docs/upgrades.md) names the live consumers older than this
+process (they read an older envelope format than it may write: ``older_consumers``), and fails
+for a queue whose messages wait for a newer consumer while no live consumer reads their format
+(they wait until one is upgraded; a consumer that reads it delivers them within a minute).
 
 A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` check, unless
 ``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers); ``servers`` in the report has each
@@ -35,7 +43,7 @@ from django.views.decorators.http import require_safe
 
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.queues import queue_settings
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
 from django_delayqueue.monitoring.processes import past_limit, supervisors_dict
@@ -70,6 +78,9 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if not s.consumers_alive  # 0, or None when it could not be read
         }
         checks["consumers"] = _check(failing, within_seconds=consumer_seconds)
+    # Paused or not: a queue whose consumers cannot start is not consumed once resumed either.
+    dying = {s.queue: "; ".join(s.start_failures) for s in all_stats if s.start_failures}
+    checks["starting"] = _check(dying)
     if max_overdue is not None:
         failing = {
             s.queue: f"oldest due message waiting {format_seconds(s.oldest_overdue_seconds)}"
@@ -85,6 +96,7 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if s.lateness is not None and s.lateness.flagged
         }
         checks["lateness"] = _check(failing)
+    checks["envelope_formats"] = _formats_check(all_stats, running)
     outbox = _outbox_report()
     if outbox:
         checks["outbox"] = outbox
@@ -101,15 +113,29 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
                 "consumers_alive": s.consumers_alive,
                 "supervisors": supervisors_dict(s.processes),
                 "stalled": stalled_count(s),
+                "start_failures": s.start_failures,
                 "oldest_overdue_seconds": s.oldest_overdue_seconds,
                 "counts": s.counts,
                 "lateness": s.lateness.to_dict() if s.lateness is not None else None,
+                "envelope_formats": None if s.formats is None else s.formats.to_dict(),
             }
             for s in all_stats
         },
         "servers": [s.to_dict() for s in servers],
     }
     return healthy, report
+
+
+def _formats_check(all_stats: list[QueueStats], running: list[QueueStats]) -> dict[str, Any]:
+    """Fails for a running queue whose messages wait for a newer consumer that is not alive;
+    names the live consumers older than this process either way."""
+    failing = {
+        s.queue: s.formats.waiting_text()
+        for s in running
+        if s.formats is not None and s.formats.stuck
+    }
+    older = {s.queue: s.formats.older for s in all_stats if s.formats and s.formats.older}
+    return {**_check(failing, format=envelope_format()), "older_consumers": older}
 
 
 def stalled_count(s: QueueStats) -> int | None:

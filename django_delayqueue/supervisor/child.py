@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
@@ -28,7 +29,15 @@ from typing import Any, NoReturn, cast
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.supervisor.memory import RecyclePolicy
-from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, ChildChannel
+from django_delayqueue.supervisor.protocol import (
+    FAILED,
+    FATAL,
+    READY,
+    RECYCLE,
+    STOPPED,
+    ChildChannel,
+)
+from django_delayqueue.supervisor.settling import forget_inherited_connections
 from django_delayqueue.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -66,7 +75,7 @@ class SupervisedWorker(Worker):
         why = self.recycle.reason(self.delivered)
         if why is not None:
             logger.info("%s asks to be replaced: %s", self.name, why)
-            self.channel.send(RECYCLE, reason=why)
+            self.channel.send(RECYCLE, reason=why, memory=self.recycle.for_memory)
         return claimed
 
     def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
@@ -106,22 +115,30 @@ class ChildSpec:
     grace_seconds: float
     max_messages: int | None
     max_memory_mb: float | None
+    # The name runqueue was given (--name), which task results list in worker_ids; None: the
+    # child's own name.
+    worker_id: str | None = None
     worker_class: type[SupervisedWorker] = SupervisedWorker
 
 
 def run_child(spec: ChildSpec, write_fd: int, inherited_fds: Sequence[int]) -> NoReturn:
     """The forked child's whole life; never returns into the supervisor's code."""
     code = 1
+    channel = ChildChannel(write_fd)
     try:
         _die_with(spec.supervisor_pid)
         signal.set_wakeup_fd(-1)
         for fd in inherited_fds:  # the supervisor's ends of its other pipes
             with contextlib.suppress(OSError):
                 os.close(fd)
-        channel = ChildChannel(write_fd)
+        forget_inherited_connections()
         code = _consume(spec, channel)
-    except BaseException:  # never unwind into the supervisor's frames
-        logger.exception("consumer process %s failed", spec.name)
+    except BaseException as e:  # never unwind into the supervisor's frames
+        # The supervisor logs it (in full once per distinct error: a child that fails at
+        # every start would repeat the same traceback for ever).
+        error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        if not channel.send(FAILED, error=error, traceback=traceback.format_exc()[-20000:]):
+            logger.exception("consumer process %s failed", spec.name)
         code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -143,6 +160,7 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
             spec.queues,
             grace_seconds=spec.grace_seconds,
             name=spec.name,
+            worker_id=spec.worker_id,
             channel=channel,
             recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
         )

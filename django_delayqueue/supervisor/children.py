@@ -28,6 +28,9 @@ class Child:
     stopped: list[StoppedHandler] = field(default_factory=list)  # to settle once it is gone
     # A fresh interpreter (after SIGHUP): reaped by the supervisor's waitpid, never by Popen.
     process: subprocess.Popen[bytes] | None = None
+    # The exception it said it ends on (protocol.FAILED): one line, and its traceback.
+    error: str | None = None
+    error_details: str | None = None
 
 
 @dataclass
@@ -38,6 +41,9 @@ class Slot:
     replace_wanted: str | None = None  # why (recycling, SIGHUP), until a successor serves
     not_before: float = 0.0  # backoff after quick deaths
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    # Replacements asked for memory soon after a start are paced as quick deaths are (a
+    # fresh process is as large: replaced at once, it would only ask again).
+    memory_backoff: RestartBackoff = field(default_factory=RestartBackoff)
 
 
 @dataclass(frozen=True)

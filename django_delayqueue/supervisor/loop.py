@@ -41,8 +41,9 @@ from django_delayqueue.supervisor.children import (
     describe_exit,
     send_signal,
 )
-from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED
-from django_delayqueue.supervisor.settling import close_connections, settle
+from django_delayqueue.supervisor.protocol import FAILED, FATAL, READY, RECYCLE, STOPPED
+from django_delayqueue.supervisor.settling import close_connections, settle, settling_client
+from django_delayqueue.supervisor.start_failures import StartFailures
 from django_delayqueue.supervisor.starting import ChildStarter
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ class Supervisor:
         self.fresh_children = False
         self._signals: deque[int] = deque()
         self._wake_r, self._wake_w = -1, -1
+        from django_delayqueue.conf.settings import dq_settings
+
+        self.start_failures = StartFailures(
+            self.name, options.queues, str(dq_settings.PREFIX), client=settling_client
+        )
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -114,6 +120,7 @@ class Supervisor:
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
         self._settle_left(final=True)
+        self.start_failures.stopped()
         if self.fatal is not None:
             return self.fatal[1]
         logger.info("supervisor %s stopped", self.name)
@@ -249,6 +256,7 @@ class Supervisor:
         if kind == READY:
             child.ready = True
             slot.backoff.quick_deaths = 0
+            self.start_failures.consumed(child.slot)
             if slot.successor is child:
                 old, slot.current, slot.successor = slot.current, child, None
                 if slot.replace_wanted == "SIGHUP" and self._rolling:
@@ -262,6 +270,8 @@ class Supervisor:
         elif kind == RECYCLE:
             if slot.current is child and not slot.replace_wanted:
                 slot.replace_wanted = str(message.get("reason") or "recycling")
+                if message.get("memory"):
+                    self._pace_memory_recycling(slot, child)
         elif kind == STOPPED:
             handlers = [StoppedHandler.from_json(h) for h in message.get("handlers") or []]
             child.stopped.extend(handlers)
@@ -280,6 +290,9 @@ class Supervisor:
                     self._fill_slots()
             elif slot.current is not child:  # already on its way out: it stops anyway
                 self._tell_to_stop(child)
+        elif kind == FAILED:
+            child.error = str(message.get("error") or "") or None
+            child.error_details = str(message.get("traceback") or "") or None
         elif kind == FATAL:
             text = str(message.get("message") or "configuration error")
             code = int(message.get("code") or 1)
@@ -288,6 +301,26 @@ class Supervisor:
                 logger.error("consumer process %d: %s; stopping", child.pid, text)
                 if not self.stop_requests:
                     self.request_stop()
+
+    def _pace_memory_recycling(self, slot: Slot, child: Child) -> None:
+        """A process that outgrew --max-memory-per-child soon after its start, again and again,
+        is followed by one as large: replaced at once, the slot would fork as fast as processes
+        start. Its successor starts after the crash-loop backoff (0.5 s doubling to 30 s) from
+        the second such process on; it serves until then, so its queues have no gap."""
+        lived = time.monotonic() - child.started
+        delay = slot.memory_backoff.died(lived)
+        if not delay:
+            return
+        slot.not_before = max(slot.not_before, time.monotonic() + delay)
+        logger.warning(
+            "consumer process %d outgrew --max-memory-per-child %.1fs after its start, as "
+            "the process before it did: a fresh process is about as large, so it is replaced "
+            "in %.1fs, not at once (it serves until then); give --max-memory-per-child more "
+            "than a fresh consumer process's resident memory",
+            child.pid,
+            lived,
+            delay,
+        )
 
     def _retire(self, child: Child) -> None:
         self.retiring.append(child)
@@ -357,11 +390,19 @@ class Supervisor:
         delay = slot.backoff.died(lived)
         slot.not_before = time.monotonic() + delay
         logger.error(
-            "consumer process %d died (%s) after %.1fs: %s",
+            "consumer process %d died (%s%s) after %.1fs%s: %s",
             child.pid,
             describe_exit(code),
+            f": {child.error}" if child.error else "",
             lived,
+            "" if child.ready else ", before it consumed",
             f"replaced in {delay:.1f}s" if delay else "replaced now",
+        )
+        self.start_failures.died(
+            child.slot,
+            child.ready,
+            child.error or f"{describe_exit(code)} (no exception reported)",
+            child.error_details,
         )
 
     def _settle_left(self, *, final: bool = False) -> None:

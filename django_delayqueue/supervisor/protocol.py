@@ -14,13 +14,17 @@ from typing import Any
 
 # The child consumes (its first round trip is done): a successor's predecessor may stop now.
 READY = "ready"
-# The child reached --max-messages-per-child or --max-memory-per-child: replace me.
+# The child reached --max-messages-per-child or --max-memory-per-child: replace me ("reason";
+# "memory": true for the memory limit, whose replacements soon after a start are paced).
 RECYCLE = "recycle"
 # Handlers the child could not stop (core.consumer.stopped.StoppedHandler, as JSON); it stops
 # itself as on SIGTERM: start a replacement now, settle them once this process is gone.
 STOPPED = "stopped"
 # A configuration error (an evicting Redis found later): stop everything with ``code``.
 FATAL = "fatal"
+# The child is ending on an exception: ``error`` (one line) and ``traceback``. The supervisor
+# logs it, in full once per distinct error (supervisor.start_failures).
+FAILED = "failed"
 
 
 class ChildChannel:
@@ -30,14 +34,16 @@ class ChildChannel:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def send(self, kind: str, **fields: Any) -> None:
+    def send(self, kind: str, **fields: Any) -> bool:
+        """Whether the message was written whole."""
         data = (json.dumps({"kind": kind, **fields}, separators=(",", ":")) + "\n").encode()
         try:
             while data:
                 written = os.write(self.fd, data)
                 data = data[written:]
         except OSError:
-            pass
+            return False
+        return True
 
 
 class LineReader:

@@ -42,9 +42,11 @@ def test_healthy(client, queues):
     assert {name: c["ok"] for name, c in report["checks"].items()} == {
         "redis": True,
         "consumers": True,
+        "starting": True,
         "overdue": True,
         "outbox": True,
         "eviction": True,
+        "envelope_formats": True,
     }
     assert report["checks"]["outbox"]["databases"] == {
         "default": {"waiting": 0, "oldest_seconds": 0.0}

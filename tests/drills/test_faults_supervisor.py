@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from drill import Runqueues, producer, settled
-from ledger import Causes, check, read, read_runs
+from ledger import Causes, check, overlaps, read, read_runs
 from paths import child_pythonpath
 
 from django_delayqueue.embedded import RedisServerProcess
@@ -343,3 +345,191 @@ def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
         assert report.ok, report.summary() + runqueues.logs()
     finally:
         runqueues.close()
+
+
+def test_the_supervised_runqueue_consumes_through_a_django_redis_cache_alias(
+    tmp_path: Path, redis_server: RedisServerProcess
+) -> None:
+    """``CACHE_ALIAS``: the client is django-redis's own (cached by django-redis, inherited by
+    every forked child). Both children consume, a child killed is replaced by one that consumes
+    too, every message is delivered, none twice at once."""
+    runqueues = Runqueues(redis_server.url, tmp_path, env={"DRILL_CACHE_ALIAS": "1"})
+    q = producer(redis_server.url, "drill")
+    due: dict[str, int] = {}
+    try:
+        sup = runqueues.start("--processes", "2", concurrency="2", claim_batch="1")
+        first = runqueues.consuming_children(sup, 2)
+        due.update({r.id: r.due_ms for r in (q.schedule({"n": i}) for i in range(20))})
+        runqueues.wait(lambda: settled(q), 60, "the first messages delivered")
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        runqueues.wait(lambda: victim not in runqueues.children(sup), 30, "the kill reaped")
+        runqueues.consuming_children(sup, 2)
+        due.update({r.id: r.due_ms for r in (q.schedule({"n": i}) for i in range(20, 40))})
+        runqueues.wait(lambda: settled(q), 60, "every message delivered")
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    finally:
+        runqueues.close()
+    report = check(due, read(runqueues.ledger), Causes(killed_pids={victim}))
+    assert report.ok, report.summary()
+    assert overlaps(read_runs(runqueues.ledger)) == []
+    assert "Traceback" not in runqueues.logs(), runqueues.logs()[-3000:]
+
+
+def test_children_that_keep_dying_at_start_are_reported_once_and_fail_the_probe(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """Every child dies before it consumes: the supervisor logs the traceback once, then one
+    line per death, and publishes "consumers keep dying at start: <error>", which the health
+    probe (run as the web would, from the same settings) fails on; stopping clears it."""
+    from paths import PROGRAMS
+
+    sup = runqueues.start("--processes", "2", program=PROGRAMS / "child_start_fails.py")
+    error = "RedisClusterException: drill: the cluster has no default node"
+    runqueues.wait(
+        lambda: redis.Redis.from_url(redis_server.url).hlen("{dq}:start-failures") == 1,
+        60,
+        "the start failure published",
+    )
+    runqueues.wait(
+        lambda: runqueues.log(sup).count(f"failed again: {error}") >= 2, 60, "more deaths"
+    )
+    log = runqueues.log(sup)
+    assert log.count("Traceback (most recent call last)") == 1, log[-4000:]
+    assert f"keep dying at start (2 in a row): {error}" in log
+    probe = subprocess.run(
+        [sys.executable, "-c", HEALTH_PROBE],
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "drill_settings",
+            "PYTHONPATH": child_pythonpath(),
+            "REDIS_URL": redis_server.url,
+            "DRILL_LEDGER": str(runqueues.ledger),
+            "DRILL_DB": str(runqueues.workdir / "drill.sqlite3"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(probe.stdout)
+    assert report["checks"]["starting"]["ok"] is False, report
+    assert report["checks"]["starting"]["failing"]["drill"] == (
+        f"consumers keep dying at start: {error}"
+    )
+    assert _stop(runqueues, sup) == 0, runqueues.log(sup)[-3000:]
+    assert redis.Redis.from_url(redis_server.url).hlen("{dq}:start-failures") == 0
+
+
+HEALTH_PROBE = """
+import json
+import django
+django.setup()
+from django_delayqueue.monitoring.health import check_health
+print(json.dumps(check_health()[1]))
+"""
+
+
+@pytest.mark.parametrize("via", ["to_thread", "executor", "sync_to_async"])
+def test_an_async_handler_whose_thread_outlives_its_time_limit_gets_its_process_replaced(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis, via: str
+) -> None:
+    """An ``async def`` receiver awaiting a thread blocked in a socket read, past
+    ``time_limit``: the cancel ends the coroutine, not the thread, so the delivery stays
+    running (never retried beside it), is found unstoppable and its process replaced as a
+    thread handler's is; the retry runs in the replacement, once the old process is gone."""
+    queues = {"drill-async": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill-async")
+        hung = q.schedule({"do": ["block", "ok"], "via": via}).id
+        sup = runqueues.start("--grace", "2", "--processes", "1", queues=["drill-async"])
+        (first,) = runqueues.consuming_children(sup, 1)
+        runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
+
+        def retried() -> list[Any]:
+            return [d for d in read(runqueues.ledger) if d.id == hung and d.attempt == 2]
+
+        # The retry must not start while the thread runs: the process is replaced first.
+        runqueues.wait(
+            lambda: retried() or "could not stop 1 handler(s)" in runqueues.log(sup),
+            30,
+            "the time limit",
+        )
+        assert not retried(), runqueues.logs()[-3000:]
+        again = runqueues.wait(retried, 60, "the retry")
+        # Retried only once the old process was reaped: it never ran beside its retry.
+        assert not _alive(first)
+        assert again[0].pid != first and again[0].ppid == sup.pid
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        log = runqueues.log(sup)
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        report = check([hung], read(runqueues.ledger))
+        assert report.ok, report.summary() + runqueues.logs()
+    finally:
+        runqueues.close()
+
+
+# --- --max-memory-per-child below what a consumer process starts with ------------------------
+
+
+def test_a_memory_limit_below_a_fresh_process_is_refused_at_start(runqueues: Runqueues) -> None:
+    """Issue 37: ``--max-memory-per-child 20`` (a fresh process is about 55 MB) was accepted
+    silently, and the supervisor started 215-250 processes in 10 s. Refused before any
+    process starts, with what this project's processes weigh."""
+    sup = runqueues.start("--max-memory-per-child", "20")
+    started = re.compile(r"consumer process \d+ started")
+    runqueues.wait(
+        lambda: sup.poll() is not None or len(started.findall(runqueues.log(sup))) > 3,
+        60,
+        "runqueue to refuse the limit (or to start processes)",
+    )
+    log = runqueues.log(sup)
+    assert not started.findall(log), log[-3000:]
+    assert sup.wait(30) == 1
+    assert "CommandError: --max-memory-per-child 20 is below the memory every consumer" in log
+    assert re.search(r"this runqueue holds \d+ MB of its own after setup", log), log[-3000:]
+
+
+def _own_and_resident_mb(pid: int) -> tuple[float, float]:
+    """A process's memory of its own (resident less file-backed) and its resident memory."""
+    fields = Path(f"/proc/{pid}/statm").read_text().split()
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident, shared = int(fields[1]) * page, int(fields[2]) * page
+    return (resident - shared) / 1024**2, resident / 1024**2
+
+
+def test_processes_that_outgrow_a_limit_right_after_their_start_are_not_a_fork_storm(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """A limit above what the start refuses but below a fresh process's resident memory (the
+    file pages it touches): each process asks to be replaced as it starts. The supervisor
+    paces the replacements as a crash loop (0.5 s doubling); each serves until its successor
+    consumes, so messages go on being delivered."""
+    measured = runqueues.start()
+    (child,) = runqueues.consuming_children(measured, 1)
+    floor, _ = _own_and_resident_mb(measured.pid)
+    _, fresh = _own_and_resident_mb(child)
+    assert _stop(runqueues, measured) == 0
+    assert fresh > floor + 2, (floor, fresh)
+    limit = (floor + fresh) / 2
+    sup = runqueues.start("--max-memory-per-child", f"{limit:.0f}")
+    started = re.compile(r"consumer process \d+ started")
+    paced = "is replaced in 2.0s, not at once"
+    runqueues.wait(
+        lambda: paced in runqueues.log(sup) or len(started.findall(runqueues.log(sup))) > 12,
+        60,
+        "the third paced replacement (or a storm)",
+    )
+    log = runqueues.log(sup)
+    before = log.split(paced)[0]
+    # By the third paced replacement: the first process, the one replaced at once, and the
+    # two replaced after 0.5 s and 1 s. Before: a dozen within a second or two.
+    assert len(started.findall(before)) == 4, log[-4000:]
+    assert "is replaced in 0.5s, not at once" in before and "in 1.0s, not at once" in before
+    q = producer(redis_server.url, "drill")
+    ids = [q.schedule({"n": i}).id for i in range(5)]
+    runqueues.wait(lambda: settled(q), 60, "every message delivered meanwhile")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    report = check(ids, read(runqueues.ledger))
+    assert report.ok and not report.duplicates, report.summary()

@@ -19,7 +19,7 @@ from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_after, wa
 from django_delayqueue.core.consumer.left_at_stop import record_left
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
-from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
@@ -54,8 +54,11 @@ class RoundTrip:
         name: str,
         memory: OutOfMemoryLog,
         details: Callable[[Queue], str | None] | None = None,
+        reads_format: int = ENVELOPE_FORMAT,
     ) -> None:
         self.clock = queues[0].clock
+        # The newest envelope format this consumer reads: newer ones are left for another.
+        self.reads_format = reads_format
         # What the heartbeat says about this consumer's process on a queue (details.py).
         self.details = details
         self.outcomes = outcomes
@@ -305,7 +308,7 @@ class RoundTrip:
                 hold = q.claim_hold(raw)  # a flow limit's answer (claimed: their waits)
                 if hold is not None or self.holds.holds(q.name):
                     self.holds.note(q.name, hold, self._next_wake)
-                messages.extend(q.claimed(raw, now))
+                messages.extend(q.claimed(raw, now, self.reads_format))
             elif kind == "reap":
                 reaped_all = self._log_reaped(q, raw) and reaped_all
         return messages, reaped_all

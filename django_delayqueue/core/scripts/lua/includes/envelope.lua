@@ -1,4 +1,6 @@
--- includes/envelope.lua: reading the due and scheduled times of a stored envelope.
+-- includes/envelope.lua: reading the due and scheduled times of a stored envelope. Every
+-- envelope format keeps them first (docs/upgrades.md), so this reads an envelope of any format,
+-- a later release's too.
 
 -- envelope_times(raw): due and scheduled time (ms) of an envelope "<due>,<due - scheduled>,
 -- <payload JSON>" with both numbers in hex (or of the JSON object form of earlier versions);

@@ -1,4 +1,6 @@
-"""Review r1 (issue 27, flow keys): reproductions of defects found in review."""
+"""Flow keys at their edges: key limits edited live, due order within a key when an earlier
+message is not promoted yet, the key hold kept for consumers still waiting, a replace that
+meets an older promote."""
 
 from __future__ import annotations
 
