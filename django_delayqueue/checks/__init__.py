@@ -35,6 +35,8 @@ delayqueue.W008     a deprecated queue setting (``handler_time_limit``, read as 
 delayqueue.W009     E014 for a queue that sets only the deprecated ``handler_time_limit``
 delayqueue.W010     live consumers older than this process (an older envelope format), or
                     messages that wait for a newer consumer (``check --deploy``)
+delayqueue.W011     a sharded queue with ``rate_limit`` or ``max_in_flight`` that takes flow
+                    keys: a key gets one shard's share of them (figures in the message)
 ==================  ================================================================
 
 Only E001, E010, W006, W007, W010 and W004 do I/O: the first five (``servers``, ``formats``)
@@ -46,8 +48,8 @@ for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when i
 
 One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
 E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
-W008 of a queue; W001, W003), ``flow`` (E015 of a queue), ``servers`` (E001, E010, E011, W006,
-W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005), ``outbox`` (E008, W004)
+W008 of a queue; W001, W003), ``flow`` (E015, W011 of a queue), ``servers`` (E001, E010, E011,
+W006, W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005), ``outbox`` (E008, W004)
 and ``formats`` (E016, W010).
 """
 

@@ -144,7 +144,7 @@ class Delivery:
         messages: list[Message] = []
         corrupt: list[tuple[Message, str]] = []
         newer: list[tuple[Message, int]] = []
-        raw, came_back = _came_back(raw)
+        raw, came_back, waits = _claim_tables(raw)
         for i in range(0, len(raw) - len(raw) % 4, 4):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
@@ -173,6 +173,7 @@ class Delivery:
                     parts.key,
                     parts.trace,
                     came_back.get(message_id) if came_back else None,
+                    int(waits[i // 4]) if waits else 0,
                 )
             )
         if corrupt:
@@ -244,7 +245,7 @@ class Delivery:
     def claim_hold(raw: Sequence[Any]) -> int | None:
         """When a claim held back by a flow limit says the next message may start (ms; -1:
         when a message in flight ends), or None when no limit held it back."""
-        raw = _came_back(raw)[0]
+        raw = _claim_tables(raw)[0]
         return int(raw[-1]) if len(raw) % 4 else None
 
     def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
@@ -383,13 +384,19 @@ class Delivery:
         return PROGRESS.call(self.keys, triples=triples).run(self.client)
 
 
-def _came_back(raw: Sequence[Any]) -> tuple[Sequence[Any], dict[str, int]]:
-    """A claim's reply without its trailing table of the claimed messages that came back to
-    ready (claim.lua: {id, ready_since, ...}, a list only it is), and that table by id."""
-    if not raw or not isinstance(raw[-1], list):
-        return raw, {}
-    pairs = raw[-1]
-    # A score of the retry zset, written by promote.lua, may read as a float ("1e+12").
-    return raw[:-1], {
-        to_str(pairs[i]): int(float(pairs[i + 1])) for i in range(0, len(pairs) - 1, 2)
-    }
+def _claim_tables(raw: Sequence[Any]) -> tuple[Sequence[Any], dict[str, int], list[int]]:
+    """A claim's reply without its trailing tables (the only lists in it), and what they say:
+    the claimed messages that came back to ready, by id ({id, ready_since, ...}: ids first),
+    and the limit wait of each claimed message, in order (numbers only; empty: none waited)."""
+    came_back: dict[str, int] = {}
+    waits: list[int] = []
+    while raw and isinstance(raw[-1], list):
+        table, raw = raw[-1], raw[:-1]
+        if table and isinstance(table[0], int):
+            waits = table
+        else:
+            # A score of the retry zset, written by promote.lua, may read as a float ("1e+12").
+            came_back = {
+                to_str(table[i]): int(float(table[i + 1])) for i in range(0, len(table) - 1, 2)
+            }
+    return raw, came_back, waits

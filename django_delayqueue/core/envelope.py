@@ -403,6 +403,9 @@ class Message:
     # start lateness counts from then (core/timings). None: it did not come back, or the
     # consumer was not told.
     ready_since_ms: int | None = field(default=None, compare=False)
+    # How long (ms) a flow limit held it back before its claim, as claim.lua counted it: taken
+    # off its start lateness (core/timings). 0: no limit held it.
+    limit_wait_ms: int = field(default=0, compare=False)
 
     @property
     def due_at(self) -> datetime:

@@ -312,3 +312,38 @@ def test_e015_flow_limits_that_cannot_be_read_or_split_are_refused_with_hints() 
     for name in ("cap-below-shards", "burst-below-shards"):
         (error,) = by_queue[name]
         assert "number of shards (3)" in error.msg and "share" in error.hint
+
+
+def test_w009_says_what_a_flow_key_gets_of_a_sharded_queues_limits() -> None:
+    """A key's messages live on one shard: on a 4-shard queue with rate_limit 40/s a key's
+    backlog runs at 10/s (issue 37). Said where the settings show the queue takes keys, and
+    not where the key's own limits ask no more than the share."""
+    sharded = {"rate_limit": "40/s", "max_in_flight": 8, "shards": 4}
+    queues = {
+        "keyed": {**sharded, "key_concurrency": 5},
+        "by-schedule": dict(sharded),
+        "within-share": {**sharded, "key_rate_limit": "5/s", "key_concurrency": 1},
+        "unsharded": {"rate_limit": "40/s", "key_concurrency": 1},
+        "no-keys-seen": dict(sharded),
+        "by-task": dict(sharded),
+    }
+    schedules = {"sync": {"queue": "by-schedule", "every": 60, "payload": {}, "key": "store-7"}}
+    tasks = {
+        "default": {
+            "BACKEND": "django_delayqueue.tasks.DelayQueueBackend",
+            "QUEUES": ["by-task"],
+            "OPTIONS": {"KEY_ARGUMENT": "phone"},
+        }
+    }
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues, SCHEDULES=schedules), TASKS=tasks):
+        found = check_settings()
+    by_queue = {name: [e for e in found if f"[{name!r}]" in e.msg] for name in queues}
+    (keyed,) = by_queue["keyed"]
+    assert keyed.id == "delayqueue.W011"
+    assert "about 10/s of its rate_limit '40/s'" in keyed.msg
+    assert "at most 2 in flight of its max_in_flight 8" in keyed.msg
+    assert "fewer shards" in keyed.hint
+    for name in ("by-schedule", "by-task"):  # keys given by a schedule, by a task argument
+        (warning,) = by_queue[name]
+        assert warning.id == "delayqueue.W011"
+    assert by_queue["within-share"] == by_queue["unsharded"] == by_queue["no-keys-seen"] == []

@@ -156,7 +156,7 @@ def test_claims_under_flow_limits_run_on_a_full_server(client: redis.Redis) -> N
         first = q.claim(4)
         assert len(first) == 2
         assert q.claim(4) == []  # held: the cap
-        assert SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(client) == 1
+        assert SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel, now_ms=T0).run(client) == 1
         assert q.ack(*first) == 2
         clock.advance(ms=100)
         assert len(q.claim(4)) == 1  # the rate: one token after the burst

@@ -86,7 +86,7 @@ DEFER = Contract(
     keys=f"unack retry attempts tokens garbage reasons aborts progress newer {_KEYED}",
     args="now_ms first_wait_ms longest_wait_ms reads_format *triples",
 )
-SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
+SLOT_FREED = Contract("slot_freed", keys="limiter", args="now_ms wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
 PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
@@ -95,7 +95,9 @@ HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_
 # --- reading -----------------------------------------------------------------------------------
 COUNTS = Contract(
     "counts",
-    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state",
+    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state "
+    "key_turns key_waiting key_tats key_lists",
+    args="now_ms key_limits",
 )
 PEEK = Contract(
     "peek",
