@@ -20,6 +20,7 @@ from django_delayqueue.core.scripts.contracts import (
     BUSIEST_KEYS,
     COUNTS,
     FLOW_STATE,
+    OVERDUE,
     PEEK,
     STATS,
 )
@@ -127,13 +128,13 @@ def counts_and_activity(
     most_consumers: int,
     now_ms: int = 0,
     busiest_top: int = 10,
-) -> list[tuple[Any, Any, Any, Any, Any]]:
+) -> list[tuple[Any, Any, Any, Any, Any, Any]]:
     """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call`,
     the flow limits' state (flow_state.lua, at ``now_ms``), the delivery timings
-    (core.timings.reading, as of ``now_ms``) and the busiest flow keys (busiest_keys.lua:
-    the top ``busiest_top``) of each of ``queues`` (which share one
-    client), in one round trip: a script's error is returned in its place; DelayQueueError
-    when the round trip fails."""
+    (core.timings.reading, as of ``now_ms``), the busiest flow keys (busiest_keys.lua:
+    the top ``busiest_top``) and the overdue backlog (overdue.lua, at ``now_ms``) of each of
+    ``queues`` (which share one client), in one round trip: a script's error is returned in
+    its place; DelayQueueError when the round trip fails."""
     batch = ScriptBatch()
     for q in queues:
         batch.add(q.counts_call())
@@ -141,14 +142,17 @@ def counts_and_activity(
         batch.add(FLOW_STATE.call(q.keys, now_ms=now_ms))
         batch.add(timings_call(q.keys, now_ms))
         batch.add(BUSIEST_KEYS.call(q.keys, top=busiest_top))
+        batch.add(OVERDUE.call(q.keys, now_ms=now_ms))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
+    per_queue = 6
     return [
         (
-            results[5 * i],
-            results[5 * i + 1],
-            results[5 * i + 2],
-            results[5 * i + 3],
-            results[5 * i + 4],
+            results[per_queue * i],
+            results[per_queue * i + 1],
+            results[per_queue * i + 2],
+            results[per_queue * i + 3],
+            results[per_queue * i + 4],
+            results[per_queue * i + 5],
         )
         for i in range(len(queues))
     ]

@@ -128,6 +128,14 @@ def stalled_count(s: QueueStats) -> int | None:
     return len(past_limit(s.running, limit, s.now_ms))
 
 
+def queue_time_limit(name: str) -> float | None:
+    """The queue's ``time_limit`` (None: none, or its settings cannot be read)."""
+    try:
+        return queue_settings(name).time_limit
+    except ConfigurationError:
+        return None
+
+
 def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:
     """``eviction`` (a policy that deletes messages, not accepted) and, when asked for with
     ``HEALTH_MAX_MEMORY_PERCENT``, ``memory``; servers that could not be read fail ``redis``."""

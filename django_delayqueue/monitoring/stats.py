@@ -66,6 +66,8 @@ class QueueStats:
     counts: dict[str, int | None]
     oldest_overdue_ms: int | None = None  # how late the oldest due message is; None: none is
     next_due_ms: int | None = None  # earliest pending/retry time still to come (or overdue)
+    # How many due messages no consumer has started (see overdue_count); None: not read.
+    overdue_messages: int | None = None
     paused: bool | None = None
     consumers_alive: int | None = None
     consumers: list[tuple[str, int]] = field(default_factory=list)  # (name, last seen ms)
@@ -120,6 +122,7 @@ class QueueStats:
             "queue": self.queue,
             "counts": dict(self.counts),
             "oldest_overdue_seconds": self.oldest_overdue_seconds,
+            "overdue_messages": self.overdue_messages,
             "next_due_at": self.next_due_at.isoformat() if self.next_due_at else None,
             "paused": self.paused,
             "consumers_alive": self.consumers_alive,
@@ -171,8 +174,8 @@ def gather(
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
-        _with_busiest(_read(q, counts, stats, flow, timings, now), busiest)
-        for q, (counts, stats, flow, timings, busiest) in zip(queues, replies, strict=True)
+        _with_overdue(_with_busiest(_read(q, counts, stats, flow, timings, now), busiest), overdue)
+        for q, (counts, stats, flow, timings, busiest, overdue) in zip(queues, replies, strict=True)
     ]
     processes = read_processes(queues, [s.consumers for s in read])
     return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
@@ -182,6 +185,26 @@ def _with_busiest(stats: QueueStats, raw: Any) -> QueueStats:
     if isinstance(raw, Exception):
         return replace(stats, errors=[*stats.errors, f"busiest keys: {raw}"])
     return replace(stats, busiest_keys=read_busiest(raw))
+
+
+def _with_overdue(stats: QueueStats, raw: Any) -> QueueStats:
+    if isinstance(raw, Exception):
+        return replace(stats, errors=[*stats.errors, f"overdue: {raw}"])
+    return replace(stats, overdue_messages=overdue_count(stats, int(raw[0]), int(raw[1])))
+
+
+def overdue_count(stats: QueueStats, due_pending: int, due_retry: int) -> int | None:
+    """How many due messages no consumer has started: the pending and retrying ones whose time
+    has come (a consumer's round moves them to ready within milliseconds; while no consumer
+    runs they stay there) and the ready ones, less those that wait on purpose: behind a flow
+    limit that holds the queue, or in their flow key's list for its turn (as the oldest
+    overdue leaves them out). None when the counts could not be read."""
+    ready = stats.counts["ready"]
+    if ready is None:
+        return None
+    keyed = stats.flow.waiting_on_keys or 0
+    waiting = 0 if stats.flow.held else max(0, ready - keyed)
+    return due_pending + due_retry + waiting
 
 
 def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:
@@ -325,6 +348,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         return None if any(v is None for v in values) else sum(v or 0 for v in values)
 
     overdue = [p.oldest_overdue_ms for p in parts if p.oldest_overdue_ms is not None]
+    overdue_messages = added([p.overdue_messages for p in parts])
     upcoming = [p.next_due_ms for p in parts if p.next_due_ms is not None]
     seen: dict[str, int] = {}
     for p in parts:
@@ -344,6 +368,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         {state: added([p.counts[state] for p in parts]) for state in STATES},
         max(overdue) if overdue else None,
         min(upcoming) if upcoming else None,
+        overdue_messages=overdue_messages,
         paused=parts[0].paused,
         consumers_alive=max(alive) if alive else None,
         consumers=sorted(seen.items(), key=lambda item: -item[1]),

@@ -102,6 +102,7 @@ BUSIEST_KEYS = Contract(
     keys="key_turns key_waiting key_load key_state key_lists",
     args="top",
 )
+OVERDUE = Contract("overdue", keys="pending retry", args="now_ms")
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
@@ -167,7 +168,7 @@ CONTRACTS: dict[str, Contract] = {
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
         SLOT_FREED,
-        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS),
+        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS, OVERDUE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

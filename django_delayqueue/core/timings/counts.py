@@ -3,8 +3,8 @@ minute hash and the totals hash in Redis hold, and what the readers add up again
 
 The Redis fields (one hash per minute, one for the totals; see ``QueueKeys.timings``):
 ``l<n>``, ``d<n>``, ``w<n>``: how many start latenesses, handler durations and limit waits fell
-in the bucket whose field number is ``n`` (:func:`.buckets.field_of`); ``l_sum``, ``d_sum``, ``w_sum``: their sums in ms;
-``o_<outcome>``: deliveries per outcome. Fields at 0 are not written.
+in the bucket whose field number is ``n`` (:func:`.buckets.field_of`); ``l_sum``, ``d_sum``,
+``w_sum``: their sums in ms; ``o_<outcome>``: deliveries per outcome. Fields at 0 are not written.
 """
 
 from __future__ import annotations
