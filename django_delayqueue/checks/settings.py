@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.checks import Error
 
 from django_delayqueue.checks.hints import CONFIGURATION_HINT
+from django_delayqueue.checks.monitoring import monitoring_errors
 from django_delayqueue.checks.outbox import outbox_errors
 from django_delayqueue.checks.queues import queue_errors, unknown_queue_keys
 from django_delayqueue.checks.servers import server_setting_errors
@@ -25,7 +26,7 @@ from django_delayqueue.observability.tracing import PARENT_MODES
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """E002, E003, E004, E008, E011, E013, E014 and W008: the DELAYQUEUE dict itself."""
+    """E002, E003, E004, E008, E011, E013, E014, E016 and W008: the DELAYQUEUE dict itself."""
     raw = getattr(settings, "DELAYQUEUE", None)
     if raw is None:
         return []
@@ -42,6 +43,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     out += _connection_errors()
     out += outbox_errors()
     out += server_setting_errors()
+    out += monitoring_errors()
     queues = dq_settings.QUEUES
     if not isinstance(queues, dict) or not isinstance(dq_settings.DEFAULTS or {}, dict):
         out.append(

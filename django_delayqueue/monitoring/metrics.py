@@ -19,11 +19,18 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
+from django_delayqueue.conf.connection import monitoring_reads
 from django_delayqueue.core import STATES
 from django_delayqueue.core.flow_limits import parse_rate
+from django_delayqueue.monitoring.access import Access, access, refused
 from django_delayqueue.monitoring.health import queue_time_limit
 from django_delayqueue.monitoring.processes import past_limit
-from django_delayqueue.monitoring.stats import QueueStats, collect
+from django_delayqueue.monitoring.stats import (
+    QueueStats,
+    collect,
+    redis_unreachable,
+    unreachable_stats,
+)
 from django_delayqueue.monitoring.timing_metrics import add_timings, timing_families
 
 logger = logging.getLogger(__name__)
@@ -50,14 +57,18 @@ class StatsCollector:
             for name, (kind, help_text, extra) in FAMILIES.items()
         }
         timings = timing_families()
-        for s in collect():
+        # Asked first: when Redis does not answer, nothing else is asked of it (each read
+        # would wait out its timeout again), and every queue and server reads as down.
+        down = redis_unreachable()
+        for s in unreachable_stats(down[0]) if down else collect():
             _add(s, families)
             if s.lateness is not None:
                 add_timings(s.queue, s.lateness.windows.total, timings)
         yield from families.values()
         yield from timings.values()
-        yield from _schedule_families()
-        yield from _server_families()
+        if not down:
+            yield from _schedule_families()
+        yield from _server_families(down[0] if down else None)
 
 
 # name (after "delayqueue_") -> (kind, help text, labels after "queue")
@@ -249,10 +260,11 @@ SERVER_FAMILIES: dict[str, str] = {
 }
 
 
-def _server_families() -> Iterator[Any]:
+def _server_families(down: str | None = None) -> Iterator[Any]:
+    """``down``: why Redis does not answer (then every server reads as down, unasked)."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from django_delayqueue.monitoring.servers import app_servers
+    from django_delayqueue.monitoring.servers import app_servers, unreachable_servers
 
     families = {
         name: GaugeMetricFamily(
@@ -262,7 +274,7 @@ def _server_families() -> Iterator[Any]:
         )
         for name, text in SERVER_FAMILIES.items()
     }
-    for s in app_servers():
+    for s in app_servers() if down is None else unreachable_servers(down):
         families["up"].add_metric([s.address], 1 if s.ok else 0)
         if not s.ok:
             continue
@@ -279,7 +291,10 @@ def _server_families() -> Iterator[Any]:
 
 @require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The Prometheus text exposition of every queue's stats (501 without prometheus-client)."""
+    """The Prometheus text exposition of every queue's stats (501 without prometheus-client;
+    401 without the ``MONITORING_TOKEN``, when one is set: monitoring.access)."""
+    if access(request) in (Access.ANONYMOUS, Access.REFUSED):
+        return refused("metrics/")
     try:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     except ImportError:
@@ -288,6 +303,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     # registering there twice (tests, reloads) would raise.
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector())
-    response = HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    with monitoring_reads():  # Redis reads with the endpoints' own deadline
+        text = generate_latest(registry)
+    response = HttpResponse(text, content_type=CONTENT_TYPE_LATEST)
     response["Cache-Control"] = "no-store"
     return response

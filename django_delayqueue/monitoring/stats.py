@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from django_delayqueue.conf.connection import get_client
+from django_delayqueue.conf.connection import get_client, monitoring_timeout
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
@@ -379,6 +379,29 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         lateness=merge_lateness(lateness) if len(lateness) == len(parts) else None,
         busiest_keys=merge_busiest([p.busiest_keys for p in parts]),
     )
+
+
+def redis_unreachable() -> list[str]:
+    """What keeps Redis from answering a PING, in words (empty: it answers). The monitoring
+    endpoints ask this first: when Redis is down, every further read would wait out its
+    timeout again, and the stats would say no consumer had a heartbeat."""
+    try:
+        get_client().ping()
+    except redis.TimeoutError:
+        return [f"Redis unreachable: no reply within {format_seconds(monitoring_timeout())}"]
+    except Exception as e:  # any failure to answer is "not reachable"
+        return [f"Redis unreachable: {e}"]
+    return []
+
+
+def unreachable_stats(error: str) -> list[QueueStats]:
+    """The configured queues' stats when Redis does not answer: nothing read, ``error`` said
+    (no read of Redis: the queue names come from the settings)."""
+    try:
+        names = configured()
+    except ConfigurationError:  # reported by the system checks
+        names = []
+    return [_unreadable(name, 0, error) for name in names]
 
 
 def consumer_alive_seconds() -> float:

@@ -312,3 +312,36 @@ def test_e015_flow_limits_that_cannot_be_read_or_split_are_refused_with_hints() 
     for name in ("cap-below-shards", "burst-below-shards"):
         (error,) = by_queue[name]
         assert "number of shards (3)" in error.msg and "share" in error.hint
+
+
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        (12345, "must be a string or None, not int"),
+        ("", "must not be empty (None: no token)"),
+        ("a token with spaces in it", "must be printable ASCII without spaces"),
+        ("tok\u00e9n-0123456789abcdef", "must be printable ASCII without spaces"),
+        ("short", "is 5 characters long; use 16 or more"),
+    ],
+)
+def test_e016_a_monitoring_token_no_client_could_send_or_anyone_could_guess(
+    token: Any, said: str
+) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(MONITORING_TOKEN=token)):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.E016"]
+    assert said in found[0].msg
+    if isinstance(token, str) and len(token) > 3:
+        assert token not in found[0].msg  # a check's output lands in logs
+
+
+@pytest.mark.parametrize("timeout", [0, -1, NAN, "2", None])
+def test_e016_monitoring_timeout(timeout: Any) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(MONITORING_TIMEOUT_SECONDS=timeout)):
+        assert ids(check_settings()) == ["delayqueue.E016"]
+
+
+def test_e016_silent_for_a_good_token_and_timeout() -> None:
+    good = {"MONITORING_TOKEN": "Zm9vYmFy-0123456789_abc~.", "MONITORING_TIMEOUT_SECONDS": 0.5}
+    with override_settings(DELAYQUEUE=delayqueue(**good)):
+        assert check_settings() == []
