@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
+from django_delayqueue.alive import AliveFile
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, envelope_format
@@ -73,6 +74,7 @@ class Worker(TaskServing, Consumer):
         *,
         discover: bool = False,
         worker_id: str | None = None,
+        alive_file: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
@@ -99,10 +101,19 @@ class Worker(TaskServing, Consumer):
         # whose policy evicts keys stops the worker (see monitoring.servers).
         self.servers = ServerGuard()
         self.refused: str | None = None
+        # runqueue --alive-file: touched as the loop goes round (a liveness probe reads it).
+        self.alive = AliveFile(alive_file) if alive_file else None
 
     def run(self) -> int:
         code = self._run()
         return 1 if self.refused else code
+
+    def step(self, now_ms: int | None = None) -> int:
+        # Touched before the round, so a round that fails (Redis down: the loop retries)
+        # still says the loop turns; a loop stuck in a round stops touching it.
+        if self.alive is not None:
+            self.alive.touch()
+        return super().step(now_ms)
 
     def _run(self) -> int:
         if self._any_queue or self._task_queues & {q.logical_name for q in self.queues}:

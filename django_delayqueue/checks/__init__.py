@@ -22,6 +22,8 @@ delayqueue.E015     a queue's ``rate_limit`` or ``max_in_flight`` that cannot be
                     cannot be split between the queue's shards
 delayqueue.E016     ``ENVELOPE_FORMAT`` that is not None or a format this release knows
 delayqueue.E017     invalid ``OPTIONS`` of a ``TASKS`` backend of this app
+delayqueue.E018     invalid ``MONITORING_TOKEN`` (not a string, empty, with a space, short)
+                    or ``MONITORING_TIMEOUT_SECONDS``
 delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     (retired: E014 says it, now that time limits are enforced)
@@ -49,8 +51,8 @@ for the backport, in INSTALLED_APPS), and by ``check_task_backends`` here when i
 One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQUEUE`` dict:
 E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
 W008 of a queue; W001, W003), ``flow`` (E015, W011 of a queue), ``servers`` (E001, E010, E011,
-W006, W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005), ``outbox`` (E008, W004)
-and ``formats`` (E016, W010).
+W006, W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005), ``outbox`` (E008, W004),
+``formats`` (E016, W010) and ``monitoring`` (E018).
 """
 
 from __future__ import annotations

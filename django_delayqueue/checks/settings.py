@@ -10,6 +10,7 @@ from django.core.checks import Error
 
 from django_delayqueue.checks.formats import format_setting_errors
 from django_delayqueue.checks.hints import CONFIGURATION_HINT
+from django_delayqueue.checks.monitoring import monitoring_errors
 from django_delayqueue.checks.outbox import outbox_errors
 from django_delayqueue.checks.queues import queue_errors, unknown_queue_keys
 from django_delayqueue.checks.servers import server_setting_errors
@@ -44,6 +45,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     out += outbox_errors()
     out += server_setting_errors()
     out += format_setting_errors()
+    out += monitoring_errors()
     queues = dq_settings.QUEUES
     if not isinstance(queues, dict) or not isinstance(dq_settings.DEFAULTS or {}, dict):
         out.append(

@@ -56,6 +56,11 @@ DEFAULTS: dict[str, Any] = {
     # The health probe fails when a queue's p99 start lateness over the last 5 minutes passes
     # its lateness_warning_ms (off unless True: late handlers are a warning, not an outage).
     "HEALTH_LATENESS": False,
+    # metrics/ and health/: how long their Redis reads wait for a reply (a frozen Redis must
+    # not hold the page longer than a scraper or a probe waits for it), and an optional bearer
+    # token they ask for (docs/operations.md).
+    "MONITORING_TIMEOUT_SECONDS": 2.0,
+    "MONITORING_TOKEN": None,
     # runqueue refuses a Redis whose maxmemory-policy evicts keys (and messages with them)
     # unless this is True: the operator accepts that messages may vanish (docs/redis.md).
     "ACCEPT_DATA_LOSS_ON_EVICTION": False,

@@ -22,6 +22,7 @@ from django_delayqueue.core.scripts.contracts import (
     COUNTS,
     FLOW_STATE,
     NEWER_WAITING,
+    OVERDUE,
     PEEK,
     STATS,
 )
@@ -135,14 +136,14 @@ def counts_and_activity(
     now_ms: int = 0,
     busiest_top: int = 10,
     most_newer: int = 1000,
-) -> list[tuple[Any, Any, Any, Any, Any, Any]]:
+) -> list[tuple[Any, Any, Any, Any, Any, Any, Any]]:
     """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call`,
     the flow limits' state (flow_state.lua, at ``now_ms``), the delivery timings
     (core.timings.reading, as of ``now_ms``), the busiest flow keys (busiest_keys.lua:
-    the top ``busiest_top``) and the messages waiting for a newer consumer (newer_waiting.lua,
-    looking at ``most_newer`` entries) of each of ``queues`` (which share one
-    client), in one round trip: a script's error is returned in its place; DelayQueueError
-    when the round trip fails."""
+    the top ``busiest_top``), the messages waiting for a newer consumer (newer_waiting.lua,
+    looking at ``most_newer`` entries) and the overdue backlog (overdue.lua, at ``now_ms``) of
+    each of ``queues`` (which share one client), in one round trip: a script's error is
+    returned in its place; DelayQueueError when the round trip fails."""
     batch = ScriptBatch()
     for q in queues:
         batch.add(q.counts_call(now_ms))
@@ -151,15 +152,18 @@ def counts_and_activity(
         batch.add(timings_call(q.keys, now_ms))
         batch.add(BUSIEST_KEYS.call(q.keys, top=busiest_top))
         batch.add(NEWER_WAITING.call(q.keys, most_entries=most_newer))
+        batch.add(OVERDUE.call(q.keys, now_ms=now_ms))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
+    per_queue = 7
     return [
         (
-            results[6 * i],
-            results[6 * i + 1],
-            results[6 * i + 2],
-            results[6 * i + 3],
-            results[6 * i + 4],
-            results[6 * i + 5],
+            results[per_queue * i],
+            results[per_queue * i + 1],
+            results[per_queue * i + 2],
+            results[per_queue * i + 3],
+            results[per_queue * i + 4],
+            results[per_queue * i + 5],
+            results[per_queue * i + 6],
         )
         for i in range(len(queues))
     ]

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from django_delayqueue.conf.connection import get_client
+from django_delayqueue.conf.connection import get_client, monitoring_timeout
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, envelope_format, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
@@ -72,6 +72,8 @@ class QueueStats:
     counts: dict[str, int | None]
     oldest_overdue_ms: int | None = None  # how late the oldest due message is; None: none is
     next_due_ms: int | None = None  # earliest pending/retry time still to come (or overdue)
+    # How many due messages no consumer has started (see overdue_count); None: not read.
+    overdue_messages: int | None = None
     paused: bool | None = None
     consumers_alive: int | None = None
     consumers: list[tuple[str, int]] = field(default_factory=list)  # (name, last seen ms)
@@ -129,6 +131,7 @@ class QueueStats:
             "queue": self.queue,
             "counts": dict(self.counts),
             "oldest_overdue_seconds": self.oldest_overdue_seconds,
+            "overdue_messages": self.overdue_messages,
             "next_due_at": self.next_due_at.isoformat() if self.next_due_at else None,
             "paused": self.paused,
             "consumers_alive": self.consumers_alive,
@@ -184,8 +187,10 @@ def gather(
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
-        _with_busiest(_read(q, counts, stats, flow, timings, now), busiest)
-        for q, (counts, stats, flow, timings, busiest, _) in zip(queues, replies, strict=True)
+        _with_overdue(_with_busiest(_read(q, counts, stats, flow, timings, now), busiest), overdue)
+        for q, (counts, stats, flow, timings, busiest, _, overdue) in zip(
+            queues, replies, strict=True
+        )
     ]
     processes = read_processes(queues, [s.consumers for s in read])
     out = []
@@ -203,6 +208,26 @@ def _with_busiest(stats: QueueStats, raw: Any) -> QueueStats:
     if isinstance(raw, Exception):
         return replace(stats, errors=[*stats.errors, f"busiest keys: {raw}"])
     return replace(stats, busiest_keys=read_busiest(raw))
+
+
+def _with_overdue(stats: QueueStats, raw: Any) -> QueueStats:
+    if isinstance(raw, Exception):
+        return replace(stats, errors=[*stats.errors, f"overdue: {raw}"])
+    return replace(stats, overdue_messages=overdue_count(stats, int(raw[0]), int(raw[1])))
+
+
+def overdue_count(stats: QueueStats, due_pending: int, due_retry: int) -> int | None:
+    """How many due messages no consumer has started: the pending and retrying ones whose time
+    has come (a consumer's round moves them to ready within milliseconds; while no consumer
+    runs they stay there) and the ready ones, less those that wait on purpose: behind a flow
+    limit that holds the queue, or in their flow key's list for its turn (as the oldest
+    overdue leaves them out). None when the counts could not be read."""
+    ready = stats.counts["ready"]
+    if ready is None:
+        return None
+    keyed = stats.flow.waiting_on_keys or 0
+    waiting = 0 if stats.flow.held else max(0, ready - keyed)
+    return due_pending + due_retry + waiting
 
 
 def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:
@@ -350,6 +375,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         return None if any(v is None for v in values) else sum(v or 0 for v in values)
 
     overdue = [p.oldest_overdue_ms for p in parts if p.oldest_overdue_ms is not None]
+    overdue_messages = added([p.overdue_messages for p in parts])
     upcoming = [p.next_due_ms for p in parts if p.next_due_ms is not None]
     seen: dict[str, int] = {}
     for p in parts:
@@ -370,6 +396,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         {state: added([p.counts[state] for p in parts]) for state in STATES},
         max(overdue) if overdue else None,
         min(upcoming) if upcoming else None,
+        overdue_messages=overdue_messages,
         paused=parts[0].paused,
         consumers_alive=max(alive) if alive else None,
         consumers=sorted(seen.items(), key=lambda item: -item[1]),
@@ -381,6 +408,29 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         busiest_keys=merge_busiest([p.busiest_keys for p in parts]),
         formats=merge_formats(formats) if len(formats) == len(parts) else None,
     )
+
+
+def redis_unreachable() -> list[str]:
+    """What keeps Redis from answering a PING, in words (empty: it answers). The monitoring
+    endpoints ask this first: when Redis is down, every further read would wait out its
+    timeout again, and the stats would say no consumer had a heartbeat."""
+    try:
+        get_client().ping()
+    except redis.TimeoutError:
+        return [f"Redis unreachable: no reply within {format_seconds(monitoring_timeout())}"]
+    except Exception as e:  # any failure to answer is "not reachable"
+        return [f"Redis unreachable: {e}"]
+    return []
+
+
+def unreachable_stats(error: str) -> list[QueueStats]:
+    """The configured queues' stats when Redis does not answer: nothing read, ``error`` said
+    (no read of Redis: the queue names come from the settings)."""
+    try:
+        names = configured()
+    except ConfigurationError:  # reported by the system checks
+        names = []
+    return [_unreadable(name, 0, error) for name in names]
 
 
 def consumer_alive_seconds() -> float:

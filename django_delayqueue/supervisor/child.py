@@ -118,6 +118,8 @@ class ChildSpec:
     # The name runqueue was given (--name), which task results list in worker_ids; None: the
     # child's own name.
     worker_id: str | None = None
+    # runqueue --alive-file (django_delayqueue.alive); None: none.
+    alive_file: str | None = None
     worker_class: type[SupervisedWorker] = SupervisedWorker
 
 
@@ -161,6 +163,7 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
             grace_seconds=spec.grace_seconds,
             name=spec.name,
             worker_id=spec.worker_id,
+            alive_file=spec.alive_file,
             channel=channel,
             recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
         )

@@ -55,6 +55,8 @@ class SupervisorOptions:
     max_messages_per_child: int | None = None
     max_memory_per_child_mb: float | None = None
     name: str | None = None
+    # runqueue --alive-file: each child touches it as its loop goes round (django_delayqueue.alive).
+    alive_file: str | None = None
     # How to run this runqueue again (fresh.restart_command); None: SIGHUP forks.
     restart: RestartCommand | None = None
 

@@ -127,5 +127,6 @@ class ChildStarter:
             max_messages=o.max_messages_per_child,
             max_memory_mb=o.max_memory_per_child_mb,
             worker_id=o.name,
+            alive_file=o.alive_file,
             worker_class=self.worker_class,
         )

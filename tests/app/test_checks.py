@@ -314,7 +314,7 @@ def test_e015_flow_limits_that_cannot_be_read_or_split_are_refused_with_hints() 
         assert "number of shards (3)" in error.msg and "share" in error.hint
 
 
-def test_w009_says_what_a_flow_key_gets_of_a_sharded_queues_limits() -> None:
+def test_w011_says_what_a_flow_key_gets_of_a_sharded_queues_limits() -> None:
     """A key's messages live on one shard: on a 4-shard queue with rate_limit 40/s a key's
     backlog runs at 10/s (issue 37). Said where the settings show the queue takes keys, and
     not where the key's own limits ask no more than the share."""
@@ -347,3 +347,36 @@ def test_w009_says_what_a_flow_key_gets_of_a_sharded_queues_limits() -> None:
         (warning,) = by_queue[name]
         assert warning.id == "delayqueue.W011"
     assert by_queue["within-share"] == by_queue["unsharded"] == by_queue["no-keys-seen"] == []
+
+
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        (12345, "must be a string or None, not int"),
+        ("", "must not be empty (None: no token)"),
+        ("a token with spaces in it", "must be printable ASCII without spaces"),
+        ("tok\u00e9n-0123456789abcdef", "must be printable ASCII without spaces"),
+        ("short", "is 5 characters long; use 16 or more"),
+    ],
+)
+def test_e018_a_monitoring_token_no_client_could_send_or_anyone_could_guess(
+    token: Any, said: str
+) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(MONITORING_TOKEN=token)):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.E018"]
+    assert said in found[0].msg
+    if isinstance(token, str) and len(token) > 3:
+        assert token not in found[0].msg  # a check's output lands in logs
+
+
+@pytest.mark.parametrize("timeout", [0, -1, NAN, "2", None])
+def test_e018_monitoring_timeout(timeout: Any) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(MONITORING_TIMEOUT_SECONDS=timeout)):
+        assert ids(check_settings()) == ["delayqueue.E018"]
+
+
+def test_e018_silent_for_a_good_token_and_timeout() -> None:
+    good = {"MONITORING_TOKEN": "Zm9vYmFy-0123456789_abc~.", "MONITORING_TIMEOUT_SECONDS": 0.5}
+    with override_settings(DELAYQUEUE=delayqueue(**good)):
+        assert check_settings() == []

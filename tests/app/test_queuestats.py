@@ -40,7 +40,7 @@ def test_table_has_a_row_per_configured_queue(q):
         "READY",
         "UNACK",
         "RETRY",
-        "GARBAGE",
+        "DEAD",
         "OVERDUE",
         "CONSUMERS",
         "PAUSED",

@@ -379,3 +379,36 @@ def test_a_redis_that_comes_up_evicting_keys_stops_the_worker_before_it_delivers
         assert "maxmemory-policy volatile-ttl" in child.output()
         assert client.lrange("demo:slow:done", 0, -1) == []  # nothing delivered on it
         client.close()
+
+
+# --- issue 38: a liveness probe of its own ----------------------------------------------------
+
+
+LONG_AGO = 1_000_000_000  # 2001: far older than any --max-age
+
+
+def touched_again(path: Path) -> bool:
+    return path.exists() and path.stat().st_mtime > LONG_AGO
+
+
+@pytest.mark.parametrize("redis_up", [True, False], ids=["idle", "redis-down"])
+def test_runqueue_keeps_the_file_fresh_while_idle_and_while_redis_is_down(
+    redis_server: Any, runqueue: Any, tmp_path: Path, redis_up: bool
+) -> None:
+    """The loop goes round every few seconds with nothing to deliver (its maintenance), and
+    while Redis is down (its retries): a probe of the file restarts a stuck worker, never an
+    idle one or one waiting for Redis. Under its supervisor, as a pod runs it."""
+    alive = tmp_path / "alive"
+    url = redis_server.url if redis_up else f"redis://127.0.0.1:{free_port()}/0"
+    child = runqueue(url, "demo-slow", "--alive-file", str(alive))
+    child.wait_until(alive.exists, "the alive file was created")
+    for _ in range(2):  # touched again, and again: not once at start
+        os.utime(alive, (LONG_AGO, LONG_AGO))
+        child.wait_until(lambda: touched_again(alive), "the alive file was touched again")
+    from django_delayqueue.alive import main as probe
+
+    assert probe([str(alive), "--max-age", "60"]) == 0
+    if not redis_up:
+        assert "trying again" in child.output()
+    child.signal(signal.SIGINT)
+    assert child.exit_code() == 0, child.output()

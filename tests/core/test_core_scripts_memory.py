@@ -201,10 +201,10 @@ def test_a_message_of_a_newer_format_is_left_and_counted_on_a_full_server(
 ) -> None:
     """A consumer of an older release meets a newer envelope while memory is full: it leaves
     the message in retry (defer.lua) rather than holding it until its lease runs out, and the
-    stats still count what waits (newer_waiting.lua)."""
+    stats still count what waits (newer_waiting.lua) and what is overdue (overdue.lua)."""
     from django_delayqueue.core.envelope import ENVELOPE_FORMAT, encode_envelope, encode_payload
     from django_delayqueue.core.results import Prepared
-    from django_delayqueue.core.scripts.contracts import NEWER_WAITING
+    from django_delayqueue.core.scripts.contracts import NEWER_WAITING, OVERDUE
 
     clock = ManualClock(T0)
     q = queue(client, clock)
@@ -216,6 +216,8 @@ def test_a_message_of_a_newer_format_is_left_and_counted_on_a_full_server(
         assert q.counts() == {"pending": 0, "ready": 0, "unack": 0, "retry": 1, "garbage": 0}
         waiting = NEWER_WAITING.call(q.keys, most_entries=10).run(client)
         assert [int(x) for x in waiting] == [1, newer, 1]
+        overdue = OVERDUE.call(q.keys, now_ms=T0 + 3_600_000).run(client)  # the stats' read
+        assert [int(x) for x in overdue] == [0, 1]
 
 
 def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> None:
@@ -224,7 +226,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
         "promote", "flow_state", "slot_freed", "busiest_keys",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
-        "stats", "write_record", "write_records", "read_timings", "defer", "newer_waiting",
+        "stats", "write_record", "write_records", "read_timings", "defer", "newer_waiting", "overdue",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",

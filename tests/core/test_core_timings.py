@@ -54,6 +54,46 @@ def test_quantiles_interpolate_inside_their_bucket() -> None:
     assert quantile_ms([0] * BUCKETS, 0.5) is None
 
 
+def test_a_lateness_between_one_and_five_minutes_reads_close_to_what_it_was(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    """Issue 38: with no bucket between 60 s and 300 s, handlers 83 s late read as a p99 of
+    287 s. Now the bucket that holds them is (60 s, 90 s], in Redis and read back."""
+    q = make_queue()
+    q.schedule_many([{"payload": i} for i in range(100)])
+    manual_clock.advance(83)
+    burst([q], lambda m: None)
+    got = totals(redis_client, q)
+    assert got.count("lateness") == 100
+    assert 60_000 < got.quantile_ms("lateness", 0.99) <= 90_000  # type: ignore[operator]
+
+
+def test_counts_written_before_the_buckets_between_60_s_and_300_s_keep_their_bounds(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A totals hash as a release without the new buckets wrote it (or a consumer of that
+    release writes it during a deploy): field 17 counted (60 s, 300 s], field 18 +Inf. They
+    are read in the buckets with the same upper bounds, the new ones take fields of their own,
+    so nothing already counted moves below its bound."""
+    q = make_queue()
+    old_layout = {"l16": 5, "l17": 3, "l18": 2, "l_sum": 1_000_000}
+    redis_client.hset(q.keys.timings, mapping=old_layout)
+    got = totals(redis_client, q)
+    assert got.histograms["lateness"][BOUNDS_MS.index(60_000)] == 5
+    assert got.histograms["lateness"][BOUNDS_MS.index(300_000)] == 3
+    assert got.histograms["lateness"][BUCKETS - 1] == 2  # +Inf
+    assert got.count("lateness") == 10
+    # A reading in a new bucket is written under a new field, which adds up with the old ones.
+    new = TimingCounts()
+    new.histograms["lateness"][bucket_of(100_000)] = 4  # (90 s, 120 s]
+    increments = dict(zip(new.increments()[::2], new.increments()[1::2], strict=True))
+    assert set(increments) == {"l20"}
+    redis_client.hincrby(q.keys.timings, "l20", 4)
+    again = totals(redis_client, q)
+    assert again.histograms["lateness"][bucket_of(100_000)] == 4
+    assert again.histograms["lateness"][BOUNDS_MS.index(300_000)] == 3
+
+
 # --- the consumer records, flushes at its stop ----------------------------------------------------
 
 

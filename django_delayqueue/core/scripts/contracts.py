@@ -111,6 +111,7 @@ BUSIEST_KEYS = Contract(
     keys="key_turns key_waiting key_load key_state key_lists",
     args="top",
 )
+OVERDUE = Contract("overdue", keys="pending retry", args="now_ms")
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
@@ -176,7 +177,7 @@ CONTRACTS: dict[str, Contract] = {
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
         *(SLOT_FREED, DEFER),
-        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS, NEWER_WAITING),
+        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS, NEWER_WAITING, OVERDUE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

@@ -24,7 +24,7 @@ COLUMNS = (
     ("READY", lambda s: s.counts["ready"]),
     ("UNACK", lambda s: s.counts["unack"]),
     ("RETRY", lambda s: s.counts["retry"]),
-    ("GARBAGE", lambda s: s.counts["garbage"]),
+    ("DEAD", lambda s: s.counts["garbage"]),
     ("OVERDUE", lambda s: _overdue(s)),
     ("CONSUMERS", lambda s: s.consumers_alive),
     ("PAUSED", lambda s: None if s.paused is None else ("yes" if s.paused else "no")),
@@ -36,7 +36,7 @@ COLUMNS = (
 class Command(BaseCommand):
     help = (
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
-        "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
+        "dead, how late the oldest due one is, live consumers, and delivery totals; "
         "then the flow limits (rate, in-flight cap, per-key limits, how many wait on them, "
         "throttled) and the busiest flow keys (ready + in flight, the top 10); then "
         "how late handlers start (p50/p99 over the last 5 minutes and hour); then "

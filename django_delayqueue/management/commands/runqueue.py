@@ -88,6 +88,15 @@ class Command(BaseCommand):
             help="replace a consumer process once it handled M messages (no gap in service)",
         )
         parser.add_argument(
+            "--alive-file",
+            metavar="PATH",
+            help=(
+                "touch PATH each time a consumer loop goes round (at most once a second, "
+                "also while Redis is down): a liveness probe checks its age with "
+                "'python -m django_delayqueue.alive PATH --max-age 60'"
+            ),
+        )
+        parser.add_argument(
             "--max-memory-per-child",
             type=_positive,
             metavar="MB",
@@ -101,6 +110,8 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"])
         # call_command(grace=...) hands the value over unparsed: checked here as well.
         options["grace"] = checked_seconds("--grace", options["grace"], zero=True)
+        if options["alive_file"]:
+            _check_alive_file(options["alive_file"])
         from django_delayqueue.supervisor.fresh import take_child_invocation
 
         invocation = take_child_invocation()
@@ -131,6 +142,7 @@ class Command(BaseCommand):
                 max_messages=options["max_messages"],
                 grace_seconds=options["grace"],
                 name=options["name"],
+                alive_file=options["alive_file"],
             )
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
@@ -177,6 +189,7 @@ class Command(BaseCommand):
                 max_messages_per_child=options["max_messages_per_child"],
                 max_memory_per_child_mb=options["max_memory_per_child"],
                 name=options["name"],
+                alive_file=options["alive_file"],
                 restart=restart_command(self._argv),
             )
         )
@@ -198,6 +211,16 @@ def _install_signal_handlers(worker: Worker) -> dict[int, Any]:
 def _restore_signal_handlers(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+
+
+def _check_alive_file(path: str) -> None:
+    """Refuse at start an --alive-file that cannot be written (a liveness probe reading it
+    would restart the worker for ever)."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise CommandError(f"--alive-file {path}: cannot be written ({e.strerror})") from e
 
 
 def _positive(value: str) -> int:
