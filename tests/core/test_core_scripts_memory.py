@@ -226,7 +226,8 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
         "promote", "flow_state", "slot_freed", "busiest_keys",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
-        "stats", "write_record", "write_records", "read_timings", "defer", "newer_waiting", "overdue",
+        "stats", "write_record", "write_records", "read_timings", "defer", "newer_waiting",
+        "overdue",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",
