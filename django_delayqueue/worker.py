@@ -20,7 +20,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format
 from django_delayqueue.conf.task_backends import (
     DEFAULT_TASK_QUEUE,
     any_task_queue,
@@ -67,15 +67,27 @@ class Worker(TaskServing, Consumer):
     queues (``conf.task_registry``) at that refresh.
     """
 
-    def __init__(self, queues: Sequence[Queue], *, discover: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        *,
+        discover: bool = False,
+        worker_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload, key_for=tick_key))
+        kwargs.setdefault("reads_format", envelope_format())
         super().__init__(queues, **kwargs)
         # A bad value is the system check E004's to report: the default then.
         if dq_settings.OTEL_PARENT in tracing.PARENT_MODES:
             tracing.set_parent_mode(dq_settings.OTEL_PARENT)
         self._by_name = {q.name: q for q in self.queues}
+        # What a task's result lists in worker_ids: the name runqueue was given (--name), the
+        # same for every consumer process under one supervisor (each process's own name,
+        # NAME.<slot>-<pid>, is in heartbeats and log lines), else this consumer's name.
+        self.worker_id = worker_id or self.name
         # Read by handler threads, replaced (never changed in place) by the loop's.
         self._task_queues = frozenset(task_queue_names())
         self._any_queue = any_task_queue()

@@ -90,8 +90,32 @@ def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         "outbox": _outbox_summary(site, request),
         "servers": [_server_row(s) for s in servers],
         "server_banners": _server_banners(servers),
+        "format_banners": [b for s in all_stats if (b := _formats_banner(site, s))],
     }
     return TemplateResponse(request, "admin/django_delayqueue/overview.html", context)
+
+
+def _formats_banner(site: str, s: QueueStats) -> dict[str, Any] | None:
+    """What the overview says of a queue whose messages wait for a newer consumer, or whose
+    live consumers are older than this release (docs/upgrades.md); None: neither."""
+    f = s.formats
+    if f is None:
+        return None
+    said = [text for text in (f.waiting_text(), f.older_text()) if text]
+    if not said:
+        return None
+    text = "; ".join(said) + "."
+    if f.waiting:
+        text += (
+            " They are not dead-lettered: they wait in Retrying, and a runqueue that reads "
+            "their format delivers them (docs/upgrades.md)."
+        )
+    return {
+        "queue": s.queue,
+        "url": queue_url(site, s.queue, "retry"),
+        "text": text,
+        "stuck": f.stuck,
+    }
 
 
 def _start_failures(all_stats: list[QueueStats]) -> list[dict[str, Any]]:
@@ -232,6 +256,7 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "supervisors": running.processes_context(stats),
         "flow": stats.flow,
         "busiest_keys": stats.busiest_keys,
+        "formats": _formats_banner(site, stats),
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
 

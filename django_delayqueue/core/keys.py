@@ -214,6 +214,18 @@ class QueueKeys:
         return self.key_lists + flow_key
 
     @property
+    def newer(self) -> str:
+        """Hash: id -> "<format> <times>" of a message whose envelope is of a format a consumer
+        did not read (a newer release's), left by it for a consumer that reads it (defer.lua),
+        and how many times it was left so.
+
+        Read by the stats ("3 messages wait for a newer consumer": newer_waiting.lua, which
+        also forgets the entries of messages that are gone). Nothing else writes it: a
+        queue whose envelopes every consumer reads never has it.
+        """
+        return self._key("newer")
+
+    @property
     def successors(self) -> str:
         """Hash: id -> envelope of the message booked to follow the id's running delivery.
 
@@ -391,4 +403,5 @@ class QueueKeys:
             self.key_state,
             self.key_tats,
             self.key_load,
+            self.newer,
         ]

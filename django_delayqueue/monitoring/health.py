@@ -22,6 +22,11 @@ monitoring.start_failures) fails the ``starting`` check, with the error they die
   queues without that setting are never checked). Off, the report still shows each queue's
   lateness.
 
+The ``envelope_formats`` check (docs/upgrades.md) names the live consumers older than this
+process (they read an older envelope format than it may write: ``older_consumers``), and fails
+for a queue whose messages wait for a newer consumer while no live consumer reads their format
+(they wait until one is upgraded; a consumer that reads it delivers them within a minute).
+
 A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` check, unless
 ``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers); ``servers`` in the report has each
 server's memory, policy and persistence.
@@ -38,7 +43,7 @@ from django.views.decorators.http import require_safe
 
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.queues import queue_settings
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
 from django_delayqueue.monitoring.processes import past_limit, supervisors_dict
@@ -91,6 +96,7 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if s.lateness is not None and s.lateness.flagged
         }
         checks["lateness"] = _check(failing)
+    checks["envelope_formats"] = _formats_check(all_stats, running)
     outbox = _outbox_report()
     if outbox:
         checks["outbox"] = outbox
@@ -111,12 +117,25 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
                 "oldest_overdue_seconds": s.oldest_overdue_seconds,
                 "counts": s.counts,
                 "lateness": s.lateness.to_dict() if s.lateness is not None else None,
+                "envelope_formats": None if s.formats is None else s.formats.to_dict(),
             }
             for s in all_stats
         },
         "servers": [s.to_dict() for s in servers],
     }
     return healthy, report
+
+
+def _formats_check(all_stats: list[QueueStats], running: list[QueueStats]) -> dict[str, Any]:
+    """Fails for a running queue whose messages wait for a newer consumer that is not alive;
+    names the live consumers older than this process either way."""
+    failing = {
+        s.queue: s.formats.waiting_text()
+        for s in running
+        if s.formats is not None and s.formats.stuck
+    }
+    older = {s.queue: s.formats.older for s in all_stats if s.formats and s.formats.older}
+    return {**_check(failing, format=envelope_format()), "older_consumers": older}
 
 
 def stalled_count(s: QueueStats) -> int | None:

@@ -28,9 +28,9 @@ import redis
 
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings, file_queue_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
-from django_delayqueue.core.envelope import ms_to_datetime, to_str
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
 from django_delayqueue.monitoring.busiest_keys import (
     TOP,
@@ -39,6 +39,12 @@ from django_delayqueue.monitoring.busiest_keys import (
     read_busiest,
 )
 from django_delayqueue.monitoring.flow import FlowStats, merge_flow, read_flow
+from django_delayqueue.monitoring.formats import (
+    MOST_ENTRIES,
+    EnvelopeFormats,
+    merge_formats,
+    read_formats,
+)
 from django_delayqueue.monitoring.lateness import LatenessStats, merge_lateness, read_lateness
 from django_delayqueue.monitoring.processes import (
     ConsumerProcess,
@@ -79,6 +85,9 @@ class QueueStats:
     lateness: LatenessStats | None = None
     # The flow keys with the most ready and in-flight messages (None: could not be read).
     busiest_keys: BusiestKeys | None = None
+    # Messages waiting for a newer consumer, live consumers older than this process (None:
+    # could not be read): docs/upgrades.md.
+    formats: EnvelopeFormats | None = None
     # "consumers keep dying at start: <error>", one per supervisor whose children do
     # (monitoring.start_failures).
     start_failures: list[str] = field(default_factory=list)
@@ -131,6 +140,7 @@ class QueueStats:
             "flow": self.flow.to_dict(),
             "lateness": self.lateness.to_dict() if self.lateness is not None else None,
             "busiest_keys": None if self.busiest_keys is None else self.busiest_keys.to_dict(),
+            "envelope_formats": None if self.formats is None else self.formats.to_dict(),
             "start_failures": list(self.start_failures),
             "errors": list(self.errors),
         }
@@ -151,9 +161,11 @@ def gather(
     now_ms: int | None = None,
     alive_seconds: float = DEFAULT_ALIVE_SECONDS,
     journal_batch: int = JOURNAL_BATCH,
+    format: int = ENVELOPE_FORMAT,
 ) -> list[QueueStats]:
     """Stats of ``queues`` (which share one client) in one pipeline. Django-free; never raises
-    for Redis errors."""
+    for Redis errors. ``format``: the envelope format this process writes at most, the one
+    the live consumers are compared with (monitoring.formats)."""
     if not queues:
         return []
     now = queues[0].clock.now_ms() if now_ms is None else now_ms
@@ -166,16 +178,25 @@ def gather(
             MAX_CONSUMERS_LISTED,
             now_ms=now,
             busiest_top=TOP,
+            most_newer=MOST_ENTRIES,
         )
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
         _with_busiest(_read(q, counts, stats, flow, timings, now), busiest)
-        for q, (counts, stats, flow, timings, busiest) in zip(queues, replies, strict=True)
+        for q, (counts, stats, flow, timings, busiest, _) in zip(queues, replies, strict=True)
     ]
     processes = read_processes(queues, [s.consumers for s in read])
-    return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
+    out = []
+    for s, p, reply in zip(read, processes, replies, strict=True):
+        newer = reply[5]
+        if isinstance(newer, Exception):
+            s = replace(s, errors=[*s.errors, f"envelope formats: {newer}"])
+        announced = {c.name: c.reads_format for c in p}
+        formats = read_formats(format, newer, s.consumers, announced)
+        out.append(replace(s, processes=p, formats=formats))
+    return out
 
 
 def _with_busiest(stats: QueueStats, raw: Any) -> QueueStats:
@@ -286,7 +307,11 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
             )
     # One pipeline over every queue and shard (a round trip per Redis node); a sharded
     # queue's stats are its shards' added up.
-    flat = gather([q for shards in queues for q in shards], alive_seconds=consumer_alive_seconds())
+    flat = gather(
+        [q for shards in queues for q in shards],
+        alive_seconds=consumer_alive_seconds(),
+        format=envelope_format(),
+    )
     merged, start = [], 0
     for shards in queues:
         parts = flat[start : start + len(shards)]
@@ -332,6 +357,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
             seen[name] = max(last, seen.get(name, last))
     alive = [p.consumers_alive for p in parts if p.consumers_alive is not None]
     lateness = [p.lateness for p in parts if p.lateness is not None]
+    formats = [p.formats for p in parts if p.formats is not None]
     outcomes: dict[str, int] | None = None
     if all(p.outcomes is not None for p in parts):
         outcomes = {}
@@ -353,6 +379,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         flow=merge_flow([p.flow for p in parts]),
         lateness=merge_lateness(lateness) if len(lateness) == len(parts) else None,
         busiest_keys=merge_busiest([p.busiest_keys for p in parts]),
+        formats=merge_formats(formats) if len(formats) == len(parts) else None,
     )
 
 

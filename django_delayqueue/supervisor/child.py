@@ -116,7 +116,7 @@ class SupervisedWorker(Worker):
         why = self.recycle.reason(self.delivered)
         if why is not None:
             logger.info("%s asks to be replaced: %s", self.name, why)
-            self.channel.send(RECYCLE, reason=why)
+            self.channel.send(RECYCLE, reason=why, memory=self.recycle.for_memory)
         return claimed
 
     def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
@@ -156,6 +156,9 @@ class ChildSpec:
     grace_seconds: float
     max_messages: int | None
     max_memory_mb: float | None
+    # The name runqueue was given (--name), which task results list in worker_ids; None: the
+    # child's own name.
+    worker_id: str | None = None
     worker_class: type[SupervisedWorker] = SupervisedWorker
 
 
@@ -201,6 +204,7 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
             spec.queues,
             grace_seconds=spec.grace_seconds,
             name=spec.name,
+            worker_id=spec.worker_id,
             channel=channel,
             recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
         )

@@ -64,6 +64,9 @@ class Slot:
     # says why the last one could not).
     stuck: bool = False
     fresh_failed: str | None = None
+    # Replacements asked for memory soon after a start are paced as quick deaths are (a
+    # fresh process is as large: replaced at once, it would only ask again).
+    memory_backoff: RestartBackoff = field(default_factory=RestartBackoff)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 
 from django.utils.module_loading import import_string
 
@@ -99,7 +100,11 @@ def take_child_invocation(
     if not (isinstance(worker_class, type) and issubclass(worker_class, SupervisedWorker)):
         raise TypeError(f"{worker_class!r} is not a SupervisedWorker")
     fields["name"] = f"{fields['supervisor_name']}.{fields['slot']}-{os.getpid()}"
-    spec = ChildSpec(**fields, worker_class=worker_class)
+    # The supervisor may run another release than the code on disk (a deploy rolled back
+    # after a SIGHUP): a field this release does not know is left out rather than failing
+    # every start; a field it knows but was not sent keeps its default.
+    known = {f.name for f in dataclass_fields(ChildSpec)}
+    spec = ChildSpec(**{k: v for k, v in fields.items() if k in known}, worker_class=worker_class)
     fd = int(data["fd"])
     os.set_inheritable(fd, False)  # the processes a handler starts do not hold the pipe
     return spec, fd

@@ -324,6 +324,8 @@ class Supervisor:
         elif kind == RECYCLE:
             if slot.current is child and not slot.replace_wanted:
                 slot.replace_wanted = str(message.get("reason") or "recycling")
+                if message.get("memory"):
+                    self._pace_memory_recycling(slot, child)
         elif kind == STOPPED:
             handlers = [StoppedHandler.from_json(h) for h in message.get("handlers") or []]
             child.stopped.extend(handlers)
@@ -355,6 +357,26 @@ class Supervisor:
                 logger.error("consumer process %d: %s; stopping", child.pid, text)
                 if not self.stop_requests:
                     self.request_stop()
+
+    def _pace_memory_recycling(self, slot: Slot, child: Child) -> None:
+        """A process that outgrew --max-memory-per-child soon after its start, again and again,
+        is followed by one as large: replaced at once, the slot would fork as fast as processes
+        start. Its successor starts after the crash-loop backoff (0.5 s doubling to 30 s) from
+        the second such process on; it serves until then, so its queues have no gap."""
+        lived = time.monotonic() - child.started
+        delay = slot.memory_backoff.died(lived)
+        if not delay:
+            return
+        slot.not_before = max(slot.not_before, time.monotonic() + delay)
+        logger.warning(
+            "consumer process %d outgrew --max-memory-per-child %.1fs after its start, as "
+            "the process before it did: a fresh process is about as large, so it is replaced "
+            "in %.1fs, not at once (it serves until then); give --max-memory-per-child more "
+            "than a fresh consumer process's resident memory",
+            child.pid,
+            lived,
+            delay,
+        )
 
     def _retire(self, child: Child) -> None:
         self.retiring.append(child)

@@ -16,7 +16,8 @@ from typing import Any
 
 # The child consumes (its first round trip is done): a successor's predecessor may stop now.
 READY = "ready"
-# The child reached --max-messages-per-child or --max-memory-per-child: replace me.
+# The child reached --max-messages-per-child or --max-memory-per-child: replace me ("reason";
+# "memory": true for the memory limit, whose replacements soon after a start are paced).
 RECYCLE = "recycle"
 # Handlers the child could not stop (core.consumer.stopped.StoppedHandler, as JSON); it stops
 # itself as on SIGTERM: start a replacement now, settle them once this process is gone.

@@ -133,5 +133,6 @@ class ChildStarter:
             grace_seconds=o.grace_seconds,
             max_messages=o.max_messages_per_child,
             max_memory_mb=o.max_memory_per_child_mb,
+            worker_id=o.name,
             worker_class=self.worker_class,
         )

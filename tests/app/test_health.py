@@ -46,6 +46,7 @@ def test_healthy(client, queues):
         "overdue": True,
         "outbox": True,
         "eviction": True,
+        "envelope_formats": True,
     }
     assert report["checks"]["outbox"]["databases"] == {
         "default": {"waiting": 0, "oldest_seconds": 0.0}

@@ -109,6 +109,29 @@ def test_counts_must_be_positive(value: str) -> None:
         call_command("runqueue", "--burst", "--concurrency", value)
 
 
+@pytest.mark.parametrize("value", ["-5", "nan", "NaN", "inf", "soon"])
+@pytest.mark.django_db(transaction=True)
+def test_grace_must_be_a_finite_number_of_seconds(redis_client: redis.Redis, value: str) -> None:
+    """Issue 37: ``--grace -5`` and ``--grace nan`` were silently 0 (``max(0.0, nan)`` is 0),
+    ``inf`` a stop that never ends."""
+    expected = f"--grace: expected a finite number of seconds, 0 or more, not '{value}'"
+    with pytest.raises(CommandError, match=expected):
+        call_command("runqueue", QUEUE, "--burst", "--grace", value)
+
+
+@pytest.mark.parametrize("value", [-5, float("nan"), float("inf")])
+@pytest.mark.django_db(transaction=True)
+def test_grace_given_to_call_command_is_checked_too(
+    redis_client: redis.Redis, value: float
+) -> None:
+    """``call_command(grace=...)`` hands the value over as it is, past the parser."""
+    expected = f"--grace must be a finite number of seconds, 0 or more, not {value!r}"
+    with pytest.raises(CommandError) as caught:
+        call_command("runqueue", QUEUE, "--burst", grace=value)
+    assert str(caught.value) == expected
+    call_command("runqueue", QUEUE, "--burst", grace=0)  # no grace at all: allowed
+
+
 @pytest.mark.django_db(transaction=True)
 def test_verbosity_sets_the_log_level(redis_client: redis.Redis) -> None:
     logger = logging.getLogger("django_delayqueue")

@@ -178,8 +178,9 @@ def test_all_queues_in_one_round_trip(redis_client, clock):
     spy.sent.clear()
     result = stats.gather([make_queue(spy, n, clock) for n in names])
     assert [s.counts["pending"] for s in result] == [1, 1, 1, 1]
-    # counts, activity, flow state, timings and busiest flow keys of each queue
-    assert spy.sent == ["pipeline of 20"]
+    # counts, activity, flow state, timings, busiest flow keys and those waiting for a newer
+    # consumer, of each queue
+    assert spy.sent == ["pipeline of 24"]
 
 
 def test_scripts_reload_after_script_flush(redis_client, clock):

@@ -255,7 +255,11 @@ def test_the_supervised_runqueue_delivers_on_the_cluster(
     runqueues = Runqueues(
         cluster[1].url,
         tmp_path,
-        env={"DRILL_CLUSTER": "1", "DRILL_QUEUES": json.dumps(queues)},
+        env={
+            "DRILL_CLUSTER": "1",
+            "DRILL_QUEUES": json.dumps(queues),
+            "DRILL_RECEIVE": json.dumps(list(queues)),
+        },
     )
     delayqueue = {
         **settings.DELAYQUEUE,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -425,6 +427,112 @@ django.setup()
 from django_delayqueue.monitoring.health import check_health
 print(json.dumps(check_health()[1]))
 """
+
+
+@pytest.mark.parametrize("via", ["to_thread", "executor", "sync_to_async"])
+def test_an_async_handler_whose_thread_outlives_its_time_limit_gets_its_process_replaced(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis, via: str
+) -> None:
+    """An ``async def`` receiver awaiting a thread blocked in a socket read, past
+    ``time_limit``: the cancel ends the coroutine, not the thread, so the delivery stays
+    running (never retried beside it), is found unstoppable and its process replaced as a
+    thread handler's is; the retry runs in the replacement, once the old process is gone."""
+    queues = {"drill-async": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill-async")
+        hung = q.schedule({"do": ["block", "ok"], "via": via}).id
+        sup = runqueues.start("--grace", "2", "--processes", "1", queues=["drill-async"])
+        (first,) = runqueues.consuming_children(sup, 1)
+        runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
+
+        def retried() -> list[Any]:
+            return [d for d in read(runqueues.ledger) if d.id == hung and d.attempt == 2]
+
+        # The retry must not start while the thread runs: the process is replaced first.
+        runqueues.wait(
+            lambda: retried() or "could not stop 1 handler(s)" in runqueues.log(sup),
+            30,
+            "the time limit",
+        )
+        assert not retried(), runqueues.logs()[-3000:]
+        again = runqueues.wait(retried, 60, "the retry")
+        # Retried only once the old process was reaped: it never ran beside its retry.
+        assert not _alive(first)
+        assert again[0].pid != first and again[0].ppid == sup.pid
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        log = runqueues.log(sup)
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        report = check([hung], read(runqueues.ledger))
+        assert report.ok, report.summary() + runqueues.logs()
+    finally:
+        runqueues.close()
+
+
+# --- --max-memory-per-child below what a consumer process starts with ------------------------
+
+
+def test_a_memory_limit_below_a_fresh_process_is_refused_at_start(runqueues: Runqueues) -> None:
+    """Issue 37: ``--max-memory-per-child 20`` (a fresh process is about 55 MB) was accepted
+    silently, and the supervisor started 215-250 processes in 10 s. Refused before any
+    process starts, with what this project's processes weigh."""
+    sup = runqueues.start("--max-memory-per-child", "20")
+    started = re.compile(r"consumer process \d+ started")
+    runqueues.wait(
+        lambda: sup.poll() is not None or len(started.findall(runqueues.log(sup))) > 3,
+        60,
+        "runqueue to refuse the limit (or to start processes)",
+    )
+    log = runqueues.log(sup)
+    assert not started.findall(log), log[-3000:]
+    assert sup.wait(30) == 1
+    assert "CommandError: --max-memory-per-child 20 is below the memory every consumer" in log
+    assert re.search(r"this runqueue holds \d+ MB of its own after setup", log), log[-3000:]
+
+
+def _own_and_resident_mb(pid: int) -> tuple[float, float]:
+    """A process's memory of its own (resident less file-backed) and its resident memory."""
+    fields = Path(f"/proc/{pid}/statm").read_text().split()
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident, shared = int(fields[1]) * page, int(fields[2]) * page
+    return (resident - shared) / 1024**2, resident / 1024**2
+
+
+def test_processes_that_outgrow_a_limit_right_after_their_start_are_not_a_fork_storm(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """A limit above what the start refuses but below a fresh process's resident memory (the
+    file pages it touches): each process asks to be replaced as it starts. The supervisor
+    paces the replacements as a crash loop (0.5 s doubling); each serves until its successor
+    consumes, so messages go on being delivered."""
+    measured = runqueues.start()
+    (child,) = runqueues.consuming_children(measured, 1)
+    floor, _ = _own_and_resident_mb(measured.pid)
+    _, fresh = _own_and_resident_mb(child)
+    assert _stop(runqueues, measured) == 0
+    assert fresh > floor + 2, (floor, fresh)
+    limit = (floor + fresh) / 2
+    sup = runqueues.start("--max-memory-per-child", f"{limit:.0f}")
+    started = re.compile(r"consumer process \d+ started")
+    paced = "is replaced in 2.0s, not at once"
+    runqueues.wait(
+        lambda: paced in runqueues.log(sup) or len(started.findall(runqueues.log(sup))) > 12,
+        60,
+        "the third paced replacement (or a storm)",
+    )
+    log = runqueues.log(sup)
+    before = log.split(paced)[0]
+    # By the third paced replacement: the first process, the one replaced at once, and the
+    # two replaced after 0.5 s and 1 s. Before: a dozen within a second or two.
+    assert len(started.findall(before)) == 4, log[-4000:]
+    assert "is replaced in 0.5s, not at once" in before and "in 1.0s, not at once" in before
+    q = producer(redis_server.url, "drill")
+    ids = [q.schedule({"n": i}).id for i in range(5)]
+    runqueues.wait(lambda: settled(q), 60, "every message delivered meanwhile")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    report = check(ids, read(runqueues.ledger))
+    assert report.ok and not report.duplicates, report.summary()
 
 
 # --- the supervisor as the last line of defence -------------------------------------------------

@@ -4,10 +4,11 @@ Everything that varies comes from the environment set by the test (Redis URL, le
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
 the settings rows could not be synced and goes on), except in the outbox drill, which migrates
 it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
-receiver, other settings) let one ``runqueue`` serve several drill queues at once;
-``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings, or adds
-a queue (with "drill"'s settings under its own, and the same ledger-keeping receiver);
-``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
+receiver, other settings) let one ``runqueue`` serve several drill queues at once, and
+"drill-async" has an ``async def`` receiver; ``$DRILL_QUEUES`` (JSON, queue name -> settings)
+overrides any drill queue's settings, or adds a queue (with "drill"'s settings under its own);
+``$DRILL_RECEIVE`` (a JSON list) names the added queues that get the drill's ledger-keeping
+receiver. ``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
 ``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on ``REDIS_URL``.
 """
 
@@ -72,6 +73,14 @@ DELAYQUEUE = {
             "concurrency": 1,
             "claim_batch": 5,
         },
+        # An async def receiver that awaits its action in a thread (drill_app/handlers.py).
+        "drill-async": {
+            "visibility_timeout": 2,
+            "max_attempts": 3,
+            "backoff_base": 0.05,
+            "backoff_max": 0.5,
+            "concurrency": 2,
+        },
     },
 }
 if os.environ.get("DRILL_CACHE_ALIAS"):  # the connection of a django-redis cache alias
@@ -81,6 +90,10 @@ if os.environ.get("DRILL_CACHE_ALIAS"):  # the connection of a django-redis cach
     }
     DELAYQUEUE["CACHE_ALIAS"] = "queues"
     del DELAYQUEUE["REDIS_URL"]
+# A runqueue pinned to an older envelope format (the upgrade drill): set only when asked, so
+# that a release before envelope formats, which has no such setting, starts as well.
+if os.environ.get("DRILL_ENVELOPE_FORMAT"):
+    DELAYQUEUE["ENVELOPE_FORMAT"] = int(os.environ["DRILL_ENVELOPE_FORMAT"])
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
     _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
     DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}

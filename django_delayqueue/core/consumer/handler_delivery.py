@@ -32,14 +32,14 @@ from django_delayqueue.core.consumer.waiter import ahold_until_start, hold_until
 from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Aborted
-from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.observability.tracing import (
+from django_delayqueue.core.observability.tracing import (
     Delivery,
     delivery_ended,
     delivery_started,
     outcome_name,
 )
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptCall
 
 
 class HandlerDelivery:

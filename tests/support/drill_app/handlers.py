@@ -18,18 +18,26 @@ for it, as ``subprocess.run`` with no timeout; its pid is appended to ``$DRILL_L
 
 As the handler returns or raises it appends the end of the call to the ledger too (start and
 end wall times, and the outcome the consumer's journal must show: ack, retry or garbage).
+
+Queue "drill-async" has an ``async def`` receiver that does the same actions in a thread it
+awaits, the way the payload's ``"via"`` says (:data:`VIA`; default ``to_thread``): what a
+cancelled coroutine leaves running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import functools
 import json
 import os
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.dispatch import receiver
 from ledger import EXIT, OK, RAISE, REJECT, SLOW, Ledger
@@ -38,9 +46,11 @@ import django_delayqueue as dq
 from django_delayqueue.api import topic
 from django_delayqueue.core import Message
 
-# The drill queues, and any queue $DRILL_QUEUES adds (drill_settings.py).
+ASYNC_QUEUE = "drill-async"
+# The drill queues, and the queues $DRILL_RECEIVE names (a JSON list: queues a test adds with
+# $DRILL_QUEUES, drill_settings.py, for this receiver; others may have handlers of their own).
 QUEUES = tuple(
-    dict.fromkeys(["drill", "drill2", "drill3", *json.loads(os.environ.get("DRILL_QUEUES", "{}"))])
+    dict.fromkeys(["drill", "drill2", "drill3", *json.loads(os.environ.get("DRILL_RECEIVE", "[]"))])
 )
 
 _ledger = Ledger(os.environ["DRILL_LEDGER"])
@@ -86,6 +96,38 @@ def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
     started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
     try:
         _act(name, arg, message)
+    finally:
+        _ledger.finish(
+            message.id,
+            message.queue,
+            message.attempt,
+            started,
+            message.due_ms,
+            action,
+            _expected_outcome(name, message),
+            payload.get("gen"),
+        )
+
+
+# How the async receiver awaits its action in a thread (payload "via").
+VIA: dict[str, Callable[[Callable[[], None]], Awaitable[None]]] = {
+    "to_thread": lambda work: asyncio.to_thread(work),
+    "executor": lambda work: asyncio.get_running_loop().run_in_executor(None, work),
+    "sync_to_async": lambda work: sync_to_async(work, thread_sensitive=False)(),
+    "sync_to_async_sensitive": lambda work: sync_to_async(work)(),
+}
+
+
+@receiver(topic(ASYNC_QUEUE))
+async def on_drill_async(sender: str, message: Message, **kwargs: Any) -> None:
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    action = payload.get("do") or "ok"
+    if isinstance(action, list):
+        action = action[min(message.attempt, len(action)) - 1]
+    name, _, arg = action.partition(":")
+    started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
+    try:
+        await VIA[payload.get("via", "to_thread")](functools.partial(_act, name, arg, message))
     finally:
         _ledger.finish(
             message.id,
