@@ -75,7 +75,8 @@ class Supervisor:
     (it failed to stop, or was killed past its grace), or the code of a configuration error a
     child reported (``fatal`` says what), which stops every child. A child being replaced for a
     handler it could not stop, or killed for its silence, is no failure of the stop: its end
-    was decided before (as a child that died and was replaced while runqueue ran).
+    was decided before (as a child that died and was replaced while runqueue ran); nor is one
+    that could not start (it died of an error it reported, before it consumed).
     """
 
     def __init__(
@@ -494,14 +495,17 @@ class Supervisor:
             self._settle_left()
         slot.backoff.lived(lived)
         # A child being replaced (a handler it could not stop, or its silence) ends as decided
-        # before the stop: not a failure of the stop.
-        failed = not clean and not child.replaced
+        # before the stop, and one that died of the error it reported before it consumed is a
+        # start failure (logged, and published while they go on): neither fails the stop.
+        start_failed = not child.ready and not child.killed and child.error is not None
+        failed = not clean and not child.replaced and not start_failed
         if child.told_to_stop:
             if not clean:
                 logger.warning(
-                    "consumer process %d stopped with %s%s",
+                    "consumer process %d stopped with %s%s%s",
                     child.pid,
                     describe_exit(code),
+                    f": {child.error}" if child.error else "",
                     " (it was being replaced)" if child.replaced else "",
                 )
                 if self.stop_requests and failed:

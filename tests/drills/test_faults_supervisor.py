@@ -715,3 +715,18 @@ def test_sigterm_while_a_process_is_replaced_for_a_hung_handler_exits_0(
         assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in runqueues.log(sup)
     finally:
         runqueues.close()
+
+
+def test_a_stop_while_a_process_fails_to_start_exits_0(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """SIGTERM while a consumer process is starting, and it then dies of its start-up error:
+    a start failure (logged with its error), not a failure of the stop (before, exit 1 or 0
+    by whether a process happened to be starting when the stop came)."""
+    from paths import PROGRAMS
+
+    sup = runqueues.start(program=PROGRAMS / "child_start_fails.py", start_seconds="3")
+    runqueues.wait(lambda: " started (slot 1)" in runqueues.log(sup), 60, "a process starting")
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(60) == 0, runqueues.log(sup)[-3000:]
+    assert "stopped with exit code 1: RedisClusterException" in runqueues.log(sup)
