@@ -91,7 +91,14 @@ class ChildStarter:
         # Django waits for them instead of killing it, as for a forked child.
         signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
         try:
-            process = subprocess.Popen(restart.argv, cwd=restart.cwd, env=env, pass_fds=(write_fd,))
+            # A session and process group of its own, as a forked child makes (supervisor.groups).
+            process = subprocess.Popen(
+                restart.argv,
+                cwd=restart.cwd,
+                env=env,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
         except BaseException:
             os.close(read_fd)
             raise

@@ -533,3 +533,199 @@ def test_processes_that_outgrow_a_limit_right_after_their_start_are_not_a_fork_s
     assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
     report = check(ids, read(runqueues.ledger))
     assert report.ok and not report.duplicates, report.summary()
+
+
+# --- the supervisor as the last line of defence -------------------------------------------------
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed and not reaped yet by whoever adopted it, does
+    not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _in_groups(groups: set[int]) -> set[int]:
+    """The running processes of the process groups ``groups`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.add(int(entry.name))
+    return found
+
+
+def _programs(runqueues: Runqueues) -> list[int]:
+    """The pids of the programs the ``program`` action started, in order."""
+    path = Path(f"{runqueues.ledger}.programs")
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_a_process_stuck_in_a_call_that_holds_the_gil_is_killed_before_its_lease_ends(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """A handler in a C call that holds the GIL (``gil``): no thread of its process runs, not
+    its watchdog, not the renewal of its lease, not its heartbeat. The supervisor kills the
+    silent process (and its group) before the lease can end and, once it has reaped it,
+    retries the message with its delivery token still current: nothing delivered it meanwhile,
+    and the retry never runs beside the stuck run, which never ends. (Before: with these
+    settings the retry started at 5 s in the other process, the first run ended at 13 s.)"""
+    queues = {"drill": {"time_limit": 2, "visibility_timeout": 4}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--processes", "2", concurrency="1", claim_batch="1")
+        runqueues.consuming_children(sup, 2)
+        stuck = q.schedule({"do": ["gil:20", "ok"]}).id
+        (first,) = runqueues.wait(lambda: read(runqueues.ledger), 30, "the handler holding the GIL")
+        runqueues.wait(
+            lambda: f"consumer process {first.pid} has not answered" in runqueues.log(sup),
+            30,
+            "the silent process killed",
+        )
+        again = runqueues.wait(
+            lambda: [d for d in read(runqueues.ledger) if d.id == stuck and d.attempt == 2],
+            60,
+            "the retry",
+        )
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        assert not _running(first.pid)
+        assert again[0].pid != first.pid and again[0].ppid == sup.pid
+        log = runqueues.log(sup)
+        # Retried by the supervisor once the process was reaped, its token still current (a
+        # delivery meanwhile would read "left alone"); with its time limit's reason, as the
+        # kill came past it (or as stopped answering, had it come a moment before).
+        settled_line = next(line for line in log.splitlines() if f"message {stuck} stopped" in line)
+        assert settled_line.endswith(": retried"), settled_line
+        assert "time limit exceeded (2 s)" in settled_line or "stopped answering" in settled_line
+        assert "a C call that holds the GIL" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        # The first run never ended (killed in its C call): one end, attempt 2's.
+        runs = [(r.attempt, r.pid) for r in read_runs(runqueues.ledger) if r.id == stuck]
+        assert runs == [(2, again[0].pid)]
+        assert [d.attempt for d in read(runqueues.ledger)] == [1, 2]
+    finally:
+        runqueues.close()
+
+
+def test_a_program_a_handler_started_dies_when_its_process_is_replaced(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """A handler waiting for ``sleep 600`` it started (``subprocess.run`` with no timeout) past
+    its time limit: its process is replaced, and the program dies with it (its process group)
+    instead of living on re-parented to pid 1; the retry starts its own copy only then."""
+    queues = {"drill": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--grace", "2", "--processes", "1")
+        (first,) = runqueues.consuming_children(sup, 1)
+        stuck = q.schedule({"do": ["program:600", "program:0.2", "ok"]}).id
+        (program,) = runqueues.wait(lambda: _programs(runqueues), 30, "the program started")
+        runqueues.wait(
+            lambda: "could not stop 1 handler(s)" in runqueues.log(sup), 30, "the time limit"
+        )
+        runqueues.wait(lambda: settled(q), 60, "the retry acknowledged")
+        runqueues.wait(lambda: not _running(first), 30, "the old process gone")
+        assert not _running(program), "the program outlived its consumer process"
+        assert not _in_groups({first})
+        retry = [d for d in read(runqueues.ledger) if d.id == stuck and d.attempt == 2]
+        assert retry and retry[0].pid != first
+        assert len(_programs(runqueues)) == 2  # the retry's own, once the first was gone
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    finally:
+        runqueues.close()
+
+
+def test_kill_9_of_the_supervisor_leaves_no_program_behind(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """``kill -9`` of the supervisor: its consumer processes die with it (PR_SET_PDEATHSIG),
+    and so does what their handlers started (``sleep 600``), which nothing would kill
+    otherwise: each process's guard kills its group once the process is gone."""
+    q = producer(redis_server.url, "drill")
+    sup = runqueues.start("--processes", "2", concurrency="1", claim_batch="1", visibility="5")
+    children = runqueues.consuming_children(sup, 2)
+    q.schedule({"do": "program:600"})
+    (program,) = runqueues.wait(lambda: _programs(runqueues), 30, "the program started")
+    sup.kill()
+    sup.wait(30)
+    runqueues.wait(lambda: not any(map(_running, children)), 30, "the processes gone")
+    runqueues.wait(lambda: not _running(program), 30, "the program gone")
+    assert not _in_groups(children)  # the groups' guards too
+
+
+def test_a_handler_that_kills_its_process_on_every_message_gets_the_crash_loop_backoff(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """A forked child says it consumes before its first handler runs; a handler that then
+    kills its process is a crash loop all the same: replaced at once the first time, then
+    after 0.5 s, 1 s, 2 s, 4 s (before: at once, every time)."""
+    q = producer(redis_server.url, "drill")
+    sup = runqueues.start(concurrency="1", claim_batch="1", max_attempts="10")
+    runqueues.consuming_children(sup, 1)
+    for _ in range(10):
+        q.schedule({"do": "exit"})
+
+    def deaths() -> list[str] | None:
+        found = [
+            line.rsplit(": ", 1)[1]
+            for line in runqueues.log(sup).splitlines()
+            if " died (exit code 3)" in line
+        ]
+        return found if len(found) >= 5 else None
+
+    found = runqueues.wait(deaths, 90, "five deaths")
+    assert found[:5] == [
+        "replaced now",
+        "replaced in 0.5s",
+        "replaced in 1.0s",
+        "replaced in 2.0s",
+        "replaced in 4.0s",
+    ], found
+
+
+def test_sigterm_while_a_process_is_replaced_for_a_hung_handler_exits_0(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """SIGTERM right after a process reported a handler it could not stop: every process stops
+    gracefully, the stopped message is retried once its process is gone, and runqueue exits 0
+    as the docs say (the process being replaced ends as decided before the stop)."""
+    queues = {"drill": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--grace", "2", "--processes", "1")
+        runqueues.consuming_children(sup, 1)
+        hung = q.schedule({"do": ["block", "ok"]}).id
+        runqueues.wait(
+            lambda: "could not stop 1 handler(s)" in runqueues.log(sup), 30, "the time limit"
+        )
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(60) == 0, runqueues.log(sup)[-3000:]
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in runqueues.log(sup)
+    finally:
+        runqueues.close()
+
+
+def test_a_stop_while_a_process_fails_to_start_exits_0(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """SIGTERM while a consumer process is starting, and it then dies of its start-up error:
+    a start failure (logged with its error), not a failure of the stop (before, exit 1 or 0
+    by whether a process happened to be starting when the stop came)."""
+    from paths import PROGRAMS
+
+    sup = runqueues.start(program=PROGRAMS / "child_start_fails.py", start_seconds="3")
+    runqueues.wait(lambda: " started (slot 1)" in runqueues.log(sup), 60, "a process starting")
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(60) == 0, runqueues.log(sup)[-3000:]
+    assert "stopped with exit code 1: RedisClusterException" in runqueues.log(sup)

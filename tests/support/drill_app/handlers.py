@@ -10,7 +10,11 @@ BaseException, past any ``except Exception``), ``retry:D`` (``raise dq.Retry(del
 ``badretry:X`` (a Retry whose ``delay`` was set to X after construction: inf, nan, -1, 1e300,
 values Retry itself refuses), ``reject`` (``raise dq.Reject``), ``block`` (a socket read with
 no timeout that never returns: what a time limit must stop), ``hold:MB`` (keep MB megabytes
-alive in the process for good: memory a worker leaks).
+alive in the process for good: memory a worker leaks), ``gil:S`` (a second in Python, then one
+C call that holds the GIL for S seconds, as a catastrophic regex or some C extensions do: no
+thread of the process runs meanwhile, its heartbeat neither; the second lets a heartbeat name
+the handler first), ``program:S`` (run ``sleep S`` as a subprocess and wait
+for it, as ``subprocess.run`` with no timeout; its pid is appended to ``$DRILL_LEDGER.programs``).
 
 As the handler returns or raises it appends the end of the call to the ledger too (start and
 end wall times, and the outcome the consumer's journal must show: ack, retry or garbage).
@@ -23,10 +27,12 @@ cancelled coroutine leaves running.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import json
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -60,6 +66,8 @@ _KINDS = {
     "badretry": RAISE,
     "reject": REJECT,
     "block": SLOW,  # past its time limit on purpose: stopped, retried
+    "gil": SLOW,  # its process killed by its supervisor: retried
+    "program": SLOW,
 }
 # Every other action in _KINDS fails the attempt (retry); an unknown one does nothing (ack).
 _OUTCOMES = {"ok": "ack", "sleep": "ack", "reject": "garbage"}
@@ -157,3 +165,12 @@ def _act(name: str, arg: str, message: Message) -> None:
         raise error
     elif name == "reject":
         raise dq.Reject(f"drill: rejected on attempt {message.attempt}")
+    elif name == "gil":
+        time.sleep(1)
+        # PyDLL: a C function called without releasing the GIL (ctypes.CDLL would release it).
+        ctypes.PyDLL(None).sleep(int(arg))
+    elif name == "program":
+        with subprocess.Popen(["sleep", arg]) as program:
+            with open(os.environ["DRILL_LEDGER"] + ".programs", "a") as pids:
+                pids.write(f"{program.pid}\n")
+            program.wait()

@@ -3,11 +3,13 @@ round trip), with the exception the cluster outage showed ("no default node"): w
 child cannot use, or any start-up error of a forked child, looks like to the supervisor.
 
 Only the children fail: the supervisor (this process) sets up Django and judges the servers as
-usual, then every child it forks raises in ``SupervisedWorker.refresh``.
+usual, then every child it forks raises in ``SupervisedWorker.refresh``, after
+``$DRILL_START_SECONDS`` (default 0) of a start that takes its time.
 """
 
 import os
 import sys
+import time
 
 import django
 from django.core.management import call_command
@@ -22,6 +24,7 @@ if __name__ == "__main__":
 
     def refresh(self: SupervisedWorker) -> None:
         if os.getpid() != supervisor:
+            time.sleep(float(os.environ.get("DRILL_START_SECONDS", "0")))
             raise RedisClusterException("drill: the cluster has no default node")
 
     SupervisedWorker.refresh = refresh  # type: ignore[method-assign]
