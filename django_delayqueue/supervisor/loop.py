@@ -478,6 +478,8 @@ class Supervisor:
         for message in child.reader.read():  # what it said last
             self._on_message(child, message)
         child.reader.close()
+        if child.error is not None:  # said whatever it was doing: starting, serving, stopping
+            self.start_failures.failed(child.error, child.error_details)
         code = os.waitstatus_to_exitcode(status)
         if child.process is not None:  # reaped here: Popen must not wait for the pid again
             child.process.returncode = code
@@ -535,7 +537,6 @@ class Supervisor:
             child.slot,
             child.ready,
             child.error or f"{describe_exit(code)} (no exception reported)",
-            child.error_details,
         )
 
     def _settle_left(self, *, final: bool = False) -> None:

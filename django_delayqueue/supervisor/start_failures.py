@@ -55,18 +55,20 @@ class StartFailures:
     _logged: set[str] = field(default_factory=set)  # the errors logged in full
     _published: StartFailure | None = None
 
-    def died(self, slot: int, consumed: bool, error: str, details: str | None) -> None:
-        """A child of ``slot`` died (``consumed``: after it consumed); ``error`` in one line,
-        ``details`` its traceback when it sent one."""
+    def failed(self, error: str, details: str | None) -> None:
+        """A child ended on the exception it reported (``error`` in one line, ``details`` its
+        traceback), whenever it did (at start, while serving, while stopping): logged in full
+        the first time, one line after that."""
         if error not in self._logged:
             self._logged.add(error)
-            if details:
-                logger.error("consumer process failed: %s\n%s", error, details.rstrip())
-        elif details:
+            logger.error("consumer process failed: %s\n%s", error, (details or "").rstrip())
+        else:
             logger.error("consumer process failed again: %s (traceback logged before)", error)
+
+    def died(self, slot: int, consumed: bool, error: str) -> None:
+        """A child of ``slot`` died (``consumed``: after it consumed) of ``error``."""
         if consumed:
-            self._in_a_row[slot] = 0
-            self._update(None)
+            self.consumed(slot)  # its start worked; another slot may still fail at start
             return
         self._in_a_row[slot] = self._in_a_row.get(slot, 0) + 1
         if self._in_a_row[slot] >= REPORT_AFTER:

@@ -43,15 +43,15 @@ def test_two_deaths_in_a_row_before_consuming_are_published_and_a_consumer_clear
 ) -> None:
     clock = WallClock()
     failures = tracker(redis_client, ["order-close"], clock)
-    failures.died(0, consumed=False, error=ERROR, details="Traceback ...")
+    failures.died(0, consumed=False, error=ERROR)
     assert published(redis_client) == {}  # one death may be bad luck
     clock.ms += 500
-    failures.died(0, consumed=False, error=ERROR, details="Traceback ...")
+    failures.died(0, consumed=False, error=ERROR)
     entry = published(redis_client)["runqueue-web-1"]
     assert entry is not None
     assert (entry.error, entry.deaths, entry.queues) == (ERROR, 2, ["order-close"])
     assert entry.message == f"consumers keep dying at start: {ERROR}"
-    failures.died(1, consumed=False, error=ERROR, details=None)  # the other slot: not 2 yet
+    failures.died(1, consumed=False, error=ERROR)  # the other slot: not 2 yet
     failures.consumed(0)
     assert published(redis_client) != {}  # slot 1 has not consumed yet
     failures.consumed(1)
@@ -63,10 +63,10 @@ def test_a_death_after_consuming_is_no_start_failure_and_stopping_clears(
 ) -> None:
     failures = tracker(redis_client, None, WallClock())
     for _ in range(3):
-        failures.died(0, consumed=True, error="SystemExit: 3", details=None)
+        failures.died(0, consumed=True, error="SystemExit: 3")
     assert published(redis_client) == {}
-    failures.died(0, consumed=False, error=ERROR, details=None)
-    failures.died(0, consumed=False, error=ERROR, details=None)
+    failures.died(0, consumed=False, error=ERROR)
+    failures.died(0, consumed=False, error=ERROR)
     assert published(redis_client)
     failures.stopped()
     assert published(redis_client) == {}
@@ -78,8 +78,10 @@ def test_each_distinct_error_is_logged_in_full_once(
     failures = tracker(redis_client, None, WallClock())
     with caplog.at_level(logging.ERROR, logger="django_delayqueue.supervisor"):
         for _ in range(5):
-            failures.died(0, consumed=False, error=ERROR, details="Traceback: line 1\n")
-        failures.died(0, consumed=False, error="ImportError: shop", details="Traceback: line 2")
+            failures.failed(ERROR, "Traceback: line 1\n")
+            failures.died(0, consumed=False, error=ERROR)
+        failures.failed("ImportError: shop", "Traceback: line 2")
+        failures.died(0, consumed=False, error="ImportError: shop")
     full = [r.getMessage() for r in caplog.records if "Traceback:" in r.getMessage()]
     assert full == [
         f"consumer process failed: {ERROR}\nTraceback: line 1",
@@ -91,14 +93,56 @@ def test_each_distinct_error_is_logged_in_full_once(
     assert len(said) == 2  # once when first published, once when the error changed
 
 
+def test_a_crash_of_one_slot_after_it_consumed_keeps_another_slots_start_failure(
+    redis_client: redis.Redis,
+) -> None:
+    """Slot 0 dies at every start; slot 1 consumed, then crashed: the start failure of slot 0
+    stays published (the health probe's "starting" check must not pass meanwhile)."""
+    failures = tracker(redis_client, None, WallClock())
+    failures.died(0, consumed=False, error=ERROR)
+    failures.died(0, consumed=False, error=ERROR)
+    assert published(redis_client)
+    failures.died(1, consumed=True, error="SystemExit: 3")
+    assert published(redis_client)
+    failures.consumed(0)
+    assert published(redis_client) == {}
+
+
+@pytest.mark.django_db
+def test_an_exception_a_stopping_child_dies_of_is_logged(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child told to stop that dies of an exception (in its last flush, say) sends it and
+    logs nothing itself: the supervisor logs it, with its traceback."""
+    import os
+    import time
+
+    from django_delayqueue.supervisor.children import Child, SupervisorOptions
+    from django_delayqueue.supervisor.loop import Supervisor
+    from django_delayqueue.supervisor.protocol import FAILED, LineReader
+
+    supervisor = Supervisor(SupervisorOptions(queues=["order-close"], processes=1))
+    read_fd, write_fd = os.pipe()
+    line = {"kind": FAILED, "error": "ValueError: boom in the last flush", "traceback": "TB"}
+    os.write(write_fd, (json.dumps(line) + "\n").encode())
+    os.close(write_fd)
+    os.set_blocking(read_fd, False)
+    child = Child(0, 999_999_999, "x.1-999999999", LineReader(read_fd), time.monotonic())
+    child.told_to_stop = True
+    supervisor.slots[0].current = child
+    with caplog.at_level(logging.INFO, logger="django_delayqueue"):
+        supervisor._gone(child, 1 << 8)  # exit code 1
+    assert "consumer process failed: ValueError: boom in the last flush\nTB" in caplog.text
+
+
 def test_stats_queuestats_health_and_admin_say_it(
     redis_client: redis.Redis, admin_client: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import time
 
     failures = tracker(redis_client, ["order-close"], WallClock(int(time.time() * 1000)))
-    failures.died(0, consumed=False, error=ERROR, details=None)
-    failures.died(0, consumed=False, error=ERROR, details=None)
+    failures.died(0, consumed=False, error=ERROR)
+    failures.died(0, consumed=False, error=ERROR)
     by_queue = {s.queue: s.start_failures for s in collect()}
     text = f"consumers keep dying at start: {ERROR}"
     assert by_queue["order-close"] == [text]
@@ -124,7 +168,7 @@ def test_an_entry_its_supervisor_stopped_refreshing_is_ignored(redis_client: red
 
     old = int((time.time() - STALE_SECONDS - 5) * 1000)
     failures = tracker(redis_client, None, WallClock(old))
-    failures.died(0, consumed=False, error=ERROR, details=None)
-    failures.died(0, consumed=False, error=ERROR, details=None)
+    failures.died(0, consumed=False, error=ERROR)
+    failures.died(0, consumed=False, error=ERROR)
     assert published(redis_client)  # a supervisor killed -9 leaves it behind
     assert all(s.start_failures == [] for s in collect())
