@@ -1,7 +1,7 @@
 """Shared fixtures. Redis: one private redis-server per test session, flushed around each test.
 
 The server starts in ``pytest_configure`` rather than lazily in its fixture so that every
-test, Django settings included, sees one URL. pytest-django imports demo_project.settings
+test, Django settings included, sees one URL. pytest-django imports tests/settings.py
 before any conftest is loaded, so exporting ``REDIS_URL`` here is too late for settings.py to
 read it: we export it (for child processes such as ``runqueue``, which load settings afresh)
 and also override the loaded settings, which sends ``setting_changed`` to cached readers.

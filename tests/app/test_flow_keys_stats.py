@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_delayqueue.core import Queue
 
-QUEUE = "activation-sms"  # configured in demo_project.settings
+QUEUE = "activation-sms"  # configured in tests/settings.py
 OC = (("queue", QUEUE),)
 
 

@@ -329,9 +329,9 @@ def test_outbox_rows_need_their_own_permission(
 def test_a_task_enqueued_while_redis_is_down_runs_once_the_relay_sent_it(
     redis_client: redis.Redis,
 ) -> None:
-    from demo_project.settings import TASKS_SETTING
     from django_delayqueue.tasks import framework
     from django_delayqueue.worker import Worker
+    from tests.settings import TASKS_SETTING
 
     queues = {**settings.DELAYQUEUE["QUEUES"], "shop-tasks": {"backoff_base": 0}}
     delayqueue = {**settings.DELAYQUEUE, "QUEUES": queues, "OUTBOX": True}

@@ -132,7 +132,7 @@ def test_the_admin_refuses_a_key_a_sharded_queue_cannot_keep(admin_client: Any) 
 
 
 def test_a_task_schedule_s_ticks_take_the_task_s_key_argument() -> None:
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     default = TASKS_SETTING["default"]
     options = {**default["OPTIONS"], "KEY_ARGUMENT": "store_id"}

@@ -26,7 +26,7 @@ QUEUE = "shop-tasks"
 
 @pytest.fixture
 def tasks_on() -> Iterator[Any]:
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     queues = {**settings.DELAYQUEUE["QUEUES"], QUEUE: {"max_attempts": 2, "backoff_base": 0}}
     delayqueue = {**settings.DELAYQUEUE, "QUEUES": queues, "SETTINGS_REFRESH_SECONDS": 0.2}
@@ -93,7 +93,7 @@ def test_no_tasks_module_is_imported_without_a_backend_of_this_app(
     with override_settings(TASKS=immediate):
         discover()
     assert imported == []
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     with override_settings(TASKS=TASKS_SETTING):
         discover()
@@ -114,7 +114,7 @@ def _schedule_errors(schedules: dict[str, Any], tasks: dict[str, Any]) -> list[A
 
 def test_a_task_schedule_on_a_queue_its_backend_does_not_list_is_refused() -> None:
     """Before: E009 passed, and each tick went to order-close's receivers as a payload."""
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     errors = _schedule_errors(
         {"nightly": {"queue": "order-close", "every": 60, "task": "periodic_examples.beat"}},
@@ -134,7 +134,7 @@ def test_a_task_schedule_on_a_queue_its_backend_does_not_list_is_refused() -> No
 
 def test_a_payload_schedule_on_a_task_queue_without_handlers_is_refused() -> None:
     """Before: every tick was dead-lettered as "no handler"."""
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     errors = _schedule_errors({"ping": {"queue": QUEUE, "every": 60}}, TASKS_SETTING)
     assert [e.id for e in errors] == ["delayqueue.E009"]
@@ -143,7 +143,7 @@ def test_a_payload_schedule_on_a_task_queue_without_handlers_is_refused() -> Non
 
 
 def test_schedules_that_run_as_they_say_pass_the_checks() -> None:
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     fine = {
         "task": {"queue": QUEUE, "every": 60, "task": "periodic_examples.beat"},
@@ -158,8 +158,8 @@ def test_schedules_that_run_as_they_say_pass_the_checks() -> None:
 @pytest.mark.django_db
 def test_a_schedule_row_with_a_task_where_no_backend_runs_it_is_a_warning() -> None:
     """The same of a row added in the admin: W005, with the database checks."""
-    from demo_project.settings import TASKS_SETTING
     from django_delayqueue.checks.recurrences import check_schedule_rows
+    from tests.settings import TASKS_SETTING
 
     RecurringSchedule.objects.create(
         name="by-staff", queue="order-close", every=60, task="periodic_examples.beat"
@@ -176,8 +176,8 @@ def test_a_schedule_row_with_a_task_on_a_queue_only_a_backend_taking_any_queue_r
 ):
     """As E009 for the settings file: with ``"QUEUES": []`` runqueue keeps the row's schedule
     on a queue DELAYQUEUE does not configure (it registers that queue), so no W005."""
-    from demo_project.settings import TASKS_SETTING
     from django_delayqueue.checks.recurrences import check_schedule_rows
+    from tests.settings import TASKS_SETTING
 
     any_queue = {"default": {**TASKS_SETTING["default"], "QUEUES": []}}
     RecurringSchedule.objects.create(

@@ -221,12 +221,12 @@ def test_an_accepted_eviction_policy_runs_with_a_warning_at_every_start(
 
 
 class Runqueue:
-    """``manage.py runqueue`` as a child process on the demo settings with the slow queue."""
+    """``manage.py runqueue`` as a child process on the test settings with the slow queue."""
 
     def __init__(self, tmp_path: Path, redis_url: str, *args: str) -> None:
         env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
             "REDIS_URL": redis_url,
             "DEMO_SLOW_QUEUE": "1",
             "DEMO_DB": str(tmp_path / "db.sqlite3"),

@@ -49,7 +49,7 @@ def tasks_on_the_demo_queue() -> Iterator[None]:
     """The demo's TASKS (what DEMO_TASKS=1 turns on), its queue retried at once, so that one
     burst run goes through every attempt."""
     global examples
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     queues = {
         **settings.DELAYQUEUE["QUEUES"],
@@ -469,7 +469,7 @@ def test_runqueue_runs_tasks_and_signal_messages_together(
     dq.schedule("order-close", {"order_id": 999_999})  # a signal message beside them
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
         "REDIS_URL": redis_server.url,
         "PYTHONPATH": child_pythonpath(),
         "DEMO_DB": str(tmp_path / "db.sqlite3"),
@@ -501,7 +501,7 @@ def test_worker_ids_list_the_name_runqueue_was_given_under_its_supervisor(
     results = [examples.add.enqueue(n, 1) for n in range(4)]
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
         "REDIS_URL": redis_server.url,
         "PYTHONPATH": child_pythonpath(),
         "DEMO_DB": str(tmp_path / "db.sqlite3"),
@@ -787,7 +787,7 @@ def test_a_naive_run_after_works_without_time_zones(redis_client: redis.Redis) -
 def test_manage_py_check_reports_the_backends_own_errors(tmp_path: Path) -> None:
     """E005 through ``manage.py check`` itself, in a project that imports no task module."""
     (tmp_path / "bad_tasks_settings.py").write_text(
-        "from demo_project.settings import *  # noqa: F403\n"
+        "from tests.settings import *  # noqa: F403\n"
         "TASKS = {'default': {**TASKS_SETTING['default'], 'OPTIONS': {'RESULT_TTL': -1}}}\n"
     )
     env = {
@@ -839,7 +839,7 @@ def test_tasks_on_a_sharded_queue_run_as_the_queue_s_own(redis_client: redis.Red
 def test_a_changed_tasks_setting_builds_its_backend_anew() -> None:
     """override_settings(TASKS=...) reaches the backend even where the framework does not
     forget it by itself (the backport up to 0.8 without "django_tasks" in INSTALLED_APPS)."""
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     first = framework.task_backends["default"]
     other = {"default": {**TASKS_SETTING["default"], "QUEUES": ["another-queue"]}}

@@ -32,7 +32,7 @@ examples: Any = None  # tests/support/task_key_examples.py, imported once TASKS 
 
 
 def tasks_setting(key_argument: Any) -> dict[str, Any]:
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     default = TASKS_SETTING["default"]
     options = {**default["OPTIONS"], "KEY_ARGUMENT": key_argument}

@@ -58,7 +58,7 @@ def backends_follow_the_tasks_setting(request: pytest.FixtureRequest) -> Iterato
 
 
 def demo_backend(**changes: Any) -> dict[str, Any]:
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     return {"default": {**TASKS_SETTING["default"], **changes}}
 

@@ -220,7 +220,7 @@ def test_an_async_receiver_past_its_time_limit_is_retried(
 
 @pytest.fixture
 def async_tasks(redis_client: redis.Redis) -> Iterator[Any]:
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     queues = {TASK_QUEUE: {"max_attempts": 2, "backoff_base": 0, "backoff_max": 0}}
     with with_queues(**queues), override_settings(TASKS=TASKS_SETTING):

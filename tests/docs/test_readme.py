@@ -2,13 +2,13 @@
 
 Blocks fenced as ```bash, ```sh or ```shell run with ``bash -euo pipefail`` from the repository
 root, with ``python`` on PATH being this interpreter, ``REDIS_URL`` the session's private Redis,
-the demo settings and a migrated database of the test's own (``DEMO_DB``). A path under ``/tmp/``
+the test settings and a migrated database of the test's own (``DEMO_DB``). A path under ``/tmp/``
 in a block is replaced by a temporary directory of the test's, so examples that write to
 ``/tmp/shop`` never touch a shared ``/tmp``. A block fails on a non-zero exit, on no exit within
 ``SHELL_TIMEOUT`` (a bound against hangs, not a timing check), or when it leaves something
 new in the repository root. Its output traces each command with its line in the file.
 
-Blocks fenced as ```python run in the demo project's Django context (demo_project.settings, the
+Blocks fenced as ```python run in the demo project's Django context (tests/settings.py, the
 test database, the private Redis), each in a fresh namespace, so each block must import what it
 uses. A block whose first line names a file of an app (``# shop/views.py``) runs as that module
 of the app, with the demo's apps importable by their short names, so ``from .models import
@@ -380,7 +380,7 @@ def shell_env(
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
         "REDIS_URL": redis_server.url,
         "DEMO_DB": str(db),
         "PYTHONUNBUFFERED": "1",

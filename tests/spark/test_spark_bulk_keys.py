@@ -24,7 +24,7 @@ from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.spark import transforms as t
 from django_delayqueue.spark.bulk import partition_writer
 
-QUEUE = "order-close"  # configured in demo_project.settings
+QUEUE = "order-close"  # configured in tests/settings.py
 NOW = 4_000_000_000_000  # far ahead of the Redis clock: delayed rows stay pending
 
 

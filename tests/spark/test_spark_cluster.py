@@ -38,7 +38,7 @@ def driver_env(redis_server: RedisServerProcess) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK"))}
     # Loopback only: the driver must not advertise another interface to the executors.
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    return {**env, "DJANGO_SETTINGS_MODULE": "demo_project.settings", "REDIS_URL": redis_server.url}
+    return {**env, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
 
 
 def manage(cluster: Cluster, redis_server: RedisServerProcess, cwd: Path, *args: str) -> str:

@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 
 from django_delayqueue.core import Message, Queue, QueueSettings
 
-QUEUE = "order-close"  # configured in demo_project.settings
+QUEUE = "order-close"  # configured in tests/settings.py
 
 
 def run(*args: str) -> str:
@@ -156,7 +156,7 @@ except CommandError as e:
 
 
 def test_the_app_and_its_commands_import_without_pyspark() -> None:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     done = subprocess.run(
         [sys.executable, "-c", NO_PYSPARK], env=env, capture_output=True, text=True, timeout=120
     )

@@ -1,4 +1,5 @@
-"""Django settings for ``runqueue`` fault drills: the demo project plus ``drill_app``.
+"""Django settings for ``runqueue`` fault drills: the test settings (tests/settings.py) plus
+``drill_app``.
 
 Everything that varies comes from the environment set by the test (Redis URL, ledger, the
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
@@ -15,8 +16,8 @@ receiver. ``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` na
 import json
 import os
 
-from demo_project.settings import *  # noqa: F403
-from demo_project.settings import DELAYQUEUE, INSTALLED_APPS
+from tests.settings import *  # noqa: F403
+from tests.settings import DELAYQUEUE, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "drill_app"]
 DATABASES = {

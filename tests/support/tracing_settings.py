@@ -1,12 +1,12 @@
-"""Django settings of the tracing tests' ``runqueue`` child: the demo project plus
+"""Django settings of the tracing tests' ``runqueue`` child: the test settings plus
 ``tracing_app`` (receivers, and an OpenTelemetry SDK writing spans to ``$TRACING_SPANS``), its
 traced queues and a Tasks backend on one of them. ``TRACED_QUEUES`` and ``TRACED_TASKS`` are
 what the test process overrides its own settings with, so both sides agree."""
 
 import os
 
-from demo_project.settings import *  # noqa: F403
-from demo_project.settings import DELAYQUEUE, INSTALLED_APPS
+from tests.settings import *  # noqa: F403
+from tests.settings import DELAYQUEUE, INSTALLED_APPS
 
 # A failed attempt waits an hour: one burst run delivers each message once.
 _ONCE = {"max_attempts": 3, "backoff_base": 3600, "backoff_max": 3600}
