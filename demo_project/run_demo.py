@@ -1,8 +1,10 @@
-"""Run the demo shop: Redis, migrations, an admin user, then runserver and runqueue side by side.
+"""Run the demo shop: Redis, migrations, an admin user, then runserver, runqueue and the traffic.
 
 Called by ``make demo``. Redis is ``$REDIS_URL``, else the one on 127.0.0.1:6379, else an
-embedded redis-server started here and stopped on exit. Ctrl-C (or SIGTERM) is passed on to
-the children, which get time to finish what they hold before being killed.
+embedded redis-server started here and stopped on exit. ``runqueue --processes 2`` delivers
+every queue; ``demo_traffic`` plays the shop's customers (``--no-traffic`` leaves it out, so
+that only what you do on the pages happens). Ctrl-C (or SIGTERM) is passed on to the
+children, which get time to finish what they hold before being killed.
 """
 
 from __future__ import annotations
@@ -25,17 +27,22 @@ sys.path.insert(0, str(ROOT))
 from django_delayqueue.embedded import ensure_redis_url  # noqa: E402
 
 MANAGE = ROOT / "manage.py"
-RUNQUEUE = ROOT / "django_delayqueue" / "management" / "commands" / "runqueue.py"
 STOP_TIMEOUT = 10.0  # seconds a child gets to shut down cleanly before SIGKILL
 # Idempotent: re-running the demo resets the password instead of failing on a taken name.
 CREATE_ADMIN = """
 from django.contrib.auth import get_user_model
+from django.db import connection
 user, _ = get_user_model().objects.get_or_create(
     username="admin", defaults={"email": "admin@example.com"}
 )
 user.is_staff = user.is_superuser = True
 user.set_password("admin")
 user.save()
+# runserver, the consumers and the traffic write to one SQLite file: readers do not wait for a
+# writer in WAL mode (kept in the file).
+if connection.vendor == "sqlite":
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode=WAL")
 """
 
 
@@ -72,7 +79,15 @@ def stop_children(children: list[subprocess.Popen[bytes]], signum: int) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000, help="runserver port (default 8000)")
-    parser.add_argument("--no-runserver", action="store_true", help="run only the consumer")
+    parser.add_argument("--no-runserver", action="store_true", help="run no web server")
+    parser.add_argument(
+        "--no-traffic",
+        action="store_true",
+        help="start no traffic generator: only what you do on the shop's pages happens",
+    )
+    parser.add_argument(
+        "--processes", type=int, default=2, help="consumer processes of runqueue (default 2)"
+    )
     return parser.parse_args(argv)
 
 
@@ -84,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         received.append(signum)
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
-    env.setdefault("DEMO_TASKS", "1")  # the shop's tasks (Django's Tasks framework) too
     url, server = ensure_redis_url(env)
     env["REDIS_URL"] = url
     print(f"Redis: {url}" + (" (embedded, stopped on exit)" if server else ""), flush=True)
@@ -99,12 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             children.append(spawn("runserver", f"127.0.0.1:{args.port}", env=env))
             print(f"\nDemo shop: http://127.0.0.1:{args.port}/")
             print(f"Admin:     http://127.0.0.1:{args.port}/admin/  (login admin / admin)")
-        if RUNQUEUE.exists():
-            children.append(spawn("runqueue", env=env))
-        else:
-            print("Notice: runqueue is not written yet; messages are scheduled but not delivered.")
-        if not children:
-            return 0
+        children.append(spawn("runqueue", "--processes", str(args.processes), env=env))
+        print(f"Consumers: runqueue --processes {args.processes}, every queue")
+        if not args.no_traffic:
+            children.append(spawn("demo_traffic", env=env))
+            print("Traffic:   customers, an SMS gateway and a partner (--no-traffic: none)")
         print("Press Ctrl-C to stop.\n", flush=True)
 
         while not received and all(child.poll() is None for child in children):

@@ -1,7 +1,11 @@
-"""Settings for the demo shop, which is also the test project.
+"""Settings of the demo shop (``make demo``, demo_project/run_demo.py).
 
-Redis comes from ``$REDIS_URL`` so that ``make demo`` (run_demo.py) and the tests
-(tests/conftest.py) can point it at a server of their own.
+The shop (demo_project/shop) closes unpaid orders and texts new stores; the demo's world around
+it (demo_project/traffic) has an SMS gateway with limits, a partner that is sometimes down, a
+sales report every minute, an export task and a generator of customers. The test suite runs on
+settings of its own (tests/settings.py), so these can change with what the demo shows.
+
+Redis comes from ``$REDIS_URL`` (run_demo.py sets it: a server on 6379, else an embedded one).
 """
 
 import os
@@ -26,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_delayqueue",
     "demo_project.shop",
+    "demo_project.traffic",
 ]
 
 MIDDLEWARE = [
@@ -60,6 +65,9 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("DEMO_DB", BASE_DIR / "db.sqlite3"),
+        # runserver, two consumer processes and the traffic generator write to one file:
+        # wait for a lock rather than fail at once (run_demo.py also turns on WAL).
+        "OPTIONS": {"timeout": 20},
     }
 }
 
@@ -74,45 +82,66 @@ USE_TZ = True
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# The demo's timings, in seconds: short, so that every queue has done something within a minute.
+ORDER_CLOSE_DELAY = float(os.environ.get("ORDER_CLOSE_DELAY", "20"))
+ACTIVATION_SMS_DELAY = float(os.environ.get("ACTIVATION_SMS_DELAY", "10"))
+REPORT_EVERY = int(os.environ.get("DEMO_REPORT_EVERY", "60"))  # the sales report's schedule
+
+# Start lateness above this (p99 over 5 minutes) is flagged in the admin: a laptop that runs the
+# shop, two consumers and the generator stays well under it.
+_WATCHED = {"lateness_warning_ms": 250}
 DELAYQUEUE: dict[str, Any] = {
     "REDIS_URL": REDIS_URL,
     "PREFIX": "dq",
     "QUEUES": {
-        "order-close": {"max_attempts": 5},
-        "activation-sms": {"max_attempts": 3, "backoff_base": 5.0},
+        "order-close": {**_WATCHED, "max_attempts": 5},
+        # The SMS gateway (traffic/gateway.py) takes 5 messages a second for the account and
+        # one at a time per phone number (each SMS has its phone as its key), and sometimes
+        # hangs: the time limit stops the handler and the SMS is retried.
+        "activation-sms": {
+            **_WATCHED,
+            "max_attempts": 3,
+            "backoff_base": 2.0,
+            "concurrency": 4,
+            "rate_limit": "5/s",
+            "key_concurrency": 1,
+            "time_limit": 3,
+            "visibility_timeout": 10,
+        },
+        # The partner is told of each paid order (traffic/partner.py); it is down now and then,
+        # times out, or refuses an order: retried with backoff, then dead letters with reasons.
+        "partner-callback": {**_WATCHED, "max_attempts": 3, "backoff_base": 2.0, "backoff_max": 8},
+        "shop-reports": {**_WATCHED, "max_attempts": 3},
+        # Django's Tasks framework (traffic/tasks.py, shop/tasks.py): the backend below.
+        "shop-tasks": {**_WATCHED, "max_attempts": 3, "backoff_base": 0.2, "backoff_max": 2},
     },
+    # Kept by runqueue itself: a tick every REPORT_EVERY seconds, no beat process.
+    "SCHEDULES": {"sales-report": {"queue": "shop-reports", "every": REPORT_EVERY}},
 }
-# Django's Tasks framework (django.tasks on Django 6, the django-tasks backport before) on a
-# delay queue of its own: shop/tasks.py. `make demo` turns it on; the test suite turns it on
-# where it tests it (tests/app/test_tasks_backend.py), so other tests see the two queues above.
-TASK_QUEUE_SETTINGS = {"max_attempts": 3, "backoff_base": 0.2, "backoff_max": 2}
-TASKS_SETTING = {
+TASKS = {
     "default": {
         "BACKEND": "django_delayqueue.tasks.DelayQueueBackend",
         "QUEUES": ["shop-tasks"],
         "OPTIONS": {"ON_COMMIT": True, "RESULT_TTL": 7 * 24 * 3600},
     }
 }
-if os.environ.get("DEMO_TASKS") == "1":
-    DELAYQUEUE["QUEUES"]["shop-tasks"] = TASK_QUEUE_SETTINGS
-    TASKS = TASKS_SETTING
-if os.environ.get("DEMO_SLOW_QUEUE") == "1":
-    # Only for the SIGTERM test (tests/app/test_runqueue.py): a queue whose handler sleeps.
-    DELAYQUEUE["QUEUES"]["demo-slow"] = {"visibility_timeout": 60, "backoff_base": 0.1}
-    # Its async twin (tests/app/test_runqueue_async.py): handlers on the event loop.
-    DELAYQUEUE["QUEUES"]["demo-slow-async"] = {"visibility_timeout": 60, "concurrency": 10}
-    DELAYQUEUE["SETTINGS_REFRESH_SECONDS"] = 0.5
 
-# The shop's delays, in seconds: short so the demo shows messages flowing within a minute.
-ORDER_CLOSE_DELAY = float(os.environ.get("ORDER_CLOSE_DELAY", "30"))
-ACTIVATION_SMS_DELAY = float(os.environ.get("ACTIVATION_SMS_DELAY", "45"))
-# Dotted path of the SMS backend class (see shop/sms.py); the default records, never sends.
-SHOP_SMS_BACKEND = os.environ.get("SHOP_SMS_BACKEND", "demo_project.shop.sms.DatabaseBackend")
+# The SMS backend (shop/sms.py): the demo's fake gateway, which also records what it "sent".
+SHOP_SMS_BACKEND = os.environ.get("SHOP_SMS_BACKEND", "demo_project.traffic.gateway.FakeGateway")
+# Every how many calls the fake gateway hangs (0: never).
+GATEWAY_HANG_EVERY = int(os.environ.get("DEMO_GATEWAY_HANG_EVERY", "9"))
+# The export task (traffic/tasks.py) writes its CSV files here, and pauses this long between
+# its 20 steps, so that its progress can be watched in the admin.
+EXPORT_DIR = os.environ.get("DEMO_EXPORT_DIR", BASE_DIR / "exports")
+EXPORT_STEP_SECONDS = float(os.environ.get("DEMO_EXPORT_STEP_SECONDS", "0.3"))
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # The handlers' failures the demo makes on purpose (a hung gateway, a partner that is down)
+    # in one line each, without their tracebacks.
+    "filters": {"one_line": {"()": "demo_project.traffic.log_filters.OneLineHandlerFailures"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["one_line"]}},
     "loggers": {
         "django_delayqueue": {"handlers": ["console"], "level": "INFO"},
         "demo_project": {"handlers": ["console"], "level": "INFO"},

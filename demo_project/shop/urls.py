@@ -6,6 +6,7 @@ app_name = "shop"
 
 urlpatterns = [
     path("", views.index, name="index"),
+    path("timeline/", views.timeline_fragment, name="timeline"),
     path("orders/", views.create_order, name="create_order"),
     path("orders/<int:pk>/pay/", views.pay_order, name="pay_order"),
     path("stores/", views.create_store, name="create_store"),

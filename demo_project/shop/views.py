@@ -4,38 +4,38 @@ from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
 
+from django.apps import apps
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-import django_delayqueue as dq
-
-from .models import Order, Product, SentSms, Store
-
-ORDER_CLOSE_QUEUE = "order-close"
-ACTIVATION_QUEUE = "activation-sms"
-
-
-def order_message_id(order: Order) -> str:
-    return f"order-{order.pk}"
-
-
-def activation_message_id(store: Store) -> str:
-    return f"store-{store.pk}-activation"
+from . import actions, timeline
+from .models import Order, SentSms, Store
 
 
 def index(request: HttpRequest) -> HttpResponse:
     context = {
-        "orders": Order.objects.all()[:20],
-        "stores": Store.objects.prefetch_related("products")[:20],
+        "orders": Order.objects.all()[:10],
+        "stores": Store.objects.prefetch_related("products")[:10],
         "order_close_delay": settings.ORDER_CLOSE_DELAY,
         "activation_sms_delay": settings.ACTIVATION_SMS_DELAY,
+        "traffic": apps.is_installed("demo_project.traffic"),
+        **_timeline_context(),
     }
     return render(request, "shop/index.html", context)
+
+
+def timeline_fragment(request: HttpRequest) -> HttpResponse:
+    """The timeline alone: the shop page fetches it every two seconds."""
+    return render(request, "shop/timeline.html", _timeline_context())
+
+
+def _timeline_context() -> dict[str, object]:
+    events = timeline.read_timeline()
+    return {"timeline": events, "chart": timeline.chart(events)}
 
 
 @require_POST
@@ -49,15 +49,7 @@ def create_order(request: HttpRequest) -> HttpResponse:
         return HttpResponseBadRequest(
             "amount must be a number with at most 8 digits before the point"
         )
-    with transaction.atomic():
-        order = Order.objects.create(amount=amount)
-        # Sent when the order commits; a rolled-back order schedules nothing.
-        dq.schedule(
-            ORDER_CLOSE_QUEUE,
-            {"order_id": order.pk},
-            delay=settings.ORDER_CLOSE_DELAY,
-            id=order_message_id(order),
-        )
+    order = actions.open_order(amount)
     messages.info(
         request, f"Order #{order.pk} closes in {settings.ORDER_CLOSE_DELAY:g}s unless paid."
     )
@@ -66,15 +58,13 @@ def create_order(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def pay_order(request: HttpRequest, pk: int) -> HttpResponse:
-    with transaction.atomic():
-        order = get_object_or_404(Order.objects.select_for_update(), pk=pk)
-        if order.status != Order.Status.OPEN:
-            messages.error(request, f"Order #{order.pk} is {order.get_status_display().lower()}.")
-            return redirect("shop:index")
-        order.status = Order.Status.PAID
-        order.save(update_fields=["status"])
-    # After the commit: the handler only closes open orders, so a late delivery is harmless.
-    dq.cancel(ORDER_CLOSE_QUEUE, order_message_id(order))
+    try:
+        order, paid = actions.pay_order(pk)
+    except Order.DoesNotExist:
+        raise Http404(f"no order {pk}") from None
+    if not paid:
+        messages.error(request, f"Order #{order.pk} is {order.get_status_display().lower()}.")
+        return redirect("shop:index")
     messages.info(request, f"Order #{order.pk} paid.")
     return redirect("shop:index")
 
@@ -84,14 +74,7 @@ def create_store(request: HttpRequest) -> HttpResponse:
     name, phone = request.POST.get("name", "").strip(), request.POST.get("phone", "").strip()
     if not name or not phone:
         return HttpResponseBadRequest("name and phone are required")
-    with transaction.atomic():
-        store = Store.objects.create(name=name, phone=phone)
-        dq.schedule(
-            ACTIVATION_QUEUE,
-            {"store_id": store.pk},
-            delay=settings.ACTIVATION_SMS_DELAY,
-            id=activation_message_id(store),
-        )
+    store = actions.open_store(name, phone)
     messages.info(
         request,
         f"{store.name} gets an activation SMS in {settings.ACTIVATION_SMS_DELAY:g}s "
@@ -106,7 +89,7 @@ def add_product(request: HttpRequest, pk: int) -> HttpResponse:
     name = request.POST.get("name", "").strip()
     if not name:
         return HttpResponseBadRequest("name is required")
-    Product.objects.create(store=store, name=name)
+    actions.add_product(store, name)
     messages.info(request, f"{name} added to {store.name}.")
     return redirect("shop:index")
 

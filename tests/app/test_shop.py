@@ -134,6 +134,7 @@ def test_a_store_without_products_gets_the_activation_sms(
     sms = SentSms.objects.get()
     assert (sms.phone, sms.kind, sms.store) == ("+15550101", "activation", store)
     assert "Kiosk" in sms.text
+    assert redis_client.hlen(SMS.flow_keys) == 0  # its key (the phone) went with the ack
     page = client.get(reverse("shop:sent_sms"))
     assert page.status_code == 200 and b"+15550101" in page.content
 
@@ -183,6 +184,36 @@ def test_index_lists_orders_and_stores(client: Client, redis_client: redis.Redis
     assert page.status_code == 200
     assert b"7.00" in page.content and b"Corner" in page.content
     assert b"closed 30s after it was created" in page.content  # the configured delay
+
+
+def test_a_store_s_sms_has_the_phone_as_its_key(client: Client, redis_client: redis.Redis) -> None:
+    post(client, reverse("shop:create_store"), {"name": "Keyed", "phone": "+15550106"})
+    store = Store.objects.get()
+    assert redis_client.hget(SMS.flow_keys, f"store-{store.pk}-activation") == b"+15550106"
+
+
+@override_settings(ORDER_CLOSE_DELAY=0)
+def test_the_timeline_shows_what_was_delivered_and_what_is_due(
+    client: Client, redis_client: redis.Redis
+) -> None:
+    post(client, reverse("shop:create_order"), {"amount": "4"})
+    post(client, reverse("shop:create_order"), {"amount": "5"})
+    first, second = Order.objects.order_by("pk")
+    post(client, reverse("shop:pay_order", args=[second.pk]))  # its close is cancelled
+    deliver()
+    with override_settings(ACTIVATION_SMS_DELAY=10):
+        post(client, reverse("shop:create_store"), {"name": "Soon", "phone": "+15550107"})
+    html = client.get(reverse("shop:timeline")).content.decode()
+    latest = html.split('id="timeline-latest"', 1)[1]
+    closed = latest.split(f"order-{first.pk}</code>", 1)[1].split("</tr>", 1)[0]
+    assert "delivered" in closed and " ms</td>" in closed  # how late it started
+    cancelled = latest.split(f"order-{second.pk}</code>", 1)[1].split("</tr>", 1)[0]
+    assert "cancelled" in cancelled
+    # The chart: a lane per queue, a mark per run and one for the SMS due in 10 s.
+    assert html.count('class="lane-name"') == 2
+    assert 'class="mark ack"' in html and 'class="mark cancel"' in html
+    assert 'class="mark due"' in html and "due in" in html
+    assert client.get(reverse("shop:index")).content.count(b'id="timeline-latest"') == 1
 
 
 def test_handlers_module_was_autodiscovered() -> None:
