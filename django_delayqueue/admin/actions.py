@@ -34,6 +34,7 @@ from django_delayqueue.admin.common import (
 )
 from django_delayqueue.api import get_queue
 from django_delayqueue.core import STATES, DelayQueueError
+from django_delayqueue.core.dead_letters import ids_with_reason
 from django_delayqueue.mirror.kinds import set_paused
 from django_delayqueue.monitoring.stats import collect
 
@@ -98,11 +99,14 @@ def queue_action(
         return redirect(back)
 
     every = bool(request.POST.get("all"))
+    # "all" of one group of dead letters (the queue page's "by reason" table): those that died
+    # of this reason ('' for the ones given none).
+    reason = request.POST.get("reason", "") if request.POST.get("by_reason") else None
     if every and action not in ALL_ACTIONS:
         messages.error(request, f"{spec.label} acts on selected messages only.")
         return redirect(back)
     if every and request.POST.get("confirm") != "yes":
-        return _confirm_all(model_admin, request, queue, action, spec, back)
+        return _confirm_all(model_admin, request, queue, action, spec, back, reason)
     ids = [] if every else _posted_ids(request)
     if not every and not ids:
         messages.warning(request, "No messages selected: nothing was done.")
@@ -112,9 +116,17 @@ def queue_action(
     try:
         if action == "stop":
             return _stop(request, queue, ids, back)
-        done = run[action](*ids)
+        if every and reason is not None:
+            ids = ids_with_reason(q, reason)
+            done = sum(run[action](*ids[i : i + MAX_IDS]) for i in range(0, len(ids), MAX_IDS))
+        else:
+            done = run[action](*ids)
     except DelayQueueError as e:
         messages.error(request, f"{spec.label} failed: {e}")
+        return redirect(back)
+    if reason is not None:
+        logger.info("%s: %s on queue %s: %d dead of %r", user, action, queue, done, reason)
+        messages.success(request, spec.done.format(n=done))
         return redirect(back)
     logger.info(
         "%s: %s on queue %s: %d of %s", user, action, queue, done, len(ids) if ids else "all"
@@ -172,9 +184,19 @@ def _confirm_all(
     action: str,
     spec: Action,
     back: str,
+    reason: str | None = None,
 ) -> HttpResponse:
+    """The page that asks before every dead letter (or every one of ``reason``) is acted on."""
     site = model_admin.admin_site.name
-    (stats,) = collect([queue])
+    if reason is None:
+        (stats,) = collect([queue])
+        count = stats.counts["garbage"]
+    else:
+        try:
+            count = len(ids_with_reason(get_queue(queue), reason))
+        except DelayQueueError as e:
+            messages.error(request, f"{spec.label} failed: {e}")
+            return redirect(back)
     context = {
         **base_context(model_admin, request, "Are you sure?"),
         "queue": queue,
@@ -182,7 +204,9 @@ def _confirm_all(
         "action": action,
         "verb": "purge" if action == "purge" else "requeue",
         "label": spec.label,
-        "count": stats.counts["garbage"],
+        "count": count,
+        "by_reason": reason is not None,
+        "reason": reason,
         "action_url": action_url(site, queue, action),
         "back_url": back,
     }

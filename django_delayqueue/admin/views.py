@@ -24,11 +24,12 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.text import Truncator
 
-from django_delayqueue.admin import running, task_rows
+from django_delayqueue.admin import charts, running, task_rows
 from django_delayqueue.admin.actions import ACTIONS, ALL_ACTIONS
 from django_delayqueue.admin.common import (
     APP,
     CHANGE_CONFIG,
+    action_url,
     base_context,
     button,
     page_number,
@@ -37,12 +38,16 @@ from django_delayqueue.admin.common import (
     require_view,
 )
 from django_delayqueue.api import get_queue
+from django_delayqueue.conf.queues import queue_settings
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core import STATES, DelayQueueError, PeekedMessage
+from django_delayqueue.core.dead_letters import DeadLetterReasons, reasons_of
 from django_delayqueue.core.envelope import decode_envelope, ms_to_datetime
 from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.core.server_info import ServerInfo
 from django_delayqueue.models import QueueConfig
+from django_delayqueue.monitoring import attention
+from django_delayqueue.monitoring.lateness import format_ms
 from django_delayqueue.monitoring.servers import (
     NOT_PERSISTENT,
     app_servers,
@@ -74,23 +79,34 @@ SCORE_LABELS = {"unack": "Deadline", "retry": "Retry at", "garbage": "Died"}
 
 
 def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
-    """Every queue: counts per state, oldest overdue age, paused, consumers, totals."""
+    """Every queue: what needs attention in words, then counts per state, how late, paused,
+    consumers, totals; the details (charts, processes, limits) are on each queue's page."""
     require_view(model_admin, request)
     site = model_admin.admin_site.name
     all_stats = collect()
-    rows = [_overview_row(site, s) for s in all_stats]
+    found = [f for s in all_stats for f in attention.findings(s, _time_limit(s.queue))]
+    found.sort(key=lambda f: attention.SEVERITIES.index(f.severity))
+    worst: dict[str, str] = {}  # each queue's most severe finding
+    for f in found:
+        worst.setdefault(f.queue, f.severity)
+    rows = [{**_overview_row(site, s), "attention": worst.get(s.queue)} for s in all_stats]
     errors = sorted({e for s in all_stats for e in s.errors})
+    formats = [b for s in all_stats if (b := _formats_banner(site, s))]
     servers = app_servers()
+    banners = _server_banners(servers)
+    troubles = [*errors, *(b["text"] for b in formats), *(b["text"] for b in banners if b["error"])]
     context = {
         **base_context(model_admin, request, "Delay queues"),
         "rows": rows,
+        "attention": [_group(site, g) for g in attention.grouped(found)],
+        "calm": _calm(all_stats, troubles),
         "states": [(s, STATE_LABELS[s]) for s in STATES],
         "errors": errors,
         "start_failures": _start_failures(all_stats),
         "outbox": _outbox_summary(site, request),
         "servers": [_server_row(s) for s in servers],
-        "server_banners": _server_banners(servers),
-        "format_banners": [b for s in all_stats if (b := _formats_banner(site, s))],
+        "server_banners": banners,
+        "format_banners": formats,
     }
     return TemplateResponse(request, "admin/django_delayqueue/overview.html", context)
 
@@ -116,6 +132,40 @@ def _formats_banner(site: str, s: QueueStats) -> dict[str, Any] | None:
         "text": text,
         "stuck": f.stuck,
     }
+
+
+def _time_limit(queue: str) -> float | None:
+    """The queue's time_limit as its consumers read it (published settings, refreshed at most
+    every SETTINGS_REFRESH_SECONDS: no round trip per page)."""
+    try:
+        return queue_settings(queue).time_limit
+    except DelayQueueError:  # unreadable settings are reported by the checks and the stats
+        return None
+
+
+def _group(site: str, g: attention.Group) -> dict[str, Any]:
+    """A line of findings: each queue linked to its page's tab that shows it (with its own
+    sentence as the link's title when several share the line)."""
+    return {
+        "kind": g.kind,
+        "severity": g.severity,
+        "text": g.text,
+        "queues": [
+            {"name": f.queue, "url": queue_url(site, f.queue, f.state or "pending"), "said": f.text}
+            for f in g.findings
+        ],
+    }
+
+
+def _calm(all_stats: list[QueueStats], banners: list[str]) -> str | None:
+    """What the overview says when nothing needs attention (None: it says nothing, as when
+    a banner above says something is wrong)."""
+    if banners or not all_stats:
+        return None
+    return (
+        "Nothing needs attention: every queue has a live consumer, none is behind or late, "
+        "and none keeps dead letters."
+    )
 
 
 def _start_failures(all_stats: list[QueueStats]) -> list[dict[str, Any]]:
@@ -192,16 +242,19 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
     if state not in STATES:
         raise Http404(f"unknown state {state!r}")
     (stats,) = collect([queue])
+    time_limit = _time_limit(queue)
     total = stats.counts[state]
     pages = max(1, -(-(total or 0) // PER_PAGE))
     page = min(page_number(request.GET.get("p")), pages)
     errors = list(stats.errors)
     rows: list[dict[str, Any]] = []
     has_tasks = False
-    time_limit = None
+    reasons = None
     try:
         q = get_queue(queue)
         time_limit = q.settings.time_limit
+        if state == "garbage" and stats.counts["garbage"]:
+            reasons = _reason_groups(site, queue, reasons_of(q))
         peeked = q.peek(state, (page - 1) * PER_PAGE, PER_PAGE)
         rows = [_message_row(m) for m in peeked.messages]
         has_tasks = task_rows.annotate(q, rows)
@@ -248,6 +301,14 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "pause_action": _pause_button(site, request, queue, stats),
         "settings_url": _settings_url(site, request, queue),
         "charts": _chart_urls(site, queue),
+        "live_charts": charts.queue_charts(stats, stats.flow.limited),
+        "attention": [
+            _group(site, g) for g in attention.grouped(attention.findings(stats, time_limit))
+        ],
+        "reasons": reasons,
+        "reason_actions": [
+            (name, a.label) for name, a in offered if name in ALL_ACTIONS and "garbage" in a.states
+        ],
         "errors": errors,
         "start_failures": stats.start_failures,
         "show_running": state == "unack",
@@ -259,6 +320,25 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "formats": _formats_banner(site, stats),
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
+
+
+def _reason_groups(site: str, queue: str, found: DeadLetterReasons) -> dict[str, Any]:
+    """The dead letters by reason, each group with what its buttons post."""
+    return {
+        "total": found.total,
+        "read": found.read,
+        "partial": found.partial,
+        "groups": [
+            {
+                "reason": g.reason,
+                "short": Truncator(g.reason or "(no reason given)").chars(PREVIEW_CHARS),
+                "count": g.count,
+                "newest": ms_to_datetime(g.newest_ms),
+            }
+            for g in found.groups
+        ],
+        "urls": {name: action_url(site, queue, name) for name in ALL_ACTIONS},
+    }
 
 
 def chart(model_admin: ModelAdmin, request: HttpRequest, queue: str, kind: str) -> FileResponse:
@@ -303,8 +383,14 @@ def _overview_row(site: str, s: QueueStats) -> dict[str, Any]:
         "deliveries": s.deliveries,
         "failures": s.failures,
         "lateness": s.lateness,  # p50/p99 start lateness (monitoring.lateness), may be None
+        "late_p50": _ms(s.lateness.p50_5m if s.lateness else None),
+        "late_p99": _ms(s.lateness.p99_5m if s.lateness else None),
         "ok": s.ok,
     }
+
+
+def _ms(value: float | None) -> str | None:
+    return None if value is None else format_ms(value)
 
 
 def _due_in(s: QueueStats) -> str:

@@ -1,11 +1,13 @@
 """``make demo`` is alive: run_demo.py with its traffic generator, against a private Redis, until
-every capability it shows has done something real.
+every capability it shows has done something real; then how it looks, in Chromium.
 
 The demo runs as a user starts it (run_demo.py: migrations, runserver, ``runqueue --processes
 2``, ``demo_traffic``), on the demo's own settings (demo_project/settings.py), with shorter
 delays and a sales report every 2 seconds so that it is all seen in seconds rather than a
 minute. What it did is read from where it lands (Redis, the demo's database, the shop's page),
-polled until all of it was seen: the bound is against a hang, not a timing check.
+polled until all of it was seen: the bound is against a hang, not a timing check. The demo
+runs once for the module: the second test logs in as admin / admin (as the README says) and
+saves screenshots of the shop, the overview, a queue's charts and the dead letters.
 """
 
 from __future__ import annotations
@@ -111,11 +113,11 @@ class Demo:
         return self.proc.returncode
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[tuple[Demo, redis.Redis]]:
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Demo, redis.Redis]]:
     with RedisServerProcess() as server:
         client = redis.Redis.from_url(server.url)
-        running = Demo(tmp_path, server.url)
+        running = Demo(tmp_path_factory.mktemp("demo"), server.url)
         try:
             yield running, client
         finally:
@@ -179,9 +181,7 @@ class Seen:
         return [what for what in self.checks if what not in self.found]
 
 
-def test_the_demo_shows_every_capability_within_its_bound(
-    demo: tuple[Demo, redis.Redis], tmp_path: Path
-) -> None:
+def test_the_demo_shows_every_capability_within_its_bound(demo: tuple[Demo, redis.Redis]) -> None:
     running, client = demo
     seen = Seen(running, client)
     wait_until(
@@ -206,6 +206,46 @@ def test_the_demo_shows_every_capability_within_its_bound(
     }
     assert all(reasons) and any("partner" in r or "503" in r or "answer" in r for r in reasons)
 
+
+def test_how_the_demo_looks_in_a_browser(demo: tuple[Demo, redis.Redis], tmp_path: Path) -> None:
+    """The shop's timeline, the overview (no sideways scrolling), a queue's charts and the dead
+    letters by reason, as a person sees them at 1,280 x 800; screenshots in ``tmp_path``."""
+    from browser_support import chromium, log_in, screenshot, screenshot_folder, sideways, wait_for
+    from selenium.webdriver.common.by import By
+
+    running, client = demo
+    seen = Seen(running, client)
+    wait_until(seen.look, timeout=BOUND, every=0.1, what="the demo at work")
+    base = f"http://127.0.0.1:{running.port}"
+    shots = screenshot_folder(tmp_path)
+    with chromium() as browser:
+        browser.get(f"{base}/")
+        wait_for(browser, "#timeline svg circle.mark")
+        screenshot(browser, shots, "demo-shop")
+        log_in(browser, base, "admin", "admin")
+        browser.get(f"{base}/admin/django_delayqueue/queuemessage/")
+        wait_for(browser, 'tr[data-queue="partner-callback"]')
+        screenshot(browser, shots, "demo-overview")
+        assert sideways(browser) == []
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")) == 5
+        browser.get(f"{base}/admin/django_delayqueue/queuemessage/activation-sms/")
+        wait_for(browser, "#dq-charts")
+        screenshot(browser, shots, "demo-activation-sms")
+        assert sideways(browser) == []
+        kinds = [
+            f.get_attribute("data-chart")
+            for f in browser.find_elements(By.CSS_SELECTOR, "#dq-charts figure")
+        ]
+        assert kinds == ["deliveries", "lateness", "limit-wait"]
+        held = browser.find_element(By.CSS_SELECTOR, 'figure[data-chart="limit-wait"]')
+        assert held.find_elements(By.CSS_SELECTOR, "rect"), "the rate limit held nothing"
+        browser.get(f"{base}/admin/django_delayqueue/queuemessage/partner-callback/?state=garbage")
+        wait_for(browser, "#dq-reasons tbody tr")
+        screenshot(browser, shots, "demo-dead-letters")
+
+
+def test_the_demo_stops_cleanly_on_ctrl_c(demo: tuple[Demo, redis.Redis]) -> None:
+    running, _ = demo
     assert running.stop() == 0
     output = running.output()
     assert "Traceback" not in output, output[-8000:]  # the failures it makes on purpose: one line

@@ -23,6 +23,8 @@ from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import (
     BUSIEST_KEYS,
+    DEAD_LETTER_REASONS,
+    DEAD_LETTERS_WITH_REASON,
     FLOW_STATE,
     HEARTBEAT,
     JOURNAL,
@@ -173,6 +175,24 @@ def test_the_busiest_keys_are_read_on_a_full_server(client: redis.Redis) -> None
     assert raw == [1, 1, b"hot", 3, 0]
 
 
+def test_dead_letters_are_read_by_reason_on_a_full_server(client: redis.Redis) -> None:
+    q = queue(client, ManualClock(T0))
+    q.schedule({"n": 1}, id="dead")
+    (dead,) = q.claim(1)
+    q.bury(dead, "poison")
+    with full(client):
+        assert DEAD_LETTER_REASONS.call(q.keys, most=10).run(client) == [
+            1,
+            1,
+            b"poison",
+            1,
+            b"%d" % T0,
+        ]
+        assert DEAD_LETTERS_WITH_REASON.call(q.keys, most=10, reason="poison").run(client) == [
+            b"dead"
+        ]
+
+
 def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
     client: redis.Redis,
 ) -> None:
@@ -228,6 +248,7 @@ def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> Non
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
         "stats", "write_record", "write_records", "read_timings", "defer", "newer_waiting",
         "overdue",
+        "dead_letter_reasons", "dead_letters_with_reason",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",

@@ -19,7 +19,7 @@ from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.journal import ACK, RETRY
 from django_delayqueue.core.timings.buckets import BOUNDS_MS, BUCKETS, bucket_of, quantile_ms
 from django_delayqueue.core.timings.counts import TimingCounts
-from django_delayqueue.core.timings.reading import read_call, read_result
+from django_delayqueue.core.timings.reading import TimingWindows, read_call, read_result
 from django_delayqueue.core.timings.recorder import (
     MINUTE_MS,
     MINUTE_TTL_SECONDS,
@@ -169,6 +169,23 @@ def test_minutes_outside_the_windows_are_not_read(
     assert windows.last_hour.count("lateness") == 1
     hour_on = read_result(read_call(q.keys, T0 + 60 * MINUTE_MS).run(redis_client))
     assert hour_on.last_hour.count("lateness") == 0 and hour_on.total.count("lateness") == 1
+
+
+def test_the_minutes_of_the_hour_are_read_one_by_one_newest_first(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """What the admin's charts draw: each minute's counts where they fell (the current one
+    first), and a sharded queue's minutes added up minute by minute."""
+    q = make_queue()
+    q.schedule("x")
+    burst([q], lambda m: None)  # delivered in minute T0
+    windows = read_result(read_call(q.keys, T0 + 3 * MINUTE_MS).run(redis_client))
+    assert len(windows.minutes) == 60
+    assert [i for i, m in enumerate(windows.minutes) if m] == [3]  # three minutes ago
+    assert windows.minutes[3].outcomes["ack"] == 1 and windows.minutes[3].count("lateness") == 1
+    merged = TimingWindows.merged([windows, windows])
+    assert len(merged.minutes) == 60 and merged.minutes[3].outcomes["ack"] == 2
+    assert merged.last_hour.outcomes["ack"] == 2
 
 
 def test_a_rate_limited_queue_counts_its_wait_apart(

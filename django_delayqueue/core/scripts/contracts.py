@@ -106,6 +106,10 @@ PEEK = Contract(
 )
 FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
 NEWER_WAITING = Contract("newer_waiting", keys="newer messages unack", args="most_entries")
+DEAD_LETTER_REASONS = Contract("dead_letter_reasons", keys="garbage reasons", args="most")
+DEAD_LETTERS_WITH_REASON = Contract(
+    "dead_letters_with_reason", keys="garbage reasons", args="most reason"
+)
 BUSIEST_KEYS = Contract(
     "busiest_keys",
     keys="key_turns key_waiting key_load key_state key_lists",
@@ -178,6 +182,7 @@ CONTRACTS: dict[str, Contract] = {
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
         *(SLOT_FREED, DEFER),
         *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS, NEWER_WAITING, OVERDUE),
+        *(DEAD_LETTER_REASONS, DEAD_LETTERS_WITH_REASON),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

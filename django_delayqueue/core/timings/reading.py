@@ -26,19 +26,26 @@ LONG_WINDOW_MINUTES = 60
 
 @dataclass(frozen=True)
 class TimingWindows:
-    """A queue's timings: since it began, over the last 5 minutes and over the last hour."""
+    """A queue's timings: since it began, over the last 5 minutes and over the last hour, and
+    the minutes of the last hour one by one (the admin's charts), the current one first."""
 
     total: TimingCounts = field(default_factory=TimingCounts)
     last_5m: TimingCounts = field(default_factory=TimingCounts)
     last_hour: TimingCounts = field(default_factory=TimingCounts)
+    minutes: tuple[TimingCounts, ...] = ()
 
     @classmethod
     def merged(cls, parts: Sequence[TimingWindows]) -> TimingWindows:
-        """A sharded queue's timings: its shards' added up."""
+        """A sharded queue's timings: its shards' added up (minute by minute too)."""
+        longest = max((len(p.minutes) for p in parts), default=0)
         return cls(
             TimingCounts.total(p.total for p in parts),
             TimingCounts.total(p.last_5m for p in parts),
             TimingCounts.total(p.last_hour for p in parts),
+            tuple(
+                TimingCounts.total(p.minutes[i] for p in parts if i < len(p.minutes))
+                for i in range(longest)
+            ),
         )
 
 
@@ -56,4 +63,5 @@ def read_result(raw: Sequence[Any]) -> TimingWindows:
         TimingCounts.from_hash(raw[0]),
         TimingCounts.total(minutes[:SHORT_WINDOW_MINUTES]),
         TimingCounts.total(minutes),
+        tuple(minutes),
     )
