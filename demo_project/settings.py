@@ -140,10 +140,29 @@ LOGGING = {
     "disable_existing_loggers": False,
     # The handlers' failures the demo makes on purpose (a hung gateway, a partner that is down)
     # in one line each, without their tracebacks.
-    "filters": {"one_line": {"()": "demo_project.traffic.log_filters.OneLineHandlerFailures"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["one_line"]}},
+    # runserver's line for each refresh of the shop's timeline is left out too.
+    "filters": {
+        "one_line": {"()": "demo_project.traffic.log_filters.OneLineHandlerFailures"},
+        "no_timeline": {"()": "demo_project.traffic.log_filters.NoTimelineRequests"},
+    },
+    "formatters": {
+        "django.server": {
+            "()": "django.utils.log.ServerFormatter",
+            "format": "[{server_time}] {message}",
+            "style": "{",
+        }
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "filters": ["one_line"]},
+        "django.server": {
+            "class": "logging.StreamHandler",
+            "formatter": "django.server",
+            "filters": ["no_timeline"],
+        },
+    },
     "loggers": {
         "django_delayqueue": {"handlers": ["console"], "level": "INFO"},
         "demo_project": {"handlers": ["console"], "level": "INFO"},
+        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
     },
 }

@@ -22,3 +22,11 @@ class OneLineHandlerFailures(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+class NoTimelineRequests(logging.Filter):
+    """Leave out runserver's line for each refresh of the shop's timeline (every two seconds
+    while the page is open)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/timeline/" not in record.getMessage()
