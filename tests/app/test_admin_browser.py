@@ -56,6 +56,9 @@ def test_a_missing_browser_skips_locally_and_fails_in_ci(
         require_browser()
 
 
+_wait_for = wait_for  # the name test_admin_stop.py imports
+
+
 def _count(driver: Any, queue: str, state: str) -> str:
     cell = wait_for(driver, f'tr[data-queue="{queue}"] td[data-state="{state}"]')
     return cell.text.strip()
