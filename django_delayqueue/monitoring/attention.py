@@ -88,7 +88,12 @@ def findings(stats: QueueStats, time_limit: float | None = None) -> list[Finding
                 s.queue,
                 "overdue",
                 "error" if s.consumers_alive == 0 else "warning",
-                f"is behind: its oldest due message has waited {format_seconds(overdue)}.",
+                f"is behind: its oldest due message has waited {format_seconds(overdue)}"
+                + (
+                    f" ({_count(s.overdue_messages, 'due message')} not started)."
+                    if s.overdue_messages
+                    else "."
+                ),
                 "pending",
             )
         )

@@ -63,6 +63,11 @@ def test_handlers_past_the_time_limit_are_stalled() -> None:
 def test_behind_late_and_dying_at_start() -> None:
     behind = said(stats(oldest_overdue_ms=90_000))["overdue"]
     assert behind == ("warning", "is behind: its oldest due message has waited 1 min 30 s.")
+    counted = said(stats(oldest_overdue_ms=90_000, overdue_messages=14))["overdue"][1]
+    assert (
+        counted
+        == "is behind: its oldest due message has waited 1 min 30 s (14 due messages not started)."
+    )
     assert "overdue" not in said(stats(oldest_overdue_ms=2_000))  # a moment is not behind
     minute = TimingCounts()
     minute.histograms["lateness"][8] = 10  # (50, 100] ms
