@@ -94,7 +94,8 @@ DELAYQUEUE: dict[str, Any] = {
     "REDIS_URL": REDIS_URL,
     "PREFIX": "dq",
     "QUEUES": {
-        "order-close": {**_WATCHED, "max_attempts": 5},
+        # Four handlers a process: one waiting on SQLite's lock does not hold the next start.
+        "order-close": {**_WATCHED, "max_attempts": 5, "concurrency": 4},
         # The SMS gateway (traffic/gateway.py) takes 5 messages a second for the account and
         # one at a time per phone number (each SMS has its phone as its key), and sometimes
         # hangs: the time limit stops the handler and the SMS is retried.
@@ -110,7 +111,13 @@ DELAYQUEUE: dict[str, Any] = {
         },
         # The partner is told of each paid order (traffic/partner.py); it is down now and then,
         # times out, or refuses an order: retried with backoff, then dead letters with reasons.
-        "partner-callback": {**_WATCHED, "max_attempts": 3, "backoff_base": 2.0, "backoff_max": 8},
+        "partner-callback": {
+            **_WATCHED,
+            "max_attempts": 3,
+            "backoff_base": 2.0,
+            "backoff_max": 8,
+            "concurrency": 4,
+        },
         "shop-reports": {**_WATCHED, "max_attempts": 3},
         # Django's Tasks framework (traffic/tasks.py, shop/tasks.py): the backend below.
         "shop-tasks": {**_WATCHED, "max_attempts": 3, "backoff_base": 0.2, "backoff_max": 2},
