@@ -202,8 +202,8 @@ def monitoring_reads() -> Iterator[None]:
     are ``MONITORING_TIMEOUT_SECONDS`` (and a clock read with it), so that ``metrics/`` and
     ``health/`` answer within their own deadline when Redis freezes: the app's client waits
     30 s for a reply, longer than a scraper or a probe waits for the page. Nothing built
-    inside may be kept for later (the Queue objects of get_queue are not built here: the stats
-    build their own). Without a client of its own (one that cannot be built: the usual client
+    inside may be kept for later: :func:`in_monitoring_reads` tells the caches so (the
+    Queue objects of get_queue are built uncached there). Without a client of its own (one that cannot be built: the usual client
     reports why), reads go through the usual client."""
     reads = None
     try:
@@ -215,6 +215,12 @@ def monitoring_reads() -> Iterator[None]:
         yield
     finally:
         _reads.reset(token)
+
+
+def in_monitoring_reads() -> bool:
+    """Whether this code runs inside :func:`monitoring_reads` (what it builds with
+    :func:`get_client` must not be cached for the rest of the process)."""
+    return _reads.get() is not None
 
 
 def _monitoring_pair() -> tuple[Any, Clock]:
