@@ -379,3 +379,40 @@ def test_with_a_token_the_metrics_need_it(client, redis_client):
         ok = client.get("/delayqueue/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert ok.status_code == 200 and b"delayqueue_up" in ok.content
     assert client.get("/delayqueue/metrics/").status_code == 200  # open without a token set
+
+
+class UnusableClient:
+    """Stands for the app's Redis client where none may be used: records each use."""
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def __getattr__(self, name: str):
+        self.used.append(name)
+        raise AssertionError(f"the app's client was used: .{name}")
+
+
+def test_a_cluster_down_is_reported_by_the_monitoring_reads_without_the_apps_client(client):
+    """A cluster client connects as it is built: with the cluster down, the monitoring client
+    could not be built and the reads fell back to the app's client, whose timeouts (5 s to
+    connect, 30 s for a reply) and retries are what probes and scrapes must not wait out.
+    Redis is reported down at once, and the app's client is not asked anything."""
+    from django_delayqueue.conf import connection
+
+    down = {**refusing(), "CLUSTER": True, "MONITORING_TIMEOUT_SECONDS": 0.5}
+    with override_settings(DELAYQUEUE=down):
+        unusable = UnusableClient()
+        connection._client = unusable
+        try:
+            response = client.get(URL)
+            metrics = client.get("/delayqueue/metrics/")
+        finally:
+            connection.reset()
+    assert unusable.used == []
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert [name for name, c in checks.items() if not c["ok"]] == ["redis"]
+    (error,) = checks["redis"]["errors"]
+    assert error.startswith("Redis unreachable: no monitoring client: ")
+    assert metrics.status_code == 200
+    assert 'delayqueue_up{queue="order-close"} 0.0' in metrics.content.decode()
