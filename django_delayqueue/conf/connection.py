@@ -161,7 +161,7 @@ def get_clock() -> Clock:
     :func:`monitoring_reads`, the same read with the monitoring endpoints' client."""
     reads = _reads.get()
     if reads is not None:
-        return _monitoring_part(reads, 1)  # type: ignore[no-any-return]
+        return _monitoring_part(reads, 1)
     global _clock
     clock = _clock
     if clock is None:

@@ -282,9 +282,8 @@ def asked_checks(values: list[str]) -> set[str] | None:
     off = switched_off()
     asked_off = [name for name in CHECKS if name in names and name in off]
     if asked_off:
-        raise ValueError(
-            "; ".join(f"check {name!r} is turned off: {off[name]} to turn it on" for name in asked_off)
-        )
+        said = [f"check {name!r} is turned off: {off[name]} to turn it on" for name in asked_off]
+        raise ValueError("; ".join(said))
     return names or None
 
 
