@@ -14,7 +14,7 @@ import redis
 from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, DEFAULTS, dq_settings
 from django_delayqueue.core.client import RedisClient, connect
 from django_delayqueue.core.clock import Clock, RedisClock, SystemClock
-from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.errors import ConfigurationError, RedisUnavailable
 from django_delayqueue.core.replication import ReplicaAck
 
 # A Redis that is down must make callers fail fast rather than hang a request or the loop;
@@ -38,8 +38,11 @@ _client: RedisClient | None = None
 _clock: Clock | None = None
 # The client and clock of the monitoring endpoints' reads (see monitoring_reads), built once.
 _monitoring: tuple[Any, Clock] | None = None
-# Set inside monitoring_reads(): what get_client() and get_clock() answer there.
-_reads: ContextVar[tuple[Any, Clock] | None] = ContextVar("delayqueue_reads", default=None)
+# Set inside monitoring_reads(): what get_client() and get_clock() answer there, or why the
+# monitoring client could not be built (they raise it).
+_reads: ContextVar[tuple[Any, Clock] | Exception | None] = ContextVar(
+    "delayqueue_reads", default=None
+)
 
 
 SENTINEL_KEYS = frozenset(
@@ -142,7 +145,7 @@ def get_client() -> Any:
     :func:`monitoring_reads`, the monitoring endpoints' own."""
     reads = _reads.get()
     if reads is not None:
-        return reads[0]
+        return _monitoring_part(reads, 0)
     global _client
     client = _client
     if client is None:
@@ -158,7 +161,7 @@ def get_clock() -> Clock:
     :func:`monitoring_reads`, the same read with the monitoring endpoints' client."""
     reads = _reads.get()
     if reads is not None:
-        return reads[1]
+        return _monitoring_part(reads, 1)
     global _clock
     clock = _clock
     if clock is None:
@@ -202,19 +205,40 @@ def monitoring_reads() -> Iterator[None]:
     are ``MONITORING_TIMEOUT_SECONDS`` (and a clock read with it), so that ``metrics/`` and
     ``health/`` answer within their own deadline when Redis freezes: the app's client waits
     30 s for a reply, longer than a scraper or a probe waits for the page. Nothing built
-    inside may be kept for later (the Queue objects of get_queue are not built here: the stats
-    build their own). Without a client of its own (one that cannot be built: the usual client
-    reports why), reads go through the usual client."""
-    reads = None
+    inside may be kept for later: :func:`in_monitoring_reads` tells the caches so (the
+    Queue objects of get_queue are built uncached there).
+
+    When that client cannot be built (a cluster client connects as it is built: a cluster
+    that is down; a bad URL), :func:`get_client` and :func:`get_clock` raise why at once
+    (:class:`RedisUnavailable`; :class:`ConfigurationError` for bad settings) rather than
+    fall back to the app's client: its timeouts and retries are what these reads must not
+    wait out, least of all when Redis is down."""
+    reads: tuple[Any, Clock] | Exception
     try:
         reads = _monitoring_pair()
-    except Exception as e:  # a bad URL, a cluster down at connect: the usual path says so
+    except Exception as e:  # the build is tried again by the next request
         logger.debug("no monitoring client: %s", e)
+        reads = e
     token = _reads.set(reads)
     try:
         yield
     finally:
         _reads.reset(token)
+
+
+def in_monitoring_reads() -> bool:
+    """Whether this code runs inside :func:`monitoring_reads` (what it builds with
+    :func:`get_client` must not be cached for the rest of the process)."""
+    return _reads.get() is not None
+
+
+def _monitoring_part(reads: tuple[Any, Clock] | Exception, index: int) -> Any:
+    """The monitoring client (``index`` 0) or clock (1); raises why it could not be built."""
+    if isinstance(reads, ConfigurationError):
+        raise ConfigurationError(str(reads)) from reads
+    if isinstance(reads, Exception):
+        raise RedisUnavailable(f"no monitoring client: {reads}") from reads
+    return reads[index]
 
 
 def _monitoring_pair() -> tuple[Any, Clock]:

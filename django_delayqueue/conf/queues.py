@@ -9,7 +9,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from django_delayqueue.conf.connection import get_client, get_clock, replica_ack
+from django_delayqueue.conf.connection import (
+    get_client,
+    get_clock,
+    in_monitoring_reads,
+    replica_ack,
+)
 from django_delayqueue.conf.settings import (
     dq_settings,
     file_queue_settings,
@@ -90,7 +95,14 @@ def get_queue(name: str, *, task: bool = False) -> LogicalQueue:
 
     Raises :class:`~django_delayqueue.core.errors.ConfigurationError` for a queue that is not
     in ``DELAYQUEUE['QUEUES']``. ``task``: a task's queue (see :func:`configured`).
+
+    Inside :func:`~django_delayqueue.conf.connection.monitoring_reads` (metrics/, health/),
+    a new object each call, not cached: it holds the monitoring client and its short
+    timeouts, which every later schedule, cancel or relay of the process would run on.
     """
+    if in_monitoring_reads():
+        configured([name], tasks=task)
+        return build_queue(name, queue_settings(name))
     q = _queues.get(name)
     if q is None:
         configured([name], tasks=task)

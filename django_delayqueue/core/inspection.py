@@ -45,9 +45,17 @@ class Inspection:
     def counts_call(self, now_ms: int) -> ScriptCall:
         """counts.lua at ``now_ms``: keyed ready messages their key's limits do not hold back
         count as overdue too (the key limits are the queue's settings)."""
+        return COUNTS.call(self.keys, now_ms=now_ms, key_limits=self._key_limits())
+
+    def overdue_call(self, now_ms: int) -> ScriptCall:
+        """overdue.lua at ``now_ms``: how many pending and retrying messages are due, and how
+        many keyed ready messages their key's limits let go now (by counts.lua's rule)."""
+        return OVERDUE.call(self.keys, now_ms=now_ms, key_limits=self._key_limits())
+
+    def _key_limits(self) -> str:
+        """The flow keys' limits as counts.lua and overdue.lua read them ('': none)."""
         s = self.settings
-        key_limits = key_claim_spec(s.key_concurrency, s.key_rate_limit) if s.key_limited else ""
-        return COUNTS.call(self.keys, now_ms=now_ms, key_limits=key_limits)
+        return key_claim_spec(s.key_concurrency, s.key_rate_limit) if s.key_limited else ""
 
     def activity_call(
         self, alive_since_ms: int, most_entries: int, most_consumers: int
@@ -152,7 +160,7 @@ def counts_and_activity(
         batch.add(timings_call(q.keys, now_ms))
         batch.add(BUSIEST_KEYS.call(q.keys, top=busiest_top))
         batch.add(NEWER_WAITING.call(q.keys, most_entries=most_newer))
-        batch.add(OVERDUE.call(q.keys, now_ms=now_ms))
+        batch.add(q.overdue_call(now_ms))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
     per_queue = 7
     return [

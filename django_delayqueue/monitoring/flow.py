@@ -44,6 +44,14 @@ class FlowStats:
         return self.rate_limit is not None or self.max_in_flight is not None or self.key_limited
 
     @property
+    def holds_queue(self) -> bool:
+        """Whether a limit of the whole queue (rate, in flight) holds its ready messages back:
+        all of them wait on purpose. A hold by "key" does not: counts.lua and overdue.lua
+        tell the keyed messages their key holds from those it lets go, and the unkeyed ones
+        wait for no key."""
+        return self.held in ("rate", "in_flight")
+
+    @property
     def key_limited(self) -> bool:
         return self.key_concurrency is not None or self.key_rate_limit is not None
 

@@ -32,6 +32,11 @@ A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` che
 server's memory, policy and persistence.
 
 Paused queues are expected to have a backlog and may have no consumer: they are not checked.
+
+A probe may ask for some checks only (``?check=redis``). One that names a check the settings
+turn off (``?check=memory`` without ``HEALTH_MAX_MEMORY_PERCENT``) gets a 400 naming the
+setting that turns it on, as one naming a check that does not exist: it would otherwise pass
+with nothing checked.
 """
 
 from __future__ import annotations
@@ -242,7 +247,8 @@ def health_view(request: HttpRequest) -> HttpResponse:
     """200 and ``{"status": "ok", ...}`` when healthy, 503 and the failing checks otherwise.
 
     ``?check=redis`` (repeated, or comma-separated) runs those checks alone: a web pod's
-    readiness asks for ``redis``, so that workers stopping do not take the site down. With
+    readiness asks for ``redis``, so that workers stopping do not take the site down. A
+    check that does not exist, or that the settings turn off, is a 400 saying so. With
     ``MONITORING_TOKEN`` set, a request without it gets the status and which checks pass,
     nothing more (monitoring.access)."""
     allowed = access(request)
@@ -264,11 +270,32 @@ def health_view(request: HttpRequest) -> HttpResponse:
 
 def asked_checks(values: list[str]) -> set[str] | None:
     """The checks a request names in its ``check`` parameters (None: none named, all of
-    them); ValueError naming one that does not exist."""
+    them); ValueError naming one that does not exist, or one that is turned off (with the
+    setting that turns it on): a probe that asked for it alone would pass without anything
+    checked."""
     names = {n.strip() for value in values for n in value.split(",") if n.strip()}
     unknown = sorted(names - set(CHECKS))
     if unknown:
         raise ValueError(
             f"unknown check {', '.join(map(repr, unknown))}; known: {', '.join(CHECKS)}"
         )
+    off = switched_off()
+    asked_off = [name for name in CHECKS if name in names and name in off]
+    if asked_off:
+        said = [f"check {name!r} is turned off: {off[name]} to turn it on" for name in asked_off]
+        raise ValueError("; ".join(said))
     return names or None
+
+
+def switched_off() -> dict[str, str]:
+    """The checks the settings turn off, each with what turns it on."""
+    off = {}
+    if setting("HEALTH_CONSUMER_SECONDS", DEFAULT_ALIVE_SECONDS) is None:
+        off["consumers"] = "set DELAYQUEUE['HEALTH_CONSUMER_SECONDS'] to a number of seconds"
+    if setting("HEALTH_MAX_OVERDUE_SECONDS", DEFAULT_MAX_OVERDUE_SECONDS) is None:
+        off["overdue"] = "set DELAYQUEUE['HEALTH_MAX_OVERDUE_SECONDS'] to a number of seconds"
+    if dq_settings.HEALTH_LATENESS is not True:
+        off["lateness"] = "set DELAYQUEUE['HEALTH_LATENESS'] = True"
+    if setting("HEALTH_MAX_MEMORY_PERCENT", None) is None:
+        off["memory"] = "set DELAYQUEUE['HEALTH_MAX_MEMORY_PERCENT'] to a percentage (e.g. 90)"
+    return off

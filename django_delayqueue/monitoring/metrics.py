@@ -84,7 +84,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overdue_messages": (
         "gauge",
         "Due messages no handler has started: pending and retrying ones past their time, and "
-        "ready ones no flow limit holds back.",
+        "ready ones no flow limit holds back (a keyed one: as far as its key's free slots and "
+        "tokens let it go now).",
         (),
     ),
     "consumers_alive": ("gauge", "Consumers whose last heartbeat is recent.", ()),

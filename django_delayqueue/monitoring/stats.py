@@ -213,20 +213,26 @@ def _with_busiest(stats: QueueStats, raw: Any) -> QueueStats:
 def _with_overdue(stats: QueueStats, raw: Any) -> QueueStats:
     if isinstance(raw, Exception):
         return replace(stats, errors=[*stats.errors, f"overdue: {raw}"])
-    return replace(stats, overdue_messages=overdue_count(stats, int(raw[0]), int(raw[1])))
+    due_pending, due_retry, keyed_free = (int(x) for x in raw)
+    count = overdue_count(stats, due_pending, due_retry, keyed_free)
+    return replace(stats, overdue_messages=count)
 
 
-def overdue_count(stats: QueueStats, due_pending: int, due_retry: int) -> int | None:
+def overdue_count(
+    stats: QueueStats, due_pending: int, due_retry: int, keyed_free: int
+) -> int | None:
     """How many due messages no consumer has started: the pending and retrying ones whose time
     has come (a consumer's round moves them to ready within milliseconds; while no consumer
-    runs they stay there) and the ready ones, less those that wait on purpose: behind a flow
-    limit that holds the queue, or in their flow key's list for its turn (as the oldest
-    overdue leaves them out). None when the counts could not be read."""
+    runs they stay there) and the ready ones, less those that wait on purpose, by the oldest
+    overdue's rule: all of them behind a limit that holds the queue (rate, in flight); of the
+    keyed ones, those their key's slot or token holds back (``keyed_free``, overdue.lua: the
+    keyed ready messages their key's limits let go now; all of them without key limits).
+    None when the counts could not be read."""
     ready = stats.counts["ready"]
     if ready is None:
         return None
     keyed = stats.flow.waiting_on_keys or 0
-    waiting = 0 if stats.flow.held else max(0, ready - keyed)
+    waiting = 0 if stats.flow.holds_queue else max(0, ready - keyed) + min(keyed, keyed_free)
     return due_pending + due_retry + waiting
 
 
@@ -279,10 +285,10 @@ def _read(
         keyed = int(counts_raw[8])
     ready = values["counts"]["ready"]
     flow = values["flow"] = read_flow(q.settings, published, flow_raw, ready, keyed)
-    if flow.held and not isinstance(counts_raw, Exception):
+    if flow.holds_queue and not isinstance(counts_raw, Exception):
         # Ready messages held back by a flow limit wait on purpose, as the site asked: not
         # late (they are counted in flow.waiting and flow.throttled). Late is only what no
-        # consumer moved to ready in time.
+        # consumer moved to ready in time. (Those a key's limits hold counts.lua left out.)
         values["oldest_overdue_ms"] = overdue_without_ready(counts_raw, now)
     return QueueStats(q.name, now, errors=errors, **values)
 

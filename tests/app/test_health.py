@@ -379,3 +379,73 @@ def test_with_a_token_the_metrics_need_it(client, redis_client):
         ok = client.get("/delayqueue/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert ok.status_code == 200 and b"delayqueue_up" in ok.content
     assert client.get("/delayqueue/metrics/").status_code == 200  # open without a token set
+
+
+class UnusableClient:
+    """Stands for the app's Redis client where none may be used: records each use."""
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def __getattr__(self, name: str):
+        self.used.append(name)
+        raise AssertionError(f"the app's client was used: .{name}")
+
+
+def test_a_cluster_down_is_reported_by_the_monitoring_reads_without_the_apps_client(client):
+    """A cluster client connects as it is built: with the cluster down, the monitoring client
+    could not be built and the reads fell back to the app's client, whose timeouts (5 s to
+    connect, 30 s for a reply) and retries are what probes and scrapes must not wait out.
+    Redis is reported down at once, and the app's client is not asked anything."""
+    from django_delayqueue.conf import connection
+
+    down = {**refusing(), "CLUSTER": True, "MONITORING_TIMEOUT_SECONDS": 0.5}
+    with override_settings(DELAYQUEUE=down):
+        unusable = UnusableClient()
+        connection._client = unusable
+        try:
+            response = client.get(URL)
+            metrics = client.get("/delayqueue/metrics/")
+        finally:
+            connection.reset()
+    assert unusable.used == []
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert [name for name, c in checks.items() if not c["ok"]] == ["redis"]
+    (error,) = checks["redis"]["errors"]
+    assert error.startswith("Redis unreachable: no monitoring client: ")
+    assert metrics.status_code == 200
+    assert 'delayqueue_up{queue="order-close"} 0.0' in metrics.content.decode()
+
+
+def test_a_probe_asking_for_a_check_that_is_turned_off_gets_a_400_naming_its_setting(
+    client, queues
+):
+    """``?check=memory`` without HEALTH_MAX_MEMORY_PERCENT (or ``?check=lateness`` without
+    HEALTH_LATENESS) ran nothing and answered 200 "ok" (no check, all of none passing): a
+    probe that can never fail. It is a 400 naming the setting that turns the check on."""
+    for q in queues.values():
+        beat(q)
+    memory = client.get(URL, {"check": "memory"})
+    assert memory.status_code == 400
+    assert memory.json() == {
+        "error": "check 'memory' is turned off: set DELAYQUEUE['HEALTH_MAX_MEMORY_PERCENT'] "
+        "to a percentage (e.g. 90) to turn it on"
+    }
+    lateness = client.get(URL, {"check": "redis,lateness"})
+    assert lateness.status_code == 400
+    assert lateness.json()["error"] == (
+        "check 'lateness' is turned off: set DELAYQUEUE['HEALTH_LATENESS'] = True to turn it on"
+    )
+    with delayqueue(HEALTH_CONSUMER_SECONDS=None, HEALTH_MAX_OVERDUE_SECONDS=None):
+        both = client.get(URL, {"check": ["overdue", "consumers"]})
+        assert both.status_code == 400
+        assert both.json()["error"] == (
+            "check 'consumers' is turned off: set DELAYQUEUE['HEALTH_CONSUMER_SECONDS'] to a "
+            "number of seconds to turn it on; check 'overdue' is turned off: set "
+            "DELAYQUEUE['HEALTH_MAX_OVERDUE_SECONDS'] to a number of seconds to turn it on"
+        )
+        assert client.get(URL).status_code == 200  # all checks: those off are left out
+    with delayqueue(HEALTH_MAX_MEMORY_PERCENT=90, HEALTH_LATENESS=True):
+        on = client.get(URL, {"check": "memory,lateness"})
+    assert on.status_code == 200 and set(on.json()["checks"]) == {"memory", "lateness"}

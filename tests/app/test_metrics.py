@@ -241,3 +241,31 @@ def test_the_exposition_passes_promtool_check_metrics(client, q, redis_client):
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.django_db
+def test_a_scrape_that_builds_a_queue_first_leaves_the_apps_queue_on_the_apps_client(
+    client, redis_client
+):
+    """The scrape reads the recurring schedules' states through get_queue, under the
+    monitoring reads: when it was the first in the process to build a queue, the cache kept
+    a Queue holding the monitoring client (its short timeouts, its own pool) and clock, which
+    every later schedule, cancel or relay of that queue then ran on."""
+    from django.conf import settings
+
+    from django_delayqueue.conf import queues as conf_queues
+    from django_delayqueue.conf.connection import get_client, get_clock
+
+    cfg = {
+        **settings.DELAYQUEUE,
+        "QUEUES": {**settings.DELAYQUEUE["QUEUES"], "reports": {}},
+        "SCHEDULES": {"nightly": {"queue": "reports", "every": 60, "payload": None}},
+        "MONITORING_TIMEOUT_SECONDS": 0.5,
+    }
+    with override_settings(DELAYQUEUE=cfg):
+        conf_queues.reset()
+        m = scrape(client)
+        assert ("delayqueue_schedule_paused", (("queue", "reports"), ("schedule", "nightly"))) in m
+        q = conf_queues.get_queue("reports")
+        assert q.client is get_client() and q.clock is get_clock()
+        assert q.client.connection_pool.connection_kwargs["socket_timeout"] == 30

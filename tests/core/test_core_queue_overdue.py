@@ -138,3 +138,65 @@ def test_the_stats_and_health_report_a_keyed_backlog_overdue(
     manual_clock.advance(10)
     (got,) = gather([q])
     assert got.oldest_overdue_ms == 10_000
+
+
+# --- how many are overdue: the count follows the oldest overdue's rule ----------------------------
+
+
+def test_the_overdue_count_of_a_keyed_backlog_no_limit_holds_counts_every_message(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    """overdue_messages left out every keyed ready message, limit or not: 39 keyed messages
+    10 s overdue with no key limit read oldest_overdue 10 s but 0 overdue messages, while the
+    unkeyed twin read 39. Nothing holds them back: all 39 are overdue."""
+    from django_delayqueue.monitoring.stats import gather
+
+    keyed, plain = make_queue("keyed"), make_queue("plain")
+    for n in range(39):
+        keyed.schedule({"n": n}, key=f"store-{n % 3}")
+        plain.schedule({"n": n})
+    manual_clock.advance(10)
+    got_keyed, got_plain = gather([keyed, plain])
+    assert (got_plain.oldest_overdue_ms, got_plain.overdue_messages) == (10_000, 39)
+    assert (got_keyed.oldest_overdue_ms, got_keyed.overdue_messages) == (10_000, 39)
+
+
+def test_the_overdue_count_leaves_out_what_a_keys_slot_or_token_holds_back(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    """With key limits, a key's ready messages are overdue as far as its free slots and tokens
+    let them go now (the oldest overdue's rule, counts.lua); the rest of its list waits on
+    them, and an unkeyed ready message is overdue whatever the keys do. The last claim's hold
+    by "key" (no key could give it anything) hid both figures for good, even once the key's
+    token came and no consumer claimed."""
+    from django_delayqueue.monitoring.stats import gather
+
+    q = make_queue("sms", key_concurrency=2)
+    for n in range(5):
+        q.schedule({"n": n}, key="a")
+    q.schedule({"b": 1}, key="b")
+    taken = q.claim(3)  # turns: a, b, a: key a's two slots taken, three of it left
+    assert len(taken) == 3
+    manual_clock.advance(10)
+    (got,) = gather([q])
+    assert got.counts["ready"] == 3
+    assert (got.oldest_overdue_ms, got.overdue_messages) == (None, 0)
+    q.ack(next(m for m in taken if m.payload == {"n": 0}))  # one slot of a free: one may go
+    q.schedule({"plain": True})
+    manual_clock.advance(5)
+    (got,) = gather([q])
+    assert got.counts["ready"] == 4
+    assert got.overdue_messages == 2  # a's next, and the unkeyed one
+    assert got.oldest_overdue_ms == 5_000  # a's next waited since its slot freed
+
+    r = make_queue("rated", key_rate_limit="1/m")
+    for n in range(3):
+        r.schedule({"n": n}, key="a")
+    (first,) = r.claim(5)  # key a's token spent: the next comes 60 s on
+    r.ack(first)
+    manual_clock.advance(30)
+    (got,) = gather([r])
+    assert (got.oldest_overdue_ms, got.overdue_messages) == (None, 0)
+    manual_clock.advance(40)  # its token came 10 s ago, no consumer claimed: one may go
+    (got,) = gather([r])
+    assert (got.oldest_overdue_ms, got.overdue_messages) == (10_000, 1)

@@ -224,7 +224,7 @@ def test_a_message_of_a_newer_format_is_left_and_counted_on_a_full_server(
     stats still count what waits (newer_waiting.lua) and what is overdue (overdue.lua)."""
     from django_delayqueue.core.envelope import ENVELOPE_FORMAT, encode_envelope, encode_payload
     from django_delayqueue.core.results import Prepared
-    from django_delayqueue.core.scripts.contracts import NEWER_WAITING, OVERDUE
+    from django_delayqueue.core.scripts.contracts import NEWER_WAITING
 
     clock = ManualClock(T0)
     q = queue(client, clock)
@@ -236,8 +236,8 @@ def test_a_message_of_a_newer_format_is_left_and_counted_on_a_full_server(
         assert q.counts() == {"pending": 0, "ready": 0, "unack": 0, "retry": 1, "garbage": 0}
         waiting = NEWER_WAITING.call(q.keys, most_entries=10).run(client)
         assert [int(x) for x in waiting] == [1, newer, 1]
-        overdue = OVERDUE.call(q.keys, now_ms=T0 + 3_600_000).run(client)  # the stats' read
-        assert [int(x) for x in overdue] == [0, 1]
+        overdue = q.overdue_call(T0 + 3_600_000).run(client)  # the stats' read
+        assert [int(x) for x in overdue] == [0, 1, 0]
 
 
 def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> None:

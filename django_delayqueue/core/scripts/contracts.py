@@ -115,7 +115,11 @@ BUSIEST_KEYS = Contract(
     keys="key_turns key_waiting key_load key_state key_lists",
     args="top",
 )
-OVERDUE = Contract("overdue", keys="pending retry", args="now_ms")
+OVERDUE = Contract(
+    "overdue",
+    keys="pending retry key_state key_turns key_waiting key_tats key_lists",
+    args="now_ms key_limits",
+)
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
