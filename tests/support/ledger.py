@@ -10,6 +10,12 @@ A handler may also append a second line as it returns or raises (:meth:`Ledger.f
 JSON object (a :class:`Run`) with the start and end wall times of that call and the outcome the
 consumer's journal must show for it. :func:`read` skips those lines, :func:`read_runs` reads them.
 
+What a call starts that may outlive its own end line is a :class:`Part` (:meth:`Ledger.part`,
+:func:`read_parts`): the thread an ``async def`` receiver awaits (a cancelled coroutine writes
+its end line while the thread goes on) and a program the handler runs (which its process's end
+may leave running). A call with no end line ran until its process ended: a killed process's run
+is not running after its death (tests/support/process_deaths.py says when that was).
+
 :func:`check` then proves the delivery guarantees against the set of scheduled ids:
 
 - every scheduled id was delivered at least once (nothing lost);
@@ -75,6 +81,30 @@ class Run:
     gen: int | None = None  # the test's generation of this id (payload "gen"), if any
 
 
+@dataclass(frozen=True)
+class Part:
+    """Work one handler call started that may outlive the call's end line (wall ms).
+
+    ``part`` is "thread" (the thread an async receiver awaits) or "program" (with its pid in
+    ``child``); each has one line as it starts (``ended_ms`` 0) and one as it ends (for a
+    program: as the call saw it exit). The call is the one of ``id``, ``attempt`` and ``pid``
+    that started at ``call_ms``.
+    """
+
+    part: str
+    id: str
+    attempt: int
+    pid: int
+    call_ms: int
+    child: int = 0  # a program's pid
+    ended_ms: int = 0  # 0: the line that says the part started
+
+    @property
+    def call(self) -> tuple[str, int, int, int]:
+        """The key of the call it belongs to: (id, attempt, pid, start ms)."""
+        return (self.id, self.attempt, self.pid, self.call_ms)
+
+
 class Ledger:
     """Append-only file of deliveries, safe to share between processes."""
 
@@ -116,6 +146,22 @@ class Ledger:
         )
         self._write(asdict(run))
 
+    def part(
+        self,
+        what: str,
+        message_id: str,
+        attempt: int,
+        call_ms: int,
+        child: int = 0,
+        *,
+        ended: bool,
+    ) -> None:
+        """Append a :class:`Part` of the call that started at ``call_ms`` in this process: its
+        start (``ended`` False, a program's pid in ``child``) or its end."""
+        now = int(time.time() * 1000) if ended else 0
+        row = Part(what, message_id, int(attempt), os.getpid(), int(call_ms), child, now)
+        self._write(asdict(row))
+
     def _write(self, row: object) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -140,7 +186,12 @@ def read(path: str | os.PathLike[str]) -> list[Delivery]:
 
 def read_runs(path: str | os.PathLike[str]) -> list[Run]:
     """Every finished handler call in the file (the lines :meth:`Ledger.finish` wrote)."""
-    return [Run(**row) for row in _rows(path) if isinstance(row, dict)]
+    return [Run(**row) for row in _rows(path) if isinstance(row, dict) and "part" not in row]
+
+
+def read_parts(path: str | os.PathLike[str]) -> list[Part]:
+    """Every :class:`Part` line in the file (:meth:`Ledger.part`)."""
+    return [Part(**row) for row in _rows(path) if isinstance(row, dict) and "part" in row]
 
 
 def overlaps(runs: Iterable[Run]) -> list[tuple[Run, Run]]:

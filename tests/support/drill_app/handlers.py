@@ -14,14 +14,17 @@ alive in the process for good: memory a worker leaks), ``gil:S`` (a second in Py
 C call that holds the GIL for S seconds, as a catastrophic regex or some C extensions do: no
 thread of the process runs meanwhile, its heartbeat neither; the second lets a heartbeat name
 the handler first), ``program:S`` (run ``sleep S`` as a subprocess and wait
-for it, as ``subprocess.run`` with no timeout; its pid is appended to ``$DRILL_LEDGER.programs``).
+for it, as ``subprocess.run`` with no timeout; its pid is appended to ``$DRILL_LEDGER.programs``,
+and the ledger has a :class:`ledger.Part` line as it starts, with its pid, and one as the handler
+saw it end), ``spin:S`` (a Python loop on the CPU for S seconds: stoppable at any instruction).
 
 As the handler returns or raises it appends the end of the call to the ledger too (start and
 end wall times, and the outcome the consumer's journal must show: ack, retry or garbage).
 
 Queue "drill-async" has an ``async def`` receiver that does the same actions in a thread it
 awaits, the way the payload's ``"via"`` says (:data:`VIA`; default ``to_thread``): what a
-cancelled coroutine leaves running.
+cancelled coroutine leaves running. The thread appends a "thread" :class:`ledger.Part` line
+as it starts and one as it ends, which may be after the coroutine's end line.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ _KINDS = {
     "program": SLOW,
 }
 # Every other action in _KINDS fails the attempt (retry); an unknown one does nothing (ack).
-_OUTCOMES = {"ok": "ack", "sleep": "ack", "reject": "garbage"}
+_OUTCOMES = {"ok": "ack", "sleep": "ack", "reject": "garbage", "spin": "ack"}
 
 
 class DrillBaseException(BaseException):
@@ -95,7 +98,7 @@ def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
     name, _, arg = action.partition(":")
     started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
     try:
-        _act(name, arg, message)
+        _act(name, arg, message, started)
     finally:
         _ledger.finish(
             message.id,
@@ -127,7 +130,9 @@ async def on_drill_async(sender: str, message: Message, **kwargs: Any) -> None:
     name, _, arg = action.partition(":")
     started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
     try:
-        await VIA[payload.get("via", "to_thread")](functools.partial(_act, name, arg, message))
+        await VIA[payload.get("via", "to_thread")](
+            functools.partial(_act_in_thread, name, arg, message, started)
+        )
     finally:
         _ledger.finish(
             message.id,
@@ -141,7 +146,18 @@ async def on_drill_async(sender: str, message: Message, **kwargs: Any) -> None:
         )
 
 
-def _act(name: str, arg: str, message: Message) -> None:
+def _act_in_thread(name: str, arg: str, message: Message, started: int) -> None:
+    """The async receiver's work, in the thread it awaits: the thread's start and end go to the
+    ledger, for a cancelled coroutine ends before its thread (and one cancelled while its work
+    still waited for an executor thread never runs it)."""
+    _ledger.part("thread", message.id, message.attempt, started, ended=False)
+    try:
+        _act(name, arg, message, started)
+    finally:
+        _ledger.part("thread", message.id, message.attempt, started, ended=True)
+
+
+def _act(name: str, arg: str, message: Message, started: int) -> None:
     if name == "raise":
         raise RuntimeError(f"drill: failing attempt {message.attempt}")
     if name == "exit":
@@ -173,4 +189,10 @@ def _act(name: str, arg: str, message: Message) -> None:
         with subprocess.Popen(["sleep", arg]) as program:
             with open(os.environ["DRILL_LEDGER"] + ".programs", "a") as pids:
                 pids.write(f"{program.pid}\n")
+            _ledger.part("program", message.id, message.attempt, started, program.pid, ended=False)
             program.wait()
+        _ledger.part("program", message.id, message.attempt, started, program.pid, ended=True)
+    elif name == "spin":
+        end = time.monotonic() + float(arg)
+        while time.monotonic() < end:
+            pass
