@@ -498,8 +498,11 @@ class Supervisor:
         slot.backoff.lived(lived)
         # A child being replaced (a handler it could not stop, or its silence) ends as decided
         # before the stop, and one that died of the error it reported before it consumed is a
-        # start failure (logged, and published while they go on): neither fails the stop.
-        start_failed = not child.ready and not child.killed and child.error is not None
+        # start failure (logged, and published while they go on): neither fails the stop. A
+        # fresh interpreter that died before it consumed is one too, reported or not: the code
+        # on disk failed to load (a SyntaxError in django.setup() comes before any report).
+        start_failed = not child.ready and not child.killed
+        start_failed = start_failed and (child.error is not None or child.process is not None)
         failed = not clean and not child.replaced and not start_failed
         if child.told_to_stop:
             if not clean:

@@ -172,3 +172,32 @@ def test_an_entry_its_supervisor_stopped_refreshing_is_ignored(redis_client: red
     failures.died(0, consumed=False, error=ERROR)
     assert published(redis_client)  # a supervisor killed -9 leaves it behind
     assert all(s.start_failures == [] for s in collect())
+
+
+@pytest.mark.django_db
+def test_a_fresh_interpreter_that_fails_to_load_during_a_stop_does_not_fail_the_stop(
+    redis_client: redis.Redis,
+) -> None:
+    """SIGTERM while a fresh successor (after a SIGHUP with broken code) is loading: it dies in
+    django.setup() before it can report anything. That is a start failure, not a process that
+    failed to stop: the exit code stays 0, as docs/workers.md says."""
+    import os
+    import subprocess
+    import time
+
+    from django_delayqueue.supervisor.children import Child, SupervisorOptions
+    from django_delayqueue.supervisor.loop import Supervisor
+    from django_delayqueue.supervisor.protocol import LineReader
+
+    supervisor = Supervisor(SupervisorOptions(queues=["order-close"], processes=1))
+    process = subprocess.Popen(["true"])
+    process.wait()
+    read_fd, write_fd = os.pipe()
+    os.close(write_fd)  # it said nothing
+    os.set_blocking(read_fd, False)
+    child = Child(0, process.pid, "x.1", LineReader(read_fd), time.monotonic(), process=process)
+    child.told_to_stop = True
+    supervisor.slots[0].successor = child
+    supervisor.stop_requests = 1
+    supervisor._gone(child, 1 << 8)  # exit code 1, as a SyntaxError at import gives
+    assert supervisor.failed is False
