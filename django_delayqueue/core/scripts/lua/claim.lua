@@ -50,7 +50,9 @@
 -- counter that is not an integer: a bad value or a key of the wrong type fails the claim with
 -- nothing changed. Before it, allow_oom() lets the claim run when Redis is out of memory
 -- (includes/memory.lua): deliveries go on, and their acks free memory. The
--- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
+-- reads prove the types of ready, messages and attempts; unack and tokens are checked. A claim
+-- that takes keyed messages writes first as it pops them from their keys' lists: it checks
+-- every key it touches after that before it pops (see there). A
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
 -- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
 -- not count towards N. An empty ready costs two reads (three with a receipt).
@@ -149,7 +151,14 @@ if nkeyed > 0 and #high < want then
   -- The rotation writes before the INCRBY of tokens: a counter it would fail on fails now.
   local counter = redis.call('GET', seq)
   if counter and not tonumber(counter) then redis.call('INCRBY', seq, 1) end
-  guard(unack, 'zset', tokens, 'hash')
+  -- Its pops come first: every key written or read after them is checked now, or a wrong
+  -- type would fail the claim with popped ids in no state (lost). Those read above (ready,
+  -- ranked, cancelled, newer, flow_keys, key_state) need no check.
+  guard(
+    unack, 'zset', tokens, 'hash', messages, 'hash', attempts, 'hash', ready_since, 'hash',
+    garbage, 'zset', reasons, 'hash', K.turns, 'zset', K.waiting, 'zset', K.tats, 'zset',
+    K.load, 'zset'
+  )
   allow_oom(unack, 'zset')
   plain_quota, keyed_ids, key_hold, key_periods = take_turns(
     K, limits, now, want - #high, math.max(0, len - dead_total)
