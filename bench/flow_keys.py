@@ -24,6 +24,7 @@ import os
 import statistics
 
 from django_delayqueue.core import ManualClock, Queue
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.contracts import ACK, CLAIM, SCHEDULE
 
@@ -102,7 +103,14 @@ def _claim_cost_us(bench: Bench, q: Queue, claims: int) -> float:
     for start in range(0, claims, 100):
         pipe = client.pipeline(transaction=False)
         for _ in range(min(100, claims - start)):
-            CLAIM.call(q.keys, now_ms=T0, deadline_ms=T0 + 60_000, most_ids=10, limits="").run(pipe)
+            CLAIM.call(
+                q.keys,
+                now_ms=T0,
+                deadline_ms=T0 + 60_000,
+                most_ids=10,
+                limits="",
+                reads_format=ENVELOPE_FORMAT,
+            ).run(pipe)
         pipe.execute()
     stats = client.info("commandstats")["cmdstat_evalsha"]
     return float(stats["usec"]) / int(stats["calls"])
@@ -169,7 +177,7 @@ def _claim_and_ack_us(
     for start in range(0, calls, 100):
         pipe = client.pipeline(transaction=False)
         for _ in range(min(100, calls - start)):
-            args = [T0, T0 + 60_000, batch, ""]
+            args = [T0, T0 + 60_000, batch, ""] + ([] if base else [ENVELOPE_FORMAT])
             pipe.execute_command("EVALSHA", claim.sha, len(claim_keys), *claim_keys, *args)
         replies += pipe.execute()
     claim_us = _us_per_call(bench)

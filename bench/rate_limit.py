@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from django_delayqueue.core import Queue
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.contracts import CLAIM
 
@@ -110,7 +111,7 @@ def _claim_us(
     client.script_load(script.source)
     call_keys = keys if is_now else keys[:-1]  # the base has no limiter key
     stamp = q.clock.now_ms()
-    args = [stamp, stamp + 60_000, batch] + ([""] if is_now else [])
+    args = [stamp, stamp + 60_000, batch] + (["", ENVELOPE_FORMAT] if is_now else [])
     client.config_resetstat()
     calls = n // batch
     for start in range(0, calls, 100):

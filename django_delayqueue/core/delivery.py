@@ -92,10 +92,13 @@ class Delivery:
         receipt: str | None = None,
         claim_id: str = "",
         replay_only: bool = False,
+        reads_format: int = ENVELOPE_FORMAT,
     ) -> ScriptCall:
         """The claim of ``count`` messages; with ``receipt`` (a consumer's receipt key, see
         consumer/claims.py) recorded there under ``claim_id``, or that claim's messages again
-        when it is the claim recorded (and, with ``replay_only``, nothing new)."""
+        when it is the claim recorded (and, with ``replay_only``, nothing new).
+        ``reads_format``: the newest envelope format the claiming consumer reads (the messages
+        it reads wait for no newer consumer any more: claim.lua)."""
         deadline = now_ms + int(self.settings.visibility_timeout * 1000)
         settings = self.settings
         count = count or settings.claim_batch
@@ -108,7 +111,12 @@ class Delivery:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         if receipt is None:
             return CLAIM.call(
-                self.keys, now_ms=now_ms, deadline_ms=deadline, most_ids=count, limits=limits
+                self.keys,
+                now_ms=now_ms,
+                deadline_ms=deadline,
+                most_ids=count,
+                limits=limits,
+                reads_format=reads_format,
             )
         return CLAIM.call(
             self.keys,
@@ -116,6 +124,7 @@ class Delivery:
             deadline_ms=deadline,
             most_ids=count,
             limits=limits,
+            reads_format=reads_format,
             receipt=receipt,
             claim_id=claim_id,
             replay_only="1" if replay_only else "0",
@@ -132,7 +141,7 @@ class Delivery:
         envelope format newer than ``reads_format`` wait for a consumer that reads it
         (:meth:`leave_for_newer`): neither reaches the caller."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        call = self.claim_call(now, count)
+        call = self.claim_call(now, count, reads_format=reads_format)
         return self.claimed(call.run(self.client), now, reads_format)
 
     def claimed(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,12 +28,14 @@ from django_delayqueue.core.clock import SystemClock
 from django_delayqueue.core.consumer import coroutine_watcher
 from django_delayqueue.core.consumer.coroutine_context import (
     RunningCoroutine,
+    current,
     enter,
     hold_for_threads,
 )
 from django_delayqueue.core.consumer.coroutine_threads import DeliveryThreads, install
+from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+from django_delayqueue.core.consumer.outcomes import ACK, RETRY, Outcome
 from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
 
 Work = Callable[[], None]
@@ -192,6 +195,71 @@ def test_a_thread_left_running_by_a_returned_coroutine_holds_its_delivery(
         release.set()
     wait_until(lambda: q.counts() == EMPTY)
     assert consumer.delivered == 1
+
+
+class AckedBeforeItsThread:
+    """A coroutine handler that acknowledges while work it handed to the loop's executor still
+    runs, then makes its last thread's release of the held outcome meet its task's done
+    callback: the loop, busy in a callback scheduled before that done callback, lets the thread
+    end; the thread, between clearing the held outcome and releasing it, waits until the done
+    callbacks of the task (the runner's first, then the one added here) have run."""
+
+    def __init__(self) -> None:
+        self.thread_may_end = threading.Event()
+        self.held_cleared = threading.Event()  # the thread took the held outcome to release it
+        self.done_callbacks_ran = threading.Event()
+
+    def runs_async(self, message: Message) -> bool:
+        return True
+
+    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
+        return None, None
+
+    async def adeliver(self, message: Message) -> Outcome:
+        entry = current()
+        assert entry is not None and entry.release is not None
+        release = entry.release
+
+        def release_once_the_done_callbacks_ran(outcome: Outcome) -> None:
+            self.held_cleared.set()
+            self.done_callbacks_ran.wait(TIMEOUT)
+            release(outcome)
+
+        entry.release = release_once_the_done_callbacks_ran
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, self.thread_may_end.wait, TIMEOUT)  # counted as this one's
+        loop.call_soon(self._busy_until_the_thread_ended)  # runs before the done callbacks
+        task = asyncio.current_task()
+        assert task is not None
+        task.add_done_callback(lambda _: self.done_callbacks_ran.set())  # after the runner's
+        now_ms = int(time.time() * 1000)
+        return Outcome(message, ACK, now_ms, now_ms, None, "")
+
+    def _busy_until_the_thread_ended(self) -> None:
+        self.thread_may_end.set()
+        self.held_cleared.wait(TIMEOUT)
+
+
+def test_an_ack_held_for_its_thread_is_not_replaced_by_a_failure_as_the_thread_ends() -> None:
+    # The last thread clears the held outcome, then releases it (off the running list) a
+    # moment later; the task's done callback, run in that moment, took the delivery for one
+    # that never reached its end and released a failure first: the ack was dropped.
+    deliverer = AckedBeforeItsThread()
+    outcomes: list[Outcome] = []
+    first = threading.Event()
+
+    def done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        first.set()
+
+    runner = HandlerCoroutines(deliverer, lambda stopped: None)
+    try:
+        runner.start(Message("m", "q", None, 0, 0, 1, "1"), done)
+        assert first.wait(TIMEOUT)
+        assert deliverer.done_callbacks_ran.is_set()
+    finally:
+        runner.close()  # waits until nothing runs: every outcome given is in
+    assert [(o.status, o.reason) for o in outcomes] == [(ACK, "")]
 
 
 def _entry(released: list[Outcome]) -> RunningCoroutine:

@@ -18,7 +18,13 @@ import redis
 from core_consumer_support import EMPTY, T0, Recorder, burst
 from waiting import wait_until
 
-from django_delayqueue.core import ConfigurationError, CorruptEnvelope, NewerEnvelope, Queue
+from django_delayqueue.core import (
+    ConfigurationError,
+    CorruptEnvelope,
+    Message,
+    NewerEnvelope,
+    Queue,
+)
 from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.delivery import NEWER_FIRST_WAIT_MS, NEWER_LONGEST_WAIT_MS
@@ -262,6 +268,69 @@ def test_the_waiting_count_forgets_messages_that_are_gone_and_counts_within_its_
     assert newer_waiting(q, most=2)[0] == 4  # a bounded look still counts every entry
 
 
+def _left_then_read(q: Queue, manual_clock: Any, key: str | None) -> Message:
+    """A message of the new format, left once by a consumer of the previous release, then
+    claimed by one that reads it."""
+    send(q, "new", {"n": 1}, format=NEW, key=key)
+    assert q.claim(10, reads_format=PREVIOUS) == []
+    assert newer_waiting(q) == [1, NEW, 1]
+    manual_clock.advance(NEWER_FIRST_WAIT_MS / 1000)
+    q.promote()
+    (m,) = q.claim(10)  # the new consumer reads it
+    return m
+
+
+@pytest.mark.parametrize("key", [None, "store-7"])  # the list's path of the claim, the keys'
+@pytest.mark.parametrize("then", ["retried", "dead", "released", "timed out"])
+def test_a_message_a_reader_claimed_waits_for_no_newer_consumer_whatever_its_delivery_does(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any, key: str | None, then: str
+) -> None:
+    # Its handler failed, it used up its attempts, its consumer stopped or died: it waits for
+    # a retry, or is dead, not for a consumer that reads its format (one did).
+    q = make_queue(max_attempts=5, visibility_timeout=30)
+    m = _left_then_read(q, manual_clock, key)
+    if then == "retried":
+        assert q.nack(m, delay=3600, reason="handler failed") == 1
+    elif then == "dead":
+        assert q.bury(m, "handler failed")
+    elif then == "released":
+        assert q.release(m) == 1
+    else:
+        manual_clock.advance(31)
+        q.reap()
+    assert q.counts()["unack"] == 0
+    assert newer_waiting(q) == [0, 0, 1]
+    assert redis_client.hlen(q.keys.newer) == 0
+
+
+def test_a_consumer_that_does_not_read_a_keyed_message_leaves_it_counted_each_time(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    # The claim reads the envelope's format past its key: a consumer of the previous release
+    # takes no entry away, the count of times it was left goes on.
+    q = make_queue()
+    send(q, "new", 1, format=NEW, key="store-7")
+    for times in (1, 2):
+        assert q.claim(10, reads_format=PREVIOUS) == []
+        assert redis_client.hget(q.keys.newer, "new") == f"{NEW} {times}".encode()
+        manual_clock.advance(NEWER_LONGEST_WAIT_MS / 1000)
+        q.promote()
+    assert newer_waiting(q) == [1, NEW, 1]
+
+
+def test_the_same_id_scheduled_again_in_a_format_its_reader_reads_waits_for_no_newer_one(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue()
+    send(q, "m", 1, format=NEW)
+    assert q.claim(10, reads_format=PREVIOUS) == []
+    q.cancel("m")
+    send(q, "m", 2, format=None)  # a producer of the previous release: format 1
+    (m,) = q.claim(10, reads_format=PREVIOUS)  # read by a consumer of the previous release
+    assert q.nack(m, delay=3600, reason="handler failed") == 1
+    assert newer_waiting(q) == [0, 0, 1]
+
+
 def test_it_says_so_once_in_its_log_per_format(
     make_queue: Any, manual_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -298,6 +367,24 @@ def test_a_pinned_consumer_delivers_what_it_reads_and_the_new_one_the_rest_each_
     assert all(m.attempt == 1 for m in new.calls)
     assert q.counts() == EMPTY
     assert redis_client.zcard(q.keys.garbage) == 0
+
+
+def test_a_consumer_whose_handler_failed_on_what_it_reads_says_no_newer_one_is_awaited(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    # The consumer's own claims (with their receipts) say the format it reads.
+    q = make_queue(max_attempts=5)
+    send(q, "new", 1, format=NEW)
+    burst([q], Recorder(), reads_format=PREVIOUS)
+    assert newer_waiting(q) == [1, NEW, 1]
+    manual_clock.advance(NEWER_FIRST_WAIT_MS / 1000)
+
+    def fails(message: Message) -> None:
+        raise RuntimeError("handler failed")
+
+    burst([q], Recorder(fails))
+    assert q.counts() == {**EMPTY, "retry": 1}
+    assert newer_waiting(q) == [0, 0, 1]
 
 
 def test_a_new_consumer_reads_what_a_producer_of_the_previous_format_writes(

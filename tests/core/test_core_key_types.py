@@ -306,6 +306,36 @@ def test_a_non_integer_token_counter_fails_a_claim_before_it_pops_anything(
     assert dump_all(redis_client, k.all_keys()) == before
 
 
+@pytest.mark.parametrize("how", KEY_NAMES)
+def test_a_broken_key_fails_a_keyed_claim_before_it_pops_anything(
+    redis_client: redis.Redis, how: str
+) -> None:
+    # A keyed claim pops its ids from their keys' lists before anything else it writes; one
+    # with an unreadable attempt count then goes to the dead letters, freeing its key's slot.
+    # Every key written or read after the pop is checked before it (or the ids are lost).
+    clock = ManualClock()
+    settings = QueueSettings(key_concurrency=2, key_rate_limit="100/s")
+    q = Queue(redis_client, "typed", clock=clock, settings=settings)
+    q.schedule({"n": 1}, id="keyed", key="store-7")
+    q.schedule({"n": 2}, id="poison", key="store-8")
+    q.schedule({"n": 3}, id="plain")
+    q.client.hset(q.keys.attempts, "poison", "lots")
+    q.client.hset(q.keys.newer, "gone", "2 1")
+    held = Held(q, clock, Message("keyed", "typed", None, 0, 0, 1, ""), "", "")
+    all_keys = q.keys.all_keys()
+    break_key(redis_client, getattr(q.keys, how))
+    before, misplaced_before = dump_all(redis_client, all_keys), misplaced(held)
+    try:
+        claimed = q.claim(10)
+    except ScriptFailed as e:
+        assert "WRONGTYPE" in str(e)
+        assert dump_all(redis_client, all_keys) == before, "the claim failed half-way"
+    else:
+        added = misplaced(held) - misplaced_before
+        assert not added, f"the claim succeeded but lost or doubled {sorted(added)}"
+        assert {m.id for m in claimed} <= {"keyed", "plain"}
+
+
 def _dead_with_reason(held: Held, message_id: str) -> str:
     client, k = held.queue.client, held.queue.keys
     assert client.zscore(k.garbage, message_id) is not None, f"{message_id} is not dead"

@@ -155,13 +155,15 @@ def test_a_call_is_built_in_the_declared_order() -> None:
     assert call.keys[-3:] == [keys.progress, keys.task_result("a"), keys.task_result("b")]
     assert len(call.keys) == 25
     assert call.args == [5, 10, 60, "a", "b"]
-    claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="")
-    assert (len(claim.keys), claim.args) == (19, [1, 2, 3, ""])
+    claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", reads_format=2)
+    assert (len(claim.keys), claim.args) == (20, [1, 2, 3, "", 2])
     assert claim.keys[-2:] == [keys.key_lists, keys.key_load]
     receipt = keys.claim_receipt("c")
     given = {"receipt": receipt, "claim_id": "7", "replay_only": "0"}
-    claim = CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", **given)
-    assert (claim.keys[-1], claim.args) == (receipt, [1, 2, 3, "", "7", "0"])
+    claim = CLAIM.call(
+        keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", reads_format=2, **given
+    )
+    assert (claim.keys[-1], claim.args) == (receipt, [1, 2, 3, "", 2, "7", "0"])
 
 
 def test_a_missing_or_unexpected_name_is_refused_naming_the_script() -> None:
@@ -171,7 +173,9 @@ def test_a_missing_or_unexpected_name_is_refused_naming_the_script() -> None:
     with pytest.raises(TypeError, match=r"promote\.lua: unexpected count"):
         PROMOTE.call(keys, now_ms=1, limit=2, count=3)
     with pytest.raises(TypeError, match=r"claim\.lua: missing claim_id, replay_only"):
-        CLAIM.call(keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", receipt="r")
+        CLAIM.call(
+            keys, now_ms=1, deadline_ms=2, most_ids=3, limits="", reads_format=2, receipt="r"
+        )
     with pytest.raises(TypeError, match=r"schedule\.lua: triples takes a sequence"):
         SCHEDULE.call(keys, now_ms=1, horizon_ms=2, wake_channel="w", triples="abc")
     with pytest.raises(TypeError, match=r"promote\.lua takes a queue's keys"):

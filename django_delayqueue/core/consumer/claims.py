@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
 
@@ -20,7 +21,9 @@ from django_delayqueue.core.scripts.calls import ScriptCall
 class ClaimReceipts:
     """The claim ids of one consumer instance, and which queues' last claim went unanswered."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads_format: int = ENVELOPE_FORMAT) -> None:
+        # The newest envelope format the consumer reads, said with each claim (claim.lua).
+        self.reads_format = reads_format
         # Names the receipt key: two consumers given the same name never share one.
         self.consumer = uuid.uuid4().hex[:16]
         self._serial = 0
@@ -38,7 +41,12 @@ class ClaimReceipts:
         self._sent[q.name] = claim_id
         receipt = q.keys.claim_receipt(self.consumer)
         return q.claim_call(
-            now_ms, count, receipt=receipt, claim_id=claim_id, replay_only=replay_only
+            now_ms,
+            count,
+            receipt=receipt,
+            claim_id=claim_id,
+            replay_only=replay_only,
+            reads_format=self.reads_format,
         )
 
     def unseen(self, name: str) -> bool:

@@ -51,6 +51,10 @@ class RunningCoroutine:
     # ``release`` once the last of them has ended (set by the runner as it starts).
     held: Outcome | None = None
     release: Callable[[Outcome], None] | None = None
+    # Its run reached its end (the runner's ``_end``, under the runner's lock): the task's done
+    # callback, which runs after, must not end it again. Its running entry is no witness: a
+    # held outcome, released by its last thread, leaves the running list only a moment later.
+    ended: bool = False
 
 
 # The interruptibles of the message whose context this is (a list shared with the tasks it

@@ -287,8 +287,8 @@ class HandlerCoroutines:
     ) -> None:
         """The task ended without _drive's own end (cancelled before its first step)."""
         with self._lock:
-            if (entry.message.queue, entry.message.token) not in self._running:
-                return  # _drive ended it
+            if entry.ended:
+                return  # _drive ended it (its outcome may be held still, or being released)
         error = asyncio.CancelledError() if task.cancelled() else task.exception()
         self._end(entry, failed_outcome(entry.message, error or RuntimeError(), ms, t0))
 
@@ -297,8 +297,9 @@ class HandlerCoroutines:
         started in threads has ended (then it stays running: the watcher keeps its limits, and
         reports it unstoppable when a stop does not end it)."""
         with self._lock:
-            if (entry.message.queue, entry.message.token) not in self._running:
-                return  # ended already
+            if entry.ended or (entry.message.queue, entry.message.token) not in self._running:
+                return  # ended already: its first outcome stays
+            entry.ended = True
         if hold_for_threads(entry, outcome):
             self._watcher.wake()  # a stop sent before still waits for it
             return

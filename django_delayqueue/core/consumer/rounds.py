@@ -67,7 +67,7 @@ class RoundTrip:
         # Redis refusing writes for memory is logged once, not every round (shared with the
         # recording of outcomes and the recurring schedules).
         self.memory = memory
-        self.claims = ClaimReceipts()  # a claim whose reply was lost is asked for again
+        self.claims = ClaimReceipts(reads_format)  # a claim whose reply was lost is asked for again
         self._clients: list[tuple[RedisClient, list[Queue]]] = []
         for q in queues:
             self.add_queue(q)

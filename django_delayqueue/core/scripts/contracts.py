@@ -52,8 +52,8 @@ PROMOTE = Contract(
 CLAIM = Contract(
     "claim",
     keys="ready unack messages attempts tokens seq garbage reasons cancelled ready_since ranked "
-    f"limiter {_KEYED} receipt",
-    args="now_ms deadline_ms most_ids limits claim_id replay_only",
+    f"limiter newer {_KEYED} receipt",
+    args="now_ms deadline_ms most_ids limits reads_format claim_id replay_only",
     optional="receipt claim_id replay_only",  # a consumer's claims carry them (consumer/claims)
 )
 ACK = Contract(

@@ -2,15 +2,16 @@
 -- KEYS[1] ready list   KEYS[2] unack zset   KEYS[3] messages hash   KEYS[4] attempts hash
 -- KEYS[5] tokens hash   KEYS[6] seq counter   KEYS[7] garbage zset   KEYS[8] reasons hash
 -- KEYS[9] cancelled hash   KEYS[10] ready_since hash   KEYS[11] ranked zset
--- KEYS[12] limiter hash
--- KEYS[13] flow_keys hash   KEYS[14] key_turns zset   KEYS[15] key_waiting zset
--- KEYS[16] key_state hash   KEYS[17] key_tats zset   KEYS[18] key_lists prefix
--- KEYS[19] key_load zset
--- KEYS[20] claim receipt string (optional: one per consumer, see below)
+-- KEYS[12] limiter hash   KEYS[13] newer hash
+-- KEYS[14] flow_keys hash   KEYS[15] key_turns zset   KEYS[16] key_waiting zset
+-- KEYS[17] key_state hash   KEYS[18] key_tats zset   KEYS[19] key_lists prefix
+-- KEYS[20] key_load zset
+-- KEYS[21] claim receipt string (optional: one per consumer, see below)
 -- ARGV[1] now (ms)   ARGV[2] deadline (ms)   ARGV[3] most ids to claim
 -- ARGV[4] limits: '' or "<interval ms> <burst> <cap> <key cap> <key interval ms> <key burst>"
 --   (see includes/flow_limits.lua and includes/key_claims.lua)
--- ARGV[5] claim id (with KEYS[20])   ARGV[6] '1': replay the receipt only, claim nothing new
+-- ARGV[5] the newest envelope format the claiming consumer reads
+-- ARGV[6] claim id (with KEYS[21])   ARGV[7] '1': replay the receipt only, claim nothing new
 -- returns: flat array of quadruples: id, envelope ('' when missing), attempt, token; when a
 -- limit held the claim back (it took fewer than it wanted and found ready), one more element
 -- after them: when (ms) the next message may start, -1 when a message in flight must end first;
@@ -32,14 +33,14 @@
 -- them by turns, one per key per turn, the unkeyed ready list taking turns as one more key, and
 -- within each key's limits (key_concurrency, key_rate_limit). A queue without keyed messages
 -- pays one HLEN for this.
--- The receipt: a claim that took messages records its claim id and what it took in KEYS[20]
+-- The receipt: a claim that took messages records its claim id and what it took in KEYS[21]
 -- (one SET, expiring a minute after their visibility deadline: after an outage longer than the
 -- timeout they may still sit in unack, not reaped yet). A reply can be lost after the script ran
 -- (the connection broke; redis-py may even send the pipeline again): called again with the
 -- same claim id, the claim takes nothing new and returns those messages again (those still in
 -- unack under the token it gave them), with the new deadline. A message that never reached
 -- its consumer is then delivered, not left to time out and lose an attempt (or die on its
--- last one). A different claim id claims as usual; '1' in ARGV[6] (a consumer stopping) only
+-- last one). A different claim id claims as usual; '1' in ARGV[7] (a consumer stopping) only
 -- replays, so that the consumer can give those messages back. The receipt costs a GET, and a
 -- SET when something was claimed.
 -- One variadic call per key and chunk rather than four calls per message: a batch of a few
@@ -49,10 +50,17 @@
 -- counter that is not an integer: a bad value or a key of the wrong type fails the claim with
 -- nothing changed. Before it, allow_oom() lets the claim run when Redis is out of memory
 -- (includes/memory.lua): deliveries go on, and their acks free memory. The
--- reads prove the types of ready, messages and attempts; unack and tokens are checked. A
+-- reads prove the types of ready, messages and attempts; unack and tokens are checked. A claim
+-- that takes keyed messages writes first as it pops them from their keys' lists: it checks
+-- every key it touches after that before it pops (see there). A
 -- message whose attempt count is not a number goes to garbage with a reason, not to a handler.
 -- The dead entries of messages cancelled in ready are dropped (at most 1000 a call), and do
 -- not count towards N. An empty ready costs two reads (three with a receipt).
+-- Waiting for a newer consumer (the newer hash, written by defer.lua): a message claimed by a
+-- consumer that reads its envelope's format (ARGV[5]) waits for none any more, whatever its
+-- delivery does next (a retry, the dead letters, a release); its entry goes, so the stats
+-- (newer_waiting.lua) no longer count it. One read per claim that finds ready messages (the
+-- HLEN, which proves the type); the envelopes are read only when the hash has entries.
 -- Order: the ranked entries above priority 0, the list, the ranked entries below 0 (see
 -- ready_list.lua); a queue without priorities pays one ZCARD for it.
 --- @include "includes/guard.lua"
@@ -65,9 +73,11 @@
 local ready, unack, messages, attempts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local tokens, seq, garbage, reasons = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local cancelled, ready_since, ranked, limiter = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local K = keyed_keys(13)  -- KEYS[13] to KEYS[19]
-local receipt = KEYS[20]
-local now, deadline, claim_id = tonumber(ARGV[1]), ARGV[2], ARGV[5]
+local newer = KEYS[13]
+local K = keyed_keys(14)  -- KEYS[14] to KEYS[20]
+local receipt = KEYS[21]
+local now, deadline, claim_id = tonumber(ARGV[1]), ARGV[2], ARGV[6]
+local reads_format = tonumber(ARGV[5])
 
 -- tables_of(record): a receipt's trailing tables taken off it: the ready_since pairs (ids
 -- first) and the limit waits (numbers).
@@ -114,11 +124,12 @@ if receipt then
     if waits and #kept_waits > 0 then out[#out + 1] = kept_waits end
     return out
   end
-  if ARGV[6] == '1' then return {} end
+  if ARGV[7] == '1' then return {} end
 end
 local len, nranked = redis.call('LLEN', ready), redis.call('ZCARD', ranked)
 local nkeyed = redis.call('HLEN', K.flow_keys) > 0 and keyed_ready(K) or 0
 if len == 0 and nranked == 0 and nkeyed == 0 then return {} end
+local newer_entries = redis.call('HLEN', newer) > 0  -- before any write: it proves the type
 local want, dead_total = tonumber(ARGV[3]), dead_in_ready(cancelled)
 local limits, wanted, flow = ARGV[4], want, nil
 if limits ~= '' then
@@ -140,7 +151,14 @@ if nkeyed > 0 and #high < want then
   -- The rotation writes before the INCRBY of tokens: a counter it would fail on fails now.
   local counter = redis.call('GET', seq)
   if counter and not tonumber(counter) then redis.call('INCRBY', seq, 1) end
-  guard(unack, 'zset', tokens, 'hash')
+  -- Its pops come first: every key written or read after them is checked now, or a wrong
+  -- type would fail the claim with popped ids in no state (lost). Those read above (ready,
+  -- ranked, cancelled, newer, flow_keys, key_state) need no check.
+  guard(
+    unack, 'zset', tokens, 'hash', messages, 'hash', attempts, 'hash', ready_since, 'hash',
+    garbage, 'zset', reasons, 'hash', K.turns, 'zset', K.waiting, 'zset', K.tats, 'zset',
+    K.load, 'zset'
+  )
   allow_oom(unack, 'zset')
   plain_quota, keyed_ids, key_hold, key_periods = take_turns(
     K, limits, now, want - #high, math.max(0, len - dead_total)
@@ -194,6 +212,21 @@ for j = 1, n do
     bad[#bad + 1] = {ids[j], why}
   end
 end
+-- The ids whose entry in the newer hash goes: this consumer reads their envelopes (a corrupt
+-- one it buries: no consumer waits for it either). Read before the first write.
+local read_here = {}
+if newer_entries and n > 0 then
+  for i = 1, n, 1000 do
+    local last = math.min(i + 999, n)
+    local left = redis.call('HMGET', newer, unpack(ids, i, last))
+    for k = 1, last - i + 1 do
+      local j = i + k - 1
+      if left[k] and envelope_format(envelopes[j]) <= reads_format then
+        read_here[#read_here + 1] = ids[j]
+      end
+    end
+  end
+end
 guard(unack, 'zset', tokens, 'hash')
 if #bad > 0 then guard(garbage, 'zset', reasons, 'hash', K.load, 'zset') end
 allow_oom(unack, 'zset')
@@ -240,6 +273,9 @@ for i = 1, #deliver, 1000 do
 end
 if since then
   for i = 1, n, 1000 do redis.call('HDEL', ready_since, unpack(ids, i, math.min(i + 999, n))) end
+end
+for i = 1, #read_here, 1000 do
+  redis.call('HDEL', newer, unpack(read_here, i, math.min(i + 999, #read_here)))
 end
 for _, dead_one in ipairs(bad) do
   redis.call('ZADD', garbage, ARGV[1], dead_one[1])

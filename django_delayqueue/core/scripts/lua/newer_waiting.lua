@@ -4,10 +4,11 @@
 -- ARGV[1] most entries looked at
 -- returns: {how many wait, the newest format they need (0: none waits), 1 when every entry was
 -- looked at (else the count is the entries looked at that wait, plus all those not looked at)}
--- An entry whose message is gone (delivered by a consumer that read it, cancelled, purged) is
--- forgotten here: nothing else deletes it, so the queue's hot paths pay nothing for the newer
--- hash. One in unack is not counted (a consumer holds it: it is delivered now, or left again);
--- one replaced by a message another consumer reads is counted until a consumer claims it.
+-- A consumer that reads a message's format deletes its entry as it claims it (claim.lua): what
+-- its delivery does next (a retry, the dead letters) waits for no newer consumer. An entry whose
+-- message is gone (cancelled, purged) is forgotten here, so that only the claim pays for the
+-- newer hash. One in unack is not counted (a consumer holds it: it is delivered now, or left
+-- again); one replaced by a message another consumer reads is counted until one claims it.
 -- Cost: one HLEN when nothing waits; else O(entries looked at), at most ARGV[1] of them.
 local newer, messages, unack = KEYS[1], KEYS[2], KEYS[3]
 local most = tonumber(ARGV[1])

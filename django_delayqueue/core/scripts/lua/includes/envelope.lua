@@ -35,3 +35,15 @@ local function envelope_due(raw)
   if due then return tonumber(due, 16) end
   return (envelope_times(raw))
 end
+
+-- envelope_format(raw): the format an envelope says ("v<n>," after the times and the flow key;
+-- mirrors _read_format() in envelope.py), 1 when it says none (the JSON object form, format 1,
+-- or an envelope the reader finds corrupt: either way a reader of format 1 does not leave it).
+local function envelope_format(raw)
+  if not raw then return 1 end
+  local _, last = string.find(raw, '^%-?%x+,%-?%x+,')
+  if not last then return 1 end
+  local _, key_last, size = string.find(raw, '^k(%x+),', last + 1)
+  if key_last then last = key_last + tonumber(size, 16) end
+  return tonumber(string.match(raw, '^v(%d+),', last + 1)) or 1
+end
