@@ -76,6 +76,19 @@ def test_what_is_held_ahead_covers_one_refill_at_the_handlers_pace(
     assert pace.count(threads, BATCH) == ahead
 
 
+def test_handlers_quicker_than_the_clock_reads_hold_a_claim_batch() -> None:
+    """Outcomes of 0 ms after one of 1 ms: a mean that decays toward 0 (a denormal float, its
+    quotient infinite) is a claim batch, not an OverflowError in the handler threads."""
+    pace = ClaimAhead()
+    pace.handler_ran(0.001)
+    pace.refilled(0.002)
+    for _ in range(5000):
+        pace.handler_ran(0.0)
+    mean = pace.handler_seconds
+    assert mean is not None and 0.0 < mean < 1e-300  # stuck on the smallest float above 0
+    assert pace.count(1, BATCH) == BATCH
+
+
 def test_threads_of_20ms_handlers_hold_one_ahead_not_a_claim_batch() -> None:
     """The claim the loop makes for one thread of 20 ms handlers: itself and one more (before:
     itself and a claim batch, whatever the pace)."""

@@ -54,9 +54,11 @@ class ClaimAhead:
         refill = FIRST_REFILL_SECONDS if self.refill_seconds is None else self.refill_seconds
         if refill < HOLD_NONE_UNDER_SHARE * run:
             return 0
-        if run <= 0.0:  # quicker than the clock's resolution
+        # Compared before dividing: handlers quicker than the clock reads (a mean of 0 ms
+        # outcomes, or one that decays toward 0 without reaching it) would divide to infinity.
+        if threads * refill >= claim_batch * run:
             return claim_batch
-        return min(claim_batch, math.ceil(threads * refill / run))
+        return math.ceil(threads * refill / run)
 
 
 def _moved(mean: float | None, sample: float) -> float:
