@@ -77,7 +77,7 @@ def _cpu_run(c: Consumers, count: int, processes: int, root: Path | None) -> dic
 
 def cpu_split(bench: Bench, sizes: Sizes) -> list[Row]:
     quick = sizes.delivery < 10_000
-    count = 60 if quick else 240
+    count = 60 if quick else 120
     rounds = 1 if quick else 3
     base = PackageAt(_base_ref())
     runs: dict[str, list[dict[str, Any]]] = {}

@@ -2,9 +2,10 @@
 
 Before, a queue whose handlers averaged under 50 ms held a whole claim batch ahead (100 by
 default): of two ``runqueue`` processes on a backlog of 20 ms handlers, the first to wake took
-101 of 120 messages. Now a queue holds what its threads finish during one refill at their
-measured pace. Durations come from the outcomes (the consumer's clock) and refills from a
-manual clock: nothing here depends on how fast the machine is.
+101 of 120 messages. Now a queue holds what its threads finish during two refills at their
+measured pace (they ask for more once half is left). Durations come from the outcomes (the
+consumer's clock) and refills from a manual clock: nothing here depends on how fast the
+machine is.
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ def run_through(threads: HandlerThreads, count: int, first: int = 0) -> None:
 @pytest.mark.parametrize(
     ("handler_ms", "refill_ms", "threads", "ahead"),
     [
-        (20, 2, 1, 1),  # a 20 ms handler: one ahead covers a refill
-        (20, 30, 1, 2),  # a refill slowed down (say, waiting for the GIL): two
-        (20, 2, 8, 1),  # eight threads finish 0.8 messages during a refill
-        (2, 2, 1, 1),
-        (1, 3, 4, 12),
-        (0.02, 3, 1, BATCH),  # a no-op handler: a claim batch, at most
-        (0.05, 3, 1, 60),
+        (20, 2, 1, 1),  # a 20 ms handler: one ahead covers two refills
+        (20, 15, 1, 2),  # a refill slowed down (say, waiting for the GIL): two
+        (20, 30, 1, 3),
+        (20, 2, 8, 2),  # eight threads finish 0.8 messages during a refill
+        (2, 2, 1, 2),
+        (1, 3, 4, 24),
+        (0.05, 3, 1, BATCH),  # a no-op handler: a claim batch, at most
+        (0.2, 3, 1, 30),
         (0, 0, 1, BATCH),  # quicker than the clock reads
         (1000, 2, 8, 0),  # a refill is nothing beside a slow handler: hold none
         (200, 2, 1, 0),
@@ -128,16 +130,16 @@ def test_a_slow_refill_is_measured_and_held_for() -> None:
         run_through(threads, 3)  # they asked at 1000.0 (the clock has not moved)
         clock.now += 0.030  # a refill of 30 ms: longer than a handler
         threads.refilled(round_started=1000.0)
-        assert threads.room(BATCH) == 1 + 2
+        assert threads.room(BATCH) == 1 + 3
         # A round that started before the threads asked does not answer them: no sample.
         run_through(threads, 1, first=3)  # asked at 1000.030
         clock.now += 5.0
         threads.refilled(round_started=1000.0)
-        assert threads.room(BATCH) == 1 + 2
+        assert threads.room(BATCH) == 1 + 3
         # A failed round (then a backoff) drops the request: the outage is not timed.
         threads.refilled(round_started=None)
         threads.refilled(round_started=clock.now)
-        assert threads.room(BATCH) == 1 + 2
+        assert threads.room(BATCH) == 1 + 3
     finally:
         threads.close()
 

@@ -4,7 +4,9 @@ A message claimed ahead starts the moment a thread frees, instead of one refill 
 thread asks the loop for more, the loop wakes, its round trip claims): with quick handlers that
 refill is a real share of the time. But a message held here is one that no other consumer can
 run, so what a process holds ahead is sized by time, not by a flat batch: as many as its
-threads finish during one refill, at their handlers' measured pace. A no-op handler then holds
+threads finish during two refills, at their handlers' measured pace (the threads ask for more
+once half of what they hold is left, see ``HandlerThreads._room``: that half must last one
+refill). A no-op handler then holds
 a claim batch (hundreds: round trips are most of the cost), a 20 ms one holds one or two, and N
 processes share a backlog evenly instead of the first to wake taking it all (as Celery's
 prefetch does without ``-O fair``). Handlers whose run dwarfs the refill hold none: a thread
@@ -20,6 +22,8 @@ import math
 WEIGHT = 0.2
 # Until a refill has been measured: about one round trip to a Redis nearby.
 FIRST_REFILL_SECONDS = 0.002
+# Held ahead: what the threads finish during this many refills (see the module's docstring).
+REFILLS_HELD = 2
 # Hold none while a refill takes less than this share of one handler's run: a thread idling
 # for it costs the queue less than that, and held messages would wait on this consumer's busy
 # threads while another's may be free.
@@ -46,7 +50,7 @@ class ClaimAhead:
 
     def count(self, threads: int, claim_batch: int) -> int:
         """How many messages ``threads`` threads should hold claimed beyond one each: what
-        they finish during one refill, rounded up; at most ``claim_batch`` (what one round
+        they finish during two refills, rounded up; at most ``claim_batch`` (what one round
         claims), none before a handler has been measured."""
         run = self.handler_seconds
         if run is None or claim_batch <= 0:
@@ -56,9 +60,10 @@ class ClaimAhead:
             return 0
         # Compared before dividing: handlers quicker than the clock reads (a mean of 0 ms
         # outcomes, or one that decays toward 0 without reaching it) would divide to infinity.
-        if threads * refill >= claim_batch * run:
+        finished = REFILLS_HELD * threads * refill
+        if finished >= claim_batch * run:
             return claim_batch
-        return math.ceil(threads * refill / run)
+        return math.ceil(finished / run)
 
 
 def _moved(mean: float | None, sample: float) -> float:
