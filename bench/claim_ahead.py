@@ -17,6 +17,9 @@ between the two, every other round in reverse order; each figure is printed with
   ahead (handlers under 50 ms) and took most of the backlog.
 - ``claim_ahead.deliver``: a no-op handler, messages due at once, ``runqueue --processes 1``:
   messages/s (first start to last finish), ours over the base's.
+- ``claim_ahead.deliver_cpu``: the same delivery by a core ``Consumer`` in a process of its
+  own (``bench.consumer_child``, concurrency 1): its CPU time per message, steadier than a
+  rate on a loaded host (where a round's rate varies twofold), ours over the base's.
 - ``claim_ahead.lateness_p99``: messages due at 500/s, ``runqueue --processes 1``: start minus
   due, p99 (and early starts), ours against the base's.
 """
@@ -34,10 +37,11 @@ from typing import Any
 from django_delayqueue.core import Queue
 
 from .base_scripts import PackageAt
+from .deliver import CHILD, report_of, schedule_due_at_once
 from .djapp.cpu import COUNTED, SPLIT
 from .djapp.settings import CPU_DEFAULT_QUEUE
 from .djapp.timing import DONE, FIRST
-from .harness import Bench, Row, at_least, private_redis
+from .harness import ROOT, Bench, Child, Row, at_least, at_most, private_redis
 from .processes import Consumers, delivery_round, lateness_run
 from .sizes import Sizes, sizes_for
 
@@ -140,6 +144,7 @@ def noop_delivery_and_lateness(bench: Bench, sizes: Sizes) -> list[Row]:
     base = PackageAt(_base_ref())
     ways = [True] + ([False] if base.root is not None else [])  # True: this checkout's
     rates: dict[bool, list[float]] = {way: [] for way in ways}
+    cpu: dict[bool, list[float]] = {way: [] for way in ways}
     late: dict[bool, list[dict[str, Any]]] = {way: [] for way in ways}
     loads: list[float] = []
     try:
@@ -150,6 +155,7 @@ def noop_delivery_and_lateness(bench: Bench, sizes: Sizes) -> list[Row]:
                     loads.append(_load())
                     root = None if is_ours else base.root
                     rates[is_ours].append(delivery_round(c, count, True, root))
+                    cpu[is_ours].append(_core_cpu_us(bench, count, sizes.timeout, root))
             for r in range(max(1, rounds - 1)):
                 for is_ours in ways if r % 2 == 0 else ways[::-1]:
                     loads.append(_load())
@@ -160,6 +166,11 @@ def noop_delivery_and_lateness(bench: Bench, sizes: Sizes) -> list[Row]:
     compared = False in rates
     ratio = (
         statistics.median(a / b for a, b in zip(rates[True], rates[False], strict=True))
+        if compared
+        else None
+    )
+    cpu_ratio = (
+        statistics.median(a / b for a, b in zip(cpu[True], cpu[False], strict=True))
         if compared
         else None
     )
@@ -185,6 +196,19 @@ def noop_delivery_and_lateness(bench: Bench, sizes: Sizes) -> list[Row]:
             extra={"ours": rates[True], "base": rates.get(False, [])},
         ),
         Row(
+            "claim_ahead.deliver_cpu",
+            "the same, a core Consumer alone (concurrency 1): its CPU time per message",
+            statistics.median(cpu[True]),
+            "us",
+            statistics.median(cpu[False]) if compared else None,
+            f"the consumer of {_base_ref()}, interleaved",
+            cpu_ratio,
+            "<= 1.1x base",
+            at_most(cpu_ratio, 1.1),
+            note=f"rounds ours {_rates(cpu[True])}, base {_rates(cpu.get(False, []))}; {load}",
+            extra={"ours": cpu[True], "base": cpu.get(False, [])},
+        ),
+        Row(
             "claim_ahead.lateness_p99",
             f"runqueue --processes 1, {timed:,} due at 500/s, start - due p99",
             p99[True],
@@ -198,6 +222,18 @@ def noop_delivery_and_lateness(bench: Bench, sizes: Sizes) -> list[Row]:
             extra={"ours": late[True], "base": late.get(False, [])},
         ),
     ]
+
+
+def _core_cpu_us(bench: Bench, count: int, timeout: float, root: Path | None) -> float:
+    """A core Consumer child (``root``'s package, or this checkout's) delivers ``count`` no-op
+    messages due at once: its CPU microseconds per message."""
+    queue = Queue(bench.client, "bench-claim-ahead-core")
+    schedule_due_at_once(queue, count, {"order": 1})
+    args = [*CHILD, "--url", bench.url, "--queue", queue.name, "--count", str(count)]
+    env = None if root is None else {"PYTHONPATH": os.pathsep.join([str(root), str(ROOT)])}
+    report = report_of(Child(args, env, cwd=root).wait(timeout)[0])
+    bench.flush()
+    return float(report["cpu_ns"]) / count / 1000
 
 
 def _rates(values: list[float]) -> str:

@@ -51,6 +51,7 @@ EXPECTED_ROWS = {
     "processes.cpu",
     "claim_ahead.cpu",
     "claim_ahead.deliver",
+    "claim_ahead.deliver_cpu",
     "claim_ahead.lateness_p99",
     "rate_limit.claim_us.b1",
     "rate_limit.claim_us.b100",
