@@ -91,6 +91,21 @@ def test_handlers_quicker_than_the_clock_reads_hold_a_claim_batch() -> None:
     assert pace.count(1, BATCH) == BATCH
 
 
+def test_one_slow_run_keeps_a_quick_queues_claim_batch_and_a_lasting_change_shows() -> None:
+    """A no-op handler that once measured 5 ms (its thread waited for the GIL while the loop
+    read a claim) does not cut what its queue holds for the next dozens of runs; handlers that
+    now take 20 ms each are held for as such within 40 runs."""
+    pace = ClaimAhead()
+    pace.refilled(0.002)
+    for _ in range(50):
+        pace.handler_ran(0.0)
+    pace.handler_ran(0.005)
+    assert pace.count(1, BATCH) == BATCH
+    for _ in range(40):
+        pace.handler_ran(0.020)
+    assert pace.count(1, BATCH) == 1
+
+
 def test_threads_of_20ms_handlers_hold_one_ahead_not_a_claim_batch() -> None:
     """The claim the loop makes for one thread of 20 ms handlers: itself and one more (before:
     itself and a claim batch, whatever the pace)."""

@@ -24,6 +24,11 @@ WEIGHT = 0.2
 FIRST_REFILL_SECONDS = 0.002
 # Held ahead: what the threads finish during this many refills (see the module's docstring).
 REFILLS_HELD = 2
+# One slow run moves the handlers' mean to at most twice itself plus this: quick handlers
+# measure a millisecond or more now and then (their thread waited for the GIL while the loop
+# read a claim, or the host descheduled it), and the mean must not drop what they hold ahead
+# for the dozens of runs after each. A lasting change of pace still shows within some 30 runs.
+RISE_AT_MOST_SECONDS = 0.0001
 # Hold none while a refill takes less than this share of one handler's run: a thread idling
 # for it costs the queue less than that, and held messages would wait on this consumer's busy
 # threads while another's may be free.
@@ -43,7 +48,10 @@ class ClaimAhead:
         self.refill_seconds: float | None = None  # mean wait from asking to claimed
 
     def handler_ran(self, seconds: float) -> None:
-        self.handler_seconds = _moved(self.handler_seconds, max(0.0, seconds))
+        mean = self.handler_seconds
+        if mean is not None:
+            seconds = min(seconds, 2 * mean + RISE_AT_MOST_SECONDS)
+        self.handler_seconds = _moved(mean, max(0.0, seconds))
 
     def refilled(self, seconds: float) -> None:
         self.refill_seconds = _moved(self.refill_seconds, max(0.0, seconds))
