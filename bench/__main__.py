@@ -24,6 +24,7 @@ from . import (
     claim_ahead,
     deliver,
     django_path,
+    early_starts,
     flow_keys,
     lateness_cost,
     lua_loading,
@@ -63,6 +64,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "flow_keys": flow_keys.flow_keys,
     "busiest_keys": busiest_keys.busiest_keys,
     "progress": progress_cost.progress_cost,
+    "early": early_starts.early_starts,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -25,7 +25,7 @@ import subprocess
 
 from django_delayqueue.core import ManualClock, Queue
 from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall
-from django_delayqueue.core.scripts.contracts import ACK, BUSIEST_KEYS, COUNTS, SCHEDULE
+from django_delayqueue.core.scripts.contracts import ACK, BUSIEST_KEYS, SCHEDULE
 from django_delayqueue.monitoring.busiest_keys import TOP
 
 from .harness import PAYLOAD_100, ROOT, Bench, Row, at_most
@@ -156,7 +156,7 @@ def _read_cost(bench: Bench, keys: int) -> tuple[float, float]:
         ).run(q.client)
     q.claim(IN_FLIGHT, now_ms=T0)  # IN_FLIGHT keys with a message in flight
     call = BUSIEST_KEYS.call(q.keys, top=TOP)
-    return _us(bench, call, CALLS), _us(bench, COUNTS.call(q.keys), CALLS)
+    return _us(bench, call, CALLS), _us(bench, q.counts_call(T0), CALLS)
 
 
 def _us(bench: Bench, call: ScriptCall, times: int) -> float:

@@ -43,9 +43,6 @@ class _NoTimings(DeliveryTimings):
     def record(self, outcomes: Sequence[Outcome]) -> None:
         return None
 
-    def note_limit_waits(self, messages: Sequence[Message], held_since: int, now: int) -> None:
-        return None
-
 
 def lateness_cost(bench: Bench, sizes: Sizes) -> list[Row]:
     return [*_deliver(bench, sizes), *_record_alone(sizes)]

@@ -3,7 +3,8 @@
 - ``metrics/``: Prometheus text format (needs the ``metrics`` extra; 501 without it).
 - ``health/``: readiness probe, 200 or 503 with a JSON report.
 
-Neither needs a login (scrapers and probes have none): expose them on an internal network only.
+Neither needs a login (scrapers and probes have none): expose them on an internal network, or
+set ``MONITORING_TOKEN`` (monitoring.access): then both ask for it as a bearer token.
 """
 
 from django.urls import path

@@ -18,9 +18,10 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
+from django_delayqueue.alive import AliveFile
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format
 from django_delayqueue.conf.task_backends import (
     DEFAULT_TASK_QUEUE,
     any_task_queue,
@@ -67,15 +68,28 @@ class Worker(TaskServing, Consumer):
     queues (``conf.task_registry``) at that refresh.
     """
 
-    def __init__(self, queues: Sequence[Queue], *, discover: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        *,
+        discover: bool = False,
+        worker_id: str | None = None,
+        alive_file: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("journal_maxlen", int(dq_settings.JOURNAL_MAXLEN))
         kwargs.setdefault("maintenance_seconds", float(dq_settings.SETTINGS_REFRESH_SECONDS))
         kwargs.setdefault("keeper", ScheduleKeeper(payload_for=tick_payload, key_for=tick_key))
+        kwargs.setdefault("reads_format", envelope_format())
         super().__init__(queues, **kwargs)
         # A bad value is the system check E004's to report: the default then.
         if dq_settings.OTEL_PARENT in tracing.PARENT_MODES:
             tracing.set_parent_mode(dq_settings.OTEL_PARENT)
         self._by_name = {q.name: q for q in self.queues}
+        # What a task's result lists in worker_ids: the name runqueue was given (--name), the
+        # same for every consumer process under one supervisor (each process's own name,
+        # NAME.<slot>-<pid>, is in heartbeats and log lines), else this consumer's name.
+        self.worker_id = worker_id or self.name
         # Read by handler threads, replaced (never changed in place) by the loop's.
         self._task_queues = frozenset(task_queue_names())
         self._any_queue = any_task_queue()
@@ -87,10 +101,19 @@ class Worker(TaskServing, Consumer):
         # whose policy evicts keys stops the worker (see monitoring.servers).
         self.servers = ServerGuard()
         self.refused: str | None = None
+        # runqueue --alive-file: touched as the loop goes round (a liveness probe reads it).
+        self.alive = AliveFile(alive_file) if alive_file else None
 
     def run(self) -> int:
         code = self._run()
         return 1 if self.refused else code
+
+    def step(self, now_ms: int | None = None) -> int:
+        # Touched before the round, so a round that fails (Redis down: the loop retries)
+        # still says the loop turns; a loop stuck in a round stops touching it.
+        if self.alive is not None:
+            self.alive.touch()
+        return super().step(now_ms)
 
     def _run(self) -> int:
         if self._any_queue or self._task_queues & {q.logical_name for q in self.queues}:

@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import models
 from django.http import HttpRequest
 
+from django_delayqueue.admin.fields import SecondsField
 from django_delayqueue.conf.connection import get_clock
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.envelope import ms_to_datetime
@@ -32,6 +34,8 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
     search_fields = ["name", "task"]
     actions = ["run_now"]
     readonly_fields = ["updated_at", "from_settings"]
+    # 'every' is the row's one float: a number of seconds, "nan" and "inf" refused by name.
+    formfield_overrides = {models.FloatField: {"form_class": SecondsField}}
     fieldsets = [
         (None, {"fields": ["name", "queue", "paused"]}),
         ("When", {"fields": ["cron", "every", "timezone", ("catch_up", "catch_up_limit")]}),

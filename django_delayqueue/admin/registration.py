@@ -16,12 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.urls import URLPattern, path
 
 from django_delayqueue.admin import actions as admin_actions
 from django_delayqueue.admin import views as admin_views
+from django_delayqueue.admin.fields import SecondsField
 from django_delayqueue.core.envelope import decode_envelope_parts, ms_to_datetime
 from django_delayqueue.core.errors import CorruptEnvelope
 from django_delayqueue.mirror.queue_overrides import MIRRORED_FIELDS
@@ -86,6 +88,8 @@ class QueueConfigAdmin(admin.ModelAdmin):
     ]
     list_editable = ["paused", "max_attempts"]
     readonly_fields = ["name", "updated_at"]
+    # Every float of the row is a number of seconds: "nan" and "inf" refused by name.
+    formfield_overrides = {models.FloatField: {"form_class": SecondsField}}
     fields = [
         "name",
         "paused",

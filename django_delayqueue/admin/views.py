@@ -86,11 +86,44 @@ def overview(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         "rows": rows,
         "states": [(s, STATE_LABELS[s]) for s in STATES],
         "errors": errors,
+        "start_failures": _start_failures(all_stats),
         "outbox": _outbox_summary(site, request),
         "servers": [_server_row(s) for s in servers],
         "server_banners": _server_banners(servers),
+        "format_banners": [b for s in all_stats if (b := _formats_banner(site, s))],
     }
     return TemplateResponse(request, "admin/django_delayqueue/overview.html", context)
+
+
+def _formats_banner(site: str, s: QueueStats) -> dict[str, Any] | None:
+    """What the overview says of a queue whose messages wait for a newer consumer, or whose
+    live consumers are older than this release (docs/upgrades.md); None: neither."""
+    f = s.formats
+    if f is None:
+        return None
+    said = [text for text in (f.waiting_text(), f.older_text()) if text]
+    if not said:
+        return None
+    text = "; ".join(said) + "."
+    if f.waiting:
+        text += (
+            " They are not dead-lettered: they wait in Retrying, and a runqueue that reads "
+            "their format delivers them (docs/upgrades.md)."
+        )
+    return {
+        "queue": s.queue,
+        "url": queue_url(site, s.queue, "retry"),
+        "text": text,
+        "stuck": f.stuck,
+    }
+
+
+def _start_failures(all_stats: list[QueueStats]) -> list[dict[str, Any]]:
+    """One banner per distinct "consumers keep dying at start" text, with its queues."""
+    texts = sorted({f for s in all_stats for f in s.start_failures})
+    return [
+        {"text": t, "queues": [s.queue for s in all_stats if t in s.start_failures]} for t in texts
+    ]
 
 
 def _server_row(s: ServerInfo) -> dict[str, Any]:
@@ -216,12 +249,14 @@ def queue_page(model_admin: ModelAdmin, request: HttpRequest, queue: str) -> Htt
         "settings_url": _settings_url(site, request, queue),
         "charts": _chart_urls(site, queue),
         "errors": errors,
+        "start_failures": stats.start_failures,
         "show_running": state == "unack",
         "stalled": len(running.stalled_ids(stats, time_limit)),
         "time_limit": None if time_limit is None else format_seconds(time_limit),
         "supervisors": running.processes_context(stats),
         "flow": stats.flow,
         "busiest_keys": stats.busiest_keys,
+        "formats": _formats_banner(site, stats),
     }
     return TemplateResponse(request, "admin/django_delayqueue/queue.html", context)
 

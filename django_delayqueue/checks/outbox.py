@@ -7,7 +7,7 @@ from typing import Any
 from django.core.checks import Error, Warning
 
 from django_delayqueue.checks.hints import CONFIGURATION_HINT
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, seconds_setting_problem
 
 OUTBOX_SECONDS = ("OUTBOX_RELAY_SECONDS", "OUTBOX_LEASE_SECONDS", "OUTBOX_MAX_AGE_SECONDS")
 
@@ -24,15 +24,9 @@ def outbox_errors() -> list[Any]:
             )
         )
     for name in OUTBOX_SECONDS:
-        value = getattr(dq_settings, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            out.append(
-                Error(
-                    f"DELAYQUEUE[{name!r}] must be a positive number of seconds, not {value!r}.",
-                    hint=CONFIGURATION_HINT,
-                    id="delayqueue.E008",
-                )
-            )
+        problem = seconds_setting_problem(name)
+        if problem:
+            out.append(Error(f"{problem}.", hint=CONFIGURATION_HINT, id="delayqueue.E008"))
     return out
 
 

@@ -1,4 +1,4 @@
-"""The queues: E002, E003, E004, E013, E014, E015 (checks/flow.py) and W008 of each queue's
+"""The queues: E002-E004, E013, E014, E015 and W011 (checks/flow.py), W008 and W009 of each queue's
 settings (part of check_settings), W001 and W003 of their handlers."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning
 
 from django_delayqueue.api import topics
-from django_delayqueue.checks.flow import flow_errors, is_flow_problem
+from django_delayqueue.checks.flow import flow_errors, is_flow_problem, key_share_warnings
 from django_delayqueue.conf.settings import (
     CHECK_ONLY_QUEUE_KEYS,
     QUEUE_KEYS,
@@ -75,6 +75,8 @@ def queue_errors(name: Any) -> list[Any]:
         if p != TIME_LIMIT_ORDER and not is_flow_problem(p)
     ]
     out += flow_errors(where, values, options.get("shards", 1))
+    if not problems:
+        out += key_share_warnings(name, where, values, options.get("shards", 1))
     if TIME_LIMIT_ORDER in problems:
         out.append(
             Error(

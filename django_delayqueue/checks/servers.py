@@ -1,6 +1,6 @@
 """System checks of the Redis servers the app uses: E001 (reachable), E010, W006 and W007
 (each server's eviction policy and persistence, judged in monitoring.servers), E011 (their
-settings, part of check_settings).
+settings and the health probe's, part of check_settings).
 
 They talk to Redis, so they run with the deployment checks (``check --deploy``): a Redis that
 is down must not stop ``migrate`` or ``runserver``, and ``--tag delayqueue`` alone queries
@@ -15,11 +15,12 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, Warning
 
 from django_delayqueue.conf.connection import make_client
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, seconds_setting_problem
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.monitoring.servers import ACCEPT, CHECK_IDS, EVICTING, app_servers, findings
 
 PING_TIMEOUT = 1.0  # seconds: a check must stay fast even against a black-holed host
+HEALTH_SECONDS = ("HEALTH_MAX_OVERDUE_SECONDS", "HEALTH_CONSUMER_SECONDS")
 
 
 def server_setting_errors() -> list[Error]:
@@ -46,6 +47,17 @@ def server_setting_errors() -> list[Error]:
                 id="delayqueue.E011",
             )
         )
+    for name in HEALTH_SECONDS:
+        problem = seconds_setting_problem(name, optional=True)
+        if problem:
+            out.append(
+                Error(
+                    f"{problem}.",
+                    hint="The readiness probe's thresholds (docs/monitoring.md); None turns "
+                    "that check off.",
+                    id="delayqueue.E011",
+                )
+            )
     lateness = dq_settings.HEALTH_LATENESS
     if not isinstance(lateness, bool):
         out.append(

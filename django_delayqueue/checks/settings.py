@@ -8,7 +8,9 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error
 
+from django_delayqueue.checks.formats import format_setting_errors
 from django_delayqueue.checks.hints import CONFIGURATION_HINT
+from django_delayqueue.checks.monitoring import monitoring_errors
 from django_delayqueue.checks.outbox import outbox_errors
 from django_delayqueue.checks.queues import queue_errors, unknown_queue_keys
 from django_delayqueue.checks.servers import server_setting_errors
@@ -18,14 +20,14 @@ from django_delayqueue.conf.connection import (
     replica_ack,
     sentinel_config,
 )
-from django_delayqueue.conf.settings import DEFAULTS, dq_settings
+from django_delayqueue.conf.settings import DEFAULTS, dq_settings, seconds_setting_problem
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.keys import validate_prefix
 from django_delayqueue.observability.tracing import PARENT_MODES
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """E002, E003, E004, E008, E011, E013, E014 and W008: the DELAYQUEUE dict itself."""
+    """E002, E003, E004, E008, E011, E013, E014, E016 and W008: the DELAYQUEUE dict itself."""
     raw = getattr(settings, "DELAYQUEUE", None)
     if raw is None:
         return []
@@ -42,6 +44,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     out += _connection_errors()
     out += outbox_errors()
     out += server_setting_errors()
+    out += format_setting_errors()
+    out += monitoring_errors()
     queues = dq_settings.QUEUES
     if not isinstance(queues, dict) or not isinstance(dq_settings.DEFAULTS or {}, dict):
         out.append(
@@ -103,6 +107,16 @@ def _connection_errors() -> list[Any]:
                 f"{dq_settings.OTEL_PARENT!r}.",
                 hint="'link' (the default): a delivery span links to the span that scheduled "
                 "it; 'child': it is that span's child (docs/observability.md).",
+                id="delayqueue.E004",
+            )
+        )
+    refresh = seconds_setting_problem("SETTINGS_REFRESH_SECONDS", zero=True)
+    if refresh:
+        out.append(
+            Error(
+                f"{refresh}.",
+                hint="How often every process re-reads the settings published from the admin "
+                "(default 2).",
                 id="delayqueue.E004",
             )
         )

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
-from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, dq_settings
+import redis
+
+from django_delayqueue.conf.settings import DEFAULT_REDIS_URL, DEFAULTS, dq_settings
 from django_delayqueue.core.client import RedisClient, connect
 from django_delayqueue.core.clock import Clock, RedisClock, SystemClock
 from django_delayqueue.core.errors import ConfigurationError
@@ -25,9 +31,15 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "protocol": 2,
 }
 
+logger = logging.getLogger(__name__)
+
 _lock = threading.Lock()
 _client: RedisClient | None = None
 _clock: Clock | None = None
+# The client and clock of the monitoring endpoints' reads (see monitoring_reads), built once.
+_monitoring: tuple[Any, Clock] | None = None
+# Set inside monitoring_reads(): what get_client() and get_clock() answer there.
+_reads: ContextVar[tuple[Any, Clock] | None] = ContextVar("delayqueue_reads", default=None)
 
 
 SENTINEL_KEYS = frozenset(
@@ -126,7 +138,11 @@ def redis_urls() -> str | list[str]:
 
 
 def get_client() -> Any:
-    """The process-wide Redis client (thread-safe; one connection pool)."""
+    """The process-wide Redis client (thread-safe; one connection pool); inside
+    :func:`monitoring_reads`, the monitoring endpoints' own."""
+    reads = _reads.get()
+    if reads is not None:
+        return reads[0]
     global _client
     client = _client
     if client is None:
@@ -138,7 +154,11 @@ def get_client() -> Any:
 
 
 def get_clock() -> Clock:
-    """The shared clock: Redis server time by default, or the local clock (``CLOCK``)."""
+    """The shared clock: Redis server time by default, or the local clock (``CLOCK``); inside
+    :func:`monitoring_reads`, the same read with the monitoring endpoints' client."""
+    reads = _reads.get()
+    if reads is not None:
+        return reads[1]
     global _clock
     clock = _clock
     if clock is None:
@@ -158,11 +178,72 @@ def get_clock() -> Clock:
 
 def reset() -> None:
     """Forget the cached client and clock (the next call builds them from the settings)."""
-    global _client, _clock
+    global _client, _clock, _monitoring
     with _lock:
         # Not closed: a running worker may still hold the old client; its pool is collected.
         _client = None
         _clock = None
+        _monitoring = None
+
+
+def monitoring_timeout() -> float:
+    """``MONITORING_TIMEOUT_SECONDS``: how long a read of the monitoring endpoints waits for
+    Redis (a bad value, which the system check E016 reports, reads as the default)."""
+    value = dq_settings.MONITORING_TIMEOUT_SECONDS
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if number and 0 < value < 3600:  # also refuses NaN
+        return float(value)
+    return float(DEFAULTS["MONITORING_TIMEOUT_SECONDS"])
+
+
+@contextlib.contextmanager
+def monitoring_reads() -> Iterator[None]:
+    """Within: :func:`get_client` and :func:`get_clock` answer a client whose socket timeouts
+    are ``MONITORING_TIMEOUT_SECONDS`` (and a clock read with it), so that ``metrics/`` and
+    ``health/`` answer within their own deadline when Redis freezes: the app's client waits
+    30 s for a reply, longer than a scraper or a probe waits for the page. Nothing built
+    inside may be kept for later (the Queue objects of get_queue are not built here: the stats
+    build their own). Without a client of its own (one that cannot be built: the usual client
+    reports why), reads go through the usual client."""
+    reads = None
+    try:
+        reads = _monitoring_pair()
+    except Exception as e:  # a bad URL, a cluster down at connect: the usual path says so
+        logger.debug("no monitoring client: %s", e)
+    token = _reads.set(reads)
+    try:
+        yield
+    finally:
+        _reads.reset(token)
+
+
+def _monitoring_pair() -> tuple[Any, Clock]:
+    global _monitoring
+    pair = _monitoring
+    if pair is None:
+        seconds = monitoring_timeout()
+        client = _with_timeouts(seconds)
+        clock: Clock = SystemClock() if dq_settings.CLOCK == "system" else RedisClock(client)
+        with _lock:
+            if _monitoring is None:
+                _monitoring = (client, clock)
+            pair = _monitoring
+    return pair
+
+
+def _with_timeouts(seconds: float) -> Any:
+    """A client like :func:`make_client`'s whose connect and read timeouts are ``seconds``."""
+    overrides = {"socket_timeout": seconds, "socket_connect_timeout": seconds}
+    if not dq_settings.CACHE_ALIAS:
+        return make_client(**overrides)
+    # django-redis builds the cache's client: a pool of the same connections, shorter waits.
+    base = make_client()
+    pool: Any = getattr(base, "connection_pool", None)
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+        return base  # a pool we do not know how to copy (Sentinel's): its own timeouts
+    kwargs = {**pool.connection_kwargs, **overrides}
+    copy = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    return redis.Redis(connection_pool=copy)
 
 
 def _sentinel_client(config: dict[str, Any], overrides: dict[str, Any]) -> Any:

@@ -23,9 +23,10 @@ from typing import Any
 from django.conf import settings as django_settings
 
 from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
-from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, validate_format
+from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.keys import MAX_SHARDS
-from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings
+from django_delayqueue.core.settings import LIMIT_FIELDS, QueueSettings, nan_or_infinite
 
 SETTING_NAME = "DELAYQUEUE"
 
@@ -55,6 +56,11 @@ DEFAULTS: dict[str, Any] = {
     # The health probe fails when a queue's p99 start lateness over the last 5 minutes passes
     # its lateness_warning_ms (off unless True: late handlers are a warning, not an outage).
     "HEALTH_LATENESS": False,
+    # metrics/ and health/: how long their Redis reads wait for a reply (a frozen Redis must
+    # not hold the page longer than a scraper or a probe waits for it), and an optional bearer
+    # token they ask for (docs/operations.md).
+    "MONITORING_TIMEOUT_SECONDS": 2.0,
+    "MONITORING_TOKEN": None,
     # runqueue refuses a Redis whose maxmemory-policy evicts keys (and messages with them)
     # unless this is True: the operator accepts that messages may vanish (docs/redis.md).
     "ACCEPT_DATA_LOSS_ON_EVICTION": False,
@@ -72,6 +78,10 @@ DEFAULTS: dict[str, Any] = {
     # OpenTelemetry (docs/observability.md): a delivery span is linked to the span that
     # scheduled its message ("link") or is its child ("child").
     "OTEL_PARENT": "link",
+    # The newest envelope format this process reads (its consumers) and may write (docs/
+    # upgrades.md); None: the newest this release knows. An older one pins runqueue to an
+    # earlier release's format, for a drill of a mixed fleet.
+    "ENVELOPE_FORMAT": None,
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -252,3 +262,40 @@ def shards_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
         return f"shards must be a whole number from 1 to {MAX_SHARDS}, not {value!r}"
     return None
+
+
+def envelope_format() -> int:
+    """``DELAYQUEUE["ENVELOPE_FORMAT"]``: the newest envelope format this process reads and may
+    write (None: the newest this release knows). A bad value is the check E016's to report:
+    the default then, so that runqueue still starts and reads everything."""
+    value = dq_settings.ENVELOPE_FORMAT
+    return ENVELOPE_FORMAT if value is None or envelope_format_problem(value) else value
+
+
+def envelope_format_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as ``ENVELOPE_FORMAT`` (None: nothing)."""
+    if value is None:
+        return None
+    try:
+        validate_format(value, "DELAYQUEUE['ENVELOPE_FORMAT']")
+    except PayloadError as e:
+        return str(e)
+    return None
+
+
+def seconds_setting_problem(name: str, *, optional: bool = False, zero: bool = False) -> str | None:
+    """What is wrong with the ``DELAYQUEUE`` setting ``name`` as a number of seconds, or None:
+    it must be a finite number above 0 (or 0 too, with ``zero``; or None, with ``optional``).
+    NaN and infinity are named: NaN compares false with everything, so a threshold of NaN
+    would never be passed and an interval of NaN never end."""
+    value = getattr(dq_settings, name)
+    if value is None and optional:
+        return None
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if number and not nan_or_infinite(value) and (value > 0 or (zero and value == 0)):
+        return None
+    wanted = "0 or more" if zero else "above 0"
+    return (
+        f"DELAYQUEUE[{name!r}] must be a finite number of seconds, {wanted}"
+        f"{' (or None: off)' if optional else ''}, not {value!r}"
+    )

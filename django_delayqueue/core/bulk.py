@@ -10,10 +10,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.errors import PayloadError
+from django_delayqueue.core.observability import tracing
 from django_delayqueue.core.results import BulkResult, Prepared, Rejected
 from django_delayqueue.core.scripts.calls import is_out_of_memory, script_error
 from django_delayqueue.core.uniqueness import window_ms_of
-from django_delayqueue.observability import tracing
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock

@@ -15,19 +15,27 @@ from typing import TYPE_CHECKING, Any
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.due_times import retry_ms
 from django_delayqueue.core.envelope import (
+    ENVELOPE_FORMAT,
     Message,
     decode_envelope_parts,
     storable_text,
     to_str,
 )
-from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope, DelayQueueError
+from django_delayqueue.core.errors import (
+    ConfigurationError,
+    CorruptEnvelope,
+    DelayQueueError,
+    NewerEnvelope,
+)
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.progress import encode_progress
 from django_delayqueue.core.results import PromoteResult, ReapResult
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import (
     ACK,
     CLAIM,
+    DEFER,
     EXTEND,
     NACK,
     PROGRESS,
@@ -36,7 +44,6 @@ from django_delayqueue.core.scripts.contracts import (
     RELEASE,
 )
 from django_delayqueue.core.settings import QueueSettings
-from django_delayqueue.observability.log_fields import message_fields
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
@@ -44,6 +51,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
+# A message a consumer cannot read (an envelope of a newer format) waits in retry this long
+# before a consumer claims it again, doubled each time one leaves it again, up to the longest
+# (defer.lua): a consumer that reads it, started during a deploy, delivers it within a minute,
+# and those that cannot read it claim it about once a minute, not in a loop.
+NEWER_FIRST_WAIT_MS = 1_000
+NEWER_LONGEST_WAIT_MS = 60_000
 
 
 class Delivery:
@@ -54,6 +67,8 @@ class Delivery:
     clock: Clock
     announce_args: tuple[int, str]
     shard_count: int  # how many shards the queue has (1: not sharded): each keeps a share
+    # The envelope formats this queue object said it left messages of (logged once each).
+    newer_said: set[int]
 
     def promote_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
         return PROMOTE.call(self.keys, now_ms=now_ms, limit=limit or self.settings.promote_batch)
@@ -106,23 +121,39 @@ class Delivery:
             replay_only="1" if replay_only else "0",
         )
 
-    def claim(self, count: int | None = None, now_ms: int | None = None) -> list[Message]:
-        """Claim up to ``count`` ready messages; corrupt ones go to garbage, not to the caller."""
+    def claim(
+        self,
+        count: int | None = None,
+        now_ms: int | None = None,
+        *,
+        reads_format: int = ENVELOPE_FORMAT,
+    ) -> list[Message]:
+        """Claim up to ``count`` ready messages; corrupt ones go to garbage, those of an
+        envelope format newer than ``reads_format`` wait for a consumer that reads it
+        (:meth:`leave_for_newer`): neither reaches the caller."""
         now = self.clock.now_ms() if now_ms is None else now_ms
         call = self.claim_call(now, count)
-        return self.claimed(call.run(self.client), now)
+        return self.claimed(call.run(self.client), now, reads_format)
 
-    def claimed(self, raw: Sequence[Any], now_ms: int) -> list[Message]:
-        """Turn a claim script's reply into messages, burying the corrupt ones (a limit's
+    def claimed(
+        self, raw: Sequence[Any], now_ms: int, reads_format: int = ENVELOPE_FORMAT
+    ) -> list[Message]:
+        """Turn a claim script's reply into messages, burying the corrupt ones and leaving
+        those of a format newer than ``reads_format`` for a consumer that reads it (a limit's
         "come back at" after the quadruples is read by :func:`claim_hold`)."""
         messages: list[Message] = []
         corrupt: list[tuple[Message, str]] = []
-        raw, came_back = _came_back(raw)
+        newer: list[tuple[Message, int]] = []
+        raw, came_back, waits = _claim_tables(raw)
         for i in range(0, len(raw) - len(raw) % 4, 4):
             message_id, token = to_str(raw[i]), to_str(raw[i + 3])
             attempt = int(raw[i + 2])
             try:  # whatever one envelope holds, it costs only its own message
-                parts = decode_envelope_parts(raw[i + 1])
+                parts = decode_envelope_parts(raw[i + 1], reads_format)
+            except NewerEnvelope as e:  # not corrupt: a newer consumer delivers it
+                stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
+                newer.append((stub, e.format))
+                continue
             except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
                 stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
                 reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
@@ -142,6 +173,7 @@ class Delivery:
                     parts.key,
                     parts.trace,
                     came_back.get(message_id) if came_back else None,
+                    int(waits[i // 4]) if waits else 0,
                 )
             )
         if corrupt:
@@ -161,13 +193,59 @@ class Delivery:
                 self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
             except DelayQueueError as e:  # the good ones are claimed: deliver them anyway
                 logger.error("queue %s: could not bury corrupt envelopes: %s", self.name, e)
+        if newer:
+            try:
+                self.leave_for_newer(newer, reads_format)
+            except DelayQueueError as e:  # they come back after their visibility timeout
+                logger.error(
+                    "queue %s: could not leave %d message(s) for a newer consumer: %s",
+                    self.name,
+                    len(newer),
+                    e,
+                )
         return messages
+
+    def leave_for_newer(
+        self, messages: Sequence[tuple[Message, int]], reads_format: int = ENVELOPE_FORMAT
+    ) -> list[int]:
+        """Leave claimed deliveries whose envelope is of a newer format (``(message, its
+        format)``) for a consumer that reads it: back to retry without using an attempt, a
+        little later each time (defer.lua). Says so in the log once per format for this queue
+        object (a consumer's), at debug level after that. Returns defer.lua's result per
+        message: 1 left, 2 dead (aborted while claimed), 0 stale."""
+        if not messages:
+            return []
+        call = DEFER.call(
+            self.keys,
+            now_ms=self.clock.now_ms(),
+            first_wait_ms=NEWER_FIRST_WAIT_MS,
+            longest_wait_ms=NEWER_LONGEST_WAIT_MS,
+            reads_format=reads_format,
+            triples=[part for m, format in messages for part in (m.id, m.token, format)],
+        )
+        results = [int(x) for x in call.run(self.client)]
+        for format in sorted({format for _, format in messages}):
+            count = sum(1 for _, f in messages if f == format)
+            first = format not in self.newer_said
+            self.newer_said.add(format)
+            logger.log(
+                logging.WARNING if first else logging.DEBUG,
+                "queue %s: %d message(s) written in envelope format %d wait for a consumer that "
+                "reads it: this one reads formats up to %d. Left in retry (no attempt used), "
+                "not dead-lettered; upgrade this consumer%s",
+                self.name,
+                count,
+                format,
+                reads_format,
+                " (said once per format)" if first else "",
+            )
+        return results
 
     @staticmethod
     def claim_hold(raw: Sequence[Any]) -> int | None:
         """When a claim held back by a flow limit says the next message may start (ms; -1:
         when a message in flight ends), or None when no limit held it back."""
-        raw = _came_back(raw)[0]
+        raw = _claim_tables(raw)[0]
         return int(raw[-1]) if len(raw) % 4 else None
 
     def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
@@ -265,11 +343,17 @@ class Delivery:
         """Give back claimed deliveries that never started, without using up an attempt."""
         if not messages:
             return 0
+        # A retry keeps the instant it came back to ready if that is still to come (claimed
+        # a claim lead early): whoever claims it next holds it until then (release.lua).
         call = RELEASE.call(
             self.keys,
             now_ms=self.clock.now_ms(),
             wake_channel=self.keys.wake_channel,
-            pairs=[part for m in messages for part in (m.id, m.token)],
+            triples=[
+                part
+                for m in messages
+                for part in (m.id, m.token, "" if m.ready_since_ms is None else m.ready_since_ms)
+            ],
         )
         return call.run(self.client)
 
@@ -300,13 +384,19 @@ class Delivery:
         return PROGRESS.call(self.keys, triples=triples).run(self.client)
 
 
-def _came_back(raw: Sequence[Any]) -> tuple[Sequence[Any], dict[str, int]]:
-    """A claim's reply without its trailing table of the claimed messages that came back to
-    ready (claim.lua: {id, ready_since, ...}, a list only it is), and that table by id."""
-    if not raw or not isinstance(raw[-1], list):
-        return raw, {}
-    pairs = raw[-1]
-    # A score of the retry zset, written by promote.lua, may read as a float ("1e+12").
-    return raw[:-1], {
-        to_str(pairs[i]): int(float(pairs[i + 1])) for i in range(0, len(pairs) - 1, 2)
-    }
+def _claim_tables(raw: Sequence[Any]) -> tuple[Sequence[Any], dict[str, int], list[int]]:
+    """A claim's reply without its trailing tables (the only lists in it), and what they say:
+    the claimed messages that came back to ready, by id ({id, ready_since, ...}: ids first),
+    and the limit wait of each claimed message, in order (numbers only; empty: none waited)."""
+    came_back: dict[str, int] = {}
+    waits: list[int] = []
+    while raw and isinstance(raw[-1], list):
+        table, raw = raw[-1], raw[:-1]
+        if table and isinstance(table[0], int):
+            waits = table
+        else:
+            # A score of the retry zset, written by promote.lua, may read as a float ("1e+12").
+            came_back = {
+                to_str(table[i]): int(float(table[i + 1])) for i in range(0, len(table) - 1, 2)
+            }
+    return raw, came_back, waits

@@ -15,6 +15,13 @@ A message scheduled inside an OpenTelemetry span carries that span's context aft
 envelope costs nothing more then. No JSON text starts with "^", and the text never holds a
 newline (the W3C headers it comes from cannot), so the field ends at the first one.
 
+Its format (docs/upgrades.md): format 1 is every envelope written before formats had numbers,
+and says nothing of it; an envelope of format 2 or later says ``v<n>,`` right after the times and
+the flow key, which keep their place in every format (the Lua scripts of every release read
+them). A producer writes the lowest format that holds what a message carries, so a message
+needs no newer consumer than it must; a reader that meets a format newer than it reads raises
+:class:`NewerEnvelope`, and a consumer leaves that message for a consumer that reads it.
+
 A payload is accepted only when every consumer can decode it again: JSON that nests at most
 :data:`MAX_PAYLOAD_DEPTH` levels and is valid UTF-8. Decoding never raises anything but
 :class:`CorruptEnvelope`, whatever Redis holds (a too-deep payload written by an older producer
@@ -32,7 +39,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from django_delayqueue.core.errors import CorruptEnvelope, PayloadError
+from django_delayqueue.core import running
+from django_delayqueue.core.errors import CorruptEnvelope, NewerEnvelope, PayloadError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
 MAX_ID_LENGTH = 200
@@ -165,6 +173,35 @@ TRACE_MARK = "^"
 KEY_MARK = "k"
 MAX_KEY_LENGTH = 200
 
+# The envelope's format (docs/upgrades.md says what a format promises). The newest this
+# release reads, and the most it writes: a message is written in the lowest format that holds
+# it (format 1, with no number, for everything this release writes by itself).
+# Format 1: ``<due>,<lead>,[k<n>,<key>][^<trace>\n][t,]<payload>`` (or the JSON object of the
+#   first releases): what every release before formats had numbers writes and reads.
+# Format 2: format 1 with ``v2,`` after the key: the first format a reader must be told about.
+#   It carries nothing format 1 lacks, so nothing needs it by itself; written only when asked
+#   (``format=2``): what a drill of a consumer pinned to format 1 beside a new producer uses.
+# A later format that adds a field raises ENVELOPE_FORMAT, writes its number (FORMAT_MARK)
+# only on the envelopes that carry the field, and may change what follows the number, never
+# what comes before it.
+ENVELOPE_FORMAT = 2
+FORMAT_MARK = "v"
+FIRST_NUMBERED_FORMAT = 2  # format 1 has no number: a "v1," is corrupt
+_FORMAT_HEAD = re.compile(r"v([0-9]{1,4}),")
+
+
+def validate_format(value: Any, what: str = "envelope format") -> int:
+    """Return ``value`` if it is a format this release knows (1 to :data:`ENVELOPE_FORMAT`),
+    else raise PayloadError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PayloadError(f"{what} must be an int, not {type(value).__name__} {value!r}")
+    if not 1 <= value <= ENVELOPE_FORMAT:
+        raise PayloadError(
+            f"{what} must be between 1 and {ENVELOPE_FORMAT} (the newest this release knows), "
+            f"not {value}"
+        )
+    return value
+
 
 def validate_key(key: Any) -> str:
     """Return ``key`` if it can be a message's flow key, else raise PayloadError saying why:
@@ -190,14 +227,19 @@ def encode_envelope(
     task: bool = False,
     key: str | None = None,
     trace: str = "",
+    format: int | None = None,
 ) -> str:
     """The stored envelope; ``key`` (validated by :func:`validate_key`) or None for none;
     ``trace`` (from ``observability.context.current_trace``, "" for none) is stored as it is
-    and must hold no newline."""
+    and must hold no newline. ``format``: None writes the lowest format that holds the
+    message (what every producer does); a number (see :func:`validate_format`) writes that
+    format, for a drill of consumers of different formats."""
     due = int(due_ms)
     mark = TASK_MARK if task else ""
     if trace:
         mark = f"{TRACE_MARK}{trace}\n{mark}"
+    if format is not None and validate_format(format) >= FIRST_NUMBERED_FORMAT:
+        mark = f"{FORMAT_MARK}{format},{mark}"
     if key is not None:  # first: lua/includes/flow_keys.lua reads it right after the times
         mark = f"{KEY_MARK}{len(key.encode('utf-8')):x},{key}{mark}"
     return f"{due:x},{due - int(scheduled_ms):x},{mark}{payload_json}"
@@ -219,6 +261,7 @@ class EnvelopeParts:
     task: bool = False
     key: str | None = None
     trace: str = ""  # the TRACE_MARK field, "" for none
+    format: int = 1  # the envelope's format (its FORMAT_MARK; 1 without one)
 
 
 def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
@@ -226,7 +269,9 @@ def decode_envelope(raw: bytes | str | None) -> tuple[int, int, Any]:
 
     Nothing else, whatever ``raw`` is: a payload nested deeper than the recursion limit allows
     here (RecursionError), or a number past Python's int-string limit (ValueError), is a
-    corrupt envelope too, so a consumer buries that one message and delivers the others.
+    corrupt envelope too, so a consumer buries that one message and delivers the others. An
+    envelope of a newer format than this release reads raises :class:`NewerEnvelope` (a
+    CorruptEnvelope here).
     """
     due, scheduled, payload, _task = decode_marked_envelope(raw)
     return due, scheduled, payload
@@ -238,10 +283,12 @@ def decode_marked_envelope(raw: bytes | str | None) -> tuple[int, int, Any, bool
     return parts.due_ms, parts.scheduled_ms, parts.payload, parts.task
 
 
-def decode_envelope_parts(raw: bytes | str | None) -> EnvelopeParts:
-    """Everything in the envelope (its key too); raise :class:`CorruptEnvelope` otherwise."""
+def decode_envelope_parts(raw: bytes | str | None, reads: int = ENVELOPE_FORMAT) -> EnvelopeParts:
+    """Everything in the envelope (its key too); raise :class:`CorruptEnvelope` otherwise, or
+    :class:`NewerEnvelope` when its format is newer than ``reads`` (the newest format the
+    reader reads: a consumer pinned to an older one passes it)."""
     try:
-        return _decode_envelope(raw)
+        return _decode_envelope(raw, reads)
     except CorruptEnvelope:
         raise
     except RecursionError:
@@ -253,7 +300,7 @@ def decode_envelope_parts(raw: bytes | str | None) -> EnvelopeParts:
         raise CorruptEnvelope(f"corrupt: envelope cannot be decoded ({e!r})") from e
 
 
-def _decode_envelope(raw: bytes | str | None) -> EnvelopeParts:
+def _decode_envelope(raw: bytes | str | None, reads: int) -> EnvelopeParts:
     if raw is None or raw == b"" or raw == "":
         raise CorruptEnvelope("corrupt: envelope missing")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -264,6 +311,9 @@ def _decode_envelope(raw: bytes | str | None) -> EnvelopeParts:
         raise CorruptEnvelope("corrupt: envelope does not start with hex due and lead times")
     due, lead = int(head[1], 16), int(head[2], 16)
     key, start = _read_key(text, head.end())
+    format, start = _read_format(text, start)
+    if format > reads:  # what follows the number is that format's: not read here
+        raise NewerEnvelope(format, reads)
     trace = ""
     if text.startswith(TRACE_MARK, start):
         end = text.find("\n", start)
@@ -275,7 +325,19 @@ def _decode_envelope(raw: bytes | str | None) -> EnvelopeParts:
         payload = json.loads(text[start + len(TASK_MARK) if task else start :])
     except ValueError as e:
         raise CorruptEnvelope(f"corrupt: envelope payload is not JSON ({e})") from e
-    return EnvelopeParts(due, due - lead, payload, task, key, trace)
+    return EnvelopeParts(due, due - lead, payload, task, key, trace, format)
+
+
+def _read_format(text: str, start: int) -> tuple[int, int]:
+    """The format an envelope's text says at ``start`` (1 when it says none) and where the
+    rest begins."""
+    head = _FORMAT_HEAD.match(text, start)
+    if head is None:
+        return 1, start
+    format = int(head[1])
+    if format < FIRST_NUMBERED_FORMAT:
+        raise CorruptEnvelope(f"corrupt: envelope says format {format}, which has no number")
+    return format, head.end()
 
 
 _KEY_HEAD = re.compile(r"k([0-9a-f]{1,4}),")
@@ -337,9 +399,13 @@ class Message:
     # for none), read by django_delayqueue.observability only when tracing is on.
     trace: str = ""
     # When it came back to ready (a retry's retry time, a requeue, a "run now", a release),
-    # as claim.lua read it: its start lateness counts from then (core/timings). None: it did
-    # not come back, or the consumer was not told.
+    # as claim.lua read it: its handler does not start before it (consumer/waiter.py) and its
+    # start lateness counts from then (core/timings). None: it did not come back, or the
+    # consumer was not told.
     ready_since_ms: int | None = field(default=None, compare=False)
+    # How long (ms) a flow limit held it back before its claim, as claim.lua counted it: taken
+    # off its start lateness (core/timings). 0: no limit held it.
+    limit_wait_ms: int = field(default=0, compare=False)
 
     @property
     def due_at(self) -> datetime:
@@ -354,9 +420,7 @@ class Message:
         """Whether this delivery was aborted (``dq.abort``, the admin's "Stop") while it runs:
         true within about a second of the abort. Stop cleanly when it is: the message goes to
         the dead letters whatever the handler does (see docs/workers.md)."""
-        from django_delayqueue.core.consumer.limits import aborted
-
-        return aborted(self)
+        return running.abort_requested(self)
 
     def progress(self, percent: float, note: str = "") -> bool:
         """Report how far the handler of this delivery got: ``percent`` from 0 to 100 and a
@@ -365,9 +429,7 @@ class Message:
         latest report with its next beat). ValueError for a percent out of range. False (and
         nothing sent) once this delivery no longer runs in this process (see docs/progress.md).
         """
-        from django_delayqueue.core.consumer.progress_reports import report_progress
-
-        return report_progress(percent, note, self)
+        return running.progress(self, percent, note)
 
 
 def storable_text(text: Any, limit: int) -> str:

@@ -24,6 +24,23 @@ class CorruptEnvelope(DelayQueueError):
     """An envelope read from Redis is not what this library wrote."""
 
 
+class NewerEnvelope(CorruptEnvelope):
+    """An envelope written in a format newer than this reader reads (a later release's).
+
+    Not corrupt: a consumer that reads ``format`` will deliver it. A consumer leaves such a
+    message for one (``Queue.leave_for_newer``) instead of sending it to the dead letters;
+    everything else that only shows an envelope treats it as one it cannot decode (it is a
+    :class:`CorruptEnvelope` for them). ``reads``: the newest format this reader reads.
+    """
+
+    def __init__(self, format: int, reads: int) -> None:
+        super().__init__(
+            f"envelope format {format} is newer than this reader reads (formats up to {reads})"
+        )
+        self.format = format
+        self.reads = reads
+
+
 class RedisUnavailable(DelayQueueError):
     """Redis could not be reached or timed out; the operation may be retried."""
 

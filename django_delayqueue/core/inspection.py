@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import to_str
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.flow_limits import key_claim_spec
 from django_delayqueue.core.keys import STATES, QueueKeys
 from django_delayqueue.core.progress import Progress, decode_progress
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
@@ -20,6 +21,8 @@ from django_delayqueue.core.scripts.contracts import (
     BUSIEST_KEYS,
     COUNTS,
     FLOW_STATE,
+    NEWER_WAITING,
+    OVERDUE,
     PEEK,
     STATS,
 )
@@ -27,6 +30,7 @@ from django_delayqueue.core.timings.reading import read_call as timings_call
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock
+    from django_delayqueue.core.settings import QueueSettings
 
 MAX_PAGE = 1000  # most messages one peek may return
 
@@ -36,9 +40,14 @@ class Inspection:
     name: str
     keys: QueueKeys
     clock: Clock
+    settings: QueueSettings
 
-    def counts_call(self) -> ScriptCall:
-        return COUNTS.call(self.keys)
+    def counts_call(self, now_ms: int) -> ScriptCall:
+        """counts.lua at ``now_ms``: keyed ready messages their key's limits do not hold back
+        count as overdue too (the key limits are the queue's settings)."""
+        s = self.settings
+        key_limits = key_claim_spec(s.key_concurrency, s.key_rate_limit) if s.key_limited else ""
+        return COUNTS.call(self.keys, now_ms=now_ms, key_limits=key_limits)
 
     def activity_call(
         self, alive_since_ms: int, most_entries: int, most_consumers: int
@@ -58,9 +67,8 @@ class Inspection:
         return self.snapshot().counts
 
     def snapshot(self, now_ms: int | None = None) -> Snapshot:
-        call = self.counts_call()
         now = self.clock.now_ms() if now_ms is None else now_ms
-        return self.snapshot_result(call.run(self.client), now)
+        return self.snapshot_result(self.counts_call(now).run(self.client), now)
 
     def snapshot_result(self, raw: Sequence[Any], now_ms: int) -> Snapshot:
         values = [int(x) for x in raw]
@@ -111,9 +119,9 @@ def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[S
     if not queues:
         return []
     batch = ScriptBatch()
-    for q in queues:
-        batch.add(q.counts_call())
     now = queues[0].clock.now_ms() if now_ms is None else now_ms
+    for q in queues:
+        batch.add(q.counts_call(now))
     return [
         q.snapshot_result(raw, now)
         for q, raw in zip(queues, batch.run(queues[0].client), strict=False)
@@ -127,28 +135,35 @@ def counts_and_activity(
     most_consumers: int,
     now_ms: int = 0,
     busiest_top: int = 10,
-) -> list[tuple[Any, Any, Any, Any, Any]]:
+    most_newer: int = 1000,
+) -> list[tuple[Any, Any, Any, Any, Any, Any, Any]]:
     """The replies of :meth:`~Inspection.counts_call`, :meth:`~Inspection.activity_call`,
     the flow limits' state (flow_state.lua, at ``now_ms``), the delivery timings
-    (core.timings.reading, as of ``now_ms``) and the busiest flow keys (busiest_keys.lua:
-    the top ``busiest_top``) of each of ``queues`` (which share one
-    client), in one round trip: a script's error is returned in its place; DelayQueueError
-    when the round trip fails."""
+    (core.timings.reading, as of ``now_ms``), the busiest flow keys (busiest_keys.lua:
+    the top ``busiest_top``), the messages waiting for a newer consumer (newer_waiting.lua,
+    looking at ``most_newer`` entries) and the overdue backlog (overdue.lua, at ``now_ms``) of
+    each of ``queues`` (which share one client), in one round trip: a script's error is
+    returned in its place; DelayQueueError when the round trip fails."""
     batch = ScriptBatch()
     for q in queues:
-        batch.add(q.counts_call())
+        batch.add(q.counts_call(now_ms))
         batch.add(q.activity_call(alive_since_ms, most_entries, most_consumers))
         batch.add(FLOW_STATE.call(q.keys, now_ms=now_ms))
         batch.add(timings_call(q.keys, now_ms))
         batch.add(BUSIEST_KEYS.call(q.keys, top=busiest_top))
+        batch.add(NEWER_WAITING.call(q.keys, most_entries=most_newer))
+        batch.add(OVERDUE.call(q.keys, now_ms=now_ms))
     results = batch.run(queues[0].client, raise_errors=False) if queues else []
+    per_queue = 7
     return [
         (
-            results[5 * i],
-            results[5 * i + 1],
-            results[5 * i + 2],
-            results[5 * i + 3],
-            results[5 * i + 4],
+            results[per_queue * i],
+            results[per_queue * i + 1],
+            results[per_queue * i + 2],
+            results[per_queue * i + 3],
+            results[per_queue * i + 4],
+            results[per_queue * i + 5],
+            results[per_queue * i + 6],
         )
         for i in range(len(queues))
     ]

@@ -30,6 +30,13 @@ def published_recurrences_key(prefix: str) -> str:
     return f"{{{validate_prefix(prefix)}}}:recurring"
 
 
+def start_failures_key(prefix: str) -> str:
+    """Hash: supervisor name -> JSON of why its consumer processes keep dying before they
+    consume (django_delayqueue.supervisor.start_failures), read by the stats. No queue key
+    ends in ":start-failures"."""
+    return f"{{{validate_prefix(prefix)}}}:start-failures"
+
+
 # Shards of one queue: 1 to this many (core.sharding).
 MAX_SHARDS = 1024
 
@@ -205,6 +212,18 @@ class QueueKeys:
     def key_list(self, flow_key: str) -> str:
         """List: the ready messages of one flow key, oldest first."""
         return self.key_lists + flow_key
+
+    @property
+    def newer(self) -> str:
+        """Hash: id -> "<format> <times>" of a message whose envelope is of a format a consumer
+        did not read (a newer release's), left by it for a consumer that reads it (defer.lua),
+        and how many times it was left so.
+
+        Read by the stats ("3 messages wait for a newer consumer": newer_waiting.lua, which
+        also forgets the entries of messages that are gone). Nothing else writes it: a
+        queue whose envelopes every consumer reads never has it.
+        """
+        return self._key("newer")
 
     @property
     def successors(self) -> str:
@@ -384,4 +403,5 @@ class QueueKeys:
             self.key_state,
             self.key_tats,
             self.key_load,
+            self.newer,
         ]

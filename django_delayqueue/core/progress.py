@@ -10,17 +10,24 @@ Readers (the admin, ``queuestats``, a task's ``get_progress``) decode it here.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django_delayqueue.core.envelope import ms_to_datetime, to_str
 
-# A note is a short status line for a table cell ("row 4,000 of 9,000"), not a log: a longer
-# one is cut here (with an ellipsis) rather than refused, so that a handler never fails over
-# the length of an f-string holding a file name.
-MAX_NOTE_CHARS = 200
+# The check of a report lives with what a handler may ask (core/running.py), which the
+# envelope's Message.progress reaches without this module (it imports the envelope); kept
+# importable from here for its callers.
+from django_delayqueue.core.running import MAX_NOTE_CHARS, checked_progress
+
+__all__ = [
+    "MAX_NOTE_CHARS",
+    "Progress",
+    "checked_progress",
+    "decode_progress",
+    "encode_progress",
+]
 
 
 @dataclass(frozen=True)
@@ -39,24 +46,6 @@ class Progress:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (``queuestats --json``)."""
         return {"percent": self.percent, "note": self.note, "at": self.at.isoformat()}
-
-
-def checked_progress(percent: Any, note: Any = "") -> tuple[float, str]:
-    """``(percent, note)`` as stored: ``percent`` a real number from 0 to 100 (a bool, NaN or
-    anything else is a ValueError naming it), ``note`` a str cut to ``MAX_NOTE_CHARS``."""
-    if isinstance(percent, bool) or not isinstance(percent, (int, float)):
-        raise ValueError(f"progress percent must be a number from 0 to 100, not {percent!r}")
-    value = float(percent)
-    if not (math.isfinite(value) and 0.0 <= value <= 100.0):
-        raise ValueError(f"progress percent must be from 0 to 100, not {percent!r}")
-    if not isinstance(note, str):
-        raise ValueError(f"progress note must be a str, not {type(note).__name__}")
-    if len(note) > MAX_NOTE_CHARS:
-        note = note[: MAX_NOTE_CHARS - 1] + "…"
-    # A lone surrogate (a file name read with surrogateescape) could not be sent to Redis.
-    if not note.isascii():
-        note = note.encode("utf-8", "backslashreplace").decode()
-    return value, note
 
 
 def encode_progress(percent: float, note: str, at_ms: int) -> str:

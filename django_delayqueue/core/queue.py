@@ -71,6 +71,7 @@ class Queue(Scheduling, BulkScheduling, Delivery, Inspection, Housekeeping, Task
         # What schedule.lua and replace.lua take after the time: when and where to announce.
         self.announce_args: tuple[int, str] = (ANNOUNCE_WITHIN_MS, self.keys.wake_channel)
         self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
+        self.newer_said: set[int] = set()  # see Delivery.leave_for_newer
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} {self.keys.tag}>"

@@ -24,6 +24,8 @@ from django_delayqueue.core.envelope import (
 )
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, PayloadError
 from django_delayqueue.core.keys import QueueKeys
+from django_delayqueue.core.observability import tracing
+from django_delayqueue.core.observability.trace_context import current_trace
 from django_delayqueue.core.results import Prepared, ScheduleResult
 from django_delayqueue.core.scripts.calls import ScriptCall
 from django_delayqueue.core.scripts.contracts import (
@@ -35,8 +37,6 @@ from django_delayqueue.core.scripts.contracts import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
-from django_delayqueue.observability import tracing
-from django_delayqueue.observability.context import current_trace
 
 if TYPE_CHECKING:
     from django_delayqueue.core.clock import Clock

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -60,10 +61,14 @@ class QueueSettings:
             raise ConfigurationError(problem)
 
     def problems(self) -> list[str]:
-        out = []
+        # Seconds that are NaN or infinite: every comparison with NaN is false, so the ranges
+        # below would let it by (the time limits' own in limit_problems).
+        seconds = ("backoff_base", "backoff_max", "visibility_timeout")
+        out = [p for name in seconds if (p := not_finite(name, getattr(self, name)))]
         if self.max_attempts < 1:
             out.append("max_attempts must be at least 1")
-        if self.backoff_base < 0 or self.backoff_max < self.backoff_base:
+        base, most = self.backoff_base, self.backoff_max
+        if not nan_or_infinite(base) and (base < 0 or most < base):
             out.append("backoff_base must be >= 0 and backoff_max >= backoff_base")
         if self.visibility_timeout < 1:
             out.append("visibility_timeout must be at least 1 second")
@@ -106,7 +111,10 @@ class QueueSettings:
 
     def limit_problems(self) -> list[str]:
         """The time limits' own problems (the system checks give the order its own id)."""
-        out = []
+        names = (*LIMIT_FIELDS, "abort_grace_seconds")
+        out = [p for name in names if (p := not_finite(name, getattr(self, name)))]
+        if out:  # NaN compares false: the ranges below would say it less plainly
+            return out
         for name in LIMIT_FIELDS:
             value = getattr(self, name)
             if value is not None and not 0 < value <= MAX_LIMIT_SECONDS:
@@ -152,12 +160,27 @@ class QueueSettings:
 MAX_LATENESS_WARNING_MS = 3_600_000
 
 
+def nan_or_infinite(value: Any) -> bool:
+    """Whether ``value`` is a float that is NaN or infinite (an int never is, however large)."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def not_finite(name: str, value: Any, unit: str = "seconds") -> str | None:
+    """The problem of a number that is NaN or infinite (``name`` must be a finite number of
+    ``unit``), or None: for any other value, whose type and range are checked apart."""
+    if nan_or_infinite(value):
+        return f"{name} must be a finite number of {unit}, not {value!r}"
+    return None
+
+
 def lateness_warning_problem(value: Any) -> str | None:
     """What is wrong with a ``lateness_warning_ms`` value, or None (None: no warning)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"lateness_warning_ms must be a number of milliseconds or None, not {value!r}"
+    if problem := not_finite("lateness_warning_ms", value, "milliseconds"):
+        return problem
     if not 0 < value <= MAX_LATENESS_WARNING_MS:
         return (
             f"lateness_warning_ms must be more than 0 and at most {MAX_LATENESS_WARNING_MS} "

@@ -24,6 +24,7 @@ from django_delayqueue.core.envelope import new_id, validate_id, validate_key
 from django_delayqueue.core.errors import ConfigurationError, PayloadError
 from django_delayqueue.core.inspection import MAX_PAGE
 from django_delayqueue.core.keys import MAX_SHARDS, STATES, QueueKeys
+from django_delayqueue.core.observability import tracing
 from django_delayqueue.core.progress import Progress
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.recurring.recurrence import (
@@ -41,7 +42,6 @@ from django_delayqueue.core.results import (
 )
 from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
-from django_delayqueue.observability import tracing
 
 
 def key_shard(key: str, shards: int) -> int:

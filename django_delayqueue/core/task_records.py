@@ -1,8 +1,11 @@
 """Writes to a task's result record: the hash beside its message (``QueueKeys.task_result``).
 
 A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``
-and ``keys``). What the fields mean is the Tasks backend's (django_delayqueue.tasks.payload);
-how a write lands whatever order writes arrive in is ``write_record.lua``'s.
+and ``keys``). The record's statuses, field names and the order of its writes are named here,
+because the consumer writes a stopped task's end itself (core/consumer/stopped.py) and the core
+imports nothing above it; what the fields mean is told by the Tasks backend, which re-exports
+these names (django_delayqueue.tasks.payload). How a write lands whatever order writes arrive
+in is ``write_record.lua``'s.
 """
 
 from __future__ import annotations
@@ -15,6 +18,37 @@ from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD, WRITE_RECORDS
+
+# A task's status, as its record's ``status`` field holds it.
+READY = "READY"
+RUNNING = "RUNNING"
+FAILED = "FAILED"
+SUCCESSFUL = "SUCCESSFUL"  # the framework's own spelling is framework.SUCCESSFUL
+FINISHED = frozenset({FAILED, SUCCESSFUL})
+
+# The fields of a record hash (see django_delayqueue.tasks.payload's docstring).
+ENQUEUED = "enqueued"
+STATUS = "status"
+STARTED_AT = "started_at"
+LAST_ATTEMPTED_AT = "last_attempted_at"
+FINISHED_AT = "finished_at"
+RETURN_VALUE = "return_value"
+WORKER_PREFIX = "worker:"
+ERROR_PREFIX = "error:"
+ORDER = "order"  # written by write_record.lua itself
+
+
+def write_order(token: bytes | str | None, status: str) -> int:
+    """The order of a delivery's write of ``status``: by delivery token (they only grow), and
+    within one delivery its RUNNING before its end (READY, FAILED or SUCCESSFUL)."""
+    return 2 * _token_number(token) + (status != RUNNING)
+
+
+def _token_number(token: bytes | str | None) -> int:
+    try:
+        return int(token or 0)
+    except ValueError:  # tokens are counters: never here
+        return 0
 
 
 class TaskRecords:

@@ -4,7 +4,8 @@ Read by flow_state.lua from the queue's limiter hash (per shard: a sharded queue
 its shards up): whether a limit holds the queue back and why, since when, how many messages
 it throttled, and how many started in the last whole second (the current rate). With flow
 keys, the keyed ready messages (counts.lua) wait their key's turn, slot or token: counted
-apart (``waiting_on_keys``), and a claim that no key could give anything to is held by "key".
+apart (``waiting_on_keys``), and a claim that no key could give anything to is held by "key"
+(counts.lua leaves those their key's limits hold out of the oldest overdue, not the others).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
   fails the ``consumers`` check. ``None`` turns the check off (say, for the web pods' probe,
   which should not fail when the workers do).
 
+A queue whose consumer processes keep dying before they consume (their supervisor says so:
+monitoring.start_failures) fails the ``starting`` check, with the error they die of.
+
 - ``OUTBOX_MAX_AGE_SECONDS`` (60): an outbox message (committed while Redis was down) that has
   waited longer for a relay fails the ``outbox`` check.
 - ``HEALTH_MAX_MEMORY_PERCENT`` (None: off): a Redis server that uses this share of its
@@ -18,6 +21,11 @@ same report naming the failing checks otherwise. Settings (``DELAYQUEUE``):
   the last 5 minutes passes its ``lateness_warning_ms`` fails the ``lateness`` check (the
   queues without that setting are never checked). Off, the report still shows each queue's
   lateness.
+
+The ``envelope_formats`` check (docs/upgrades.md) names the live consumers older than this
+process (they read an older envelope format than it may write: ``older_consumers``), and fails
+for a queue whose messages wait for a newer consumer while no live consumer reads their format
+(they wait until one is upgraded; a consumer that reads it delivers them within a minute).
 
 A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` check, unless
 ``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers); ``servers`` in the report has each
@@ -28,16 +36,18 @@ Paused queues are expected to have a backlog and may have no consumer: they are 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
-from django_delayqueue.conf.connection import get_client
+from django_delayqueue.conf.connection import monitoring_reads
 from django_delayqueue.conf.queues import queue_settings
-from django_delayqueue.conf.settings import dq_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.monitoring.access import Access, access, refused
 from django_delayqueue.monitoring.processes import past_limit, supervisors_dict
 from django_delayqueue.monitoring.servers import app_servers, findings, memory_problems
 from django_delayqueue.monitoring.stats import (
@@ -45,39 +55,74 @@ from django_delayqueue.monitoring.stats import (
     QueueStats,
     collect,
     format_seconds,
+    redis_unreachable,
     setting,
 )
 
 DEFAULT_MAX_OVERDUE_SECONDS = 60.0
 
 
-def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str, Any]]:
-    """Run the checks on ``stats`` (default: :func:`collect` now); ``(healthy, report)``."""
+# Every check, in the order of the report. A probe may ask for some only (``?check=redis``).
+CHECKS = (
+    "redis",
+    "consumers",
+    "starting",
+    "overdue",
+    "lateness",
+    "envelope_formats",
+    "outbox",
+    "eviction",
+    "memory",
+)
+# The checks that read no queue: a probe asking for these alone costs one PING.
+_WITHOUT_STATS = frozenset({"redis", "outbox"})
+
+
+def check_health(
+    stats: list[QueueStats] | None = None, only: Collection[str] | None = None
+) -> tuple[bool, dict[str, Any]]:
+    """Run the checks on ``stats`` (default: :func:`collect` now); ``(healthy, report)``.
+
+    ``only``: the names of the checks to run (default: all of :data:`CHECKS`); the report
+    then has those alone. Redis is asked a PING first: when it does not answer, nothing else
+    is asked of it (each read would wait out its timeout again) and the checks that read it
+    are not run, so the report says Redis is down, not that no consumer had a heartbeat.
+    """
+    wanted = set(CHECKS) if only is None else set(only)
     max_overdue = setting("HEALTH_MAX_OVERDUE_SECONDS", DEFAULT_MAX_OVERDUE_SECONDS)
     consumer_seconds = setting("HEALTH_CONSUMER_SECONDS", DEFAULT_ALIVE_SECONDS)
-    all_stats = collect() if stats is None else stats
-    redis_errors = sorted({e for s in all_stats for e in s.errors})
-    if not all_stats:
-        redis_errors = _ping()
+    down: list[str] = []
+    if stats is None:
+        down = redis_unreachable()
+        all_stats = [] if down or wanted <= _WITHOUT_STATS else collect()
+    else:
+        all_stats = stats
+        if not all_stats:
+            down = redis_unreachable()
+    redis_errors = down or sorted({e for s in all_stats for e in s.errors})
     checks: dict[str, dict[str, Any]] = {
         "redis": {"ok": not redis_errors, **({"errors": redis_errors} if redis_errors else {})}
     }
     running = [s for s in all_stats if not s.paused]
-    if consumer_seconds is not None:
+    if consumer_seconds is not None and not down:
         failing = {
             s.queue: f"no consumer heartbeat in the last {format_seconds(consumer_seconds)}"
             for s in running
-            if not s.consumers_alive  # 0, or None when it could not be read
+            if s.consumers_alive == 0  # None: not read, which the redis check says
         }
         checks["consumers"] = _check(failing, within_seconds=consumer_seconds)
-    if max_overdue is not None:
+    # Paused or not: a queue whose consumers cannot start is not consumed once resumed either.
+    if not down:
+        dying = {s.queue: "; ".join(s.start_failures) for s in all_stats if s.start_failures}
+        checks["starting"] = _check(dying)
+    if max_overdue is not None and not down:
         failing = {
             s.queue: f"oldest due message waiting {format_seconds(s.oldest_overdue_seconds)}"
             for s in running
             if s.oldest_overdue_seconds is not None and s.oldest_overdue_seconds > max_overdue
         }
         checks["overdue"] = _check(failing, max_seconds=max_overdue)
-    if dq_settings.HEALTH_LATENESS is True:
+    if dq_settings.HEALTH_LATENESS is True and not down:
         failing = {
             s.queue: f"p99 start lateness over 5 min {s.lateness.p99_5m:.1f} ms > "
             f"{s.lateness.warning_ms:g} ms"
@@ -85,12 +130,22 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
             if s.lateness is not None and s.lateness.flagged
         }
         checks["lateness"] = _check(failing)
-    outbox = _outbox_report()
+    if not down:
+        checks["envelope_formats"] = _formats_check(all_stats, running)
+    outbox = _outbox_report() if "outbox" in wanted else {}
     if outbox:
         checks["outbox"] = outbox
     # Not asked again when the stats could not be read: the probe must answer fast.
-    servers = [] if redis_errors else app_servers()
-    checks.update(_server_checks(servers))
+    servers = [] if redis_errors or wanted <= _WITHOUT_STATS else app_servers()
+    if not down:
+        checks.update(_server_checks(servers))
+    # Redis down fails every check that reads it: kept in a report that asked for those only.
+    needs_redis = bool(wanted - {"outbox"})
+    checks = {
+        name: check
+        for name, check in checks.items()
+        if name in wanted or (name == "redis" and needs_redis and not check["ok"])
+    }
     healthy = all(c["ok"] for c in checks.values())
     report = {
         "status": "ok" if healthy else "fail",
@@ -101,15 +156,30 @@ def check_health(stats: list[QueueStats] | None = None) -> tuple[bool, dict[str,
                 "consumers_alive": s.consumers_alive,
                 "supervisors": supervisors_dict(s.processes),
                 "stalled": stalled_count(s),
+                "start_failures": s.start_failures,
                 "oldest_overdue_seconds": s.oldest_overdue_seconds,
+                "overdue_messages": s.overdue_messages,
                 "counts": s.counts,
                 "lateness": s.lateness.to_dict() if s.lateness is not None else None,
+                "envelope_formats": None if s.formats is None else s.formats.to_dict(),
             }
             for s in all_stats
         },
         "servers": [s.to_dict() for s in servers],
     }
     return healthy, report
+
+
+def _formats_check(all_stats: list[QueueStats], running: list[QueueStats]) -> dict[str, Any]:
+    """Fails for a running queue whose messages wait for a newer consumer that is not alive;
+    names the live consumers older than this process either way."""
+    failing = {
+        s.queue: s.formats.waiting_text()
+        for s in running
+        if s.formats is not None and s.formats.stuck
+    }
+    older = {s.queue: s.formats.older for s in all_stats if s.formats and s.formats.older}
+    return {**_check(failing, format=envelope_format()), "older_consumers": older}
 
 
 def stalled_count(s: QueueStats) -> int | None:
@@ -119,6 +189,14 @@ def stalled_count(s: QueueStats) -> int | None:
     except ConfigurationError:
         return None
     return len(past_limit(s.running, limit, s.now_ms))
+
+
+def queue_time_limit(name: str) -> float | None:
+    """The queue's ``time_limit`` (None: none, or its settings cannot be read)."""
+    try:
+        return queue_settings(name).time_limit
+    except ConfigurationError:
+        return None
 
 
 def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:
@@ -159,19 +237,38 @@ def _check(failing: dict[str, str], **limits: float) -> dict[str, Any]:
     return {"ok": not failing, **limits, **({"failing": failing} if failing else {})}
 
 
-def _ping() -> list[str]:
-    """With no queue configured there are no stats: ask Redis directly."""
-    try:
-        get_client().ping()
-    except Exception as e:  # any failure to answer is "not reachable"
-        return [f"Redis unreachable: {e}"]
-    return []
-
-
 @require_safe
-def health_view(request: HttpRequest) -> JsonResponse:
-    """200 and ``{"status": "ok", ...}`` when healthy, 503 and the failing checks otherwise."""
-    healthy, report = check_health()
+def health_view(request: HttpRequest) -> HttpResponse:
+    """200 and ``{"status": "ok", ...}`` when healthy, 503 and the failing checks otherwise.
+
+    ``?check=redis`` (repeated, or comma-separated) runs those checks alone: a web pod's
+    readiness asks for ``redis``, so that workers stopping do not take the site down. With
+    ``MONITORING_TOKEN`` set, a request without it gets the status and which checks pass,
+    nothing more (monitoring.access)."""
+    allowed = access(request)
+    if allowed is Access.REFUSED:
+        return refused("health/")
+    try:
+        only = asked_checks(request.GET.getlist("check"))
+    except ValueError as e:
+        return JsonResponse({"error": str(e)}, status=400)
+    with monitoring_reads():
+        healthy, report = check_health(only=only)
+    if allowed is Access.ANONYMOUS:
+        checks = {name: {"ok": c["ok"]} for name, c in report["checks"].items()}
+        report = {"status": report["status"], "checks": checks}
     response = JsonResponse(report, status=200 if healthy else 503)
     response["Cache-Control"] = "no-store"
     return response
+
+
+def asked_checks(values: list[str]) -> set[str] | None:
+    """The checks a request names in its ``check`` parameters (None: none named, all of
+    them); ValueError naming one that does not exist."""
+    names = {n.strip() for value in values for n in value.split(",") if n.strip()}
+    unknown = sorted(names - set(CHECKS))
+    if unknown:
+        raise ValueError(
+            f"unknown check {', '.join(map(repr, unknown))}; known: {', '.join(CHECKS)}"
+        )
+    return names or None

@@ -19,9 +19,18 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
+from django_delayqueue.conf.connection import monitoring_reads
 from django_delayqueue.core import STATES
 from django_delayqueue.core.flow_limits import parse_rate
-from django_delayqueue.monitoring.stats import QueueStats, collect
+from django_delayqueue.monitoring.access import Access, access, refused
+from django_delayqueue.monitoring.health import queue_time_limit
+from django_delayqueue.monitoring.processes import past_limit
+from django_delayqueue.monitoring.stats import (
+    QueueStats,
+    collect,
+    redis_unreachable,
+    unreachable_stats,
+)
 from django_delayqueue.monitoring.timing_metrics import add_timings, timing_families
 
 logger = logging.getLogger(__name__)
@@ -48,14 +57,18 @@ class StatsCollector:
             for name, (kind, help_text, extra) in FAMILIES.items()
         }
         timings = timing_families()
-        for s in collect():
+        # Asked first: when Redis does not answer, nothing else is asked of it (each read
+        # would wait out its timeout again), and every queue and server reads as down.
+        down = redis_unreachable()
+        for s in unreachable_stats(down[0]) if down else collect():
             _add(s, families)
             if s.lateness is not None:
                 add_timings(s.queue, s.lateness.windows.total, timings)
         yield from families.values()
         yield from timings.values()
-        yield from _schedule_families()
-        yield from _server_families()
+        if not down:
+            yield from _schedule_families()
+        yield from _server_families(down[0] if down else None)
 
 
 # name (after "delayqueue_") -> (kind, help text, labels after "queue")
@@ -64,7 +77,14 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "messages": ("gauge", "Messages in each state.", ("state",)),
     "oldest_overdue_seconds": (
         "gauge",
-        "How long the oldest due message has been waiting to be delivered (0: none).",
+        "How long the oldest due message has been waiting to be delivered (0: none). Read "
+        "from what waits, so it grows while no consumer runs: the lateness alert.",
+        (),
+    ),
+    "overdue_messages": (
+        "gauge",
+        "Due messages no handler has started: pending and retrying ones past their time, and "
+        "ready ones no flow limit holds back.",
         (),
     ),
     "consumers_alive": ("gauge", "Consumers whose last heartbeat is recent.", ()),
@@ -75,7 +95,21 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Handler runs that did not acknowledge (retried or sent to the dead letters).",
         (),
     ),
-    "outcomes": ("counter", "Handler runs by outcome (ack, retry, garbage).", ("outcome",)),
+    "outcomes": (
+        "counter",
+        "Handler runs by outcome as the journal counts them (ack, retry, dead).",
+        ("outcome",),
+    ),
+    "stalled_handlers": (
+        "gauge",
+        "Handlers running past their queue's time_limit (queues with a time_limit only).",
+        (),
+    ),
+    "longest_running_seconds": (
+        "gauge",
+        "How long the longest-running handler of the queue has run (0: none runs).",
+        (),
+    ),
     # Flow control (docs/flow-control.md): only for queues with a rate_limit or max_in_flight.
     "throttled": (
         "counter",
@@ -114,23 +148,36 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+# What a user reads for the dead letters: "dead", as delayqueue_delivery_outcomes_total says
+# (Redis keeps them in the queue's "garbage" zset and the journal writes "garbage").
+DEAD = {"garbage": "dead"}
+
+
 def _add(s: QueueStats, families: dict[str, Any]) -> None:
     q = s.queue
     families["up"].add_metric([q], 1 if s.ok else 0)
     for state in STATES:
         if s.counts[state] is not None:
-            families["messages"].add_metric([q, state], s.counts[state])
+            families["messages"].add_metric([q, DEAD.get(state, state)], s.counts[state])
     if s.counts["pending"] is not None:
         families["oldest_overdue_seconds"].add_metric([q], s.oldest_overdue_seconds or 0.0)
+    if s.overdue_messages is not None:
+        families["overdue_messages"].add_metric([q], s.overdue_messages)
     if s.consumers_alive is not None:
         families["consumers_alive"].add_metric([q], s.consumers_alive)
+        running = s.running
+        longest = running[0].running_seconds(s.now_ms) if running else 0.0
+        families["longest_running_seconds"].add_metric([q], longest)
+        limit = queue_time_limit(q)
+        if limit is not None:
+            families["stalled_handlers"].add_metric([q], len(past_limit(running, limit, s.now_ms)))
     if s.paused is not None:
         families["paused"].add_metric([q], 1 if s.paused else 0)
     if s.outcomes is not None:
         families["deliveries"].add_metric([q], s.deliveries)
         families["failures"].add_metric([q], s.failures)
         for outcome, value in s.outcomes.items():
-            families["outcomes"].add_metric([q, outcome], value)
+            families["outcomes"].add_metric([q, DEAD.get(outcome, outcome)], value)
     _add_flow(s, families)
     _add_keys(s, families)
 
@@ -213,10 +260,11 @@ SERVER_FAMILIES: dict[str, str] = {
 }
 
 
-def _server_families() -> Iterator[Any]:
+def _server_families(down: str | None = None) -> Iterator[Any]:
+    """``down``: why Redis does not answer (then every server reads as down, unasked)."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from django_delayqueue.monitoring.servers import app_servers
+    from django_delayqueue.monitoring.servers import app_servers, unreachable_servers
 
     families = {
         name: GaugeMetricFamily(
@@ -226,7 +274,7 @@ def _server_families() -> Iterator[Any]:
         )
         for name, text in SERVER_FAMILIES.items()
     }
-    for s in app_servers():
+    for s in app_servers() if down is None else unreachable_servers(down):
         families["up"].add_metric([s.address], 1 if s.ok else 0)
         if not s.ok:
             continue
@@ -243,7 +291,10 @@ def _server_families() -> Iterator[Any]:
 
 @require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The Prometheus text exposition of every queue's stats (501 without prometheus-client)."""
+    """The Prometheus text exposition of every queue's stats (501 without prometheus-client;
+    401 without the ``MONITORING_TOKEN``, when one is set: monitoring.access)."""
+    if access(request) in (Access.ANONYMOUS, Access.REFUSED):
+        return refused("metrics/")
     try:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     except ImportError:
@@ -252,6 +303,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     # registering there twice (tests, reloads) would raise.
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector())
-    response = HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    with monitoring_reads():  # Redis reads with the endpoints' own deadline
+        text = generate_latest(registry)
+    response = HttpResponse(text, content_type=CONTENT_TYPE_LATEST)
     response["Cache-Control"] = "no-store"
     return response

@@ -18,6 +18,7 @@ from typing import Any
 
 from django_delayqueue.core import DelayQueueError, Queue
 from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.formats import UNANNOUNCED_FORMAT, format_said
 from django_delayqueue.core.progress import Progress, decode_progress
 from django_delayqueue.core.scripts.calls import redis_errors
 
@@ -54,6 +55,9 @@ class ConsumerProcess:
     rss_bytes: int | None = None
     running_count: int = 0
     running: list[RunningNow] = field(default_factory=list)
+    # The newest envelope format it reads, as its heartbeat announced (1: announced none, a
+    # release before formats had numbers; see core.formats).
+    reads_format: int = UNANNOUNCED_FORMAT
 
     @property
     def supervisor_label(self) -> str | None:
@@ -69,6 +73,7 @@ class ConsumerProcess:
             "supervisor": self.supervisor,
             "handled": self.handled,
             "rss_bytes": self.rss_bytes,
+            "reads_format": self.reads_format,
             "running_count": self.running_count,
             "running": [
                 {
@@ -152,6 +157,7 @@ def _parse(
             rss_bytes=data.get("rss_bytes"),
             running_count=int(data.get("running_count") or len(running)),
             running=running,
+            reads_format=format_said(data.get("reads_format")),
         )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -177,6 +183,7 @@ def merge_processes(parts: Sequence[Sequence[ConsumerProcess]]) -> list[Consumer
                 newest.rss_bytes,
                 seen.running_count + p.running_count,
                 [*seen.running, *p.running],
+                min(seen.reads_format, p.reads_format),
             )
     return sorted(by_name.values(), key=lambda p: -p.last_seen_ms)
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from redis.cluster import RedisCluster
 
 from django_delayqueue.conf.connection import get_client
 from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.errors import ConfigurationError
-from django_delayqueue.core.server_info import NOEVICTION, ServerInfo, read_servers
+from django_delayqueue.core.server_info import NOEVICTION, ServerInfo, address_of, read_servers
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,17 @@ def app_servers(client: Any = None) -> list[ServerInfo]:
         except Exception as e:  # a cluster client connects as it is built: down
             return [ServerInfo("(Redis cluster)", error=str(e), unreachable=True)]
     return read_servers(client)
+
+
+def unreachable_servers(error: str) -> list[ServerInfo]:
+    """The servers when Redis does not answer (``error``), named without asking them."""
+    try:
+        client = get_client()
+    except Exception:  # not configured, or a cluster that cannot connect: one entry
+        return [ServerInfo("(Redis)", error=error, unreachable=True)]
+    if isinstance(client, RedisCluster):
+        return [ServerInfo("cluster", error=error, unreachable=True)]
+    return [ServerInfo(address_of(client), error=error, unreachable=True)]
 
 
 def eviction_accepted() -> bool:

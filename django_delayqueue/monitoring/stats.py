@@ -18,15 +18,19 @@ Nothing here raises because Redis is down: values that could not be read are ``N
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import redis
+
+from django_delayqueue.conf.connection import get_client, monitoring_timeout
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings, file_queue_settings
+from django_delayqueue.conf.settings import dq_settings, envelope_format, file_queue_settings
 from django_delayqueue.core import STATES, ConfigurationError, DelayQueueError, Queue, QueueSettings
-from django_delayqueue.core.envelope import ms_to_datetime, to_str
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, ms_to_datetime, to_str
 from django_delayqueue.core.inspection import counts_and_activity
 from django_delayqueue.monitoring.busiest_keys import (
     TOP,
@@ -35,6 +39,12 @@ from django_delayqueue.monitoring.busiest_keys import (
     read_busiest,
 )
 from django_delayqueue.monitoring.flow import FlowStats, merge_flow, read_flow
+from django_delayqueue.monitoring.formats import (
+    MOST_ENTRIES,
+    EnvelopeFormats,
+    merge_formats,
+    read_formats,
+)
 from django_delayqueue.monitoring.lateness import LatenessStats, merge_lateness, read_lateness
 from django_delayqueue.monitoring.processes import (
     ConsumerProcess,
@@ -43,6 +53,7 @@ from django_delayqueue.monitoring.processes import (
     read_processes,
     supervisors_dict,
 )
+from django_delayqueue.monitoring.start_failures import read_start_failures
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +72,8 @@ class QueueStats:
     counts: dict[str, int | None]
     oldest_overdue_ms: int | None = None  # how late the oldest due message is; None: none is
     next_due_ms: int | None = None  # earliest pending/retry time still to come (or overdue)
+    # How many due messages no consumer has started (see overdue_count); None: not read.
+    overdue_messages: int | None = None
     paused: bool | None = None
     consumers_alive: int | None = None
     consumers: list[tuple[str, int]] = field(default_factory=list)  # (name, last seen ms)
@@ -74,6 +87,12 @@ class QueueStats:
     lateness: LatenessStats | None = None
     # The flow keys with the most ready and in-flight messages (None: could not be read).
     busiest_keys: BusiestKeys | None = None
+    # Messages waiting for a newer consumer, live consumers older than this process (None:
+    # could not be read): docs/upgrades.md.
+    formats: EnvelopeFormats | None = None
+    # "consumers keep dying at start: <error>", one per supervisor whose children do
+    # (monitoring.start_failures).
+    start_failures: list[str] = field(default_factory=list)
 
     @property
     def running(self) -> list[RunningNow]:
@@ -112,6 +131,7 @@ class QueueStats:
             "queue": self.queue,
             "counts": dict(self.counts),
             "oldest_overdue_seconds": self.oldest_overdue_seconds,
+            "overdue_messages": self.overdue_messages,
             "next_due_at": self.next_due_at.isoformat() if self.next_due_at else None,
             "paused": self.paused,
             "consumers_alive": self.consumers_alive,
@@ -123,6 +143,8 @@ class QueueStats:
             "flow": self.flow.to_dict(),
             "lateness": self.lateness.to_dict() if self.lateness is not None else None,
             "busiest_keys": None if self.busiest_keys is None else self.busiest_keys.to_dict(),
+            "envelope_formats": None if self.formats is None else self.formats.to_dict(),
+            "start_failures": list(self.start_failures),
             "errors": list(self.errors),
         }
 
@@ -142,9 +164,11 @@ def gather(
     now_ms: int | None = None,
     alive_seconds: float = DEFAULT_ALIVE_SECONDS,
     journal_batch: int = JOURNAL_BATCH,
+    format: int = ENVELOPE_FORMAT,
 ) -> list[QueueStats]:
     """Stats of ``queues`` (which share one client) in one pipeline. Django-free; never raises
-    for Redis errors."""
+    for Redis errors. ``format``: the envelope format this process writes at most, the one
+    the live consumers are compared with (monitoring.formats)."""
     if not queues:
         return []
     now = queues[0].clock.now_ms() if now_ms is None else now_ms
@@ -157,22 +181,53 @@ def gather(
             MAX_CONSUMERS_LISTED,
             now_ms=now,
             busiest_top=TOP,
+            most_newer=MOST_ENTRIES,
         )
     except DelayQueueError as e:
         logger.warning("queue stats unavailable: %s", e)
         return [_unreadable(q.name, now, str(e), q.settings.paused) for q in queues]
     read = [
-        _with_busiest(_read(q, counts, stats, flow, timings, now), busiest)
-        for q, (counts, stats, flow, timings, busiest) in zip(queues, replies, strict=True)
+        _with_overdue(_with_busiest(_read(q, counts, stats, flow, timings, now), busiest), overdue)
+        for q, (counts, stats, flow, timings, busiest, _, overdue) in zip(
+            queues, replies, strict=True
+        )
     ]
     processes = read_processes(queues, [s.consumers for s in read])
-    return [replace(s, processes=p) for s, p in zip(read, processes, strict=True)]
+    out = []
+    for s, p, reply in zip(read, processes, replies, strict=True):
+        newer = reply[5]
+        if isinstance(newer, Exception):
+            s = replace(s, errors=[*s.errors, f"envelope formats: {newer}"])
+        announced = {c.name: c.reads_format for c in p}
+        formats = read_formats(format, newer, s.consumers, announced)
+        out.append(replace(s, processes=p, formats=formats))
+    return out
 
 
 def _with_busiest(stats: QueueStats, raw: Any) -> QueueStats:
     if isinstance(raw, Exception):
         return replace(stats, errors=[*stats.errors, f"busiest keys: {raw}"])
     return replace(stats, busiest_keys=read_busiest(raw))
+
+
+def _with_overdue(stats: QueueStats, raw: Any) -> QueueStats:
+    if isinstance(raw, Exception):
+        return replace(stats, errors=[*stats.errors, f"overdue: {raw}"])
+    return replace(stats, overdue_messages=overdue_count(stats, int(raw[0]), int(raw[1])))
+
+
+def overdue_count(stats: QueueStats, due_pending: int, due_retry: int) -> int | None:
+    """How many due messages no consumer has started: the pending and retrying ones whose time
+    has come (a consumer's round moves them to ready within milliseconds; while no consumer
+    runs they stay there) and the ready ones, less those that wait on purpose: behind a flow
+    limit that holds the queue, or in their flow key's list for its turn (as the oldest
+    overdue leaves them out). None when the counts could not be read."""
+    ready = stats.counts["ready"]
+    if ready is None:
+        return None
+    keyed = stats.flow.waiting_on_keys or 0
+    waiting = 0 if stats.flow.held else max(0, ready - keyed)
+    return due_pending + due_retry + waiting
 
 
 def _unreadable(name: str, now: int, error: str, paused: bool | None = None) -> QueueStats:
@@ -277,7 +332,11 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
             )
     # One pipeline over every queue and shard (a round trip per Redis node); a sharded
     # queue's stats are its shards' added up.
-    flat = gather([q for shards in queues for q in shards], alive_seconds=consumer_alive_seconds())
+    flat = gather(
+        [q for shards in queues for q in shards],
+        alive_seconds=consumer_alive_seconds(),
+        format=envelope_format(),
+    )
     merged, start = [], 0
     for shards in queues:
         parts = flat[start : start + len(shards)]
@@ -285,7 +344,26 @@ def collect(queue_names: Iterable[str] | None = None) -> list[QueueStats]:
         merged.append(parts[0] if len(parts) == 1 else merge_stats(parts))
     for position, stats in sorted(unreadable.items()):
         merged.insert(position, stats)
-    return merged
+    return _with_start_failures(merged)
+
+
+def _with_start_failures(all_stats: list[QueueStats]) -> list[QueueStats]:
+    """Each queue's stats with what the supervisors publish of children dying at start."""
+    if not all_stats:
+        return all_stats
+    try:
+        # Wall time, as the supervisors stamp their entries (a stale one is minutes old).
+        now = int(time.time() * 1000)
+        failures = read_start_failures(get_client(), str(dq_settings.PREFIX), now)
+    except (redis.RedisError, DelayQueueError, OSError) as e:
+        logger.debug("start failures not read: %s", e)
+        return all_stats
+    if not failures:
+        return all_stats
+    return [
+        replace(s, start_failures=[f.message for f in failures if f.covers(s.queue)])
+        for s in all_stats
+    ]
 
 
 def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
@@ -297,6 +375,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         return None if any(v is None for v in values) else sum(v or 0 for v in values)
 
     overdue = [p.oldest_overdue_ms for p in parts if p.oldest_overdue_ms is not None]
+    overdue_messages = added([p.overdue_messages for p in parts])
     upcoming = [p.next_due_ms for p in parts if p.next_due_ms is not None]
     seen: dict[str, int] = {}
     for p in parts:
@@ -304,6 +383,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
             seen[name] = max(last, seen.get(name, last))
     alive = [p.consumers_alive for p in parts if p.consumers_alive is not None]
     lateness = [p.lateness for p in parts if p.lateness is not None]
+    formats = [p.formats for p in parts if p.formats is not None]
     outcomes: dict[str, int] | None = None
     if all(p.outcomes is not None for p in parts):
         outcomes = {}
@@ -316,6 +396,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         {state: added([p.counts[state] for p in parts]) for state in STATES},
         max(overdue) if overdue else None,
         min(upcoming) if upcoming else None,
+        overdue_messages=overdue_messages,
         paused=parts[0].paused,
         consumers_alive=max(alive) if alive else None,
         consumers=sorted(seen.items(), key=lambda item: -item[1]),
@@ -325,7 +406,31 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         flow=merge_flow([p.flow for p in parts]),
         lateness=merge_lateness(lateness) if len(lateness) == len(parts) else None,
         busiest_keys=merge_busiest([p.busiest_keys for p in parts]),
+        formats=merge_formats(formats) if len(formats) == len(parts) else None,
     )
+
+
+def redis_unreachable() -> list[str]:
+    """What keeps Redis from answering a PING, in words (empty: it answers). The monitoring
+    endpoints ask this first: when Redis is down, every further read would wait out its
+    timeout again, and the stats would say no consumer had a heartbeat."""
+    try:
+        get_client().ping()
+    except redis.TimeoutError:
+        return [f"Redis unreachable: no reply within {format_seconds(monitoring_timeout())}"]
+    except Exception as e:  # any failure to answer is "not reachable"
+        return [f"Redis unreachable: {e}"]
+    return []
+
+
+def unreachable_stats(error: str) -> list[QueueStats]:
+    """The configured queues' stats when Redis does not answer: nothing read, ``error`` said
+    (no read of Redis: the queue names come from the settings)."""
+    try:
+        names = configured()
+    except ConfigurationError:  # reported by the system checks
+        names = []
+    return [_unreadable(name, 0, error) for name in names]
 
 
 def consumer_alive_seconds() -> float:

@@ -11,8 +11,7 @@ cumulative, as the exposition format wants, with the bounds of core.timings.buck
 - ``delayqueue_handler_duration_seconds``;
 - ``delayqueue_limit_wait_seconds``: queues with a flow limit (queue or key) only;
 - ``delayqueue_delivery_outcomes_total{outcome}``: ack, retry, dead, stopped, as the consumers
-  saw them (``delayqueue_outcomes_total`` is the journal's count, ack/retry/garbage, kept as
-  it was).
+  saw them (``delayqueue_outcomes_total`` is the journal's count: ack, retry, dead).
 """
 
 from __future__ import annotations

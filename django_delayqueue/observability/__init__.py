@@ -1,8 +1,5 @@
-"""Observability without Django: OpenTelemetry traces (``context``: the trace context a message
-carries; ``tracing``: the producer and delivery spans) and the fields every log line about one
-message carries (``log_fields``).
-
-OpenTelemetry is optional (the ``otel`` extra): nothing here imports it until a message is
-scheduled or delivered, and without it (or without an SDK's tracer provider) every hook is a
-flag read.
+"""Observability without Django, kept here for the Django layer's existing callers: the modules
+live in :mod:`django_delayqueue.core.observability` (the Django-free core schedules and
+delivers messages and imports nothing above itself), and ``context``, ``tracing`` and
+``log_fields`` here only re-export them. New code imports the core's modules.
 """

@@ -3,7 +3,9 @@
 A child that dies once is replaced at once. One that dies within ``quick_seconds`` of its start
 again and again (a crash at import, a handler that segfaults on every message) is replaced
 after a delay that doubles each time, up to ``most_seconds``, so a crash loop does not fork a
-hundred processes a second; a child that lived longer resets the count.
+hundred processes a second; a child that lived longer resets the count. Whether the child said
+it consumes does not matter: a forked child says so before its first handler runs, and one
+whose handler kills its process on every message is a crash loop all the same.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ class RestartBackoff:
         self.first_seconds = first_seconds
         self.most_seconds = most_seconds
         self.quick_deaths = 0
+
+    def lived(self, lived_seconds: float) -> None:
+        """A child ended (however) after ``lived_seconds``: a long life resets the count."""
+        if lived_seconds >= self.quick_seconds:
+            self.quick_deaths = 0
 
     def died(self, lived_seconds: float) -> float:
         """A child died after ``lived_seconds``: seconds to wait before its replacement."""

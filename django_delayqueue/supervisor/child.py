@@ -2,15 +2,18 @@
 
 The child is forked after Django is set up, so it starts at once with every app loaded (after
 a SIGHUP it is a fresh ``runqueue`` interpreter that runs :func:`run_child` too: .fresh). It
-dies with its supervisor (Linux: ``PR_SET_PDEATHSIG``; elsewhere, and for the instant before it
-is set, a check of the parent pid), so a ``kill -9`` of the supervisor leaves no consumer behind:
-the messages the children held come back after their visibility timeout, as for any process
-killed mid-handler.
+leads a process group of its own, which dies with it (:mod:`.groups`), and it dies with its
+supervisor (Linux: ``PR_SET_PDEATHSIG``; elsewhere, and for the instant before it is set, a
+check of the parent pid), so a ``kill -9`` of the supervisor leaves no consumer behind, nor a
+program one of its handlers started: the messages the children held come back after their
+visibility timeout, as for any process killed mid-handler. A thread of its own tells the
+supervisor it is alive (:mod:`.liveness`): silent past what it asked for, it is killed.
 
 Signals: the supervisor owns them. A child stops gracefully on SIGTERM (once: a second SIGTERM,
-from a ``kill`` of the whole process group or systemd's, is the same request) and at once on
-SIGUSR1, which only the supervisor sends (on a second SIGTERM/SIGINT). SIGINT and SIGHUP, which
-a terminal sends to the whole foreground group, are the supervisor's alone.
+from systemd's ``KillMode=control-group``, is the same request) and at once on SIGUSR1, which
+only the supervisor sends (on a second SIGTERM/SIGINT). SIGINT and SIGHUP, which a terminal
+sends to its foreground group, reach the supervisor alone (a child leads a session of its own),
+and a child ignores them all the same.
 """
 
 from __future__ import annotations
@@ -21,14 +24,26 @@ import logging
 import os
 import signal
 import sys
+import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.supervisor.groups import guard_group, lead_group
+from django_delayqueue.supervisor.liveness import Heartbeat, Held, Holding, QueueLimits
 from django_delayqueue.supervisor.memory import RecyclePolicy
-from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED, ChildChannel
+from django_delayqueue.supervisor.protocol import (
+    FAILED,
+    FATAL,
+    READY,
+    RECYCLE,
+    STOPPED,
+    ChildChannel,
+)
+from django_delayqueue.supervisor.settling import forget_inherited_connections
 from django_delayqueue.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -56,6 +71,41 @@ class SupervisedWorker(Worker):
         self.recycle = recycle or RecyclePolicy()
         self._said_ready = False
 
+    def run(self) -> int:
+        # Beats until the process exits (a daemon thread): a handler given up on at the stop
+        # may still hold the GIL while the process ends, and its lease is still renewed.
+        Heartbeat(self.channel, self.holding).start()
+        return super().run()
+
+    def holding(self) -> Holding:
+        """What this process holds now, for its heartbeat (supervisor.liveness): on the
+        heartbeat's thread."""
+        queues = [
+            QueueLimits(q.name, q.settings.visibility_timeout, q.settings.time_limit)
+            for q in list(self.queues)
+        ]
+        now = time.monotonic()
+        running = []
+        for r in self._threads.running():
+            m = r.message
+            run = self._runs.get(m.queue, m.token)
+            settings = self._settings_of(m.queue)
+            limit = None if settings is None else settings.time_limit
+            running.append(
+                Held(
+                    m.queue,
+                    m.id,
+                    m.token,
+                    m.attempt,
+                    m.task,
+                    abort=None if run is None else run.abort_reason,
+                    time_limit=limit,
+                    limit_in=None if limit is None else r.started_monotonic + limit - now,
+                    stopped=run is not None and run.stop is not None,
+                )
+            )
+        return Holding(queues, running)
+
     def step(self, now_ms: int | None = None) -> int:
         if self.supervisor and os.getppid() != self.supervisor["pid"]:  # orphaned (no prctl)
             self.stop_at_once()
@@ -66,7 +116,7 @@ class SupervisedWorker(Worker):
         why = self.recycle.reason(self.delivered)
         if why is not None:
             logger.info("%s asks to be replaced: %s", self.name, why)
-            self.channel.send(RECYCLE, reason=why)
+            self.channel.send(RECYCLE, reason=why, memory=self.recycle.for_memory)
         return claimed
 
     def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
@@ -106,22 +156,35 @@ class ChildSpec:
     grace_seconds: float
     max_messages: int | None
     max_memory_mb: float | None
+    # The name runqueue was given (--name), which task results list in worker_ids; None: the
+    # child's own name.
+    worker_id: str | None = None
+    # runqueue --alive-file (django_delayqueue.alive); None: none.
+    alive_file: str | None = None
     worker_class: type[SupervisedWorker] = SupervisedWorker
 
 
 def run_child(spec: ChildSpec, write_fd: int, inherited_fds: Sequence[int]) -> NoReturn:
     """The forked child's whole life; never returns into the supervisor's code."""
     code = 1
+    channel = ChildChannel(write_fd)
     try:
+        # First: a group of its own, which what its handlers start joins (supervisor.groups).
+        lead_group()
         _die_with(spec.supervisor_pid)
         signal.set_wakeup_fd(-1)
         for fd in inherited_fds:  # the supervisor's ends of its other pipes
             with contextlib.suppress(OSError):
                 os.close(fd)
-        channel = ChildChannel(write_fd)
+        guard_group()  # kills the group once this process is gone, a supervisor gone too
+        forget_inherited_connections()
         code = _consume(spec, channel)
-    except BaseException:  # never unwind into the supervisor's frames
-        logger.exception("consumer process %s failed", spec.name)
+    except BaseException as e:  # never unwind into the supervisor's frames
+        # The supervisor logs it (in full once per distinct error: a child that fails at
+        # every start would repeat the same traceback for ever).
+        error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        if not channel.send(FAILED, error=error, traceback=traceback.format_exc()[-20000:]):
+            logger.exception("consumer process %s failed", spec.name)
         code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -143,6 +206,8 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
             spec.queues,
             grace_seconds=spec.grace_seconds,
             name=spec.name,
+            worker_id=spec.worker_id,
+            alive_file=spec.alive_file,
             channel=channel,
             recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
         )

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.supervisor.backoff import RestartBackoff
 from django_delayqueue.supervisor.fresh import RestartCommand
+from django_delayqueue.supervisor.groups import kill_group
+from django_delayqueue.supervisor.liveness import Held
 from django_delayqueue.supervisor.protocol import LineReader
 
 
@@ -28,6 +30,25 @@ class Child:
     stopped: list[StoppedHandler] = field(default_factory=list)  # to settle once it is gone
     # A fresh interpreter (after SIGHUP): reaped by the supervisor's waitpid, never by Popen.
     process: subprocess.Popen[bytes] | None = None
+    # The exception it said it ends on (protocol.FAILED): one line, and its traceback.
+    error: str | None = None
+    error_details: str | None = None
+    # Its heartbeat (supervisor.liveness): killed if silent past answer_by (time.monotonic());
+    # what bounds that wait; its running handlers, with when each one's time limit passes.
+    answer_by: float | None = None
+    answer_why: str = ""
+    heard_at: float = 0.0
+    running: list[tuple[Held, float | None]] = field(default_factory=list)
+    silent: float | None = None  # killed after that many seconds of silence
+    # Forked from the supervisor's code while its children are fresh interpreters: a stand-in
+    # for a process that had to be replaced when no fresh interpreter could start.
+    stand_in: bool = False
+
+    @property
+    def replaced(self) -> bool:
+        """Being replaced for a handler it could not stop, or killed for its silence: its end
+        is no failure of a stop (nor of runqueue's exit code)."""
+        return bool(self.stopped) or self.silent is not None
 
 
 @dataclass
@@ -38,6 +59,14 @@ class Slot:
     replace_wanted: str | None = None  # why (recycling, SIGHUP), until a successor serves
     not_before: float = 0.0  # backoff after quick deaths
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    # Its process holds a handler it could not stop (or was killed for its silence): it must
+    # be replaced, from the supervisor's code if no fresh interpreter can start (``fresh_failed``
+    # says why the last one could not).
+    stuck: bool = False
+    fresh_failed: str | None = None
+    # Replacements asked for memory soon after a start are paced as quick deaths are (a
+    # fresh process is as large: replaced at once, it would only ask again).
+    memory_backoff: RestartBackoff = field(default_factory=RestartBackoff)
 
 
 @dataclass(frozen=True)
@@ -49,6 +78,8 @@ class SupervisorOptions:
     max_messages_per_child: int | None = None
     max_memory_per_child_mb: float | None = None
     name: str | None = None
+    # runqueue --alive-file: each child touches it as its loop goes round (django_delayqueue.alive).
+    alive_file: str | None = None
     # How to run this runqueue again (fresh.restart_command); None: SIGHUP forks.
     restart: RestartCommand | None = None
 
@@ -56,6 +87,12 @@ class SupervisorOptions:
 def send_signal(child: Child, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # exited: reaped by the next reap
         os.kill(child.pid, signum)
+
+
+def kill(child: Child) -> None:
+    """SIGKILL ``child`` and every process of its group (what its handlers started)."""
+    kill_group(child.pid)
+    send_signal(child, signal.SIGKILL)  # not a group leader yet (just forked): itself
 
 
 def describe_exit(code: int) -> str:

@@ -19,7 +19,8 @@ import json
 import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 
 from django.utils.module_loading import import_string
 
@@ -78,7 +79,14 @@ def logical_cwd() -> str:
 
 def child_environment(spec: ChildSpec, write_fd: int, base: Mapping[str, str]) -> dict[str, str]:
     """``base`` (the supervisor's environment) plus what makes ``runqueue`` this child."""
-    fields = asdict(replace(spec, name=""))
+    # A field at its default is not sent: the code on disk may be an earlier release (a deploy
+    # rolled back), whose ChildSpec does not know the fields added since, and fails on them.
+    defaults = {f.name: f.default for f in dataclass_fields(ChildSpec) if f.default is not MISSING}
+    fields = {
+        name: value
+        for name, value in asdict(replace(spec, name="")).items()
+        if name not in defaults or value != defaults[name]
+    }
     worker_class = spec.worker_class
     fields["worker_class"] = f"{worker_class.__module__}.{worker_class.__qualname__}"
     return {**base, CHILD_ENV: json.dumps({"fd": write_fd, "spec": fields})}
@@ -99,7 +107,11 @@ def take_child_invocation(
     if not (isinstance(worker_class, type) and issubclass(worker_class, SupervisedWorker)):
         raise TypeError(f"{worker_class!r} is not a SupervisedWorker")
     fields["name"] = f"{fields['supervisor_name']}.{fields['slot']}-{os.getpid()}"
-    spec = ChildSpec(**fields, worker_class=worker_class)
+    # The supervisor may run another release than the code on disk (a deploy rolled back
+    # after a SIGHUP): a field this release does not know is left out rather than failing
+    # every start; a field it knows but was not sent keeps its default.
+    known = {f.name for f in dataclass_fields(ChildSpec)}
+    spec = ChildSpec(**{k: v for k, v in fields.items() if k in known}, worker_class=worker_class)
     fd = int(data["fd"])
     os.set_inheritable(fd, False)  # the processes a handler starts do not hold the pipe
     return spec, fd

@@ -10,10 +10,20 @@ Redis pool are closed first), so a child starts clean.
 Each slot (``--processes N`` of them) has a serving child, and while it is being replaced a
 successor. A replacement (recycling, SIGHUP) starts the successor first and tells the old child
 to stop only once the successor says it consumes (``ready``): no gap in service. A child that
-dies is replaced at once, with backoff when it keeps dying soon after its start. A child that
-could not stop a handler (a time limit) is replaced at once, and the messages of the handlers
-it could not stop are settled only once it has exited and been reaped: a stopped handler never
-runs beside its own redelivery.
+dies is replaced at once, with backoff when it keeps dying soon after its start (ready or not).
+A child that could not stop a handler (a time limit) is replaced at once, and the messages of
+the handlers it could not stop are settled only once it has exited and been reaped: a stopped
+handler never runs beside its own redelivery. After a SIGHUP, such a replacement is a fresh
+interpreter; when none can start (new code that fails to load), a fork of the supervisor's code
+stands in, so that a stuck handler never holds its queue until the code is fixed.
+
+The supervisor is the last line of defence (:mod:`.liveness`): a child that has not said it is
+alive within what its last heartbeat asked for (well before the shortest lease it holds can
+end, or a time limit its watchdog should have enforced) is stuck where no thread of its own can
+act, say in a C call that holds the GIL. It is killed with SIGKILL, and once it is reaped the
+messages its handlers ran are settled as for a handler it could not stop. Every child leads a
+process group, killed whenever the child is killed and once it is reaped (:mod:`.groups`): the
+programs its handlers started end with it.
 """
 
 from __future__ import annotations
@@ -39,10 +49,14 @@ from django_delayqueue.supervisor.children import (
     Slot,
     SupervisorOptions,
     describe_exit,
+    kill,
     send_signal,
 )
-from django_delayqueue.supervisor.protocol import FATAL, READY, RECYCLE, STOPPED
-from django_delayqueue.supervisor.settling import close_connections, settle
+from django_delayqueue.supervisor.groups import kill_group
+from django_delayqueue.supervisor.liveness import SHORTEST_SILENCE_SECONDS, Held
+from django_delayqueue.supervisor.protocol import ALIVE, FAILED, FATAL, READY, RECYCLE, STOPPED
+from django_delayqueue.supervisor.settling import close_connections, settle, settling_client
+from django_delayqueue.supervisor.start_failures import StartFailures
 from django_delayqueue.supervisor.starting import ChildStarter
 
 logger = logging.getLogger(__name__)
@@ -59,7 +73,10 @@ class Supervisor:
 
     :meth:`run` returns the exit code: 0 when every child stopped cleanly, 1 when one did not
     (it failed to stop, or was killed past its grace), or the code of a configuration error a
-    child reported (``fatal`` says what), which stops every child.
+    child reported (``fatal`` says what), which stops every child. A child being replaced for a
+    handler it could not stop, or killed for its silence, is no failure of the stop: its end
+    was decided before (as a child that died and was replaced while runqueue ran); nor is one
+    that could not start (it died of an error it reported, before it consumed).
     """
 
     def __init__(
@@ -82,6 +99,11 @@ class Supervisor:
         self.fresh_children = False
         self._signals: deque[int] = deque()
         self._wake_r, self._wake_w = -1, -1
+        from django_delayqueue.conf.settings import dq_settings
+
+        self.start_failures = StartFailures(
+            self.name, options.queues, str(dq_settings.PREFIX), client=settling_client
+        )
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -106,6 +128,7 @@ class Supervisor:
                     self._roll()
                     self._fill_slots()
                 self._kill_overdue()
+                self._kill_silent()
                 if self._finished():
                     break
                 self._wait(self._timeout())
@@ -114,6 +137,7 @@ class Supervisor:
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
         self._settle_left(final=True)
+        self.start_failures.stopped()
         if self.fatal is not None:
             return self.fatal[1]
         logger.info("supervisor %s stopped", self.name)
@@ -129,6 +153,7 @@ class Supervisor:
     def _timeout(self) -> float:
         now = time.monotonic()
         times = [c.kill_at for c in self._children() if c.kill_at is not None]
+        times += [c.answer_by for c in self._children() if c.answer_by is not None]
         if not self.stop_requests:
             times += [s.not_before for s in self.slots if s.current is None and s.successor is None]
         if self.to_settle:
@@ -213,7 +238,26 @@ class Supervisor:
         # The supervisor's own pipes, which a forked child closes.
         open_fds = [self._wake_r, self._wake_w]
         open_fds += [c.reader.fd for c in self._children() if c.reader.fd >= 0]
-        return self.starter.start(slot, fresh=self.fresh_children, open_fds=open_fds)
+        fresh = self.fresh_children
+        stand_in = fresh and slot.fresh_failed is not None and (slot.stuck or slot.current is None)
+        if stand_in:
+            logger.warning(
+                "%s, and no fresh interpreter can start (%s): forking one from the code this "
+                "supervisor loaded at its start instead, until the code on disk loads",
+                f"consumer process {slot.current.pid} must be replaced (a handler it could not "
+                "stop)"
+                if slot.current is not None
+                else f"slot {slot.index + 1} has no consumer process",
+                slot.fresh_failed,
+            )
+        try:
+            child = self.starter.start(slot, fresh=fresh and not stand_in, open_fds=open_fds)
+        except OSError as e:
+            if fresh and not stand_in:  # the interpreter cannot be run: a stand-in next
+                slot.fresh_failed = f"{type(e).__name__}: {e}"
+            raise
+        child.stand_in = stand_in
+        return child
 
     def _fill_slots(self) -> None:
         now = time.monotonic()
@@ -232,6 +276,8 @@ class Supervisor:
                     slot.successor = self._spawn(slot)
             except OSError as e:  # fork refused (EAGAIN, ENOMEM): try again later
                 slot.not_before = now + slot.backoff.died(0) + 1.0
+                if slot.stuck and slot.fresh_failed is not None and self.fresh_children:
+                    slot.not_before = now  # an interpreter that cannot run: a stand-in now
                 logger.error("could not start a consumer process: %s", e)
 
     def _roll(self) -> None:
@@ -246,14 +292,31 @@ class Supervisor:
     def _on_message(self, child: Child, message: dict[str, Any]) -> None:
         kind = message.get("kind")
         slot = self.slots[child.slot]
-        if kind == READY:
+        if kind == ALIVE:
+            self._heard(child, message)
+        elif kind == READY:
+            # (The crash-loop backoff is not reset here: a forked child says it consumes before
+            # its first handler runs, and one that kills its process is no less a crash loop.)
             child.ready = True
-            slot.backoff.quick_deaths = 0
+            self.start_failures.consumed(child.slot)
+            if child.process is not None:
+                slot.fresh_failed = None  # fresh interpreters start again
+            if slot.current is child:  # filled an empty slot
+                slot.stuck = False
+                if child.stand_in and not slot.replace_wanted:
+                    slot.replace_wanted = "to run the code on disk"
             if slot.successor is child:
                 old, slot.current, slot.successor = slot.current, child, None
-                if slot.replace_wanted == "SIGHUP" and self._rolling:
-                    self._rolling.popleft()
-                slot.replace_wanted = None
+                slot.stuck = False
+                if child.stand_in:
+                    # Still to be replaced by the code on disk, tried with the backoff of
+                    # the interpreters that failed: a SIGHUP's turn stays with this slot.
+                    if slot.replace_wanted != "SIGHUP":
+                        slot.replace_wanted = "to run the code on disk"
+                else:
+                    if slot.replace_wanted == "SIGHUP" and self._rolling:
+                        self._rolling.popleft()
+                    slot.replace_wanted = None
                 if old is not None:
                     logger.info("consumer process %d consumes: stopping %d", child.pid, old.pid)
                     self._retire(old)
@@ -262,6 +325,8 @@ class Supervisor:
         elif kind == RECYCLE:
             if slot.current is child and not slot.replace_wanted:
                 slot.replace_wanted = str(message.get("reason") or "recycling")
+                if message.get("memory"):
+                    self._pace_memory_recycling(slot, child)
         elif kind == STOPPED:
             handlers = [StoppedHandler.from_json(h) for h in message.get("handlers") or []]
             child.stopped.extend(handlers)
@@ -273,6 +338,8 @@ class Supervisor:
             # Replaced as when recycled: it serves on until its successor consumes, then it is
             # told to stop (its other handlers finish); the stopped ones are settled once it is
             # gone. No gap for its other queues.
+            if slot.current is child:
+                slot.stuck = True
             if slot.current is child and slot.successor is None:
                 slot.replace_wanted = "a handler could not be stopped"
                 slot.not_before = 0.0
@@ -280,6 +347,9 @@ class Supervisor:
                     self._fill_slots()
             elif slot.current is not child:  # already on its way out: it stops anyway
                 self._tell_to_stop(child)
+        elif kind == FAILED:
+            child.error = str(message.get("error") or "") or None
+            child.error_details = str(message.get("traceback") or "") or None
         elif kind == FATAL:
             text = str(message.get("message") or "configuration error")
             code = int(message.get("code") or 1)
@@ -288,6 +358,26 @@ class Supervisor:
                 logger.error("consumer process %d: %s; stopping", child.pid, text)
                 if not self.stop_requests:
                     self.request_stop()
+
+    def _pace_memory_recycling(self, slot: Slot, child: Child) -> None:
+        """A process that outgrew --max-memory-per-child soon after its start, again and again,
+        is followed by one as large: replaced at once, the slot would fork as fast as processes
+        start. Its successor starts after the crash-loop backoff (0.5 s doubling to 30 s) from
+        the second such process on; it serves until then, so its queues have no gap."""
+        lived = time.monotonic() - child.started
+        delay = slot.memory_backoff.died(lived)
+        if not delay:
+            return
+        slot.not_before = max(slot.not_before, time.monotonic() + delay)
+        logger.warning(
+            "consumer process %d outgrew --max-memory-per-child %.1fs after its start, as "
+            "the process before it did: a fresh process is about as large, so it is replaced "
+            "in %.1fs, not at once (it serves until then); give --max-memory-per-child more "
+            "than a fresh consumer process's resident memory",
+            child.pid,
+            lived,
+            delay,
+        )
 
     def _retire(self, child: Child) -> None:
         self.retiring.append(child)
@@ -309,7 +399,65 @@ class Supervisor:
             if child.kill_at is not None and now >= child.kill_at and not child.killed:
                 logger.warning("consumer process %d did not stop in time: SIGKILL", child.pid)
                 child.killed = True
-                send_signal(child, signal.SIGKILL)
+                kill(child)
+
+    def _heard(self, child: Child, message: dict[str, Any]) -> None:
+        """A heartbeat of ``child`` (supervisor.liveness): hear from it again within what it
+        asks for, or kill it."""
+        now = time.monotonic()
+        try:
+            within = float(message.get("within") or 0.0)
+        except (TypeError, ValueError):
+            within = 0.0
+        if not within < float("inf"):  # inf or NaN
+            within = 0.0
+        child.heard_at = now
+        child.answer_by = now + max(SHORTEST_SILENCE_SECONDS, within)
+        child.answer_why = str(message.get("why") or "")
+        running = message.get("running")
+        if isinstance(running, list):
+            held = [Held.from_json(h) for h in running if isinstance(h, dict)]
+            child.running = [(h, None if h.limit_in is None else now + h.limit_in) for h in held]
+
+    def _kill_silent(self) -> None:
+        """SIGKILL (with its group) every child that has not said it is alive in time: it is
+        stuck where none of its threads can act (a C call that holds the GIL); its running
+        messages are settled once it is reaped (``_gone``), never while it may still run."""
+        for child in self._children():
+            if child.answer_by is None or child.killed or child.reader.closed:
+                continue
+            if time.monotonic() < child.answer_by:
+                continue
+            # Its beats may be waiting in the pipe (this loop was busy): read them first.
+            for message in child.reader.read():
+                self._on_message(child, message)
+            now = time.monotonic()
+            if child.killed or child.reader.closed or now < child.answer_by:
+                continue
+            silent = now - child.heard_at
+            known = {(s.queue, s.token) for s in child.stopped}
+            settle = [
+                held.stopped_handler(limit_at is not None and limit_at <= now, silent)
+                for held, limit_at in child.running
+                if (held.queue, held.token) not in known
+            ]
+            logger.error(
+                "consumer process %d has not answered for %.1fs, longer than %s allows: it is "
+                "stuck where its own threads cannot act (a C call that holds the GIL?). "
+                "SIGKILL, with its process group; its %d running message(s) are settled once "
+                "it is gone",
+                child.pid,
+                silent,
+                child.answer_why or "its heartbeat",
+                len(settle),
+            )
+            child.silent = silent
+            child.killed = True
+            child.stopped.extend(settle)
+            kill(child)
+            slot = self.slots[child.slot]
+            if slot.current is child:
+                slot.stuck = True
 
     def _reap(self) -> None:
         while True:
@@ -324,10 +472,14 @@ class Supervisor:
                 self._gone(child, status)
 
     def _gone(self, child: Child, status: int) -> None:
-        """``child`` exited and was reaped: settle what it could not stop, replace it."""
+        """``child`` exited and was reaped: kill what is left of its process group (programs
+        its handlers started), settle what it could not stop, replace it."""
+        kill_group(child.pid)
         for message in child.reader.read():  # what it said last
             self._on_message(child, message)
         child.reader.close()
+        if child.error is not None:  # said whatever it was doing: starting, serving, stopping
+            self.start_failures.failed(child.error, child.error_details)
         code = os.waitstatus_to_exitcode(status)
         if child.process is not None:  # reaped here: Popen must not wait for the pid again
             child.process.returncode = code
@@ -343,25 +495,48 @@ class Supervisor:
         if child.stopped:
             self.to_settle.extend(child.stopped)
             self._settle_left()
+        slot.backoff.lived(lived)
+        # A child being replaced (a handler it could not stop, or its silence) ends as decided
+        # before the stop, and one that died of the error it reported before it consumed is a
+        # start failure (logged, and published while they go on): neither fails the stop.
+        start_failed = not child.ready and not child.killed and child.error is not None
+        failed = not clean and not child.replaced and not start_failed
         if child.told_to_stop:
             if not clean:
-                logger.warning("consumer process %d stopped with exit code %s", child.pid, code)
-                if self.stop_requests:
+                logger.warning(
+                    "consumer process %d stopped with %s%s%s",
+                    child.pid,
+                    describe_exit(code),
+                    f": {child.error}" if child.error else "",
+                    " (it was being replaced)" if child.replaced else "",
+                )
+                if self.stop_requests and failed:
                     self.failed = True
             else:
                 logger.info("consumer process %d stopped", child.pid)
             return
         if self.stop_requests or self.fatal is not None:
-            self.failed = self.failed or not clean
+            self.failed = self.failed or failed
             return
         delay = slot.backoff.died(lived)
+        if child.process is not None and not child.ready:  # a fresh interpreter that failed
+            slot.fresh_failed = child.error or describe_exit(code)
+            if slot.stuck:  # its predecessor holds a stuck handler: a stand-in now
+                delay = 0.0
         slot.not_before = time.monotonic() + delay
         logger.error(
-            "consumer process %d died (%s) after %.1fs: %s",
+            "consumer process %d died (%s%s) after %.1fs%s: %s",
             child.pid,
             describe_exit(code),
+            f": {child.error}" if child.error else "",
             lived,
+            "" if child.ready else ", before it consumed",
             f"replaced in {delay:.1f}s" if delay else "replaced now",
+        )
+        self.start_failures.died(
+            child.slot,
+            child.ready,
+            child.error or f"{describe_exit(code)} (no exception reported)",
         )
 
     def _settle_left(self, *, final: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 The parent talks to a child with signals only (SIGTERM: stop gracefully, a second: at once;
 SIGKILL past its grace), so the pipe goes one way. A line is short (the stopped handlers of a
-time limit are the longest) and is written whole by the child's loop thread, the only writer.
+time limit and the running ones of a heartbeat are the longest) and is written whole: the
+child's loop thread and its heartbeat thread (:mod:`.liveness`) write under one lock.
 """
 
 from __future__ import annotations
@@ -10,17 +11,25 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from typing import Any
 
 # The child consumes (its first round trip is done): a successor's predecessor may stop now.
 READY = "ready"
-# The child reached --max-messages-per-child or --max-memory-per-child: replace me.
+# The child reached --max-messages-per-child or --max-memory-per-child: replace me ("reason";
+# "memory": true for the memory limit, whose replacements soon after a start are paced).
 RECYCLE = "recycle"
 # Handlers the child could not stop (core.consumer.stopped.StoppedHandler, as JSON); it stops
 # itself as on SIGTERM: start a replacement now, settle them once this process is gone.
 STOPPED = "stopped"
 # A configuration error (an evicting Redis found later): stop everything with ``code``.
 FATAL = "fatal"
+# The child is ending on an exception: ``error`` (one line) and ``traceback``. The supervisor
+# logs it, in full once per distinct error (supervisor.start_failures).
+FAILED = "failed"
+# The child is alive (a heartbeat, from a thread of its own: supervisor.liveness): hear from it
+# again ``within`` seconds or kill it; ``running``, when it changed, its running handlers.
+ALIVE = "alive"
 
 
 class ChildChannel:
@@ -29,15 +38,19 @@ class ChildChannel:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._lock = threading.Lock()  # two writers: a line longer than PIPE_BUF is not atomic
 
-    def send(self, kind: str, **fields: Any) -> None:
+    def send(self, kind: str, **fields: Any) -> bool:
+        """Whether the message was written whole."""
         data = (json.dumps({"kind": kind, **fields}, separators=(",", ":")) + "\n").encode()
-        try:
-            while data:
-                written = os.write(self.fd, data)
-                data = data[written:]
-        except OSError:
-            pass
+        with self._lock:
+            try:
+                while data:
+                    written = os.write(self.fd, data)
+                    data = data[written:]
+            except OSError:
+                return False
+        return True
 
 
 class LineReader:

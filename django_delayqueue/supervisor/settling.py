@@ -90,6 +90,12 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
     return []
 
 
+def settling_client() -> Any:
+    """The supervisor's own Redis client (no retries, short timeouts): for what it writes
+    itself, which must never hold its loop long."""
+    return _settling_client()[0]
+
+
 def _settling_client() -> tuple[Any, Any]:
     """The supervisor's own client (no retries, short timeouts) and a clock reading it."""
     global _settling
@@ -141,7 +147,8 @@ def _queues_for(physical: str) -> dict[str, Queue]:
 
 def close_connections() -> None:
     """Nothing open across a fork: Django's database connections and the Redis pools (a child
-    would share their sockets with its parent)."""
+    would share their sockets with its parent). The clients stay usable: each reconnects on
+    its next command (the supervisor settles through its own after a fork)."""
     connections.close_all()
     from django_delayqueue.conf.connection import get_client
 
@@ -152,10 +159,34 @@ def close_connections() -> None:
         logger.debug("Redis connections not closed before fork: %s", e)
     for client in clients:
         try:
-            pool = getattr(client, "connection_pool", None)
-            if pool is not None:
-                pool.disconnect()
-            elif hasattr(client, "close"):  # a cluster client: one pool per node
-                client.close()
+            disconnect(client)
         except Exception as e:
             logger.debug("Redis connections not closed before fork: %s", e)
+
+
+def disconnect(client: Any) -> None:
+    """Close the sockets of ``client`` and leave it usable. A cluster client has one pool per
+    node: ``RedisCluster.close()`` would also forget its nodes (redis-py 5.1 and later), and
+    every command after it fails with "The cluster has no default node"."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+        return
+    nodes = getattr(client, "get_nodes", None)
+    if nodes is not None:  # a cluster client
+        for node in nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+
+
+def forget_inherited_connections() -> None:
+    """In a child just forked: build every Redis client anew on first use, from the settings.
+
+    What the child inherited is its supervisor's (its pools, the cluster's view of its nodes,
+    a Sentinel's idea of the primary, the settling client): a child's connections are its own.
+    """
+    global _settling
+    from django_delayqueue.conf.caches import reset_all
+
+    _settling = None
+    reset_all()

@@ -91,7 +91,14 @@ class ChildStarter:
         # Django waits for them instead of killing it, as for a forked child.
         signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
         try:
-            process = subprocess.Popen(restart.argv, cwd=restart.cwd, env=env, pass_fds=(write_fd,))
+            # A session and process group of its own, as a forked child makes (supervisor.groups).
+            process = subprocess.Popen(
+                restart.argv,
+                cwd=restart.cwd,
+                env=env,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
         except BaseException:
             os.close(read_fd)
             raise
@@ -126,5 +133,7 @@ class ChildStarter:
             grace_seconds=o.grace_seconds,
             max_messages=o.max_messages_per_child,
             max_memory_mb=o.max_memory_per_child_mb,
+            worker_id=o.name,
+            alive_file=o.alive_file,
             worker_class=self.worker_class,
         )

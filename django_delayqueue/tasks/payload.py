@@ -30,6 +30,50 @@ from typing import Any
 
 from django_delayqueue.core.errors import CorruptEnvelope
 
+# The record's statuses, field names and write order live in the core (the consumer writes a
+# stopped task's end with them, and the core imports nothing above it); re-exported here for
+# the Tasks backend's modules.
+from django_delayqueue.core.task_records import (
+    ENQUEUED,
+    ERROR_PREFIX,
+    FAILED,
+    FINISHED,
+    FINISHED_AT,
+    LAST_ATTEMPTED_AT,
+    ORDER,
+    READY,
+    RETURN_VALUE,
+    RUNNING,
+    STARTED_AT,
+    STATUS,
+    SUCCESSFUL,
+    WORKER_PREFIX,
+    write_order,
+)
+
+__all__ = [
+    "ENQUEUED",
+    "ERROR_PREFIX",
+    "FAILED",
+    "FINISHED",
+    "FINISHED_AT",
+    "LAST_ATTEMPTED_AT",
+    "ORDER",
+    "READY",
+    "RETURN_VALUE",
+    "RUNNING",
+    "STARTED_AT",
+    "STATUS",
+    "SUCCESSFUL",
+    "TASK_KEY",
+    "WORKER_PREFIX",
+    "DeadLettered",
+    "TaskRecord",
+    "is_task_payload",
+    "task_payload",
+    "write_order",
+]
+
 TASK_KEY = "django.task"
 
 
@@ -62,38 +106,6 @@ class DeadLettered(Exception):
 
 def is_task_payload(payload: Any) -> bool:
     return isinstance(payload, dict) and isinstance(payload.get(TASK_KEY), str)
-
-
-READY = "READY"
-RUNNING = "RUNNING"
-FAILED = "FAILED"
-SUCCESSFUL = "SUCCESSFUL"  # the framework's own spelling is framework.SUCCESSFUL
-FINISHED = frozenset({FAILED, SUCCESSFUL})
-
-
-# The fields of a record hash (see the module's docstring).
-ENQUEUED = "enqueued"
-STATUS = "status"
-STARTED_AT = "started_at"
-LAST_ATTEMPTED_AT = "last_attempted_at"
-FINISHED_AT = "finished_at"
-RETURN_VALUE = "return_value"
-WORKER_PREFIX = "worker:"
-ERROR_PREFIX = "error:"
-ORDER = "order"  # written by write_record.lua itself
-
-
-def write_order(token: bytes | str | None, status: str) -> int:
-    """The order of a delivery's write of ``status``: by delivery token (they only grow), and
-    within one delivery its RUNNING before its end (READY, FAILED or SUCCESSFUL)."""
-    return 2 * _token_number(token) + (status != RUNNING)
-
-
-def _token_number(token: bytes | str | None) -> int:
-    try:
-        return int(token or 0)
-    except ValueError:  # tokens are counters: never here
-        return 0
 
 
 @dataclass

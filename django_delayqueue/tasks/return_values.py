@@ -41,8 +41,26 @@ def _normalized(value: Any) -> Any:
     except RecursionError:  # nested far too deep: the PayloadError that says how deep
         encode_json(value, "return value")
         raise
-    except TypeError as e:  # recorded as the TypeError it is (see _cause)
-        raise PayloadError(f"return value is not JSON-serialisable: {e}") from e
+    except TypeError as e:  # recorded as a TypeError (see _cause), in json's own words
+        in_words = _in_json_words(value, e)
+        raise PayloadError(f"return value is not JSON-serialisable: {in_words}") from in_words
+
+
+def _in_json_words(value: Any, error: TypeError) -> TypeError:
+    """The framework's TypeError for a value that is not JSON ("Unsupported type: ..."), said
+    as Python's json says it ("Object of type function is not JSON serializable"): the words
+    users and django-tasks-db's suite search a result's traceback for. The framework's error
+    is its cause, so the traceback has both."""
+    try:
+        json.dumps(value)
+        said = ""
+    except Exception as json_error:  # TypeError, or what json refuses otherwise
+        said = str(json_error)
+    if "is not JSON serializable" not in said:  # e.g. "keys must be str, int, ..."
+        said = f"{error}: the return value is not JSON serializable"
+    in_words = TypeError(said)
+    in_words.__cause__ = error
+    return in_words
 
 
 def _cause(error: Exception) -> BaseException:

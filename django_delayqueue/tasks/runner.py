@@ -113,7 +113,8 @@ class TaskRunner:
         except BaseException as e:  # the consumer decides what it means; the record follows
             handler_returned()
             # Aborted: the dead letters (the consumer records it so), never a retry.
-            run.failed(e, dead=isinstance(e, Aborted) or isinstance(stop_error(), Aborted))
+            abort = _abort(stop_error())
+            run.failed(_as_recorded(e, abort), dead=abort is not None or isinstance(e, Aborted))
             raise
         return run.succeeded(value)
 
@@ -138,9 +139,11 @@ class TaskRunner:
             from django_delayqueue.core.consumer.handler_coroutines import requested_stop
 
             stop = requested_stop()  # an abort sends it to the dead letters: FAILED now
-            dead = stop is not None and stop[0] == "dead"
-            dead = dead or isinstance(e, Aborted) or isinstance(stop_error(), Aborted)
-            await in_thread_to_its_end(run.failed, e, True, dead)
+            abort = _abort(stop_error())
+            if abort is None and stop is not None and stop[0] == "dead":
+                abort = Aborted(stop[1])  # its canceller's reason: "aborted: ..."
+            dead = abort is not None or isinstance(e, Aborted)
+            await in_thread_to_its_end(run.failed, _as_recorded(e, abort), True, dead)
             raise
         return await in_thread_to_its_end(run.succeeded, value, True)
 
@@ -168,6 +171,22 @@ class TaskRunner:
             task = stand_in_task(record) if task is None else task
             result = to_task_result(record, attempt.message.id, task)
             _send_robust(framework.task_finished, backend, result)
+
+
+def _abort(stopped: BaseException | None) -> Aborted | None:
+    """``stopped`` (:func:`stop_error`) if it is an abort's."""
+    return stopped if isinstance(stopped, Aborted) else None
+
+
+def _as_recorded(e: BaseException, abort: Aborted | None) -> BaseException:
+    """What a task's record says ended it: ``abort`` once its message was aborted (an abort
+    wins over a time limit that came in its grace, or an error the task raised after it, as it
+    does in the journal and the dead letters), with ``e`` as its cause, so the traceback still
+    shows where and how the task ended; else ``e``."""
+    if abort is None or isinstance(e, Aborted):
+        return e
+    abort.__cause__ = e
+    return abort
 
 
 class _TaskRun:

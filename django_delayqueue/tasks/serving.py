@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 class TaskServing:
     name: str
+    worker_id: str  # what each task's result lists in its worker_ids
     queues: list[Queue]
     _by_name: dict[str, Queue]  # the worker's queues (shards) by name
     # Read by handler threads, replaced (never changed in place) by the loop's.
@@ -89,7 +90,7 @@ class TaskServing:
                 from django_delayqueue.tasks.runner import TaskRunner
             except ImportError as e:
                 raise Reject(f"a task message, but no Tasks framework here: {e}") from e
-            self._tasks = TaskRunner(self.name, self.write_soon)
+            self._tasks = TaskRunner(self.worker_id, self.write_soon)
         return self._tasks
 
     def _task_is_async(self, message: Message) -> bool:

@@ -335,6 +335,40 @@ def test_queue_config_admin_edits_and_publishes(
     assert json.loads(redis_client.hget(config, "time_limit")) is None  # no limit again
 
 
+@pytest.mark.parametrize("typed", ["nan", "inf", "-inf", "NaN"])
+@pytest.mark.parametrize("field", ["visibility_timeout", "backoff_max", "time_limit"])
+def test_queue_settings_refuse_nan_and_infinity_by_name(admin_client, typed, field):
+    """Issue 37: Django's own FloatField answered "Enter a number." to "nan" (which Python reads
+    as a number), and "inf" for "no limit" got the same riddle."""
+    row = QueueConfig.objects.get(name=QUEUE)
+    change = reverse("admin:django_delayqueue_queueconfig_change", args=[row.pk])
+    data = {
+        "max_attempts": 5,
+        "backoff_base": 1,
+        "backoff_max": 60,
+        "visibility_timeout": 30,
+        "claim_batch": 10,
+        "concurrency": 2,
+        "abort_grace_seconds": 5,
+    }
+    response = admin_client.post(change, {**data, field: typed})
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    (said,) = errors[field]
+    assert said.startswith("Enter a finite number of seconds, not ")
+    assert QueueConfig.objects.get(name=QUEUE).visibility_timeout == row.visibility_timeout
+
+
+def test_a_schedule_every_of_infinity_is_refused_by_name(admin_client):
+    response = admin_client.post(
+        "/admin/django_delayqueue/recurringschedule/add/",
+        {"name": "forever", "queue": QUEUE, "every": "inf", "timezone": "UTC", "payload": "{}"},
+    )
+    assert response.status_code == 200
+    (said,) = response.context["adminform"].form.errors["every"]
+    assert said.startswith("Enter a finite number of seconds, not inf")
+
+
 def test_queue_config_list_editable_pauses(
     admin_client, redis_client, django_capture_on_commit_callbacks
 ):

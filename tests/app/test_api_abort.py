@@ -6,6 +6,9 @@ deadline, never a sleep that must be long enough.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 from asgiref.sync import async_to_sync
+from core_consumer_support import Ticks
 from django.conf import settings
 from django.test import override_settings
 from waiting import TIMEOUT, wait_until
@@ -24,6 +28,7 @@ from django_delayqueue.worker import Worker
 
 QUEUE = "limited"
 SHARDED = "limited-sharded"
+TIMED = "limited-timed"  # a time limit from the start (a coroutine's is read as it starts)
 KEYS = QueueKeys("dq", QUEUE)
 
 
@@ -33,6 +38,7 @@ def limited_queues() -> Iterator[None]:
         **settings.DELAYQUEUE["QUEUES"],
         QUEUE: {"max_attempts": 3, "backoff_base": 60, "abort_grace_seconds": 600},
         SHARDED: {"shards": 4, "abort_grace_seconds": 0.2},
+        TIMED: {"max_attempts": 3, "abort_grace_seconds": 600, "time_limit": 30},
     }
     config = {**settings.DELAYQUEUE, "QUEUES": queues, "SETTINGS_REFRESH_SECONDS": 0.1}
     with override_settings(DELAYQUEUE=config):
@@ -191,3 +197,101 @@ def test_a_time_limit_edited_in_the_admin_reaches_a_running_worker(
     wait_until(lambda: redis_client.zscore(KEYS.retry, "t1") is not None)
     assert redis_client.hget(KEYS.reasons, "t1") == b"time limit exceeded (0.5 s)"
     assert worker.queues[0].settings.time_limit == 0.5
+
+
+# --- issue 36 §4: an abort wins over a time limit that comes in its grace -----------------------
+
+
+def journal_rows(client: redis.Redis, keys: QueueKeys) -> list[tuple[int, str, str]]:
+    """(attempt, status, error) of each journal row."""
+    rows = [row for _, f in client.xrange(keys.journal) for row in json.loads(f[b"o"])]
+    return [(row[5], row[6], row[7]) for row in rows]
+
+
+def the_story(
+    client: redis.Redis, keys: QueueKeys, message_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal, the dead letters and the log lines all tell of the abort."""
+    wait_until(lambda: client.zscore(keys.garbage, message_id) and journal_rows(client, keys))
+    assert client.hget(keys.reasons, message_id) == b"aborted: customer cancelled"
+    assert journal_rows(client, keys) == [(1, "garbage", "Aborted")]
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"message {message_id} aborted (customer cancelled) and at its time limit" in log
+    assert "time limit exceeded" not in log and "used its last attempt" not in log
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_at_its_time_limit_in_an_aborts_grace_is_stopped_as_aborted(
+    redis_client: redis.Redis,
+    receivers: Any,
+    start_worker: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started, saw_abort, ended_by = threading.Event(), threading.Event(), []
+
+    def ignores_its_abort(message: dq.Message, **kwargs: Any) -> None:
+        started.set()
+        while not message.aborted:
+            threading.Event().wait(0.01)
+        saw_abort.set()
+        try:
+            while True:
+                try:
+                    while True:
+                        pass
+                except Exception:
+                    pass
+        except BaseException as e:
+            ended_by.append(type(e).__name__)
+            raise
+
+    receivers(QUEUE, ignores_its_abort)
+    dq.schedule(QUEUE, {"report": 1}, id="r3")
+    start_worker(QUEUE)
+    assert started.wait(TIMEOUT)
+    assert dq.abort(QUEUE, "r3", reason="customer cancelled").running
+    assert saw_abort.wait(TIMEOUT)
+    # Staff set a time limit in the admin, already past: it comes in the abort's grace (600 s).
+    queue_overrides.publish({QUEUE: {"time_limit": 0.5}})
+    the_story(redis_client, KEYS, "r3", caplog)
+    assert ended_by == ["Aborted"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_receiver_at_its_time_limit_in_an_aborts_grace_ends_as_aborted(
+    redis_client: redis.Redis,
+    receivers: Any,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started, saw_abort = threading.Event(), threading.Event()
+
+    async def ignores_its_abort(message: dq.Message, **kwargs: Any) -> None:
+        started.set()
+        while not message.aborted:
+            await asyncio.sleep(0.01)
+        saw_abort.set()
+        while True:
+            with contextlib.suppress(Exception):
+                await asyncio.sleep(3600)
+
+    receivers(TIMED, ignores_its_abort)
+    dq.schedule(TIMED, {"report": 1}, id="r4")
+    worker = Worker.for_queues([TIMED], idle_seconds=0.1)
+    ticks = Ticks()  # the coroutines' limits are timed on it
+    monkeypatch.setattr(worker.coroutines, "_monotonic", ticks)
+    monkeypatch.setattr(worker.coroutines._watcher, "_monotonic", ticks)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(TIMEOUT)
+        assert dq.abort(TIMED, "r4", reason="customer cancelled").running
+        assert saw_abort.wait(TIMEOUT)
+        ticks.now += 31  # its time limit (30 s) comes, in the abort's grace (600 s)
+        the_story(redis_client, QueueKeys("dq", TIMED), "r4", caplog)
+    finally:
+        worker.request_stop()
+        thread.join(TIMEOUT)
+        if thread.is_alive():
+            worker.request_stop()  # the second stops at once
+            thread.join(TIMEOUT)

@@ -123,6 +123,74 @@ def test_e003_limits_out_of_range() -> None:
     assert ids(found) == ["delayqueue.E003"] * 3
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("changes", "check_id", "said"),
+    [
+        (
+            {"QUEUES": {"q": {"visibility_timeout": NAN}}},
+            "delayqueue.E003",
+            "DELAYQUEUE['QUEUES']['q']: visibility_timeout must be a finite number of seconds, "
+            "not nan.",
+        ),
+        (
+            {"DEFAULTS": {"backoff_max": INF}, "QUEUES": {"q": {}}},
+            "delayqueue.E003",
+            "DELAYQUEUE['QUEUES']['q']: backoff_max must be a finite number of seconds, not inf.",
+        ),
+        (
+            {"QUEUES": {"q": {"time_limit": NAN}}},
+            "delayqueue.E003",
+            "DELAYQUEUE['QUEUES']['q']: time_limit must be a finite number of seconds, not nan.",
+        ),
+        (
+            {"SETTINGS_REFRESH_SECONDS": NAN},
+            "delayqueue.E004",
+            "DELAYQUEUE['SETTINGS_REFRESH_SECONDS'] must be a finite number of seconds, 0 or "
+            "more, not nan.",
+        ),
+        (
+            {"HEALTH_MAX_OVERDUE_SECONDS": INF},
+            "delayqueue.E011",
+            "DELAYQUEUE['HEALTH_MAX_OVERDUE_SECONDS'] must be a finite number of seconds, above "
+            "0 (or None: off), not inf.",
+        ),
+        (
+            {"HEALTH_CONSUMER_SECONDS": NAN},
+            "delayqueue.E011",
+            "DELAYQUEUE['HEALTH_CONSUMER_SECONDS'] must be a finite number of seconds, above 0 "
+            "(or None: off), not nan.",
+        ),
+        (
+            {"OUTBOX_LEASE_SECONDS": INF},
+            "delayqueue.E008",
+            "DELAYQUEUE['OUTBOX_LEASE_SECONDS'] must be a finite number of seconds, above 0, "
+            "not inf.",
+        ),
+    ],
+)
+def test_nan_and_infinity_are_refused_wherever_settings_give_seconds(
+    changes: dict[str, Any], check_id: str, said: str
+) -> None:
+    """Issue 37: a visibility_timeout of NaN passed the checks (and ran: every comparison with
+    NaN is false), as did NaN or infinity for the settings of the probe and the refresh."""
+    with override_settings(DELAYQUEUE=delayqueue(**changes)):
+        found = check_settings()
+    assert [(m.id, m.msg) for m in found] == [(check_id, said)]
+
+
+def test_seconds_settings_keep_their_allowed_values() -> None:
+    changes = {
+        "SETTINGS_REFRESH_SECONDS": 0,  # re-read at every use
+        "HEALTH_MAX_OVERDUE_SECONDS": None,  # that check off
+        "HEALTH_CONSUMER_SECONDS": 0.5,
+    }
+    with override_settings(DELAYQUEUE=delayqueue(**changes)):
+        assert check_settings() == []
+
+
 def test_e014_visibility_timeout_that_cannot_cover_the_time_limit() -> None:
     queues = {
         "short": {"visibility_timeout": 30, "time_limit": 29},
@@ -244,3 +312,71 @@ def test_e015_flow_limits_that_cannot_be_read_or_split_are_refused_with_hints() 
     for name in ("cap-below-shards", "burst-below-shards"):
         (error,) = by_queue[name]
         assert "number of shards (3)" in error.msg and "share" in error.hint
+
+
+def test_w011_says_what_a_flow_key_gets_of_a_sharded_queues_limits() -> None:
+    """A key's messages live on one shard: on a 4-shard queue with rate_limit 40/s a key's
+    backlog runs at 10/s (issue 37). Said where the settings show the queue takes keys, and
+    not where the key's own limits ask no more than the share."""
+    sharded = {"rate_limit": "40/s", "max_in_flight": 8, "shards": 4}
+    queues = {
+        "keyed": {**sharded, "key_concurrency": 5},
+        "by-schedule": dict(sharded),
+        "within-share": {**sharded, "key_rate_limit": "5/s", "key_concurrency": 1},
+        "unsharded": {"rate_limit": "40/s", "key_concurrency": 1},
+        "no-keys-seen": dict(sharded),
+        "by-task": dict(sharded),
+    }
+    schedules = {"sync": {"queue": "by-schedule", "every": 60, "payload": {}, "key": "store-7"}}
+    tasks = {
+        "default": {
+            "BACKEND": "django_delayqueue.tasks.DelayQueueBackend",
+            "QUEUES": ["by-task"],
+            "OPTIONS": {"KEY_ARGUMENT": "phone"},
+        }
+    }
+    with override_settings(DELAYQUEUE=delayqueue(QUEUES=queues, SCHEDULES=schedules), TASKS=tasks):
+        found = check_settings()
+    by_queue = {name: [e for e in found if f"[{name!r}]" in e.msg] for name in queues}
+    (keyed,) = by_queue["keyed"]
+    assert keyed.id == "delayqueue.W011"
+    assert "about 10/s of its rate_limit '40/s'" in keyed.msg
+    assert "at most 2 in flight of its max_in_flight 8" in keyed.msg
+    assert "fewer shards" in keyed.hint
+    for name in ("by-schedule", "by-task"):  # keys given by a schedule, by a task argument
+        (warning,) = by_queue[name]
+        assert warning.id == "delayqueue.W011"
+    assert by_queue["within-share"] == by_queue["unsharded"] == by_queue["no-keys-seen"] == []
+
+
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        (12345, "must be a string or None, not int"),
+        ("", "must not be empty (None: no token)"),
+        ("a token with spaces in it", "must be printable ASCII without spaces"),
+        ("tok\u00e9n-0123456789abcdef", "must be printable ASCII without spaces"),
+        ("short", "is 5 characters long; use 16 or more"),
+    ],
+)
+def test_e018_a_monitoring_token_no_client_could_send_or_anyone_could_guess(
+    token: Any, said: str
+) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(MONITORING_TOKEN=token)):
+        found = check_settings()
+    assert ids(found) == ["delayqueue.E018"]
+    assert said in found[0].msg
+    if isinstance(token, str) and len(token) > 3:
+        assert token not in found[0].msg  # a check's output lands in logs
+
+
+@pytest.mark.parametrize("timeout", [0, -1, NAN, "2", None])
+def test_e018_monitoring_timeout(timeout: Any) -> None:
+    with override_settings(DELAYQUEUE=delayqueue(MONITORING_TIMEOUT_SECONDS=timeout)):
+        assert ids(check_settings()) == ["delayqueue.E018"]
+
+
+def test_e018_silent_for_a_good_token_and_timeout() -> None:
+    good = {"MONITORING_TOKEN": "Zm9vYmFy-0123456789_abc~.", "MONITORING_TIMEOUT_SECONDS": 0.5}
+    with override_settings(DELAYQUEUE=delayqueue(**good)):
+        assert check_settings() == []

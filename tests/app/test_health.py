@@ -42,9 +42,11 @@ def test_healthy(client, queues):
     assert {name: c["ok"] for name, c in report["checks"].items()} == {
         "redis": True,
         "consumers": True,
+        "starting": True,
         "overdue": True,
         "outbox": True,
         "eviction": True,
+        "envelope_formats": True,
     }
     assert report["checks"]["outbox"]["databases"] == {
         "default": {"waiting": 0, "oldest_seconds": 0.0}
@@ -114,7 +116,7 @@ def test_redis_down_fails(client):
         response = client.get(URL)
     assert response.status_code == 503
     redis = response.json()["checks"]["redis"]
-    assert redis["ok"] is False and "unavailable" in redis["errors"][0].lower()
+    assert redis["ok"] is False and "unreachable" in redis["errors"][0].lower()
 
 
 def test_no_queues_configured_pings_redis(client, redis_client):
@@ -228,3 +230,152 @@ def test_each_queue_lists_its_supervisors_and_its_stalled_messages(client, queue
     ]
     assert order_close["stalled"] == 1  # 5 s past a 2 s limit; the other has run 0.1 s
     assert report["queues"]["activation-sms"]["supervisors"] == []
+
+
+# --- issue 38: probes that fit Kubernetes, a deadline of their own, a token ----------------------
+
+
+def refusing() -> dict:
+    """Settings on a port where nothing listens: Redis refuses every connection."""
+    return {
+        **settings.DELAYQUEUE,
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "QUEUES": {"order-close": {}},
+    }
+
+
+def test_redis_refusing_connections_is_said_as_redis_down_not_as_missing_heartbeats(client):
+    """With Redis refusing connections the report said no consumer had a heartbeat: what
+    fails is Redis, and the checks that read it are not run at all."""
+    with override_settings(DELAYQUEUE=refusing()):
+        response = client.get(URL)
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert [name for name, c in checks.items() if not c["ok"]] == ["redis"]
+    assert "consumers" not in checks and "overdue" not in checks
+    (error,) = checks["redis"]["errors"]
+    assert error.startswith("Redis unreachable: ") and "heartbeat" not in response.content.decode()
+
+
+def test_a_web_pods_readiness_asks_for_redis_alone(client, queues):
+    """Workers stopped gracefully (no heartbeat left) with work overdue: the full report
+    fails, but a web pod's readiness, ``?check=redis``, passes: stopping the workers must not
+    take the site out of its load balancer. A check that does not exist is a 400 naming the
+    known ones."""
+    from django_delayqueue.core import ManualClock
+
+    q = queues["order-close"]
+    earlier = Queue(q.client, q.name, prefix="dq", clock=ManualClock(q.clock.now_ms() - 120_000))
+    earlier.schedule({"late": True}, delay=1)
+    assert client.get(URL).status_code == 503
+    response = client.get(URL, {"check": "redis"})
+    assert response.status_code == 200
+    assert response.json()["checks"] == {"redis": {"ok": True}}
+    both = client.get(URL, {"check": "redis,overdue"})
+    assert both.status_code == 503 and set(both.json()["checks"]) == {"redis", "overdue"}
+    bad = client.get(URL, {"check": "redis,nope"})
+    assert bad.status_code == 400 and "unknown check 'nope'" in bad.json()["error"]
+    assert "known: redis, consumers" in bad.json()["error"]
+
+
+def test_a_redis_down_fails_a_probe_that_asked_for_a_check_reading_it(client):
+    with override_settings(DELAYQUEUE=refusing()):
+        response = client.get(URL, {"check": "consumers"})
+        outbox_only = client.get(URL, {"check": "outbox"})
+    assert response.status_code == 503 and not response.json()["checks"]["redis"]["ok"]
+    assert outbox_only.status_code == 200  # the outbox is what covers Redis being down
+
+
+@pytest.fixture
+def frozen_redis():
+    """A redis-server of the test's own, stopped with SIGSTOP: connections are accepted by the
+    kernel, no command ever gets a reply (as a Redis stuck in a fork, a swap storm or a long
+    script). Let go again at the end."""
+    import os
+    import signal
+
+    from django_delayqueue.embedded import RedisServerProcess
+
+    with RedisServerProcess() as server:
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            yield server
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+
+
+def test_a_frozen_redis_fails_the_probe_within_the_monitoring_timeout(client, frozen_redis):
+    """A frozen Redis held metrics/ and health/ for as long as the app's client waits for a
+    reply (30 s): longer than a probe or a scrape waits. Their reads have a timeout of their
+    own, MONITORING_TIMEOUT_SECONDS, which the report names; the metrics say every queue and
+    server is down."""
+    frozen = {
+        **settings.DELAYQUEUE,
+        "REDIS_URL": frozen_redis.url,
+        "MONITORING_TIMEOUT_SECONDS": 0.3,
+        "QUEUES": {"order-close": {}},
+    }
+    with override_settings(DELAYQUEUE=frozen):
+        response = client.get(URL)
+        metrics = client.get("/delayqueue/metrics/")
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"]["errors"] == [
+        "Redis unreachable: no reply within 300 ms"
+    ]
+    assert metrics.status_code == 200
+    text = metrics.content.decode()
+    assert 'delayqueue_up{queue="order-close"} 0.0' in text
+    assert f'delayqueue_redis_up{{server="127.0.0.1:{frozen_redis.port}"}} 0.0' in text
+
+
+def test_the_monitoring_reads_use_a_client_with_short_timeouts(redis_client):
+    """The clients the endpoints read with: the app's waits 30 s, theirs the setting's."""
+    from django_delayqueue.conf.connection import get_client, monitoring_reads
+
+    with delayqueue(MONITORING_TIMEOUT_SECONDS=1.5):
+        usual = get_client().connection_pool.connection_kwargs
+        with monitoring_reads():
+            probe = get_client().connection_pool.connection_kwargs
+        assert get_client().connection_pool.connection_kwargs is usual  # back after
+    assert usual["socket_timeout"] == 30
+    assert probe["socket_timeout"] == 1.5 and probe["socket_connect_timeout"] == 1.5
+
+
+TOKEN = "s3cret-token-for-probes-0123456789"
+
+
+def test_with_a_token_an_anonymous_failing_report_names_nothing(client):
+    """A failing report named Redis addresses (and database aliases) to whoever asked. With
+    MONITORING_TOKEN set, a request without it gets the status and which checks pass; the
+    token (as a Kubernetes probe's httpHeaders send it) gets the details; a wrong one a 401."""
+    dead = {**refusing(), "MONITORING_TOKEN": TOKEN}
+    port = dead["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+    with override_settings(DELAYQUEUE=dead):
+        anonymous = client.get(URL)
+        granted = client.get(URL, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+        wrong = client.get(URL, HTTP_AUTHORIZATION="Bearer guess")
+    assert anonymous.status_code == 503
+    assert anonymous.json() == {
+        "status": "fail",
+        "checks": {"redis": {"ok": False}, "outbox": {"ok": True}},
+    }
+    body = anonymous.content.decode()
+    assert port not in body and "127.0.0.1" not in body and "default" not in body
+    assert granted.status_code == 503 and port in granted.json()["checks"]["redis"]["errors"][0]
+    assert "default" in granted.json()["checks"]["outbox"]["databases"]
+    assert wrong.status_code == 401 and wrong["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_with_a_token_the_metrics_need_it(client, redis_client):
+    """Prometheus' ``authorization`` block sends ``Authorization: Bearer <credentials>``."""
+    with delayqueue(MONITORING_TOKEN=TOKEN):
+        assert client.get("/delayqueue/metrics/").status_code == 401
+        assert client.get("/delayqueue/metrics/", HTTP_AUTHORIZATION="Bearer no").status_code == 401
+        assert (
+            client.get("/delayqueue/metrics/", HTTP_AUTHORIZATION=f"Basic {TOKEN}").status_code
+            == 401
+        )
+        ok = client.get("/delayqueue/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert ok.status_code == 200 and b"delayqueue_up" in ok.content
+    assert client.get("/delayqueue/metrics/").status_code == 200  # open without a token set

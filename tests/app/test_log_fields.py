@@ -1,5 +1,5 @@
 """Every log line about one message carries its id, queue and attempt as record attributes
-(``dq_message_id``, ``dq_queue``, ``dq_attempt``: django_delayqueue.observability.log_fields),
+(``dq_message_id``, ``dq_queue``, ``dq_attempt``: django_delayqueue.core.observability.log_fields),
 so a JSON formatter writes them and a log search finds every line of one message: from the
 schedule the producer logged to the handler's failure and the dead letters."""
 

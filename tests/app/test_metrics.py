@@ -46,7 +46,7 @@ def test_gauges_per_queue_and_state(client, q, redis_client):
     oc = (("queue", "order-close"),)
     assert m[("delayqueue_messages", (*oc, ("state", "pending")))] == 1
     assert m[("delayqueue_messages", (*oc, ("state", "ready")))] == 1
-    assert m[("delayqueue_messages", (*oc, ("state", "garbage")))] == 0
+    assert m[("delayqueue_messages", (*oc, ("state", "dead")))] == 0
     assert m[("delayqueue_oldest_overdue_seconds", oc)] >= 5
     assert m[("delayqueue_consumers_alive", oc)] == 2
     assert m[("delayqueue_paused", oc)] == 1
@@ -68,7 +68,7 @@ def test_delivery_counters_only_grow(client, q):
     third = scrape(client)
     assert third[("delayqueue_deliveries_total", oc)] == 4
     assert third[("delayqueue_failures_total", oc)] == 2
-    assert third[("delayqueue_outcomes_total", (("outcome", "garbage"), *oc))] == 1
+    assert third[("delayqueue_outcomes_total", (("outcome", "dead"), *oc))] == 1
 
 
 def test_redis_down_reports_up_0_and_no_values(client):
@@ -128,3 +128,116 @@ def test_flow_limits_are_exported_with_the_throttled_counter(client, q, redis_cl
     assert m[("delayqueue_throttled_total", oc)] == 0  # none started late yet
     assert m[("delayqueue_started_last_second", oc)] >= 0
     assert ("delayqueue_throttled_total", (("queue", "activation-sms"),)) not in m
+
+
+# --- issue 38: how late the work is now, what runs, dead letters named "dead" ---------------------
+
+
+def test_work_overdue_now_is_exported_while_no_consumer_runs(client, q, redis_client):
+    """Lateness is recorded as handlers start, so while no consumer runs it says nothing (a
+    94 s outage read as NaN or the p99 of before). What waits says it: 30 messages 79 s past
+    their time sit in pending (no consumer promoted them: ``ready`` stays 0) and one in ready;
+    the gauges count all 31 and the oldest's age."""
+    from django_delayqueue.core import ManualClock
+
+    now = q.clock.now_ms()
+    earlier = Queue(redis_client, "order-close", prefix="dq", clock=ManualClock(now - 80_000))
+    earlier.schedule_many([{"payload": n, "delay": 1} for n in range(30)])  # due 79 s ago
+    q.schedule({"now": True}, at=now - 10)  # due now: straight to ready
+    m = scrape(client)
+    oc = (("queue", "order-close"),)
+    assert m[("delayqueue_messages", (*oc, ("state", "pending")))] == 30
+    assert m[("delayqueue_messages", (*oc, ("state", "ready")))] == 1
+    assert m[("delayqueue_overdue_messages", oc)] == 31
+    assert m[("delayqueue_oldest_overdue_seconds", oc)] >= 79
+    assert m[("delayqueue_consumers_alive", oc)] == 0
+    assert m[("delayqueue_overdue_messages", (("queue", "activation-sms"),))] == 0
+
+
+def test_messages_a_rate_limit_holds_are_not_overdue(client, q, redis_client):
+    """Ready messages behind a flow limit wait as the site asked: not counted as overdue."""
+    redis_client.hset(q.keys.config, mapping={"rate_limit": '"10/s"'})
+    limited = Queue(redis_client, "order-close", prefix="dq")
+    limited.settings = limited.settings.replace(rate_limit="10/s")
+    limited.schedule_many([{"payload": i} for i in range(5)])
+    assert len(limited.claim(5)) == 1  # the other 4 wait on the rate
+    m = scrape(client)
+    oc = (("queue", "order-close"),)
+    assert m[("delayqueue_messages", (*oc, ("state", "ready")))] == 4
+    assert m[("delayqueue_overdue_messages", oc)] == 0
+
+
+def test_running_handlers_and_those_past_their_time_limit(client, q):
+    """A stalled handler (one its time limit could not stop) shows as
+    delayqueue_stalled_handlers for a queue with a time_limit; the longest-running handler's
+    age for every queue with consumers."""
+    from django.conf import settings
+
+    from django_delayqueue.core import Message
+    from django_delayqueue.core.consumer.details import heartbeat_details
+    from django_delayqueue.core.consumer.handler_contracts import RunningHandler
+
+    now = q.clock.now_ms()
+    for name, started_ago in (("c1", 5000), ("c2", 100)):
+        message = Message(f"m-{name}", q.name, None, 0, 0, 1, "1")
+        running = [RunningHandler(message, 0.0, now - started_ago, 1)]
+        q.client.zadd(q.keys.heartbeats, {name: now})
+        q.client.hset(q.keys.consumer_details, name, heartbeat_details(q.name, 1, running, None))
+    queues = {**settings.DELAYQUEUE["QUEUES"]}
+    queues["order-close"] = {**queues["order-close"], "time_limit": 2}
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "QUEUES": queues}):
+        m = scrape(client)
+    oc = (("queue", "order-close"),)
+    assert m[("delayqueue_stalled_handlers", oc)] == 1  # 5 s past a 2 s limit
+    assert m[("delayqueue_longest_running_seconds", oc)] >= 5
+    assert ("delayqueue_stalled_handlers", (("queue", "activation-sms"),)) not in m
+
+
+def test_dead_letters_are_named_dead_in_every_family(client, q, redis_client):
+    """One word for a dead letter: the journal's counter, the consumers' counter and the
+    state gauge all say "dead" (the journal's said "garbage")."""
+    q.schedule("x", id="x")
+    (m,) = q.claim(1)
+    q.bury(m, "poison")  # one message in the dead letters
+    journal(q, "garbage")  # and the journal's word for its outcome
+    text = client.get(URL).content.decode()
+    outcome_labels = {
+        s.labels.get("outcome")
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "outcome" in s.labels
+    }
+    state_labels = {
+        s.labels.get("state")
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "state" in s.labels
+    }
+    assert "garbage" not in outcome_labels | state_labels
+    assert "dead" in outcome_labels and "dead" in state_labels
+
+
+def test_the_exposition_passes_promtool_check_metrics(client, q, redis_client):
+    """Prometheus' own linter, on an exposition with every family this app exports: queue
+    gauges and counters, flow limits, keys, timings histograms, schedules, servers."""
+    import shutil
+    import subprocess
+
+    from ci_support import skip_or_fail
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        skip_or_fail("promtool not found (Debian: apt-get install prometheus)")
+    redis_client.hset(q.keys.config, mapping={"rate_limit": '"10/s"'})
+    limited = Queue(redis_client, "order-close", prefix="dq")
+    limited.settings = limited.settings.replace(rate_limit="10/s")
+    limited.schedule_many([{"payload": i, "key": f"k{i % 2}"} for i in range(5)])
+    limited.claim(5)
+    redis_client.hset(q.keys.timings, mapping={"l3": 2, "l20": 1, "l_sum": 90_004, "o_ack": 3})
+    journal(q, "ack", "garbage")
+    text = client.get(URL).content.decode()
+    assert "delayqueue_start_lateness_seconds_bucket" in text
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -40,7 +40,7 @@ def test_table_has_a_row_per_configured_queue(q):
         "READY",
         "UNACK",
         "RETRY",
-        "GARBAGE",
+        "DEAD",
         "OVERDUE",
         "CONSUMERS",
         "PAUSED",
@@ -83,6 +83,17 @@ def test_watch_table_prints_a_timestamp_per_refresh(q):
 def test_watch_needs_a_positive_interval(redis_client):
     with pytest.raises(CommandError):
         run("--watch", "0")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_watch_refuses_nan_and_infinity_by_name(redis_client, value):
+    """Before: ``--watch inf`` slept for ever after its first table, ``nan`` raised from
+    time.sleep (ValueError, a traceback)."""
+    expected = f"--watch: expected a finite number of seconds, above 0, not '{value}'"
+    with pytest.raises(CommandError, match=expected):
+        run("--watch", value, "--count", "1")
+    with pytest.raises(CommandError, match="--watch must be a finite number of seconds"):
+        call_command("queuestats", watch=float(value), count=1, stdout=StringIO())
 
 
 def test_redis_down_prints_dashes_and_fails():

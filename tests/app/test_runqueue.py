@@ -109,6 +109,29 @@ def test_counts_must_be_positive(value: str) -> None:
         call_command("runqueue", "--burst", "--concurrency", value)
 
 
+@pytest.mark.parametrize("value", ["-5", "nan", "NaN", "inf", "soon"])
+@pytest.mark.django_db(transaction=True)
+def test_grace_must_be_a_finite_number_of_seconds(redis_client: redis.Redis, value: str) -> None:
+    """Issue 37: ``--grace -5`` and ``--grace nan`` were silently 0 (``max(0.0, nan)`` is 0),
+    ``inf`` a stop that never ends."""
+    expected = f"--grace: expected a finite number of seconds, 0 or more, not '{value}'"
+    with pytest.raises(CommandError, match=expected):
+        call_command("runqueue", QUEUE, "--burst", "--grace", value)
+
+
+@pytest.mark.parametrize("value", [-5, float("nan"), float("inf")])
+@pytest.mark.django_db(transaction=True)
+def test_grace_given_to_call_command_is_checked_too(
+    redis_client: redis.Redis, value: float
+) -> None:
+    """``call_command(grace=...)`` hands the value over as it is, past the parser."""
+    expected = f"--grace must be a finite number of seconds, 0 or more, not {value!r}"
+    with pytest.raises(CommandError) as caught:
+        call_command("runqueue", QUEUE, "--burst", grace=value)
+    assert str(caught.value) == expected
+    call_command("runqueue", QUEUE, "--burst", grace=0)  # no grace at all: allowed
+
+
 @pytest.mark.django_db(transaction=True)
 def test_verbosity_sets_the_log_level(redis_client: redis.Redis) -> None:
     logger = logging.getLogger("django_delayqueue")
@@ -356,3 +379,36 @@ def test_a_redis_that_comes_up_evicting_keys_stops_the_worker_before_it_delivers
         assert "maxmemory-policy volatile-ttl" in child.output()
         assert client.lrange("demo:slow:done", 0, -1) == []  # nothing delivered on it
         client.close()
+
+
+# --- issue 38: a liveness probe of its own ----------------------------------------------------
+
+
+LONG_AGO = 1_000_000_000  # 2001: far older than any --max-age
+
+
+def touched_again(path: Path) -> bool:
+    return path.exists() and path.stat().st_mtime > LONG_AGO
+
+
+@pytest.mark.parametrize("redis_up", [True, False], ids=["idle", "redis-down"])
+def test_runqueue_keeps_the_file_fresh_while_idle_and_while_redis_is_down(
+    redis_server: Any, runqueue: Any, tmp_path: Path, redis_up: bool
+) -> None:
+    """The loop goes round every few seconds with nothing to deliver (its maintenance), and
+    while Redis is down (its retries): a probe of the file restarts a stuck worker, never an
+    idle one or one waiting for Redis. Under its supervisor, as a pod runs it."""
+    alive = tmp_path / "alive"
+    url = redis_server.url if redis_up else f"redis://127.0.0.1:{free_port()}/0"
+    child = runqueue(url, "demo-slow", "--alive-file", str(alive))
+    child.wait_until(alive.exists, "the alive file was created")
+    for _ in range(2):  # touched again, and again: not once at start
+        os.utime(alive, (LONG_AGO, LONG_AGO))
+        child.wait_until(lambda: touched_again(alive), "the alive file was touched again")
+    from django_delayqueue.alive import main as probe
+
+    assert probe([str(alive), "--max-age", "60"]) == 0
+    if not redis_up:
+        assert "trying again" in child.output()
+    child.signal(signal.SIGINT)
+    assert child.exit_code() == 0, child.output()

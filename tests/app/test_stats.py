@@ -178,8 +178,9 @@ def test_all_queues_in_one_round_trip(redis_client, clock):
     spy.sent.clear()
     result = stats.gather([make_queue(spy, n, clock) for n in names])
     assert [s.counts["pending"] for s in result] == [1, 1, 1, 1]
-    # counts, activity, flow state, timings and busiest flow keys of each queue
-    assert spy.sent == ["pipeline of 20"]
+    # counts, activity, flow state, timings, busiest flow keys, those waiting for a newer
+    # consumer and the overdue backlog of each queue
+    assert spy.sent == ["pipeline of 28"]
 
 
 def test_scripts_reload_after_script_flush(redis_client, clock):
@@ -212,7 +213,9 @@ def test_one_broken_queue_does_not_hide_the_others(redis_client, clock):
     s_good, s_bad = stats.gather([good, bad])
     assert s_good.ok and s_good.counts["ready"] == 1
     assert s_bad.counts["pending"] is None and s_bad.consumers_alive is None
-    assert len(s_bad.errors) == 2 and "WRONGTYPE" in s_bad.error
+    # counts.lua, stats.lua and overdue.lua (which reads pending too)
+    assert len(s_bad.errors) == 3 and "WRONGTYPE" in s_bad.error
+    assert s_bad.overdue_messages is None
 
 
 def test_no_queues_no_round_trip():

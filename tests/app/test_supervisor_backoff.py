@@ -16,3 +16,13 @@ def test_a_child_that_lived_long_resets_the_count() -> None:
     b.died(1), b.died(1)
     assert b.died(60) == 0.0 and b.quick_deaths == 0
     assert b.died(1) == 0.0
+
+
+def test_a_long_life_resets_the_count_however_the_child_ended() -> None:
+    """A child recycled (or stopped) after a long life: the next quick death is a first one."""
+    b = RestartBackoff(quick_seconds=10, first_seconds=0.5)
+    b.died(1), b.died(1)
+    b.lived(3)
+    assert b.quick_deaths == 2
+    b.lived(60)
+    assert b.died(1) == 0.0

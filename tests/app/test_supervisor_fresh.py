@@ -123,3 +123,58 @@ def test_the_child_reads_its_spec_and_pipe_and_removes_them() -> None:
         os.close(read_fd)
         os.close(write_fd)
     assert take_child_invocation({"PATH": "/bin"}) is None
+
+
+def test_a_spec_from_another_release_still_starts_the_child() -> None:
+    """A supervisor of a later release (a deploy rolled back after SIGHUP) may send a field
+    this code does not know, or leave out one that has a default: the child starts all the
+    same, instead of failing at every start."""
+    spec = ChildSpec(
+        queues=None,
+        name="ignored",
+        slot=1,
+        supervisor_name="runqueue-host-11",
+        supervisor_pid=11,
+        concurrency=2,
+        grace_seconds=5.0,
+        max_messages=None,
+        max_memory_mb=None,
+        worker_class=ShopWorker,
+    )
+    read_fd, write_fd = os.pipe()
+    try:
+        env = child_environment(spec, write_fd, {})
+        data = json.loads(env[CHILD_ENV])
+        data["spec"]["a_field_of_a_later_release"] = {"x": 1}
+        data["spec"].pop("worker_id", None)  # has a default (and is not sent at it)
+        env[CHILD_ENV] = json.dumps(data)
+        invocation = take_child_invocation(env)
+        assert invocation is not None
+        got, fd = invocation
+        assert fd == write_fd and got.concurrency == 2 and got.worker_id is None
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_fields_at_their_default_are_not_sent_so_an_earlier_release_can_read_the_spec() -> None:
+    """The supervisor runs this release; the code on disk was rolled back to one whose
+    ChildSpec has only the fields without defaults (and worker_class): what it is sent must
+    not hold a field it would refuse."""
+    from dataclasses import MISSING
+    from dataclasses import fields as dataclass_fields
+
+    spec = ChildSpec(
+        queues=None,
+        name="ignored",
+        slot=1,
+        supervisor_name="runqueue-host-12",
+        supervisor_pid=12,
+        concurrency=None,
+        grace_seconds=30.0,
+        max_messages=None,
+        max_memory_mb=None,
+    )
+    sent = set(json.loads(child_environment(spec, 5, {})[CHILD_ENV])["spec"])
+    required = {f.name for f in dataclass_fields(ChildSpec) if f.default is MISSING}
+    assert sent == required | {"worker_class"}

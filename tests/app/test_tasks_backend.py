@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 from paths import child_pythonpath
+from waiting import wait_until
 
 from django_delayqueue.core import QueueKeys
 from django_delayqueue.core.errors import PayloadError
@@ -301,6 +303,14 @@ def test_a_return_value_that_is_not_json_fails_the_task(redis_client: redis.Redi
     failed = examples.returns_a_set.get_result(result.id)
     assert failed.status == Status.FAILED
     assert failed.errors[-1].exception_class_path == "builtins.TypeError"
+    # Issue 37: in Python's words, which users (and django-tasks-db's suite) search for; the
+    # framework's own ("Unsupported type", where it has one) is kept as the cause.
+    traceback = failed.errors[-1].traceback
+    assert "TypeError: Object of type set is not JSON serializable" in traceback
+    if framework.normalize_json is not None:
+        assert "Unsupported type: <class 'set'>" in traceback
+    reason = redis_client.hget(KEYS.reasons, result.id) or b""
+    assert b"is not JSON serializable" in reason
 
 
 @pytest.mark.django_db(transaction=True)
@@ -478,6 +488,49 @@ def test_runqueue_runs_tasks_and_signal_messages_together(
     assert ctx.return_value["id"] == context_task.id and ctx.worker_ids == ["rq-1"]
     order_close = QueueKeys("dq", "order-close")
     assert redis_client.hlen(order_close.messages) == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_worker_ids_list_the_name_runqueue_was_given_under_its_supervisor(
+    redis_client: redis.Redis, redis_server: Any, tmp_path: Path
+) -> None:
+    """Issue 37: with ``runqueue --name X`` (its consumer processes under a supervisor, named
+    ``X.<slot>-<pid>`` in heartbeats and logs) a task's worker_ids read ``X.1-<pid>``: users
+    of --name look for the name they gave, as django-tasks-db's ``--worker-id`` gives it."""
+    results = [examples.add.enqueue(n, 1) for n in range(4)]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+        "REDIS_URL": redis_server.url,
+        "PYTHONPATH": child_pythonpath(),
+        "DEMO_DB": str(tmp_path / "db.sqlite3"),
+        "DEMO_TASKS": "1",
+    }
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, timeout=120, cwd=ROOT)
+    log = tmp_path / "runqueue.log"
+    with log.open("wb") as out:
+        runqueue = subprocess.Popen(
+            [*manage, "runqueue", QUEUE, "--name", "shop-workers", "--processes", "2"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        wait_until(
+            lambda: all(
+                examples.add.get_result(r.id).status == framework.SUCCESSFUL for r in results
+            ),
+            60,
+            "the tasks done",
+            details=log.read_text,
+        )
+    finally:
+        runqueue.terminate()
+        assert runqueue.wait(60) == 0, log.read_text()[-3000:]
+    for r in results:
+        assert examples.add.get_result(r.id).worker_ids == ["shop-workers"]
+    # Each process keeps its own name where one process is meant: its log lines.
+    assert re.search(r"shop-workers\.[12]-\d+ consuming shop-tasks", log.read_text())
 
 
 # --- the admin -----------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import redis
 import test_tasks_backend as backend_tests
-from core_consumer_support import Started
+from core_consumer_support import Started, Ticks
+from django.conf import settings
+from django.test import override_settings
 from test_tasks_backend import KEYS, QUEUE, tasks_on_the_demo_queue  # noqa: F401
 from test_tasks_semantics import backends_follow_the_tasks_setting, queue_settings  # noqa: F401
 from waiting import wait_until
@@ -18,11 +20,13 @@ from waiting import wait_until
 import django_delayqueue as dq
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.mirror import queue_overrides
 from django_delayqueue.tasks import framework
 from django_delayqueue.worker import Worker
 
 Status = framework.TaskResultStatus
 STOP = "django_delayqueue.core.errors.TimeLimitExceeded"
+ABORTED = "django_delayqueue.core.errors.Aborted"
 
 
 def examples() -> Any:
@@ -176,3 +180,62 @@ def test_an_aborted_async_task_that_returns_fails_and_is_dead(
     wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
     # The record says it too (not RUNNING left for ever once the dead letter is purged).
     assert redis_client.hget(KEYS.task_result(result.id), "status") == b"FAILED"
+
+
+# --- issue 36 §4: an abort wins over a time limit that comes in its grace -----------------------
+
+
+def failed_result(task: Any, result_id: str) -> Any:
+    return wait_until(lambda: (r := task.get_result(result_id)).status == Status.FAILED and r)
+
+
+def traced(client: redis.Redis, what: str) -> None:
+    wait_until(lambda: what.encode() in client.lrange(backend_tests.examples.TRACE, 0, -1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_aborted_task_stopped_at_its_time_limit_says_aborted(
+    redis_client: redis.Redis, running: Started
+) -> None:
+    """Before: FAILED with TimeLimitExceeded in its errors, its message dead as aborted."""
+    with (
+        queue_settings(max_attempts=3, abort_grace_seconds=600),
+        # (Entered after queue_settings: settings.DELAYQUEUE has its queue by then.)
+        override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "SETTINGS_REFRESH_SECONDS": 0.1}),
+    ):
+        result = examples().ignores_its_abort.enqueue()
+        running(Worker.for_queues([QUEUE], idle_seconds=0.1))
+        traced(redis_client, "working")
+        assert dq.abort(QUEUE, result.id, reason="not needed").running
+        traced(redis_client, "saw the abort")
+        # Staff set a time limit in the admin, already past: it comes in the abort's grace.
+        queue_overrides.publish({QUEUE: {"time_limit": 0.5}})
+        failed = failed_result(examples().ignores_its_abort, result.id)
+    queue_overrides.forget()
+    assert [e.exception_class_path for e in failed.errors] == [ABORTED]
+    assert "aborted: not needed" in failed.errors[0].traceback
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
+    assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_aborted_async_task_cancelled_at_its_time_limit_says_aborted(
+    redis_client: redis.Redis, running: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: FAILED with CancelledError in its errors, its message dead as aborted."""
+    with queue_settings(max_attempts=3, abort_grace_seconds=600, time_limit=30):
+        result = examples().async_ignores_its_abort.enqueue()
+        worker = Worker.for_queues([QUEUE], idle_seconds=0.1)
+        ticks = Ticks()  # the coroutines' limits are timed on it
+        monkeypatch.setattr(worker.coroutines, "_monotonic", ticks)
+        monkeypatch.setattr(worker.coroutines._watcher, "_monotonic", ticks)
+        running(worker)
+        traced(redis_client, "working")
+        assert dq.abort(QUEUE, result.id, reason="not needed").running
+        traced(redis_client, "saw the abort")
+        ticks.now += 31  # its time limit comes, in the abort's grace (600 s)
+        failed = failed_result(examples().async_ignores_its_abort, result.id)
+    assert [e.exception_class_path for e in failed.errors] == [ABORTED]
+    assert "aborted: not needed" in failed.errors[0].traceback
+    wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
+    assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"

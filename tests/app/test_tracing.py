@@ -33,9 +33,9 @@ import django_delayqueue as dq
 from django_delayqueue.checks import check_settings
 from django_delayqueue.core import QueueKeys
 from django_delayqueue.core.envelope import decode_envelope_parts
+from django_delayqueue.core.observability import tracing
+from django_delayqueue.core.observability.trace_context import parse_trace
 from django_delayqueue.models import OutboxMessage
-from django_delayqueue.observability import tracing
-from django_delayqueue.observability.context import parse_trace
 from django_delayqueue.worker import Worker
 
 WAIT = 120  # bound on a child process

@@ -5,10 +5,14 @@ then forced after abort_grace_seconds.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 from typing import Any
 
+import pytest
 import redis
+from core_consumer_support import Ticks
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, SystemClock
@@ -120,3 +124,118 @@ def test_forced_abort_after_the_grace_period(
     assert stopped_by == ["aborted"]
     assert redis_client.hget(q.keys.reasons, "j") == b"aborted"
     r.stop()
+
+
+# --- issue 36 §4: an abort wins over a limit that comes in its grace ---------------------------
+
+
+def journal_rows(client: redis.Redis, q: Any) -> list[tuple[int, str, str]]:
+    """(attempt, status, error) of each journal row of ``q``."""
+    rows = [row for _, f in client.xrange(q.keys.journal) for row in json.loads(f[b"o"])]
+    return [(row[5], row[6], row[7]) for row in rows]
+
+
+def told(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_time_limit_in_an_aborts_grace_stops_the_handler_as_the_abort(
+    redis_client: redis.Redis,
+    make_queue: Any,
+    running: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the watchdog stopped it at its time limit (TimeLimitExceeded raised in it, the
+    log line "time limit exceeded ... stopping its handler", a task's record saying so) while
+    its message went to the dead letters as aborted."""
+    q = make_queue("reports", clock=SystemClock(), abort_grace_seconds=600, max_attempts=3)
+    q.schedule("job", id="j")
+    started, saw_abort = threading.Event(), threading.Event()
+    caught: list[str] = []  # what the handler's `except Exception` saw
+    ended_by: list[str] = []
+
+    def ignores_its_abort(m: Message) -> None:
+        started.set()
+        while not m.aborted:
+            threading.Event().wait(0.01)
+        saw_abort.set()
+        try:
+            while True:
+                try:
+                    while True:
+                        pass
+                except Exception as e:  # a soft limit, were one raised
+                    caught.append(type(e).__name__)
+        except BaseException as e:
+            ended_by.append(type(e).__name__)
+            raise
+
+    consumer = Consumer([q], ignores_its_abort, idle_seconds=0.1)
+    running(consumer)
+    assert started.wait(TIMEOUT)
+    assert q.abort("j", "by staff").running
+    assert saw_abort.wait(TIMEOUT)
+    # Limits set in the admin, already past, in the abort's grace (600 s): the soft one first...
+    q.settings = q.settings.replace(soft_time_limit=0.1)
+    (run,) = consumer._runs.all()
+    wait_until(lambda: run.soft_sent)  # its time was looked at (and it was not raised)
+    q.settings = q.settings.replace(soft_time_limit=0.1, time_limit=0.2)  # ...then the hard one
+    wait_until(lambda: q.counts()["garbage"] == 1 and journal_rows(redis_client, q))
+    assert redis_client.hget(q.keys.reasons, "j") == b"aborted: by staff"
+    assert journal_rows(redis_client, q) == [(1, "garbage", "Aborted")]
+    log = told(caplog)
+    assert "message j aborted (by staff) and at its time limit (0.2 s): stopping it" in log
+    assert "time limit exceeded" not in log and "used its last attempt" not in log
+    assert (caught, ended_by) == ([], ["Aborted"])
+
+
+def test_a_coroutine_at_its_time_limit_in_an_aborts_grace_ends_as_the_abort(
+    redis_client: redis.Redis,
+    make_queue: Any,
+    running: Any,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: cancelled as at its time limit, its outcome a retry "time limit exceeded (30 s)",
+    which nack.lua buried (aborted): the journal said retry and the log "used its last attempt:
+    time limit exceeded (30 s)" on attempt 1 of 3."""
+    q = make_queue("reports", clock=SystemClock(), abort_grace_seconds=600, max_attempts=3)
+    q.settings = q.settings.replace(soft_time_limit=20, time_limit=30)
+    q.schedule("job", id="j")
+    started, saw_abort = threading.Event(), threading.Event()
+    caught: list[str] = []
+    ended_by: list[str] = []
+
+    async def ignores_its_abort(m: Message) -> None:
+        started.set()
+        while not m.aborted:
+            await asyncio.sleep(0.01)
+        saw_abort.set()
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except Exception as e:  # a soft limit, were one raised
+                    caught.append(type(e).__name__)
+        except BaseException as e:
+            ended_by.append(type(e).__name__)
+            raise
+
+    consumer = Consumer([q], ignores_its_abort, idle_seconds=0.1)
+    ticks = Ticks()  # the coroutines' limits are timed on it
+    monkeypatch.setattr(consumer.coroutines, "_monotonic", ticks)
+    monkeypatch.setattr(consumer.coroutines._watcher, "_monotonic", ticks)
+    running(consumer)
+    assert started.wait(TIMEOUT)
+    assert q.abort("j", "by staff").running
+    assert saw_abort.wait(TIMEOUT)
+    ticks.now += 21  # the soft limit comes, in the abort's grace (600 s)...
+    (entry,) = consumer.coroutines.watched()[1]
+    wait_until(lambda: entry.soft_sent)  # its time was looked at (and it was not raised)
+    ticks.now += 10  # ...then the hard one
+    wait_until(lambda: q.counts()["garbage"] == 1 and journal_rows(redis_client, q))
+    assert redis_client.hget(q.keys.reasons, "j") == b"aborted: by staff"
+    assert journal_rows(redis_client, q) == [(1, "garbage", "Aborted")]
+    log = told(caplog)
+    assert "time limit exceeded" not in log and "used its last attempt" not in log
+    assert (caught, ended_by) == ([], ["CancelledError"])

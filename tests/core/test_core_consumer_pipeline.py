@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from core_consumer_support import EMPTY, Recorder, burst, threads_alone
+from core_consumer_support import EMPTY, Recorder, Ticks, burst, threads_alone
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
@@ -198,6 +198,63 @@ def test_a_lowered_visibility_timeout_shortens_the_extension_interval(
         extender.stop()
 
 
+def test_a_raised_visibility_timeout_extends_the_leases_before_the_interval_grows(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    """Issue 36: 6 s raised to 60 s while a handler ran; the interval grew to 20 s at once, the
+    lease (set with 6 s) ended first and another process ran the message a second time."""
+    q = make_queue(visibility_timeout=6)  # renewed every 2 s
+    q.schedule("x", id="x")
+    held = q.claim(1)
+    ticks = Ticks()
+    extender = Extender([q], lambda name: held, tick_seconds=3600, monotonic=ticks)
+
+    def after(seconds: float) -> float | None:
+        ticks.now += seconds
+        manual_clock.advance(seconds=seconds)
+        extender.extend_due()
+        return redis_client.zscore(q.keys.unack, "x")
+
+    try:
+        assert after(2) == manual_clock.now_ms() + 6000  # renewed at the old interval
+        q.settings = q.settings.replace(visibility_timeout=60)  # staff raise it in the admin
+        # At the next tick: the lease first, with the new timeout...
+        raised_at = manual_clock.now_ms() + 200
+        assert after(0.2) == raised_at + 60_000
+        # ...then the interval grows to 20 s, counted from that extension.
+        assert after(19.7) == raised_at + 60_000
+        assert after(0.3) == manual_clock.now_ms() + 60_000
+    finally:
+        extender.stop()
+
+
+def test_a_raise_whose_extension_failed_keeps_the_old_interval(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    q = make_queue(visibility_timeout=6)
+    q.schedule("x", id="x")
+    held = q.claim(1)
+    token = redis_client.hget(q.keys.tokens, "x")
+    ticks = Ticks()
+    extender = Extender([q], lambda name: held, tick_seconds=3600, monotonic=ticks)
+    try:
+        redis_client.delete(q.keys.tokens)
+        redis_client.set(q.keys.tokens, "not a hash")  # the extend fails
+        q.settings = q.settings.replace(visibility_timeout=60)
+        ticks.now += 0.2
+        extender.extend_due()  # tried at once, and failed
+        redis_client.delete(q.keys.tokens)
+        redis_client.hset(q.keys.tokens, "x", token)  # Redis takes it again
+        ticks.now += 0.2
+        extender.extend_due()  # not tried at every tick...
+        assert redis_client.zscore(q.keys.unack, "x") == manual_clock.now_ms() + 6000
+        ticks.now += 1.8  # 2 s after the failed try
+        extender.extend_due()  # ...but at the old interval, not the new one (20 s)
+        assert redis_client.zscore(q.keys.unack, "x") == manual_clock.now_ms() + 60_000
+    finally:
+        extender.stop()
+
+
 class Refreshing(Consumer):
     """A consumer whose refresh() applies ``next_settings`` (as the Django worker would)."""
 
@@ -219,6 +276,24 @@ def test_concurrency_edited_while_running_changes_the_threads(
     wait_until(lambda: gate.waiting)
     consumer.next_settings = q.settings.replace(concurrency=3)
     wait_until(lambda: len(gate.waiting) == 3)  # three handlers at once: three threads
+    gate.open.set()
+    wait_until(lambda: q.counts() == EMPTY)
+
+
+def test_a_visibility_timeout_raised_while_a_handler_runs_extends_its_lease(
+    redis_client: redis.Redis, make_queue: Any, running: Any
+) -> None:
+    clock = SystemClock()
+    q = make_queue(clock=clock, visibility_timeout=3)
+    q.schedule("x", id="x")
+    gate = Gate("x")
+    consumer = Refreshing([q], Recorder(gate), idle_seconds=0.05, maintenance_seconds=0.05)
+    running(consumer)
+    wait_until(lambda: gate.waiting)
+    raised_at = clock.now_ms()
+    consumer.next_settings = q.settings.replace(visibility_timeout=600)  # renewed every 200 s
+    # Its lease is set with the new timeout at once, not 200 s after the last renewal.
+    wait_until(lambda: redis_client.zscore(q.keys.unack, "x") >= raised_at + 600_000)
     gate.open.set()
     wait_until(lambda: q.counts() == EMPTY)
 

@@ -10,7 +10,7 @@ import redis
 from core_consumer_support import EMPTY, Recorder, Running
 from waiting import TIMEOUT, wait_until
 
-from django_delayqueue.core import ManualClock, Queue, SystemClock
+from django_delayqueue.core import ManualClock, Message, Queue, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.waiter import (
@@ -21,6 +21,8 @@ from django_delayqueue.core.consumer.waiter import (
     WRITE_SOON_SECONDS,
     ClaimLead,
     Waiter,
+    became_due_ms,
+    hold_until_start,
     sleep_until_due,
 )
 
@@ -66,6 +68,31 @@ def test_sleep_until_due_gives_up_after_longest_ms_on_a_clock_that_does_not_move
     clock = ManualClock()
     sleep_until_due(clock, clock.now_ms() + 3, longest_ms=5)  # returns: no hang
     assert clock.now_ms() == ManualClock().now_ms()
+
+
+def _claimed(due_ms: int, attempt: int = 1, ready_since_ms: int | None = None) -> Message:
+    return Message("m", "q", None, due_ms, due_ms, attempt, "1", ready_since_ms=ready_since_ms)
+
+
+def test_a_claimed_message_became_due_when_it_came_back_to_ready_if_it_did() -> None:
+    now = 1_700_000_000_000
+    # A first attempt (claimed up to one claim lead early): its due time.
+    assert became_due_ms(_claimed(now + 3)) == now + 3
+    # A retry, claimed up to one claim lead before its retry time: its envelope's due time is
+    # its first delivery's, long past; the claim returned the retry time.
+    assert became_due_ms(_claimed(now - 60_000, 2, now + 4)) == now + 4
+    # "Run now" (or a requeue) on a message due later: the moment it was put back in ready,
+    # however close its due time (not held for it).
+    assert became_due_ms(_claimed(now + 3, 1, now - 2)) == now - 2
+    assert became_due_ms(_claimed(now + 60_000, 2, now + 2)) == now + 2  # then its retry
+
+
+def test_a_retry_is_held_until_its_retry_time_not_its_first_due_time() -> None:
+    clock = SystemClock()
+    for ahead_ms in (0.5, 2.0, 4.0):
+        retry_at = int(exact_now_ms(clock) + ahead_ms) + 1
+        hold_until_start(clock, _claimed(retry_at - 60_000, 2, retry_at))
+        assert exact_now_ms(clock) >= retry_at
 
 
 # --- waiting on the wake channel ------------------------------------------------------------------

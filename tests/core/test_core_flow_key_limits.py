@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from django_delayqueue.core import ManualClock, Queue, QueueSettings, RedisClock
+from django_delayqueue.core import ManualClock, Queue, QueueSettings, RedisClock, SystemClock
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.sharding import ShardedQueue, key_shard
 
@@ -277,3 +277,55 @@ def test_run_now_and_promote_put_keyed_messages_in_their_keys_list(
     q.promote()
     assert q.counts()["ready"] == 2
     assert [m.id for m in q.claim(10)] == ["later"]  # one of key "a" at a time, in its order
+
+
+# --- issue 37: the queue's limits do not hide the key's (what a claim says held it back) -------
+
+
+def test_a_cap_not_reached_does_not_hide_a_keys_token(q: Queue, manual_clock: ManualClock) -> None:
+    """max_in_flight 4, never reached, and key_rate_limit 2/s: a claim that took one message of
+    the key was held back by the key's token (0.5 s on), not by the cap: nothing is in flight
+    beyond that one, and a consumer waiting for a slot would sleep until another's end."""
+    limited(q, max_in_flight=4, key_rate_limit="2/s")
+    for n in range(6):
+        q.schedule({"n": n}, key="a")
+    t0 = manual_clock.now_ms()
+    taken, hold = claim_raw(q, 10)
+    assert (len(taken), hold) == (1, t0 + 500)
+    assert q.client.hget(q.keys.limiter, "held") == b"key"
+    manual_clock.advance(ms=500)
+    taken_next, hold = claim_raw(q, 10)
+    assert (len(taken_next), hold) == (1, t0 + 1000)
+
+
+def test_a_rate_token_does_not_stand_in_for_a_keys_slot(
+    q: Queue, manual_clock: ManualClock
+) -> None:
+    """rate_limit 100/s with key_concurrency 1: while every key with ready messages has its
+    slot taken, the rate's next token (10 ms on) cannot start anything. The claim says "when a
+    slot frees" (slot_freed.lua wakes the consumers: the limiter says 'key'), not the token:
+    a consumer would poll Redis a hundred times a second for nothing."""
+    limited(q, rate_limit="100/s burst 2", key_concurrency=1)
+    for key in "ab":
+        for n in range(3):
+            q.schedule({"n": n}, key=key)
+    manual_clock.advance(ms=100)  # two tokens: one for each key
+    assert len(claim_raw(q, 2)[0]) == 2  # one of each key: both out of slots
+    manual_clock.advance(ms=20)
+    assert claim_raw(q, 10) == ([], -1)
+    assert q.client.hget(q.keys.limiter, "held") == b"key"
+
+
+def test_a_burst_consumer_drains_a_key_rate_under_a_cap_not_reached(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """runqueue --burst (and testing.deliver_due) waits for a key's next token as for the
+    queue's: with max_in_flight 4 never reached it returned after the first of six."""
+    from core_consumer_support import burst
+
+    q = make_queue("sms", clock=SystemClock(), max_in_flight=4, key_rate_limit="50/s")
+    for n in range(6):
+        q.schedule({"n": n}, key="a")
+    seen: list[int] = []
+    burst([q], lambda m: seen.append(m.payload["n"]))
+    assert seen == list(range(6))

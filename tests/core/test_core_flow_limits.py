@@ -279,7 +279,7 @@ def test_a_slot_freed_wakes_consumers_only_while_claims_wait_on_the_cap(
     from django_delayqueue.core.scripts.contracts import SLOT_FREED
 
     q = make_queue(max_in_flight=1)
-    call = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel)
+    call = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel, now_ms=T0)
     assert call.run(redis_client) == 0  # nobody waits
     fill(q, 2)
     claim(q)

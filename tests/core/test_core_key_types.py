@@ -27,7 +27,7 @@ from django_delayqueue.core.consumer.outcomes import ACK, Outcome, journal_entry
 from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.recurring import Recurrence, ScheduleKeeper
 from django_delayqueue.core.recurring.keeper import record_tick_call, tick_run
-from django_delayqueue.core.scripts.contracts import JOURNAL, RECURRENCE_STATES
+from django_delayqueue.core.scripts.contracts import JOURNAL, NEWER_WAITING, RECURRENCE_STATES
 
 
 @dataclass
@@ -65,6 +65,9 @@ def populated(client: redis.Redis) -> Held:
     _task(q, "urgent", priority=9)
     _task(q, "unhurried", priority=-4, delay=1)
     q.send_once(q.prepare({"n": "outbox"}, id="outbox"), "row-0")  # a token remembered
+    # The retrying one as if a consumer of an older envelope format had left it (defer.lua).
+    # And one such message since delivered: an entry the count forgets (newer_waiting.lua).
+    client.hset(q.keys.newer, mapping={retrying.id: "2 1", "delivered": "2 4"})
     clock.advance(2)  # "soon", the retry and the in-flight deadline are all due now
     held = Held(q, clock, inflight, retrying.id, "later")
     _journal(held)  # an entry for the stats to tally
@@ -141,6 +144,10 @@ OPERATIONS: dict[str, Callable[[Held], object]] = {
     "extend": lambda h: h.queue.extend(h.inflight),
     "abort": lambda h: h.queue.abort(h.inflight.id, "stop"),
     "release": lambda h: h.queue.release(h.inflight),
+    "leave for a newer consumer": lambda h: h.queue.leave_for_newer([(h.inflight, 2)], 1),
+    "count those waiting for a newer consumer": lambda h: NEWER_WAITING.call(
+        h.queue.keys, most_entries=10
+    ).run(h.queue.client),
     "cancel": lambda h: h.queue.cancel(h.pending, "ready", h.retrying, "urgent"),
     "run_now": lambda h: h.queue.run_now(h.pending, h.retrying),
     "requeue": lambda h: h.queue.requeue(),
@@ -173,7 +180,7 @@ KEY_NAMES = [
     "recurrence_states", "ticks", "tick_runs", "aborts", "limiter", "unique", "flow_keys",
     "timings",
     "key_turns", "key_waiting", "key_state", "key_tats", "key_load",
-    "progress",
+    "progress", "newer",
 ]  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""django_delayqueue.observability: the trace context in the envelope, producer and delivery
+"""django_delayqueue.core.observability: the trace context in the envelope, producer and delivery
 spans (OpenTelemetry SDK, in memory), and the core without OpenTelemetry (nor Django)."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from django_delayqueue.core.envelope import (
     encode_envelope,
 )
 from django_delayqueue.core.errors import Reject, Retry
-from django_delayqueue.observability import tracing
-from django_delayqueue.observability.context import (
+from django_delayqueue.core.observability import tracing
+from django_delayqueue.core.observability.trace_context import (
     current_trace,
     parse_trace,
     trace_field,
@@ -291,8 +291,8 @@ import redis
 from django_delayqueue.core import Queue
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import encode_envelope
+from django_delayqueue.core.observability import trace_context, tracing
 from django_delayqueue.core.results import Prepared
-from django_delayqueue.observability import context, tracing
 
 q = Queue(redis.Redis.from_url(sys.argv[1]), "plain")
 q.schedule({"n": 1}, id="a")
@@ -301,7 +301,7 @@ now = q.clock.now_ms()
 q.send_prepared(Prepared("b", now, encode_envelope('{"n":2}', now, now, trace=sys.argv[2])))
 seen = []
 Consumer([q], lambda m: seen.append((m.id, m.payload, m.trace)), burst=True).run()
-print(sorted(seen), context.current_trace() == "", tracing.tracer(), q.counts()["ready"])
+print(sorted(seen), trace_context.current_trace() == "", tracing.tracer(), q.counts()["ready"])
 """
 
 

@@ -82,6 +82,22 @@ def test_corrupt_envelopes_go_to_garbage_and_claim_returns_the_good_ones(
     assert q.counts() == {**EMPTY, "garbage": 3}
 
 
+def test_an_envelope_of_a_later_releases_format_is_left_for_a_newer_consumer_never_buried(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """What a later release's producer writes (its format's number after the times, then
+    anything): not corrupt, so not a dead letter (docs/upgrades.md)."""
+    q = make_queue()
+    q.schedule("good", id="good")
+    q.schedule("later", id="later")
+    redis_client.hset(q.keys.messages, "later", f"{T0:x},0,v99,a field this release lacks")
+    claimed = q.claim(10)
+    assert [m.id for m in claimed] == ["good"]
+    assert q.counts() == {**EMPTY, "unack": 1, "retry": 1}
+    assert redis_client.zcard(q.keys.garbage) == 0
+    assert not redis_client.hexists(q.keys.attempts, "later")  # no attempt used
+
+
 # --- ack ------------------------------------------------------------------------------------------
 
 

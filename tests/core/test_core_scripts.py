@@ -219,7 +219,7 @@ def test_mixed_batch_after_script_flush(redis_client: redis.Redis) -> None:
     q.schedule("b", id="b")
     redis_client.script_load(LuaScript.named("counts").source)  # one known, the others not
     batch = ScriptBatch()
-    batch.add(q.counts_call())
+    batch.add(q.counts_call(q.clock.now_ms()))
     batch.add(q.claim_call(q.clock.now_ms(), 1))
     batch.add(q.promote_call(q.clock.now_ms()))
     batch.add(q.claim_call(q.clock.now_ms(), 1))
@@ -246,8 +246,8 @@ def test_a_batch_returns_errors_in_place_or_raises_naming_the_script(
     bad = Queue(redis_client, "bad", clock=ManualClock())
     redis_client.set(bad.keys.pending, "not a zset")
     batch = ScriptBatch()
-    batch.add(good.counts_call())
-    batch.add(bad.counts_call())
+    batch.add(good.counts_call(good.clock.now_ms()))
+    batch.add(bad.counts_call(bad.clock.now_ms()))
     results = batch.run(redis_client, raise_errors=False)
     assert results[0][:5] == [0, 0, 0, 0, 0]
     assert isinstance(results[1], redis.ResponseError)

@@ -156,7 +156,7 @@ def test_claims_under_flow_limits_run_on_a_full_server(client: redis.Redis) -> N
         first = q.claim(4)
         assert len(first) == 2
         assert q.claim(4) == []  # held: the cap
-        assert SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(client) == 1
+        assert SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel, now_ms=T0).run(client) == 1
         assert q.ack(*first) == 2
         clock.advance(ms=100)
         assert len(q.claim(4)) == 1  # the rate: one token after the burst
@@ -196,13 +196,38 @@ def test_staff_actions_that_free_or_move_messages_run_on_a_full_server(
         assert q.counts() == {"pending": 0, "ready": 3, "unack": 0, "retry": 0, "garbage": 0}
 
 
+def test_a_message_of_a_newer_format_is_left_and_counted_on_a_full_server(
+    client: redis.Redis,
+) -> None:
+    """A consumer of an older release meets a newer envelope while memory is full: it leaves
+    the message in retry (defer.lua) rather than holding it until its lease runs out, and the
+    stats still count what waits (newer_waiting.lua) and what is overdue (overdue.lua)."""
+    from django_delayqueue.core.envelope import ENVELOPE_FORMAT, encode_envelope, encode_payload
+    from django_delayqueue.core.results import Prepared
+    from django_delayqueue.core.scripts.contracts import NEWER_WAITING, OVERDUE
+
+    clock = ManualClock(T0)
+    q = queue(client, clock)
+    newer = ENVELOPE_FORMAT  # read by this release, not by one pinned to the format before
+    envelope = encode_envelope(encode_payload({"n": 1}), T0, T0, format=newer)
+    assert q.send_prepared(Prepared("new", T0, envelope)).created
+    with full(client):
+        assert q.claim(10, reads_format=newer - 1) == []
+        assert q.counts() == {"pending": 0, "ready": 0, "unack": 0, "retry": 1, "garbage": 0}
+        waiting = NEWER_WAITING.call(q.keys, most_entries=10).run(client)
+        assert [int(x) for x in waiting] == [1, newer, 1]
+        overdue = OVERDUE.call(q.keys, now_ms=T0 + 3_600_000).run(client)  # the stats' read
+        assert [int(x) for x in overdue] == [0, 1]
+
+
 def test_every_script_is_known_to_run_or_be_refused_when_memory_is_full() -> None:
     """A new script must be added to one of these lists, and to the tests above."""
     run_when_full = {
         "abort", "ack", "cancel", "claim", "counts", "extend", "heartbeat", "nack", "peek",
         "promote", "flow_state", "slot_freed", "busiest_keys",
         "purge", "reap", "record_tick", "release", "requeue", "run_now", "recurrence_states",
-        "stats", "write_record", "write_records", "read_timings",
+        "stats", "write_record", "write_records", "read_timings", "defer", "newer_waiting",
+        "overdue",
     }  # fmt: skip
     refused_when_full = {
         "advance_recurrence", "enqueue_task", "journal", "publish_recurrences", "replace",

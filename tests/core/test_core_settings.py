@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from django_delayqueue.core import ConfigurationError, QueueSettings
@@ -37,6 +39,28 @@ def test_defaults() -> None:
 def test_invalid_settings_are_refused_by_name(changes: dict, problem: str) -> None:
     with pytest.raises(ConfigurationError, match=problem):
         QueueSettings(**changes)
+
+
+SECONDS = ["backoff_base", "backoff_max", "visibility_timeout", "soft_time_limit", "time_limit"]
+
+
+@pytest.mark.parametrize("name", [*SECONDS, "abort_grace_seconds"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinity_are_refused_wherever_a_number_of_seconds_is_read(
+    name: str, value: float
+) -> None:
+    """Issue 37: a visibility_timeout of NaN passed (every comparison with NaN is false), as
+    did a backoff_max or abort_grace of NaN, and an infinite backoff_max or visibility."""
+    with pytest.raises(ConfigurationError) as caught:
+        QueueSettings(**{name: value})
+    assert str(caught.value) == f"{name} must be a finite number of seconds, not {value!r}"
+
+
+def test_nan_lateness_warning_is_refused_by_name() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        QueueSettings(lateness_warning_ms=math.nan)
+    said = "lateness_warning_ms must be a finite number of milliseconds, not nan"
+    assert str(caught.value) == said
 
 
 def test_replace_validates_too() -> None:

@@ -7,6 +7,7 @@ stands still while the consumer runs, and a handler starts at the instant the cl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,7 +15,6 @@ import redis
 from core_consumer_support import T0, burst
 
 from django_delayqueue.core import Message, Reject, Retry, SystemClock
-from django_delayqueue.core.consumer.flow_holds import FlowHolds
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.journal import ACK, RETRY
 from django_delayqueue.core.timings.buckets import BOUNDS_MS, BUCKETS, bucket_of, quantile_ms
@@ -52,6 +52,46 @@ def test_quantiles_interpolate_inside_their_bucket() -> None:
     assert quantile_ms(counts, 0.5) == pytest.approx(10)
     assert 250 < quantile_ms(counts, 0.99) <= 500  # type: ignore[operator]
     assert quantile_ms([0] * BUCKETS, 0.5) is None
+
+
+def test_a_lateness_between_one_and_five_minutes_reads_close_to_what_it_was(
+    redis_client: redis.Redis, make_queue: Any, manual_clock: Any
+) -> None:
+    """Issue 38: with no bucket between 60 s and 300 s, handlers 83 s late read as a p99 of
+    287 s. Now the bucket that holds them is (60 s, 90 s], in Redis and read back."""
+    q = make_queue()
+    q.schedule_many([{"payload": i} for i in range(100)])
+    manual_clock.advance(83)
+    burst([q], lambda m: None)
+    got = totals(redis_client, q)
+    assert got.count("lateness") == 100
+    assert 60_000 < got.quantile_ms("lateness", 0.99) <= 90_000  # type: ignore[operator]
+
+
+def test_counts_written_before_the_buckets_between_60_s_and_300_s_keep_their_bounds(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A totals hash as a release without the new buckets wrote it (or a consumer of that
+    release writes it during a deploy): field 17 counted (60 s, 300 s], field 18 +Inf. They
+    are read in the buckets with the same upper bounds, the new ones take fields of their own,
+    so nothing already counted moves below its bound."""
+    q = make_queue()
+    old_layout = {"l16": 5, "l17": 3, "l18": 2, "l_sum": 1_000_000}
+    redis_client.hset(q.keys.timings, mapping=old_layout)
+    got = totals(redis_client, q)
+    assert got.histograms["lateness"][BOUNDS_MS.index(60_000)] == 5
+    assert got.histograms["lateness"][BOUNDS_MS.index(300_000)] == 3
+    assert got.histograms["lateness"][BUCKETS - 1] == 2  # +Inf
+    assert got.count("lateness") == 10
+    # A reading in a new bucket is written under a new field, which adds up with the old ones.
+    new = TimingCounts()
+    new.histograms["lateness"][bucket_of(100_000)] = 4  # (90 s, 120 s]
+    increments = dict(zip(new.increments()[::2], new.increments()[1::2], strict=True))
+    assert set(increments) == {"l20"}
+    redis_client.hincrby(q.keys.timings, "l20", 4)
+    again = totals(redis_client, q)
+    assert again.histograms["lateness"][bucket_of(100_000)] == 4
+    assert again.histograms["lateness"][BOUNDS_MS.index(300_000)] == 3
 
 
 # --- the consumer records, flushes at its stop ----------------------------------------------------
@@ -153,23 +193,15 @@ def message(token: str, due: int, attempt: int = 1, queue: str = "q") -> Message
 
 def test_limit_wait_is_taken_off_the_lateness() -> None:
     timings = DeliveryTimings({})
-    holds = FlowHolds()
-    wake: dict[str, int | None] = {}
-    holds.note("q", T0 + 50, wake, T0)  # a claim at T0 was held back
-    late = message("a", T0 - 10)  # due before the hold began
-    timings.note_limit_waits([late, message("b", T0 + 20)], holds.since["q"], T0 + 100)
-    timings.record(
-        [
-            Outcome(late, ACK, T0 + 103, T0 + 104),
-            Outcome(message("b", T0 + 20), ACK, T0 + 100, T0 + 100),
-        ]
-    )
+    # a: due at T0 - 10, started at T0 + 103, 100 ms of that on a limit (its claim said so);
+    # b: due at T0 + 20, started at T0 + 100, all 80 ms on the limit.
+    late = replace(message("a", T0 - 10), limit_wait_ms=100)
+    held = replace(message("b", T0 + 20), limit_wait_ms=80)
+    timings.record([Outcome(late, ACK, T0 + 103, T0 + 104), Outcome(held, ACK, T0 + 100, T0 + 100)])
     counts = timings._counts["q"]
-    # a: 113 ms after its due time, 100 of them on the limit; b: 80 on the limit, 0 late.
     assert counts.histograms["lateness"][bucket_of(13)] == 1
     assert counts.histograms["lateness"][bucket_of(0)] == 1
-    holds.note("q", None, wake, T0 + 200)
-    assert "q" not in holds.since
+    assert DeliveryTimings.limit_wait(late) == 100
 
 
 def test_an_unknown_retry_time_leaves_the_lateness_out() -> None:
@@ -251,9 +283,9 @@ def _claim_reply(*messages: tuple[str, int]) -> list[Any]:
 
 
 def test_a_hold_ended_by_a_promote_does_not_keep_counting_limit_waits() -> None:
-    """A hold on a slot (max_in_flight) ended by a promote (FlowHolds.promoted) must end its
-    "held since" at the next claim that is not held: a message claimed late much later, with
-    no limit holding the queue, is late, not waiting on a limit."""
+    """A hold on a slot (max_in_flight) ended by a promote (FlowHolds.promoted): a message
+    claimed late much later, with no limit holding the queue (its claim says no wait), is
+    late, not waiting on a limit: the consumer no longer counts waits of its own."""
     from django_delayqueue.core import ManualClock, Queue, QueueSettings
     from django_delayqueue.core.consumer.loop import Consumer
 
@@ -265,9 +297,10 @@ def test_a_hold_ended_by_a_promote_does_not_keep_counting_limit_waits() -> None:
     nothing_moved, moved = [0, 0, -1, 1], [1, 0, -1, 1]
     # T0: a claim held back until a slot frees (max_in_flight).
     trip._read_queue_results(plan, [nothing_moved, [-1]], T0)
-    assert trip.holds.since == {"q": T0}
+    assert trip.holds.holds("q")
     # T0 + 100: a message reached ready (the hold on the slot is dropped), the claim takes one.
     trip._read_queue_results(plan, [moved, _claim_reply(("a", T0 + 50))], T0 + 100)
+    assert not trip.holds.holds("q")
     # An hour later, nothing holds the queue: a message claimed 1 s after its due time (busy
     # handlers) did not wait on a limit, and its lateness must say so.
     hour = T0 + 3_600_000
@@ -275,7 +308,7 @@ def test_a_hold_ended_by_a_promote_does_not_keep_counting_limit_waits() -> None:
         plan, [nothing_moved, _claim_reply(("b", hour))], hour + 1000
     )
     (late,) = claimed
-    assert ("q", late.token) not in consumer._unrecorded.timings._limit_waits
+    assert late.limit_wait_ms == 0
     timings = consumer._unrecorded.timings
     timings.record([Outcome(late, ACK, hour + 1000, hour + 1001)])
     assert timings._counts["q"].histograms["lateness"][bucket_of(1000)] == 1
@@ -296,16 +329,25 @@ def test_a_retry_time_is_not_read_for_a_later_attempt_another_consumer_retried()
     assert counts.count("duration") == 1
 
 
-def test_a_retrys_limit_wait_starts_at_its_retry_time_not_its_first_due_time() -> None:
-    """A queue held back by its rate limit since T0 (a backlog); a retry this consumer sent,
-    due again at T0 + 50 s, is claimed at T0 + 60 s: it waited 10 s on the limit, not the
-    60 s since the hold began (its first due time, long before, is not when it became due)."""
-    timings = DeliveryTimings({})
-    first = message("r", T0 - 1000)
-    timings.note_retries(_queue().nack_call([(first, 50.0, "again")], T0), [first])
-    retry = Message("r", "q", None, T0 - 1000, T0 - 1000, 2, "t2", 0)
-    timings.note_limit_waits([retry], T0, T0 + 60_000)
-    assert timings._limit_waits[("q", "t2")] == 10_000
+def test_a_retrys_limit_wait_starts_at_its_retry_time_not_its_first_due_time(
+    make_queue: Any, manual_clock: Any
+) -> None:
+    """A queue held back by its rate limit since T0 (a backlog); a retry due again at
+    T0 + 50 s is claimed at T0 + 120 s: it waited 70 s on the limit, not the 120 s since the
+    hold began (its first due time, long before, is not when it became due)."""
+    q = make_queue(rate_limit="1/m", backoff_base=50, backoff_max=50)
+    q.schedule_many([{"payload": i, "id": f"m{i}"} for i in range(2)])
+    (first,) = q.claim(5)  # T0: the one token; m1 waits on the rate from here
+    assert q.claim(5) == []
+    q.nack(first, delay=50.0)  # back to ready at T0 + 50 s (ready_since), behind m1
+    manual_clock.advance(ms=50_000)
+    q.promote()
+    manual_clock.advance(ms=10_000)
+    (waited,) = q.claim(5)  # T0 + 60 s: the next token
+    assert (waited.id, waited.limit_wait_ms) == ("m1", 60_000)
+    manual_clock.advance(ms=60_000)
+    (retry,) = q.claim(5)  # T0 + 120 s
+    assert (retry.id, retry.attempt, retry.limit_wait_ms) == ("m0", 2, 70_000)
 
 
 def test_a_key_limited_queue_counts_its_wait_apart_too(
@@ -328,8 +370,7 @@ def test_a_limit_wait_belongs_to_its_queues_delivery_not_another_with_the_same_t
     or two shards of a queue, hand out the same tokens: queue a's limit wait is not queue b's
     delivery's, whose lateness is its own."""
     timings = DeliveryTimings({})
-    waited = message("1", T0, queue="a")  # token "1" of queue a waited 500 ms on a's limit
-    timings.note_limit_waits([waited], T0, T0 + 500)
+    waited = replace(message("1", T0, queue="a"), limit_wait_ms=500)  # on a's limit
     other = message("1", T0, queue="b")  # token "1" of queue b: 300 ms late, no limit
     timings.record([Outcome(other, ACK, T0 + 300, T0 + 301)])
     assert timings._counts["b"].histograms["lateness"][bucket_of(300)] == 1

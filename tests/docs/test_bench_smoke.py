@@ -81,6 +81,8 @@ EXPECTED_ROWS = {
     "progress.deliver",
     "progress.deliver_cpu",
     "progress.deliver_reporting",
+    "early.first",
+    "early.retries",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
 OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}

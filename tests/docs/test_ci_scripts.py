@@ -37,12 +37,12 @@ def test_missing_tools_are_a_warning_locally_and_an_error_in_ci(
     assert done.returncode == code, done.stderr
     assert done.stderr.startswith(f"{word}: ")
     assert "cannot apt-get install" in done.stderr or "no apt-get" in done.stderr
-    for package in ("chromium", "chromium-driver", "redis-server", "redis-tools"):
+    for package in ("chromium", "chromium-driver", "redis-server", "redis-tools", "prometheus"):
         assert package in done.stderr
 
 
 def test_nothing_to_do_when_every_tool_is_there(tmp_path: Path) -> None:
-    for tool in ("chromium", "chromedriver", "redis-server", "redis-cli"):
+    for tool in ("chromium", "chromedriver", "redis-server", "redis-cli", "promtool"):
         (tmp_path / tool).write_text("#!/bin/sh\n")
         (tmp_path / tool).chmod(0o755)
     done = run(tmp_path, "true")

@@ -57,10 +57,8 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from django.core.management import call_command
 from django.test import override_settings
 
-import django_delayqueue as dq
 from django_delayqueue.api import topics
 from django_delayqueue.embedded import RedisServerProcess
 
@@ -556,28 +554,3 @@ def test_unresolved_names_are_found() -> None:
     block = Block(ROOT / "README.md", 10, "python", "def f(x):\n    return Order, x, len\n")
     assert unresolved_names(block, {}) == ["Order (line 12)"]
     assert unresolved_names(block, {"Order": object}) == []
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_quick_start_handler_closes_an_unpaid_order(redis_client: redis.Redis) -> None:
-    """The README's own handler, alone on its queue, delivered by ``runqueue --burst``."""
-    from demo_project.shop.models import Order
-
-    (block,) = [b for b in all_blocks() if b.code.startswith("# shop/handlers.py")]
-    unpaid = Order.objects.create(amount=10)
-    paid = Order.objects.create(amount=20, status=Order.Status.PAID)
-    with demo_apps_importable(), receivers_restored():
-        topic = dq.topic("order-close")
-        with topic.lock:  # without the demo's own handler, which closes orders the same way
-            topic.receivers = []
-            topic.sender_receivers_cache.clear()
-        namespace = run_python(block)
-        assert len(topic.receivers) == 1
-        for order in (unpaid, paid):
-            dq.schedule("order-close", {"order_id": order.pk}, on_commit=False)
-        call_command("runqueue", "order-close", "--burst", "--verbosity", "0")
-        del namespace
-    unpaid.refresh_from_db()
-    paid.refresh_from_db()
-    assert (unpaid.status, paid.status) == ("closed", "paid")
-    assert sum(dq.get_queue("order-close").counts().values()) == 0  # both acknowledged

@@ -3,13 +3,15 @@ through ``redis.cluster.RedisCluster``, with queues spread over all three nodes.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import cluster_support
 import pytest
 from cluster_support import spread_queues
 from drill import consumers, settled
-from ledger import check, read
+from ledger import Causes, check, read
 from redis.cluster import RedisCluster
 
 from django_delayqueue.core import Queue, QueueSettings, snapshots
@@ -222,3 +224,95 @@ def test_flow_keys_work_on_a_three_master_cluster(cluster: list[RedisServerProce
         (second,) = q.claim(10)
         assert (second.key, second.payload) == ("+33612345678", {"n": 1})
         q.ack(second)
+
+
+@pytest.mark.django_db
+def test_the_supervised_runqueue_delivers_on_the_cluster(
+    cluster: list[RedisServerProcess], tmp_path: Path
+) -> None:
+    """The command users run, ``runqueue --processes 2`` (a supervisor forking its consumer
+    processes), on a three-master cluster: six queues (two per master) and a queue of three
+    shards, scheduled through the Django layer. Every message is delivered, none early, none
+    twice at once (the ledger's start and end of every handler call); the consumer processes
+    consume (no child dies at start, as they all did when the supervisor closed the cluster
+    client they inherited)."""
+    import json
+
+    from django.conf import settings
+    from django.test import override_settings
+    from drill import Runqueues
+    from ledger import overlaps, read_runs
+
+    import django_delayqueue as dq
+
+    probe = RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    # Names of their own: the module's other tests share the cluster and the "dq" prefix.
+    names = spread_queues(probe, base="sup") + spread_queues(probe, skip=1, base="sup")
+    probe.close()
+    assert len(set(names)) == 6
+    queues = {name: {"visibility_timeout": 10, "concurrency": 2} for name in names}
+    queues["drill-sharded"] = {"visibility_timeout": 10, "shards": 3}
+    runqueues = Runqueues(
+        cluster[1].url,
+        tmp_path,
+        env={
+            "DRILL_CLUSTER": "1",
+            "DRILL_QUEUES": json.dumps(queues),
+            "DRILL_RECEIVE": json.dumps(list(queues)),
+        },
+    )
+    delayqueue = {
+        **settings.DELAYQUEUE,
+        "REDIS_URL": cluster[1].url,
+        "CLUSTER": True,
+        "QUEUES": {**settings.DELAYQUEUE["QUEUES"], **queues},
+        "OUTBOX": False,
+    }
+    expected: dict[str, int] = {}
+
+    def schedule_batch(tag: str) -> None:
+        with override_settings(DELAYQUEUE=delayqueue):
+            for name in [*names, "drill-sharded"]:
+                for n in range(10):
+                    message_id = f"{tag}-{name}-{n}"
+                    dq.schedule(name, {"n": n}, id=message_id, delay=(n % 4) * 0.1, on_commit=False)
+                    expected[message_id] = 0
+            sharded = dq.get_queue("drill-sharded")
+            ports = {sharded.client.get_node_from_key(q.keys.ready).port for q in sharded.shards}
+            assert len(ports) >= 2  # the shards are spread over masters
+
+    def all_delivered() -> bool:
+        return {d.id for d in read(runqueues.ledger)} >= set(expected)
+
+    killed: set[int] = set()
+    try:
+        # Started first: the children wake for messages scheduled while they wait (cluster
+        # pub/sub on each queue's node), then consume what is due.
+        sup = runqueues.start("--processes", "2", queues=[*names, "drill-sharded"])
+        forked = runqueues.consuming_children(sup, 2)
+        schedule_batch("forked")
+        runqueues.wait(all_delivered, 90, "every message delivered by forked children")
+        # SIGHUP: each slot gets a fresh interpreter (the code on disk), which connects anew.
+        sup.send_signal(signal.SIGHUP)
+        runqueues.wait(lambda: not runqueues.children(sup) & forked, 90, "both slots replaced")
+        runqueues.consuming_children(sup, 2)
+        schedule_batch("fresh")
+        runqueues.wait(all_delivered, 90, "every message delivered by fresh children")
+        # A child killed: its replacement (forked by a supervisor that has forked and settled
+        # through its own cluster client since) consumes too.
+        victim = min(runqueues.children(sup))
+        killed.add(victim)
+        os.kill(victim, signal.SIGKILL)
+        runqueues.wait(lambda: victim not in runqueues.children(sup), 30, "the kill reaped")
+        runqueues.consuming_children(sup, 2)
+        schedule_batch("replaced")
+        runqueues.wait(all_delivered, 90, "every message delivered after the replacement")
+        sup.terminate()
+        assert sup.wait(60) == 0, runqueues.logs()[-4000:]
+    finally:
+        runqueues.close()
+    report = check(expected, read(runqueues.ledger), Causes(killed_pids=killed))
+    assert report.ok, report.summary()
+    assert overlaps(read_runs(runqueues.ledger)) == []
+    log = runqueues.logs()
+    assert "Traceback" not in log and "died at start" not in log, log[-4000:]

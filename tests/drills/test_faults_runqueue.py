@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from drill import Runqueues, producer, settled
-from ledger import Causes, check, read
+from ledger import Causes, check, read, read_runs
 
 from django_delayqueue.embedded import RedisServerProcess
 
@@ -128,6 +128,34 @@ def test_runqueue_leaves_a_handler_that_outlives_grace_in_flight(
         (1, proc.pid),
         (2, rescuer.pid),
     ]
+    assert q.counts()["garbage"] == 0
+
+
+def test_a_visibility_timeout_raised_while_a_handler_runs_never_runs_it_twice(
+    runqueues: Runqueues, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """Issue 36: staff raised the visibility timeout (6 s to 60 s) while a 25 s handler ran;
+    its consumer renewed the lease at the new, longer interval, the lease set with the old one
+    ended first, and another process ran the message a second time at 8 s. Here 3 s raised to
+    30 s, two runqueues, a 15 s handler: one run, acknowledged."""
+    q = producer(redis_server.url, "drill")
+    procs = [runqueues.start(concurrency="1", visibility="3") for _ in range(2)]
+    for proc in procs:
+        runqueues.wait(lambda p=proc: runqueues.consuming(p), 60, "both runqueues consuming")
+    slow = q.schedule({"do": "sleep:15"}).id
+    runqueues.wait(lambda: read(runqueues.ledger), 30, "the slow handler started")
+    # What the admin publishes (mirror.queue_overrides.publish): the queue's config hash.
+    redis_client.hset(q.keys.config, "visibility_timeout", "30")
+    redis_client.hincrby(q.keys.config, "version", 1)
+    runqueues.wait(lambda: settled(q) and read_runs(runqueues.ledger), 60, "the handler's end")
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, runqueues.logs()
+    assert runqueues.logs().count("settings now visibility_timeout=30") == 2
+    deliveries = read(runqueues.ledger)
+    assert [d.attempt for d in deliveries] == [1], runqueues.logs()[-4000:]
+    report = check([slow], deliveries)
+    assert report.ok and not report.duplicates, report.summary()
     assert q.counts()["garbage"] == 0
 
 

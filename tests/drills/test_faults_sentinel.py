@@ -1,8 +1,8 @@
 """Sentinel failover with real processes: a primary, a replica and three sentinels of our own,
-a producer scheduling through the app's settings (``DELAYQUEUE['SENTINEL']``) and ``runqueue``
-delivering, while the primary is killed with ``kill -9``. The sentinels promote the replica;
-producer and consumer follow it by themselves. The old primary then comes back and the
-sentinels make it a replica of the new one.
+a producer scheduling through the app's settings (``DELAYQUEUE['SENTINEL']``) and
+``runqueue --processes 2`` delivering, while the primary is killed with ``kill -9``. The
+sentinels promote the replica; producer and consumer processes follow it by themselves. The
+old primary then comes back and the sentinels make it a replica of the new one.
 
 The producer schedules as a view does, in transactions with the outbox: a send that fails in the
 failover (Redis down, or not confirmed by a replica) is relayed later under its row's token.
@@ -67,8 +67,10 @@ def test_a_failover_loses_no_schedule_that_returned(tmp_path: Path, min_replicas
             check=True,
             timeout=120,
         )
-        consumer = runqueues.start()
-        runqueues.wait(lambda: runqueues.consuming(consumer), 60, "runqueue to start")
+        # As users run it: a supervisor and two consumer processes, each with connections of
+        # its own to the primary the sentinels name (followed across the failover).
+        consumer = runqueues.start("--processes", "2")
+        runqueues.consuming_children(consumer, 2)
         out = tmp_path / "returned.jsonl"
         producer_env = migrate_env
         log = open(tmp_path / "producer.log", "wb")  # noqa: SIM115

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from drill import Runqueues, producer, settled
-from ledger import Causes, check, read, read_runs
+from ledger import Causes, check, overlaps, read, read_runs
 from paths import child_pythonpath
 
 from django_delayqueue.embedded import RedisServerProcess
@@ -343,3 +345,388 @@ def test_a_handler_past_its_time_limit_is_stopped_by_replacing_its_process(
         assert report.ok, report.summary() + runqueues.logs()
     finally:
         runqueues.close()
+
+
+def test_the_supervised_runqueue_consumes_through_a_django_redis_cache_alias(
+    tmp_path: Path, redis_server: RedisServerProcess
+) -> None:
+    """``CACHE_ALIAS``: the client is django-redis's own (cached by django-redis, inherited by
+    every forked child). Both children consume, a child killed is replaced by one that consumes
+    too, every message is delivered, none twice at once."""
+    runqueues = Runqueues(redis_server.url, tmp_path, env={"DRILL_CACHE_ALIAS": "1"})
+    q = producer(redis_server.url, "drill")
+    due: dict[str, int] = {}
+    try:
+        sup = runqueues.start("--processes", "2", concurrency="2", claim_batch="1")
+        first = runqueues.consuming_children(sup, 2)
+        due.update({r.id: r.due_ms for r in (q.schedule({"n": i}) for i in range(20))})
+        runqueues.wait(lambda: settled(q), 60, "the first messages delivered")
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        runqueues.wait(lambda: victim not in runqueues.children(sup), 30, "the kill reaped")
+        runqueues.consuming_children(sup, 2)
+        due.update({r.id: r.due_ms for r in (q.schedule({"n": i}) for i in range(20, 40))})
+        runqueues.wait(lambda: settled(q), 60, "every message delivered")
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    finally:
+        runqueues.close()
+    report = check(due, read(runqueues.ledger), Causes(killed_pids={victim}))
+    assert report.ok, report.summary()
+    assert overlaps(read_runs(runqueues.ledger)) == []
+    assert "Traceback" not in runqueues.logs(), runqueues.logs()[-3000:]
+
+
+def test_children_that_keep_dying_at_start_are_reported_once_and_fail_the_probe(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """Every child dies before it consumes: the supervisor logs the traceback once, then one
+    line per death, and publishes "consumers keep dying at start: <error>", which the health
+    probe (run as the web would, from the same settings) fails on; stopping clears it."""
+    from paths import PROGRAMS
+
+    sup = runqueues.start("--processes", "2", program=PROGRAMS / "child_start_fails.py")
+    error = "RedisClusterException: drill: the cluster has no default node"
+    runqueues.wait(
+        lambda: redis.Redis.from_url(redis_server.url).hlen("{dq}:start-failures") == 1,
+        60,
+        "the start failure published",
+    )
+    runqueues.wait(
+        lambda: runqueues.log(sup).count(f"failed again: {error}") >= 2, 60, "more deaths"
+    )
+    log = runqueues.log(sup)
+    assert log.count("Traceback (most recent call last)") == 1, log[-4000:]
+    assert f"keep dying at start (2 in a row): {error}" in log
+    probe = subprocess.run(
+        [sys.executable, "-c", HEALTH_PROBE],
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "drill_settings",
+            "PYTHONPATH": child_pythonpath(),
+            "REDIS_URL": redis_server.url,
+            "DRILL_LEDGER": str(runqueues.ledger),
+            "DRILL_DB": str(runqueues.workdir / "drill.sqlite3"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(probe.stdout)
+    assert report["checks"]["starting"]["ok"] is False, report
+    assert report["checks"]["starting"]["failing"]["drill"] == (
+        f"consumers keep dying at start: {error}"
+    )
+    assert _stop(runqueues, sup) == 0, runqueues.log(sup)[-3000:]
+    assert redis.Redis.from_url(redis_server.url).hlen("{dq}:start-failures") == 0
+
+
+HEALTH_PROBE = """
+import json
+import django
+django.setup()
+from django_delayqueue.monitoring.health import check_health
+print(json.dumps(check_health()[1]))
+"""
+
+
+@pytest.mark.parametrize("via", ["to_thread", "executor", "sync_to_async"])
+def test_an_async_handler_whose_thread_outlives_its_time_limit_gets_its_process_replaced(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis, via: str
+) -> None:
+    """An ``async def`` receiver awaiting a thread blocked in a socket read, past
+    ``time_limit``: the cancel ends the coroutine, not the thread, so the delivery stays
+    running (never retried beside it), is found unstoppable and its process replaced as a
+    thread handler's is; the retry runs in the replacement, once the old process is gone."""
+    queues = {"drill-async": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill-async")
+        hung = q.schedule({"do": ["block", "ok"], "via": via}).id
+        sup = runqueues.start("--grace", "2", "--processes", "1", queues=["drill-async"])
+        (first,) = runqueues.consuming_children(sup, 1)
+        runqueues.wait(lambda: len(read(runqueues.ledger)) == 1, 30, "the hung handler")
+
+        def retried() -> list[Any]:
+            return [d for d in read(runqueues.ledger) if d.id == hung and d.attempt == 2]
+
+        # The retry must not start while the thread runs: the process is replaced first.
+        runqueues.wait(
+            lambda: retried() or "could not stop 1 handler(s)" in runqueues.log(sup),
+            30,
+            "the time limit",
+        )
+        assert not retried(), runqueues.logs()[-3000:]
+        again = runqueues.wait(retried, 60, "the retry")
+        # Retried only once the old process was reaped: it never ran beside its retry.
+        assert not _alive(first)
+        assert again[0].pid != first and again[0].ppid == sup.pid
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        log = runqueues.log(sup)
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        report = check([hung], read(runqueues.ledger))
+        assert report.ok, report.summary() + runqueues.logs()
+    finally:
+        runqueues.close()
+
+
+# --- --max-memory-per-child below what a consumer process starts with ------------------------
+
+
+def test_a_memory_limit_below_a_fresh_process_is_refused_at_start(runqueues: Runqueues) -> None:
+    """Issue 37: ``--max-memory-per-child 20`` (a fresh process is about 55 MB) was accepted
+    silently, and the supervisor started 215-250 processes in 10 s. Refused before any
+    process starts, with what this project's processes weigh."""
+    sup = runqueues.start("--max-memory-per-child", "20")
+    started = re.compile(r"consumer process \d+ started")
+    runqueues.wait(
+        lambda: sup.poll() is not None or len(started.findall(runqueues.log(sup))) > 3,
+        60,
+        "runqueue to refuse the limit (or to start processes)",
+    )
+    log = runqueues.log(sup)
+    assert not started.findall(log), log[-3000:]
+    assert sup.wait(30) == 1
+    assert "CommandError: --max-memory-per-child 20 is below the memory every consumer" in log
+    assert re.search(r"this runqueue holds \d+ MB of its own after setup", log), log[-3000:]
+
+
+def _own_and_resident_mb(pid: int) -> tuple[float, float]:
+    """A process's memory of its own (resident less file-backed) and its resident memory."""
+    fields = Path(f"/proc/{pid}/statm").read_text().split()
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident, shared = int(fields[1]) * page, int(fields[2]) * page
+    return (resident - shared) / 1024**2, resident / 1024**2
+
+
+def test_processes_that_outgrow_a_limit_right_after_their_start_are_not_a_fork_storm(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """A limit above what the start refuses but below a fresh process's resident memory (the
+    file pages it touches): each process asks to be replaced as it starts. The supervisor
+    paces the replacements as a crash loop (0.5 s doubling); each serves until its successor
+    consumes, so messages go on being delivered."""
+    measured = runqueues.start()
+    (child,) = runqueues.consuming_children(measured, 1)
+    floor, _ = _own_and_resident_mb(measured.pid)
+    _, fresh = _own_and_resident_mb(child)
+    assert _stop(runqueues, measured) == 0
+    assert fresh > floor + 2, (floor, fresh)
+    limit = (floor + fresh) / 2
+    sup = runqueues.start("--max-memory-per-child", f"{limit:.0f}")
+    started = re.compile(r"consumer process \d+ started")
+    paced = "is replaced in 2.0s, not at once"
+    runqueues.wait(
+        lambda: paced in runqueues.log(sup) or len(started.findall(runqueues.log(sup))) > 12,
+        60,
+        "the third paced replacement (or a storm)",
+    )
+    log = runqueues.log(sup)
+    before = log.split(paced)[0]
+    # By the third paced replacement: the first process, the one replaced at once, and the
+    # two replaced after 0.5 s and 1 s. Before: a dozen within a second or two.
+    assert len(started.findall(before)) == 4, log[-4000:]
+    assert "is replaced in 0.5s, not at once" in before and "in 1.0s, not at once" in before
+    q = producer(redis_server.url, "drill")
+    ids = [q.schedule({"n": i}).id for i in range(5)]
+    runqueues.wait(lambda: settled(q), 60, "every message delivered meanwhile")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    report = check(ids, read(runqueues.ledger))
+    assert report.ok and not report.duplicates, report.summary()
+
+
+# --- the supervisor as the last line of defence -------------------------------------------------
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed and not reaped yet by whoever adopted it, does
+    not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _in_groups(groups: set[int]) -> set[int]:
+    """The running processes of the process groups ``groups`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.add(int(entry.name))
+    return found
+
+
+def _programs(runqueues: Runqueues) -> list[int]:
+    """The pids of the programs the ``program`` action started, in order."""
+    path = Path(f"{runqueues.ledger}.programs")
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_a_process_stuck_in_a_call_that_holds_the_gil_is_killed_before_its_lease_ends(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """A handler in a C call that holds the GIL (``gil``): no thread of its process runs, not
+    its watchdog, not the renewal of its lease, not its heartbeat. The supervisor kills the
+    silent process (and its group) before the lease can end and, once it has reaped it,
+    retries the message with its delivery token still current: nothing delivered it meanwhile,
+    and the retry never runs beside the stuck run, which never ends. (Before: with these
+    settings the retry started at 5 s in the other process, the first run ended at 13 s.)"""
+    queues = {"drill": {"time_limit": 2, "visibility_timeout": 4}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--processes", "2", concurrency="1", claim_batch="1")
+        runqueues.consuming_children(sup, 2)
+        stuck = q.schedule({"do": ["gil:20", "ok"]}).id
+        (first,) = runqueues.wait(lambda: read(runqueues.ledger), 30, "the handler holding the GIL")
+        runqueues.wait(
+            lambda: f"consumer process {first.pid} has not answered" in runqueues.log(sup),
+            30,
+            "the silent process killed",
+        )
+        again = runqueues.wait(
+            lambda: [d for d in read(runqueues.ledger) if d.id == stuck and d.attempt == 2],
+            60,
+            "the retry",
+        )
+        runqueues.wait(lambda: settled(q), 30, "the retry acknowledged")
+        assert not _running(first.pid)
+        assert again[0].pid != first.pid and again[0].ppid == sup.pid
+        log = runqueues.log(sup)
+        # Retried by the supervisor once the process was reaped, its token still current (a
+        # delivery meanwhile would read "left alone"); with its time limit's reason, as the
+        # kill came past it (or as stopped answering, had it come a moment before).
+        settled_line = next(line for line in log.splitlines() if f"message {stuck} stopped" in line)
+        assert settled_line.endswith(": retried"), settled_line
+        assert "time limit exceeded (2 s)" in settled_line or "stopped answering" in settled_line
+        assert "a C call that holds the GIL" in log
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        # The first run never ended (killed in its C call): one end, attempt 2's.
+        runs = [(r.attempt, r.pid) for r in read_runs(runqueues.ledger) if r.id == stuck]
+        assert runs == [(2, again[0].pid)]
+        assert [d.attempt for d in read(runqueues.ledger)] == [1, 2]
+    finally:
+        runqueues.close()
+
+
+def test_a_program_a_handler_started_dies_when_its_process_is_replaced(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """A handler waiting for ``sleep 600`` it started (``subprocess.run`` with no timeout) past
+    its time limit: its process is replaced, and the program dies with it (its process group)
+    instead of living on re-parented to pid 1; the retry starts its own copy only then."""
+    queues = {"drill": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--grace", "2", "--processes", "1")
+        (first,) = runqueues.consuming_children(sup, 1)
+        stuck = q.schedule({"do": ["program:600", "program:0.2", "ok"]}).id
+        (program,) = runqueues.wait(lambda: _programs(runqueues), 30, "the program started")
+        runqueues.wait(
+            lambda: "could not stop 1 handler(s)" in runqueues.log(sup), 30, "the time limit"
+        )
+        runqueues.wait(lambda: settled(q), 60, "the retry acknowledged")
+        runqueues.wait(lambda: not _running(first), 30, "the old process gone")
+        assert not _running(program), "the program outlived its consumer process"
+        assert not _in_groups({first})
+        retry = [d for d in read(runqueues.ledger) if d.id == stuck and d.attempt == 2]
+        assert retry and retry[0].pid != first
+        assert len(_programs(runqueues)) == 2  # the retry's own, once the first was gone
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+    finally:
+        runqueues.close()
+
+
+def test_kill_9_of_the_supervisor_leaves_no_program_behind(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """``kill -9`` of the supervisor: its consumer processes die with it (PR_SET_PDEATHSIG),
+    and so does what their handlers started (``sleep 600``), which nothing would kill
+    otherwise: each process's guard kills its group once the process is gone."""
+    q = producer(redis_server.url, "drill")
+    sup = runqueues.start("--processes", "2", concurrency="1", claim_batch="1", visibility="5")
+    children = runqueues.consuming_children(sup, 2)
+    q.schedule({"do": "program:600"})
+    (program,) = runqueues.wait(lambda: _programs(runqueues), 30, "the program started")
+    sup.kill()
+    sup.wait(30)
+    runqueues.wait(lambda: not any(map(_running, children)), 30, "the processes gone")
+    runqueues.wait(lambda: not _running(program), 30, "the program gone")
+    # The groups' guards too, once they have killed their group (each exits right after).
+    runqueues.wait(lambda: not _in_groups(children), 30, "the groups empty")
+
+
+def test_a_handler_that_kills_its_process_on_every_message_gets_the_crash_loop_backoff(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """A forked child says it consumes before its first handler runs; a handler that then
+    kills its process is a crash loop all the same: replaced at once the first time, then
+    after 0.5 s, 1 s, 2 s, 4 s (before: at once, every time)."""
+    q = producer(redis_server.url, "drill")
+    sup = runqueues.start(concurrency="1", claim_batch="1", max_attempts="10")
+    runqueues.consuming_children(sup, 1)
+    for _ in range(10):
+        q.schedule({"do": "exit"})
+
+    def deaths() -> list[str] | None:
+        found = [
+            line.rsplit(": ", 1)[1]
+            for line in runqueues.log(sup).splitlines()
+            if " died (exit code 3)" in line
+        ]
+        return found if len(found) >= 5 else None
+
+    found = runqueues.wait(deaths, 90, "five deaths")
+    assert found[:5] == [
+        "replaced now",
+        "replaced in 0.5s",
+        "replaced in 1.0s",
+        "replaced in 2.0s",
+        "replaced in 4.0s",
+    ], found
+
+
+def test_sigterm_while_a_process_is_replaced_for_a_hung_handler_exits_0(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """SIGTERM right after a process reported a handler it could not stop: every process stops
+    gracefully, the stopped message is retried once its process is gone, and runqueue exits 0
+    as the docs say (the process being replaced ends as decided before the stop)."""
+    queues = {"drill": {"time_limit": 1, "visibility_timeout": 60}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--grace", "2", "--processes", "1")
+        runqueues.consuming_children(sup, 1)
+        hung = q.schedule({"do": ["block", "ok"]}).id
+        runqueues.wait(
+            lambda: "could not stop 1 handler(s)" in runqueues.log(sup), 30, "the time limit"
+        )
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(60) == 0, runqueues.log(sup)[-3000:]
+        assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in runqueues.log(sup)
+    finally:
+        runqueues.close()
+
+
+def test_a_stop_while_a_process_fails_to_start_exits_0(
+    runqueues: Runqueues, redis_server: RedisServerProcess
+) -> None:
+    """SIGTERM while a consumer process is starting, and it then dies of its start-up error:
+    a start failure (logged with its error), not a failure of the stop (before, exit 1 or 0
+    by whether a process happened to be starting when the stop came)."""
+    from paths import PROGRAMS
+
+    sup = runqueues.start(program=PROGRAMS / "child_start_fails.py", start_seconds="3")
+    runqueues.wait(lambda: " started (slot 1)" in runqueues.log(sup), 60, "a process starting")
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(60) == 0, runqueues.log(sup)[-3000:]
+    assert "stopped with exit code 1: RedisClusterException" in runqueues.log(sup)

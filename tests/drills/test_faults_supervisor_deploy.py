@@ -29,9 +29,10 @@ pytestmark = pytest.mark.slow
 
 HANDLERS = """\
 import os
+import socket
 
 from django.dispatch import receiver
-from ledger import Ledger
+from ledger import OK, SLOW, Ledger
 
 from django_delayqueue.api import topic
 
@@ -41,7 +42,11 @@ _ledger = Ledger(os.environ["DRILL_LEDGER"])
 
 @receiver(topic("hup"))
 def on_hup(sender, message, **kwargs):
-    started = _ledger.record(message.id, message.due_ms, message.attempt)
+    blocks = message.payload == {{"do": "block"}} and message.attempt == 1
+    started = _ledger.record(message.id, message.due_ms, message.attempt, SLOW if blocks else OK)
+    if blocks:
+        reader, _writer = socket.socketpair()
+        reader.recv(1)  # no timeout, nothing ever written: what a time limit must stop
     _ledger.finish(
         message.id, message.queue, message.attempt, started, message.due_ms, VERSION, "ack"
     )
@@ -57,12 +62,20 @@ class HupConfig(AppConfig):
         from . import handlers  # noqa: F401
 """
 SETTINGS = """\
+import json
+import os
+
 from drill_settings import *  # noqa: F403
-from drill_settings import INSTALLED_APPS
+from drill_settings import DELAYQUEUE, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "hup_app"]
+# Queue "hup" is hup_app's alone: one of $DRILL_QUEUES would get drill_app's receiver too.
+DELAYQUEUE["QUEUES"]["hup"] = {
+    **DELAYQUEUE["QUEUES"]["drill"],
+    **json.loads(os.environ["HUP_QUEUE"]),
+}
 """
-QUEUES = {"hup": {"visibility_timeout": 30, "concurrency": 2, "claim_batch": 2}}
+HUP_QUEUE = {"visibility_timeout": 30, "concurrency": 2, "claim_batch": 2}
 
 
 def _deploy(code: Path, version: str) -> None:
@@ -85,7 +98,7 @@ def runqueues(
         "PYTHONPATH": child_pythonpath(code),
         # The same size, maybe the same second: no stale .pyc can stand for the new source.
         "PYTHONDONTWRITEBYTECODE": "1",
-        "DRILL_QUEUES": json.dumps(QUEUES),
+        "HUP_QUEUE": json.dumps(HUP_QUEUE),
     }
     group = Runqueues(redis_server.url, tmp_path, env)
     yield group
@@ -254,3 +267,47 @@ def test_a_deploy_that_fails_to_load_never_replaces_a_working_process(
     report = check(during + after, read(runqueues.ledger))
     assert report.ok and not report.duplicates, report.summary()
     assert f"consumer process {new} consumes: stopping {old}" in runqueues.log(sup)
+
+
+def test_a_hung_handler_is_replaced_by_a_fork_when_the_new_code_cannot_load(
+    runqueues: Runqueues, redis_server: RedisServerProcess, tmp_path: Path
+) -> None:
+    """After a SIGHUP whose new code fails to import, a handler hung past its time limit: its
+    process must be replaced, and no fresh interpreter can start. A fork of the code the
+    supervisor loaded stands in (the log says so), so the hung message is retried once the old
+    process is gone and the messages behind it (one handler thread) are delivered, instead of
+    waiting until someone fixes the code. Once the code on disk loads, a fresh interpreter
+    replaces the stand-in."""
+    runqueues.env["HUP_QUEUE"] = json.dumps(
+        {"visibility_timeout": 30, "concurrency": 1, "claim_batch": 1, "time_limit": 1}
+    )
+    q = producer(redis_server.url, "hup")
+    sup = runqueues.start("--grace", "2", queues=["hup"])
+    (old,) = runqueues.consuming_children(sup, 1)
+    handlers = tmp_path / "code" / "hup_app" / "handlers.py"
+    handlers.write_text("this is not python\n")
+    sup.send_signal(signal.SIGHUP)
+    runqueues.wait(
+        lambda: runqueues.log(sup).count(" died (exit code 1)") >= 2, 60, "two failed successors"
+    )
+    hung = q.schedule({"do": "block"}).id  # blocks on its first attempt
+    behind = [q.schedule({"n": i}).id for i in range(3)]
+    runqueues.wait(lambda: settled(q), 90, "the hung message retried, the others delivered")
+    log = runqueues.log(sup)
+    assert "could not stop 1 handler(s)" in log
+    assert "no fresh interpreter can start" in log and "forking one from the code" in log
+    assert f"message {hung} stopped (time limit exceeded (1 s)): retried" in log
+    runs = {(r.id, r.attempt): r for r in read_runs(runqueues.ledger)}
+    stand_in = runs[(hung, 2)].pid
+    assert stand_in != old and runs[(hung, 2)].action == "v1"  # the supervisor's code
+    assert {runs[(i, 1)].action for i in behind} == {"v1"}
+    assert (hung, 1) not in runs  # stopped, never ended: retried only once its process was gone
+    # The code on disk is fixed: a fresh interpreter replaces the stand-in.
+    _deploy(tmp_path / "code", "v2")
+    _replaced(runqueues, sup, {stand_in})
+    after = [q.schedule({"n": i}).id for i in range(3)]
+    runqueues.wait(lambda: settled(q), 60, "every message delivered")
+    assert _stop(runqueues, sup) == 0, runqueues.logs()[-4000:]
+    assert {_versions(runqueues)[i] for i in after} == {"v2"}
+    report = check([hung, *behind, *after], read(runqueues.ledger))
+    assert report.ok, report.summary()

@@ -20,12 +20,19 @@ def cluster() -> Iterator[list[RedisServerProcess]]:
         yield nodes
 
 
-def spread_queues(client: RedisCluster, prefix: str = "dq") -> list[str]:
-    """Queue names whose hash tags land on each of the three masters."""
+def spread_queues(
+    client: RedisCluster, prefix: str = "dq", skip: int = 0, base: str = "shop"
+) -> list[str]:
+    """Queue names (``base-N``) whose hash tags land on each of the three masters (``skip``:
+    pass over that many names per master first, for a second set of queues)."""
     chosen: dict[int, str] = {}
+    passed: dict[int, int] = {}
     for i in range(200):
-        name = f"shop-{i}"
+        name = f"{base}-{i}"
         port = client.get_node_from_key(f"{{{prefix}:{name}}}:pending").port
+        if passed.get(port, 0) < skip:
+            passed[port] = passed.get(port, 0) + 1
+            continue
         chosen.setdefault(port, name)
         if len(chosen) == len(SLOTS):
             return list(chosen.values())

@@ -62,6 +62,16 @@ class Started:
                 r.stop()
 
 
+class Ticks:
+    """A monotonic clock (seconds) the test moves: ``ticks.now += 2``."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Recorder:
     """A handler that records deliveries and does what ``behaviour`` says."""
 

@@ -93,11 +93,20 @@ class Runqueues:
     :meth:`close` (only the PIDs this object started).
     """
 
-    def __init__(self, url: str, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        workdir: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.url = url
         self.workdir = workdir
         self.ledger = workdir / "ledger.jsonl"
         self.env = dict(env or {})
+        # Where the processes start: ``python -m`` puts it first on their path, so a drill of
+        # another release's package (test_upgrade_drill) starts them outside this checkout.
+        self.cwd = cwd
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(
@@ -131,7 +140,9 @@ class Runqueues:
             cmd = [sys.executable, str(program), *queues, *args]
         if command is not None:
             cmd = [*command, *queues, *args]
-        proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd
+        )
         log.close()
         self.procs.append(proc)
         return proc

@@ -4,8 +4,12 @@ Everything that varies comes from the environment set by the test (Redis URL, le
 drill queue's timeouts); the database is a file that is never migrated (the worker logs that
 the settings rows could not be synced and goes on), except in the outbox drill, which migrates
 it or a PostgreSQL database it creates (``$DRILL_PG_NAME``). Queues "drill2" and "drill3" (same
-receiver, other settings) let one ``runqueue`` serve several drill queues at once;
-``$DRILL_QUEUES`` (JSON, queue name -> settings) overrides any drill queue's settings.
+receiver, other settings) let one ``runqueue`` serve several drill queues at once, and
+"drill-async" has an ``async def`` receiver; ``$DRILL_QUEUES`` (JSON, queue name -> settings)
+overrides any drill queue's settings, or adds a queue (with "drill"'s settings under its own);
+``$DRILL_RECEIVE`` (a JSON list) names the added queues that get the drill's ledger-keeping
+receiver. ``$DRILL_CLUSTER=1`` connects to a Redis Cluster that ``REDIS_URL`` names a node of;
+``$DRILL_CACHE_ALIAS=1`` through a django-redis cache alias on ``REDIS_URL``.
 """
 
 import json
@@ -41,6 +45,8 @@ DELAYQUEUE = {
     "MIN_REPLICAS": int(os.environ.get("DRILL_MIN_REPLICAS", "0")),
     "SCHEDULES": json.loads(os.environ.get("DRILL_SCHEDULES", "{}")),
     "MIN_REPLICAS_TIMEOUT_SECONDS": 0.5,
+    # The cluster drill (tests/drills/test_faults_cluster.py): REDIS_URL names one node.
+    "CLUSTER": os.environ.get("DRILL_CLUSTER") == "1",
     "QUEUES": {
         **DELAYQUEUE["QUEUES"],
         "drill": {
@@ -67,10 +73,30 @@ DELAYQUEUE = {
             "concurrency": 1,
             "claim_batch": 5,
         },
+        # An async def receiver that awaits its action in a thread (drill_app/handlers.py).
+        "drill-async": {
+            "visibility_timeout": 2,
+            "max_attempts": 3,
+            "backoff_base": 0.05,
+            "backoff_max": 0.5,
+            "concurrency": 2,
+        },
     },
 }
+if os.environ.get("DRILL_CACHE_ALIAS"):  # the connection of a django-redis cache alias
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "queues": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": os.environ["REDIS_URL"]},
+    }
+    DELAYQUEUE["CACHE_ALIAS"] = "queues"
+    del DELAYQUEUE["REDIS_URL"]
+# A runqueue pinned to an older envelope format (the upgrade drill): set only when asked, so
+# that a release before envelope formats, which has no such setting, starts as well.
+if os.environ.get("DRILL_ENVELOPE_FORMAT"):
+    DELAYQUEUE["ENVELOPE_FORMAT"] = int(os.environ["DRILL_ENVELOPE_FORMAT"])
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
-    DELAYQUEUE["QUEUES"][_name] = {**DELAYQUEUE["QUEUES"].get(_name, {}), **_overrides}
+    _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
+    DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

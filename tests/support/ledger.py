@@ -143,6 +143,24 @@ def read_runs(path: str | os.PathLike[str]) -> list[Run]:
     return [Run(**row) for row in _rows(path) if isinstance(row, dict)]
 
 
+def overlaps(runs: Iterable[Run]) -> list[tuple[Run, Run]]:
+    """Pairs of runs of one message id whose calls overlapped in time (wall ms): two runs of a
+    message at once, which no consumer may ever allow."""
+    by_id: dict[str, list[Run]] = {}
+    for run in runs:
+        by_id.setdefault(run.id, []).append(run)
+    found = []
+    for rows in by_id.values():
+        rows.sort(key=lambda r: r.started_ms)
+        longest = rows[0]  # of the runs started so far, the one that ended last
+        for later in rows[1:]:
+            if later.started_ms < longest.finished_ms:
+                found.append((longest, later))
+            if later.finished_ms > longest.finished_ms:
+                longest = later
+    return found
+
+
 def _rows(path: str | os.PathLike[str]) -> list[object]:
     p = Path(path)
     if not p.exists():

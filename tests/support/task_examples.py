@@ -7,6 +7,7 @@ They run on the demo's task queue ("shop-tasks", settings.TASKS) and leave trace
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -155,6 +156,35 @@ def works_until_aborted() -> str:
     while not dq.abort_requested():
         time.sleep(0.01)
     return "stopped cleanly"
+
+
+@task(queue_name="shop-tasks")
+def ignores_its_abort() -> None:
+    """Sees its abort and goes on (pure Python, every Exception swallowed): only a stop ends it."""
+    import time
+
+    _redis().rpush(TRACE, "working")
+    while not dq.abort_requested():
+        time.sleep(0.01)
+    _redis().rpush(TRACE, "saw the abort")
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:
+            pass
+
+
+@task(queue_name="shop-tasks")
+async def async_ignores_its_abort() -> None:
+    """ignores_its_abort as an async def task: awaits on once aborted, till it is cancelled."""
+    _redis().rpush(TRACE, "working")
+    while not dq.abort_requested():
+        await asyncio.sleep(0.01)
+    _redis().rpush(TRACE, "saw the abort")
+    while True:
+        with contextlib.suppress(Exception):
+            await asyncio.sleep(3600)
 
 
 async def _abort_requested() -> bool:

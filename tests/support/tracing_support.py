@@ -2,7 +2,7 @@
 test's process), and a file exporter that a ``runqueue`` child process writes its spans to.
 
 The test process never sets the global tracer provider: :func:`tracing_on` puts a private one's
-tracer where django_delayqueue.observability.tracing keeps its own, for one test, so no other
+tracer where django_delayqueue.core.observability.tracing keeps its own, for one test, so no other
 test of the process sees tracing on.
 """
 
@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_delayqueue.observability import tracing
+from django_delayqueue.core.observability import tracing
 
 
 class Traced:

@@ -8,9 +8,17 @@
 - ``waiter``: sleeping until the earliest due time or a producer's wake-up;
 - ``handler_threads``: each queue's handler threads and the messages claimed for them;
 - ``outcomes``: what one handler call did (ack, retry, dead letter);
-- ``extender``: extending the visibility deadline of long handlers.
+- ``extender``: extending the visibility deadline of long handlers;
+- ``handler_answers``: what a running handler asks (``message.aborted``, ``message.progress``),
+  answered for core/running.py, registered here.
 """
 
+from django_delayqueue.core import running
+from django_delayqueue.core.consumer.handler_answers import ANSWERS
 from django_delayqueue.core.consumer.loop import Consumer
+
+# Message.aborted and Message.progress ask core/running.py (the envelope may not import the
+# consumer): from now on, this package answers.
+running.register(ANSWERS)
 
 __all__ = ["Consumer"]

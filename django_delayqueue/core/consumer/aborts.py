@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from django_delayqueue.core.consumer.limits import Run, Runs, Slot
 from django_delayqueue.core.envelope import Message, to_str
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import redis_errors
-from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 

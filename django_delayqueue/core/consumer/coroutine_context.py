@@ -4,8 +4,10 @@ Every coroutine shares the event loop's thread, so what a handler may ask about 
 lives in context variables (set in its task by :func:`enter`), never in a thread-local:
 :func:`requested_stop` (how a cancel asked it to stop), :func:`interruptible` (where its soft
 time limit is raised when it waits in tasks of its own) and :func:`sync_part` (code it runs on a
-thread, which keeps its message held until it ends). Kept apart from the runner
-(:mod:`.handler_coroutines`) because this is what the handler's side imports
+thread, which keeps its message held until it ends). The work a handler's task hands to a thread
+through the loop's executors is counted the same way (:mod:`.coroutine_threads`): a delivery
+ends only once every thread it started has ended (:func:`hold_for_threads`). Kept apart from the
+runner (:mod:`.handler_coroutines`) because this is what the handler's side imports
 (``django_delayqueue.dispatch``, the task runner), and it needs none of the loop's machinery.
 """
 
@@ -23,7 +25,7 @@ from django_delayqueue.core.consumer.interruptible import Interruptible
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.consumer.stopped import Settlement
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,13 @@ class RunningCoroutine:
     stop: tuple[Settlement, str] | None = None  # how the canceller settles it
     stop_sent_at: float | None = None
     reported: bool = False  # as unstoppable
-    # Its sync code running on a thread (sync_part): a thread outlives a closed loop.
-    sync_parts: int = 0
-    # Dropped with the loop while sync_parts ran: given to ``done`` once they have ended.
+    # Work it started in threads that has not ended (sync_part, and what its task handed to
+    # the loop's executors: coroutine_threads): cancelling it stops the waiting, not a thread.
+    threads: int = 0
+    # Its outcome, held while ``threads`` ran as it ended (hold_for_threads), given to
+    # ``release`` once the last of them has ended (set by the runner as it starts).
     held: Outcome | None = None
+    release: Callable[[Outcome], None] | None = None
 
 
 # The interruptibles of the message whose context this is (a list shared with the tasks it
@@ -87,72 +92,91 @@ def interruptible(coro: Awaitable[Any]) -> Awaitable[Any]:
     return body
 
 
-# Guards RunningCoroutine.sync_parts and .held: changed on the loop's thread, on the threads
-# running the sync parts, and on the loop's thread as it ends (release_after_sync_parts).
-_sync_lock = threading.Lock()
+def current() -> RunningCoroutine | None:
+    """The coroutine handler whose task (or a task it started) runs here, or None."""
+    return _current.get()
+
+
+# Guards RunningCoroutine.threads and .held: changed on the loop's thread and on the threads
+# that run a delivery's work (their end may release it).
+_threads_lock = threading.Lock()
 
 
 def sync_part(func: Callable[..., Any]) -> Callable[..., Any]:
     """Inside a coroutine handler: ``func``, to be run on a thread, wrapped so that the
-    message stays held while it runs. A coroutine dropped with a closing loop
-    (:meth:`HandlerCoroutines.close`) is released only once its sync parts have ended: until
-    then its message stays given up on and extended (``Extender.linger``), never redelivered
-    beside code of its own that still runs. Call it on the loop, where the thread is started
+    message stays held while it runs (:func:`thread_started`): its delivery, cancelled or
+    dropped with a closing loop (:meth:`HandlerCoroutines.close`), ends only once it has ended;
+    until then its message stays in flight and extended, never redelivered beside code of its
+    own that still runs. Call it on the loop, where the thread is started
     (``dispatch.in_thread_to_its_end``). Outside a coroutine handler, ``func`` as it is."""
     entry = _current.get()
     if entry is None:
         return func
-    with _sync_lock:
-        entry.sync_parts += 1
+    thread_started(entry)
 
     def tracked(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         finally:
-            _sync_part_ended(entry)
+            thread_ended(entry)
 
     return tracked
 
 
-def _sync_part_ended(entry: RunningCoroutine) -> None:
-    with _sync_lock:
-        entry.sync_parts -= 1
-        outcome = entry.held if entry.sync_parts == 0 else None
-        entry.held = None if outcome is not None else entry.held
-    if outcome is not None:
-        logger.warning(
-            "message %s: the sync part of its coroutine handler ended after the event loop: "
-            "released, it comes back after its visibility timeout",
-            entry.message.id,
-            extra=message_fields(entry.message),
-        )
-        release(entry, outcome)
+def thread_started(entry: RunningCoroutine) -> None:
+    """``entry``'s delivery handed work to a thread: it ends only once :func:`thread_ended`
+    was called as often (the work ended, or was cancelled before it started)."""
+    with _threads_lock:
+        entry.threads += 1
 
 
-def release_after_sync_parts(entry: RunningCoroutine, outcome: Outcome) -> None:
-    """``entry`` was dropped with its loop: released now, or (its sync part still runs on its
-    thread) once that has ended."""
-    with _sync_lock:
-        held = entry.sync_parts > 0
-        if held:
-            entry.held = outcome
-    if held:
-        logger.warning(
-            "message %s: its coroutine handler's sync part still runs on its thread: "
-            "kept in flight until it ends",
-            entry.message.id,
-            extra=message_fields(entry.message),
-        )
+def thread_ended(entry: RunningCoroutine) -> None:
+    """Work ``entry`` handed to a thread has ended; the last one releases the outcome held
+    for it, on this thread."""
+    with _threads_lock:
+        entry.threads -= 1
+        outcome = entry.held if entry.threads == 0 else None
+        if outcome is not None:
+            entry.held = None
+    if outcome is None:
         return
-    release(entry, outcome)
-
-
-def release(entry: RunningCoroutine, outcome: Outcome) -> None:
+    logger.warning(
+        "message %s: the work its coroutine handler ran in a thread has ended: its delivery ends",
+        entry.message.id,
+        extra=message_fields(entry.message),
+    )
+    release = entry.release
+    if release is None:  # not started by a runner (a test's own entry): nothing to tell
+        return
     try:
-        entry.done(outcome)
+        release(outcome)
     except Exception:
         logger.exception(
             "coroutine of message %s: not released",
             entry.message.id,
             extra=message_fields(entry.message),
         )
+
+
+def hold_for_threads(entry: RunningCoroutine, outcome: Outcome) -> bool:
+    """``entry``'s coroutine has ended with ``outcome``: True when work it started still runs
+    in a thread (or its outcome is held already), its outcome then held until the last of it
+    has ended (:func:`thread_ended` gives it to ``entry.release``); False when nothing holds it.
+    A thread cannot be stopped: what a thread of a delivery still runs must never run beside
+    the delivery's retry, so the delivery stays running (in flight, extended) meanwhile."""
+    with _threads_lock:
+        if entry.held is not None:
+            return True  # it ended before: its first outcome stays
+        if entry.threads <= 0:
+            return False
+        entry.held = outcome
+        running = entry.threads
+    logger.warning(
+        "message %s: its coroutine handler ended (%s) while %d thread(s) it started still run: "
+        "kept in flight until they end",
+        entry.message.id,
+        outcome.reason or outcome.status,
+        running,
+        extra=message_fields(entry.message),
+    )
+    return True

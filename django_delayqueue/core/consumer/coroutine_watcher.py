@@ -6,8 +6,10 @@ blocks the loop in sync code stops every timer on it. So a thread of its own loo
 and the hard one (a cancel) when due, reports a coroutine still running
 :data:`STOP_WAIT_SECONDS` after it was cancelled as unstoppable (``on_unstoppable``: the consumer
 gets its process replaced), and logs a loop that has not answered a ping for
-:data:`BLOCKED_WARN_SECONDS`. Kept apart from the runner (:mod:`.handler_coroutines`), which
-owns the loop and the running coroutines and which this only reads and asks to cancel.
+:data:`BLOCKED_WARN_SECONDS`. After an abort, as the watchdog does for a thread, the soft limit
+is not raised and the time limit stops the coroutine as aborted (the abort wins). Kept apart from
+the runner (:mod:`.handler_coroutines`), which owns the loop and the running coroutines and
+which this only reads and asks to cancel.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from typing import Protocol
 
 from django_delayqueue.core.consumer.coroutine_context import RunningCoroutine
 from django_delayqueue.core.consumer.stopped import (
+    ABORTED_AT_TIME_LIMIT,
     Settlement,
     StoppedHandler,
+    abort_reason,
+    abort_said,
     time_limit_reason,
 )
+from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import SoftTimeLimitExceeded
 
 logger = logging.getLogger(__name__)
@@ -45,6 +51,14 @@ class WatchedCoroutines(Protocol):
 
     def cancel(self, queue: str, token: str, reason: str, settlement: Settlement = "retry") -> bool:
         """Stop the coroutine running delivery ``token`` of ``queue``."""
+        ...
+
+    def abort_reason_of(self, message: Message) -> str | None:
+        """The reason the running delivery ``message`` was aborted with, once learnt."""
+        ...
+
+    def settlement(self, entry: RunningCoroutine) -> tuple[Settlement, str] | None:
+        """How ``entry``'s stop settles its message (an abort learnt wins)."""
         ...
 
 
@@ -131,20 +145,20 @@ class CoroutineWatcher:
             if entry.soft_limit is not None and not entry.soft_sent:
                 if elapsed >= entry.soft_limit:
                     entry.soft_sent = True
-                    loop.call_soon_threadsafe(raise_soft_limit, entry)
+                    if self._coroutines.abort_reason_of(entry.message) is None:
+                        loop.call_soon_threadsafe(raise_soft_limit, entry)
                 else:
                     next_in = min(next_in, entry.soft_limit - elapsed)
             if entry.hard_limit is not None and entry.stop is None:
                 if elapsed >= entry.hard_limit:
-                    reason = time_limit_reason(entry.hard_limit)
-                    self._coroutines.cancel(entry.message.queue, entry.message.token, reason)
+                    self._stop_at_time_limit(entry, entry.hard_limit)
                 else:
                     next_in = min(next_in, entry.hard_limit - elapsed)
             if entry.stop_sent_at is not None and not entry.reported:
                 waited = now - entry.stop_sent_at
                 if waited >= STOP_WAIT_SECONDS:
                     entry.reported = True
-                    settlement, reason = entry.stop or ("retry", "")
+                    settlement, reason = self._coroutines.settlement(entry) or ("retry", "")
                     unstoppable.append(StoppedHandler.of(entry.message, settlement, reason))
                 else:
                     next_in = min(next_in, STOP_WAIT_SECONDS - waited)
@@ -161,6 +175,18 @@ class CoroutineWatcher:
             except Exception:
                 logger.exception("reporting unstoppable coroutine handlers failed")
         return max(0.01, next_in)
+
+    def _stop_at_time_limit(self, entry: RunningCoroutine, seconds: float) -> None:
+        """Cancel ``entry`` at its time limit: retried, or, once aborted, as the abort (the
+        abort wins over a limit that comes in its grace)."""
+        message = entry.message
+        aborted = self._coroutines.abort_reason_of(message)
+        if aborted is None:
+            self._coroutines.cancel(message.queue, message.token, time_limit_reason(seconds))
+            return
+        said = abort_said(aborted)
+        logger.warning(ABORTED_AT_TIME_LIMIT, message.queue, message.id, said, seconds)
+        self._coroutines.cancel(message.queue, message.token, abort_reason(aborted), "dead")
 
     def _watch_the_loop(
         self, loop: asyncio.AbstractEventLoop, now: float, entries: list[RunningCoroutine]

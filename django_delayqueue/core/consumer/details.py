@@ -2,9 +2,10 @@
 
 Written once per maintenance round with the heartbeat (no round trip of its own, nothing per
 message): one JSON value per queue in that queue's ``consumer_details`` hash, holding the
-process (pid, host, supervisor, messages handled, resident memory) and the handlers running
-on *that* queue now, at most :data:`MOST_RUNNING_LISTED` of them (the count is always whole),
-so a value stays small whatever the concurrency.
+process (pid, host, supervisor, messages handled, resident memory), the newest envelope format
+it reads (``reads_format``: what producers and the checks read, core.formats) and the handlers
+running on *that* queue now, at most :data:`MOST_RUNNING_LISTED` of them (the count is always
+whole), so a value stays small whatever the concurrency.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django_delayqueue.core.consumer.handler_contracts import RunningHandler
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT
 
 MOST_RUNNING_LISTED = 20
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -36,9 +38,12 @@ def heartbeat_details(
     handled: int,
     running: Sequence[RunningHandler],
     supervisor: Mapping[str, Any] | None = None,
+    *,
+    reads_format: int = ENVELOPE_FORMAT,
 ) -> str:
-    """The JSON a consumer writes beside its heartbeat on ``queue``: its process, and the
-    handlers of ``queue`` (a physical queue: a shard's own name) running now, oldest first."""
+    """The JSON a consumer writes beside its heartbeat on ``queue``: its process, the newest
+    envelope format it reads, and the handlers of ``queue`` (a physical queue: a shard's own
+    name) running now, oldest first."""
     mine = sorted((r for r in running if r.message.queue == queue), key=lambda r: r.started_ms)
     return json.dumps(
         {
@@ -47,6 +52,7 @@ def heartbeat_details(
             "supervisor": dict(supervisor) if supervisor else None,
             "handled": handled,
             "rss_bytes": rss_bytes(),
+            "reads_format": reads_format,
             "running_count": len(mine),
             "running": [
                 {"id": r.message.id, "attempt": r.message.attempt, "started_ms": r.started_ms}

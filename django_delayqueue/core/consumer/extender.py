@@ -4,6 +4,13 @@ Each queue is extended on its own schedule, a third of its *current* visibility 
 timeout lowered in the admin takes effect in a running consumer), through its own Redis client,
 and a queue whose extend fails never keeps another queue's messages from being extended.
 
+A timeout *raised* while handlers run is another matter: the running leases were last set with
+the old one, and a renewal interval grown at once (a third of the new timeout) would come after
+they end, so another consumer would deliver their messages again beside the running handlers.
+So a raise first extends every lease of the queue with the new timeout, at once (within a
+tick), and only once Redis has them does the interval grow; until then (an extend that failed,
+nothing held yet) the queue is renewed at the old, shorter interval.
+
 Each tick also sends the progress its handlers reported since the last one
 (:mod:`.progress_reports`): the thread wakes every tick anyway, so a report waits at most a
 tick, and a consumer whose handlers report nothing makes no call for it.
@@ -28,9 +35,9 @@ TICK_SECONDS = 0.2
 SHORTEST_INTERVAL_SECONDS = 0.2
 
 
-def extend_interval(q: Queue) -> float:
-    """Seconds between two extensions of ``q``'s messages: a third of its visibility timeout."""
-    return max(SHORTEST_INTERVAL_SECONDS, q.settings.visibility_timeout / 3)
+def extend_interval(visibility_timeout: float) -> float:
+    """Seconds between two extensions of leases set with ``visibility_timeout``: a third."""
+    return max(SHORTEST_INTERVAL_SECONDS, visibility_timeout / 3)
 
 
 class Extender:
@@ -41,12 +48,19 @@ class Extender:
         queues: Sequence[Queue],
         in_flight: Callable[[str], list[Message]],
         tick_seconds: float = TICK_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._queues = list(queues)
         self._in_flight = in_flight
         self._tick = tick_seconds
-        started = time.monotonic()
+        self._monotonic = monotonic
+        started = monotonic()
         self._extended_at = {q.name: started for q in self._queues}
+        # Per queue: the visibility timeout its running leases were last set with (by the
+        # claims, then by the last extension Redis took), and the one last tried (a raise is
+        # tried at once, once; after a failure, again at the old interval).
+        self._lease_seconds = {q.name: q.settings.visibility_timeout for q in self._queues}
+        self._tried_seconds = dict(self._lease_seconds)
         self._stop = threading.Event()
         self._lingering = False  # extending only the abandoned, until none is left
         self._thread = threading.Thread(target=self._run, name="delayqueue-extender", daemon=True)
@@ -54,7 +68,8 @@ class Extender:
 
     def add(self, q: Queue) -> None:
         """Extend ``q``'s messages too (a queue added to the running consumer)."""
-        self._extended_at[q.name] = time.monotonic()
+        self._extended_at[q.name] = self._monotonic()
+        self._lease_seconds[q.name] = self._tried_seconds[q.name] = q.settings.visibility_timeout
         self._queues = [*self._queues, q]  # a new list: the thread may be iterating the old
 
     def _run(self) -> None:
@@ -65,21 +80,32 @@ class Extender:
                 return
 
     def extend_due(self) -> None:
-        """Extend every queue whose interval has passed since its last extension."""
+        """Extend every queue whose interval has passed since its last extension, or whose
+        visibility timeout was raised since (its leases first, then its longer interval)."""
         for q in self._queues:
-            now = time.monotonic()
-            if now - self._extended_at[q.name] < extend_interval(q):
+            seconds = q.settings.visibility_timeout  # read once: the loop may replace it
+            now = self._monotonic()
+            raised = seconds > self._tried_seconds[q.name]
+            # The leases end as the timeout they were set with says, until Redis has new ones.
+            lease = min(seconds, self._lease_seconds[q.name])
+            if not raised and now - self._extended_at[q.name] < extend_interval(lease):
                 continue
             self._extended_at[q.name] = now
+            self._tried_seconds[q.name] = seconds
             messages = self._in_flight(q.name)
             if not messages:
+                # Nothing to extend; the interval stays the old one's until something held
+                # is extended with the new timeout (a claim replayed after a lost reply may
+                # hold a lease set with the old one).
                 continue
             try:
-                q.extend(*messages)
+                q.extend(*messages, seconds=seconds)
             except Exception as e:  # Redis down, a broken key: the next interval tries again
                 logger.warning(
                     "queue %s: could not extend %d deadline(s): %s", q.name, len(messages), e
                 )
+                continue
+            self._lease_seconds[q.name] = seconds
 
     def linger(self, abandoned: Callable[[str], list[Message]]) -> None:
         """From now on extend only ``abandoned(queue name)`` (the messages of handlers still

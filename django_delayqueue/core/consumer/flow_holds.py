@@ -14,6 +14,11 @@ Flow keys' limits (``key_concurrency``, ``key_rate_limit``) hold a queue when no
 ready messages may start one: until a key's next token (a known instant), or until a delivery of
 a key ends (woken as for ``max_in_flight``). Messages promoted meanwhile may be of a key that
 can start: a hold until a slot frees is dropped then, and the next round claims.
+
+How long each claimed message waited on a limit is the claim's to say (claim.lua, kept on the
+server whichever consumer claims: lua/includes/limit_waits.lua), not this consumer's: a
+consumer that refills one free slot at a time is never held itself, while its messages waited
+on the cap all along. :func:`wake_for_freed_slots` tells the claim when the slots freed.
 """
 
 from __future__ import annotations
@@ -36,9 +41,6 @@ class FlowHolds:
 
     def __init__(self) -> None:
         self.until: dict[str, float] = {}
-        # Since when (ms) each held queue's claims have come back held: the limit wait of the
-        # messages the claims take later is counted from then (core/timings/recorder.py).
-        self.since: dict[str, int] = {}
 
     def holds(self, name: str) -> bool:
         """Whether queue ``name``'s last claim was held back by a limit."""
@@ -56,17 +58,13 @@ class FlowHolds:
         if self.until.get(name) == math.inf:
             del self.until[name]
 
-    def note(
-        self, name: str, until: int | None, next_wake: dict[str, int | None], now: int = 0
-    ) -> None:
-        """Queue ``name``'s claim at ``now`` was held back until ``until`` (-1: until a slot
-        frees), or not (None). A known instant makes a round due for the queue then (in
-        ``next_wake``, the round trip's due times by queue)."""
+    def note(self, name: str, until: int | None, next_wake: dict[str, int | None]) -> None:
+        """Queue ``name``'s claim was held back until ``until`` (-1: until a slot frees), or
+        not (None). A known instant makes a round due for the queue then (in ``next_wake``,
+        the round trip's due times by queue)."""
         if until is None:
             self.until.pop(name, None)
-            self.since.pop(name, None)
             return
-        self.since.setdefault(name, now)
         if until < 0:
             self.until[name] = math.inf
         else:
@@ -81,14 +79,16 @@ def waits_on_slots(q: Queue) -> bool:
 
 
 def wake_for_freed_slots(
-    batch: ScriptBatch, queues: Sequence[Queue], recorded: Sequence[Any]
+    batch: ScriptBatch, queues: Sequence[Queue], recorded: Sequence[Any], now_ms: int
 ) -> None:
-    """After the outcomes of capped queues (``max_in_flight``) in ``recorded``, wake the
-    consumers whose claims wait on the cap (slot_freed.lua): one call per such queue with
-    outcomes this round, none for the others."""
+    """After the outcomes of capped queues (``max_in_flight``) in ``recorded``, recorded at
+    ``now_ms``, wake the consumers whose claims wait on the cap (slot_freed.lua, which also
+    notes since when a slot is free): one call per such queue with outcomes this round, none
+    for the others."""
     for q in queues:
         if waits_on_slots(q) and any(sent[0] is q for sent in recorded):
-            batch.add(SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel))
+            channel = q.keys.wake_channel
+            batch.add(SLOT_FREED.call(q.keys, wake_channel=channel, now_ms=now_ms))
 
 
 def wake_after(q: Queue, freed: int) -> None:
@@ -98,6 +98,7 @@ def wake_after(q: Queue, freed: int) -> None:
     if freed <= 0 or not waits_on_slots(q):
         return
     try:
-        SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(q.client)
+        call = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel, now_ms=q.clock.now_ms())
+        call.run(q.client)
     except DelayQueueError as e:
         logger.info("queue %s: consumers waiting on its cap not woken: %s", q.name, e)

@@ -10,7 +10,12 @@ back through the same ``done`` callback a handler thread's outcome takes.
 
 Stopping a coroutine is cancelling it (:meth:`HandlerCoroutines.cancel`): a time limit, an abort,
 the end of a stop's grace period. Its outcome is then what the canceller said (retried with the
-time limit's reason, or dead for an abort), whatever the coroutine did after.
+time limit's reason, or dead for an abort), whatever the coroutine did after; but an abort
+learnt before it ended wins over a time limit (:meth:`HandlerCoroutines.settlement`), as it does
+for a thread: dead letters with the abort's reason, never a retry. A delivery ends only once the
+work it handed to threads has ended too (:mod:`.coroutine_threads`): cancelling stops the
+waiting, not a thread, so until then it stays running (its outcome held, its message in flight
+and extended), and a thread still running a moment after a stop makes it unstoppable.
 
 Beside this runner, each in its own module: what a handler's own task reaches of its run
 (:mod:`.coroutine_context`: its stop request, where its soft limit lands, its sync parts), the
@@ -33,18 +38,24 @@ from typing import Protocol
 from django_delayqueue.core.consumer.coroutine_context import (
     RunningCoroutine,
     enter,
-    release_after_sync_parts,
+    hold_for_threads,
 )
 from django_delayqueue.core.consumer.coroutine_context import (
     requested_stop as requested_stop,  # re-exported: docs/workers.md names it here
 )
+from django_delayqueue.core.consumer.coroutine_threads import install
 from django_delayqueue.core.consumer.coroutine_watcher import STOP_WAIT_SECONDS, CoroutineWatcher
 from django_delayqueue.core.consumer.interruptible import Interruptible
-from django_delayqueue.core.consumer.outcomes import Outcome, failed_outcome
-from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
+from django_delayqueue.core.consumer.outcomes import (
+    Outcome,
+    aborted_outcome,
+    failed_outcome,
+    is_aborted,
+)
+from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler, abort_reason
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.journal import GARBAGE, RETRY
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.journal import RETRY
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +86,19 @@ class HandlerCoroutines:
         deliverer: CoroutineDeliverer,
         on_unstoppable: Callable[[list[StoppedHandler]], None],
         monotonic: Callable[[], float] = time.monotonic,
+        abort_reason_of: Callable[[Message], str | None] | None = None,
     ) -> None:
         self._deliverer = deliverer
         self._monotonic = monotonic
+        # The reason a running delivery was aborted with, once its consumer learnt it ("" for
+        # none given; None: not aborted): Consumer.abort_reason_for.
+        self._abort_reason_of = abort_reason_of or _never_aborted
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # notified as a coroutine ends
         self._running: dict[tuple[str, str], RunningCoroutine] = {}  # by (queue, token)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._uninstall: Callable[[], None] | None = None  # the loop's executors (install)
         self._watcher = CoroutineWatcher(self, on_unstoppable, monotonic)
         self._closed = False
 
@@ -112,6 +128,7 @@ class HandlerCoroutines:
         when it ends, once. Returns the loop thread's ident."""
         soft, hard = self._deliverer.time_limits(message)
         entry = RunningCoroutine(message, done, self._monotonic(), soft, hard)
+        entry.release = lambda outcome: self._release(entry, outcome)
         with self._lock:
             if self._closed:  # a stop ended the loop: the caller records a failed attempt
                 raise RuntimeError("the event loop of the coroutine handlers is closed")
@@ -141,7 +158,8 @@ class HandlerCoroutines:
 
     def cancel_all(self, reason: str) -> int:
         """Cancel every running coroutine, their messages left as they are (the end of a stop:
-        they stay in flight, as a stop leaves a thread's). Returns how many."""
+        they stay in flight, as a stop leaves a thread's, until the threads they started have
+        ended). Returns how many."""
         with self._lock:
             entries = list(self._running.values())
             loop = self._loop
@@ -150,6 +168,21 @@ class HandlerCoroutines:
         for entry in entries:
             loop.call_soon_threadsafe(self._cancel_task, entry, reason)
         return len(entries)
+
+    def abort_reason_of(self, message: Message) -> str | None:
+        """The reason the running delivery ``message`` was aborted with, once learnt ("" for
+        none given); None while it was not aborted."""
+        return self._abort_reason_of(message)
+
+    def settlement(self, entry: RunningCoroutine) -> tuple[Settlement, str] | None:
+        """How ``entry``'s stop settles its message: as its canceller said, but dead letters
+        with the abort's reason once an abort of it was learnt (an abort wins over a time
+        limit); None when it was not stopped."""
+        stop = entry.stop
+        if stop is None or stop[0] == "dead":
+            return stop
+        reason = self._abort_reason_of(entry.message)
+        return stop if reason is None else ("dead", abort_reason(reason))
 
     def tokens(self) -> list[tuple[str, str]]:
         """(queue, token) of every running coroutine."""
@@ -164,7 +197,8 @@ class HandlerCoroutines:
     def close(self) -> None:
         """Stop the loop and the watcher, once the coroutines still running ended (cancelled by
         ``cancel_all``), :data:`STOP_WAIT_SECONDS` at most: one that did not is dropped with
-        the loop (its message stays as the stop left it, in flight)."""
+        the loop (its message stays as the stop left it, in flight), one whose threads still
+        run ends with the last of them."""
         deadline = time.monotonic() + STOP_WAIT_SECONDS
         with self._lock:
             while self._running and self._loop is not None:
@@ -188,6 +222,7 @@ class HandlerCoroutines:
         if self._loop is not None:
             return self._loop
         loop = self._loop = asyncio.new_event_loop()
+        self._uninstall = install(loop)  # its threads, each counted as its delivery's
         self._thread = threading.Thread(
             target=self._serve, args=(loop,), name="delayqueue-event-loop", daemon=True
         )
@@ -205,28 +240,28 @@ class HandlerCoroutines:
                     logger.exception("the event loop of the coroutine handlers failed")
         finally:
             try:
-                loop.close()
+                loop.close()  # shuts its default executor down; running threads end on their own
             except Exception:  # tasks still pending are dropped with it
                 logger.debug("event loop closed with tasks pending", exc_info=True)
+            if self._uninstall is not None:
+                self._uninstall()
             self._release_dropped()
 
     def _release_dropped(self) -> None:
         """The loop is gone: the coroutines it still held can never run again. Their messages
         (given up on at the stop that closed the loop) are released, no longer extended: they
-        come back after their visibility timeout, as a stopped handler's. One whose sync part
-        still runs on its thread (``sync_part``) is released only once that has ended:
-        in a process that lives on (``--burst``, ``run()`` as a library) it would otherwise
-        run beside its message's redelivery."""
+        come back after their visibility timeout, as a stopped handler's. One whose work still
+        runs in a thread (``hold_for_threads``) is released only once that has ended: in a
+        process that lives on (``--burst``, ``run()`` as a library) it would otherwise run
+        beside its message's redelivery."""
         with self._lock:
             dropped = list(self._running.values())
-            self._running.clear()
-            self._ended.notify_all()
         now_ms = int(time.time() * 1000)
         for entry in dropped:
             outcome = Outcome(
                 entry.message, RETRY, now_ms, now_ms, None, "the event loop ended while it ran"
             )
-            release_after_sync_parts(entry, outcome)
+            self._end(entry, outcome)
 
     def _begin(self, entry: RunningCoroutine) -> None:
         loop = asyncio.get_running_loop()
@@ -258,16 +293,36 @@ class HandlerCoroutines:
         self._end(entry, failed_outcome(entry.message, error or RuntimeError(), ms, t0))
 
     def _end(self, entry: RunningCoroutine, outcome: Outcome) -> None:
-        """Its outcome (as its canceller settled it, if it was cancelled) to ``done``, once."""
+        """The coroutine ended with ``outcome``: its delivery ends now, or once the work it
+        started in threads has ended (then it stays running: the watcher keeps its limits, and
+        reports it unstoppable when a stop does not end it)."""
+        with self._lock:
+            if (entry.message.queue, entry.message.token) not in self._running:
+                return  # ended already
+        if hold_for_threads(entry, outcome):
+            self._watcher.wake()  # a stop sent before still waits for it
+            return
+        self._release(entry, outcome)
+
+    def _release(self, entry: RunningCoroutine, outcome: Outcome) -> None:
+        """The delivery ended: its outcome (as its canceller settled it, if it was cancelled,
+        even after the coroutine itself ended) to ``done``, once. On the loop's thread, or on
+        the thread whose work was the delivery's last."""
         message = entry.message
-        if entry.stop is not None:
-            settlement, reason = entry.stop
-            status = GARBAGE if settlement == "dead" else RETRY
-            outcome = replace(outcome, status=status, reason=reason, delay=None)
         with self._lock:
             if self._running.pop((message.queue, message.token), None) is None:
-                return  # ended already (released with the loop)
+                return  # ended already
             self._ended.notify_all()
+        # Read once it is off the running list: no stop can come after (cancel finds it gone).
+        stop = self.settlement(entry)
+        # An outcome its run settled as aborted stands (the abort wins over a time limit): its
+        # run, which knew of the abort, has ended, so settlement() may no longer know.
+        if stop is not None and not is_aborted(outcome):
+            settlement, reason = stop
+            if settlement == "dead":
+                outcome = aborted_outcome(outcome, reason)
+            else:
+                outcome = replace(outcome, status=RETRY, reason=reason, delay=None)
         try:
             entry.done(outcome)
         except Exception:
@@ -281,3 +336,7 @@ class HandlerCoroutines:
     def _cancel_task(entry: RunningCoroutine, reason: str) -> None:
         if entry.task is not None and not entry.task.done():
             entry.task.cancel(reason)
+
+
+def _never_aborted(message: Message) -> str | None:
+    return None

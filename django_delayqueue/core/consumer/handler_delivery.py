@@ -28,18 +28,18 @@ from django_delayqueue.core.consumer.outcomes import (
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
 from django_delayqueue.core.consumer.stopped import abort_reason
-from django_delayqueue.core.consumer.waiter import asleep_until_due, sleep_until_due
+from django_delayqueue.core.consumer.waiter import ahold_until_start, hold_until_start
 from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Aborted
-from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.observability.tracing import (
+from django_delayqueue.core.observability.tracing import (
     Delivery,
     delivery_ended,
     delivery_started,
     outcome_name,
 )
+from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import ScriptCall
 
 
 class HandlerDelivery:
@@ -106,8 +106,9 @@ class HandlerDelivery:
 
     async def adeliver(self, message: Message) -> Outcome:
         """Run one claimed message on the event loop (never raises but for a cancellation)."""
-        # An asyncio sleep, never a blocking one: the loop runs the other coroutines meanwhile.
-        await asleep_until_due(self.clock, message.due_ms)
+        # Claimed up to one claim lead early, as for a thread: it starts when it became due
+        # (a retry at its retry time), awaited, never blocking: the loop runs the others.
+        await ahold_until_start(self.clock, message)
         # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
         # end of the abort's grace cancels it, the outcome is the dead letters); its time
         # limits are the coroutines runner's (the watchdog leaves them to it).
@@ -144,8 +145,9 @@ class HandlerDelivery:
 
     def deliver(self, message: Message) -> Outcome:
         """Run one claimed message on the calling handler thread (never raises)."""
-        # Claimed up to one claim lead early (see waiter.py): the handler still starts on time.
-        sleep_until_due(self.clock, message.due_ms)
+        # Claimed up to one claim lead early (see waiter.py): the handler still starts on time,
+        # when the message became due (a retry at its retry time, not its first due time).
+        hold_until_start(self.clock, message)
         q = self._queue_named.get(message.queue)
         slot = traced = None
         try:  # at once: a stop landing from here on still frees the slot (finally)

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from threading import get_ident
 from time import monotonic
 
-from django_delayqueue.core.consumer.outcomes import Outcome
+from django_delayqueue.core.consumer.outcomes import Outcome, aborted_outcome
 from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import _stop_reasons
-from django_delayqueue.core.journal import GARBAGE, RETRY
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.journal import RETRY
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -155,24 +155,18 @@ class Run:
         if self.abort_reason is not None:
             from django_delayqueue.core.consumer.stopped import abort_reason
 
-            return dataclasses.replace(
-                outcome,
-                status=GARBAGE,
-                delay=None,
-                reason=abort_reason(self.abort_reason),
-                error="Aborted",
-                writes=None,
-            )
+            return aborted_outcome(outcome, abort_reason(self.abort_reason))
         stop = self.stop
         if stop is None:
             return outcome
-        status = GARBAGE if stop.settlement == "dead" else RETRY
+        if stop.settlement == "dead":
+            return aborted_outcome(outcome, stop.reason)
         return dataclasses.replace(
             outcome,
-            status=status,
+            status=RETRY,
             delay=None,
             reason=stop.reason,
-            error="TimeLimitExceeded" if status == RETRY else "Aborted",
+            error="TimeLimitExceeded",
             writes=None,
         )
 

@@ -19,8 +19,8 @@ from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.waiter import Waiter
 from django_delayqueue.core.consumer.watchdog import Watchdog
+from django_delayqueue.core.observability.log_fields import id_fields
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.observability.log_fields import id_fields
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from django_delayqueue.core.consumer.handler_contracts import (
 )
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.observability.log_fields import message_fields
+from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 

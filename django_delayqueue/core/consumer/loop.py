@@ -43,8 +43,8 @@ from django_delayqueue.core.consumer.waiter import (
     Wake,
 )
 from django_delayqueue.core.consumer.watchdog import Watchdog
-from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import DelayQueueError
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message, validate_format
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, PayloadError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS, Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
@@ -64,6 +64,10 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
     ``settings.concurrency``, re-read when the settings change. ``keeper`` keeps recurring
     schedules (``core.recurring.ScheduleKeeper``); ``monotonic`` is the clock, in seconds,
     that times maintenance, the grace period and the shutdown (tests inject a manual one).
+    ``reads_format``: the newest envelope format it reads (default: the newest this release
+    knows); a message of a newer one is left for a consumer that reads it, never dead-lettered.
+    An older one pins it to an earlier release's format (a drill of a mixed fleet). Announced
+    with its heartbeat, so that producers and the checks know what the live consumers read.
     """
 
     announce_within_ms = ANNOUNCE_WITHIN_MS  # longest sleep without reading the pending heads
@@ -86,9 +90,14 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         name: str | None = None,
         keeper: Keeper | None = None,
         monotonic: Callable[[], float] | None = None,
+        reads_format: int = ENVELOPE_FORMAT,
     ) -> None:
         if not queues:
             raise DelayQueueError("a consumer needs at least one queue")
+        try:
+            self.reads_format = validate_format(reads_format, "reads_format")
+        except PayloadError as e:
+            raise ConfigurationError(str(e)) from None
         names = [q.name for q in queues]
         if len(set(names)) != len(names):
             raise DelayQueueError(f"a queue may be consumed once per consumer: {names}")
@@ -122,6 +131,7 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
             self.name,
             self.memory,
             details=self.heartbeat_details,
+            reads_format=self.reads_format,
         )
         self._queue_named = {q.name: q for q in self.queues}
         self._stop = StopRequests(self._monotonic)
@@ -132,7 +142,9 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
         # Coroutine handlers (async def) run on one event loop, counted with the threads; their
         # time limits are kept by that runner (handler_coroutines.py), their aborts as below.
-        self.coroutines = HandlerCoroutines(self, self._coroutines_unstoppable)
+        self.coroutines = HandlerCoroutines(
+            self, self._coroutines_unstoppable, abort_reason_of=self.abort_reason_for
+        )
         self._threads = ThreadsByQueue(self, self._waiter, self.coroutines, self._monotonic)
         # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
         # the watchdog that stops them, the thread that learns their aborts (while run() runs).
@@ -181,7 +193,11 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         """What the heartbeat on ``queue`` says about this process (:mod:`.details`); None
         writes nothing."""
         return heartbeat_details(
-            queue.name, self.delivered, self.running_handlers(), self.supervisor
+            queue.name,
+            self.delivered,
+            self.running_handlers(),
+            self.supervisor,
+            reads_format=self.reads_format,
         )
 
     def around_handler(self, message: Message) -> Outcome:

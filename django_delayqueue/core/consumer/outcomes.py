@@ -7,16 +7,16 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import CoroutineType
 from typing import Any
 
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.core.journal import ACK, GARBAGE, RETRY, OutcomeStatus
+from django_delayqueue.core.observability.log_fields import message_fields
+from django_delayqueue.core.observability.tracing import record_failure
 from django_delayqueue.core.scripts.calls import ScriptCall
-from django_delayqueue.observability.log_fields import message_fields
-from django_delayqueue.observability.tracing import record_failure
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,20 @@ class Outcome:
             self.error,
             self.limit_wait_ms,
         ]
+
+
+ABORTED = "Aborted"  # the error an aborted delivery's outcome names (dq.Aborted)
+
+
+def aborted_outcome(outcome: Outcome, reason: str) -> Outcome:
+    """``outcome`` as an aborted delivery's: the dead letters with ``reason`` (the abort's),
+    whatever its handler did (returned, raised, asked for a retry, was stopped at a limit)."""
+    return replace(outcome, status=GARBAGE, delay=None, reason=reason, error=ABORTED, writes=None)
+
+
+def is_aborted(outcome: Outcome) -> bool:
+    """Whether ``outcome`` was settled as an abort's (:func:`aborted_outcome`)."""
+    return outcome.status == GARBAGE and outcome.error == ABORTED
 
 
 def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int) -> Outcome:

@@ -41,12 +41,12 @@ from django_delayqueue.core.consumer.outcomes import (
 )
 from django_delayqueue.core.consumer.replica_acks import confirm_acks as _confirm_acks
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import JOURNAL
 from django_delayqueue.core.timings.recorder import DeliveryTimings
-from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_after, wa
 from django_delayqueue.core.consumer.left_at_stop import record_left
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
-from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
@@ -54,8 +54,11 @@ class RoundTrip:
         name: str,
         memory: OutOfMemoryLog,
         details: Callable[[Queue], str | None] | None = None,
+        reads_format: int = ENVELOPE_FORMAT,
     ) -> None:
         self.clock = queues[0].clock
+        # The newest envelope format this consumer reads: newer ones are left for another.
+        self.reads_format = reads_format
         # What the heartbeat says about this consumer's process on a queue (details.py).
         self.details = details
         self.outcomes = outcomes
@@ -111,7 +114,7 @@ class RoundTrip:
             # 1. what finished since the last round: early writes, acks, nacks, the journal;
             recorded = self.outcomes.add_to(batch, queues, now)
             if recorded:  # a queue capped by max_in_flight: others may wait for these slots
-                wake_for_freed_slots(batch, queues, recorded)
+                wake_for_freed_slots(batch, queues, recorded, now)
             # 2. recurring ticks, before the promotes: a tick created due is claimed by this round;
             ticks = self.keeper.add_to(batch, queues, now)
             # 3. per queue, promote and claim (and, at maintenance, reap).
@@ -159,7 +162,7 @@ class RoundTrip:
             recorded = self.outcomes.add_to(batch, queues, now, force=force)
             if not recorded:
                 continue
-            wake_for_freed_slots(batch, queues, recorded)  # as in a round: slots free up
+            wake_for_freed_slots(batch, queues, recorded, now)  # as in a round: slots free up
             try:  # one server down must not keep the others' outcomes from being recorded
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
@@ -302,16 +305,10 @@ class RoundTrip:
                 self.claims.answered(q.name)
                 left = self._ready_seen.get(q.name, 0) - len(raw) // 4
                 self._ready_seen[q.name] = max(0, left)
-                held_since = self.holds.since.get(q.name)  # before this claim's answer
-                # A flow limit's answer, or the first claim after a hold (one a promote ended
-                # too, see FlowHolds.promoted): not held, it ends the hold's "since".
-                hold = q.claim_hold(raw)
-                if hold is not None or self.holds.holds(q.name) or held_since is not None:
-                    self.holds.note(q.name, hold, self._next_wake, now)
-                claimed = q.claimed(raw, now)
-                if held_since is not None and claimed:  # they waited on the limit too
-                    self.outcomes.timings.note_limit_waits(claimed, held_since, now)
-                messages.extend(claimed)
+                hold = q.claim_hold(raw)  # a flow limit's answer (claimed: their waits)
+                if hold is not None or self.holds.holds(q.name):
+                    self.holds.note(q.name, hold, self._next_wake)
+                messages.extend(q.claimed(raw, now, self.reads_format))
             elif kind == "reap":
                 reaped_all = self._log_reaped(q, raw) and reaped_all
         return messages, reaped_all

@@ -33,6 +33,17 @@ def abort_reason(reason: str) -> str:
     return f"aborted: {reason}" if reason else "aborted"
 
 
+# The log line of a handler stopped as aborted when its time limit came in the abort's grace
+# (the abort wins over a limit: its message goes to the dead letters as aborted, not retried).
+# Arguments: queue, message id, " (<abort reason>)" or "", the time limit in seconds.
+ABORTED_AT_TIME_LIMIT = "queue %s: message %s aborted%s and at its time limit (%g s): stopping it"
+
+
+def abort_said(reason: str) -> str:
+    """How a log line names an abort's own reason: " (<reason>)", or nothing."""
+    return f" ({reason})" if reason else ""
+
+
 @dataclass(frozen=True)
 class StoppedHandler:
     """A message whose handler was stopped: retried (a time limit) or dead (an abort)."""
@@ -91,7 +102,7 @@ def record_stop(q: Queue, item: StoppedHandler, *, dead: bool) -> ScriptCall:
     """The write of a stopped task's end to its result record: FAILED (its message is dead)
     or READY (retried), with the stop as this delivery's error."""
     from django_delayqueue.core.housekeeping import ENDED_RECORD_TTL_SECONDS
-    from django_delayqueue.tasks.payload import (
+    from django_delayqueue.core.task_records import (
         ERROR_PREFIX,
         FAILED,
         FINISHED_AT,

@@ -3,9 +3,11 @@
 Two costs stand between a due time and the start of its handler: waking up (a ``select()``
 timeout overshoots by a few tenths of a millisecond) and the promote + claim round trip. The
 consumer therefore wakes one *claim lead* before the time it aims at, claims what is due by
-that time, and the handler thread waits out the rest (:func:`sleep_until_due`): the handler
+that time, and the handler thread waits out the rest (:func:`hold_until_start`): the handler
 starts on time and never early, and the message waits those last milliseconds safe in the
-unack set. The lead is the slowest recent wake-to-claimed cost plus a margin, never more than
+unack set. The time aimed at is the instant the message became due: its due time, or for one
+that came back to ready (a retry, above all) the instant it did (:func:`became_due_ms`). The
+lead is the slowest recent wake-to-claimed cost plus a margin, never more than
 ``MAX_CLAIM_LEAD_MS``; a cancel in those last milliseconds finds the message already claimed,
 as it would a moment after its due time.
 """
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import Clock, exact_now_ms
-from django_delayqueue.core.envelope import to_str
+from django_delayqueue.core.envelope import Message, to_str
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +35,9 @@ CLAIM_LEAD_MARGIN_MS = 0.5
 FIRST_CLAIM_LEAD_MS = 1.5  # until a round has been measured
 # A message may reach ready up to one claim lead early on *another* consumer's clock, whose
 # never-ahead estimate of the server's can read a few milliseconds apart from ours: such a
-# message is held until its due time too. Only one due further off than the lead plus this
-# allowance was made ready early on purpose ("run now"), and runs at once.
+# message is held until its due time too. One made ready early on purpose ("run now") says so
+# (the claim returns when it came back to ready: see became_due_ms) and runs at once; a due
+# time further off than the lead plus this allowance is not waited for either way.
 CLOCK_SKEW_ALLOWANCE_MS = 100.0
 HOLD_AT_MOST_MS = MAX_CLAIM_LEAD_MS + CLOCK_SKEW_ALLOWANCE_MS
 WAIT_SLICE_SECONDS = 0.25  # short slices keep signals responsive; they cost no Redis commands
@@ -347,13 +350,39 @@ class Waiter:
             listener.join(max(0.0, deadline - time.monotonic()))
 
 
+def became_due_ms(message: Message) -> int:
+    """The instant a claimed ``message`` became due, which its handler never starts before.
+
+    For a message that came back to ready, the instant it did (``ready_since_ms``, which the
+    claim returns): a retry's retry time, the moment a dead letter was requeued, a message was
+    run now, or a retry given back by a stopping consumer was (its retry time if later). Its
+    envelope keeps its first due time: long past for a retry, which the claim may take up to
+    one claim lead before its retry time; ahead for one run now, which runs at once. Else (a
+    first attempt, or a claim that did not say) the envelope's due time.
+    """
+    since = message.ready_since_ms
+    return message.due_ms if since is None else since
+
+
+def hold_until_start(clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS) -> None:
+    """Hold a handler thread until claimed ``message`` became due (:func:`became_due_ms`)."""
+    sleep_until_due(clock, became_due_ms(message), longest_ms)
+
+
+async def ahold_until_start(
+    clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS
+) -> None:
+    """:func:`hold_until_start` for a coroutine, awaited (the event loop runs the others)."""
+    await asleep_until_due(clock, became_due_ms(message), longest_ms)
+
+
 def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_MS) -> None:
     """Hold a handler until ``due_ms`` on ``clock`` if that is at most ``longest_ms`` away.
 
     A claim is at most one claim lead early (on the clock of whichever consumer promoted it),
     so an early-claimed message always waits. One due further off was made ready ahead of its
-    time on purpose ("run now" in the admin) and runs at once; a clock that does not move
-    (tests) holds a thread ``longest_ms`` at most.
+    time on purpose ("run now" in the admin, when the claim did not say so) and runs at once;
+    a clock that does not move (tests) holds a thread ``longest_ms`` at most.
     """
     early_ms = due_ms - exact_now_ms(clock)
     if early_ms <= 0 or early_ms > longest_ms:

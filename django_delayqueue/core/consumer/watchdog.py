@@ -9,7 +9,10 @@ while nothing has one; it never talks to Redis (the aborts are read by :class:`A
 - past ``time_limit``: ``TimeLimitExceeded`` raised in it; its outcome is a retry with
   ``time_limit_reason`` (whatever it did after);
 - an abort learnt, and ``abort_grace_seconds`` over: ``Aborted`` raised in it; its message goes
-  to the dead letters with ``abort_reason``;
+  to the dead letters with ``abort_reason``. The abort wins over a limit that comes in its
+  grace: the soft limit is not raised after it, and the time limit ends the grace there, with
+  the abort's stop (``Aborted``, dead letters), so that the handler, the log, the journal, the
+  dead letters and a task's record all tell of the abort;
 - still inside its handler ``STOP_WAIT_SECONDS`` after a stop (blocked in C: a socket read, a
   sleep): unstoppable. ``on_unstoppable`` gets its :class:`StoppedHandler` (the consumer then
   gives up on it, calls ``replacement_needed`` on its loop thread and stops).
@@ -25,10 +28,15 @@ from collections.abc import Callable
 
 from django_delayqueue.core.consumer.handler_contracts import RunningHandler
 from django_delayqueue.core.consumer.limits import Run, Runs
-from django_delayqueue.core.consumer.stopped import abort_reason, time_limit_reason
+from django_delayqueue.core.consumer.stopped import (
+    ABORTED_AT_TIME_LIMIT,
+    abort_reason,
+    abort_said,
+    time_limit_reason,
+)
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.settings import QueueSettings
-from django_delayqueue.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -144,23 +152,11 @@ class Watchdog:
             self._on_unstoppable(run)
             return math.inf
         elapsed = now - run.started_monotonic
-        due = math.inf
         if run.abort_reason is not None and run.abort_seen_at is not None:
-            ends = run.abort_seen_at + s.abort_grace_seconds
-            if now >= ends:
-                reason = abort_reason(run.abort_reason)
-                logger.warning(
-                    "queue %s: message %s aborted and still running after %gs: stopping it",
-                    run.message.queue,
-                    run.message.id,
-                    s.abort_grace_seconds,
-                    extra=message_fields(run.message),
-                )
-                run.send_stop("dead", reason, Aborted, now)
-                return now + STOP_WAIT_SECONDS
-            due = min(due, ends)
+            return self._check_aborted(run, s, now, elapsed)
         if run.canceller is not None:
-            return due  # a coroutine: its time limits are kept by the coroutines runner
+            return math.inf  # a coroutine: its time limits are kept by the coroutines runner
+        due = math.inf
         if s.time_limit is not None:
             if elapsed >= s.time_limit:
                 reason = time_limit_reason(s.time_limit)
@@ -183,3 +179,32 @@ class Watchdog:
             else:
                 due = min(due, run.started_monotonic + soft)
         return due
+
+    def _check_aborted(self, run: Run, s: QueueSettings, now: float, elapsed: float) -> float:
+        """An aborted run: stopped as aborted at the end of its grace, or at its time limit if
+        that comes first (a coroutine's time limit is its runner's, which does the same)."""
+        assert run.abort_reason is not None and run.abort_seen_at is not None
+        grace_ends = run.abort_seen_at + s.abort_grace_seconds
+        limit = s.time_limit if run.canceller is None else None
+        limit_at = math.inf if limit is None else run.started_monotonic + limit
+        soft = s.soft_time_limit
+        if soft is not None and elapsed >= soft:
+            run.soft_sent = True  # its time came in the grace: never raised (the abort asked)
+        if now < min(grace_ends, limit_at):
+            return min(grace_ends, limit_at)
+        fields = message_fields(run.message)
+        if limit is not None and limit_at <= grace_ends:
+            said = abort_said(run.abort_reason)
+            logger.warning(
+                ABORTED_AT_TIME_LIMIT, run.message.queue, run.message.id, said, limit, extra=fields
+            )
+        else:
+            logger.warning(
+                "queue %s: message %s aborted and still running after %gs: stopping it",
+                run.message.queue,
+                run.message.id,
+                s.abort_grace_seconds,
+                extra=fields,
+            )
+        run.send_stop("dead", abort_reason(run.abort_reason), Aborted, now)
+        return now + STOP_WAIT_SECONDS

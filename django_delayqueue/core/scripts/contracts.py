@@ -78,9 +78,15 @@ RELEASE = Contract(
     "release",
     keys="unack ready attempts tokens garbage reasons ready_since ranked priorities aborts "
     f"{_KEYED} progress",
-    args="now_ms wake_channel *pairs",
+    args="now_ms wake_channel *triples",
 )
-SLOT_FREED = Contract("slot_freed", keys="limiter", args="wake_channel")
+# A consumer leaves what a newer release wrote for a consumer that reads it (core/delivery.py).
+DEFER = Contract(
+    "defer",
+    keys=f"unack retry attempts tokens garbage reasons aborts progress newer {_KEYED}",
+    args="now_ms first_wait_ms longest_wait_ms reads_format *triples",
+)
+SLOT_FREED = Contract("slot_freed", keys="limiter", args="now_ms wake_channel")
 EXTEND = Contract("extend", keys="unack tokens", args="deadline_ms *pairs")
 PROGRESS = Contract("progress", keys="unack tokens progress", args="*triples")
 JOURNAL = Contract("journal", keys="journal", args="max_length *fields")
@@ -89,7 +95,9 @@ HEARTBEAT = Contract("heartbeat", keys="heartbeats", args="now_ms forget_before_
 # --- reading -----------------------------------------------------------------------------------
 COUNTS = Contract(
     "counts",
-    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state",
+    keys="pending ready unack retry garbage messages cancelled ready_since ranked key_state "
+    "key_turns key_waiting key_tats key_lists",
+    args="now_ms key_limits",
 )
 PEEK = Contract(
     "peek",
@@ -97,11 +105,13 @@ PEEK = Contract(
     args="state offset limit",
 )
 FLOW_STATE = Contract("flow_state", keys="limiter unack", args="now_ms")
+NEWER_WAITING = Contract("newer_waiting", keys="newer messages unack", args="most_entries")
 BUSIEST_KEYS = Contract(
     "busiest_keys",
     keys="key_turns key_waiting key_load key_state key_lists",
     args="top",
 )
+OVERDUE = Contract("overdue", keys="pending retry", args="now_ms")
 STATS = Contract(
     "stats",
     keys="journal tally heartbeats config",
@@ -166,8 +176,8 @@ CONTRACTS: dict[str, Contract] = {
     for contract in (
         *(SCHEDULE, REPLACE, ENQUEUE_TASK, SEND_ONCE, SCHEDULE_UNIQUE),
         *(PROMOTE, CLAIM, ACK, NACK, REAP, RELEASE, EXTEND, PROGRESS, JOURNAL, HEARTBEAT),
-        SLOT_FREED,
-        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS),
+        *(SLOT_FREED, DEFER),
+        *(COUNTS, PEEK, STATS, FLOW_STATE, BUSIEST_KEYS, NEWER_WAITING, OVERDUE),
         *(CANCEL, RUN_NOW, REQUEUE, PURGE, ABORT),
         *(WRITE_RECORD, WRITE_RECORDS),
         *(ADVANCE_RECURRENCE, RECURRENCE_STATES, RECORD_TICK, PUBLISH_RECURRENCES),

@@ -2,9 +2,9 @@
 minute hash and the totals hash in Redis hold, and what the readers add up again.
 
 The Redis fields (one hash per minute, one for the totals; see ``QueueKeys.timings``):
-``l<i>``, ``d<i>``, ``w<i>``: how many start latenesses, handler durations and limit waits fell
-in bucket ``i`` (:mod:`.buckets`); ``l_sum``, ``d_sum``, ``w_sum``: their sums in ms;
-``o_<outcome>``: deliveries per outcome. Fields at 0 are not written.
+``l<n>``, ``d<n>``, ``w<n>``: how many start latenesses, handler durations and limit waits fell
+in the bucket whose field number is ``n`` (:func:`.buckets.field_of`); ``l_sum``, ``d_sum``,
+``w_sum``: their sums in ms; ``o_<outcome>``: deliveries per outcome. Fields at 0 are not written.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_delayqueue.core.envelope import to_str
-from django_delayqueue.core.timings.buckets import BUCKETS, quantile_ms
+from django_delayqueue.core.timings.buckets import BUCKETS, bucket_of_field, field_of, quantile_ms
 
 # The timings, by name, and the letter of their fields.
 HISTOGRAMS: tuple[tuple[str, str], ...] = (
@@ -67,7 +67,7 @@ class TimingCounts:
         for name, letter in HISTOGRAMS:
             for i, value in enumerate(self.histograms[name]):
                 if value:
-                    out += (f"{letter}{i}", value)
+                    out += (f"{letter}{field_of(i)}", value)
             if self.sums[name]:
                 out += (f"{letter}_sum", self.sums[name])
         for kind, value in self.outcomes.items():
@@ -92,8 +92,10 @@ class TimingCounts:
             rest = field[1:]
             if rest == "_sum":
                 counts.sums[name] += value
-            elif rest.isdigit() and int(rest) < BUCKETS:
-                counts.histograms[name][int(rest)] += value
+            elif rest.isdigit():
+                bucket = bucket_of_field(int(rest))
+                if bucket is not None:
+                    counts.histograms[name][bucket] += value
         return counts
 
     @classmethod

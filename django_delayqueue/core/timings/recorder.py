@@ -8,10 +8,11 @@ what the site asked for, and is counted apart as the limit wait. Both are read o
 consumer's clock, in whole milliseconds. Approximations, made on the consumer's side
 because claim.lua does not say more:
 
-- the limit wait of a message is the time between its due time (or the moment its queue's
-  claims were first held back by a limit, if later) and the claim that took it, when the
-  claim before that one was held back; a claim that takes messages and also says "held"
-  holds back the next ones, not those it took;
+- the limit wait of a message is what claim.lua says it waited on a limit
+  (``Message.limit_wait_ms``): the time since it was ready in which the queue's rate or cap,
+  or its key's, held ready messages back, kept on the server whichever consumer claimed (see
+  lua/includes/limit_waits.lua); the wait from a freed slot or a token's instant to the claim
+  that took it is the consumers', and counts as lateness;
 - a message that came back to ready (a retry, a requeued dead letter, a "run now", one
   released by a stopping consumer) is due from then if later than its envelope's due time:
   claim.lua gives its ready_since (``Message.ready_since_ms``), the instant the stats count
@@ -54,7 +55,6 @@ logger = logging.getLogger(__name__)
 MINUTE_MS = 60_000
 MINUTE_TTL_SECONDS = 3900  # an hour and 5 minutes: the last hour is always there to read
 MAX_RETRY_TIMES = 10_000  # retry times remembered (see above); the oldest are forgotten
-MAX_LIMIT_WAITS = 100_000  # noted limit waits of messages not finished yet (a safety bound)
 # The Outcome errors of a handler stopped by its time limit or an abort (handler_run.py).
 STOPPED_ERRORS = frozenset({"TimeLimitExceeded", "Aborted"})
 STOPPED_REASON = "handler stopped"  # a stop of the consumer that landed as the handler ended
@@ -69,26 +69,12 @@ class DeliveryTimings:
     def __init__(self, queues: Mapping[str, Queue]) -> None:
         self._queues = queues  # by name (the consumer's: queues added later are seen)
         self._counts: dict[str, TimingCounts] = {}
-        # By (physical queue, delivery token), ms: tokens count per queue (and per shard).
-        self._limit_waits: dict[tuple[str, str], int] = {}
         # By (physical queue, message id): (retry time in ms, the attempt it is the due time
         # of); insertion order, oldest first. Ids are the caller's: two queues may share one.
         self._retry_times: dict[tuple[str, str], tuple[int, int]] = {}
         self.otel = OtelTimings.if_configured()
 
     # --- the loop thread, per round -------------------------------------------------------------
-
-    def note_limit_waits(self, messages: Sequence[Message], held_since: int, now: int) -> None:
-        """``messages`` were claimed at ``now`` by a claim of a queue that a flow limit held
-        back since ``held_since``: note how long each waited on it."""
-        waits = self._limit_waits
-        if len(waits) > MAX_LIMIT_WAITS:  # given back unstarted, never finished: forget
-            waits.clear()
-        for m in messages:
-            due = self.due_of(m)
-            waited = now - max(m.due_ms if due is None else due, held_since)
-            if waited > 0:
-                waits[(m.queue, m.token)] = waited
 
     def due_of(self, m: Message) -> int | None:
         """The instant ``m``'s start lateness counts from (see the module's docstring), None
@@ -101,9 +87,10 @@ class DeliveryTimings:
         noted = self._retry_times.get((m.queue, m.id)) if self._retry_times else None
         return noted[0] if noted is not None and noted[1] == m.attempt else None
 
-    def limit_wait(self, m: Message) -> int:
-        """How long (ms) ``m``'s delivery waited on a flow limit, as noted at its claim."""
-        return self._limit_waits.get((m.queue, m.token), 0) if self._limit_waits else 0
+    @staticmethod
+    def limit_wait(m: Message) -> int:
+        """How long (ms) ``m``'s delivery waited on a flow limit, as its claim said."""
+        return m.limit_wait_ms
 
     def note_retries(self, call: ScriptCall, messages: Sequence[Message]) -> None:
         """A nack call of ``messages`` (the failed deliveries, in the call's order) was sent:
@@ -123,18 +110,18 @@ class DeliveryTimings:
     def record(self, outcomes: Sequence[Outcome]) -> None:
         """Count finished deliveries (the loop's thread, as it takes them), and give each its
         limit wait (``Outcome.limit_wait_ms``), which its journal row carries."""
-        waits, retry_times, otel = self._limit_waits, self._retry_times, self.otel
+        retry_times, otel = self._retry_times, self.otel
         for o in outcomes:
             m = o.message
             counts = self._counts.get(m.queue)
             if counts is None:
                 counts = self._counts[m.queue] = TimingCounts()
             hist, sums = counts.histograms, counts.sums
-            waited = waits.pop((m.queue, m.token), 0) if waits else 0
+            waited = m.limit_wait_ms
             o.limit_wait_ms = waited  # for its journal row
             q = self._queues.get(m.queue)
-            # Key limits hold claims too (flow_holds.py): their wait is taken off the lateness
-            # above, so it is counted here, not lost from both.
+            # Key limits hold messages too (claim.lua): their wait is taken off the lateness
+            # below, so it is counted here, not lost from both.
             limited = q is not None and (q.settings.flow_limited or q.settings.key_limited)
             if limited:
                 hist["limit_wait"][bisect_left(BOUNDS_MS, waited)] += 1

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
+from django_delayqueue.management.seconds import checked_seconds, seconds_type
 from django_delayqueue.monitoring.processes import by_supervisor, merge_processes
 from django_delayqueue.monitoring.recurrences import RecurrenceStatus, configured_statuses
 from django_delayqueue.monitoring.servers import app_servers, findings, memory_text
@@ -23,7 +24,7 @@ COLUMNS = (
     ("READY", lambda s: s.counts["ready"]),
     ("UNACK", lambda s: s.counts["unack"]),
     ("RETRY", lambda s: s.counts["retry"]),
-    ("GARBAGE", lambda s: s.counts["garbage"]),
+    ("DEAD", lambda s: s.counts["garbage"]),
     ("OVERDUE", lambda s: _overdue(s)),
     ("CONSUMERS", lambda s: s.consumers_alive),
     ("PAUSED", lambda s: None if s.paused is None else ("yes" if s.paused else "no")),
@@ -35,7 +36,7 @@ COLUMNS = (
 class Command(BaseCommand):
     help = (
         "Show per queue how many messages are pending, ready, in flight (unack), retrying and "
-        "dead (garbage), how late the oldest due one is, live consumers, and delivery totals; "
+        "dead, how late the oldest due one is, live consumers, and delivery totals; "
         "then the flow limits (rate, in-flight cap, per-key limits, how many wait on them, "
         "throttled) and the busiest flow keys (ready + in flight, the top 10); then "
         "how late handlers start (p50/p99 over the last 5 minutes and hour); then "
@@ -50,7 +51,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--watch",
-            type=_positive_float,
+            type=seconds_type(zero=False),
             metavar="SECONDS",
             help="refresh every SECONDS until interrupted",
         )
@@ -64,6 +65,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         names = options["queues"] or None
         watch, count = options["watch"], options["count"]
+        if watch is not None:  # call_command(watch=...) hands the value over unparsed
+            watch = checked_seconds("--watch", watch, zero=False)
         shown = 0
         try:
             while True:
@@ -112,6 +115,11 @@ class Command(BaseCommand):
                         f"warning: queue {st.queue}: p99 start lateness over the last 5 minutes "
                         f"above its lateness_warning_ms ({st.lateness.warning_ms:g} ms)"
                     )
+            for st in stats:  # messages left for a newer consumer, consumers behind this one
+                formats = st.formats
+                for text in (formats.waiting_text(), formats.older_text()) if formats else ():
+                    if text:
+                        self.stderr.write(f"warning: queue {st.queue}: {text}")
             if any(st.processes for st in stats):
                 self.stdout.write("\n" + render_processes(stats))
             if schedules:
@@ -119,6 +127,10 @@ class Command(BaseCommand):
             self.stdout.write("\n" + render_servers(servers))
             for finding in findings(servers):
                 self.stderr.write(f"warning: {finding.message}")
+        if not as_json:
+            for text in sorted({f for s in stats for f in s.start_failures}):
+                named = ", ".join(s.queue for s in stats if text in s.start_failures)
+                self.stderr.write(f"error: {text} (queues: {named})")
         errors = sorted({e for s in stats for e in s.errors})
         for error in errors:
             self.stderr.write(f"error: {error}")
@@ -296,10 +308,3 @@ def _overdue(s: QueueStats) -> str | None:
 
 def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number

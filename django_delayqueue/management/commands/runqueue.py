@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayqueue.conf.queues import configured
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.management.logs import configure_logging
+from django_delayqueue.management.seconds import checked_seconds, seconds_type
 from django_delayqueue.mirror.following import sync_settings
 from django_delayqueue.monitoring.servers import ServerGuard
 from django_delayqueue.worker import Worker
@@ -59,16 +60,17 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--grace",
-            type=float,
+            type=seconds_type(zero=True),
             default=30.0,
             metavar="SECONDS",
-            help="on SIGTERM, time in-flight handlers get to finish (default 30)",
+            help="on SIGTERM, time in-flight handlers get to finish (default 30; 0 or more)",
         )
         parser.add_argument(
             "--name",
             help=(
-                "name shown in heartbeats (default: random); each consumer process is "
-                "NAME.<slot>-<pid>"
+                "name of this runqueue (default: runqueue-<host>-<pid>): each consumer "
+                "process is NAME.<slot>-<pid> in heartbeats and logs, and a task's worker_ids "
+                "list NAME"
             ),
         )
         parser.add_argument(
@@ -86,14 +88,30 @@ class Command(BaseCommand):
             help="replace a consumer process once it handled M messages (no gap in service)",
         )
         parser.add_argument(
+            "--alive-file",
+            metavar="PATH",
+            help=(
+                "touch PATH each time a consumer loop goes round (at most once a second, "
+                "also while Redis is down): a liveness probe checks its age with "
+                "'python -m django_delayqueue.alive PATH --max-age 60'"
+            ),
+        )
+        parser.add_argument(
             "--max-memory-per-child",
             type=_positive,
             metavar="MB",
-            help="replace a consumer process once its resident memory exceeds MB megabytes",
+            help=(
+                "replace a consumer process once its resident memory exceeds MB megabytes "
+                "(refused below what every consumer process starts with)"
+            ),
         )
 
     def handle(self, *queues: str, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        # call_command(grace=...) hands the value over unparsed: checked here as well.
+        options["grace"] = checked_seconds("--grace", options["grace"], zero=True)
+        if options["alive_file"]:
+            _check_alive_file(options["alive_file"])
         from django_delayqueue.supervisor.fresh import take_child_invocation
 
         invocation = take_child_invocation()
@@ -122,8 +140,9 @@ class Command(BaseCommand):
                 options["queues"] or None,
                 burst=options["burst"],
                 max_messages=options["max_messages"],
-                grace_seconds=max(0.0, options["grace"]),
+                grace_seconds=options["grace"],
                 name=options["name"],
+                alive_file=options["alive_file"],
             )
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
@@ -144,6 +163,7 @@ class Command(BaseCommand):
     def _supervise(self, options: dict[str, Any]) -> int:
         from django_delayqueue.supervisor.fresh import restart_command
         from django_delayqueue.supervisor.loop import Supervisor, SupervisorOptions
+        from django_delayqueue.supervisor.memory import memory_limit_problem, own_memory_bytes
 
         names = options["queues"] or None
         try:
@@ -154,15 +174,22 @@ class Command(BaseCommand):
             ServerGuard().check()
         except ConfigurationError as e:
             raise CommandError(str(e)) from e
+        if options["max_memory_per_child"] is not None:
+            # Measured now, set up as a consumer process will be: a limit below it would
+            # have every process replaced as soon as it started.
+            problem = memory_limit_problem(options["max_memory_per_child"], own_memory_bytes())
+            if problem:
+                raise CommandError(problem)
         supervisor = Supervisor(
             SupervisorOptions(
                 queues=list(names) if names else None,
                 processes=options["processes"],
                 concurrency=options["concurrency"],
-                grace_seconds=max(0.0, options["grace"]),
+                grace_seconds=options["grace"],
                 max_messages_per_child=options["max_messages_per_child"],
                 max_memory_per_child_mb=options["max_memory_per_child"],
                 name=options["name"],
+                alive_file=options["alive_file"],
                 restart=restart_command(self._argv),
             )
         )
@@ -184,6 +211,16 @@ def _install_signal_handlers(worker: Worker) -> dict[int, Any]:
 def _restore_signal_handlers(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+
+
+def _check_alive_file(path: str) -> None:
+    """Refuse at start an --alive-file that cannot be written (a liveness probe reading it
+    would restart the worker for ever)."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise CommandError(f"--alive-file {path}: cannot be written ({e.strerror})") from e
 
 
 def _positive(value: str) -> int:

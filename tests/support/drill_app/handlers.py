@@ -10,19 +10,34 @@ BaseException, past any ``except Exception``), ``retry:D`` (``raise dq.Retry(del
 ``badretry:X`` (a Retry whose ``delay`` was set to X after construction: inf, nan, -1, 1e300,
 values Retry itself refuses), ``reject`` (``raise dq.Reject``), ``block`` (a socket read with
 no timeout that never returns: what a time limit must stop), ``hold:MB`` (keep MB megabytes
-alive in the process for good: memory a worker leaks).
+alive in the process for good: memory a worker leaks), ``gil:S`` (a second in Python, then one
+C call that holds the GIL for S seconds, as a catastrophic regex or some C extensions do: no
+thread of the process runs meanwhile, its heartbeat neither; the second lets a heartbeat name
+the handler first), ``program:S`` (run ``sleep S`` as a subprocess and wait
+for it, as ``subprocess.run`` with no timeout; its pid is appended to ``$DRILL_LEDGER.programs``).
 
 As the handler returns or raises it appends the end of the call to the ledger too (start and
 end wall times, and the outcome the consumer's journal must show: ack, retry or garbage).
+
+Queue "drill-async" has an ``async def`` receiver that does the same actions in a thread it
+awaits, the way the payload's ``"via"`` says (:data:`VIA`; default ``to_thread``): what a
+cancelled coroutine leaves running.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import functools
+import json
 import os
 import socket
+import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.dispatch import receiver
 from ledger import EXIT, OK, RAISE, REJECT, SLOW, Ledger
@@ -31,7 +46,12 @@ import django_delayqueue as dq
 from django_delayqueue.api import topic
 from django_delayqueue.core import Message
 
-QUEUES = ("drill", "drill2", "drill3")
+ASYNC_QUEUE = "drill-async"
+# The drill queues, and the queues $DRILL_RECEIVE names (a JSON list: queues a test adds with
+# $DRILL_QUEUES, drill_settings.py, for this receiver; others may have handlers of their own).
+QUEUES = tuple(
+    dict.fromkeys(["drill", "drill2", "drill3", *json.loads(os.environ.get("DRILL_RECEIVE", "[]"))])
+)
 
 _ledger = Ledger(os.environ["DRILL_LEDGER"])
 _held: list[bytes] = []  # what "hold:MB" keeps alive
@@ -46,6 +66,8 @@ _KINDS = {
     "badretry": RAISE,
     "reject": REJECT,
     "block": SLOW,  # past its time limit on purpose: stopped, retried
+    "gil": SLOW,  # its process killed by its supervisor: retried
+    "program": SLOW,
 }
 # Every other action in _KINDS fails the attempt (retry); an unknown one does nothing (ack).
 _OUTCOMES = {"ok": "ack", "sleep": "ack", "reject": "garbage"}
@@ -87,6 +109,38 @@ def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
         )
 
 
+# How the async receiver awaits its action in a thread (payload "via").
+VIA: dict[str, Callable[[Callable[[], None]], Awaitable[None]]] = {
+    "to_thread": lambda work: asyncio.to_thread(work),
+    "executor": lambda work: asyncio.get_running_loop().run_in_executor(None, work),
+    "sync_to_async": lambda work: sync_to_async(work, thread_sensitive=False)(),
+    "sync_to_async_sensitive": lambda work: sync_to_async(work)(),
+}
+
+
+@receiver(topic(ASYNC_QUEUE))
+async def on_drill_async(sender: str, message: Message, **kwargs: Any) -> None:
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    action = payload.get("do") or "ok"
+    if isinstance(action, list):
+        action = action[min(message.attempt, len(action)) - 1]
+    name, _, arg = action.partition(":")
+    started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
+    try:
+        await VIA[payload.get("via", "to_thread")](functools.partial(_act, name, arg, message))
+    finally:
+        _ledger.finish(
+            message.id,
+            message.queue,
+            message.attempt,
+            started,
+            message.due_ms,
+            action,
+            _expected_outcome(name, message),
+            payload.get("gen"),
+        )
+
+
 def _act(name: str, arg: str, message: Message) -> None:
     if name == "raise":
         raise RuntimeError(f"drill: failing attempt {message.attempt}")
@@ -111,3 +165,12 @@ def _act(name: str, arg: str, message: Message) -> None:
         raise error
     elif name == "reject":
         raise dq.Reject(f"drill: rejected on attempt {message.attempt}")
+    elif name == "gil":
+        time.sleep(1)
+        # PyDLL: a C function called without releasing the GIL (ctypes.CDLL would release it).
+        ctypes.PyDLL(None).sleep(int(arg))
+    elif name == "program":
+        with subprocess.Popen(["sleep", arg]) as program:
+            with open(os.environ["DRILL_LEDGER"] + ".programs", "a") as pids:
+                pids.write(f"{program.pid}\n")
+            program.wait()

@@ -15,12 +15,16 @@
 -- limit held the claim back (it took fewer than it wanted and found ready), one more element
 -- after them: when (ms) the next message may start, -1 when a message in flight must end first;
 -- when a claimed message had come back to ready (a retry, requeue, run now, release: it has a
--- ready_since), one last element, a table {id, ready_since (ms), ...} of those: the consumer
--- measures their start lateness from it, as counts.lua counts them overdue from it. A replay
--- (the receipt) returns the same table, kept in the receipt (the claim deleted ready_since).
+-- ready_since), one more element, a table {id, ready_since (ms), ...} of those: the consumer
+-- measures their start lateness from it, as counts.lua counts them overdue from it; when a
+-- flow limit held claimed messages back, one last element, a table of numbers: the limit
+-- wait (ms) of each message, in the order of the quadruples (includes/limit_waits.lua), which
+-- the consumer takes off their lateness. A replay (the receipt) returns the same tables, kept
+-- in the receipt (the claim deleted ready_since, and the waits are the claim's).
 -- Flow control: with limits (a rate, an in-flight cap) the claim takes at most what they allow
--- now and says when to come back, so that consumers sleep instead of polling; without them it
--- pays one comparison of ARGV[4]. ARGV[1] is the consumer's reading of the server clock
+-- now and says when to come back (the limit that held it back: a cap with slots left over, a
+-- rate with a token left, did not), so that consumers sleep instead of polling; without them
+-- it pays one comparison of ARGV[4]. ARGV[1] is the consumer's reading of the server clock
 -- (core/clock.py, never ahead of it: the one clock of due times, injectable in tests), or the
 -- instant it aims at when that is at most one claim lead (MAX_CLAIM_LEAD_MS, 5 ms) ahead
 -- (consumer/loop.py): a rate's token may then be granted up to that lead before its instant.
@@ -53,33 +57,52 @@
 -- ready_list.lua); a queue without priorities pays one ZCARD for it.
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
+--- @include "includes/envelope.lua"
 --- @include "includes/ready_list.lua"
 --- @include "includes/memory.lua"
 --- @include "includes/flow_limits.lua"
 --- @include "includes/key_claims.lua"
+local ready, unack, messages, attempts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local tokens, seq, garbage, reasons = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local cancelled, ready_since, ranked, limiter = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local K = keyed_keys(13)  -- KEYS[13] to KEYS[19]
 local receipt = KEYS[20]
+local now, deadline, claim_id = tonumber(ARGV[1]), ARGV[2], ARGV[5]
+
+-- tables_of(record): a receipt's trailing tables taken off it: the ready_since pairs (ids
+-- first) and the limit waits (numbers).
+local function tables_of(record)
+  local back, waits = nil, nil
+  while type(record[#record]) == 'table' do
+    local t = table.remove(record)
+    if type(t[1]) == 'number' then waits = t else back = t end
+  end
+  return back, waits
+end
+
 if receipt then
   local held = redis.call('GET', receipt)
-  -- {claim id, first token, ids..., and the ready_since pairs of those that came back}
+  -- {claim id, first token, ids..., the ready_since pairs of those that came back, waits}
   local record = held and cmsgpack.unpack(held)
-  if record and record[1] == ARGV[5] then
-    local out, deadlines, back, kept = {}, {}, nil, {}
-    if type(record[#record]) == 'table' then back = table.remove(record) end
+  if record and record[1] == claim_id then
+    local out, deadlines, kept, kept_waits = {}, {}, {}, {}
+    local back, waits = tables_of(record)
     for k = 3, #record do
       local id, token = record[k], string.format('%d', record[2] + k - 3)
-      if redis.call('HGET', KEYS[5], id) == token and redis.call('ZSCORE', KEYS[2], id) then
+      if redis.call('HGET', tokens, id) == token and redis.call('ZSCORE', unack, id) then
         kept[id] = true
         out[#out + 1] = id
-        out[#out + 1] = redis.call('HGET', KEYS[3], id) or ''
-        out[#out + 1] = redis.call('HGET', KEYS[4], id)
+        out[#out + 1] = redis.call('HGET', messages, id) or ''
+        out[#out + 1] = redis.call('HGET', attempts, id)
         out[#out + 1] = token
-        deadlines[#deadlines + 1] = ARGV[2]
+        deadlines[#deadlines + 1] = deadline
         deadlines[#deadlines + 1] = id
+        kept_waits[#kept_waits + 1] = waits and waits[k - 2] or 0
       end
     end
-    allow_oom(KEYS[2], 'zset')  -- a replay runs when Redis is out of memory, as a claim does
+    allow_oom(unack, 'zset')  -- a replay runs when Redis is out of memory, as a claim does
     for i = 1, #deadlines, 2000 do  -- after every read (see above)
-      redis.call('ZADD', KEYS[2], 'XX', unpack(deadlines, i, math.min(i + 1999, #deadlines)))
+      redis.call('ZADD', unack, 'XX', unpack(deadlines, i, math.min(i + 1999, #deadlines)))
     end
     if back then  -- as the claim it replays said, for the messages still in flight
       local since = {}
@@ -88,39 +111,39 @@ if receipt then
       end
       if #since > 0 then out[#out + 1] = since end
     end
+    if waits and #kept_waits > 0 then out[#out + 1] = kept_waits end
     return out
   end
   if ARGV[6] == '1' then return {} end
 end
-local len, nranked = redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[11])
-local K = keyed_keys(13)
+local len, nranked = redis.call('LLEN', ready), redis.call('ZCARD', ranked)
 local nkeyed = redis.call('HLEN', K.flow_keys) > 0 and keyed_ready(K) or 0
 if len == 0 and nranked == 0 and nkeyed == 0 then return {} end
-local want, dead_total = tonumber(ARGV[3]), dead_in_ready(KEYS[9])
+local want, dead_total = tonumber(ARGV[3]), dead_in_ready(cancelled)
 local limits, wanted, flow = ARGV[4], want, nil
 if limits ~= '' then
-  want, flow = flow_allowance(KEYS[12], KEYS[2], limits, tonumber(ARGV[1]), want)
+  want, flow = flow_allowance(limiter, unack, limits, now, want)
   if want == 0 then
-    allow_oom(KEYS[12], 'hash')  -- waiting on a limit is noted when Redis is full, too
-    flow_taken(KEYS[12], flow, 0, true)
-    return {math.ceil(flow.next_at)}
+    allow_oom(limiter, 'hash')  -- waiting on a limit is noted when Redis is full, too
+    return {flow_settle(limiter, flow, 0, wanted, true, nil)}
   end
 end
 local high, low = {}, {}
 if nranked > 0 then
-  high = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. RANK_NORMAL, 'LIMIT', 0, want)
+  high = redis.call('ZRANGEBYSCORE', ranked, '-inf', '(' .. RANK_NORMAL, 'LIMIT', 0, want)
 end
 -- Keyed messages and the list take turns (key_claims.lua): how many the list gives, the keyed
--- ids taken (popped from their lists already) and why keys held some back.
-local plain_quota, keyed_ids, key_hold = want - #high, {}, nil
+-- ids taken (popped from their lists already), why keys held some back and the limit wait
+-- periods of the keys taken from.
+local plain_quota, keyed_ids, key_hold, key_periods = want - #high, {}, nil, {}
 if nkeyed > 0 and #high < want then
   -- The rotation writes before the INCRBY of tokens: a counter it would fail on fails now.
-  local seq = redis.call('GET', KEYS[6])
-  if seq and not tonumber(seq) then redis.call('INCRBY', KEYS[6], 1) end
-  guard(KEYS[2], 'zset', KEYS[5], 'hash')
-  allow_oom(KEYS[2], 'zset')
-  plain_quota, keyed_ids, key_hold = take_turns(
-    K, limits, tonumber(ARGV[1]), want - #high, math.max(0, len - dead_total)
+  local counter = redis.call('GET', seq)
+  if counter and not tonumber(counter) then redis.call('INCRBY', seq, 1) end
+  guard(unack, 'zset', tokens, 'hash')
+  allow_oom(unack, 'zset')
+  plain_quota, keyed_ids, key_hold, key_periods = take_turns(
+    K, limits, now, want - #high, math.max(0, len - dead_total)
   )
   -- Consumers may sleep on a key hold (slot_freed.lua wakes them only while the limiter says
   -- 'key'): a claim that gets all it wants keeps it while keys still wait for a slot or token.
@@ -131,16 +154,16 @@ end
 local listed, walked, dead, ndead = {}, 0, {}, 0
 if plain_quota > 0 and len > 0 then
   if dead_total > 0 then
-    listed, walked, dead, ndead = ready_walk(KEYS[1], KEYS[9], 0, plain_quota, 1000)
+    listed, walked, dead, ndead = ready_walk(ready, cancelled, 0, plain_quota, 1000)
   else
     walked = math.min(len, plain_quota)
-    listed = redis.call('LRANGE', KEYS[1], 0, walked - 1)
+    listed = redis.call('LRANGE', ready, 0, walked - 1)
   end
 end
 -- Below priority 0 only once the list is walked to its end (past a long run of dead entries it
 -- may not be).
 if nranked > #high and #high + #listed + #keyed_ids < want and walked == len then
-  low = redis.call('ZRANGEBYSCORE', KEYS[11], '(' .. RANK_NORMAL, '+inf', 'LIMIT', 0,
+  low = redis.call('ZRANGEBYSCORE', ranked, '(' .. RANK_NORMAL, '+inf', 'LIMIT', 0,
     want - #high - #listed - #keyed_ids)
 end
 local ids, ranked_ids = {}, {}
@@ -149,50 +172,50 @@ for _, id in ipairs(listed) do ids[#ids + 1] = id end
 for _, id in ipairs(keyed_ids) do ids[#ids + 1] = id end
 for _, id in ipairs(low) do ids[#ids + 1], ranked_ids[#ranked_ids + 1] = id, id end
 local n = #ids
-local since = n > 0 and redis.call('HLEN', KEYS[10]) > 0  -- rarely: a message came back
+local since = n > 0 and redis.call('HLEN', ready_since) > 0  -- rarely: a message came back
 local envelopes, counts, came_back = {}, {}, {}
 for i = 1, n, 1000 do
   local last = math.min(i + 999, n)
-  local e = redis.call('HMGET', KEYS[3], unpack(ids, i, last))
-  local a = redis.call('HMGET', KEYS[4], unpack(ids, i, last))
+  local e = redis.call('HMGET', messages, unpack(ids, i, last))
+  local a = redis.call('HMGET', attempts, unpack(ids, i, last))
   for k = 1, last - i + 1 do envelopes[i + k - 1], counts[i + k - 1] = e[k], a[k] end
   if since then
-    local r = redis.call('HMGET', KEYS[10], unpack(ids, i, last))
+    local r = redis.call('HMGET', ready_since, unpack(ids, i, last))
     for k = 1, last - i + 1 do came_back[i + k - 1] = r[k] end
   end
 end
 local deliver, bad = {}, {}
 for j = 1, n do
-  local attempts, why = attempt_count(counts[j])
-  if attempts then
+  local count, why = attempt_count(counts[j])
+  if count then
     deliver[#deliver + 1] = j
-    counts[j] = attempts + 1
+    counts[j] = count + 1
   else
     bad[#bad + 1] = {ids[j], why}
   end
 end
-guard(KEYS[2], 'zset', KEYS[5], 'hash')
-if #bad > 0 then guard(KEYS[7], 'zset', KEYS[8], 'hash', KEYS[19], 'zset') end
-allow_oom(KEYS[2], 'zset')
+guard(unack, 'zset', tokens, 'hash')
+if #bad > 0 then guard(garbage, 'zset', reasons, 'hash', K.load, 'zset') end
+allow_oom(unack, 'zset')
 local first = 0
-if #deliver > 0 then first = redis.call('INCRBY', KEYS[6], #deliver) - #deliver + 1 end
-if walked > 0 then redis.call('LTRIM', KEYS[1], walked, -1) end
+if #deliver > 0 then first = redis.call('INCRBY', seq, #deliver) - #deliver + 1 end
+if walked > 0 then redis.call('LTRIM', ready, walked, -1) end
 for i = 1, #ranked_ids, 1000 do
-  redis.call('ZREM', KEYS[11], unpack(ranked_ids, i, math.min(i + 999, #ranked_ids)))
+  redis.call('ZREM', ranked, unpack(ranked_ids, i, math.min(i + 999, #ranked_ids)))
 end
 if ndead > 0 then
   if walked == len then
-    redis.call('DEL', KEYS[9])  -- the list is empty: no entry is left to be dead
+    redis.call('DEL', cancelled)  -- the list is empty: no entry is left to be dead
   else
     for id, passed in pairs(dead) do
-      local left = (tonumber(redis.call('HGET', KEYS[9], id)) or 0) - passed
+      local left = (tonumber(redis.call('HGET', cancelled, id)) or 0) - passed
       if left > 0 then
-        redis.call('HSET', KEYS[9], id, left)
+        redis.call('HSET', cancelled, id, left)
       else
-        redis.call('HDEL', KEYS[9], id)
+        redis.call('HDEL', cancelled, id)
       end
     end
-    set_dead_in_ready(KEYS[9], dead_total - ndead)
+    set_dead_in_ready(cancelled, dead_total - ndead)
   end
 end
 local out = {}
@@ -205,32 +228,30 @@ for i = 1, #deliver, 1000 do
     local token = string.format('%d', first + d - 1)
     attempt_args[2 * k - 1], attempt_args[2 * k] = id, counts[j]
     token_args[2 * k - 1], token_args[2 * k] = id, token
-    deadline_args[2 * k - 1], deadline_args[2 * k] = ARGV[2], id
+    deadline_args[2 * k - 1], deadline_args[2 * k] = deadline, id
     out[#out + 1] = id
     out[#out + 1] = envelopes[j] or ''
     out[#out + 1] = counts[j]
     out[#out + 1] = token
   end
-  redis.call('HSET', KEYS[4], unpack(attempt_args))
-  redis.call('HSET', KEYS[5], unpack(token_args))
-  redis.call('ZADD', KEYS[2], unpack(deadline_args))
+  redis.call('HSET', attempts, unpack(attempt_args))
+  redis.call('HSET', tokens, unpack(token_args))
+  redis.call('ZADD', unack, unpack(deadline_args))
 end
 if since then
-  for i = 1, n, 1000 do redis.call('HDEL', KEYS[10], unpack(ids, i, math.min(i + 999, n))) end
+  for i = 1, n, 1000 do redis.call('HDEL', ready_since, unpack(ids, i, math.min(i + 999, n))) end
 end
-for _, dead in ipairs(bad) do
-  redis.call('ZADD', KEYS[7], ARGV[1], dead[1])
-  redis.call('HSET', KEYS[8], dead[1], dead[2])
-  if nkeyed > 0 then key_slot_freed(K, dead[1], tonumber(ARGV[1])) end
+for _, dead_one in ipairs(bad) do
+  redis.call('ZADD', garbage, ARGV[1], dead_one[1])
+  redis.call('HSET', reasons, dead_one[1], dead_one[2])
+  if nkeyed > 0 then key_slot_freed(K, dead_one[1], now) end
 end
+local held_for = nil  -- the queue's limit wait period, as it stood for the messages taken
 if flow then
   local more = len + nranked - dead_total + nkeyed > n  -- ready messages left after this claim
-  local limited = want < wanted and more
-  if not limited and key_hold and n < wanted then
-    limited, flow.why, flow.next_at = true, 'key', key_hold
-  end
-  flow_taken(KEYS[12], flow, #deliver, limited, more)
-  if limited then out[#out + 1] = math.ceil(flow.next_at) end
+  local come_back
+  come_back, held_for = flow_settle(limiter, flow, #deliver, wanted, more, key_hold)
+  if come_back then out[#out + 1] = come_back end
 end
 local back = {}  -- {id, ready_since, ...}: in the reply, and in the receipt for a replay
 if since then
@@ -239,11 +260,29 @@ if since then
   end
   if #back > 0 then out[#out + 1] = back end
 end
+-- The limit wait of each message taken (includes/limit_waits.lua): from when it was ready (it
+-- came back to ready, or its due time) within the periods of the queue's and its key's limits.
+local waits, waited = {}, false
+if held_for or next(key_periods) then
+  for d, j in ipairs(deliver) do
+    local held_by_key = key_periods[ids[j]]
+    local w = 0
+    if held_for or held_by_key then
+      local at = tonumber(came_back[j]) or envelope_due(envelopes[j])
+      w = held_wait(at, now, held_for)
+      if held_by_key then w = math.max(w, held_wait(at, now, held_by_key)) end
+    end
+    waits[d] = w
+    if w > 0 then waited = true end
+  end
+  if waited then out[#out + 1] = waits end
+end
 if receipt and #deliver > 0 then
-  local record = {ARGV[5], first}
+  local record = {claim_id, first}
   for d = 1, #deliver do record[d + 2] = ids[deliver[d]] end
   if #back > 0 then record[#record + 1] = back end
-  local ttl = math.max(0, tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60000  -- see the header
+  if waited then record[#record + 1] = waits end
+  local ttl = math.max(0, tonumber(deadline) - now) + 60000  -- see the header
   redis.call('SET', receipt, cmsgpack.pack(record), 'PX', ttl)
 end
 return out

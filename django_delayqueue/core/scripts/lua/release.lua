@@ -7,11 +7,16 @@
 -- KEYS[14] key_state hash   KEYS[15] key_tats zset   KEYS[16] key_lists prefix
 -- KEYS[17] key_load zset
 -- KEYS[18] progress hash
--- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] pairs: id, token
+-- ARGV[1] now (ms)   ARGV[2] wake channel
+-- ARGV[3..] triples: id, token, when it came back to ready (ms: the ready_since its claim
+--   returned; '' for none)
 -- returns: number of messages released (a stale token or a reaped message is skipped)
 -- A message with a priority goes to the head of its priority in the ranked zset.
 -- Announces them on the wake channel so an idle consumer claims them at once. A redelivery is
--- overdue from now (recorded in ready_since), not from the due time of its first delivery. A message whose
+-- overdue from now (recorded in ready_since), not from the due time of its first delivery; from
+-- the instant it came back to ready if that is later (a retry claimed up to one claim lead before
+-- its retry time and given back in those milliseconds: its next consumer holds it until then,
+-- so that it never starts before its retry time). A message whose
 -- attempt count is not a number cannot be given its attempt back: it goes to garbage with a
 -- reason naming the value (read before anything is written, unlike a failing HINCRBY).
 -- An aborted one (abort.lua) goes to garbage with the abort's reason instead. Its progress
@@ -31,7 +36,8 @@ if redis.call('HLEN', KEYS[11]) > 0 then
 end
 local K = keyed_keys(11)
 local n = 0
-for i = #ARGV - 1, 3, -2 do
+local now = tonumber(ARGV[1])
+for i = #ARGV - 2, 3, -3 do
   local id = ARGV[i]
   if redis.call('HGET', KEYS[4], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
     local attempts, bad = attempt_count(redis.call('HGET', KEYS[3], id))
@@ -49,7 +55,8 @@ for i = #ARGV - 1, 3, -2 do
       to_ready(KEYS[2], KEYS[8], KEYS[9], {id}, true, K)
       if attempts > 1 then
         redis.call('HSET', KEYS[3], id, attempts - 1)
-        redis.call('HSET', KEYS[7], id, ARGV[1])
+        local since = tonumber(ARGV[i + 2])
+        redis.call('HSET', KEYS[7], id, (since and since > now) and ARGV[i + 2] or ARGV[1])
       else
         redis.call('HDEL', KEYS[3], id)
       end

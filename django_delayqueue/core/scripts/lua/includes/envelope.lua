@@ -1,4 +1,6 @@
--- includes/envelope.lua: reading the due and scheduled times of a stored envelope.
+-- includes/envelope.lua: reading the due and scheduled times of a stored envelope. Every
+-- envelope format keeps them first (docs/upgrades.md), so this reads an envelope of any format,
+-- a later release's too.
 
 -- envelope_times(raw): due and scheduled time (ms) of an envelope "<due>,<due - scheduled>,
 -- <payload JSON>" with both numbers in hex (or of the JSON object form of earlier versions);
@@ -24,4 +26,12 @@ local function envelope_times(raw)
     end
   end
   return nil, nil
+end
+
+-- envelope_due(raw): the due time alone (ms), or nil: envelope_times' fast path for the
+-- common envelope (a due time not negative), read per message by the claim's limit waits.
+local function envelope_due(raw)
+  local due = raw and string.match(raw, '^(%x+),')
+  if due then return tonumber(due, 16) end
+  return (envelope_times(raw))
 end

@@ -3,7 +3,9 @@
 
 -- envelope_key(envelope): the flow key in an envelope "<due>,<lead>,k<n>,<key>..." (n: its
 -- length in bytes, hex; mirrors _read_key() in envelope.py), or nil when it has none (the
--- JSON object form of earlier versions has none).
+-- JSON object form of earlier versions has none). The key stays right after the times in every
+-- envelope format (a format's number, "v<n>,", follows it: docs/upgrades.md), so the key of a
+-- later release's message is read here too.
 local function envelope_key(envelope)
   if not envelope then return nil end
   local _, last, size = string.find(envelope, '^%-?%x+,%-?%x+,k(%x+),')

@@ -11,16 +11,35 @@ local function key_limits(spec)
   return tonumber(cap) or 0, tonumber(interval) or 0, tonumber(burst) or 1
 end
 
+-- key_held(K, key, now, token): the key's limits hold its ready messages back from `now` (it is
+-- out of slots, or of tokens until `token`): its limit wait period begins, if none has. One
+-- that has says so already: the take that spent the key's last slot or token wrote it (no
+-- slot free, its next token), so it is left as it is (one HSETNX, no read).
+local function key_held(K, key, now, token)
+  local p = {since = now, at = now, gaps = 0, token = token}
+  redis.call('HSETNX', K.state, 'w:' .. key, period_text(p))
+end
+
 -- take_one(K, key, now, cap, interval, burst): one message of `key`, whose turn it is, if its
--- limits allow. Returns the id taken, or nil and why not: 'slot' (key_concurrency reached:
--- the key leaves the rotation until a delivery of it ends), 'rate' with when its next token
--- comes (it waits in K.waiting until then) or 'empty'. A key that gave one goes to the
--- rotation's tail while it has more ready.
+-- limits allow. Returns the id taken and the key's limit wait period as it stood for it (nil:
+-- the key's limits did not hold it back), or nil and why not: 'slot' (key_concurrency
+-- reached: the key leaves the rotation until a delivery of it ends), 'rate' with when its
+-- next token comes (it waits in K.waiting until then) or 'empty'. A key that gave one goes to
+-- the rotation's tail while it has more ready.
+-- The period (includes/limit_waits.lua) lets go when a slot frees (key_slot_freed says when)
+-- and when the next token comes (known as the key is taken from): the wait for its turn in
+-- the rotation after that is the consumers', not the limit's.
 local function take_one(K, key, now, cap, interval, burst)
-  if cap > 0 and (tonumber(redis.call('HGET', K.state, 'c:' .. key)) or 0) >= cap then
-    redis.call('ZREM', K.turns, key)
-    redis.call('ZADD', K.waiting, KEY_BLOCKED, key)
-    return nil, 'slot'
+  local count = 0
+  if cap > 0 then
+    count = tonumber(redis.call('HGET', K.state, 'c:' .. key)) or 0
+    if count >= cap then
+      redis.call('ZREM', K.turns, key)
+      redis.call('ZADD', K.waiting, KEY_BLOCKED, key)
+      local tat = interval > 0 and tonumber(redis.call('ZSCORE', K.tats, key))
+      key_held(K, key, now, tat and tat + (1 - burst) * interval or nil)
+      return nil, 'slot'
+    end
   end
   local tat = now
   if interval > 0 then
@@ -29,6 +48,7 @@ local function take_one(K, key, now, cap, interval, burst)
       local at = tat + (1 - burst) * interval  -- when it has a token again
       redis.call('ZREM', K.turns, key)
       redis.call('ZADD', K.waiting, string.format('%.3f', at), key)
+      key_held(K, key, now, at)
       return nil, 'rate', at
     end
   end
@@ -41,12 +61,35 @@ local function take_one(K, key, now, cap, interval, burst)
   redis.call('HINCRBY', K.state, ' ready', -1)
   if interval > 0 then redis.call('ZADD', K.tats, string.format('%.3f', tat + interval), key) end
   key_taken(K, key, id)
-  if redis.call('LLEN', list) > 0 then
+  local left = redis.call('LLEN', list)
+  if left > 0 then
     redis.call('ZADD', K.turns, next_turn(K), key)
   else
     redis.call('ZREM', K.turns, key)
   end
-  return id
+  if cap == 0 and interval == 0 then return id end  -- no key limit: no period to keep
+  local p, before = key_period(K, key), nil
+  if p then
+    local release = -math.huge
+    if cap > 0 then release = p.free or p.at end
+    if interval > 0 and p.token then release = math.max(release, p.token) end
+    period_gap(p, now, release)
+    before = {since = p.since, gaps = p.gaps}
+  end
+  if left == 0 then
+    if p then redis.call('HDEL', K.state, 'w:' .. key) end
+    return id, before
+  end
+  -- Still held after this one: out of slots, or its next token ahead.
+  local spent = cap > 0 and count + 1 >= cap
+  local token = interval > 0 and tat + interval + (1 - burst) * interval or nil
+  if p or spent or (token and token > now) then
+    p = p or {since = now, gaps = 0}
+    p.at, p.token = now, token
+    p.free = (cap > 0 and not spent) and now or nil
+    key_period_put(K, key, p)
+  end
+  return id, before
 end
 
 -- retime_keys(K, now, interval): key_rate_limit edited since the last claim (its interval, as
@@ -80,8 +123,9 @@ end
 -- K.turns, lowest turn first, one message each per turn, and the unkeyed ready list as one
 -- more participant (its turn in K.state ' plain') while it has messages (`plain_left`).
 -- Returns how many the list gives (the caller takes them from its head), the keyed ids taken,
--- and, when keys held messages back, when to come back: the earliest key token (ms), or -1
--- (a key's slot must free first), or nil when nothing was held back.
+-- when keys held messages back, when to come back: the earliest key token (ms), or -1 (a
+-- key's slot must free first), or nil when nothing was held back; and the limit wait periods
+-- of the keys of the ids taken (by id, for those their key's limits held back).
 -- Cost: O(log n) per key looked at, in number of keys; keys looked at are bounded (2 per
 -- message wanted, plus 100), and a key looked at without being taken from leaves the
 -- rotation (it came back once per message pushed or slot freed), so it is paid once.
@@ -107,7 +151,7 @@ local function take_turns(K, limits, now, want, plain_left)
   end
   forget_past_tats(K, now, 100)
   local plain_turn = tonumber(redis.call('HGET', K.state, ' plain')) or 0
-  local plain, taken, held_slot, next_token = 0, {}, false, nil
+  local plain, taken, periods, held_slot, next_token = 0, {}, {}, false, nil
   local budget, remaining, exhausted = 2 * want + 100, want, false
   while remaining > 0 and budget > 0 do
     local heads = redis.call('ZRANGE', K.turns, 0, remaining - 1, 'WITHSCORES')
@@ -126,6 +170,7 @@ local function take_turns(K, limits, now, want, plain_left)
         local id, why, at = take_one(K, key, now, cap, interval, burst)
         if id then
           taken[#taken + 1] = id
+          if why then periods[id] = why end  -- (on success: its key's limit wait period)
           remaining = remaining - 1
         elseif why == 'slot' then
           held_slot = true
@@ -150,5 +195,5 @@ local function take_turns(K, limits, now, want, plain_left)
   elseif #taken + plain < want and budget == 0 then
     hold = now  -- looked at as many keys as a claim may: come back at once
   end
-  return plain, taken, hold
+  return plain, taken, hold, periods
 end

@@ -12,7 +12,9 @@
 --   K.state      hash: 'c:<key>' messages of the key in flight, 'i:<id>' the key of an id in
 --                flight (so that a slot is freed once, whatever ends the delivery), ' turn'
 --                the last turn given, ' ready' keyed ready messages, ' plain' the turn of the
---                unkeyed ready messages (they take turns as one more key)
+--                unkeyed ready messages (they take turns as one more key), 'w:<key>' the
+--                period in which the key's limits hold its ready messages back (the limit
+--                wait of those claimed: includes/limit_waits.lua), while it has some
 --   K.tats       zset key -> the GCRA time of key_rate_limit (a key's next start)
 --   K.lists      not a key: the prefix of the per-key lists, '<prefix><key>' (ids, oldest
 --                first). The only keys built in a script: one per flow key, which no caller
@@ -27,6 +29,7 @@
 -- its state goes once nothing of it is in flight; its GCRA time once that is past (forgotten
 -- by later claims and ends of deliveries: bounded memory).
 --- @include "includes/flow_keys.lua"
+--- @include "includes/limit_waits.lua"
 
 local KEY_BLOCKED = 4503599627370496  -- 2^52: after any time in ms, exact in a double
 
@@ -102,11 +105,20 @@ local function split_keyed(K, ids, front)
   return plain
 end
 
+-- key_period(K, key) / key_period_put(K, key, p): the key's limit wait period (nil: none).
+local function key_period(K, key)
+  return period_of(redis.call('HGET', K.state, 'w:' .. key))
+end
+
+local function key_period_put(K, key, p)
+  redis.call('HSET', K.state, 'w:' .. key, period_text(p))
+end
+
 -- key_forget(K, key, now): a key with nothing ready and nothing in flight: its state goes, its
 -- GCRA time too once it is past (a time ahead still spaces its next message). Its load left
 -- K.load already, as it reached 0 (key_load_add).
 local function key_forget(K, key, now)
-  redis.call('HDEL', K.state, 'c:' .. key)
+  redis.call('HDEL', K.state, 'c:' .. key, 'w:' .. key)
   redis.call('ZREM', K.turns, key)
   redis.call('ZREM', K.waiting, key)
   local tat = redis.call('ZSCORE', K.tats, key)
@@ -120,8 +132,12 @@ local function key_drop(K, key, id, now)
   if redis.call('LREM', list, 1, id) == 0 then return false end
   redis.call('HINCRBY', K.state, ' ready', -1)
   key_load_add(K, key, -1)
-  if redis.call('LLEN', list) == 0 and not redis.call('HGET', K.state, 'c:' .. key) then
-    key_forget(K, key, now)
+  if redis.call('LLEN', list) == 0 then
+    if redis.call('HGET', K.state, 'c:' .. key) then
+      redis.call('HDEL', K.state, 'w:' .. key)  -- nothing ready: no message waits on it
+    else
+      key_forget(K, key, now)
+    end
   end
   return true
 end
@@ -161,6 +177,11 @@ local function key_slot_freed(K, id, now)
   if redis.call('LLEN', K.lists .. key) > 0 then
     -- Known from above whether it waits for a token (then it stays there): no second ZSCORE.
     if not waits_token then key_join(K, key, true) end
+    local p = key_period(K, key)
+    if p and not p.free then  -- its messages wait on its limits: a slot is free from now
+      p.free = now
+      key_period_put(K, key, p)
+    end
   elseif left <= 0 then
     key_forget(K, key, now)
   end

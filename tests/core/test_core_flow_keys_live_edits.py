@@ -1,4 +1,6 @@
-"""Review r1 (issue 27, flow keys): reproductions of defects found in review."""
+"""Flow keys at their edges: key limits edited live, due order within a key when an earlier
+message is not promoted yet, the key hold kept for consumers still waiting, a replace that
+meets an older promote."""
 
 from __future__ import annotations
 
@@ -76,7 +78,9 @@ def test_a_claim_that_got_all_it_wanted_keeps_the_key_hold_of_the_consumers_stil
     taken, hold = claim_raw(q, 1)  # consumer 3 gets all it wanted
     assert len(taken) == 1 and hold is None
     q.ack(running)
-    woken = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel).run(q.client)
+    woken = SLOT_FREED.call(q.keys, wake_channel=q.keys.wake_channel, now_ms=q.clock.now_ms()).run(
+        q.client
+    )
     assert woken == 1  # consumer 2 is woken to claim a2
 
 

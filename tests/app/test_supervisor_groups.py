@@ -1,0 +1,103 @@
+"""supervisor/groups.py: a consumer process's group dies with it, whoever kills it.
+
+Real processes: a program that does what a supervised child does (leads its group, starts the
+guard) and starts ``sleep 60`` as a handler would; it is then killed with SIGKILL, as a
+``kill -9`` of its supervisor kills it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from paths import child_pythonpath
+
+from django_delayqueue.supervisor.groups import kill_group
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+LEADER = """
+import subprocess, sys, time
+from django_delayqueue.supervisor.groups import guard_group, lead_group
+lead_group()
+guard = guard_group() if sys.argv[1] == "guard" else None
+program = subprocess.Popen(["sleep", "60"])
+print(guard, program.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie: killed, its parent gone, not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gone(pids: list[int], seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _leader(mode: str) -> tuple[subprocess.Popen[str], int | None, int]:
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LEADER, mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": child_pythonpath()},
+    )
+    assert leader.stdout is not None
+    guard, program = leader.stdout.readline().split()
+    return leader, None if guard == "None" else int(guard), int(program)
+
+
+def test_the_guard_kills_the_group_once_its_leader_is_killed() -> None:
+    leader, guard, program = _leader("guard")
+    try:
+        assert guard is not None and _running(guard) and _running(program)
+        assert os.getpgid(program) == os.getpgid(guard) == leader.pid  # one group, its own
+        assert Path(f"/proc/{guard}/comm").read_text().strip() == "dq-group-guard"
+        leader.kill()  # SIGKILL: nothing of the leader runs
+        leader.wait(30)
+        assert _gone([program, guard]), "the program outlived its group's leader"
+    finally:
+        kill_group(leader.pid)
+        leader.kill()
+        leader.wait()
+
+
+def test_the_guard_ignores_the_signals_a_stop_sends_to_every_process() -> None:
+    """systemd's KillMode=control-group sends SIGTERM to each process: the guard stays until
+    its leader is gone."""
+    leader, guard, program = _leader("guard")
+    try:
+        assert guard is not None
+        os.kill(guard, signal.SIGTERM)
+        os.kill(guard, signal.SIGHUP)
+        time.sleep(0.2)
+        assert _running(guard) and _running(program)
+    finally:
+        leader.kill()
+        leader.wait()
+    assert _gone([program, guard])
+
+
+def test_kill_group_kills_what_the_leader_left_behind() -> None:
+    """What the supervisor does once it has reaped a consumer process."""
+    leader, _, program = _leader("alone")
+    leader.kill()
+    leader.wait(30)
+    assert _running(program)  # no guard: left behind, re-parented
+    assert kill_group(leader.pid)  # the group outlives its leader while a member lives
+    assert _gone([program])

@@ -1,0 +1,150 @@
+"""supervisor/liveness.py: how long a consumer process may be silent, and its heartbeat.
+
+The drills (tests/drills/test_faults_supervisor.py) kill a real process stuck in a call that
+holds the GIL; here the rules, and the beats over a real pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import threading
+
+import pytest
+
+from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.supervisor.liveness import (
+    IDLE_SILENCE_SECONDS,
+    SHORTEST_SILENCE_SECONDS,
+    Heartbeat,
+    Held,
+    Holding,
+    QueueLimits,
+    answer_within,
+    beat_period,
+)
+from django_delayqueue.supervisor.protocol import ALIVE, ChildChannel, LineReader
+
+
+def _held(**fields: object) -> Held:
+    defaults: dict[str, object] = {
+        "queue": "q",
+        "message_id": "m1",
+        "token": "7",
+        "attempt": 1,
+    }
+    return Held(**{**defaults, **fields})  # type: ignore[arg-type]
+
+
+def test_an_idle_process_on_long_leases_may_be_silent_for_the_idle_bound() -> None:
+    assert answer_within([], []) == (IDLE_SILENCE_SECONDS, "a silent process")
+    within, _ = answer_within([QueueLimits("q", 600.0)], [])
+    assert within == IDLE_SILENCE_SECONDS
+
+
+def test_every_queue_it_consumes_bounds_the_silence_by_what_a_lease_has_left() -> None:
+    """A lease renewed every third of the visibility timeout (and a tick) has at least two
+    thirds of it left: the process must answer a second before that, held messages or not
+    (it may claim one the instant after a beat)."""
+    within, why = answer_within([QueueLimits("slow", 60.0), QueueLimits("fast", 30.0)], [])
+    assert within == pytest.approx(30 - 10 - 0.2 - 1)
+    assert why == "a lease of queue fast (30 s visibility timeout)"
+
+
+def test_a_time_limit_bounds_the_silence_by_the_limit_and_a_margin() -> None:
+    within, why = answer_within([QueueLimits("q", 60.0, time_limit=5.0)], [])
+    assert (within, why) == (7.0, "the time limit of queue q (5 s)")
+    # A running handler: what is left of its limit; not once it was stopped (reported).
+    running = [_held(time_limit=5.0, limit_in=1.5), _held(token="8", limit_in=-9, stopped=True)]
+    within, why = answer_within([QueueLimits("q", 60.0, time_limit=5.0)], running)
+    assert within == 3.5 and why == "the time limit of message m1 (5 s)"
+
+
+def test_the_silence_asked_for_never_falls_under_a_floor_a_healthy_process_keeps() -> None:
+    assert answer_within([QueueLimits("q", 1.0)], [])[0] == SHORTEST_SILENCE_SECONDS
+    assert answer_within([], [_held(time_limit=1.0, limit_in=-30)])[0] == SHORTEST_SILENCE_SECONDS
+    assert beat_period(SHORTEST_SILENCE_SECONDS) == SHORTEST_SILENCE_SECONDS / 4
+    assert beat_period(IDLE_SILENCE_SECONDS) == 1.0
+
+
+def test_a_killed_process_s_messages_are_settled_as_a_stop_would_have() -> None:
+    held = _held(attempt=2, task=True, time_limit=2.0)
+    assert held.stopped_handler(True, 3.0) == StoppedHandler(
+        "q", "m1", "7", 2, "retry", "time limit exceeded (2 s)", True
+    )
+    silent = held.stopped_handler(False, 3.04)
+    assert (silent.settlement, silent.reason) == (
+        "retry",
+        "its consumer process stopped answering (3.0 s) and was killed",
+    )
+    aborted = _held(abort="staff said so", time_limit=2.0).stopped_handler(True, 3.0)
+    assert (aborted.settlement, aborted.reason) == ("dead", "aborted: staff said so")
+    assert Held.from_json(json.loads(json.dumps(held.to_json()))) == held
+
+
+def _pipe() -> tuple[LineReader, ChildChannel]:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    return LineReader(r), ChildChannel(w)
+
+
+def test_a_beat_names_the_running_handlers_only_when_they_changed() -> None:
+    reader, channel = _pipe()
+    holding = Holding([QueueLimits("q", 30.0)], [_held(time_limit=10.0, limit_in=9.0)])
+    beats = Heartbeat(channel, lambda: holding)
+    assert beats.beat() == 1.0
+    first = reader.read()
+    assert [m["kind"] for m in first] == [ALIVE]
+    assert first[0]["within"] == 11.0 and [Held.from_json(h) for h in first[0]["running"]] == [
+        holding.running[0]
+    ]
+    holding = Holding([QueueLimits("q", 30.0)], [_held(time_limit=10.0, limit_in=8.0)])
+    beats.beat()
+    (second,) = reader.read()
+    assert "running" not in second and second["within"] == 10.0  # only its time moved
+    holding = Holding([QueueLimits("q", 30.0)], [])
+    beats.beat()
+    assert reader.read()[0]["running"] == []
+    os.close(channel.fd)
+    reader.close()
+
+
+def test_a_beat_that_cannot_read_the_process_still_beats_with_the_shortest_wait() -> None:
+    reader, channel = _pipe()
+
+    def broken() -> Holding:
+        raise RuntimeError("a bug")
+
+    assert Heartbeat(channel, broken).beat() == beat_period(SHORTEST_SILENCE_SECONDS)
+    (beat,) = reader.read()
+    assert beat["within"] == SHORTEST_SILENCE_SECONDS
+    os.close(channel.fd)
+    reader.close()
+
+
+def test_two_writers_never_interleave_their_lines() -> None:
+    """The loop thread and the heartbeat write on one pipe: lines longer than an atomic pipe
+    write (PIPE_BUF) arrive whole all the same."""
+    reader, channel = _pipe()
+    long = "x" * 20_000
+    count = 50
+
+    def write(name: str) -> None:
+        for i in range(count):
+            channel.send(ALIVE, writer=name, n=i, padding=long)
+
+    writers = [threading.Thread(target=write, args=(name,)) for name in ("loop", "beat")]
+    for thread in writers:
+        thread.start()
+    got: list[dict[str, object]] = []
+    while len(got) < 2 * count:
+        select.select([reader.fd], [], [], 5)
+        got += reader.read()
+    for thread in writers:
+        thread.join()
+    for name in ("loop", "beat"):
+        assert [m["n"] for m in got if m["writer"] == name] == list(range(count))
+    assert all(m["padding"] == long for m in got)
+    os.close(channel.fd)
+    reader.close()

@@ -1,0 +1,265 @@
+"""Threads a coroutine handler starts for its delivery (core/consumer/coroutine_threads.py): a
+delivery stopped at its time limit or by an abort while work it awaits runs in a thread stays
+running (extended, not settled) until that work has ended, so its message is never retried, or
+dead-lettered and requeued, beside it; a thread still running a moment after the stop makes the
+delivery unstoppable, reported as a thread handler's is (its process replaced).
+
+Each way of awaiting a thread is tried: ``asyncio.to_thread``, ``loop.run_in_executor(None,
+...)``, asgiref's ``sync_to_async(thread_sensitive=False)`` and its thread-sensitive default.
+The thread waits on an event the test sets; the ledger of events shows the order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+from core_consumer_support import EMPTY
+from waiting import TIMEOUT, wait_until
+
+from django_delayqueue.core import Message
+from django_delayqueue.core.clock import SystemClock
+from django_delayqueue.core.consumer import coroutine_watcher
+from django_delayqueue.core.consumer.coroutine_context import (
+    RunningCoroutine,
+    enter,
+    hold_for_threads,
+)
+from django_delayqueue.core.consumer.coroutine_threads import DeliveryThreads, install
+from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
+
+Work = Callable[[], None]
+
+WAYS: dict[str, Callable[[Work], Awaitable[None]]] = {
+    "asyncio.to_thread": lambda work: asyncio.to_thread(work),
+    "run_in_executor(None)": lambda work: asyncio.get_running_loop().run_in_executor(None, work),
+    "sync_to_async(thread_sensitive=False)": lambda work: sync_to_async(
+        work, thread_sensitive=False
+    )(),
+    "sync_to_async (thread-sensitive)": lambda work: sync_to_async(work)(),
+}
+
+
+class Replaced(Consumer):
+    """A consumer that serves on when a handler cannot be stopped (as a supervised child does
+    until its successor consumes), noting what it asked to be replaced for."""
+
+    stops_when_replaced = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replacements: list[StoppedHandler] = []
+
+    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
+        self.replacements += stopped
+
+
+class Ledger:
+    """What the handler and its thread did, in order (appended from any thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+
+    def add(self, what: str, attempt: int) -> None:
+        with self._lock:
+            self.events.append((what, attempt))
+
+    def has(self, what: str, attempt: int) -> bool:
+        with self._lock:
+            return (what, attempt) in self.events
+
+    def index(self, what: str, attempt: int) -> int:
+        with self._lock:
+            return self.events.index((what, attempt))
+
+
+def _handler(way: str, ledger: Ledger, release: threading.Event) -> Any:
+    async def handler(message: Message) -> None:
+        attempt = message.attempt
+        ledger.add("start", attempt)
+        if attempt > 1:
+            return  # the retry succeeds at once
+
+        def work() -> None:
+            ledger.add("thread start", attempt)
+            release.wait(TIMEOUT)
+            ledger.add("thread end", attempt)
+
+        try:
+            await WAYS[way](work)
+        except asyncio.CancelledError:
+            ledger.add("cancelled", attempt)
+            raise
+
+    return handler
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_a_retry_never_starts_while_the_thread_of_a_timed_out_attempt_runs(
+    redis_client: redis.Redis, make_queue: Any, running: Any, monkeypatch: Any, way: str
+) -> None:
+    monkeypatch.setattr(coroutine_watcher, "STOP_WAIT_SECONDS", 0.05)  # reported sooner
+    q = make_queue(
+        clock=SystemClock(), time_limit=0.2, backoff_base=0.01, backoff_max=0.01, max_attempts=3
+    )
+    ledger, release = Ledger(), threading.Event()
+    consumer = Replaced([q], _handler(way, ledger, release), idle_seconds=0.1)
+    running(consumer)
+    q.schedule("x", id="m")
+    try:
+        wait_until(lambda: ledger.has("cancelled", 1), what="the time limit's cancel")
+        # Either the retry starts (it must not, while the thread runs) or the delivery is
+        # reported as one that could not be stopped: whichever comes first.
+        wait_until(lambda: ledger.has("start", 2) or consumer.replacements)
+        assert not ledger.has("start", 2), ledger.events
+        assert not ledger.has("thread end", 1)
+        assert [(s.message_id, s.settlement, s.reason) for s in consumer.replacements] == [
+            ("m", "retry", time_limit_reason(0.2))
+        ]
+        # Still running: in flight (its lease renewed), nothing settled, listed as running.
+        assert q.counts() == {**EMPTY, "unack": 1}
+        assert [r.message.id for r in consumer.running_handlers()] == ["m"]
+    finally:
+        release.set()
+    # The thread ended: the stop's outcome is recorded (retried), and the retry runs after it.
+    wait_until(lambda: q.counts() == EMPTY, what="the retry acknowledged")
+    assert ledger.index("thread end", 1) < ledger.index("start", 2)
+    assert not ledger.has("start", 3)
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_an_aborted_delivery_is_dead_lettered_only_once_its_thread_ended(
+    redis_client: redis.Redis, make_queue: Any, running: Any, monkeypatch: Any, way: str
+) -> None:
+    monkeypatch.setattr(coroutine_watcher, "STOP_WAIT_SECONDS", 0.05)
+    q = make_queue(clock=SystemClock(), abort_grace_seconds=0)
+    ledger, release = Ledger(), threading.Event()
+    consumer = Replaced([q], _handler(way, ledger, release), idle_seconds=0.1)
+    running(consumer)
+    q.schedule("x", id="m")
+    try:
+        wait_until(lambda: ledger.has("thread start", 1))
+        assert q.abort("m", "by staff")
+        wait_until(lambda: ledger.has("cancelled", 1), what="the abort's cancel")
+        # Dead-lettered while the thread runs, it could be requeued and run beside it.
+        wait_until(lambda: q.counts()["garbage"] or consumer.replacements)
+        assert q.counts() == {**EMPTY, "unack": 1}, ledger.events
+        assert [(s.message_id, s.settlement, s.reason) for s in consumer.replacements] == [
+            ("m", "dead", "aborted: by staff")
+        ]
+    finally:
+        release.set()
+    wait_until(lambda: q.counts()["garbage"] == 1, what="the dead letter")
+    assert ledger.has("thread end", 1)
+    assert redis_client.hget(q.keys.reasons, "m") == b"aborted: by staff"
+    assert not ledger.has("start", 2)
+
+
+def test_a_thread_left_running_by_a_returned_coroutine_holds_its_delivery(
+    make_queue: Any, running: Any
+) -> None:
+    # A coroutine that starts work in a thread and returns without awaiting it: its delivery
+    # ends (acknowledged) once that work ended, not before.
+    q = make_queue(clock=SystemClock())
+    ledger, release = Ledger(), threading.Event()
+
+    async def handler(message: Message) -> None:
+        def work() -> None:
+            ledger.add("thread start", message.attempt)
+            release.wait(TIMEOUT)
+            ledger.add("thread end", message.attempt)
+
+        asyncio.get_running_loop().run_in_executor(None, work)
+        ledger.add("returned", message.attempt)
+
+    consumer = Consumer([q], handler, idle_seconds=0.1)
+    running(consumer)
+    q.schedule("x", id="m")
+    try:
+        wait_until(lambda: ledger.has("returned", 1) and ledger.has("thread start", 1))
+        assert [r.message.id for r in consumer.running_handlers()] == ["m"]
+        assert q.counts() == {**EMPTY, "unack": 1}
+        assert consumer.delivered == 0
+    finally:
+        release.set()
+    wait_until(lambda: q.counts() == EMPTY)
+    assert consumer.delivered == 1
+
+
+def _entry(released: list[Outcome]) -> RunningCoroutine:
+    entry = RunningCoroutine(
+        Message("m", "q", None, 0, 0, 1, "1"), released.append, 0.0, None, None
+    )
+    entry.release = released.append
+    return entry
+
+
+def test_work_cancelled_before_it_started_holds_nothing_outside_work_counts_for_nothing() -> None:
+    released: list[Outcome] = []
+    entry = _entry(released)
+    handler_context = contextvars.copy_context()
+    handler_context.run(enter, entry)
+    pool = DeliveryThreads(max_workers=1)
+    busy, release = threading.Event(), threading.Event()
+    try:
+
+        def occupy() -> None:
+            busy.set()
+            release.wait(TIMEOUT)
+
+        first = handler_context.run(pool.submit, occupy)
+        queued = handler_context.run(pool.submit, lambda: None)
+        assert busy.wait(TIMEOUT)
+        outside = pool.submit(lambda: None)  # the consumer's own: not the delivery's
+        assert entry.threads == 2
+        assert queued.cancel()  # never started: it holds nothing
+        assert entry.threads == 1
+        ended = Outcome(entry.message, RETRY, 0, 0, None, "time limit exceeded (1 s)")
+        assert hold_for_threads(entry, ended)
+        assert released == []
+        release.set()
+        first.result(TIMEOUT)
+        wait_until(lambda: released == [ended])  # the last one's end releases it
+        outside.result(TIMEOUT)
+        assert entry.threads == 0
+        assert not hold_for_threads(_entry([]), ended)  # no thread: nothing to hold
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+    with pytest.raises(RuntimeError):  # shut down: the work never runs, nothing is held
+        handler_context.run(pool.submit, lambda: None)
+    assert entry.threads == 0
+
+
+def test_the_loop_runs_thread_sensitive_calls_in_its_own_thread_until_it_closes() -> None:
+    loop = asyncio.new_event_loop()
+    uninstall = install(loop)
+    try:
+        from asgiref.sync import AsyncToSync
+
+        sensitive = AsyncToSync.loop_thread_executors[loop]
+        assert isinstance(sensitive, DeliveryThreads)
+
+        async def names() -> list[str]:
+            return list(
+                await asyncio.gather(
+                    sync_to_async(lambda: threading.current_thread().name)(),
+                    asyncio.to_thread(lambda: threading.current_thread().name),
+                )
+            )
+
+        sensitive_thread, default_thread = loop.run_until_complete(names())
+        assert sensitive_thread.startswith("delayqueue-async-sensitive")
+        assert default_thread.startswith("delayqueue-async-thread")
+    finally:
+        uninstall()
+        loop.close()
+    assert loop not in AsyncToSync.loop_thread_executors
