@@ -3,7 +3,7 @@
 A consumer gives every queue its own handler threads (its ``concurrency``), so a queue whose
 handlers are slow keeps only its own messages waiting, never another queue's. The loop thread
 claims for a queue only what its threads have room for (:meth:`HandlerThreads.room`): one
-message per idle thread, plus what they finish during one refill at their handlers' measured
+message per idle thread, plus what they finish during two refills at their handlers' measured
 pace (:mod:`.claim_ahead`: a claim batch for quick handlers, one or two for 20 ms ones, none for
 slow ones, whose held messages would only wait here instead of on another consumer's idle
 thread).
