@@ -21,6 +21,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from . import (
     backlog,
     busiest_keys,
+    claim_ahead,
     deliver,
     django_path,
     early_starts,
@@ -54,6 +55,8 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "lua_loading": lua_loading.lua_loading,
     "processes": processes.supervised_beside_in_process,
     "processes_cpu": processes.cpu_bound,
+    "claim_ahead": claim_ahead.cpu_split,
+    "claim_ahead_noop": claim_ahead.noop_delivery_and_lateness,
     "rate_limit": rate_limit.rate_limit,
     "unique": unique.schedule_unique,
     "tracing": tracing.tracing,

@@ -1,5 +1,6 @@
 """A Lua script as it was at an earlier commit, to measure a feature's cost against the scripts
-before it in the same run (bench sections rate_limit, progress, flow_keys).
+before it in the same run (bench sections rate_limit, progress, flow_keys); and the whole
+package as it was, for a consumer of that commit run beside this checkout's (claim_ahead).
 
 The script's own text comes from ``git show <ref>:<path>``; its includes are resolved from this
 checkout (each feature's includes take its new arguments as optional, nil for a base script).
@@ -11,6 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
 
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.loader import _INCLUDE, _resolve
@@ -38,3 +43,28 @@ def script_at(ref: str, name: str, marker: str) -> LuaScript | None:
     filename = f"{name}.lua"
     source = _INCLUDE.sub(lambda m: _resolve(m.group(1), included, (filename,)).rstrip("\n"), text)
     return LuaScript(f"{name}@base", source, hashlib.sha1(source.encode()).hexdigest())
+
+
+class PackageAt:
+    """``django_delayqueue`` as it was at ``ref`` (``git archive``), in a temporary directory:
+    ``root`` goes first on a child's path (beside this checkout's bench app). ``root`` is None
+    when the ref cannot be read; :meth:`close` removes the files."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self._tmp = tempfile.TemporaryDirectory(prefix="dq-bench-base-")
+        self.root: Path | None = Path(self._tmp.name)
+        try:
+            archive = subprocess.run(
+                ["git", "archive", ref, "django_delayqueue"],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+            ).stdout
+            with tarfile.open(fileobj=BytesIO(archive)) as tar:
+                tar.extractall(self.root, filter="data")
+        except (OSError, subprocess.CalledProcessError, tarfile.TarError):
+            self.root = None
+
+    def close(self) -> None:
+        self._tmp.cleanup()

@@ -19,6 +19,7 @@ Both on ``bench.djapp.settings``, every consumer a real ``manage.py runqueue``:
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from django_delayqueue.core import Queue
 from .djapp.cpu import COUNTED
 from .djapp.settings import CPU_QUEUE, SIGNAL_QUEUE
 from .djapp.timing import DONE, FIRST, LATENESS
-from .harness import Bench, Child, Row, at_least, private_redis, wait_until
+from .harness import ROOT, Bench, Child, Row, at_least, private_redis, wait_until
 from .sizes import Sizes, sizes_for
 
 CPU_RATIO_TARGET = 1.7
@@ -52,8 +53,14 @@ class Consumers:
         }
         Child(["-m", "django", "migrate", "-v", "0"], self.env).wait(timeout)
 
-    def start(self, queue: str, *args: str) -> Child:
-        return Child(["-m", "django", "runqueue", queue, "-v", "0", *args], self.env, quiet=True)
+    def start(self, queue: str, *args: str, root: Path | None = None) -> Child:
+        """``runqueue queue *args``; ``root``: the package of another checkout (a base
+        commit's ``django_delayqueue``), with this checkout's bench app."""
+        env = self.env
+        if root is not None:
+            env = {**env, "PYTHONPATH": os.pathsep.join([str(root), str(ROOT)])}
+        command = ["-m", "django", "runqueue", queue, "-v", "0", *args]
+        return Child(command, env, quiet=True, cwd=root)
 
     def wait_listening(self, queue: str, child: Child, listeners: int = 1) -> None:
         """Until ``listeners`` consumer processes listen on the queue's wake channel."""
@@ -79,7 +86,7 @@ class Consumers:
             child.kill()
 
 
-def _delivery_round(c: Consumers, count: int, supervised: bool) -> float:
+def delivery_round(c: Consumers, count: int, supervised: bool, root: Path | None = None) -> float:
     q = Queue(c.bench.client, SIGNAL_QUEUE)
     due = q.clock.now_ms() + 1000 + count // 20
     last = count - 1
@@ -92,17 +99,18 @@ def _delivery_round(c: Consumers, count: int, supervised: bool) -> float:
     while q.clock.now_ms() <= due:
         time.sleep(0.005)
     args = () if supervised else ("--max-messages", str(count))
-    c.finish(
-        c.start(SIGNAL_QUEUE, *args, *(("--processes", "1") if supervised else ())), supervised
-    )
+    processes = ("--processes", "1") if supervised else ()
+    c.finish(c.start(SIGNAL_QUEUE, *args, *processes, root=root), supervised)
     first, done = float(c.bench.client.get(FIRST)), float(c.bench.client.get(DONE))
     c.bench.flush()
     return count / (done - first)
 
 
-def _lateness(c: Consumers, count: int, supervised: bool) -> dict[str, Any]:
+def lateness_run(
+    c: Consumers, count: int, supervised: bool, root: Path | None = None
+) -> dict[str, Any]:
     args = ("--processes", "1") if supervised else ("--max-messages", str(count))
-    child = c.start(SIGNAL_QUEUE, *args)
+    child = c.start(SIGNAL_QUEUE, *args, root=root)
     try:
         c.wait_listening(SIGNAL_QUEUE, child)
         q = Queue(c.bench.client, SIGNAL_QUEUE)
@@ -138,13 +146,13 @@ def supervised_beside_in_process(bench: Bench, sizes: Sizes) -> list[Row]:
         ours, base, ratios = [], [], []
         for r in range(rounds):  # alternate who goes first: drift hits both alike
             order = (True, False) if r % 2 else (False, True)
-            got = {s: _delivery_round(c, count, s) for s in order}
+            got = {s: delivery_round(c, count, s) for s in order}
             ours.append(got[True])
             base.append(got[False])
             ratios.append(got[True] / got[False])
         timed = max(200, sizes.lateness)
-        late_base = _lateness(c, timed, supervised=False)
-        late_ours = _lateness(c, timed, supervised=True)
+        late_base = lateness_run(c, timed, supervised=False)
+        late_ours = lateness_run(c, timed, supervised=True)
     ratio = statistics.median(ratios)
 
     def ratio_of(key: str) -> float | None:

@@ -27,9 +27,10 @@ class BenchConfig(AppConfig):
         dq.topic(HUNG_QUEUE).connect(on_hung, dispatch_uid="bench-hung")
         dq.topic(FAST_QUEUE).connect(on_fast, dispatch_uid="bench-fast")
         from .cpu import on_cpu
-        from .settings import CPU_QUEUE
+        from .settings import CPU_DEFAULT_QUEUE, CPU_QUEUE
 
         dq.topic(CPU_QUEUE).connect(on_cpu, dispatch_uid="bench-cpu")
+        dq.topic(CPU_DEFAULT_QUEUE).connect(on_cpu, dispatch_uid="bench-cpu-default")
         from . import sleepers
 
         sleepers.connect()

@@ -48,6 +48,9 @@ DELAYQUEUE["QUEUES"][SIGNAL_QUEUE] = {"claim_batch": 200}
 # bench/processes.py: a handler that burns 20 ms of CPU per message (one thread per process).
 CPU_QUEUE = "bench-cpu"
 DELAYQUEUE["QUEUES"][CPU_QUEUE] = {"concurrency": 1, "claim_batch": 1}
+# bench/claim_ahead.py: the same handler as a user configures it (the default claim_batch).
+CPU_DEFAULT_QUEUE = "bench-cpu-default"
+DELAYQUEUE["QUEUES"][CPU_DEFAULT_QUEUE] = {"concurrency": 1}
 # bench/async_handlers.py: handlers that each wait a second, 500 at once.
 DELAYQUEUE["QUEUES"]["bench-async-sleep"] = {"concurrency": 500, "claim_batch": 500}
 DELAYQUEUE["QUEUES"]["bench-sync-sleep"] = {"concurrency": 500, "claim_batch": 500}

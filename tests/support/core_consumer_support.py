@@ -122,10 +122,15 @@ class _NoConsumer:
         pass
 
 
-def threads_alone(size: int, work: Callable[[Message], Outcome]) -> HandlerThreads:
-    """Queue "q"'s handler threads, ``size`` of them, running ``work``, with no consumer."""
+def threads_alone(
+    size: int, work: Callable[[Message], Outcome], monotonic: Callable[[], float] | None = None
+) -> HandlerThreads:
+    """Queue "q"'s handler threads, ``size`` of them, running ``work``, with no consumer;
+    ``monotonic``: the loop's clock that times refills (``HandlerThreads.refilled``)."""
     alone = _NoConsumer(work)
-    return HandlerThreads("q", size, alone, alone)
+    if monotonic is None:
+        return HandlerThreads("q", size, alone, alone)
+    return HandlerThreads("q", size, alone, alone, monotonic=monotonic)
 
 
 def keeper_rounds(

@@ -3,9 +3,10 @@
 A consumer gives every queue its own handler threads (its ``concurrency``), so a queue whose
 handlers are slow keeps only its own messages waiting, never another queue's. The loop thread
 claims for a queue only what its threads have room for (:meth:`HandlerThreads.room`): one
-message per idle thread, plus a bounded prefetch while that queue's handlers are quick (then
-round trips are a real share of the time; with slow handlers a prefetched message would only
-wait here instead of on another consumer's idle thread).
+message per idle thread, plus what they finish during two refills at their handlers' measured
+pace (:mod:`.claim_ahead`: a claim batch for quick handlers, one or two for 20 ms ones, none for
+slow ones, whose held messages would only wait here instead of on another consumer's idle
+thread).
 
 The threads know two things of the consumer: what runs a message (a :class:`Deliverer`: the
 consumer) and how to wake its loop (a :class:`LoopWaker`: the consumer's waiter), which they
@@ -33,9 +34,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from threading import get_ident
 from time import monotonic
 
+from django_delayqueue.core.consumer.claim_ahead import ClaimAhead
 from django_delayqueue.core.consumer.handler_contracts import (
     Coroutines,
     Deliverer,
@@ -48,11 +51,6 @@ from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
-# A queue whose recent handlers took less than this on average gets a prefetch of one claim
-# batch: claiming while its handlers work keeps them busy. Slower handlers get none.
-PREFETCH_UNDER_SECONDS = 0.05
-# How much one finished handler moves the average (an exponentially weighted mean).
-DURATION_WEIGHT = 0.2
 JOIN_SECONDS = 1.0  # how long close() waits for the idle threads to end
 # While claimed messages wait for a quick queue's threads, outcomes ride with the next claim;
 # none waits longer than this to be recorded.
@@ -69,7 +67,10 @@ class HandlerThreads:
         deliverer: Deliverer,
         waker: LoopWaker,
         coroutines: Coroutines | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``monotonic``: the loop's clock (seconds), which times its refills (see
+        :meth:`refilled`)."""
         self.queue_name = queue_name
         self._deliverer = deliverer
         self._waker = waker
@@ -90,7 +91,11 @@ class HandlerThreads:
         self._working: set[threading.Thread] = set()  # threads inside a handler
         self._holding = False  # stopping: start nothing more
         self._closed = False
-        self._mean_seconds: float | None = None
+        # How many to hold ahead of a free thread (claim_ahead.py): fed with each handler's
+        # run and with how long the loop took to refill after these threads asked it to.
+        self._ahead = ClaimAhead()
+        self._monotonic = monotonic
+        self._asked_at: float | None = None  # when these threads asked the loop for more
         self.claim_batch = 1  # the queue's claim_batch, as the loop last told room()
         self._first_finished_at: float | None = None  # oldest outcome the loop has not taken
         self._serial = 0
@@ -166,15 +171,29 @@ class HandlerThreads:
     def _room(self) -> int:
         if self._holding or self._closed:
             return 0
-        quick = self._mean_seconds is not None and self._mean_seconds < PREFETCH_UNDER_SECONDS
-        capacity = self._size + (self.claim_batch if quick else 0)
+        ahead = self._ahead.count(self._size, self.claim_batch)
         held = len(self._claimed) + len(self._running)
-        free = capacity - held
-        # With a prefetch, claim in batches of at least half of one (or when the threads would
-        # otherwise run dry), not a message or two per round trip.
-        if quick and self._claimed and free < min(self.claim_batch, capacity) // 2:
+        free = self._size + ahead - held
+        # Holding many ahead, claim in batches of at least half of them (or when the threads
+        # would otherwise run dry), not a message or two per round trip.
+        if self._claimed and free < ahead // 2:
             return 0
         return max(0, free)
+
+    def refilled(self, round_started: float | None) -> None:
+        """The loop's round that started at ``round_started`` (its clock) has handed these
+        threads what it claimed: if they had asked for more before it started, that is how
+        long a refill takes. None: the round failed (Redis down, then a backoff): a request
+        it leaves unanswered is dropped, not timed (an outage is no refill's pace)."""
+        with self._cond:
+            asked_at = self._asked_at
+            if asked_at is None:
+                return
+            if round_started is None:
+                self._asked_at = None
+            elif asked_at <= round_started:  # else it is the next round that answers
+                self._asked_at = None
+                self._ahead.refilled(self._monotonic() - asked_at)
 
     def add(self, messages: list[Message]) -> None:
         coroutines = self._coroutines
@@ -371,11 +390,7 @@ class HandlerThreads:
             if self._first_finished_at is None:
                 self._first_finished_at = now
             first_finished_at = self._first_finished_at
-            seconds = max(0.0, (outcome.finished_ms - outcome.started_ms) / 1000)
-            mean = self._mean_seconds
-            self._mean_seconds = (
-                seconds if mean is None else mean + DURATION_WEIGHT * (seconds - mean)
-            )
+            self._ahead.handler_ran((outcome.finished_ms - outcome.started_ms) / 1000)
             # Wake the loop when a round trip is worth it: these threads may take more, or ran
             # dry, or an outcome has waited long enough. Not for every quick handler: a round
             # per message would cost more than the handlers.
@@ -384,6 +399,8 @@ class HandlerThreads:
                 or self._room() > 0
                 or now - first_finished_at >= RECORD_WITHIN_SECONDS
             )
+            if worth_a_round and self._asked_at is None:
+                self._asked_at = self._monotonic()  # timed until the round that answers
         if worth_a_round:
             self._waker.nudge()
         elif first:  # recorded with a claim, or by this time

@@ -145,7 +145,7 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         self.coroutines = HandlerCoroutines(
             self, self._coroutines_unstoppable, abort_reason_of=self.abort_reason_for
         )
-        self._threads = ThreadsByQueue(self, self._waiter, self.coroutines)
+        self._threads = ThreadsByQueue(self, self._waiter, self.coroutines, self._monotonic)
         # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
         # the watchdog that stops them, the thread that learns their aborts (while run() runs).
         self._runs = Runs()
@@ -314,6 +314,8 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
                     self._waiter.idle(left, until=lambda: self._stop.at_once)
                 else:
                     self._waiter.idle(pause, until=lambda: self.stopping)
+                # What threads asked for meanwhile is not timed: a backoff is no refill's pace.
+                self._threads.refilled(None)
                 continue
             if self._limit_reached() and not self._busy():
                 return
@@ -350,8 +352,12 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         self.delivered += len(finished)
         self._unrecorded.extend(finished)
         aim = self._aim  # _fetch uses it up
+        round_started = self._monotonic()
         messages = self._fetch(now_ms, maintenance=maintenance)
         self._threads.add(messages)
+        # How long threads that asked for more waited: what they hold ahead covers that
+        # (claim_ahead.py).
+        self._threads.refilled(round_started)
         if aim is not None and aim.due_ms is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
         return len(messages)

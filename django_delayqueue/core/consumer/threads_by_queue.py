@@ -10,7 +10,8 @@ threads and their lock: each module keeps one job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from django_delayqueue.core.consumer.handler_contracts import (
     Coroutines,
@@ -30,11 +31,16 @@ class ThreadsByQueue:
     """The handler threads of every queue of one consumer, by queue name."""
 
     def __init__(
-        self, deliverer: Deliverer, waker: LoopWaker, coroutines: Coroutines | None = None
+        self,
+        deliverer: Deliverer,
+        waker: LoopWaker,
+        coroutines: Coroutines | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._deliverer = deliverer
         self._waker = waker
         self._coroutines = coroutines
+        self._monotonic = monotonic  # the loop's clock, which times refills
         self._by_name: dict[str, HandlerThreads] = {}
 
     def __getitem__(self, name: str) -> HandlerThreads:
@@ -50,7 +56,7 @@ class ThreadsByQueue:
         """Start ``size`` threads for queue ``name``, unless it has its threads already."""
         if name not in self._by_name:
             self._by_name[name] = HandlerThreads(
-                name, size, self._deliverer, self._waker, self._coroutines
+                name, size, self._deliverer, self._waker, self._coroutines, self._monotonic
             )
 
     def add(self, messages: Sequence[Message]) -> None:
@@ -60,6 +66,12 @@ class ThreadsByQueue:
             by_queue.setdefault(m.queue, []).append(m)
         for name, claimed in by_queue.items():
             self._by_name[name].add(claimed)
+
+    def refilled(self, round_started: float | None) -> None:
+        """Every queue's threads: the round that started at ``round_started`` handed over
+        what it claimed (None: it failed). See :meth:`HandlerThreads.refilled`."""
+        for threads in self:
+            threads.refilled(round_started)
 
     def take_finished(self) -> list[Outcome]:
         return [o for threads in self for o in threads.take_finished()]
