@@ -302,6 +302,7 @@ def _overview_row(site: str, s: QueueStats) -> dict[str, Any]:
         ],
         "deliveries": s.deliveries,
         "failures": s.failures,
+        "already_done": s.already_done,
         "lateness": s.lateness,  # p50/p99 start lateness (monitoring.lateness), may be None
         "ok": s.ok,
     }

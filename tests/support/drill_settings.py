@@ -97,6 +97,11 @@ if os.environ.get("DRILL_ENVELOPE_FORMAT"):
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
     _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
     DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}
+# The atomic drill (tests/drills/test_inbox_drill.py): these queues (a JSON list) are atomic on
+# the default database, with drill_app/atomic.py's receiver.
+for _name in json.loads(os.environ.get("DRILL_ATOMIC", "[]")):
+    _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
+    DELAYQUEUE["QUEUES"][_name] = {**_base, "atomic": True}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
