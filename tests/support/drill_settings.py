@@ -40,6 +40,8 @@ DELAYQUEUE = {
     **DELAYQUEUE,
     "REDIS_URL": os.environ["REDIS_URL"],
     "OUTBOX_RELAY_SECONDS": float(os.environ.get("DRILL_RELAY_SECONDS", "1")),
+    # How long a killed committer's outbox rows wait for a relay (the atomic chaos drill).
+    "OUTBOX_LEASE_SECONDS": float(os.environ.get("DRILL_OUTBOX_LEASE", "30")),
     # The Sentinel drill (tests/drills/test_faults_sentinel.py): the sentinels, and replica acks.
     "SENTINEL": json.loads(os.environ.get("DRILL_SENTINEL", "null")),
     "MIN_REPLICAS": int(os.environ.get("DRILL_MIN_REPLICAS", "0")),
