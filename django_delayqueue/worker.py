@@ -29,7 +29,7 @@ from django_delayqueue.conf.task_backends import (
     task_queue_names,
 )
 from django_delayqueue.conf.task_registry import registered
-from django_delayqueue.core.consumer.limits import handler_returned
+from django_delayqueue.core.consumer.limits import handler_returned, stop_error
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
@@ -199,9 +199,12 @@ class Worker(TaskServing, Consumer):
         """The receivers of an atomic queue's delivery, in its transaction: the first error
         among them raised, so that the transaction rolls back."""
         responses = signal.send_robust(sender=message.queue, message=message)
-        # Before the commit: no limit lands in it (one sent already makes this a retry, and
-        # its redelivery is then found done).
+        # Before the commit: no limit lands in it. A delivery aborted or stopped at its limit
+        # ends so whatever its receivers returned (dead letters, retry): rolled back to match.
         handler_returned()
+        stopped = stop_error()
+        if stopped is not None:
+            raise stopped
         return self._answered(shard, message, responses)
 
     def _atomic_alias(self, logical_name: str) -> str | None:

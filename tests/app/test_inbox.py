@@ -378,3 +378,29 @@ def test_a_task_found_already_done_is_not_run_and_its_result_says_successful(
         for r in json.loads(f[b"o"])
     ]
     assert [(r[6], r[7]) for r in rows] == [("ack", "AlreadyDone")]
+
+
+def test_an_aborted_delivery_is_rolled_back_even_when_its_handler_returns(
+    redis_client: redis.Redis, receivers: Callable[..., None]
+) -> None:
+    """dq.abort sends the message to the dead letters whatever its handler does: a handler that
+    stops cooperatively (returns) must leave nothing committed either."""
+    started = threading.Event()
+
+    def handler(message: dq.Message, **kwargs: Any) -> None:
+        Group.objects.create(name="aborted")
+        started.set()
+        while not message.aborted:
+            threading.Event().wait(0.02)
+
+    receivers(handler)
+    dq.schedule(QUEUE, {}, id="m6")
+    worker = threading.Thread(target=burst)
+    worker.start()
+    assert started.wait(30)
+    dq.abort(QUEUE, "m6", "staff said stop")
+    worker.join(60)
+    assert not worker.is_alive()
+    assert not Group.objects.filter(name="aborted").exists()
+    assert not InboxEntry.objects.exists()
+    assert redis_client.zscore(KEYS.garbage, "m6") is not None
