@@ -252,7 +252,12 @@ def settings_problems(values: dict[str, Any]) -> list[str]:
 def queue_atomic(name: str) -> str | None:
     """The database alias an atomic queue's handlers run in a transaction on (``"atomic"``:
     True for Django's default database, or an alias), None for a queue that is not atomic.
-    ConfigurationError for another value (the check E018 reports it too)."""
+    ConfigurationError for another value (the check E018 reports it too). A queue that is
+    not configured (a Worker built on a bare Queue) is not atomic: its callers check names."""
+    if name not in (dq_settings.QUEUES or {}) and not (
+        name in task_queue_names() or any_task_queue()
+    ):
+        return None
     value = raw_queue_options(name).get("atomic", False)
     problem = atomic_problem(value)
     if problem:

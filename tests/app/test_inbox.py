@@ -404,3 +404,12 @@ def test_an_aborted_delivery_is_rolled_back_even_when_its_handler_returns(
     assert not Group.objects.filter(name="aborted").exists()
     assert not InboxEntry.objects.exists()
     assert redis_client.zscore(KEYS.garbage, "m6") is not None
+
+
+def test_a_worker_built_on_a_queue_that_is_not_configured_starts_and_is_not_atomic(
+    redis_client: redis.Redis,
+) -> None:
+    from django_delayqueue.core import Queue
+
+    worker = Worker([Queue(redis_client, "bare-queue")], burst=True)
+    assert worker._atomic == {"bare-queue": None}
