@@ -413,3 +413,17 @@ def test_a_worker_built_on_a_queue_that_is_not_configured_starts_and_is_not_atom
 
     worker = Worker([Queue(redis_client, "bare-queue")], burst=True)
     assert worker._atomic == {"bare-queue": None}
+
+
+def test_the_workers_maintenance_prunes_the_inbox_of_its_atomic_queues(
+    redis_client: redis.Redis, receivers: Callable[..., None]
+) -> None:
+    receivers(lambda message, **kwargs: None)
+    dq.schedule(QUEUE, {}, id="pruned")
+    dq.schedule(QUEUE, {}, id="later", delay=3600)
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "INBOX_KEEP_SECONDS": 0}):
+        worker = burst()
+        assert InboxEntry.objects.count() == 1
+        worker._pruned_at = None  # the burst's own refresh came before the delivery
+        worker.refresh()
+    assert not InboxEntry.objects.exists()
