@@ -19,6 +19,7 @@ import redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from . import (
+    atomic_cost,
     backlog,
     busiest_keys,
     claim_ahead,
@@ -51,6 +52,7 @@ SECTIONS: dict[str, Callable[[Bench, Sizes], list[Row]]] = {
     "backlog": backlog.backlog,
     "django": django_path.django_path,
     "outbox": outbox_cost.outbox_cost,
+    "atomic": atomic_cost.atomic_cost,
     "peers": peers.huey,
     "lua_loading": lua_loading.lua_loading,
     "processes": processes.supervised_beside_in_process,

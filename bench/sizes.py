@@ -23,6 +23,7 @@ class Sizes:
     backlog_probe: int = 20_000  # schedule() calls timed against the empty and the full queue
     django_path: int = 2000  # view -> schedule -> runqueue -> handler
     outbox_requests: int = 1000  # checkout requests per way and round (bench/outbox_cost.py)
+    atomic_messages: int = 2000  # messages per way and round (bench/atomic_cost.py)
     peer_schedule: int = 20_000
     peer_delivery: int = 20_000
     peer_lateness: int = 1000
@@ -48,6 +49,7 @@ QUICK = Sizes(
     backlog_probe=600,
     django_path=100,
     outbox_requests=50,
+    atomic_messages=50,
     peer_schedule=600,
     peer_delivery=600,
     peer_lateness=100,

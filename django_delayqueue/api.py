@@ -14,6 +14,7 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.keys import validate_name
 from django_delayqueue.core.results import AbortResult
 from django_delayqueue.core.uniqueness import window_ms_of
+from django_delayqueue.inbox import delivery_alias
 from django_delayqueue.observability import tracing
 from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.outbox.committing import send_on_commit
@@ -64,7 +65,12 @@ def schedule(
         window_ms = window_ms_of(unique_for, id)
         prepared = q.prepare(payload, delay=delay, at=at, id=id, key=key)
         tracing.scheduled(span, prepared.id, prepared.due_ms)
-        use_on_commit = dq_settings.ON_COMMIT if on_commit is None else on_commit
+        # In an atomic queue's handler: in its transaction, whatever ON_COMMIT says.
+        use_on_commit = (
+            bool(dq_settings.ON_COMMIT or delivery_alias() is not None)
+            if on_commit is None
+            else on_commit
+        )
         outgoing = Outgoing(q, prepared, replace=replace, unique_ms=window_ms)
         send_on_commit(outgoing, on_commit=use_on_commit, using=using)
         return prepared.id

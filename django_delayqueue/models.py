@@ -300,3 +300,32 @@ class RecurringSchedule(models.Model):
         problem = keyed_schedule_problem(self.name, self.key or None, shards)
         if problem:
             raise ValidationError({"key": problem})
+
+
+class InboxEntry(models.Model):
+    """A delivery of an atomic queue whose handler's transaction committed (docs/exactly-once.md).
+
+    Inserted in the handler's own transaction, so it exists if and only if the handler's
+    database work committed: a redelivery of the message (its consumer died before the ack)
+    finds it and is acknowledged without running the handler again. The scheduled time tells
+    this message from a later one that reuses its id. Pruned by ``runqueue``'s maintenance
+    once the message is gone from Redis and the row is older than ``INBOX_KEEP_SECONDS``.
+    """
+
+    queue = models.CharField(max_length=100)
+    message_id = models.CharField("message id", max_length=MAX_ID_LENGTH)
+    scheduled_ms = models.BigIntegerField(help_text="When it was scheduled, ms since the epoch.")
+    done_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        verbose_name = "inbox entry"
+        verbose_name_plural = "inbox entries"
+        default_permissions = ("view",)
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "message_id", "scheduled_ms"], name="delayqueue_inbox_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.message_id}@{self.scheduled_ms}"

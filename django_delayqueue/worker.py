@@ -13,22 +13,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
+from django_delayqueue import inbox
 from django_delayqueue.alive import AliveFile
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
-from django_delayqueue.conf.settings import dq_settings, envelope_format
+from django_delayqueue.conf.settings import dq_settings, envelope_format, queue_atomic
 from django_delayqueue.conf.task_backends import (
     DEFAULT_TASK_QUEUE,
     any_task_queue,
     task_queue_names,
 )
 from django_delayqueue.conf.task_registry import registered
-from django_delayqueue.core.consumer.limits import handler_returned
+from django_delayqueue.core.consumer.limits import handler_returned, stop_error
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
@@ -40,6 +42,7 @@ from django_delayqueue.dispatch import (
     has_async_receivers,
     in_thread_to_its_end,
 )
+from django_delayqueue.inbox import run_atomically
 from django_delayqueue.mirror import recurrences
 from django_delayqueue.mirror.following import follow_queue_settings, sync_settings
 from django_delayqueue.mirror.kinds import recurrences_mirror
@@ -56,6 +59,8 @@ logger = logging.getLogger(__name__)
 # by handle() below with the queue, message id and attempt, not a second time by Django's
 # "django.dispatch" logger (apps.py filters those records out).
 dispatching = threading.local()
+# How often a worker prunes the inbox of its atomic queues (a batch per queue each time).
+INBOX_PRUNE_SECONDS = 60.0
 
 
 class Worker(TaskServing, Consumer):
@@ -97,6 +102,10 @@ class Worker(TaskServing, Consumer):
         self._tasks = None
         self._async_tasks = {}  # task path -> whether it is async def
         self._said_no_schedule_rows = False
+        # Atomic queues (docs/exactly-once.md): logical queue -> the database alias its
+        # handlers run in a transaction on (None: not atomic). A bad "atomic" raises here.
+        self._atomic = {q.logical_name: queue_atomic(q.logical_name) for q in self.queues}
+        self._pruned_at: float | None = None  # when the inbox was last pruned (monotonic)
         # The Redis servers are judged before the first delivery, or once they answer: one
         # whose policy evicts keys stops the worker (see monitoring.servers).
         self.servers = ServerGuard()
@@ -158,7 +167,9 @@ class Worker(TaskServing, Consumer):
             raise ConfigurationError("no queues configured in DELAYQUEUE['QUEUES']")
         # A sharded queue is claimed from shard by shard: each shard is a queue of the loop.
         queues = [q for name in chosen for q in shard_queues(name)]
-        return cls(queues, discover=discover, **kwargs)
+        worker = cls(queues, discover=discover, **kwargs)
+        inbox.require_tables(worker._atomic)  # an atomic queue without its table: no start
+        return worker
 
     def sync_settings(self) -> None:
         """Mirror the settings file into the rows and Redis; never raises (logs and retries)."""
@@ -173,22 +184,48 @@ class Worker(TaskServing, Consumer):
         dead letter.
         """
         shard, message = self._logical(message)
+        atomic = self._atomic_alias(shard.logical_name)
         if self._is_task(message):
             close_old_connections()
             try:
-                return self._task_runner().run(message, shard)
+                return self._task_runner().run(message, shard, atomic=atomic)
             finally:
                 close_old_connections()
         signal = topic(message.queue)
         close_old_connections()
         dispatching.active = True
         try:
+            if atomic is not None:
+                return run_atomically(
+                    atomic, message, lambda: self._send_in_transaction(shard, message, signal)
+                )
             responses = signal.send_robust(sender=message.queue, message=message)
         finally:
             handler_returned()  # its receivers are done: no limit lands past here
             dispatching.active = False
             close_old_connections()
         return self._answered(shard, message, responses)
+
+    def _send_in_transaction(self, shard: Queue, message: Message, signal: Any) -> Any:
+        """The receivers of an atomic queue's delivery, in its transaction: the first error
+        among them raised, so that the transaction rolls back."""
+        responses = signal.send_robust(sender=message.queue, message=message)
+        # Before the commit: no limit lands in it. A delivery aborted or stopped at its limit
+        # ends so whatever its receivers returned (dead letters, retry): rolled back to match.
+        handler_returned()
+        stopped = stop_error()
+        if stopped is not None:
+            raise stopped
+        return self._answered(shard, message, responses)
+
+    def _atomic_alias(self, logical_name: str) -> str | None:
+        """The database of an atomic queue (None: not atomic); a task queue found after the
+        start is looked up once."""
+        try:
+            return self._atomic[logical_name]
+        except KeyError:
+            alias = self._atomic[logical_name] = queue_atomic(logical_name)
+            return alias
 
     def _logical(self, message: Message) -> tuple[Queue, Message]:
         """The message's shard, and the message as handlers see it (on its logical queue)."""
@@ -223,6 +260,10 @@ class Worker(TaskServing, Consumer):
         """An ``async def`` task, or a message whose signal has an ``async def`` receiver
         (then its sync receivers run beside them, see django_delayqueue.dispatch)."""
         # On the loop's thread for every message: the common cases first, without copies.
+        if self._atomic_alias(self._by_name[message.queue].logical_name) is not None:
+            # An atomic queue's transaction is one thread's connection: its async receivers
+            # and tasks run there too (Django runs them with async_to_sync).
+            return False
         if message.task:
             return self._task_is_async(message)
         name = self._by_name[message.queue].logical_name
@@ -266,6 +307,28 @@ class Worker(TaskServing, Consumer):
         self._refresh_schedules()
         if self._any_queue:
             self._follow_registry()
+        self._prune_inbox()
+
+    def _prune_inbox(self) -> None:
+        """Delete the inbox rows of this worker's atomic queues that no redelivery can need,
+        a small batch per queue, at most every INBOX_PRUNE_SECONDS (see inbox.prune)."""
+        now = time.monotonic()
+        if self._pruned_at is not None and now - self._pruned_at < INBOX_PRUNE_SECONDS:
+            return
+        self._pruned_at = now
+        by_alias: dict[str, list[Queue]] = {}
+        for q in self.queues:
+            alias = self._atomic_alias(q.logical_name)
+            if alias is not None:
+                by_alias.setdefault(alias, []).append(q)
+        keep = float(dq_settings.INBOX_KEEP_SECONDS)
+        try:
+            for alias, queues in by_alias.items():
+                deleted = inbox.prune(alias, queues, keep)
+                if deleted:
+                    logger.debug("%s: %d inbox rows pruned on %r", self.name, deleted, alias)
+        finally:
+            close_old_connections()
 
     def guard_servers(self) -> None:
         """Stop (and set ``refused``) on a Redis whose policy evicts keys, unless accepted."""

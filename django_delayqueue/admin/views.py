@@ -382,6 +382,7 @@ def _overview_row(site: str, s: QueueStats) -> dict[str, Any]:
         ],
         "deliveries": s.deliveries,
         "failures": s.failures,
+        "already_done": s.already_done,
         "lateness": s.lateness,  # p50/p99 start lateness (monitoring.lateness), may be None
         "late_p50": _ms(s.lateness.p50_5m if s.lateness else None),
         "late_p99": _ms(s.lateness.p99_5m if s.lateness else None),

@@ -24,6 +24,9 @@ delayqueue.E016     ``ENVELOPE_FORMAT`` that is not None or a format this releas
 delayqueue.E017     invalid ``OPTIONS`` of a ``TASKS`` backend of this app
 delayqueue.E018     invalid ``MONITORING_TOKEN`` (not a string, empty, with a space, short)
                     or ``MONITORING_TIMEOUT_SECONDS``
+delayqueue.E019     an atomic queue (``"atomic"``) whose value is not True, False or an alias
+                    in ``DATABASES``, on a database without transactions or where the
+                    routers keep the inbox table away (docs/exactly-once.md)
 delayqueue.W005     the problems of E009 in a recurring schedule row (``--database``)
 delayqueue.W001     a configured queue has no handler (queues of a TASKS backend need none)
 delayqueue.W002     (retired: E014 says it, now that time limits are enforced)
@@ -39,6 +42,8 @@ delayqueue.W010     live consumers older than this process (an older envelope fo
                     messages that wait for a newer consumer (``check --deploy``)
 delayqueue.W011     a sharded queue with ``rate_limit`` or ``max_in_flight`` that takes flow
                     keys: a key gets one shard's share of them (figures in the message)
+delayqueue.W012     an atomic queue's database without the inbox table (``check --database``,
+                    ``migrate``; runqueue refuses to start for it)
 ==================  ================================================================
 
 Only E001, E010, W006, W007, W010 and W004 do I/O: the first five (``servers``, ``formats``)
@@ -52,13 +57,14 @@ One module an area, as Django's ``core/checks/`` is: ``settings`` (the ``DELAYQU
 E002, E004, gathering the settings errors of the others), ``queues`` (E002-E004, E013, E014,
 W008 of a queue; W001, W003), ``flow`` (E015, W011 of a queue), ``servers`` (E001, E010, E011,
 W006, W007), ``tasks`` (E005-E007, E012), ``recurrences`` (E009, W005), ``outbox`` (E008, W004),
-``formats`` (E016, W010) and ``monitoring`` (E018).
+``formats`` (E016, W010), ``monitoring`` (E018) and ``atomic`` (E019, W012).
 """
 
 from __future__ import annotations
 
 from django.core.checks import Tags, register
 
+from django_delayqueue.checks.atomic import check_atomic, check_atomic_tables
 from django_delayqueue.checks.formats import check_envelope_formats
 from django_delayqueue.checks.outbox import check_outbox
 from django_delayqueue.checks.queues import check_handlers
@@ -71,6 +77,8 @@ TAG = "delayqueue"
 
 __all__ = [
     "TAG",
+    "check_atomic",
+    "check_atomic_tables",
     "check_envelope_formats",
     "check_handlers",
     "check_outbox",
@@ -96,3 +104,5 @@ def register_checks() -> None:
     # Only with the database checks (`check --database`, `migrate`): not with `--tag delayqueue`,
     # which must not query a database nobody asked for.
     register(check_outbox, Tags.database)
+    register(check_atomic, TAG)
+    register(check_atomic_tables, Tags.database)

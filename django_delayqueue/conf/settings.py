@@ -21,6 +21,7 @@ from dataclasses import fields
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.db import DEFAULT_DB_ALIAS
 
 from django_delayqueue.conf.task_backends import any_task_queue, task_queue_names
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, validate_format
@@ -82,6 +83,10 @@ DEFAULTS: dict[str, Any] = {
     # upgrades.md); None: the newest this release knows. An older one pins runqueue to an
     # earlier release's format, for a drill of a mixed fleet.
     "ENVELOPE_FORMAT": None,
+    # Atomic queues (docs/exactly-once.md): an inbox row is kept at least this long, and as
+    # long as its message is still in Redis (waiting, retrying, dead), so that a redelivery
+    # (an outbox row relayed twice included) finds it.
+    "INBOX_KEEP_SECONDS": 86_400,
 }
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -89,7 +94,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 QUEUE_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSettings))
 # Per-queue keys that are not engine settings: the number of shards a queue is spread over
 # (core.sharding).
-CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("shards",)
+CHECK_ONLY_QUEUE_KEYS: tuple[str, ...] = ("shards", "atomic")
 # Old names of queue settings, still read as the new one (check W008, a DeprecationWarning).
 RENAMED_QUEUE_KEYS: dict[str, str] = {"handler_time_limit": "time_limit"}
 QUEUE_KEYS: frozenset[str] = frozenset(
@@ -247,6 +252,35 @@ def settings_problems(values: dict[str, Any]) -> list[str]:
     for name, value in {**defaults, **values}.items():
         object.__setattr__(obj, name, value)
     return obj.problems()
+
+
+def queue_atomic(name: str) -> str | None:
+    """The database alias an atomic queue's handlers run in a transaction on (``"atomic"``:
+    True for Django's default database, or an alias), None for a queue that is not atomic.
+    ConfigurationError for another value (the check E018 reports it too). A queue that is
+    not configured (a Worker built on a bare Queue) is not atomic: its callers check names."""
+    if name not in (dq_settings.QUEUES or {}) and not (
+        name in task_queue_names() or any_task_queue()
+    ):
+        return None
+    value = raw_queue_options(name).get("atomic", False)
+    problem = atomic_problem(value)
+    if problem:
+        raise ConfigurationError(f"DELAYQUEUE['QUEUES'][{name!r}]: {problem}")
+    if value is True:
+        return DEFAULT_DB_ALIAS
+    return value or None
+
+
+def atomic_problem(value: object) -> str | None:
+    """What is wrong with an ``"atomic"`` value (its type, or an alias not in DATABASES)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if not isinstance(value, str) or not value:
+        return f"atomic must be True, False or a database alias, not {value!r}"
+    if value not in django_settings.DATABASES:
+        return f"atomic names database {value!r}, which is not in DATABASES"
+    return None
 
 
 def queue_shards(name: str) -> int:

@@ -37,6 +37,7 @@ from base64 import urlsafe_b64encode
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from hashlib import sha256
 from typing import Any
 
 from django_delayqueue.core import running
@@ -374,6 +375,13 @@ def _decode_json_envelope(raw: bytes | str) -> tuple[int, int, Any]:
     return due, scheduled, data["p"]
 
 
+def idempotency_key(queue: str, message_id: str, scheduled_ms: int) -> str:
+    """:attr:`Message.idempotency_key` of the message ``message_id`` of ``queue`` (its logical
+    queue, for a shard's) scheduled at ``scheduled_ms``."""
+    digest = sha256(f"{queue}\0{message_id}\0{int(scheduled_ms)}".encode("utf-8", "surrogatepass"))
+    return "dq-" + digest.hexdigest()[:32]
+
+
 def ms_to_datetime(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
@@ -414,6 +422,18 @@ class Message:
     @property
     def scheduled_at(self) -> datetime:
         return ms_to_datetime(self.scheduled_ms)
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for this message's side effects outside the database (a payment or SMS
+        gateway that accepts one): the same at every attempt and redelivery of this message,
+        different for a later message scheduled with the same id. 35 ASCII characters.
+
+        Made of the queue, the id and the scheduled time (ms), which the envelope carries
+        unchanged through retries, redeliveries, requeues and the outbox's relay; a later
+        message reusing the id was scheduled at a later millisecond (see
+        docs/exactly-once.md)."""
+        return idempotency_key(self.queue, self.id, self.scheduled_ms)
 
     @property
     def aborted(self) -> bool:

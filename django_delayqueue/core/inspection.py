@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.envelope import to_str
-from django_delayqueue.core.errors import ConfigurationError
+from django_delayqueue.core.envelope import decode_envelope_parts, to_str
+from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope
 from django_delayqueue.core.flow_limits import key_claim_spec
 from django_delayqueue.core.keys import STATES, QueueKeys
 from django_delayqueue.core.progress import Progress, decode_progress
@@ -100,6 +100,24 @@ class Inspection:
             values = self.client.hmget(self.keys.progress, list(message_ids))
         found = {i: decode_progress(v) for i, v in zip(message_ids, values, strict=True)}
         return {i: p for i, p in found.items() if p is not None}
+
+    def scheduled_times(self, message_ids: Sequence[str]) -> dict[str, int]:
+        """The scheduled time (ms) of each message of ``message_ids`` this queue still holds,
+        in any state, by id (a message it does not hold is left out; one whose envelope
+        cannot be read counts as held at -1)."""
+        if not message_ids:
+            return {}
+        with redis_errors("reading envelopes"):
+            values = self.client.hmget(self.keys.messages, list(message_ids))
+        out: dict[str, int] = {}
+        for message_id, raw in zip(message_ids, values, strict=True):
+            if raw is None:
+                continue
+            try:
+                out[message_id] = decode_envelope_parts(raw).scheduled_ms
+            except CorruptEnvelope:  # a newer format, or corrupt: still there, kept
+                out[message_id] = -1
+        return out
 
     def peek(self, state: str, offset: int = 0, limit: int = 50) -> Page:
         """One page of messages in ``state`` (pending, ready, unack, retry or garbage)."""

@@ -78,6 +78,9 @@ class QueueStats:
     consumers_alive: int | None = None
     consumers: list[tuple[str, int]] = field(default_factory=list)  # (name, last seen ms)
     outcomes: dict[str, int] | None = None  # deliveries per outcome since the tally began
+    # Of the acks, the deliveries an atomic queue found already done and did not run again
+    # (docs/exactly-once.md); None: not read.
+    already_done: int | None = None
     errors: list[str] = field(default_factory=list)
     # The live consumers with what their heartbeats said (pid, supervisor, what runs now).
     processes: list[ConsumerProcess] = field(default_factory=list)
@@ -140,6 +143,7 @@ class QueueStats:
             "deliveries": self.deliveries,
             "failures": self.failures,
             "outcomes": dict(self.outcomes) if self.outcomes is not None else None,
+            "already_done": self.already_done,
             "flow": self.flow.to_dict(),
             "lateness": self.lateness.to_dict() if self.lateness is not None else None,
             "busiest_keys": None if self.busiest_keys is None else self.busiest_keys.to_dict(),
@@ -258,7 +262,7 @@ def _read(
     if isinstance(stats_raw, Exception):
         errors.append(f"stats: {stats_raw}")
     else:
-        ack, retry, garbage, more, alive, consumers, config = stats_raw
+        ack, retry, garbage, more, alive, consumers, config, *later = stats_raw
         if int(more):
             logger.info("queue %s: journal tally is catching up", q.name)
         pairs = [
@@ -269,6 +273,7 @@ def _read(
         paused = published_paused(published)
         values.update(
             outcomes=dict(zip(OUTCOMES, (int(ack), int(retry), int(garbage)), strict=True)),
+            already_done=int(later[0]) if later else 0,
             consumers_alive=int(alive),
             consumers=pairs,
             paused=q.settings.paused if paused is None else paused,
@@ -408,6 +413,7 @@ def merge_stats(parts: Sequence[QueueStats]) -> QueueStats:
         consumers=sorted(seen.items(), key=lambda item: -item[1]),
         processes=merge_processes([p.processes for p in parts]),
         outcomes=outcomes,
+        already_done=added([p.already_done for p in parts]),
         errors=[f"{p.queue}: {e}" for p in parts for e in p.errors],
         flow=merge_flow([p.flow for p in parts]),
         lateness=merge_lateness(lateness) if len(lateness) == len(parts) else None,

@@ -22,6 +22,7 @@ from django_delayqueue.conf.settings import dq_settings
 from django_delayqueue.core.envelope import decode_envelope
 from django_delayqueue.core.errors import DelayQueueError, NotReplicated
 from django_delayqueue.core.results import ScheduleResult
+from django_delayqueue.inbox import delivery_alias
 from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.outbox.outgoing import Outgoing
 
@@ -48,13 +49,17 @@ def send_on_commit(
     an atomic block (or with ``on_commit`` False) the send happens at once and its error reaches
     the caller, as it should: nothing was committed on its behalf.
     """
-    alias = using or DEFAULT_DB_ALIAS
+    # In an atomic queue's handler (django_delayqueue.inbox) the default is its database,
+    # and the outbox is used whatever OUTBOX says: the next message of a chain then exists if
+    # and only if this delivery's transaction (its effects and its inbox row) commits.
+    delivering = delivery_alias()
+    alias = using or delivering or DEFAULT_DB_ALIAS
     if not (on_commit and transaction.get_connection(alias).in_atomic_block):
         log_result(outgoing.send(), outgoing.queue.name)
         if then is not None:
             then()
         return
-    if dq_settings.OUTBOX and holds_outbox(alias):
+    if (dq_settings.OUTBOX or alias == delivering) and holds_outbox(alias):
         row = write_row(outgoing, alias)
         transaction.on_commit(lambda: _send_committed_row(outgoing, row, alias, then), using=alias)
     else:

@@ -129,7 +129,8 @@ def compute_report(journal: DataFrame, top_errors: int = 5) -> Report:
     attempts = delivered.groupBy("queue", "hour_ms", "attempt").agg(
         F.count(F.lit(1)).alias("deliveries")
     )
-    failed = rows.where(F.col("error") != "")
+    # An ack's error is not a failure: AlreadyDone, an atomic queue's skipped redelivery.
+    failed = rows.where((F.col("error") != "") & (F.col("outcome") != ACK))
     errors = _top(failed.groupBy("queue", "hour_ms", "error").count(), ["queue", "hour_ms"])
     overall_errors = _top(failed.groupBy("queue", "error").count(), ["queue"])
     top_error = overall_errors.where(F.col("rank") == 1).select(

@@ -42,6 +42,7 @@ its record says so (two worker ids).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Callable
@@ -97,19 +98,28 @@ class TaskRunner:
         self.worker_id = worker_id
         self.write_soon = write_soon
 
-    def run(self, message: Message, queue: Queue) -> Any:
+    def run(self, message: Message, queue: Queue, *, atomic: str | None = None) -> Any:
         """Run the task in ``message``; raise what the consumer must see (retry or reject).
 
-        Returns the writes of a success, for the consumer to send with the ack.
+        Returns the writes of a success, for the consumer to send with the ack. ``atomic``:
+        the database of an atomic queue, whose transaction the task runs in with its inbox
+        row (django_delayqueue.inbox); a delivery found already done is not run again, and
+        its record says SUCCESSFUL (its return value is not known here: None).
         """
         run = _TaskRun(self, message, queue)
         try:
             run.start()
-            value = _call(run.task, run.args, run.kwargs)
-            handler_returned()  # the task is done: no limit lands in writing its result
-            stopped = stop_error()  # an abort or a time limit: its end whatever it returned
-            if stopped is not None:
-                raise stopped
+            if atomic is None:
+                value = _ended(_call(run.task, run.args, run.kwargs))
+            else:
+                from django_delayqueue.inbox import is_skipped, run_atomically
+
+                value = run_atomically(
+                    atomic, message, lambda: _ended(_call(run.task, run.args, run.kwargs))
+                )
+                if is_skipped(value):
+                    handler_returned()
+                    return dataclasses.replace(run.succeeded(None), already_done=True)
         except BaseException as e:  # the consumer decides what it means; the record follows
             handler_returned()
             # Aborted: the dead letters (the consumer records it so), never a retry.
@@ -334,6 +344,16 @@ class _TaskRun:
             _send_robust(framework.task_finished, backend, result)
         finally:
             close_old_connections()  # its receivers' connections closed after them
+
+
+def _ended(value: Any) -> Any:
+    """``value``, the task having returned it; raised instead: the abort or the time limit
+    that stopped it (its end whatever it returned)."""
+    handler_returned()  # the task is done: no limit lands in writing its result
+    stopped = stop_error()
+    if stopped is not None:
+        raise stopped
+    return value
 
 
 def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:

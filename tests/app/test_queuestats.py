@@ -46,8 +46,11 @@ def test_table_has_a_row_per_configured_queue(q):
         "PAUSED",
         "DELIVERED",
         "FAILED",
+        "ALREADY_DONE",
     ]
-    assert lines[1].split() == ["order-close", "2", "0", "0", "0", "1", "0", "1", "no", "0", "0"]
+    assert lines[1].split() == [
+        *("order-close", "2", "0", "0", "0", "1", "0", "1", "no", "0", "0", "0")
+    ]
     assert lines[2].split()[0] == "activation-sms"
     assert err == ""
 
@@ -107,7 +110,7 @@ def test_redis_down_prints_dashes_and_fails():
         call_command("queuestats", stdout=out, stderr=err)
     row = out.getvalue().splitlines()[1].split()
     # Everything read from Redis is "-"; paused falls back to the settings file.
-    assert row == ["order-close", *["-"] * 7, "no", "-", "-"]
+    assert row == ["order-close", *["-"] * 7, "no", "-", "-", "-"]
     assert "error:" in err.getvalue()
 
 

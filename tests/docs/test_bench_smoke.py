@@ -45,6 +45,7 @@ EXPECTED_ROWS = {
     "lua.promote",
     "outbox.sqlite.without",
     "outbox.sqlite.with",
+    "atomic.sqlite",
     "processes.delivery",
     "processes.lateness_p50",
     "processes.lateness_p99",
@@ -85,7 +86,7 @@ EXPECTED_ROWS = {
     "early.retries",
 }
 # The outbox's cost on PostgreSQL: measured when one answers on 127.0.0.1:5432 (CI: it must).
-OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with"}
+OUTBOX_PG_ROWS = {"outbox.postgresql.without", "outbox.postgresql.with", "atomic.postgresql"}
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,8 @@ DELAYQUEUE = {
     **DELAYQUEUE,
     "REDIS_URL": os.environ["REDIS_URL"],
     "OUTBOX_RELAY_SECONDS": float(os.environ.get("DRILL_RELAY_SECONDS", "1")),
+    # How long a killed committer's outbox rows wait for a relay (the atomic chaos drill).
+    "OUTBOX_LEASE_SECONDS": float(os.environ.get("DRILL_OUTBOX_LEASE", "30")),
     # The Sentinel drill (tests/drills/test_faults_sentinel.py): the sentinels, and replica acks.
     "SENTINEL": json.loads(os.environ.get("DRILL_SENTINEL", "null")),
     "MIN_REPLICAS": int(os.environ.get("DRILL_MIN_REPLICAS", "0")),
@@ -98,6 +100,11 @@ if os.environ.get("DRILL_ENVELOPE_FORMAT"):
 for _name, _overrides in json.loads(os.environ.get("DRILL_QUEUES", "{}")).items():
     _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
     DELAYQUEUE["QUEUES"][_name] = {**_base, **_overrides}
+# The atomic drill (tests/drills/test_inbox_drill.py): these queues (a JSON list) are atomic on
+# the default database, with drill_app/atomic.py's receiver.
+for _name in json.loads(os.environ.get("DRILL_ATOMIC", "[]")):
+    _base = DELAYQUEUE["QUEUES"].get(_name, DELAYQUEUE["QUEUES"]["drill"])
+    DELAYQUEUE["QUEUES"][_name] = {**_base, "atomic": True}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

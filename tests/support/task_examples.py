@@ -241,3 +241,15 @@ async def async_reports_progress() -> str:
     while not _redis().exists(PROGRESS_GATE):
         await asyncio.sleep(0.01)
     return "done"
+
+
+@task(queue_name="shop-tasks", takes_context=True)
+def writes_a_group(context: Any, name: str) -> str:
+    """On an atomic queue (tests/app/test_inbox.py): its write is rolled back with its first
+    attempt's failure, and committed with the second."""
+    from django.contrib.auth.models import Group
+
+    Group.objects.create(name=f"{name}-{context.attempt}")
+    if context.attempt == 1:
+        raise ValueError("the first attempt fails after its write")
+    return name

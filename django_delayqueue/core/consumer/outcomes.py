@@ -52,6 +52,9 @@ class WritesWithAck:
     # ``WhileRunning``) that ``call`` makes needless (it writes the same and more): not sent if
     # it is still waiting when this one goes.
     supersedes: ScriptCall | None = None
+    # The delivery was found already done (an atomic queue's inbox row: its transaction
+    # committed before, its ack was lost): acknowledged, and journalled as ALREADY_DONE.
+    already_done: bool = False
 
 
 @dataclass
@@ -93,6 +96,17 @@ class Outcome:
 
 
 ABORTED = "Aborted"  # the error an aborted delivery's outcome names (dq.Aborted)
+# The error an acknowledged delivery's journal row names when its handler did not run because
+# the delivery was already done (docs/exactly-once.md): counted apart by stats.lua.
+ALREADY_DONE = "AlreadyDone"
+
+
+class AlreadyDone:
+    """What a handler returns for a delivery it found already done and did not run (a
+    task's handler returns a WritesWithAck with ``already_done`` instead: its record to write)."""
+
+
+SKIPPED_AS_DONE = AlreadyDone()
 
 
 def aborted_outcome(outcome: Outcome, reason: str) -> Outcome:
@@ -120,9 +134,15 @@ def run_handler(handler: Callable[[Message], Any], message: Message, now_ms: int
         return failed_outcome(message, e, now_ms, t0)
     # returned_outcome(), inlined (this runs for every message), None first (most handlers).
     finished = now_ms + int((time.perf_counter() - t0) * 1000)
-    if returned is None or not isinstance(returned, WritesWithAck):
+    if returned is None:
         return Outcome(message, ACK, now_ms, finished)
-    return Outcome(message, ACK, now_ms, finished, None, "", "", returned)
+    if isinstance(returned, WritesWithAck):
+        if returned.already_done:
+            return _already_done(message, returned, now_ms, finished)
+        return Outcome(message, ACK, now_ms, finished, None, "", "", returned)
+    if isinstance(returned, AlreadyDone):
+        return _already_done(message, None, now_ms, finished)
+    return Outcome(message, ACK, now_ms, finished)
 
 
 async def run_coroutine_handler(
@@ -144,8 +164,20 @@ def returned_outcome(message: Message, returned: Any, started: int, t0: float) -
     """The outcome of a handler that returned ``returned`` (started at ``started`` ms and at
     ``t0``, ``time.perf_counter()``): an ack, with the writes it left."""
     finished = started + int((time.perf_counter() - t0) * 1000)
+    if isinstance(returned, AlreadyDone):
+        return _already_done(message, None, started, finished)
     writes = returned if isinstance(returned, WritesWithAck) else None
+    if writes is not None and writes.already_done:
+        return _already_done(message, writes, started, finished)
     return Outcome(message, ACK, started, finished, writes=writes)
+
+
+def _already_done(
+    message: Message, writes: WritesWithAck | None, started: int, finished: int
+) -> Outcome:
+    """The ack of a delivery whose handler did not run: it was done before. Its journal row
+    says ALREADY_DONE; a task's record (``writes``) is written with the ack."""
+    return Outcome(message, ACK, started, finished, None, "already done", ALREADY_DONE, writes)
 
 
 def failed_outcome(message: Message, e: BaseException, started: int, t0: float) -> Outcome:

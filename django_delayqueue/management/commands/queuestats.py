@@ -30,6 +30,8 @@ COLUMNS = (
     ("PAUSED", lambda s: None if s.paused is None else ("yes" if s.paused else "no")),
     ("DELIVERED", lambda s: s.deliveries),
     ("FAILED", lambda s: s.failures),
+    # Of DELIVERED, the deliveries an atomic queue found already done (docs/exactly-once.md).
+    ("ALREADY_DONE", lambda s: s.already_done),
 )
 
 

@@ -9,4 +9,4 @@ class DrillConfig(AppConfig):
     verbose_name = "Fault drill handlers"
 
     def ready(self) -> None:
-        from . import handlers  # noqa: F401  (connects the receiver)
+        from . import atomic, handlers  # noqa: F401  (connect the receivers)

@@ -2,14 +2,16 @@
 -- live consumers and the settings the Django layer published. The tally keeps a cursor (the
 -- last journal entry counted) so each entry is counted once whoever calls, and a scrape only
 -- reads the entries added since the previous one.
--- KEYS[1] journal stream   KEYS[2] tally hash (cursor + one counter per outcome)
+-- KEYS[1] journal stream   KEYS[2] tally hash (cursor, one counter per outcome, and
+--         already_done: the acks of deliveries an atomic queue found already done)
 -- KEYS[3] heartbeats zset (consumer -> last seen ms)   KEYS[4] config hash
 -- ARGV[1] most journal entries tallied in this call   ARGV[2] alive since (ms)
 -- ARGV[3] most consumers listed
 -- returns: {ack total, retry total, garbage total, more (1: journal entries left to tally),
---           consumers alive, {consumer, last seen ms, ... newest first}, {field, value, ...}}
+--           consumers alive, {consumer, last seen ms, ... newest first}, {field, value, ...},
+--           already-done total (counted in the ack total too)}
 -- Runs when Redis is out of memory (see includes/memory.lua): the stats must be readable
--- exactly then, and the tally is a hash of four fields.
+-- exactly then, and the tally is a hash of five fields.
 --- @include "includes/guard.lua"
 --- @include "includes/memory.lua"
 guard(KEYS[1], 'stream', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash')
@@ -17,7 +19,7 @@ local limit = tonumber(ARGV[1])
 local cursor = redis.call('HGET', KEYS[2], 'cursor') or '0-0'
 local entries = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', limit)
 if #entries > 0 then
-  local added = {ack = 0, retry = 0, garbage = 0}
+  local added = {ack = 0, retry = 0, garbage = 0, already_done = 0}
   for _, entry in ipairs(entries) do
     local fields = entry[2]
     for i = 1, #fields, 2 do
@@ -26,7 +28,13 @@ if #entries > 0 then
         if ok and type(rows) == 'table' then
           for _, row in ipairs(rows) do
             local outcome = type(row) == 'table' and row[7]
-            if added[outcome] then added[outcome] = added[outcome] + 1 end
+            if outcome ~= 'already_done' and added[outcome] then
+              added[outcome] = added[outcome] + 1
+              -- its error field (outcomes.ALREADY_DONE): an atomic queue's skipped delivery
+              if outcome == 'ack' and row[8] == 'AlreadyDone' then
+                added.already_done = added.already_done + 1
+              end
+            end
           end
         end
       end
@@ -38,11 +46,12 @@ if #entries > 0 then
   end
   redis.call('HSET', KEYS[2], 'cursor', entries[#entries][1])
 end
-local totals = redis.call('HMGET', KEYS[2], 'ack', 'retry', 'garbage')
+local totals = redis.call('HMGET', KEYS[2], 'ack', 'retry', 'garbage', 'already_done')
 return {
   tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, tonumber(totals[3]) or 0,
   #entries == limit and 1 or 0,
   redis.call('ZCOUNT', KEYS[3], ARGV[2], '+inf'),
   redis.call('ZREVRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1, 'WITHSCORES'),
   redis.call('HGETALL', KEYS[4]),
+  tonumber(totals[4]) or 0,
 }
