@@ -330,7 +330,7 @@ def test_a_missing_inbox_table_is_said_by_the_database_checks_and_stops_runqueue
 @pytest.fixture
 def atomic_tasks() -> Iterator[Any]:
     """The demo's TASKS on its queue "shop-tasks", made atomic and retried at once."""
-    from demo_project.settings import TASKS_SETTING
+    from tests.settings import TASKS_SETTING
 
     queues = {
         **settings.DELAYQUEUE["QUEUES"],
