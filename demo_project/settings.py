@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent
 
 # Demo only: never deploy these values.
@@ -70,6 +72,11 @@ DATABASES = {
         "OPTIONS": {"timeout": 20},
     }
 }
+if django.VERSION >= (5, 1):
+    # A transaction that reads then writes (paying an order) takes the write lock as it
+    # begins: a deferred one fails with "database is locked" when it upgrades under WAL,
+    # without waiting for the timeout.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 # The demo's admin logs in as admin / admin, which the validators would reject.
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []

@@ -60,6 +60,10 @@ def kill_group(pid: int) -> bool:
     return True
 
 
+# What a stop sends to every process of the group, which the guard ignores.
+_IGNORED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+
+
 def guard_group() -> int | None:
     """Fork the guard of this process's group (see module doc); its pid, or None where there is
     none (not Linux, no ``prctl``, or fork refused). Call it from the thread that lives as long
@@ -73,7 +77,10 @@ def guard_group() -> int | None:
         prctl = libc.prctl
     except (OSError, AttributeError):
         return None
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {GUARD_SIGNAL})
+    # Blocked across the fork: the guard's own signal until it waits for it, and the stop
+    # signals until it ignores them (a systemd stop sends SIGTERM to every process, maybe in
+    # the instant after the fork).
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {GUARD_SIGNAL, *_IGNORED})
     try:
         pid = os.fork()
     except OSError as e:
@@ -88,12 +95,16 @@ def guard_group() -> int | None:
 
 def _guard(leader: int, prctl: Any) -> None:
     try:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)  # only its leader's death ends it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
         prctl(PR_SET_NAME, ctypes.c_char_p(GUARD_NAME), 0, 0, 0)
         prctl(PR_SET_PDEATHSIG, GUARD_SIGNAL, 0, 0, 0)
         _close_inherited()
-        if os.getppid() == leader:  # else it died before the prctl: act now
+        # Only its leader's death ends it: a GUARD_SIGNAL someone else sends (a `pkill -USR2`
+        # meant for stack dumps) is waited past. The kernel reparents the guard before it sends
+        # the parent-death signal, so the parent pid has changed when that one comes.
+        while os.getppid() == leader:  # else it died before the prctl: act now
             signal.sigwait({GUARD_SIGNAL})
         os.killpg(0, signal.SIGKILL)
     finally:

@@ -11,18 +11,21 @@ over its pipe every fraction of a second. A GIL held for long silences it, as it
 watchdog and the extender. Each beat says how long the supervisor may wait for the next one
 (``within``), the least of:
 
-- :data:`IDLE_SILENCE_SECONDS`;
+- :data:`IDLE_SILENCE_SECONDS`, far above any bound below: a process that holds nothing may
+  be busy as long as it likes (a handler of a queue with hour-long leases may hold the GIL for
+  a minute), and is killed only when it could harm a delivery;
 - for each queue it consumes: the least that is left of a lease of that queue while its
   extender runs (the visibility timeout, less one renewal interval and one tick), less
   :data:`LEASE_MARGIN_SECONDS`. Every queue it consumes, not only those it holds messages of
   now: it may claim one the instant after the beat, and be stuck the instant after that. So
   the supervisor kills a silent process before any lease it holds can end, and its messages
   are never delivered elsewhere while it lives;
-- for each queue with a ``time_limit``, that limit, and for each running handler with one that
-  was not stopped yet, the time left until it, plus :data:`LIMIT_MARGIN_SECONDS` (the
-  watchdog's stop and its half second, or a coroutine's second, and the report to the
-  supervisor): a process that should have stopped it or reported it by then and is silent is
-  stuck;
+- for each running handler with a ``time_limit`` that was not stopped yet, the time left until
+  it, plus :data:`LIMIT_MARGIN_SECONDS` (the watchdog's stop and its half second, or a
+  coroutine's second, and the report to the supervisor): a process that should have stopped it
+  or reported it by then and is silent is stuck. Only the handlers running now: the time limit
+  of a queue that runs nothing says nothing of a handler of another queue (one that starts
+  after the beat and is stuck at once is still bounded by its lease);
 
 and never less than :data:`SHORTEST_SILENCE_SECONDS` (a healthy process beats four times within
 it, and a process whose threads stall that long is in trouble anyway). Below a visibility
@@ -60,7 +63,7 @@ from django_delayqueue.supervisor.protocol import ALIVE, ChildChannel
 
 logger = logging.getLogger(__name__)
 
-IDLE_SILENCE_SECONDS = 30.0  # the longest a process may be silent, whatever it holds
+IDLE_SILENCE_SECONDS = 3600.0  # a bound for a process with nothing to protect (no queue)
 SHORTEST_SILENCE_SECONDS = 2.0  # the shortest wait a beat asks for
 LEASE_MARGIN_SECONDS = 1.0  # killed this long before the earliest lease it holds may end
 LIMIT_MARGIN_SECONDS = 2.0  # past a time limit, the watchdog's stop and its report
@@ -97,7 +100,17 @@ class Held:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Held:
-        return cls(**data)
+        """From a beat, maybe of another release (a fresh interpreter after SIGHUP runs the
+        code on disk): a field this release does not know is left out; ValueError when one it
+        needs is missing or of the wrong type (the caller skips that entry)."""
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        try:
+            held = cls(**known)
+        except TypeError as e:
+            raise ValueError(f"a running handler this supervisor cannot read: {data!r}") from e
+        if not all(isinstance(v, str) for v in (held.queue, held.message_id, held.token)):
+            raise ValueError(f"a running handler this supervisor cannot read: {data!r}")
+        return held
 
     def stopped_handler(self, past_limit: bool, silent_seconds: float) -> StoppedHandler:
         """How its message is settled once its silent process was killed and reaped."""
@@ -128,9 +141,6 @@ def answer_within(queues: Iterable[QueueLimits], running: Iterable[Held]) -> tup
         left = seconds - renewal - TICK_SECONDS - LEASE_MARGIN_SECONDS
         if left < within:
             within, why = left, f"a lease of queue {q.name} ({seconds:g} s visibility timeout)"
-        if q.time_limit is not None and q.time_limit + LIMIT_MARGIN_SECONDS < within:
-            within = q.time_limit + LIMIT_MARGIN_SECONDS
-            why = f"the time limit of queue {q.name} ({q.time_limit:g} s)"
     for held in running:
         if held.limit_in is None or held.stopped:
             continue

@@ -328,7 +328,17 @@ class Supervisor:
                 if message.get("memory"):
                     self._pace_memory_recycling(slot, child)
         elif kind == STOPPED:
-            handlers = [StoppedHandler.from_json(h) for h in message.get("handlers") or []]
+            handlers = []
+            for entry in message.get("handlers") or []:
+                try:  # a fresh interpreter runs the code on disk: maybe another release
+                    handlers.append(StoppedHandler.from_json(entry))
+                except (ValueError, TypeError) as e:
+                    logger.error(
+                        "consumer process %d: a stopped handler this supervisor cannot read "
+                        "(%s): its message comes back after its visibility timeout",
+                        child.pid,
+                        e,
+                    )
             child.stopped.extend(handlers)
             logger.warning(
                 "consumer process %d could not stop %d handler(s): replacing it now",
@@ -416,7 +426,12 @@ class Supervisor:
         child.answer_why = str(message.get("why") or "")
         running = message.get("running")
         if isinstance(running, list):
-            held = [Held.from_json(h) for h in running if isinstance(h, dict)]
+            held = []
+            for entry in running:
+                try:  # a fresh interpreter runs the code on disk: maybe another release
+                    held.append(Held.from_json(entry))
+                except (ValueError, TypeError) as e:
+                    logger.warning("consumer process %d: %s", child.pid, e)
             child.running = [(h, None if h.limit_in is None else now + h.limit_in) for h in held]
 
     def _kill_silent(self) -> None:

@@ -59,6 +59,11 @@ def _leader(mode: str) -> tuple[subprocess.Popen[str], int | None, int]:
     )
     assert leader.stdout is not None
     guard, program = leader.stdout.readline().split()
+    if guard != "None":  # named once it ignores the stop signals and waits for its own
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{guard}/comm").read_text().strip() != "dq-group-guard":
+            assert time.monotonic() < deadline, "the guard never took its name"
+            time.sleep(0.01)
     return leader, None if guard == "None" else int(guard), int(program)
 
 
@@ -87,6 +92,31 @@ def test_the_guard_ignores_the_signals_a_stop_sends_to_every_process() -> None:
         os.kill(guard, signal.SIGHUP)
         time.sleep(0.2)
         assert _running(guard) and _running(program)
+    finally:
+        leader.kill()
+        leader.wait()
+    assert _gone([program, guard])
+
+
+def _pending_signals(pid: int) -> int:
+    """The signals sent to ``pid`` that it has not taken yet (thread and process pending)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+
+
+def test_the_guard_s_own_signal_from_someone_else_kills_nothing() -> None:
+    """A `pkill -USR2 -f runqueue` (to dump stacks) reaches the guard too: only its leader's
+    death (the parent-death signal, once the kernel reparented the guard) ends the group."""
+    leader, guard, program = _leader("guard")
+    try:
+        assert guard is not None
+        os.kill(guard, signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while _pending_signals(guard):  # until the guard has taken it (sigwait)
+            assert time.monotonic() < deadline, "the guard never took the signal"
+            time.sleep(0.01)
+        assert leader.poll() is None and _running(program) and _running(guard)
     finally:
         leader.kill()
         leader.wait()

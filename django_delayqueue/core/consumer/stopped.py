@@ -73,7 +73,10 @@ class StoppedHandler:
 
     @classmethod
     def from_json(cls, text: str) -> StoppedHandler:
-        return cls(**json.loads(text))
+        """From :meth:`to_json`, maybe of another release: a field this one does not know is
+        left out; TypeError when one it needs is missing."""
+        data = json.loads(text)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def settle_stopped(queues: Mapping[str, Queue], stopped: Sequence[StoppedHandler]) -> list[int]:
