@@ -63,20 +63,21 @@ TEMPLATES = [
     },
 ]
 
+SQLITE_OPTIONS: dict[str, Any] = {"timeout": 20}
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("DEMO_DB", BASE_DIR / "db.sqlite3"),
         # runserver, two consumer processes and the traffic generator write to one file:
         # wait for a lock rather than fail at once (run_demo.py also turns on WAL).
-        "OPTIONS": {"timeout": 20},
+        "OPTIONS": SQLITE_OPTIONS,
     }
 }
 if django.VERSION >= (5, 1):
     # A transaction that reads then writes (paying an order) takes the write lock as it
     # begins: a deferred one fails with "database is locked" when it upgrades under WAL,
     # without waiting for the timeout.
-    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    SQLITE_OPTIONS["transaction_mode"] = "IMMEDIATE"
 
 # The demo's admin logs in as admin / admin, which the validators would reject.
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
