@@ -354,7 +354,7 @@ def test_a_task_on_an_atomic_queue_commits_only_the_attempt_that_returned(
     assert list(Group.objects.values_list("name", flat=True)) == ["task-2"]
     assert InboxEntry.objects.filter(queue="shop-tasks").count() == 1
     done = atomic_tasks.writes_a_group.get_result(result.id)
-    assert done.status == framework.TaskResultStatus.SUCCESSFUL and done.return_value == "task"
+    assert done.status == framework.SUCCESSFUL and done.return_value == "task"
 
 
 def test_a_task_found_already_done_is_not_run_and_its_result_says_successful(
@@ -371,7 +371,7 @@ def test_a_task_found_already_done_is_not_run_and_its_result_says_successful(
     Worker.for_queues(["shop-tasks"], burst=True).run()
     assert not Group.objects.exists()
     done = atomic_tasks.writes_a_group.get_result(result.id)
-    assert done.status == framework.TaskResultStatus.SUCCESSFUL and done.return_value is None
+    assert done.status == framework.SUCCESSFUL and done.return_value is None
     rows = [
         r
         for _, f in redis_client.xrange(QueueKeys("dq", "shop-tasks").journal)
