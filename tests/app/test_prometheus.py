@@ -245,3 +245,21 @@ def test_prometheus_runs_every_dashboard_query(
         "queue",
     )
     assert runs[QUEUE] > 0
+
+
+def test_the_dashboard_imports_with_one_question_the_data_source() -> None:
+    """Grafana's import asks for each ``__inputs`` entry: one, the Prometheus data source, which
+    every panel and query names; panel ids are unique and panels fit the 24-column grid."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    (source,) = dashboard["__inputs"]
+    assert (source["type"], source["pluginId"]) == ("datasource", "prometheus")
+    uid = f"${{{source['name']}}}"
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            continue
+        named = [panel["datasource"], *(t["datasource"] for t in panel["targets"])]
+        assert all(d == {"type": "prometheus", "uid": uid} for d in named), panel["title"]
