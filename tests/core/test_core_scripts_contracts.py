@@ -1,11 +1,13 @@
-"""core.scripts.contracts: each script's KEYS and ARGV declared once, and said the same in its
-.lua header; calls built from the declaration, refusing a missing or unexpected name."""
+"""core.scripts.contracts: each script's KEYS and ARGV declared once, said the same in its .lua
+header, and its KEYS named once at its top by the same names; calls built from the declaration,
+refusing a missing or unexpected name."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 
 import pytest
 import redis
@@ -198,3 +200,216 @@ def test_a_bound_call_runs_what_the_contract_builds(redis_client: redis.Redis) -
         CANCEL.keys_for(q.keys)
     assert q.schedule("x", id="m1").created
     assert redis_client.hexists(q.keys.messages, "m1")
+
+
+# --- each script names its keys once, at the top ------------------------------------------------
+# A script's first code lines (after its header, before its includes) name its KEYS, in order and
+# by the contract's names; nothing after them reads KEYS, and no include does: an include reads
+# the keys by the names its script's prologue gives them (includes/replacing.lua reads `pending`).
+_PROLOGUE_NAMES = re.compile(r"^local (\w+(?:, \w+)*) = (KEYS\[\d+\](?:, KEYS\[\d+\])*)$")
+# A *group of keys: KEYS itself when it holds nothing else, else a copy of its tail (a loop, not
+# unpack(), which has a limit on what it returns).
+_PROLOGUE_ALL = re.compile(r"^local (\w+) = KEYS$")
+_PROLOGUE_TABLE = re.compile(r"^local (\w+) = \{\}$")
+_PROLOGUE_FILL = re.compile(r"^for i = (\d+), #KEYS do (\w+)\[i - (\d+)\] = KEYS\[i\] end$")
+# A line's code: its comment cut off and its strings emptied. Enough for these files, which hold
+# no long strings or block comments (code_lines refuses them).
+_TOKEN = re.compile(r"""--.*|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^-'"]+|-""")
+
+
+def code_of(line: str) -> str:
+    """``line`` without its comment, each string in it emptied."""
+    parts = []
+    for token in _TOKEN.finditer(line):
+        text = token.group()
+        if text.startswith("--"):
+            break
+        parts.append("''" if text[0] in "'\"" else text)
+    return "".join(parts)
+
+
+def code_lines(text: str) -> list[tuple[int, str]]:
+    """The numbered lines of ``text`` that hold code, as code_of reads them."""
+    lines = [(n, code_of(line)) for n, line in enumerate(text.splitlines(), 1)]
+    assert not any(
+        "[[" in code or "--[[" in line for line in text.splitlines() for code in [code_of(line)]
+    ), "a long string or block comment: code_of cannot read it"
+    return [(n, code) for n, code in lines if code.strip()]
+
+
+def key_name_problems(text: str, keys: Sequence[str]) -> list[str]:
+    """What is wrong with how script ``text`` names ``keys`` (its contract's KEYS, in order):
+    [] when its first code lines name them all, in order, and nothing else reads KEYS."""
+    lines = text.splitlines()
+    first = 0
+    while first < len(lines) and (
+        not lines[first].strip()
+        or (lines[first].startswith("--") and not lines[first].startswith("--- @include"))
+    ):
+        first += 1
+    named: list[str] = []
+    group, problems, at = None, [], first
+    while at < len(lines) and group is None:
+        line, following = lines[at], lines[at + 1] if at + 1 < len(lines) else ""
+        if match := _PROLOGUE_NAMES.match(line):
+            names = match.group(1).split(", ")
+            indexes = [int(i) for i in re.findall(r"\d+", match.group(2))]
+            if len(names) != len(indexes):
+                problems.append(f"line {at + 1}: {len(names)} names for {len(indexes)} keys")
+            for name, index in zip(names, indexes, strict=False):
+                if index != len(named) + 1:
+                    problems.append(
+                        f"line {at + 1}: {name} is KEYS[{index}], next is {len(named) + 1}"
+                    )
+                named.append(name)
+            at += 1
+        elif (match := _PROLOGUE_ALL.match(line)) and not named:
+            group, at = match.group(1), at + 1
+        elif (match := _PROLOGUE_TABLE.match(line)) and (fill := _PROLOGUE_FILL.match(following)):
+            first_index, into, offset = int(fill.group(1)), fill.group(2), int(fill.group(3))
+            if into != match.group(1) or (first_index, offset) != (len(named) + 1, len(named)):
+                problems.append(f"line {at + 2}: not KEYS[{len(named) + 1}..] into {into}")
+            group, at = match.group(1), at + 2
+        else:
+            break
+    fixed = [k for k in keys if not k.startswith("*")]
+    groups = [k[1:] for k in keys if k.startswith("*")]
+    if named != fixed:
+        problems.append(f"the prologue names {named}, the contract {fixed}")
+    if [group] != (groups or [None]):
+        problems.append(f"the prologue's group is {group}, the contract's {groups}")
+    body = "\n".join(lines[at:])
+    for n, code in code_lines(body):
+        if re.search(r"\bKEYS\b", code):
+            problems.append(f"line {at + n} reads KEYS outside the prologue: {code.strip()}")
+    return problems
+
+
+# What declares a name: a local (a function's, with its parameters), a function's parameters,
+# a loop's variables.
+_DECLARED = re.compile(
+    r"\blocal\s+function\s+(\w+)\s*\(([^)]*)\)|\blocal\s+([\w\s,]+)"
+    r"|\bfunction\s*\(([^)]*)\)|\bfor\s+([\w\s,]+?)\s*(?:=|\bin\b)"
+)
+# A name that is read: not a field (after "." or ":"), nor a field named in a table constructor
+# (before a lone "=": an assignment to a key's name would fail the prologue check anyway).
+_READ = re.compile(r"(?<![.:\w])([a-z_]\w*)\b(?!\s*=[^=])")
+
+
+def free_names(code: Sequence[str]) -> set[str]:
+    """The names ``code`` reads and does not declare."""
+    declared = {
+        name
+        for line in code
+        for match in _DECLARED.finditer(line)
+        for group in match.groups()
+        if group
+        for name in re.split(r"[\s,]+", group)
+    }
+    return {m.group(1) for line in code for m in _READ.finditer(line)} - declared
+
+
+def keys_read(name: str) -> set[str]:
+    """The key names that script ``name`` (its includes resolved) reads where they are not
+    declared: in the functions it calls, which read them from its prologue (a name it does not
+    give there would be a global)."""
+    functions: dict[str, list[str]] = {}
+    main: list[str] = []
+    current: list[str] | None = None
+    for _, code in code_lines(loader.render(name)):
+        if match := re.match(r"local function (\w+)", code):  # a top-level function...
+            current = functions[match.group(1)] = []
+        (main if current is None else current).append(code)
+        if code.rstrip() == "end":  # ... ends at the first "end" that is not indented
+            current = None
+    called, todo = set(), [main]
+    while todo:
+        for fn in free_names(todo.pop()) & functions.keys() - called:
+            called.add(fn)
+            todo.append(functions[fn])
+    reads = free_names(main) | {n for fn in called for n in free_names(functions[fn])}
+    return reads & {k.lstrip("*") for k in KEY_NAMES}
+
+
+@pytest.mark.parametrize("name", script_names())
+def test_a_script_names_its_keys_once_at_the_top(name: str) -> None:
+    assert key_name_problems(loader.read_lua(f"{name}.lua"), CONTRACTS[name].keys) == []
+
+
+INCLUDES = sorted(
+    f"includes/{f.name}"
+    for f in resources.files(loader.LUA_PACKAGE).joinpath("includes").iterdir()
+    if f.name.endswith(".lua")
+)
+
+
+@pytest.mark.parametrize("path", INCLUDES)
+def test_an_include_reads_no_key_by_number(path: str) -> None:
+    reads = [code for _, code in code_lines(loader.read_lua(path)) if re.search(r"\bKEYS\b", code)]
+    assert reads == []
+
+
+@pytest.mark.parametrize("name", script_names())
+def test_every_key_a_script_reads_is_named_by_its_prologue(name: str) -> None:
+    # A name the prologue does not give would be a global, which Redis refuses at run time, on
+    # the path that reads it: this finds it before any path runs.
+    assert keys_read(name) <= {k.lstrip("*") for k in CONTRACTS[name].keys}
+
+
+def test_the_prologue_check_catches_keys_read_by_number_or_misnamed() -> None:
+    header = "-- s: a test\n-- KEYS[1] pending zset   KEYS[2] ready list\n"
+    good = header + "local pending, ready = KEYS[1], KEYS[2]\nreturn redis.call('LLEN', ready)\n"
+    assert key_name_problems(good, ["pending", "ready"]) == []
+    in_body = good + "redis.call('DEL', KEYS[2])  -- KEYS[1] in a comment is fine\n"
+    assert key_name_problems(in_body, ["pending", "ready"]) == [
+        "line 5 reads KEYS outside the prologue: redis.call('', KEYS[2])"
+    ]
+    swapped = header + "local ready, pending = KEYS[1], KEYS[2]\n"
+    assert key_name_problems(swapped, ["pending", "ready"]) == [
+        "the prologue names ['ready', 'pending'], the contract ['pending', 'ready']"
+    ]
+    after_include = header + '--- @include "includes/guard.lua"\nlocal pending = KEYS[1]\n'
+    assert len(key_name_problems(after_include, ["pending"])) == 2  # nothing named, then a read
+    aliased = header + "local pending = KEYS[1]\nlocal all = KEYS\n"
+    assert key_name_problems(aliased, ["pending"]) == [
+        "line 4 reads KEYS outside the prologue: local all = KEYS"
+    ]
+    group = (
+        "local pending = KEYS[1]\nlocal records = {}\n"
+        "for i = 2, #KEYS do records[i - 1] = KEYS[i] end\n"
+    )
+    assert key_name_problems(group, ["pending", "*records"]) == []
+    assert key_name_problems("local records = KEYS\nreturn #records\n", ["*records"]) == []
+    assert key_name_problems("local records = KEYS\n", ["pending"]) != []
+    assert key_name_problems("return redis.call('GET', 'KEYS[1]')\n", []) == []  # a string
+
+
+def test_the_read_check_follows_the_functions_a_script_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    files = {
+        "s.lua": (
+            'local pending = KEYS[1]\n--- @include "includes/a.lua"\n'
+            "return {head(), tail(pending)}\n"
+        ),
+        "includes/a.lua": (
+            "local function unused()\n  return redis.call('HLEN', flow_keys)\nend\n"
+            "local function tail(ready)  -- a parameter, not the script's key\n"
+            "  return redis.call('LLEN', ready)\nend\n"
+            "local function head()\n"
+            "  return redis.call('ZCARD', pending) + redis.call('ZCARD', retry)\nend\n"
+        ),
+    }
+    monkeypatch.setattr(loader, "read_lua", lambda path: files[path])
+    monkeypatch.setattr(loader, "script_names", lambda: ["s"])
+    # Both read by head(), which s.lua calls; its prologue gives pending, not retry.
+    assert keys_read("s") == {"pending", "retry"}
+
+
+def test_the_read_check_reads_what_the_real_scripts_read() -> None:
+    # schedule.lua's own code reads no key: schedule_triples and keyed_keys() read them.
+    states = {"pending", "ready", "messages", "unack", "retry", "garbage"}
+    keyed = {"flow_keys", "key_turns", "key_waiting", "key_state", "key_tats", "key_lists"}
+    assert keys_read("schedule") == states | keyed | {"key_load"}
+    # counts.lua includes keyed_keys() (with ready_list.lua) but never calls it.
+    assert "flow_keys" not in keys_read("counts")

@@ -1,7 +1,7 @@
 -- includes/task_enqueue.lua: one task of Django's Tasks framework and its result record;
--- shared by enqueue_task.lua and send_once.lua, which take the same first keys and arguments:
--- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
--- KEYS[5] retry zset   KEYS[6] garbage zset
+-- shared by enqueue_task.lua and send_once.lua, which take the same first keys and arguments
+-- (the keys read here by the names their prologues give them: pending zset, ready list,
+-- messages hash, unack zset, retry zset, garbage zset):
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
 --- @include "includes/scheduling.lua"
@@ -28,9 +28,9 @@ local function enqueue_task(record, ranked, priorities, enqueued, priority, K)
       redis.call('HSET', priorities, ARGV[4], priority)
       redis.call('HSETNX', priorities, RANK_ORDER, 0)
       -- Due now: at the list's tail (whose type schedule_triples checked only in that case).
-      if tonumber(ARGV[5]) <= tonumber(ARGV[1]) and redis.call('LINDEX', KEYS[2], -1) == ARGV[4] then
-        redis.call('RPOP', KEYS[2])
-        to_ready(KEYS[2], ranked, priorities, {ARGV[4]}, false)
+      if tonumber(ARGV[5]) <= tonumber(ARGV[1]) and redis.call('LINDEX', ready, -1) == ARGV[4] then
+        redis.call('RPOP', ready)
+        to_ready(ready, ranked, priorities, {ARGV[4]}, false)
       end
     end
   end

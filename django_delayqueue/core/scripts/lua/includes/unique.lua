@@ -1,7 +1,7 @@
 -- includes/unique.lua: uniqueness windows (schedule(..., id=..., unique_for=seconds)); shared by
--- schedule_unique.lua and send_once.lua, which take the first keys and arguments of replace.lua:
--- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
--- KEYS[5] retry zset   KEYS[6] garbage zset   KEYS[7..14] what replace.lua clears
+-- schedule_unique.lua and send_once.lua, which take the first keys and arguments of replace.lua
+-- (the keys read here by the names their prologues give them: pending zset, ready list,
+-- messages hash, unack zset, retry zset, garbage zset, then what replace.lua clears):
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- plus the unique zset (id -> end of the window its last accepted schedule opened, ms), whose
 -- type the caller guards before its first write.
@@ -25,8 +25,8 @@ local function schedule_in_window(unique, i, window_ms, replace, K)
   local open_until = redis.call('ZSCORE', unique, id)
   if open_until and tonumber(open_until) > now then
     local state = ''
-    if redis.call('HEXISTS', KEYS[3], id) == 1 then
-      state = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+    if redis.call('HEXISTS', messages, id) == 1 then
+      state = state_of(id, pending, unack, retry, garbage)
     end
     return 0, state, tonumber(open_until), nil
   end
