@@ -41,7 +41,7 @@ if redis.call('HLEN', flow_keys) > 0 then
   guard(
     key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
   )
-  K = keyed_keys()
+  K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 end
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
@@ -54,7 +54,7 @@ if has_successors then
       flow_keys, 'hash', key_turns, 'zset', key_waiting, 'zset', key_state, 'hash',
       key_load, 'zset'
     )
-    K = keyed_keys()
+    K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
   end
 end
 local n, wake = 0, nil

@@ -66,7 +66,10 @@ end
 
 local created, first = 0, 9 + skipped
 if #ARGV >= first then  -- schedule_triples checks the types of what it writes
-  created = schedule_triples(first, #ARGV, false, keyed_keys())[1]
+  local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+  created = schedule_triples(
+    pending, ready, messages, unack, retry, garbage, first, #ARGV, false, K
+  )[1]
   for i = first, #ARGV, 3 do
     if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', ticks, ARGV[i + 1], ARGV[i]) end
   end

@@ -76,7 +76,7 @@ local receipt = KEYS[21]
 --- @include "includes/memory.lua"
 --- @include "includes/flow_limits.lua"
 --- @include "includes/key_claims.lua"
-local K = keyed_keys()
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, deadline, claim_id = tonumber(ARGV[1]), ARGV[2], ARGV[6]
 local reads_format = tonumber(ARGV[5])
 

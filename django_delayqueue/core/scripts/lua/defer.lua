@@ -37,7 +37,7 @@ if redis.call('HLEN', flow_keys) > 0 then
     key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
   )
 end
-local K = keyed_keys()
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, first_wait, longest = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local reads = ARGV[4]
 local results = {}

@@ -17,4 +17,8 @@ local retry, garbage, record, ranked = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local priorities, flow_keys, key_turns, key_waiting = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local key_state, key_tats, key_lists, key_load = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 --- @include "includes/task_enqueue.lua"
-return enqueue_task(record, ranked, priorities, ARGV[7], tonumber(ARGV[8]), keyed_keys())
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+return enqueue_task(
+  pending, ready, messages, unack, retry, garbage, record, ranked, priorities, ARGV[7],
+  tonumber(ARGV[8]), K
+)

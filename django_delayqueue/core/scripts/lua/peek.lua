@@ -51,7 +51,7 @@ if index == 2 then
   if from <= to and from < nranked then  -- the rest: the ranked zset after its first `high`
     for _, id in ipairs(redis.call('ZRANGE', ranked, from, to)) do ids[#ids + 1] = id end
   end
-  local K = keyed_keys()
+  local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
   local nkeyed = keyed_ready(K)
   total = total + nkeyed
   local skip, want = math.max(0, first - listed - nranked), last - first + 1 - #ids

@@ -30,8 +30,9 @@ local function head(key)
   return first[2] and tonumber(first[2]) or nil
 end
 local heads = {head(pending), head(retry)}
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local ready_count = redis.call('LLEN', ready) + redis.call('ZCARD', ranked)
-if redis.call('HLEN', flow_keys) > 0 then ready_count = ready_count + keyed_ready(keyed_keys()) end
+if redis.call('HLEN', flow_keys) > 0 then ready_count = ready_count + keyed_ready(K) end
 if heads[2] and heads[2] <= now then guard(tokens, 'hash', ready_since, 'hash') end
 if (heads[1] and heads[1] <= now) or (heads[2] and heads[2] <= now) then
   guard(priorities, 'hash')  -- to_ready reads it after the first ZREM
@@ -39,7 +40,6 @@ if (heads[1] and heads[1] <= now) or (heads[2] and heads[2] <= now) then
     guard(key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_load, 'zset')
   end
 end
-local K = keyed_keys()
 local moved, more, next_due = 0, 0, -1
 local sources = {pending, retry}  -- in the order of heads
 for index = 1, 2 do

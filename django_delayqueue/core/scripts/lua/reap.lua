@@ -49,7 +49,7 @@ if redis.call('HLEN', flow_keys) > 0 or redis.call('EXISTS', successors) == 1 th
     key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
   )
 end
-local K = keyed_keys()
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local horizon, wake = now + tonumber(ARGV[6]), nil
 local function bury(id, reason)
   if redis.call('HEXISTS', successors, id) == 1 then

@@ -41,7 +41,7 @@ if redis.call('HLEN', flow_keys) > 0 then
     key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
   )
 end
-local K = keyed_keys()
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local n = 0
 local now = tonumber(ARGV[1])
 for i = #ARGV - 2, 3, -3 do

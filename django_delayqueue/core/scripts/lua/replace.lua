@@ -29,4 +29,8 @@ local ranked, priorities, flow_keys, key_turns = KEYS[13], KEYS[14], KEYS[15], K
 local key_waiting, key_state, key_tats, key_lists = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 local key_load = KEYS[21]
 --- @include "includes/replacing.lua"
-return replace_triples(4, #ARGV, false, keyed_keys())
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+return replace_triples(
+  pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+  cancelled, ready_since, ranked, priorities, 4, #ARGV, false, K
+)

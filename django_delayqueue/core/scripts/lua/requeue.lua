@@ -30,7 +30,7 @@ if redis.call('HLEN', flow_keys) > 0 then
     key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
   )
 end
-local K = keyed_keys()
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]

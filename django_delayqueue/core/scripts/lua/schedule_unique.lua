@@ -43,9 +43,12 @@ else
   )
 end
 local out, opened, wake = {0}, 0, nil
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 for i = 5, #ARGV, 4 do
   local stored, state, open_until, announce = schedule_in_window(
-    unique, i, tonumber(ARGV[i + 3]), mode == 'replace', keyed_keys()
+    pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+    cancelled, ready_since, ranked, priorities,
+    unique, i, tonumber(ARGV[i + 3]), mode == 'replace', K
   )
   out[1] = out[1] + stored
   opened = opened + stored

@@ -53,20 +53,29 @@ if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then
   return {-1}
 end
 local out
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 if window > 0 then
   local stored, state, open_until, wake = schedule_in_window(
-    unique, 4, window, mode == 'replace', keyed_keys()
+    pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+    cancelled, ready_since, ranked, priorities,
+    unique, 4, window, mode == 'replace', K
   )
   out = {stored}
   if state ~= nil then out = {stored, 1, state, open_until or 0} end
   if stored > 0 then forget_windows(unique, 2) end
   publish_wake(wake)
 elseif mode == 'schedule' then
-  out = schedule_triples(4, 6, false, keyed_keys())
+  out = schedule_triples(pending, ready, messages, unack, retry, garbage, 4, 6, false, K)
 elseif mode == 'replace' then
-  out = replace_triples(4, 6, false, keyed_keys())
+  out = replace_triples(
+    pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+    cancelled, ready_since, ranked, priorities, 4, 6, false, K
+  )
 else
-  out = enqueue_task(record, ranked, priorities, ARGV[10], tonumber(ARGV[11]), keyed_keys())
+  out = enqueue_task(
+    pending, ready, messages, unack, retry, garbage, record, ranked, priorities, ARGV[10],
+    tonumber(ARGV[11]), K
+  )
 end
 -- Written last, so that a mode's guard failing leaves everything as it was.
 redis.call('ZADD', sent, now, ARGV[8])

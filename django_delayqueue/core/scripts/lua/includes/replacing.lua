@@ -1,9 +1,9 @@
 -- includes/replacing.lua: messages under ids that may be taken, replacing what holds them;
--- shared by replace.lua and send_once.lua, which take the same first keys and arguments, and
--- read here by the names their prologues give them: pending zset, ready list, messages hash,
--- unack zset, retry zset, garbage zset, attempts hash, tokens hash, reasons hash, successors
--- hash, cancelled hash, ready_since hash, ranked zset, priorities hash
--- (and the keyed keys, key_turns.lua, given to replace_triples by the caller)
+-- shared by replace.lua and send_once.lua, which take the same first keys and arguments
+-- (pending zset, ready list, messages hash, unack zset, retry zset, garbage zset, attempts
+-- hash, tokens hash, reasons hash, successors hash, cancelled hash, ready_since hash, ranked
+-- zset, priorities hash, given to replace_triples by the names of their prologues; and the
+-- keyed keys, key_turns.lua)
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- The rules are replace.lua's (docs/scheduling.md, "Re-scheduling an id").
 --- @include "includes/guard.lua"
@@ -11,14 +11,18 @@
 --- @include "includes/state.lua"
 --- @include "includes/placing.lua"
 
--- replace_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
--- due (ms), envelope. Returns {how many were stored (all of them), then for each id that was
--- taken: its position among the triples (1-based) and the state of the message it replaced}.
--- With keep_wake, the time to announce is returned second instead of published (as
--- schedule_triples's). K: the keyed keys (key_turns.lua); a message replaced at once takes the
--- key of its new envelope (or none); one in flight keeps its own until its successor follows.
--- A keyed message replaced in ready leaves its key's list (and goes where it belongs now).
-local function replace_triples(first, last, keep_wake, K)
+-- replace_triples(pending, ..., priorities (the fourteen keys above), first, last, keep_wake, K):
+-- the messages in ARGV[first..last], triples of id, due (ms), envelope. Returns {how many were
+-- stored (all of them), then for each id that was taken: its position among the triples (1-based)
+-- and the state of the message it replaced}. With keep_wake, the time to announce is returned
+-- second instead of published (as schedule_triples's). K: the keyed keys (key_turns.lua); a
+-- message replaced at once takes the key of its new envelope (or none); one in flight keeps its
+-- own until its successor follows. A keyed message replaced in ready leaves its key's list (and
+-- goes where it belongs now).
+local function replace_triples(
+  pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+  cancelled, ready_since, ranked, priorities, first, last, keep_wake, K
+)
   local flow_keys = K and K.flow_keys
   guard(
     pending, 'zset', ready, 'list', messages, 'hash', unack, 'zset', retry, 'zset',

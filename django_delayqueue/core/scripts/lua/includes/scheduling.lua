@@ -1,7 +1,7 @@
 -- includes/scheduling.lua: new messages -> pending (or ready when already due), idempotent on
 -- id; shared by schedule.lua and enqueue_task.lua, which take the same first keys and arguments
--- (the keys read here by the names their prologues give them: pending zset, ready list,
--- messages hash, unack zset, retry zset, garbage zset):
+-- (pending zset, ready list, messages hash, unack zset, retry zset, garbage zset, given to
+-- schedule_triples by the names of their prologues):
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- A sleeping consumer is woken (one PUBLISH per call) for a message already due, or due within
 -- the horizon and earlier than every pending one. A consumer never sleeps longer than the
@@ -11,16 +11,19 @@
 --- @include "includes/state.lua"
 --- @include "includes/key_turns.lua"
 
--- schedule_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
--- due (ms), envelope. Returns {how many were scheduled, then for each message not scheduled
--- because its id is taken (nothing of it changed): its position among the triples (1-based)
--- and the state of the message holding the id}. Telling that state costs reads only when the
--- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
--- returned second, for a caller that calls this per message to publish once (unique.lua).
--- K: the keyed keys (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and
--- a keyed message due now goes to its key's list, or behind the due messages still in pending
--- (key_turns.lua, due_unpromoted) (nil: the messages have no key).
-local function schedule_triples(first, last, keep_wake, K)
+-- schedule_triples(pending, ready, messages, unack, retry, garbage, first, last, keep_wake, K):
+-- the messages in ARGV[first..last], triples of id, due (ms), envelope, stored under the six keys
+-- given first. Returns {how many were scheduled, then for each message not scheduled because its
+-- id is taken (nothing of it changed): its position among the triples (1-based) and the state of
+-- the message holding the id}. Telling that state costs reads only when the id is taken. With
+-- keep_wake, nothing is published: the time to announce (nil for none) is returned second, for a
+-- caller that calls this per message to publish once (unique.lua). K: the keyed keys
+-- (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and a keyed message due
+-- now goes to its key's list, or behind the due messages still in pending (key_turns.lua,
+-- due_unpromoted) (nil: the messages have no key).
+local function schedule_triples(
+  pending, ready, messages, unack, retry, garbage, first, last, keep_wake, K
+)
   local flow_keys = K and K.flow_keys
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])

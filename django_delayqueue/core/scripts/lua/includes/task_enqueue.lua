@@ -1,19 +1,22 @@
 -- includes/task_enqueue.lua: one task of Django's Tasks framework and its result record;
 -- shared by enqueue_task.lua and send_once.lua, which take the same first keys and arguments
--- (the keys read here by the names their prologues give them: pending zset, ready list,
--- messages hash, unack zset, retry zset, garbage zset):
+-- (pending zset, ready list, messages hash, unack zset, retry zset, garbage zset, given to
+-- enqueue_task by the names of their prologues, as schedule_triples takes them):
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- ARGV[4] id   ARGV[5] due (ms)   ARGV[6] envelope
 --- @include "includes/scheduling.lua"
 --- @include "includes/ready_list.lua"
 
--- enqueue_task(record, ranked, priorities, enqueued, priority, K): the task's message as
--- schedule.lua stores it, and, only when the message was created, its record (a hash whose
--- field enqueued is the JSON given, status READY). An id taken already keeps the record it
--- has, and its priority. A priority other than 0 is kept in the priorities hash; a task due
--- now then moves from the tail of the ready list, where schedule_triples put it, to its place
--- in the ranked zset. Returns what schedule_triples returns.
-local function enqueue_task(record, ranked, priorities, enqueued, priority, K)
+-- enqueue_task(pending, ready, messages, unack, retry, garbage, record, ranked, priorities,
+-- enqueued, priority, K): the task's message as schedule.lua stores it, and, only when the message
+-- was created, its record (a hash whose field enqueued is the JSON given, status READY). An id
+-- taken already keeps the record it has, and its priority. A priority other than 0 is kept in the
+-- priorities hash; a task due now then moves from the tail of the ready list, where
+-- schedule_triples put it, to its place in the ranked zset. Returns what schedule_triples returns.
+local function enqueue_task(
+  pending, ready, messages, unack, retry, garbage, record, ranked, priorities, enqueued,
+  priority, K
+)
   -- The ranked zset and the priorities hash are written only for a priority other than 0 (the
   -- framework's default): only then are their types checked, two TYPE calls fewer per task.
   if priority ~= 0 then
@@ -21,7 +24,7 @@ local function enqueue_task(record, ranked, priorities, enqueued, priority, K)
   else
     guard(record, 'hash')
   end
-  local out = schedule_triples(4, 6, nil, K)
+  local out = schedule_triples(pending, ready, messages, unack, retry, garbage, 4, 6, nil, K)
   if out[1] == 1 then
     redis.call('HSET', record, 'enqueued', enqueued, 'status', 'READY')
     if priority ~= 0 then
