@@ -154,6 +154,7 @@ SETTLE_SECONDS = max(600, MANY // 4)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SETTLE_SECONDS + 300)  # the wait for the follow-ups and the checks after
 def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
     tmp_path: Path, database: dict[str, str]
 ) -> None:
