@@ -229,7 +229,9 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
         assert committed <= skipped, committed - skipped
         print(
             f"{MANY} messages, {len(killed_in_window)} consumers killed after a commit, "
-            f"{random_kills} at random; {len(skipped)} redeliveries skipped as already done"
+            f"{random_kills} at random; {sum(effects.values())} effects on {len(effects)} "
+            f"messages, {len(follow)} follow-ups; {len(skipped)} redeliveries skipped as "
+            "already done"
         )
 
 
