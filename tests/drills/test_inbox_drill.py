@@ -147,7 +147,10 @@ def test_a_consumer_killed_between_commit_and_ack_does_not_run_the_handler_again
 
 MANY = int(os.environ.get("DRILL_ATOMIC_MESSAGES", "600"))
 WINDOW_EVERY = 40  # every 40th message commits, then blocks until it is killed
-KILLS = 10  # random kills of consumer processes, besides those in the window
+# Random kills of consumer processes, besides those in the window: one per 200 messages (at
+# least 10), each when a random share of the messages has been acknowledged, so that they
+# fall all along the run at any size (not all in its first seconds).
+KILLS = max(10, MANY // 200)
 # What the drill may take: each kill leaves its claimed batch to its visibility timeout, and the
 # supervisor's replacement has Django to load, so the time grows with the messages (and kills).
 SETTLE_SECONDS = max(600, MANY // 4)
@@ -161,8 +164,9 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
     """The issue's drill, sized for a shared machine (``DRILL_ATOMIC_MESSAGES``, 600 here; the
     issue's 5,000 run the same way): two ``runqueue --processes 2`` over one atomic queue
     whose handler writes one effect row and schedules a follow-up through the outbox; consumer
-    processes are killed at random moments, and every 40th message's one right after its
-    commit. At the end each message has one effect and one follow-up, none is lost."""
+    processes are killed at random moments all along the run (``KILLS``), and every 40th
+    message's one right after its commit. At the end each message has one effect and one
+    follow-up, none is lost."""
     import random
 
     queues = {
@@ -179,6 +183,7 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
         keys = QueueKeys("dq", QUEUE)
         rng = random.Random(39)
         killed_in_window: set[int] = set()
+        kill_when_acked = sorted(rng.sample(range(MANY), KILLS))
         random_kills = 0
 
         def settle() -> bool:
@@ -188,12 +193,13 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
                 if pid not in killed_in_window:
                     killed_in_window.add(pid)
                     _kill(pid)
-            if random_kills < KILLS and rng.random() < 0.02:
+            left = queue.client.hlen(keys.messages)
+            if random_kills < KILLS and MANY - left >= kill_when_acked[random_kills]:
                 children = sorted(set().union(*(runqueues.children(s) for s in sups)))
-                if children:
+                if children:  # none: all being replaced; the next poll kills
                     _kill(rng.choice(children))
                     random_kills += 1
-            return queue.client.hlen(keys.messages) == 0
+            return left == 0
 
         runqueues.wait(settle, timeout=SETTLE_SECONDS, what=f"all {MANY} messages acknowledged")
         next_keys = QueueKeys("dq", NEXT)
