@@ -1,9 +1,9 @@
 """The databases a bench section that times Django's database work runs on: a SQLite file, and
 the local PostgreSQL when one answers on 127.0.0.1:5432 (a database created and dropped here).
 
-:func:`modes_per_database` migrates each one and runs a ``bench.djapp`` program on it that prints
-``{"modes": {mode: [figure per round]}}`` as its last line (bench/outbox_cost.py,
-bench/atomic_cost.py).
+:func:`measure_per_database` migrates each one and runs a ``bench.djapp`` program on it that
+prints its figures as JSON on its last line (``{"modes": {mode: [figure per round]}, ...}``:
+bench/outbox_cost.py, bench/atomic_cost.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .harness import Bench, Child
 from .sizes import Sizes
@@ -43,12 +44,13 @@ def postgres(prefix: str) -> Iterator[dict[str, str] | None]:
         admin.close()
 
 
-def modes_per_database(
+def measure_per_database(
     bench: Bench, sizes: Sizes, program: list[str], prefix: str
-) -> dict[str, dict[str, list[float]]]:
-    """``python -m <program...>`` on each database (``{"sqlite": modes, "postgresql": modes}``,
-    the latter when PostgreSQL answers), after ``migrate``; Redis flushed after each."""
-    results: dict[str, dict[str, list[float]]] = {}
+) -> dict[str, dict[str, Any]]:
+    """What ``python -m <program...>`` printed last (JSON) on each database (``{"sqlite":
+    figures, "postgresql": figures}``, the latter when PostgreSQL answers), after ``migrate``;
+    Redis flushed after each."""
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp, postgres(prefix) as pg:
         databases = {"sqlite": {"BENCH_DB": str(Path(tmp) / "bench.sqlite3")}}
         if pg is not None:
@@ -61,6 +63,6 @@ def modes_per_database(
             }
             Child(["-m", "django", "migrate", "-v", "0"], env).wait(sizes.timeout)
             out, _ = Child(["-m", *program], env).wait(sizes.timeout)
-            results[name] = json.loads(out.strip().splitlines()[-1])["modes"]
+            results[name] = json.loads(out.strip().splitlines()[-1])
             bench.flush()
     return results

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import statistics
 
-from .databases import modes_per_database
+from .databases import measure_per_database
 from .harness import Bench, Row
 from .sizes import Sizes
 
 
 def outbox_cost(bench: Bench, sizes: Sizes) -> list[Row]:
     program = ["bench.djapp.outbox_view", str(sizes.outbox_requests), str(sizes.rounds)]
-    measured = modes_per_database(bench, sizes, program, "dq_bench_outbox")
-    return [row for name, modes in measured.items() for row in _rows(name, modes, sizes)]
+    measured = measure_per_database(bench, sizes, program, "dq_bench_outbox")
+    return [row for name, got in measured.items() for row in _rows(name, got["modes"], sizes)]
 
 
 def _rows(database: str, modes: dict[str, list[float]], sizes: Sizes) -> list[Row]:
