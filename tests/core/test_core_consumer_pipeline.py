@@ -338,10 +338,10 @@ def test_queues_on_two_redis_servers(redis_client: redis.Redis, running: Any) ->
 class FirstFetchSeesSubscription(Consumer):
     subscribed_at_first_fetch: bool | None = None
 
-    def _fetch(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def step(self, now_ms: int | None = None) -> int:  # its round trip (fetch) is in a step
         if self.subscribed_at_first_fetch is None:
             self.subscribed_at_first_fetch = self._waiter.subscribed
-        return super()._fetch(*args, **kwargs)
+        return super().step(now_ms)
 
 
 def test_the_consumer_subscribes_before_its_first_round(make_queue: Any) -> None:

@@ -1,20 +1,20 @@
 """Running one claimed message: on a handler thread (:meth:`HandlerDelivery.deliver`) or on the
 event loop (:meth:`HandlerDelivery.adeliver`), under its time limits and aborts.
 
-A mixin of :class:`.loop.Consumer`: what the handler threads and the coroutines runner call,
-with no part in the loop's rounds. Apart from :mod:`.loop` so that the per-message path (a
-:class:`~.limits.Run` when a limit or an abort needs one, the outcome settled by it, a recurring
-tick's write) reads on its own, and the loop class keeps only the loop. The methods are the
-consumer's, moved as they were: the one call added on the way to a handler is the delivery
-span's (``observability.tracing``), a flag read when tracing is off.
+A part of :class:`.loop.Consumer`, given what it needs: what the handler threads and the
+coroutines runner call, with no part in the loop's rounds. Apart from :mod:`.loop` so that the
+per-message path (a :class:`~.limits.Run` when a limit or an abort needs one, the outcome
+settled by it, a recurring tick's write) reads on its own, and the loop class keeps only the
+loop. The one call added on the way to a handler is the delivery span's
+(``observability.tracing``), a flag read when tracing is off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
@@ -23,11 +23,10 @@ from django_delayqueue.core.consumer.outcomes import (
     RETRY,
     Outcome,
     WhileRunning,
-    run_coroutine_handler,
 )
 from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.round_parts import Keeper
-from django_delayqueue.core.consumer.stopped import abort_reason
+from django_delayqueue.core.consumer.stopped import StoppedHandler, abort_reason
 from django_delayqueue.core.consumer.waiter import ahold_until_start, hold_until_start
 from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import Message
@@ -43,59 +42,56 @@ from django_delayqueue.core.scripts.calls import ScriptCall
 
 
 class HandlerDelivery:
-    """Runs claimed messages for the consumer: the handler threads call :meth:`deliver`, the
-    coroutines runner :meth:`adeliver`; :meth:`runs_async` tells which of the two a message
-    takes."""
+    """Runs claimed messages: the handler threads call :meth:`deliver`, the coroutines runner
+    (:attr:`coroutines`, which it owns) :meth:`adeliver`; ``runs_async(message)`` tells which
+    of the two a message takes.
 
-    # The Consumer's (set in its __init__).
-    clock: Clock
-    handler: Callable[[Message], Any] | None
-    keeper: Keeper
-    coroutines: HandlerCoroutines
-    _queue_named: dict[str, Queue]
-    _runs: Runs
-    _watchdog: Watchdog
-    _handler_is_async: tuple[Any, bool] | None  # (handler, whether async)
-    _unrecorded: UnrecordedOutcomes  # its timings date a delivery span as the histograms do
+    The handler is the consumer's: ``around_handler(message)`` and
+    ``around_coroutine_handler(message)`` run it and return its outcome; ``runs_async``,
+    ``may_run_async`` and ``handler_thread_exit`` are the consumer's hooks, passed on as they
+    are to the threads and the coroutines runner (no call of theirs goes through here).
+    ``queue_named`` is the consumer's own dict of its queues (it grows with ``add_queues``);
+    ``write_soon(queue, call)`` sends a recurring tick's write with the next round.
+    """
 
-    if TYPE_CHECKING:  # the Consumer's
-
-        def handle(self, message: Message) -> Any: ...
-
-        def around_handler(self, message: Message) -> Outcome: ...
-
-        def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None: ...
+    def __init__(
+        self,
+        clock: Clock,
+        queue_named: dict[str, Queue],
+        runs: Runs,
+        watchdog: Watchdog,
+        keeper: Keeper,
+        unrecorded: UnrecordedOutcomes,
+        write_soon: Callable[[Queue, ScriptCall | WhileRunning], None],
+        *,
+        around_handler: Callable[[Message], Outcome],
+        around_coroutine_handler: Callable[[Message], Awaitable[Outcome]],
+        runs_async: Callable[[Message], bool],
+        may_run_async: Callable[[], bool],
+        handler_thread_exit: Callable[[], None],
+        on_unstoppable_coroutines: Callable[[list[StoppedHandler]], None],
+    ) -> None:
+        self._clock = clock
+        self._queue_named = queue_named
+        self._runs = runs
+        self._watchdog = watchdog
+        self._keeper = keeper
+        # Its timings date a delivery span as the histograms do (read per delivery: a bench
+        # replaces them).
+        self._unrecorded = unrecorded
+        self._write_soon = write_soon
+        self._around_handler = around_handler
+        self._around_coroutine_handler = around_coroutine_handler
+        self.runs_async = runs_async
+        self.may_run_async = may_run_async
+        self.handler_thread_exit = handler_thread_exit
+        # Coroutine handlers (async def) run on one event loop, counted with the threads; their
+        # time limits are kept by that runner (handler_coroutines.py), their aborts as below.
+        self.coroutines = HandlerCoroutines(
+            self, on_unstoppable_coroutines, abort_reason_of=self.abort_reason_for
+        )
 
     # --- coroutine handlers ---------------------------------------------------------------------
-
-    def runs_async(self, message: Message) -> bool:
-        """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
-        (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
-        Asked on the loop's thread as the message is claimed: it must be quick."""
-        return self._handler_async()
-
-    def may_run_async(self) -> bool:
-        """Whether any message may run on the event loop (asked per claimed batch, before
-        :meth:`runs_async` per message): here, whether the handler is ``async def``; a
-        subclass that tells per message (its own ``runs_async``) is asked per message."""
-        if type(self).runs_async is not HandlerDelivery.runs_async:
-            return True
-        return self._handler_async()
-
-    def _handler_async(self) -> bool:
-        target = self.handler if self.handler is not None else self.handle
-        cached = self._handler_is_async
-        if cached is None or cached[0] is not target:  # asked once per handler, not per message
-            cached = self._handler_is_async = (target, is_coroutine_function(target))
-        return cached[1]
-
-    async def ahandle(self, message: Message) -> Any:
-        """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
-        target = self.handler if self.handler is not None else self.handle
-        return await target(message)
-
-    async def around_coroutine_handler(self, message: Message) -> Outcome:
-        return await run_coroutine_handler(self.ahandle, message, self.clock.now_ms())
 
     def time_limits(self, message: Message) -> tuple[float | None, float | None]:
         """``message``'s queue's (soft_time_limit, time_limit), read as its handler starts."""
@@ -108,26 +104,26 @@ class HandlerDelivery:
         """Run one claimed message on the event loop (never raises but for a cancellation)."""
         # Claimed up to one claim lead early, as for a thread: it starts when it became due
         # (a retry at its retry time), awaited, never blocking: the loop runs the others.
-        await ahold_until_start(self.clock, message)
+        await ahold_until_start(self._clock, message)
         # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
         # end of the abort's grace cancels it, the outcome is the dead letters); its time
         # limits are the coroutines runner's (the watchdog leaves them to it).
         q = self._queue_named.get(message.queue)
         # The delivery span (None when tracing is off), current in this coroutine's context.
-        traced = delivery_started(message, q, self.clock, self._unrecorded.timings)
+        traced = delivery_started(message, q, self._clock, self._unrecorded.timings)
         outcome: Outcome | None = None
         run: Run | None = None
         try:
             with self.handler_run(message, self._coroutine_canceller(message)) as run:
-                outcome = await self.around_coroutine_handler(message)
+                outcome = await self._around_coroutine_handler(message)
             outcome = run.settled(outcome)
         finally:  # a cancelled coroutine (no outcome) ends its span as stopped
             if traced is not None:
                 _end_span(traced, q, outcome, run)
         assert outcome is not None  # set, or the await raised
-        write = None if q is None else self.keeper.finished(q, outcome)
+        write = None if q is None else self._keeper.finished(q, outcome)
         if q is not None and write is not None:
-            self.write_soon(q, write)
+            self._write_soon(q, write)
         return outcome
 
     def _coroutine_canceller(self, message: Message) -> Canceller:
@@ -147,7 +143,7 @@ class HandlerDelivery:
         """Run one claimed message on the calling handler thread (never raises)."""
         # Claimed up to one claim lead early (see waiter.py): the handler still starts on time,
         # when the message became due (a retry at its retry time, not its first due time).
-        hold_until_start(self.clock, message)
+        hold_until_start(self._clock, message)
         q = self._queue_named.get(message.queue)
         slot = traced = None
         try:  # at once: a stop landing from here on still frees the slot (finally)
@@ -164,10 +160,10 @@ class HandlerDelivery:
                 else:
                     slot = self._runs.enter(message, q.logical_name, False)
             # The delivery span (None when tracing is off), current on this thread meanwhile.
-            traced = delivery_started(message, q, self.clock, self._unrecorded.timings)
-            outcome = self.around_handler(message)
+            traced = delivery_started(message, q, self._clock, self._unrecorded.timings)
+            outcome = self._around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
-            now = self.clock.now_ms()
+            now = self._clock.now_ms()
             outcome = Outcome(message, RETRY, now, now, None, f"handler stopped: {e!r}")
         finally:
             # From here nothing is raised in this thread (a stop inside enter(): its slot).
@@ -176,9 +172,9 @@ class HandlerDelivery:
             outcome = run.settled(outcome)
         if traced is not None:
             _end_span(traced, q, outcome, run)
-        write = None if q is None else self.keeper.finished(q, outcome)
+        write = None if q is None else self._keeper.finished(q, outcome)
         if q is not None and write is not None:
-            self.write_soon(q, write)  # a recurring tick's run, with the next round
+            self._write_soon(q, write)  # a recurring tick's run, with the next round
         return outcome
 
     @contextlib.contextmanager
