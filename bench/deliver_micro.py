@@ -30,8 +30,8 @@ from typing import Any
 import redis
 
 from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
+from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
 
 
 def deliverer(consumer: Consumer) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from django.db import connections
 
-from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settle_stopped
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.observability.log_fields import id_fields

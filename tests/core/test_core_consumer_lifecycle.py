@@ -19,7 +19,7 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import Wake
+from django_delayqueue.core.consumer.rounds.waiter import Wake
 from django_delayqueue.core.envelope import encode_envelope
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
 from django_delayqueue.embedded import RedisServerProcess

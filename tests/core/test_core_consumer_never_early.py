@@ -25,7 +25,7 @@ from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import Wake, became_due_ms
+from django_delayqueue.core.consumer.rounds.waiter import Wake, became_due_ms
 from django_delayqueue.core.scripts.calls import ScriptCall
 
 MESSAGES = 24

@@ -13,7 +13,7 @@ from waiting import TIMEOUT, wait_until
 from django_delayqueue.core import ManualClock, Message, Queue, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import (
+from django_delayqueue.core.consumer.rounds.waiter import (
     CLAIM_LEAD_MARGIN_MS,
     FIRST_CLAIM_LEAD_MS,
     MAX_CLAIM_LEAD_MS,

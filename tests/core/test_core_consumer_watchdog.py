@@ -1,5 +1,5 @@
-"""The watchdog (core/consumer/watchdog.py): soft and hard time limits, and a handler that cannot
-be stopped, on real threads with a clock the test moves; then inside a running Consumer.
+"""The watchdog (core/consumer/limits/watchdog.py): soft and hard time limits, and a handler that
+cannot be stopped, on real threads with a clock the test moves; then inside a running Consumer.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import redis
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, QueueSettings, SystemClock
-from django_delayqueue.core.consumer.limits import Run, Runs
+from django_delayqueue.core.consumer.limits.runs import Run, Runs
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, time_limit_reason
+from django_delayqueue.core.consumer.limits.watchdog import STOP_WAIT_SECONDS, Watchdog
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.outcomes import ACK, RETRY, run_handler
-from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
-from django_delayqueue.core.consumer.watchdog import STOP_WAIT_SECONDS, Watchdog
 from django_delayqueue.core.errors import SoftTimeLimitExceeded, TimeLimitExceeded
 
 

@@ -1,15 +1,14 @@
 """The consumer loop: promote, claim, dispatch, record; sleep until the next due time.
 
 A continuous pipeline. One loop thread talks to Redis; each queue has its own handler threads
-(:mod:`.handler_threads`), so a queue with slow handlers never holds up another. A message is
-claimed as soon as a handler thread of its queue is free, and a finished handler nudges the
-loop, which records its outcome with the next round trip (:mod:`.rounds`, which says what one
-carries). With nothing due the loop waits on the queues' wake channels until the earliest due
-time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis while idle.
-It owns its parts and gets none by inheritance: the planner of its rounds
-(:mod:`.round_planning`), the one delivery path the handler threads and coroutines take
-(:mod:`.handler_delivery`), the hand-over of handlers that could not be stopped
-(:mod:`.handler_stops`), and those named above.
+(:mod:`.handlers.threads`), so a queue with slow handlers never holds up another. A message is
+claimed as soon as a handler thread of its queue is free, and a finished handler nudges the loop,
+which records its outcome with the next round trip (:mod:`.rounds.round_trip`, which says what one
+carries). With nothing due the loop waits on the queues' wake channels until the earliest due time
+(:mod:`.rounds.waiter`), so it is on time to the millisecond without polling Redis while idle. It
+owns its parts and gets none by inheritance: the planner of its rounds (:mod:`.rounds.planning`),
+the one delivery path the handler threads and coroutines take (:mod:`.delivery`), the hand-over of
+handlers that could not be stopped (:mod:`.limits.unstoppable`), and those named above.
 """
 
 from __future__ import annotations
@@ -23,28 +22,28 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
-from django_delayqueue.core.consumer.aborts import AbortPoller
-from django_delayqueue.core.consumer.details import heartbeat_details
-from django_delayqueue.core.consumer.extender import Extender
-from django_delayqueue.core.consumer.handler_contracts import RunningHandler
-from django_delayqueue.core.consumer.handler_delivery import HandlerDelivery, is_coroutine_function
-from django_delayqueue.core.consumer.handler_stops import Unstoppable, log_unstoppable
-from django_delayqueue.core.consumer.limits import Runs, handler_returned
+from django_delayqueue.core.consumer.delivery import HandlerDelivery, is_coroutine_function
+from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
+from django_delayqueue.core.consumer.limits.aborts import AbortPoller
+from django_delayqueue.core.consumer.limits.extender import Extender
+from django_delayqueue.core.consumer.limits.runs import Runs, handler_returned
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.unstoppable import Unstoppable, log_unstoppable
+from django_delayqueue.core.consumer.limits.watchdog import Watchdog
 from django_delayqueue.core.consumer.outcomes import (
     Outcome,
     WhileRunning,
     run_coroutine_handler,
     run_handler,
 )
-from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
-from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
-from django_delayqueue.core.consumer.round_planning import RoundPlanner
-from django_delayqueue.core.consumer.rounds import RoundTrip
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.rounds.details import heartbeat_details
+from django_delayqueue.core.consumer.rounds.parts import Keeper, NoKeeper
+from django_delayqueue.core.consumer.rounds.planning import RoundPlanner
+from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
+from django_delayqueue.core.consumer.rounds.waiter import Waiter
 from django_delayqueue.core.consumer.stopping import StopRequests
-from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
-from django_delayqueue.core.consumer.waiter import Waiter
-from django_delayqueue.core.consumer.watchdog import Watchdog
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message, validate_format
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, PayloadError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -143,8 +142,9 @@ class Consumer:
         # coroutines' watcher, taken by the loop's thread (_replace_unstoppable).
         self._unstoppable = Unstoppable(self._abandon, self._waiter.nudge)
         self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
-        # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
-        # the watchdog that stops them, the thread that learns their aborts (while run() runs).
+        # Time limits and aborts (limits/runs.py, limits/watchdog.py, limits/aborts.py): the runs of
+        # the handlers, the watchdog that stops them, the thread that learns their aborts (while
+        # run() runs).
         self._runs = Runs()
         self._watchdog = Watchdog(
             self._runs,
@@ -174,7 +174,7 @@ class Consumer:
         self._threads = ThreadsByQueue(
             self._delivery, self._waiter, self.coroutines, self._monotonic
         )
-        # What each round claims and when the next is due (round_planning.py).
+        # What each round claims and when the next is due (rounds/planning.py).
         self._plan = RoundPlanner(
             self.queues,
             self.clock,
@@ -208,7 +208,7 @@ class Consumer:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
 
     def heartbeat_details(self, queue: Queue) -> str | None:
-        """What the heartbeat on ``queue`` says about this process (:mod:`.details`); None
+        """What the heartbeat on ``queue`` says about this process (:mod:`.rounds.details`); None
         writes nothing."""
         return heartbeat_details(
             queue.name,
@@ -262,7 +262,7 @@ class Consumer:
 
     def deliver(self, message: Message) -> Outcome:
         """Run one claimed message on the calling thread, as a handler thread does (never
-        raises); the threads call the consumer's :class:`~.handler_delivery.HandlerDelivery`."""
+        raises); the threads call the consumer's :class:`~.delivery.HandlerDelivery`."""
         return self._delivery.deliver(message)
 
     async def adeliver(self, message: Message) -> Outcome:
@@ -407,7 +407,7 @@ class Consumer:
             if self._plan.due_now():
                 continue
             if self.burst and not self._busy() and not self._round_trip.holds.waits_for_token():
-                return  # (a rate limit's next token is due, not idle: see flow_holds.py)
+                return  # (a rate limit's next token is due, not idle: see rounds/flow_holds.py)
             # Never past the producers' announce horizon: a message due later than that is not
             # announced, and is found by reading the pending head at this poll.
             idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
@@ -438,7 +438,7 @@ class Consumer:
         messages = plan.fetch(now_ms, maintenance=maintenance)
         self._threads.add(messages)
         # How long threads that asked for more waited: what they hold ahead covers that
-        # (claim_ahead.py).
+        # (rounds/claim_ahead.py).
         self._threads.refilled(round_started)
         if aim is not None and aim.due_ms is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)

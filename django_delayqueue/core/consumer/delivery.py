@@ -3,7 +3,7 @@ event loop (:meth:`HandlerDelivery.adeliver`), under its time limits and aborts.
 
 A part of :class:`.loop.Consumer`, given what it needs: what the handler threads and the
 coroutines runner call, with no part in the loop's rounds. Apart from :mod:`.loop` so that the
-per-message path (a :class:`~.limits.Run` when a limit or an abort needs one, the outcome
+per-message path (a :class:`~.limits.runs.Run` when a limit or an abort needs one, the outcome
 settled by it, a recurring tick's write) reads on its own, and the loop class keeps only the
 loop. The one call added on the way to a handler is the delivery span's
 (``observability.tracing``), a flag read when tracing is off.
@@ -17,18 +17,18 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from django_delayqueue.core.clock import Clock
-from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
-from django_delayqueue.core.consumer.limits import Canceller, Run, Runs
+from django_delayqueue.core.consumer.handlers.coroutines import HandlerCoroutines
+from django_delayqueue.core.consumer.limits.runs import Canceller, Run, Runs
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, abort_reason
+from django_delayqueue.core.consumer.limits.watchdog import Watchdog
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
     Outcome,
     WhileRunning,
 )
-from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
-from django_delayqueue.core.consumer.round_parts import Keeper
-from django_delayqueue.core.consumer.stopped import StoppedHandler, abort_reason
-from django_delayqueue.core.consumer.waiter import ahold_until_start, hold_until_start
-from django_delayqueue.core.consumer.watchdog import Watchdog
+from django_delayqueue.core.consumer.rounds.parts import Keeper
+from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.rounds.waiter import ahold_until_start, hold_until_start
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Aborted
 from django_delayqueue.core.observability.tracing import (
@@ -86,7 +86,7 @@ class HandlerDelivery:
         self.may_run_async = may_run_async
         self.handler_thread_exit = handler_thread_exit
         # Coroutine handlers (async def) run on one event loop, counted with the threads; their
-        # time limits are kept by that runner (handler_coroutines.py), their aborts as below.
+        # time limits are kept by that runner (handlers/coroutines.py), their aborts as below.
         self.coroutines = HandlerCoroutines(
             self, on_unstoppable_coroutines, abort_reason_of=self.abort_reason_for
         )
@@ -141,8 +141,8 @@ class HandlerDelivery:
 
     def deliver(self, message: Message) -> Outcome:
         """Run one claimed message on the calling handler thread (never raises)."""
-        # Claimed up to one claim lead early (see waiter.py): the handler still starts on time,
-        # when the message became due (a retry at its retry time, not its first due time).
+        # Claimed up to one claim lead early (see rounds/waiter.py): the handler still starts on
+        # time, when the message became due (a retry at its retry time, not its first due time).
         hold_until_start(self._clock, message)
         q = self._queue_named.get(message.queue)
         slot = traced = None
@@ -151,7 +151,7 @@ class HandlerDelivery:
                 slot = self._runs.enter(message, message.queue, False)
             else:
                 # A Run only for a queue with a time limit (the watchdog times it); any other
-                # gets one only if an abort of it comes while it runs (see limits.py).
+                # gets one only if an abort of it comes while it runs (see limits/runs.py).
                 s = q.settings
                 if s.time_limit or s.soft_time_limit:
                     slot = self._runs.enter(message, q.logical_name, True)

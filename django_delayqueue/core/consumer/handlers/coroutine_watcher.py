@@ -8,7 +8,7 @@ and the hard one (a cancel) when due, reports a coroutine still running
 gets its process replaced), and logs a loop that has not answered a ping for
 :data:`BLOCKED_WARN_SECONDS`. After an abort, as the watchdog does for a thread, the soft limit
 is not raised and the time limit stops the coroutine as aborted (the abort wins). Kept apart from
-the runner (:mod:`.handler_coroutines`), which owns the loop and the running coroutines and
+the runner (:mod:`.handlers.coroutines`), which owns the loop and the running coroutines and
 which this only reads and asks to cancel.
 """
 
@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from django_delayqueue.core.consumer.coroutine_context import RunningCoroutine
-from django_delayqueue.core.consumer.stopped import (
+from django_delayqueue.core.consumer.handlers.coroutine_context import RunningCoroutine
+from django_delayqueue.core.consumer.limits.stopped import (
     ABORTED_AT_TIME_LIMIT,
     Settlement,
     StoppedHandler,

@@ -13,11 +13,11 @@ import math
 from collections.abc import Callable
 
 from django_delayqueue.core.clock import Clock
-from django_delayqueue.core.consumer.round_parts import Keeper
-from django_delayqueue.core.consumer.rounds import RoundTrip
+from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
+from django_delayqueue.core.consumer.rounds.parts import Keeper
+from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
+from django_delayqueue.core.consumer.rounds.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.consumer.stopping import StopRequests
-from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
-from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS, Wake
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
 

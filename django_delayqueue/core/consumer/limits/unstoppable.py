@@ -14,8 +14,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from django_delayqueue.core.consumer.limits import Run
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.runs import Run
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import id_fields
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from django_delayqueue.core.consumer.flow_holds import wake_after
+from django_delayqueue.core.consumer.rounds.flow_holds import wake_after
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall

@@ -3,7 +3,7 @@
 A thread of its own that sleeps until the next thing to do (a soft or hard limit, the end of an
 abort's grace, the end of a stop's wait), so limits are kept to the millisecond without polling
 while nothing has one; it never talks to Redis (the aborts are read by :class:`AbortPoller`,
-:mod:`.aborts`). For each run (:mod:`.limits`):
+:mod:`.limits.aborts`). For each run (:mod:`.limits.runs`):
 
 - past ``soft_time_limit``: ``SoftTimeLimitExceeded`` raised in it, once;
 - past ``time_limit``: ``TimeLimitExceeded`` raised in it; its outcome is a retry with
@@ -26,9 +26,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_delayqueue.core.consumer.handler_contracts import RunningHandler
-from django_delayqueue.core.consumer.limits import Run, Runs
-from django_delayqueue.core.consumer.stopped import (
+from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+from django_delayqueue.core.consumer.limits.runs import Run, Runs
+from django_delayqueue.core.consumer.limits.stopped import (
     ABORTED_AT_TIME_LIMIT,
     abort_reason,
     abort_said,
