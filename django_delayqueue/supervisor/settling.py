@@ -1,5 +1,5 @@
 """The supervisor's side of a handler that could not be stopped: settled once its process is
-gone (core.consumer.stopped), and nothing left open across a fork.
+gone (core.consumer.limits.stopped), and nothing left open across a fork.
 
 The supervisor is one thread: while it waits on Redis it neither reaps, nor replaces dead
 children, nor answers SIGTERM, nor kills an overdue child. So it settles through a client of its
