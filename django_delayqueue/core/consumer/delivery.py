@@ -1,17 +1,34 @@
 """Running one claimed message: on a handler thread (:meth:`HandlerDelivery.deliver`) or on the
 event loop (:meth:`HandlerDelivery.adeliver`), under its time limits and aborts.
 
+Threads and coroutines are two ways to run a handler under one delivery, whose steps are these,
+in this order, on both paths (each step is numbered where it is taken):
+
+1. wait until due: a message claimed up to one claim lead early is held until it became due
+   (``sleep_until_due``, or ``asleep_until_due`` awaited, until ``became_due_ms``);
+2. watchdog: the delivery's :class:`~.limits.runs.Run`, which its time limits and aborts reach
+   (a thread's only when its queue has a time limit or an abort comes; a coroutine's always,
+   stopped by cancelling it);
+3. span: the delivery span (``observability.tracing``; a flag read when tracing is off);
+4. run: the consumer's handler (``around_handler``, or ``around_coroutine_handler`` awaited);
+5. outcome: what a stop made of it (``Run.settled``: a time limit retries, an abort
+   dead-letters, whatever the handler did after);
+6. span end, with that outcome;
+7. tick write: a recurring tick's run, sent with the next round (``Keeper.finished``).
+
+Steps 5 to 7 are one method for both (:meth:`HandlerDelivery._ended`); 1, 2 and 4 come in a
+thread's and a coroutine's form. Written out in each path rather than as a list of step
+objects walked per message: this is the hot path, and each step costs a call only where it has
+work (no Run without a limit or an abort, no span without tracing).
+
 A part of :class:`.loop.Consumer`, given what it needs: what the handler threads and the
-coroutines runner call, with no part in the loop's rounds. Apart from :mod:`.loop` so that the
-per-message path (a :class:`~.limits.runs.Run` when a limit or an abort needs one, the outcome
-settled by it, a recurring tick's write) reads on its own, and the loop class keeps only the
-loop. The one call added on the way to a handler is the delivery span's
-(``observability.tracing``), a flag read when tracing is off.
+coroutines runner call, with no part in the loop's rounds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -28,11 +45,17 @@ from django_delayqueue.core.consumer.outcomes import (
 )
 from django_delayqueue.core.consumer.rounds.parts import Keeper
 from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
-from django_delayqueue.core.consumer.rounds.waiter import ahold_until_start, hold_until_start
+from django_delayqueue.core.consumer.rounds.waiter import (
+    asleep_until_due,
+    became_due_ms,
+    sleep_until_due,
+)
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Aborted
 from django_delayqueue.core.observability.tracing import (
-    Delivery,
+    Delivery as DeliverySpan,
+)
+from django_delayqueue.core.observability.tracing import (
     delivery_ended,
     delivery_started,
     outcome_name,
@@ -101,30 +124,32 @@ class HandlerDelivery:
         return q.settings.soft_time_limit, q.settings.time_limit
 
     async def adeliver(self, message: Message) -> Outcome:
-        """Run one claimed message on the event loop (never raises but for a cancellation)."""
-        # Claimed up to one claim lead early, as for a thread: it starts when it became due
-        # (a retry at its retry time), awaited, never blocking: the loop runs the others.
-        await ahold_until_start(self._clock, message)
-        # A Run, as for a thread: dq.abort reaches it (message.aborted, abort_requested(), the
-        # end of the abort's grace cancels it, the outcome is the dead letters); its time
-        # limits are the coroutines runner's (the watchdog leaves them to it).
+        """Run one claimed message on the event loop (never raises but for a cancellation):
+        the steps of :meth:`deliver`, each in its coroutine form."""
+        # 1. Wait until due: claimed up to one claim lead early, as for a thread, it starts when
+        # it became due (a retry at its retry time), awaited, never blocking: the loop runs the
+        # others.
+        await asleep_until_due(self._clock, became_due_ms(message))
         q = self._queue_named.get(message.queue)
-        # The delivery span (None when tracing is off), current in this coroutine's context.
-        traced = delivery_started(message, q, self._clock, self._unrecorded.timings)
-        outcome: Outcome | None = None
-        run: Run | None = None
+        # 2. Watchdog: a Run, always: dq.abort reaches it (message.aborted, abort_requested(),
+        # the end of the abort's grace cancels it, the outcome is the dead letters); its time
+        # limits are the coroutines runner's (the watchdog leaves them to it).
+        run, context = self._begin_run(message, q, self._coroutine_canceller(message))
+        traced = None
         try:
-            with self.handler_run(message, self._coroutine_canceller(message)) as run:
-                outcome = await self._around_coroutine_handler(message)
-            outcome = run.settled(outcome)
-        finally:  # a cancelled coroutine (no outcome) ends its span as stopped
+            # 3. Span (None when tracing is off), current in this coroutine's context.
+            traced = delivery_started(message, q, self._clock, self._unrecorded.timings)
+            # 4. Run.
+            outcome = await self._around_coroutine_handler(message)
+        except BaseException:
+            # Cancelled (a stop, its limit, an abort's end, the consumer's stop): no outcome
+            # here, its runner settles it as its canceller said; its span ends as stopped.
+            self._runs.end(run, context)
             if traced is not None:
-                _end_span(traced, q, outcome, run)
-        assert outcome is not None  # set, or the await raised
-        write = None if q is None else self._keeper.finished(q, outcome)
-        if q is not None and write is not None:
-            self._write_soon(q, write)
-        return outcome
+                delivery_ended(traced, "stopped", "cancelled")
+            raise
+        self._runs.end(run, context)
+        return self._ended(q, outcome, run, traced)  # 5, 6 and 7
 
     def _coroutine_canceller(self, message: Message) -> Canceller:
         """What the watchdog calls to stop a coroutine at the end of its abort's grace."""
@@ -141,12 +166,14 @@ class HandlerDelivery:
 
     def deliver(self, message: Message) -> Outcome:
         """Run one claimed message on the calling handler thread (never raises)."""
-        # Claimed up to one claim lead early (see rounds/waiter.py): the handler still starts on
-        # time, when the message became due (a retry at its retry time, not its first due time).
-        hold_until_start(self._clock, message)
+        # 1. Wait until due: claimed up to one claim lead early (see rounds/waiter.py), the
+        # handler still starts on time, when the message became due (a retry at its retry time,
+        # not its first due time).
+        sleep_until_due(self._clock, became_due_ms(message))
         q = self._queue_named.get(message.queue)
         slot = traced = None
         try:  # at once: a stop landing from here on still frees the slot (finally)
+            # 2. Watchdog.
             if q is None:
                 slot = self._runs.enter(message, message.queue, False)
             else:
@@ -159,8 +186,9 @@ class HandlerDelivery:
                         self._run_started(slot.run.started_monotonic, q)
                 else:
                     slot = self._runs.enter(message, q.logical_name, False)
-            # The delivery span (None when tracing is off), current on this thread meanwhile.
+            # 3. Span (None when tracing is off), current on this thread meanwhile.
             traced = delivery_started(message, q, self._clock, self._unrecorded.timings)
+            # 4. Run.
             outcome = self._around_handler(message)
         except BaseException as e:  # a stop that landed just after the handler returned
             now = self._clock.now_ms()
@@ -168,29 +196,49 @@ class HandlerDelivery:
         finally:
             # From here nothing is raised in this thread (a stop inside enter(): its slot).
             run = (slot or self._runs.slot()).exit()
+        return self._ended(q, outcome, run, traced)  # 5, 6 and 7
+
+    def _ended(
+        self, q: Queue | None, outcome: Outcome, run: Run | None, traced: DeliverySpan | None
+    ) -> Outcome:
+        """Steps 5 to 7 of a delivery, on both paths, once its handler has left its Run."""
+        # 5. Outcome: what a stop made of it (a time limit retries, an abort dead-letters,
+        # whatever the handler did after).
         if run is not None:
             outcome = run.settled(outcome)
+        # 6. Span end, with what the delivery came to.
         if traced is not None:
             _end_span(traced, q, outcome, run)
-        write = None if q is None else self._keeper.finished(q, outcome)
-        if q is not None and write is not None:
-            self._write_soon(q, write)  # a recurring tick's run, with the next round
+        # 7. Tick write: a recurring tick's run, sent with the next round.
+        if q is not None:
+            write = self._keeper.finished(q, outcome)
+            if write is not None:
+                self._write_soon(q, write)
         return outcome
 
     @contextlib.contextmanager
     def handler_run(self, message: Message, canceller: Canceller | None = None) -> Iterator[Run]:
-        """Watch a handler run by other means than a handler thread (a coroutine): its time
-        limits and aborts apply, ``canceller(exception class)`` stops it (on the watchdog's
-        thread), and ``run.settled(outcome)`` is the outcome to record once it ended."""
-        q = self._queue_named.get(message.queue)
-        logical = message.queue if q is None else q.logical_name
-        run, context = self._runs.begin(message, logical, canceller)
-        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
-            self._run_started(run.started_monotonic, q)
+        """Watch a handler run by other means than a handler thread: its time limits and
+        aborts apply, ``canceller(exception class)`` stops it (on the watchdog's thread), and
+        ``run.settled(outcome)`` is the outcome to record once it ended (steps 2 and 5 of a
+        delivery, for a caller's own runner; :meth:`adeliver` takes them without a context
+        manager)."""
+        run, context = self._begin_run(message, self._queue_named.get(message.queue), canceller)
         try:
             yield run
         finally:
             self._runs.end(run, context)
+
+    def _begin_run(
+        self, message: Message, q: Queue | None, canceller: Canceller | None
+    ) -> tuple[Run, contextvars.Token[Run | None]]:
+        """A Run of ``message`` on the calling thread or task, registered, the watchdog told
+        when its first limit is due; end it with ``Runs.end``."""
+        logical = message.queue if q is None else q.logical_name
+        run, context = self._runs.begin(message, logical, canceller)
+        if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
+            self._run_started(run.started_monotonic, q)
+        return run, context
 
     def abort_reason_for(self, message: Message) -> str | None:
         """The reason ``message``'s running delivery was aborted with, once this consumer
@@ -207,7 +255,9 @@ class HandlerDelivery:
         self._watchdog.due_by(started_monotonic + min(limits))
 
 
-def _end_span(traced: Delivery, q: Queue | None, outcome: Outcome | None, run: Run | None) -> None:
+def _end_span(
+    traced: DeliverySpan, q: Queue | None, outcome: Outcome | None, run: Run | None
+) -> None:
     """End a delivery span with what the delivery came to (no outcome: it was cancelled)."""
     stopped = outcome is None or (run is not None and (run.stop is not None or run.aborted))
     if outcome is None:

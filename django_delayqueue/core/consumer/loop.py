@@ -19,6 +19,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
@@ -27,7 +28,7 @@ from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
 from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.limits.aborts import AbortPoller
 from django_delayqueue.core.consumer.limits.extender import Extender
-from django_delayqueue.core.consumer.limits.runs import Runs, handler_returned
+from django_delayqueue.core.consumer.limits.runs import Canceller, Run, Runs, handler_returned
 from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.core.consumer.limits.unstoppable import Unstoppable, log_unstoppable
 from django_delayqueue.core.consumer.limits.watchdog import Watchdog
@@ -268,6 +269,14 @@ class Consumer:
     async def adeliver(self, message: Message) -> Outcome:
         """Run one claimed message on the calling event loop, as the coroutines runner does."""
         return await self._delivery.adeliver(message)
+
+    def handler_run(
+        self, message: Message, canceller: Canceller | None = None
+    ) -> AbstractContextManager[Run]:
+        """Watch a handler run by other means than a handler thread (see
+        :meth:`.delivery.HandlerDelivery.handler_run`): its time limits and aborts apply,
+        ``canceller(exception class)`` stops it."""
+        return self._delivery.handler_run(message, canceller)
 
     def abort_reason_for(self, message: Message) -> str | None:
         """The reason ``message``'s running delivery was aborted with, once this consumer
