@@ -188,6 +188,10 @@ class Consumer:
         )
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
+    # The delivery part is given around_handler, around_coroutine_handler, runs_async,
+    # may_run_async and handler_thread_exit bound as the consumer is built: a subclass overrides
+    # them (an attribute set on an instance later replaces none); handle and ahandle are read
+    # at each call, through around_handler and around_coroutine_handler.
 
     def handle(self, message: Message) -> Any:
         """Deliver one message; return to acknowledge, raise to retry (see errors.Retry/Reject)."""
