@@ -25,16 +25,23 @@ import statistics
 import sys
 import threading
 import time
+from typing import Any
 
 import redis
 
 from django_delayqueue.core import Message, Queue, QueueSettings, SystemClock
+from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
+
+
+def deliverer(consumer: Consumer) -> Any:
+    """What the handler threads call: the consumer's delivery part (the consumer itself
+    before it was a part of its own)."""
+    return getattr(consumer, "_delivery", consumer)
 
 
 def per_message_us(consumer: Consumer, messages: list[Message]) -> float:
-    deliver = consumer.deliver
+    deliver = deliverer(consumer).deliver
     started = time.process_time()
     for m in messages:
         deliver(m)
@@ -60,7 +67,7 @@ def through_threads_us(consumer: Consumer, messages: list[Message], size: int) -
     waker = Waker()
     coroutines = getattr(consumer, "coroutines", None)  # none before issue 26
     extra = () if coroutines is None else (coroutines,)
-    threads = ThreadsByQueue(consumer, waker, *extra)
+    threads = ThreadsByQueue(deliverer(consumer), waker, *extra)
     name = messages[0].queue
     threads.start(name, size)
     pool = threads[name]

@@ -66,7 +66,8 @@ def main() -> None:
     q = Queue(client, name, clock=SystemClock())
     consumer = Consumer([q], lambda m: None)
     messages = [Message(f"m{i}", name, None, 0, 0, 1, str(i), trace=TRACE) for i in range(COUNT)]
-    deliver = consumer.deliver
+    # What the handler threads call: the consumer's delivery part (the consumer itself before).
+    deliver = getattr(consumer, "_delivery", consumer).deliver
 
     def delivering() -> None:
         for m in messages:

@@ -28,17 +28,17 @@ from django_delayqueue.core.errors import (
 
 if TYPE_CHECKING:
     from django_delayqueue.api import abort, cancel, get_queue, schedule, topic
-    from django_delayqueue.core.consumer.limits import abort_requested
-    from django_delayqueue.core.consumer.progress_reports import progress
+    from django_delayqueue.core.consumer.handlers.progress_reports import progress
+    from django_delayqueue.core.consumer.limits.runs import abort_requested
 
 _LAZY = {
     "abort": "api",
-    "abort_requested": "core.consumer.limits",
+    "abort_requested": "core.consumer.limits.runs",
     "schedule": "api",
     "cancel": "api",
     "get_queue": "api",
     "topic": "api",
-    "progress": "core.consumer.progress_reports",
+    "progress": "core.consumer.handlers.progress_reports",
 }
 
 __all__ = [

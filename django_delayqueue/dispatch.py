@@ -27,7 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 
-from django_delayqueue.core.consumer.coroutine_context import interruptible, sync_part
+from django_delayqueue.core.consumer.handlers.coroutine_context import interruptible, sync_part
 
 Receiver = Callable[..., Any]
 

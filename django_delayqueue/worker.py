@@ -30,7 +30,7 @@ from django_delayqueue.conf.task_backends import (
     task_queue_names,
 )
 from django_delayqueue.conf.task_registry import registered
-from django_delayqueue.core.consumer.limits import handler_returned, stop_error
+from django_delayqueue.core.consumer.limits.runs import handler_returned, stop_error
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, Reject, Retry
@@ -256,7 +256,7 @@ class Worker(TaskServing, Consumer):
                 raise result
         return responses
 
-    # --- async handlers (on the consumer's event loop: see core/consumer/handler_coroutines.py)
+    # --- async handlers (on the consumer's event loop: see core/consumer/handlers/coroutines.py)
 
     def runs_async(self, message: Message) -> bool:
         """An ``async def`` task, or a message whose signal has an ``async def`` receiver

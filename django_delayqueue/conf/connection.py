@@ -20,7 +20,7 @@ from django_delayqueue.core.replication import ReplicaAck
 # A Redis that is down must make callers fail fast rather than hang a request or the loop;
 # Lua scripts are bounded, so 30 s without a reply means something is wrong.
 # Blocking commands set their own read timeouts (WAIT: core/replication.py; the wake channel:
-# core/consumer/waiter.py), so this one cannot cut them short. RESP2, as the code is written
+# core/consumer/rounds/waiter.py), so this one cannot cut them short. RESP2, as the code is written
 # and tested against and as redis-py 5 speaks by default: redis-py 8 would speak RESP3 (and
 # ask each new connection for maintenance notifications) unless told.
 DEFAULT_OPTIONS: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """Which envelope formats the live consumers of a queue read, as their heartbeats announce.
 
 Each consumer announces the newest envelope format it reads with its heartbeat (``reads_format``
-in its details: core.consumer.details). A consumer of a release before formats had numbers
+in its details: core.consumer.rounds.details). A consumer of a release before formats had numbers
 announces none: it reads format 1, and dead-letters an envelope of a newer one (a consumer of
 this release or later leaves it for a consumer that reads it). So a producer about to write a
 feature of a newer format may hold it back until every live consumer reads it

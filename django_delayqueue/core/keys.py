@@ -323,7 +323,7 @@ class QueueKeys:
     def consumer_details(self) -> str:
         """Hash: consumer name -> JSON of its process as its last heartbeat saw it (pid, host,
         supervisor, messages handled, memory, what it runs on this queue now); written with
-        the heartbeat, removed with it (core.consumer.details)."""
+        the heartbeat, removed with it (core.consumer.rounds.details)."""
         return self._key("consumer_details")
 
     def claim_receipt(self, consumer: str) -> str:

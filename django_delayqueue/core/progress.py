@@ -1,10 +1,10 @@
 """A running delivery's progress: what a handler reports, checked, and how Redis stores it.
 
 A handler (or task) says how far it got with ``message.progress(percent, note)`` or
-``dq.progress(percent, note)``; the consumer sends the latest report of each running message
-with its next beat (core/consumer/progress_reports.py), and ``progress.lua`` stores it in the
-queue's ``progress`` hash (id -> the JSON below) for the delivery holding the current token.
-Readers (the admin, ``queuestats``, a task's ``get_progress``) decode it here.
+``dq.progress(percent, note)``; the consumer sends the latest report of each running message with
+its next beat (core/consumer/handlers/progress_reports.py), and ``progress.lua`` stores it in the
+queue's ``progress`` hash (id -> the JSON below) for the delivery holding the current token. Readers
+(the admin, ``queuestats``, a task's ``get_progress``) decode it here.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Writes to a task's result record: the hash beside its message (``QueueKeys.task_result``).
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``
-and ``keys``). The record's statuses, field names and the order of its writes are named here,
-because the consumer writes a stopped task's end itself (core/consumer/stopped.py) and the core
-imports nothing above it; what the fields mean is told by the Tasks backend, which re-exports
-these names (django_delayqueue.tasks.payload). How a write lands whatever order writes arrive
-in is ``write_record.lua``'s.
+A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name`` and
+``keys``). The record's statuses, field names and the order of its writes are named here, because
+the consumer writes a stopped task's end itself (core/consumer/limits/stopped.py) and the core
+imports nothing above it; what the fields mean is told by the Tasks backend, which re-exports these
+names (django_delayqueue.tasks.payload). How a write lands whatever order writes arrive in is
+``write_record.lua``'s.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class TaskRecords:
         that field is left as it is (the call's reply is then -1).
 
         ``mergeable``: a call of write_records.lua instead (its reply read by
-        :func:`~django_delayqueue.core.consumer.merged_writes.record_replies`), which a
+        :func:`~django_delayqueue.core.consumer.rounds.merged_writes.record_replies`), which a
         consumer's round sends as one call with the other such writes of the queue (see
-        django_delayqueue.core.consumer.merged_writes). ``fields``: the four lists' text as
+        django_delayqueue.core.consumer.rounds.merged_writes). ``fields``: the four lists' text as
         :func:`record_fields` makes it, and ``key`` the record's, built by the caller already."""
         # Built here rather than through Contract.call: a worker builds one per task it runs.
         if key is None:

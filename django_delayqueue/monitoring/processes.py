@@ -1,6 +1,6 @@
 """The consumer processes behind a queue, as their heartbeats describe them.
 
-Each consumer writes, with its heartbeat, a JSON value per queue (core.consumer.details): its
+Each consumer writes, with its heartbeat, a JSON value per queue (core.consumer.rounds.details): its
 pid, host, supervisor, messages handled, resident memory and the handlers of that queue running
 now. Here they are read back for the live consumers only (one HMGET per queue, bounded by
 ``MAX_CONSUMERS_LISTED``) and grouped under their supervisor, for ``queuestats``, the health

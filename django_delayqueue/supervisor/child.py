@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.supervisor.groups import guard_group, lead_group
 from django_delayqueue.supervisor.liveness import Heartbeat, Held, Holding, QueueLimits

@@ -8,7 +8,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.supervisor.backoff import RestartBackoff
 from django_delayqueue.supervisor.fresh import RestartCommand
 from django_delayqueue.supervisor.groups import kill_group

@@ -52,8 +52,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django_delayqueue.core.consumer.extender import SHORTEST_INTERVAL_SECONDS, TICK_SECONDS
-from django_delayqueue.core.consumer.stopped import (
+from django_delayqueue.core.consumer.limits.extender import SHORTEST_INTERVAL_SECONDS, TICK_SECONDS
+from django_delayqueue.core.consumer.limits.stopped import (
     Settlement,
     StoppedHandler,
     abort_reason,

@@ -38,8 +38,8 @@ import time
 from collections import deque
 from typing import Any
 
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.core.consumer.loop import FORCED_FLUSH_SECONDS, SHUTDOWN_FLUSH_SECONDS
-from django_delayqueue.core.consumer.stopped import StoppedHandler
 from django_delayqueue.supervisor.child import (
     SUPERVISOR_SIGNALS,
     SupervisedWorker,

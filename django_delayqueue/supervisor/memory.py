@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 
-from django_delayqueue.core.consumer.details import rss_bytes
+from django_delayqueue.core.consumer.rounds.details import rss_bytes
 
 MEMORY_CHECK_SECONDS = 1.0  # resident memory is read at most this often (a /proc read)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

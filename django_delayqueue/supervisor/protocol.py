@@ -19,7 +19,7 @@ READY = "ready"
 # The child reached --max-messages-per-child or --max-memory-per-child: replace me ("reason";
 # "memory": true for the memory limit, whose replacements soon after a start are paced).
 RECYCLE = "recycle"
-# Handlers the child could not stop (core.consumer.stopped.StoppedHandler, as JSON); it stops
+# Handlers the child could not stop (core.consumer.limits.stopped.StoppedHandler, as JSON); it stops
 # itself as on SIGTERM: start a replacement now, settle them once this process is gone.
 STOPPED = "stopped"
 # A configuration error (an evicting Redis found later): stop everything with ``code``.

@@ -1,5 +1,5 @@
 """The supervisor's side of a handler that could not be stopped: settled once its process is
-gone (core.consumer.stopped), and nothing left open across a fork.
+gone (core.consumer.limits.stopped), and nothing left open across a fork.
 
 The supervisor is one thread: while it waits on Redis it neither reaps, nor replaces dead
 children, nor answers SIGTERM, nor kills an overdue child. So it settles through a client of its
@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from django.db import connections
 
-from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settle_stopped
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.observability.log_fields import id_fields

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django_delayqueue.tasks.flow_keys import flow_key
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.consumer.progress_reports import progress
+    from django_delayqueue.core.consumer.handlers.progress_reports import progress
     from django_delayqueue.tasks.backend import DelayQueueBackend
     from django_delayqueue.tasks.progress_reading import progress_of
 
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
     if name == "progress":
         # The running task's progress (a TaskContext is a frozen dataclass without room for a
         # method of ours): the same as dq.progress, Django-free.
-        from django_delayqueue.core.consumer.progress_reports import progress
+        from django_delayqueue.core.consumer.handlers.progress_reports import progress
 
         return progress
     if name == "progress_of":

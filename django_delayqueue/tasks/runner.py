@@ -52,7 +52,7 @@ from asgiref.sync import iscoroutinefunction
 from django.db import close_old_connections
 
 from django_delayqueue.conf.task_backends import backend_takes, delayqueue_backends
-from django_delayqueue.core.consumer.limits import handler_returned, stop_error
+from django_delayqueue.core.consumer.limits.runs import handler_returned, stop_error
 from django_delayqueue.core.consumer.outcomes import WhileRunning, WritesWithAck
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import (
@@ -146,7 +146,7 @@ class TaskRunner:
         except GeneratorExit:  # closed with its loop: nothing may be awaited any more
             raise
         except BaseException as e:  # a cancellation (time limit, abort) too
-            from django_delayqueue.core.consumer.handler_coroutines import requested_stop
+            from django_delayqueue.core.consumer.handlers.coroutines import requested_stop
 
             stop = requested_stop()  # an abort sends it to the dead letters: FAILED now
             abort = _abort(stop_error())

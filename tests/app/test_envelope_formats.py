@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from django_delayqueue.checks import check_envelope_formats, check_settings
 from django_delayqueue.core import Queue
-from django_delayqueue.core.consumer.details import heartbeat_details
+from django_delayqueue.core.consumer.rounds.details import heartbeat_details
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, encode_envelope
 from django_delayqueue.core.results import Prepared
 from django_delayqueue.worker import Worker

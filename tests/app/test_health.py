@@ -200,11 +200,12 @@ def test_memory_past_the_threshold_fails_when_asked_for(client, own_redis):
 
 
 def test_each_queue_lists_its_supervisors_and_its_stalled_messages(client, queues):
-    """What supervised consumer processes write with their heartbeats (core.consumer.details):
-    the probe groups them under their supervisor and counts the messages past ``time_limit``."""
+    """What supervised consumer processes write with their heartbeats
+    (core.consumer.rounds.details): the probe groups them under their supervisor and counts the
+    messages past ``time_limit``."""
     from django_delayqueue.core import Message
-    from django_delayqueue.core.consumer.details import heartbeat_details
-    from django_delayqueue.core.consumer.handler_contracts import RunningHandler
+    from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+    from django_delayqueue.core.consumer.rounds.details import heartbeat_details
 
     q = queues["order-close"]
     now = q.clock.now_ms()

@@ -174,8 +174,8 @@ def test_running_handlers_and_those_past_their_time_limit(client, q):
     from django.conf import settings
 
     from django_delayqueue.core import Message
-    from django_delayqueue.core.consumer.details import heartbeat_details
-    from django_delayqueue.core.consumer.handler_contracts import RunningHandler
+    from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+    from django_delayqueue.core.consumer.rounds.details import heartbeat_details
 
     now = q.clock.now_ms()
     for name, started_ago in (("c1", 5000), ("c2", 100)):

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.supervisor.liveness import (
     IDLE_SILENCE_SECONDS,
     SHORTEST_SILENCE_SECONDS,

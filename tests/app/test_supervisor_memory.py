@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from django_delayqueue.core.consumer.details import rss_bytes
+from django_delayqueue.core.consumer.rounds.details import rss_bytes
 from django_delayqueue.supervisor import loop
 from django_delayqueue.supervisor.children import Child, Slot, SupervisorOptions
 from django_delayqueue.supervisor.loop import Supervisor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.supervisor.protocol import READY, STOPPED, ChildChannel, LineReader
 
 

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_delayqueue.conf.queues import get_queue
-from django_delayqueue.core.consumer.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.supervisor import settling
 from django_delayqueue.supervisor.children import SupervisorOptions

@@ -19,7 +19,7 @@ from waiting import wait_until
 
 import django_delayqueue as dq
 from django_delayqueue.conf.queues import get_queue
-from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settle_stopped
 from django_delayqueue.mirror import queue_overrides
 from django_delayqueue.tasks import framework
 from django_delayqueue.worker import Worker
@@ -127,7 +127,7 @@ def test_a_limit_reached_after_the_task_returned_does_not_fail_it(
 ) -> None:
     """The watchdog's soft limit coming due while the runner writes a returned task's result
     (encoding it, say) must not land there: the task returned, so it succeeded."""
-    from django_delayqueue.core.consumer import limits
+    from django_delayqueue.core.consumer.limits import runs as limits
     from django_delayqueue.tasks import runner
 
     sent: list[bool] = []

@@ -25,7 +25,7 @@ from test_tasks_backend import KEYS, QUEUE, burst, tasks_on_the_demo_queue  # no
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.consumer.outcomes import ACK, Outcome
-from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
 from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD
@@ -571,8 +571,8 @@ def test_a_stop_right_after_a_success_whose_record_is_gone_still_writes_it_whole
     """At a stop, the ack recorded by the last try of record_left hands over the whole write
     of a task whose record went (write_soon): it is sent all the same (the message is acked,
     that write is its only result), and nothing is logged as left."""
-    from django_delayqueue.core.consumer.left_at_stop import RECORD_RETRY_PAUSE_SECONDS
     from django_delayqueue.core.consumer.loop import Consumer
+    from django_delayqueue.core.consumer.rounds.left_at_stop import RECORD_RETRY_PAUSE_SECONDS
 
     result = examples().add.enqueue(2, 3)
     key = KEYS.task_result(result.id)

@@ -20,7 +20,7 @@ from waiting import wait_until
 
 import django_delayqueue as dq
 from django_delayqueue.core import QueueKeys
-from django_delayqueue.core.consumer.stopped import time_limit_reason
+from django_delayqueue.core.consumer.limits.stopped import time_limit_reason
 from django_delayqueue.tasks import framework
 from django_delayqueue.worker import Worker
 
@@ -377,7 +377,7 @@ def test_a_coroutine_dropped_at_close_keeps_its_message_until_its_sync_part_ends
     # closes without it, but the thread runs on (in-process: --burst, a library Worker.run).
     # Released then, its message would stop being extended and come back beside that code.
     from django_delayqueue.core import Message
-    from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
+    from django_delayqueue.core.consumer.handlers.coroutines import HandlerCoroutines
     from django_delayqueue.core.journal import RETRY
     from django_delayqueue.dispatch import in_thread_to_its_end
 

@@ -5,9 +5,11 @@ Runs use a ManualClock in burst mode, so due times, retry times and journal time
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import redis
 from core_consumer_support import EMPTY, T0, Recorder, Started, burst
 
 from django_delayqueue.core import Message, Reject, Retry
+from django_delayqueue.core import consumer as consumer_package
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.journal import JOURNAL_FIELDS
 
@@ -296,3 +299,31 @@ def test_a_consumer_delivers_on_either_redis_protocol(
         assert [m.id for m in q.peek("pending").messages] == ["later"]
     finally:
         client.close()
+
+
+# --- its shape ------------------------------------------------------------------------------------
+
+
+def test_the_consumer_owns_its_parts_and_inherits_none() -> None:
+    """Before: ``Consumer(HandlerDelivery, HandlerStops, RoundPlanning)``, three mixins that
+    re-declared each other's attributes. Now each part is a class of its own, given what it
+    needs; no class of the consumer's package extends another of it but a Protocol (an
+    interface) or a NamedTuple."""
+    assert Consumer.__bases__ == (object,)
+    source = Path(consumer_package.__file__).resolve().parent
+    trees = {p: ast.parse(p.read_text()) for p in sorted(source.rglob("*.py"))}
+    classes = {
+        n.name: n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.ClassDef)
+    }
+    interfaces = {
+        name
+        for name, node in classes.items()
+        if any(ast.unparse(b) in ("Protocol", "NamedTuple") for b in node.bases)
+    }
+    inherited = [
+        f"{name}({ast.unparse(base)})"
+        for name, node in classes.items()
+        for base in node.bases
+        if ast.unparse(base) in classes and ast.unparse(base) not in interfaces
+    ]
+    assert inherited == []

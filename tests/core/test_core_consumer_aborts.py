@@ -1,4 +1,4 @@
-"""Aborts (core/consumer/aborts.py, lua/abort.lua): recorded only for a message in flight,
+"""Aborts (core/consumer/limits/aborts.py, lua/abort.lua): recorded only for a message in flight,
 cleaned up with its delivery, never retried; learnt by a running consumer, cooperative first,
 then forced after abort_grace_seconds.
 """
@@ -16,8 +16,8 @@ from core_consumer_support import Ticks
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, SystemClock
-from django_delayqueue.core.consumer.aborts import parse_abort
-from django_delayqueue.core.consumer.limits import abort_requested
+from django_delayqueue.core.consumer.limits.aborts import parse_abort
+from django_delayqueue.core.consumer.limits.runs import abort_requested
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.errors import Aborted
 

@@ -19,10 +19,10 @@ from core_consumer_support import EMPTY, threads_alone
 from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Message
-from django_delayqueue.core.consumer.claim_ahead import ClaimAhead
-from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+from django_delayqueue.core.consumer.handlers.threads import HandlerThreads
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.outcomes import ACK, Outcome
+from django_delayqueue.core.consumer.rounds.claim_ahead import ClaimAhead
 
 BATCH = 100  # the default claim_batch
 

@@ -1,4 +1,4 @@
-"""Claims whose reply was lost (core/consumer/claims.py and claim.lua's receipt): asked for
+"""Claims whose reply was lost (core/consumer/rounds/claims.py and claim.lua's receipt): asked for
 again by their claim id, they return the same messages, so none waits out its visibility
 timeout (losing an attempt, or dying on its last) without ever having started."""
 
@@ -16,8 +16,8 @@ from core_consumer_support import EMPTY, T0, Recorder
 from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
-from django_delayqueue.core.consumer.claims import ClaimReceipts
 from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.rounds.claims import ClaimReceipts
 from django_delayqueue.core.errors import RedisUnavailable
 from django_delayqueue.embedded import RedisServerProcess
 
@@ -237,7 +237,7 @@ def test_a_shutdown_replays_a_lost_claim_only_and_starts_nothing(
     it holds the slots, and ``stopping`` may be False. The give-back was a full round: it
     claimed new messages on every queue and put them, with the lost claim's, into slots no
     one held, whose idle threads started them (then abandoned: attempt used, outcome lost)."""
-    from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+    from django_delayqueue.core.consumer.handlers.threads import HandlerThreads
     from django_delayqueue.core.scripts.calls import ScriptBatch
 
     q, other = make_queue("q"), make_queue("other")

@@ -1,8 +1,9 @@
-"""Threads a coroutine handler starts for its delivery (core/consumer/coroutine_threads.py): a
-delivery stopped at its time limit or by an abort while work it awaits runs in a thread stays
-running (extended, not settled) until that work has ended, so its message is never retried, or
-dead-lettered and requeued, beside it; a thread still running a moment after the stop makes the
-delivery unstoppable, reported as a thread handler's is (its process replaced).
+"""Threads a coroutine handler starts for its delivery
+(core/consumer/handlers/coroutine_threads.py): a delivery stopped at its time limit or by an abort
+while work it awaits runs in a thread stays running (extended, not settled) until that work has
+ended, so its message is never retried, or dead-lettered and requeued, beside it; a thread still
+running a moment after the stop makes the delivery unstoppable, reported as a thread handler's is
+(its process replaced).
 
 Each way of awaiting a thread is tried: ``asyncio.to_thread``, ``loop.run_in_executor(None,
 ...)``, asgiref's ``sync_to_async(thread_sensitive=False)`` and its thread-sensitive default.
@@ -25,18 +26,18 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message
 from django_delayqueue.core.clock import SystemClock
-from django_delayqueue.core.consumer import coroutine_watcher
-from django_delayqueue.core.consumer.coroutine_context import (
+from django_delayqueue.core.consumer.handlers import coroutine_watcher
+from django_delayqueue.core.consumer.handlers.coroutine_context import (
     RunningCoroutine,
     current,
     enter,
     hold_for_threads,
 )
-from django_delayqueue.core.consumer.coroutine_threads import DeliveryThreads, install
-from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
+from django_delayqueue.core.consumer.handlers.coroutine_threads import DeliveryThreads, install
+from django_delayqueue.core.consumer.handlers.coroutines import HandlerCoroutines
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, time_limit_reason
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.outcomes import ACK, RETRY, Outcome
-from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
 
 Work = Callable[[], None]
 

@@ -19,7 +19,7 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS
+from django_delayqueue.core.consumer.rounds.waiter import MAX_CLAIM_LEAD_MS
 
 
 class Counting(Consumer):

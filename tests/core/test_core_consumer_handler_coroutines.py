@@ -1,4 +1,4 @@
-"""``async def`` handlers on the consumer's event loop (core/consumer/handler_coroutines.py and
+"""``async def`` handlers on the consumer's event loop (core/consumer/handlers/coroutines.py and
 the modules beside it: coroutine_context.py, coroutine_watcher.py, interruptible.py),
 with a real Redis and a real Consumer: concurrency without threads, outcomes, time limits,
 cancelling, stopping."""
@@ -18,11 +18,12 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, Reject, Retry
 from django_delayqueue.core.clock import SystemClock
-from django_delayqueue.core.consumer import coroutine_watcher, handler_coroutines
-from django_delayqueue.core.consumer.coroutine_context import sync_part
-from django_delayqueue.core.consumer.interruptible import Interruptible
+from django_delayqueue.core.consumer.handlers import coroutine_watcher
+from django_delayqueue.core.consumer.handlers import coroutines as handler_coroutines
+from django_delayqueue.core.consumer.handlers.coroutine_context import sync_part
+from django_delayqueue.core.consumer.handlers.interruptible import Interruptible
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, time_limit_reason
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
 from django_delayqueue.core.errors import SoftTimeLimitExceeded
 
 

@@ -19,7 +19,7 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import Wake
+from django_delayqueue.core.consumer.rounds.waiter import Wake
 from django_delayqueue.core.envelope import encode_envelope
 from django_delayqueue.core.queue import ANNOUNCE_WITHIN_MS
 from django_delayqueue.embedded import RedisServerProcess
@@ -274,13 +274,13 @@ def test_a_fetch_after_an_early_wake_claims_what_is_due_by_the_time_aimed_at(
     q.schedule("at the target", at=now + 3)
     q.schedule("after it", at=now + 4)
     consumer = Consumer([q], Recorder())
-    consumer._aim = Wake(due_ms=now + 3, planned_ms=now + 0.5, announced=False)
-    claimed = consumer._fetch()
+    consumer._plan.aim = Wake(due_ms=now + 3, planned_ms=now + 0.5, announced=False)
+    claimed = consumer._plan.fetch()
     assert [m.payload for m in claimed] == ["at the target"]
     assert claimed[0].claimed_ms == now  # the time it was really claimed
     # The aim is used once: the next fetch claims only what is due by the clock.
     q.schedule("also at the target", at=now + 3)
-    assert consumer._fetch() == []
+    assert consumer._plan.fetch() == []
 
 
 def test_a_wake_far_from_its_target_claims_nothing_early(
@@ -292,8 +292,8 @@ def test_a_wake_far_from_its_target_claims_nothing_early(
     consumer = Consumer([q], Recorder())
     # Only a target within the claim lead's bound moves the claim forward (a stop can end a
     # wait long before its target).
-    consumer._aim = Wake(due_ms=now + 3_600_000, planned_ms=now, announced=False)
-    assert consumer._fetch() == []
+    consumer._plan.aim = Wake(due_ms=now + 3_600_000, planned_ms=now, announced=False)
+    assert consumer._plan.fetch() == []
     assert q.counts()["pending"] == 1
 
 
@@ -395,14 +395,14 @@ def test_a_safety_poll_that_skips_the_claim_claims_next_round_if_ready_is_not_em
 ) -> None:
     q = make_queue()
     consumer = Consumer([q], Recorder())
-    assert consumer._fetch() == []  # ready seen empty
+    assert consumer._plan.fetch() == []  # ready seen empty
     # Written straight into ready, as an operator's script might: nobody announces it.
     redis_client.hset(q.keys.messages, "quiet", encode_envelope('"quiet"', 1, 1))
     redis_client.rpush(q.keys.ready, "quiet")
-    consumer._polling = True  # the next round is an idle safety poll: it skips the claim...
-    assert consumer._fetch() == []
-    assert consumer._due_now()  # ...but its promote saw the ready message: claim next round
-    assert [m.id for m in consumer._fetch()] == ["quiet"]
+    consumer._plan.polling = True  # the next round is an idle safety poll: it skips the claim...
+    assert consumer._plan.fetch() == []
+    assert consumer._plan.due_now()  # ...but its promote saw the ready message: claim next round
+    assert [m.id for m in consumer._plan.fetch()] == ["quiet"]
 
 
 def test_released_messages_are_announced_to_sleeping_consumers(

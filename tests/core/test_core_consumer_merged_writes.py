@@ -1,5 +1,5 @@
 """The task results of a round as one write_records.lua call: its one argument and its reply of
-one character per record (django_delayqueue.core.consumer.merged_writes)."""
+one character per record (django_delayqueue.core.consumer.rounds.merged_writes)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from django_delayqueue.core.consumer.merged_writes import merged_writes, record_replies
 from django_delayqueue.core.consumer.outcomes import WritesWithAck
+from django_delayqueue.core.consumer.rounds.merged_writes import merged_writes, record_replies
 
 
 def entry(call: Any) -> Any:

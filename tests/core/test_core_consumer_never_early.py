@@ -25,7 +25,7 @@ from waiting import wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import Wake, became_due_ms
+from django_delayqueue.core.consumer.rounds.waiter import Wake, became_due_ms
 from django_delayqueue.core.scripts.calls import ScriptCall
 
 MESSAGES = 24
@@ -149,8 +149,8 @@ def test_a_retry_claimed_one_claim_lead_early_is_held_until_its_retry_time(
     retry_at = _retry_due_in(q, manual_clock, 3)
     consumer = Consumer([q], lambda m: None)
     # The wait ended one claim lead before the retry time: the round claims it then.
-    consumer._aim = Wake(due_ms=retry_at, planned_ms=retry_at - 3, announced=False)
-    (m,) = consumer._fetch()
+    consumer._plan.aim = Wake(due_ms=retry_at, planned_ms=retry_at - 3, announced=False)
+    (m,) = consumer._plan.fetch()
     assert (m.attempt, m.due_ms, m.ready_since_ms) == (2, T0, retry_at)
     assert became_due_ms(m) == retry_at  # not its first due time, past
 
@@ -164,8 +164,8 @@ def test_a_retry_given_back_before_its_retry_time_keeps_it(
     q = make_queue()
     retry_at = _retry_due_in(q, manual_clock, 3)
     consumer = Consumer([q], lambda m: None)
-    consumer._aim = Wake(due_ms=retry_at, planned_ms=retry_at - 3, announced=False)
-    (m,) = consumer._fetch()
+    consumer._plan.aim = Wake(due_ms=retry_at, planned_ms=retry_at - 3, announced=False)
+    (m,) = consumer._plan.fetch()
     assert q.release(m) == 1
     (again,) = q.claim()
     assert (again.attempt, again.ready_since_ms) == (2, retry_at)

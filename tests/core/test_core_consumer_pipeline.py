@@ -20,7 +20,7 @@ from core_consumer_support import EMPTY, Recorder, Ticks, burst, threads_alone
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import ManualClock, Message, Queue, QueueSettings, Retry, SystemClock
-from django_delayqueue.core.consumer.extender import Extender
+from django_delayqueue.core.consumer.limits.extender import Extender
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.embedded import RedisServerProcess
 
@@ -338,10 +338,10 @@ def test_queues_on_two_redis_servers(redis_client: redis.Redis, running: Any) ->
 class FirstFetchSeesSubscription(Consumer):
     subscribed_at_first_fetch: bool | None = None
 
-    def _fetch(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def step(self, now_ms: int | None = None) -> int:  # its round trip (fetch) is in a step
         if self.subscribed_at_first_fetch is None:
             self.subscribed_at_first_fetch = self._waiter.subscribed
-        return super()._fetch(*args, **kwargs)
+        return super().step(now_ms)
 
 
 def test_the_consumer_subscribes_before_its_first_round(make_queue: Any) -> None:
@@ -554,7 +554,7 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
 def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() -> None:
     # Promoted one claim lead early by another consumer whose clock reads a little ahead.
     from django_delayqueue.core.clock import exact_now_ms
-    from django_delayqueue.core.consumer.waiter import sleep_until_due
+    from django_delayqueue.core.consumer.rounds.waiter import sleep_until_due
 
     clock = SystemClock()
     due = int(exact_now_ms(clock)) + 30
@@ -585,7 +585,7 @@ def test_a_base_exception_from_a_handler_is_logged_with_its_traceback(
 def test_closing_handler_threads_does_not_wait_for_a_handler_still_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from django_delayqueue.core.consumer import handler_threads
+    from django_delayqueue.core.consumer.handlers import threads as handler_threads
     from django_delayqueue.core.consumer.outcomes import ACK, Outcome
 
     monkeypatch.setattr(handler_threads, "JOIN_SECONDS", 3600.0)  # waiting on it would hang

@@ -15,7 +15,7 @@ from core_consumer_support import T0
 from waiting import TIMEOUT
 
 from django_delayqueue.core.consumer.outcomes import ACK, GARBAGE, RETRY, Outcome, WhileRunning
-from django_delayqueue.core.consumer.recording import JOURNAL_TRIES, UnrecordedOutcomes
+from django_delayqueue.core.consumer.rounds.recording import JOURNAL_TRIES, UnrecordedOutcomes
 from django_delayqueue.core.journal import JOURNAL_FIELDS
 from django_delayqueue.core.scripts.calls import ScriptBatch
 
@@ -317,7 +317,7 @@ def test_an_error_reply_to_the_acks_wait_is_logged_not_raised(
     """With MIN_REPLICAS, a WAIT answering with an error (not a DelayQueueError) escaped
     read() and took the round's claimed messages with it (left in unack, an attempt lost)."""
     from django_delayqueue.core import Queue
-    from django_delayqueue.core.consumer.recording import _confirm_acks
+    from django_delayqueue.core.consumer.rounds.recording import _confirm_acks
     from django_delayqueue.core.replication import ReplicaAck
 
     q = Queue(redis_client, "acked", replicas=ReplicaAck(1))

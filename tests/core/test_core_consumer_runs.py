@@ -1,4 +1,4 @@
-"""Runs made only when needed (core/consumer/limits.py): a handler thread's message gets a Run
+"""Runs made only when needed (core/consumer/limits/runs.py): a handler thread's message gets a Run
 when its queue has a time limit, when an abort of it is learnt while it runs, or when a limit is
 set on its queue while it runs; never once its handler's code has ended.
 """
@@ -17,7 +17,7 @@ from asgiref.sync import async_to_sync
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, SystemClock
-from django_delayqueue.core.consumer.limits import (
+from django_delayqueue.core.consumer.limits.runs import (
     Runs,
     abort_requested,
     current_run,

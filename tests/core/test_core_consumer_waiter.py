@@ -13,7 +13,7 @@ from waiting import TIMEOUT, wait_until
 from django_delayqueue.core import ManualClock, Message, Queue, SystemClock
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.waiter import (
+from django_delayqueue.core.consumer.rounds.waiter import (
     CLAIM_LEAD_MARGIN_MS,
     FIRST_CLAIM_LEAD_MS,
     MAX_CLAIM_LEAD_MS,
@@ -22,7 +22,6 @@ from django_delayqueue.core.consumer.waiter import (
     ClaimLead,
     Waiter,
     became_due_ms,
-    hold_until_start,
     sleep_until_due,
 )
 
@@ -91,7 +90,8 @@ def test_a_retry_is_held_until_its_retry_time_not_its_first_due_time() -> None:
     clock = SystemClock()
     for ahead_ms in (0.5, 2.0, 4.0):
         retry_at = int(exact_now_ms(clock) + ahead_ms) + 1
-        hold_until_start(clock, _claimed(retry_at - 60_000, 2, retry_at))
+        # As HandlerDelivery.deliver holds a claimed message: until it became due.
+        sleep_until_due(clock, became_due_ms(_claimed(retry_at - 60_000, 2, retry_at)))
         assert exact_now_ms(clock) >= retry_at
 
 

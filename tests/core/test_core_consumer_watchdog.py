@@ -1,9 +1,10 @@
-"""The watchdog (core/consumer/watchdog.py): soft and hard time limits, and a handler that cannot
-be stopped, on real threads with a clock the test moves; then inside a running Consumer.
+"""The watchdog (core/consumer/limits/watchdog.py): soft and hard time limits, and a handler that
+cannot be stopped, on real threads with a clock the test moves; then inside a running Consumer.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -14,11 +15,17 @@ import redis
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, QueueSettings, SystemClock
-from django_delayqueue.core.consumer.limits import Run, Runs
+from django_delayqueue.core.consumer.handlers.coroutine_context import RunningCoroutine
+from django_delayqueue.core.consumer.handlers.coroutine_watcher import CoroutineWatcher
+from django_delayqueue.core.consumer.limits.runs import Run, Runs
+from django_delayqueue.core.consumer.limits.stopped import (
+    StoppedHandler,
+    stop_at_time_limit,
+    time_limit_reason,
+)
+from django_delayqueue.core.consumer.limits.watchdog import STOP_WAIT_SECONDS, Watchdog
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.outcomes import ACK, RETRY, run_handler
-from django_delayqueue.core.consumer.stopped import StoppedHandler, time_limit_reason
-from django_delayqueue.core.consumer.watchdog import STOP_WAIT_SECONDS, Watchdog
 from django_delayqueue.core.errors import SoftTimeLimitExceeded, TimeLimitExceeded
 
 
@@ -284,3 +291,53 @@ def test_consumer_blocked_handler_asks_for_a_replacement_and_stops(
     writer.send(b"x")  # let the thread end (its late TimeLimitExceeded lands and is dropped)
     wait_until(lambda: not consumer.running_handlers())
     assert stuck_q.counts()["unack"] == 1  # its outcome was dropped
+
+
+# --- one decision at a time limit, for a thread and a coroutine ---------------------------------
+
+
+class _Coroutines:
+    """What the coroutines' watcher asks of its runner: the aborts learnt, the cancels sent."""
+
+    def __init__(self, aborted: dict[str, str]) -> None:
+        self.aborted = aborted
+        self.cancels: list[tuple[str, str, str, str]] = []
+
+    def abort_reason_of(self, m: Message) -> str | None:
+        return self.aborted.get(m.id)
+
+    def cancel(self, queue: str, token: str, reason: str, settlement: str = "retry") -> bool:
+        self.cancels.append((queue, token, reason, settlement))
+        return True
+
+    def watched(self) -> tuple[None, list[Any]]:
+        return None, []
+
+    def settlement(self, entry: Any) -> None:
+        return None
+
+
+def test_a_coroutine_at_its_time_limit_is_stopped_and_logged_as_a_thread_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the coroutines' watcher kept its own copy of the decision, and cancelled a
+    coroutine at its time limit without the line the watchdog logs for a thread ("... time limit
+    exceeded (2 s), stopping its handler"), so a log told of one and not the other."""
+    runner = _Coroutines({"m2": "by staff"})
+    watcher = CoroutineWatcher(runner, lambda stopped: None, Mono())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="django_delayqueue"):
+        for mid in ("m1", "m2"):
+            entry = RunningCoroutine(message(mid), lambda outcome: None, 100.0, None, 2.0)
+            watcher._stop_at_time_limit(entry, 2.0)
+    assert runner.cancels == [
+        ("q", "7", time_limit_reason(2.0), "retry"),
+        ("q", "7", "aborted: by staff", "dead"),  # the abort wins over the limit
+    ]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"queue q: message m1 (attempt 1): {time_limit_reason(2.0)}, stopping its handler",
+        "queue q: message m2 aborted (by staff) and at its time limit (2 s): stopping it",
+    ]
+    # The same decision as the watchdog's for a thread (stop_at_time_limit), fields included.
+    assert all(getattr(r, "dq_message_id", None) in ("m1", "m2") for r in caplog.records)
+    assert stop_at_time_limit(message("m1"), 2.0, None) == ("retry", time_limit_reason(2.0))

@@ -25,8 +25,8 @@ from django_delayqueue.core import (
     NewerEnvelope,
     Queue,
 )
-from django_delayqueue.core.consumer.details import heartbeat_details
 from django_delayqueue.core.consumer.loop import Consumer
+from django_delayqueue.core.consumer.rounds.details import heartbeat_details
 from django_delayqueue.core.delivery import NEWER_FIRST_WAIT_MS, NEWER_LONGEST_WAIT_MS
 from django_delayqueue.core.envelope import (
     ENVELOPE_FORMAT,

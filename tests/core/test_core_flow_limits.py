@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from django_delayqueue.core import ManualClock, Queue, QueueSettings
-from django_delayqueue.core.consumer.waiter import MAX_CLAIM_LEAD_MS
+from django_delayqueue.core.consumer.rounds.waiter import MAX_CLAIM_LEAD_MS
 from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.flow_limits import (
     NO_SLOT_SHARE,

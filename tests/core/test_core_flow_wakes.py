@@ -1,5 +1,5 @@
 """Consumers waiting on a queue's ``max_in_flight`` are woken whenever a slot frees, on every
-path that ends a message (core/consumer/flow_holds.py): a round, a consumer stopping, the
+path that ends a message (core/consumer/rounds/flow_holds.py): a round, a consumer stopping, the
 supervisor settling a stopped handler, a reap; and the claim keeps the flag the wake reads
 while others still wait. Each wake is read off the queue's wake channel: it is published
 before the call under test returns, so reading it waits for nothing."""
@@ -13,9 +13,9 @@ import redis
 from waiting import TIMEOUT
 
 from django_delayqueue.core import ManualClock, Message, Queue
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settle_stopped
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.rounds import RoundTrip
-from django_delayqueue.core.consumer.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
 
 Capped = tuple[Queue, Message]
 

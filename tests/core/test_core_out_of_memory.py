@@ -138,10 +138,10 @@ def test_a_consumer_with_no_journal_nor_schedules_notices_a_full_redis_by_its_he
     try:
         with full(redis_client):
             for _ in range(2):
-                consumer._next_maintenance = 0.0  # a maintenance round: it writes the heartbeat
+                consumer._plan.next_maintenance = 0.0  # a maintenance round: writes the heartbeat
                 consumer.step()
             assert consumer.memory.full and consumer.memory.refusals == 2
-        consumer._next_maintenance = 0.0
+        consumer._plan.next_maintenance = 0.0
         consumer.step()
     finally:
         consumer._threads.close()

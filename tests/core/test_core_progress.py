@@ -1,4 +1,4 @@
-"""Progress of running deliveries (core/progress.py, core/consumer/progress_reports.py,
+"""Progress of running deliveries (core/progress.py, core/consumer/handlers/progress_reports.py,
 lua/progress.lua): checked, written only by the current delivery, gone with it, and sent by a
 running consumer from its handler threads and coroutines.
 """
@@ -17,8 +17,8 @@ from waiting import TIMEOUT, wait_until
 
 import django_delayqueue as dq
 from django_delayqueue.core import Message, SystemClock
+from django_delayqueue.core.consumer.handlers.progress_reports import REPORTS, send_reports
 from django_delayqueue.core.consumer.loop import Consumer
-from django_delayqueue.core.consumer.progress_reports import REPORTS, send_reports
 from django_delayqueue.core.progress import (
     MAX_NOTE_CHARS,
     Progress,

@@ -11,7 +11,7 @@ import sys
 from paths import ROOT
 
 from django_delayqueue.core import running
-from django_delayqueue.core.consumer.handler_answers import ANSWERS
+from django_delayqueue.core.consumer.handlers.answers import ANSWERS
 
 WITHOUT_A_CONSUMER = """
 import sys

@@ -11,7 +11,7 @@ import pytest
 from waiting import TIMEOUT
 
 from django_delayqueue.core import STATES, Message, Queue
-from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+from django_delayqueue.core.consumer.handlers.threads import HandlerThreads
 from django_delayqueue.core.consumer.loop import Consumer
 from django_delayqueue.core.consumer.outcomes import Outcome
 

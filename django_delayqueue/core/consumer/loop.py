@@ -1,48 +1,50 @@
 """The consumer loop: promote, claim, dispatch, record; sleep until the next due time.
 
 A continuous pipeline. One loop thread talks to Redis; each queue has its own handler threads
-(:mod:`.handler_threads`), so a queue with slow handlers never holds up another. A message is
-claimed as soon as a handler thread of its queue is free, and a finished handler nudges the
-loop, which records its outcome with the next round trip (:mod:`.rounds`, which says what one
-carries). With nothing due the loop waits on the queues' wake channels until the earliest due
-time (:mod:`.waiter`), so it is on time to the millisecond without polling Redis while idle.
-Its mixins: :mod:`.handler_delivery`, :mod:`.round_planning`, :mod:`.handler_stops`.
+(:mod:`.handlers.threads`), so a queue with slow handlers never holds up another. A message is
+claimed as soon as a handler thread of its queue is free, and a finished handler nudges the loop,
+which records its outcome with the next round trip (:mod:`.rounds.round_trip`, which says what one
+carries). With nothing due the loop waits on the queues' wake channels until the earliest due time
+(:mod:`.rounds.waiter`), so it is on time to the millisecond without polling Redis while idle. It
+owns its parts and gets none by inheritance: the planner of its rounds (:mod:`.rounds.planning`),
+the one delivery path the handler threads and coroutines take (:mod:`.delivery`), the hand-over of
+handlers that could not be stopped (:mod:`.limits.unstoppable`), and those named above.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django_delayqueue.core.clock import exact_now_ms
-from django_delayqueue.core.consumer.aborts import AbortPoller
-from django_delayqueue.core.consumer.details import heartbeat_details
-from django_delayqueue.core.consumer.extender import Extender
-from django_delayqueue.core.consumer.handler_contracts import RunningHandler
-from django_delayqueue.core.consumer.handler_coroutines import HandlerCoroutines
-from django_delayqueue.core.consumer.handler_delivery import HandlerDelivery
-from django_delayqueue.core.consumer.handler_stops import HandlerStops
-from django_delayqueue.core.consumer.limits import Run, Runs, handler_returned
-from django_delayqueue.core.consumer.outcomes import Outcome, WhileRunning, run_handler
-from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
-from django_delayqueue.core.consumer.round_parts import Keeper, NoKeeper
-from django_delayqueue.core.consumer.round_planning import RoundPlanning
-from django_delayqueue.core.consumer.rounds import RoundTrip
-from django_delayqueue.core.consumer.stopped import StoppedHandler
-from django_delayqueue.core.consumer.stopping import StopRequests
-from django_delayqueue.core.consumer.threads_by_queue import ThreadsByQueue
-from django_delayqueue.core.consumer.waiter import (
-    Waiter,
-    Wake,
+from django_delayqueue.core.consumer.delivery import HandlerDelivery, is_coroutine_function
+from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
+from django_delayqueue.core.consumer.limits.aborts import AbortPoller
+from django_delayqueue.core.consumer.limits.extender import Extender
+from django_delayqueue.core.consumer.limits.runs import Canceller, Run, Runs, handler_returned
+from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
+from django_delayqueue.core.consumer.limits.unstoppable import Unstoppable, log_unstoppable
+from django_delayqueue.core.consumer.limits.watchdog import Watchdog
+from django_delayqueue.core.consumer.outcomes import (
+    Outcome,
+    WhileRunning,
+    run_coroutine_handler,
+    run_handler,
 )
-from django_delayqueue.core.consumer.watchdog import Watchdog
+from django_delayqueue.core.consumer.rounds.details import heartbeat_details
+from django_delayqueue.core.consumer.rounds.parts import Keeper, NoKeeper
+from django_delayqueue.core.consumer.rounds.planning import RoundPlanner
+from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
+from django_delayqueue.core.consumer.rounds.waiter import Waiter
+from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message, validate_format
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, PayloadError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -57,7 +59,7 @@ SHUTDOWN_FLUSH_SECONDS = 10.0  # how long a graceful stop keeps trying to record
 FORCED_FLUSH_SECONDS = 1.0
 
 
-class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
+class Consumer:
     """Delivers the due messages of ``queues`` to ``handler`` (or to :meth:`handle`).
 
     ``concurrency`` is the number of handler threads *per queue*; None uses each queue's
@@ -106,7 +108,6 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         self.handler = handler
         self.concurrency = concurrency
         self.burst = burst
-        self.max_messages = max_messages
         self.grace_seconds = grace_seconds
         self.idle_seconds = idle_seconds
         self.maintenance_seconds = maintenance_seconds
@@ -115,7 +116,6 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         # Looked up now, not as a default argument, so a test may patch time.monotonic.
         self._monotonic = monotonic or time.monotonic
         self.delivered = 0  # handlers finished
-        self._claimed_total = 0  # claimed and not given back unstarted (for max_messages)
         # One "out of memory" log line for the whole consumer: outcomes, rounds and ticks.
         self.memory = OutOfMemoryLog(logger, self.name)
         self._unrecorded = UnrecordedOutcomes(self.queues, journal_maxlen, self.memory)
@@ -135,40 +135,63 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         )
         self._queue_named = {q.name: q for q in self.queues}
         self._stop = StopRequests(self._monotonic)
-        self._next_maintenance = -math.inf
         self._extender: Extender | None = None  # while run() runs
         self._waiter = Waiter([], self.clock, lambda: self.stopping)
         for q in self.queues:  # one listener per Redis client
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
-        # Coroutine handlers (async def) run on one event loop, counted with the threads; their
-        # time limits are kept by that runner (handler_coroutines.py), their aborts as below.
-        self.coroutines = HandlerCoroutines(
-            self, self._coroutines_unstoppable, abort_reason_of=self.abort_reason_for
-        )
-        self._threads = ThreadsByQueue(self, self._waiter, self.coroutines, self._monotonic)
-        # Time limits and aborts (limits.py, watchdog.py, aborts.py): the runs of the handlers,
-        # the watchdog that stops them, the thread that learns their aborts (while run() runs).
+        # Handlers that could not be stopped, reported from the watchdog's thread and the
+        # coroutines' watcher, taken by the loop's thread (_replace_unstoppable).
+        self._unstoppable = Unstoppable(self._abandon, self._waiter.nudge)
+        self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
+        # Time limits and aborts (limits/runs.py, limits/watchdog.py, limits/aborts.py): the runs of
+        # the handlers, the watchdog that stops them, the thread that learns their aborts (while
+        # run() runs).
         self._runs = Runs()
         self._watchdog = Watchdog(
             self._runs,
             self._settings_of,
-            self._unstoppable_found,
+            self._unstoppable.run_found,
             running=self.running_handlers,
         )
         self._aborts: AbortPoller | None = None
-        # Handlers that could not be stopped, for the loop's thread: runs of handler threads
-        # (from the watchdog) and coroutines (from the coroutines' watcher).
-        self._unstoppable: list[Run] = []
-        self._unstoppable_coroutines: list[StoppedHandler] = []
-        self._unstoppable_lock = threading.Lock()
-        self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
         self._handler_is_async: tuple[Any, bool] | None = None  # (handler, whether async)
-        # The wait that ended just before the next round (see _fetch), and whether that round
-        # is only the idle safety poll (it claims only where something is known to be ready).
-        self._aim: Wake | None = None
-        self._polling = False
+        # The one delivery path, for the handler threads and the coroutines runner it owns.
+        self._delivery = HandlerDelivery(
+            self.clock,
+            self._queue_named,
+            self._runs,
+            self._watchdog,
+            self.keeper,
+            self._unrecorded,
+            self.write_soon,
+            around_handler=self.around_handler,
+            around_coroutine_handler=self.around_coroutine_handler,
+            runs_async=self.runs_async,
+            may_run_async=self.may_run_async,
+            handler_thread_exit=self.handler_thread_exit,
+            on_unstoppable_coroutines=self._unstoppable.coroutines_found,
+        )
+        self.coroutines = self._delivery.coroutines
+        self._threads = ThreadsByQueue(
+            self._delivery, self._waiter, self.coroutines, self._monotonic
+        )
+        # What each round claims and when the next is due (rounds/planning.py).
+        self._plan = RoundPlanner(
+            self.queues,
+            self.clock,
+            self.keeper,
+            self._round_trip,
+            self._threads,
+            self._stop,
+            self._monotonic,
+            max_messages,
+        )
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
+    # The delivery part is given around_handler, around_coroutine_handler, runs_async,
+    # may_run_async and handler_thread_exit bound as the consumer is built: a subclass overrides
+    # them (an attribute set on an instance later replaces none); handle and ahandle are read
+    # at each call, through around_handler and around_coroutine_handler.
 
     def handle(self, message: Message) -> Any:
         """Deliver one message; return to acknowledge, raise to retry (see errors.Retry/Reject)."""
@@ -190,7 +213,7 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
 
     def heartbeat_details(self, queue: Queue) -> str | None:
-        """What the heartbeat on ``queue`` says about this process (:mod:`.details`); None
+        """What the heartbeat on ``queue`` says about this process (:mod:`.rounds.details`); None
         writes nothing."""
         return heartbeat_details(
             queue.name,
@@ -203,7 +226,71 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
     def around_handler(self, message: Message) -> Outcome:
         return run_handler(self.handle, message, self.clock.now_ms())
 
+    def runs_async(self, message: Message) -> bool:
+        """Whether ``message`` runs on the event loop (:meth:`ahandle`) rather than a thread
+        (:meth:`handle`): here, when the handler (or an overridden ``handle``) is ``async def``.
+        Asked on the loop's thread as the message is claimed: it must be quick."""
+        return self._handler_async()
+
+    def may_run_async(self) -> bool:
+        """Whether any message may run on the event loop (asked per claimed batch, before
+        :meth:`runs_async` per message): here, whether the handler is ``async def``; a
+        subclass that tells per message (its own ``runs_async``) is asked per message."""
+        if type(self).runs_async is not Consumer.runs_async:
+            return True
+        return self._handler_async()
+
+    def _handler_async(self) -> bool:
+        target = self.handler if self.handler is not None else self.handle
+        cached = self._handler_is_async
+        if cached is None or cached[0] is not target:  # asked once per handler, not per message
+            cached = self._handler_is_async = (target, is_coroutine_function(target))
+        return cached[1]
+
+    async def ahandle(self, message: Message) -> Any:
+        """Deliver one message on the event loop (what :meth:`handle` is for a thread)."""
+        target = self.handler if self.handler is not None else self.handle
+        return await target(message)
+
+    async def around_coroutine_handler(self, message: Message) -> Outcome:
+        return await run_coroutine_handler(self.ahandle, message, self.clock.now_ms())
+
+    def replacement_needed(self, stopped: list[StoppedHandler]) -> None:
+        """Called on the loop's thread when handlers could not be stopped (their threads did
+        not end): this process must be replaced for them to stop. The consumer then stops as
+        on SIGTERM, leaving ``stopped`` in flight. A supervised child tells its supervisor
+        (which settles them once the process is gone); alone, they stay in flight as a stop
+        leaves a running handler's message (extended while the handler runs)."""
+        log_unstoppable(stopped)
+
     # --- what handlers and a subclass call -------------------------------------------------------
+
+    def deliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the calling thread, as a handler thread does (never
+        raises); the threads call the consumer's :class:`~.delivery.HandlerDelivery`."""
+        return self._delivery.deliver(message)
+
+    async def adeliver(self, message: Message) -> Outcome:
+        """Run one claimed message on the calling event loop, as the coroutines runner does."""
+        return await self._delivery.adeliver(message)
+
+    def handler_run(
+        self, message: Message, canceller: Canceller | None = None
+    ) -> AbstractContextManager[Run]:
+        """Watch a handler run by other means than a handler thread (see
+        :meth:`.delivery.HandlerDelivery.handler_run`): its time limits and aborts apply,
+        ``canceller(exception class)`` stops it."""
+        return self._delivery.handler_run(message, canceller)
+
+    def abort_reason_for(self, message: Message) -> str | None:
+        """The reason ``message``'s running delivery was aborted with, once this consumer
+        learnt it ("" for none given); None while it was not aborted (or does not run)."""
+        return self._delivery.abort_reason_for(message)
+
+    @property
+    def max_messages(self) -> int | None:
+        """How many messages this consumer delivers before it stops (None: no limit)."""
+        return self._plan.max_messages
 
     def write_soon(self, queue: Queue, call: ScriptCall | WhileRunning) -> None:
         """Send ``call`` on ``queue`` with the next round trip, not waiting for it (thread-safe):
@@ -262,8 +349,11 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         self._waiter.wait_subscribed(SUBSCRIBE_WAIT_SECONDS)
         extender = self._extender = Extender(self.queues, self._in_flight)
         self._watchdog.start()
+        watchdog = self._watchdog
         aborts = self._aborts = AbortPoller(
-            lambda: self._queue_named, self._runs, self._abort_learnt
+            lambda: self._queue_named,
+            self._runs,
+            lambda run: watchdog.poke(),  # its grace starts
         ).start()
         self._waiter.on_abort = aborts.announced
         logger.info(
@@ -291,7 +381,7 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         while not self._stop.at_once:
             self._replace_unstoppable()
             if self.stopping:
-                self._release_unstarted()
+                self._plan.release_unstarted()
                 if not self._busy():
                     return
                 if self._stop.grace_left() <= 0:
@@ -320,43 +410,48 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
             if self._limit_reached() and not self._busy():
                 return
             if self.stopping:  # asked during this round, maybe: the top of the loop decides
-                self._release_unstarted()  # what this round claimed (a lost claim's replay)
+                self._plan.release_unstarted()  # what this round claimed (a lost claim's replay)
                 # Wait only for what is left: a running handler nudges as it ends. With nothing
                 # left, the top of the loop returns now (an idle here waited out a whole second
                 # after the last outcome was recorded, with nothing left to nudge it).
                 if self._busy():
                     self._waiter.idle(min(1.0, self._stop.grace_left()))
                 continue
-            if self._due_now():
+            if self._plan.due_now():
                 continue
             if self.burst and not self._busy() and not self._round_trip.holds.waits_for_token():
-                return  # (a rate limit's next token is due, not idle: see flow_holds.py)
-            aim = self._waiter.wait(self._round_trip.next_due(), self._poll_at())
-            self._aim = None if aim.nudged else aim
+                return  # (a rate limit's next token is due, not idle: see rounds/flow_holds.py)
+            # Never past the producers' announce horizon: a message due later than that is not
+            # announced, and is found by reading the pending head at this poll.
+            idle_ms = min(int(self.idle_seconds * 1000), self.announce_within_ms)
+            aim = self._waiter.wait(self._round_trip.next_due(), self._plan.poll_at(idle_ms))
+            plan = self._plan
+            plan.aim = None if aim.nudged else aim
             # A nudge (a handler finished) or a safety poll says nothing about new messages:
             # the round after it claims only where something is known to be ready.
-            self._polling = aim.nudged or (not aim.announced and not self._due_now(aim.due_ms))
+            plan.polling = aim.nudged or (not aim.announced and not plan.due_now(aim.due_ms))
 
     def step(self, now_ms: int | None = None) -> int:
         """One round, in this order: maintenance if due (refresh the settings, resize the
         threads), take the finished outcomes, one round trip (record them, promote, claim),
         hand the claimed messages to their threads. Returns the messages claimed."""
         self._start_threads()
-        maintenance = self._monotonic() >= self._next_maintenance or self.refresh_wanted()
+        plan = self._plan
+        maintenance = plan.maintenance_due() or self.refresh_wanted()
         if maintenance:
             self.refresh()
             for q in self.queues:
                 self._threads[q.name].resize(self._thread_count(q))
-            self._next_maintenance = self._monotonic() + self.maintenance_seconds
+            plan.maintained(self.maintenance_seconds)
         finished = self._threads.take_finished()
         self.delivered += len(finished)
         self._unrecorded.extend(finished)
-        aim = self._aim  # _fetch uses it up
+        aim = plan.aim  # fetch uses it up
         round_started = self._monotonic()
-        messages = self._fetch(now_ms, maintenance=maintenance)
+        messages = plan.fetch(now_ms, maintenance=maintenance)
         self._threads.add(messages)
         # How long threads that asked for more waited: what they hold ahead covers that
-        # (claim_ahead.py).
+        # (rounds/claim_ahead.py).
         self._threads.refilled(round_started)
         if aim is not None and aim.due_ms is not None:
             self._waiter.lead.observe(exact_now_ms(self.clock) - aim.planned_ms)
@@ -384,6 +479,9 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
             for r in running
         ]
 
+    def _limit_reached(self) -> bool:
+        return self.max_messages is not None and self.delivered >= self.max_messages
+
     def _busy(self) -> bool:
         return bool(self._unrecorded) or self._threads.busy
 
@@ -396,15 +494,41 @@ class Consumer(HandlerDelivery, HandlerStops, RoundPlanning):
         threads = self._threads.get(name)
         return threads.abandoned() if threads is not None else []
 
+    # --- handlers that could not be stopped ------------------------------------------------------
+
+    def _settings_of(self, name: str) -> Any:
+        q = self._queue_named.get(name)
+        return None if q is None else q.settings
+
+    def _abandon(self, message: Message) -> None:
+        """On the watchdog's thread: give up on a handler thread's ``message`` (its outcome,
+        should it come, is dropped; it stays in flight, extended while it runs)."""
+        threads = self._threads.get(message.queue)
+        if threads is not None:
+            threads.abandon(message.token)
+
+    def _replace_unstoppable(self) -> None:
+        stopped = self._unstoppable.take()
+        if not stopped:
+            return
+        self.replaced_for += stopped
+        try:
+            self.replacement_needed(stopped)
+        except Exception:
+            logger.exception("replacement_needed failed")
+        if self.stops_when_replaced and not self.stopping:
+            logger.warning("%s stops: a handler could not be stopped", self.name)
+            self.request_stop()
+
     # --- shutdown ---------------------------------------------------------------------------------
 
     def _shutdown(self) -> int:
         """Give back what is left, record what finished; a forced stop gives it a short try."""
         self._threads.hold()  # first: a lost claim's messages must not start
         replayed = self._round_trip.replay_lost_claims()
-        self._claimed_total += len(replayed)  # given back with the unstarted, just below
+        self._plan.claimed_total += len(replayed)  # given back with the unstarted, just below
         self._threads.add(replayed)
-        self._release_unstarted()
+        self._plan.release_unstarted()
         finished = self._threads.finished_and_abandoned(self.queues)
         # Coroutines still running are cancelled (threads cannot be): given up on like the
         # threads' (left in flight), they end at their next await.

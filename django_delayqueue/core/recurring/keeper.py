@@ -8,7 +8,7 @@ race safely: one creates the ticks, the others are told the new state. States ar
 at the start and again at each maintenance (``refresh``), and corrected by every reply.
 
 The consumer sees the keeper through a small interface
-(:class:`~django_delayqueue.core.consumer.round_parts.Keeper`): its calls and replies in each
+(:class:`~django_delayqueue.core.consumer.rounds.parts.Keeper`): its calls and replies in each
 round (:meth:`ScheduleKeeper.add_to`, :meth:`ScheduleKeeper.read`), when it needs a round, and
 what a finished tick leaves to write (:meth:`ScheduleKeeper.finished`).
 """

@@ -162,7 +162,7 @@ WRITE_RECORD = Contract(
     optional="required",
 )
 # The writes of several records of a queue in one call (those a consumer's round sends with its
-# acks: see django_delayqueue.core.consumer.recording).
+# acks: see django_delayqueue.core.consumer.rounds.recording).
 WRITE_RECORDS = Contract("write_records", keys="*records", args="writes")
 
 # --- recurrences (recurring schedules) ------------------------------------------------------

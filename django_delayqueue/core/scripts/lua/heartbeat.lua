@@ -1,5 +1,5 @@
 -- heartbeat: a consumer says it is alive on one queue (stats.lua counts the consumers alive)
--- when Redis is out of memory and refused the consumer's plain ZADD (core/consumer/rounds.py);
+-- when Redis is out of memory and refused the consumer's plain ZADD (core/consumer/rounds/round_trip.py);
 -- consumers silent for long are forgotten on the way.
 -- KEYS[1] heartbeats zset (consumer -> last seen ms)
 -- ARGV[1] now (ms)   ARGV[2] forget the consumers last seen before (ms)   ARGV[3] consumer name

@@ -1,5 +1,5 @@
 -- progress: the latest progress of running deliveries (message.progress, dq.progress), sent
--- by their consumer with its next beat (core/consumer/progress_reports.py).
+-- by their consumer with its next beat (core/consumer/handlers/progress_reports.py).
 -- KEYS[1] unack zset   KEYS[2] tokens hash   KEYS[3] progress hash
 -- ARGV[1..] triples: id, token, progress (JSON: percent, note, when; core/progress.py)
 -- returns: number of reports written (a stale token, or a message no longer in flight, is

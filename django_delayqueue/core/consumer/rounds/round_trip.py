@@ -4,7 +4,7 @@ Queues may live on different Redis servers (or cluster nodes): each client gets 
 pipeline with its own queues' calls, in the order :meth:`RoundTrip.run` writes out. A queue
 whose scripts fail is logged and left alone for a while; it never stops the others. Besides
 the promotes and claims, two parts ride on every round trip through one interface
-(:mod:`.round_parts`): the outcomes to record and the recurring schedules' keeper.
+(:mod:`.rounds.parts`): the outcomes to record and the recurring schedules' keeper.
 """
 
 from __future__ import annotations
@@ -14,11 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.consumer.claims import ClaimReceipts
-from django_delayqueue.core.consumer.flow_holds import FlowHolds, wake_after, wake_for_freed_slots
-from django_delayqueue.core.consumer.left_at_stop import record_left
-from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
-from django_delayqueue.core.consumer.round_parts import Keeper
+from django_delayqueue.core.consumer.rounds.claims import ClaimReceipts
+from django_delayqueue.core.consumer.rounds.flow_holds import (
+    FlowHolds,
+    wake_after,
+    wake_for_freed_slots,
+)
+from django_delayqueue.core.consumer.rounds.left_at_stop import record_left
+from django_delayqueue.core.consumer.rounds.parts import Keeper
+from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message
 from django_delayqueue.core.errors import DelayQueueError
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -59,7 +63,7 @@ class RoundTrip:
         self.clock = queues[0].clock
         # The newest envelope format this consumer reads: newer ones are left for another.
         self.reads_format = reads_format
-        # What the heartbeat says about this consumer's process on a queue (details.py).
+        # What the heartbeat says about this consumer's process on a queue (rounds/details.py).
         self.details = details
         self.outcomes = outcomes
         self.keeper = keeper
@@ -78,7 +82,7 @@ class RoundTrip:
         # claim, so an idle consumer costs Redis a few reads a second.
         self._ready_seen: dict[str, int] = {}
         self._claim_skipped: set[str] = set()
-        self.holds = FlowHolds()  # queues a flow limit holds back (flow_holds.py)
+        self.holds = FlowHolds()  # queues a flow limit holds back (rounds/flow_holds.py)
 
     def add_queue(self, q: Queue) -> None:
         """Send ``q``'s calls with its server's pipeline from the next round."""
@@ -330,7 +334,7 @@ class RoundTrip:
 
     def _heartbeat(self, client: RedisClient, queues: Sequence[Queue], now: int) -> None:
         """Record that this consumer is alive (read by the health check), and what its process
-        does (:mod:`.details`, in the same pipeline). A Redis out of memory refuses the plain
+        does (:mod:`.rounds.details`, in the same pipeline). A Redis out of memory refuses the plain
         ZADD: for those queues heartbeat.lua, whose first write is a removal, goes through (see
         lua/includes/memory.lua), so a consumer that goes on delivering on a full server does
         not look dead."""

@@ -1,5 +1,5 @@
 """After a round's acks, with ``MIN_REPLICAS``: the replicas have them before the round goes on
-(a part of the recording of outcomes, django_delayqueue.core.consumer.recording)."""
+(a part of the recording of outcomes, django_delayqueue.core.consumer.rounds.recording)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ asgiref's ``async_to_sync`` (in a sync handler or ``@task``, or Django dispatchi
 receivers of a sync send) and ``contextvars.copy_context().run`` in a thread of the user's run
 code on another thread with the handler's context copied: ``dq.abort_requested()``,
 ``stop_error()`` and ``current_run()`` must work there too. A handler thread finds its Run
-through its :class:`~.limits.Slot` (a thread-local, no context variable set per message), so
-the slot is put in the thread's context once, as it is made (:meth:`.limits.Runs.slot`).
+through its :class:`~.limits.runs.Slot` (a thread-local, no context variable set per message), so
+the slot is put in the thread's context once, as it is made (:meth:`.limits.runs.Runs.slot`).
 
 A copy outlives its message if a thread of the user's keeps it: the first read through a copy
 pins it to the message its thread runs then, and the thread puts a new :class:`SharedSlot` in
@@ -20,8 +20,8 @@ import contextvars
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.consumer.handler_run import Run
-    from django_delayqueue.core.consumer.limits import Slot
+    from django_delayqueue.core.consumer.limits.handler_run import Run
+    from django_delayqueue.core.consumer.limits.runs import Slot
     from django_delayqueue.core.envelope import Message
 
 

@@ -12,7 +12,7 @@ tick), and only once Redis has them does the interval grow; until then (an exten
 nothing held yet) the queue is renewed at the old, shorter interval.
 
 Each tick also sends the progress its handlers reported since the last one
-(:mod:`.progress_reports`): the thread wakes every tick anyway, so a report waits at most a
+(:mod:`.handlers.progress_reports`): the thread wakes every tick anyway, so a report waits at most a
 tick, and a consumer whose handlers report nothing makes no call for it.
 """
 
@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from django_delayqueue.core.consumer.progress_reports import send_reports
+from django_delayqueue.core.consumer.handlers.progress_reports import send_reports
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
 

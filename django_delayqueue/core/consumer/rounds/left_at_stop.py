@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from django_delayqueue.core.consumer.recording import UnrecordedOutcomes
+from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
 from django_delayqueue.core.errors import DelayQueueError
 
 logger = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
 """What a consumer knows of its queues' flow limits (core/flow_limits.py): which queues a
 limit holds back, and until when; and the wake-up it owes consumers waiting on a cap.
 
-A claim held back by a limit answers when the next message may start (claim.lua); the round
-trip (:mod:`.rounds`) notes it here. A queue held until a known instant (a rate's next token)
-makes the next round due for the queue then, and its ready messages do not make one due before:
-the consumer sleeps instead of polling. A queue held by ``max_in_flight`` waits for a message in
-flight to end: announced on its wake channel by whichever process records the end
+A claim held back by a limit answers when the next message may start (claim.lua); the round trip
+(:mod:`.rounds.round_trip`) notes it here. A queue held until a known instant (a rate's next token)
+makes the next round due for the queue then, and its ready messages do not make one due before: the
+consumer sleeps instead of polling. A queue held by ``max_in_flight`` waits for a message in flight
+to end: announced on its wake channel by whichever process records the end
 (:func:`wake_for_freed_slots` in a round or while a consumer stops, :func:`wake_after` for the
-supervisor's settling of a stopped handler and for a reap that retried timed-out deliveries),
-and found by the idle poll otherwise (a wake lost with its connection).
+supervisor's settling of a stopped handler and for a reap that retried timed-out deliveries), and
+found by the idle poll otherwise (a wake lost with its connection).
 
 Flow keys' limits (``key_concurrency``, ``key_rate_limit``) hold a queue when no key with
 ready messages may start one: until a key's next token (a known instant), or until a delivery of

@@ -3,7 +3,7 @@
 Two costs stand between a due time and the start of its handler: waking up (a ``select()``
 timeout overshoots by a few tenths of a millisecond) and the promote + claim round trip. The
 consumer therefore wakes one *claim lead* before the time it aims at, claims what is due by
-that time, and the handler thread waits out the rest (:func:`hold_until_start`): the handler
+that time, and the handler thread waits out the rest (:func:`sleep_until_due`): the handler
 starts on time and never early, and the message waits those last milliseconds safe in the
 unack set. The time aimed at is the instant the message became due: its due time, or for one
 that came back to ready (a retry, above all) the instant it did (:func:`became_due_ms`). The
@@ -362,18 +362,6 @@ def became_due_ms(message: Message) -> int:
     """
     since = message.ready_since_ms
     return message.due_ms if since is None else since
-
-
-def hold_until_start(clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS) -> None:
-    """Hold a handler thread until claimed ``message`` became due (:func:`became_due_ms`)."""
-    sleep_until_due(clock, became_due_ms(message), longest_ms)
-
-
-async def ahold_until_start(
-    clock: Clock, message: Message, longest_ms: float = HOLD_AT_MOST_MS
-) -> None:
-    """:func:`hold_until_start` for a coroutine, awaited (the event loop runs the others)."""
-    await asleep_until_due(clock, became_due_ms(message), longest_ms)
 
 
 def sleep_until_due(clock: Clock, due_ms: int, longest_ms: float = HOLD_AT_MOST_MS) -> None:

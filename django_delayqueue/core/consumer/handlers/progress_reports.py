@@ -11,7 +11,7 @@ all (a look at an empty dict per tick). ``progress.lua`` writes a report only fo
 holding the message's current token while it is in flight: one sent after its handler ended
 (acked, retried, reaped and redelivered) is dropped there.
 
-Which delivery reports is found as ``dq.abort_requested()`` finds it (see :mod:`.limits`): the
+Which delivery reports is found as ``dq.abort_requested()`` finds it (see :mod:`.limits.runs`): the
 handler thread's slot, a coroutine's (or a task's) Run, or the slot of the handler thread whose
 context this one was copied from (``async_to_sync``, ``copy_context().run``); and for
 ``message.progress`` called on another thread, the consumer's handler running that message.
@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django_delayqueue.core.consumer.handler_run import _same_delivery
-from django_delayqueue.core.consumer.limits import Slot, _current, _here, _registries
-from django_delayqueue.core.consumer.shared_slot import shared_slot
+from django_delayqueue.core.consumer.limits.handler_run import _same_delivery
+from django_delayqueue.core.consumer.limits.runs import Slot, _current, _here, _registries
+from django_delayqueue.core.consumer.limits.shared_slot import shared_slot
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.progress import checked_progress
 from django_delayqueue.core.queue import Queue

@@ -1,16 +1,17 @@
 """What a running handler may be told: its soft limit, its stop (time limit or abort).
 
 A handler with something to be told runs as a :class:`Run`, registered in the consumer's
-:class:`Runs` while it runs. The watchdog (:mod:`.watchdog`) reads them and acts; the handler's
-own side reads whether its message was aborted (``message.aborted``, :func:`abort_requested`).
+:class:`Runs` while it runs. The watchdog (:mod:`.limits.watchdog`) reads them and acts; the
+handler's own side reads whether its message was aborted (``message.aborted``,
+:func:`abort_requested`).
 
 On a handler thread the Run is made only when needed (most queues have no limit, and aborts are
-rare): each thread has a :class:`Slot`, reused for every message, that says what it runs and
-whether it is inside the handler now. A message whose queue has a time limit gets its Run as it
-starts; any other gets one only when an abort of it is learnt (:class:`.aborts.AbortPoller`) or a
-limit is set on its queue while it runs (the watchdog): :meth:`Runs.adopt`, under the runs' lock,
-only while the handler is inside its code. A handler's end takes the same lock, so no Run is made
-for a handler that has returned.
+rare): each thread has a :class:`Slot`, reused for every message, that says what it runs and whether
+it is inside the handler now. A message whose queue has a time limit gets its Run as it starts; any
+other gets one only when an abort of it is learnt (:class:`.limits.aborts.AbortPoller`) or a limit
+is set on its queue while it runs (the watchdog): :meth:`Runs.adopt`, under the runs' lock, only
+while the handler is inside its code. A handler's end takes the same lock, so no Run is made for a
+handler that has returned.
 
 A stop is an exception raised inside the handler's thread (``PyThreadState_SetAsyncExc``),
 only while that thread is inside the handler: :meth:`Run.leave` (under the same lock) ends that
@@ -29,8 +30,8 @@ import weakref
 from collections.abc import Callable
 from threading import get_ident
 
-# Run, Stop and the raising in a thread live in handler_run.py; imported from here as before.
-from django_delayqueue.core.consumer.handler_run import (
+# Run, Stop and the raising in a thread live in limits/handler_run.py; imported from here as before.
+from django_delayqueue.core.consumer.limits.handler_run import (
     Canceller,
     Run,
     Stop,
@@ -38,7 +39,7 @@ from django_delayqueue.core.consumer.handler_run import (
     clear_in_thread,
     raise_in_thread,
 )
-from django_delayqueue.core.consumer.shared_slot import SharedSlot, shared_run, shared_slot
+from django_delayqueue.core.consumer.limits.shared_slot import SharedSlot, shared_run, shared_slot
 from django_delayqueue.core.envelope import Message
 
 __all__ = [
@@ -100,7 +101,7 @@ def stop_error() -> BaseException | None:
     run = _run_here()
     if run is None:
         return None
-    from django_delayqueue.core.consumer.stopped import abort_reason
+    from django_delayqueue.core.consumer.limits.stopped import abort_reason
     from django_delayqueue.core.errors import Aborted, TimeLimitExceeded
 
     if run.abort_reason is not None:

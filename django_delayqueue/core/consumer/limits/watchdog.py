@@ -3,7 +3,7 @@
 A thread of its own that sleeps until the next thing to do (a soft or hard limit, the end of an
 abort's grace, the end of a stop's wait), so limits are kept to the millisecond without polling
 while nothing has one; it never talks to Redis (the aborts are read by :class:`AbortPoller`,
-:mod:`.aborts`). For each run (:mod:`.limits`):
+:mod:`.limits.aborts`). For each run (:mod:`.limits.runs`):
 
 - past ``soft_time_limit``: ``SoftTimeLimitExceeded`` raised in it, once;
 - past ``time_limit``: ``TimeLimitExceeded`` raised in it; its outcome is a retry with
@@ -26,14 +26,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_delayqueue.core.consumer.handler_contracts import RunningHandler
-from django_delayqueue.core.consumer.limits import Run, Runs
-from django_delayqueue.core.consumer.stopped import (
-    ABORTED_AT_TIME_LIMIT,
-    abort_reason,
-    abort_said,
-    time_limit_reason,
-)
+from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+from django_delayqueue.core.consumer.limits.runs import Run, Runs
+from django_delayqueue.core.consumer.limits.stopped import abort_reason, stop_at_time_limit
 from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.settings import QueueSettings
@@ -159,16 +154,8 @@ class Watchdog:
         due = math.inf
         if s.time_limit is not None:
             if elapsed >= s.time_limit:
-                reason = time_limit_reason(s.time_limit)
-                logger.warning(
-                    "queue %s: message %s (attempt %d): %s, stopping its handler",
-                    run.message.queue,
-                    run.message.id,
-                    run.message.attempt,
-                    reason,
-                    extra=message_fields(run.message),
-                )
-                run.send_stop("retry", reason, TimeLimitExceeded, now)
+                settlement, reason = stop_at_time_limit(run.message, s.time_limit, None)
+                run.send_stop(settlement, reason, TimeLimitExceeded, now)
                 return now + STOP_WAIT_SECONDS
             due = min(due, run.started_monotonic + s.time_limit)
         soft = s.soft_time_limit
@@ -192,19 +179,16 @@ class Watchdog:
             run.soft_sent = True  # its time came in the grace: never raised (the abort asked)
         if now < min(grace_ends, limit_at):
             return min(grace_ends, limit_at)
-        fields = message_fields(run.message)
         if limit is not None and limit_at <= grace_ends:
-            said = abort_said(run.abort_reason)
-            logger.warning(
-                ABORTED_AT_TIME_LIMIT, run.message.queue, run.message.id, said, limit, extra=fields
-            )
+            settlement, reason = stop_at_time_limit(run.message, limit, run.abort_reason)
         else:
             logger.warning(
                 "queue %s: message %s aborted and still running after %gs: stopping it",
                 run.message.queue,
                 run.message.id,
                 s.abort_grace_seconds,
-                extra=fields,
+                extra=message_fields(run.message),
             )
-        run.send_stop("dead", abort_reason(run.abort_reason), Aborted, now)
+            settlement, reason = "dead", abort_reason(run.abort_reason)
+        run.send_stop(settlement, reason, Aborted, now)
         return now + STOP_WAIT_SECONDS

@@ -1,18 +1,17 @@
 """Each queue's handler threads, and the messages claimed for them.
 
 A consumer gives every queue its own handler threads (its ``concurrency``), so a queue whose
-handlers are slow keeps only its own messages waiting, never another queue's. The loop thread
-claims for a queue only what its threads have room for (:meth:`HandlerThreads.room`): one
-message per idle thread, plus what they finish during two refills at their handlers' measured
-pace (:mod:`.claim_ahead`: a claim batch for quick handlers, one or two for 20 ms ones, none for
-slow ones, whose held messages would only wait here instead of on another consumer's idle
-thread).
+handlers are slow keeps only its own messages waiting, never another queue's. The loop thread claims
+for a queue only what its threads have room for (:meth:`HandlerThreads.room`): one message per idle
+thread, plus what they finish during two refills at their handlers' measured pace
+(:mod:`.rounds.claim_ahead`: a claim batch for quick handlers, one or two for 20 ms ones, none for
+slow ones, whose held messages would only wait here instead of on another consumer's idle thread).
 
 The threads know two things of the consumer: what runs a message (a :class:`Deliverer`: the
 consumer) and how to wake its loop (a :class:`LoopWaker`: the consumer's waiter), which they
 nudge when a finished handler is worth a round trip. Those terms, and the
-:class:`RunningHandler` the threads report, are in :mod:`.handler_contracts`; the consumer
-holds every queue's threads in a :class:`.threads_by_queue.ThreadsByQueue`.
+:class:`RunningHandler` the threads report, are in :mod:`.handlers.contracts`; the consumer
+holds every queue's threads in a :class:`.handlers.threads_by_queue.ThreadsByQueue`.
 
 Messages are tracked by their delivery token: tokens come from a per-queue counter, and every
 ``HandlerThreads`` holds one queue's messages, so a token is unique within it (queue A's token "1"
@@ -22,7 +21,7 @@ Handlers run on daemon threads so that a forced exit is not held up by a stuck h
 message is brought back by its visibility timeout).
 
 A message whose handler is a coroutine (``Coroutines.runs_async``) takes no thread: it runs on
-the consumer's event loop (:mod:`.handler_coroutines`), counted against the same ``size`` as a
+the consumer's event loop (:mod:`.handlers.coroutines`), counted against the same ``size`` as a
 running thread, with the same bookkeeping (claimed, running, finished, abandoned). Threads are
 therefore started as sync messages need them, up to ``size``: a queue of coroutines with a
 concurrency of 500 keeps one thread.
@@ -38,14 +37,14 @@ from collections.abc import Callable
 from threading import get_ident
 from time import monotonic
 
-from django_delayqueue.core.consumer.claim_ahead import ClaimAhead
-from django_delayqueue.core.consumer.handler_contracts import (
+from django_delayqueue.core.consumer.handlers.contracts import (
     Coroutines,
     Deliverer,
     LoopWaker,
     RunningHandler,
 )
 from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+from django_delayqueue.core.consumer.rounds.claim_ahead import ClaimAhead
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 
@@ -91,7 +90,7 @@ class HandlerThreads:
         self._working: set[threading.Thread] = set()  # threads inside a handler
         self._holding = False  # stopping: start nothing more
         self._closed = False
-        # How many to hold ahead of a free thread (claim_ahead.py): fed with each handler's
+        # How many to hold ahead of a free thread (rounds/claim_ahead.py): fed with each handler's
         # run and with how long the loop took to refill after these threads asked it to.
         self._ahead = ClaimAhead()
         self._monotonic = monotonic

@@ -1,8 +1,8 @@
 """One handler's run, as its thread and the watchdog see it: the stop (time limit or abort)
 sent to it, its soft limit, and the outcome to record whatever it did after a stop.
 
-Made by :class:`.limits.Runs` (see :mod:`.limits` for when a handler has one); a stop is an
-exception raised in the handler's thread (``PyThreadState_SetAsyncExc``) only while it is inside
+Made by :class:`.limits.runs.Runs` (see :mod:`.limits.runs` for when a handler has one); a stop is
+an exception raised in the handler's thread (``PyThreadState_SetAsyncExc``) only while it is inside
 the handler, or, for a coroutine, its ``canceller`` called.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from threading import get_ident
 from time import monotonic
 
+from django_delayqueue.core.consumer.limits.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.consumer.outcomes import Outcome, aborted_outcome
-from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import _stop_reasons
 from django_delayqueue.core.journal import RETRY
@@ -153,7 +153,7 @@ class Run:
         """The outcome to record: an abort's (dead letters) or a stop's (retry) whatever the
         handler did after it; else what it did."""
         if self.abort_reason is not None:
-            from django_delayqueue.core.consumer.stopped import abort_reason
+            from django_delayqueue.core.consumer.limits.stopped import abort_reason
 
             return aborted_outcome(outcome, abort_reason(self.abort_reason))
         stop = self.stop
@@ -175,7 +175,7 @@ class Run:
         stop = self.stop
         assert stop is not None
         if self.abort_reason is not None and stop.settlement != "dead":
-            from django_delayqueue.core.consumer.stopped import abort_reason
+            from django_delayqueue.core.consumer.limits.stopped import abort_reason
 
             return StoppedHandler.of(self.message, "dead", abort_reason(self.abort_reason))
         return StoppedHandler.of(self.message, stop.settlement, stop.reason)

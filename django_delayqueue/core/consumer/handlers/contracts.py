@@ -3,7 +3,7 @@
 What the threads are given: a :class:`Deliverer` (the consumer: runs a message), a
 :class:`LoopWaker` (its waiter) and :class:`Coroutines` (where async handlers run). What they
 report: a :class:`RunningHandler` per handler running now. Kept apart from
-:mod:`.handler_threads` so that the readers of running handlers (the watchdog, the heartbeat
+:mod:`.handlers.threads` so that the readers of running handlers (the watchdog, the heartbeat
 details, the admin's health probe) and the consumer's types need none of the threads' machinery.
 """
 

@@ -3,7 +3,7 @@
 The consumer's loop speaks to all of its queues' threads at once: hand claimed messages to
 their queue's threads, take every finished outcome, hold them all at a stop, list what is in
 flight or running. That fan-out over queues, and what a stop does with the handlers it gives
-up on (:func:`_leave_in_flight`), is apart from :mod:`.handler_threads`, which is one queue's
+up on (:func:`_leave_in_flight`), is apart from :mod:`.handlers.threads`, which is one queue's
 threads and their lock: each module keeps one job.
 """
 
@@ -13,13 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from django_delayqueue.core.consumer.handler_contracts import (
+from django_delayqueue.core.consumer.handlers.contracts import (
     Coroutines,
     Deliverer,
     LoopWaker,
     RunningHandler,
 )
-from django_delayqueue.core.consumer.handler_threads import HandlerThreads
+from django_delayqueue.core.consumer.handlers.threads import HandlerThreads
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue

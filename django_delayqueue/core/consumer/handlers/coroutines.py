@@ -4,7 +4,7 @@ A thread per running handler is what makes a sync handler's concurrency cost mem
 switches; a coroutine costs neither, so a queue whose handlers are coroutines may run hundreds at
 once on one loop. The loop thread (:class:`HandlerCoroutines`) starts when the first coroutine
 does. Which messages run here, and how many at once, is the handler threads' business
-(:mod:`.handler_threads`): they count a running coroutine against their queue's concurrency as
+(:mod:`.handlers.threads`): they count a running coroutine against their queue's concurrency as
 they count a running thread, and hand it the message; this module runs it and gives the outcome
 back through the same ``done`` callback a handler thread's outcome takes.
 
@@ -13,16 +13,16 @@ the end of a stop's grace period. Its outcome is then what the canceller said (r
 time limit's reason, or dead for an abort), whatever the coroutine did after; but an abort
 learnt before it ended wins over a time limit (:meth:`HandlerCoroutines.settlement`), as it does
 for a thread: dead letters with the abort's reason, never a retry. A delivery ends only once the
-work it handed to threads has ended too (:mod:`.coroutine_threads`): cancelling stops the
+work it handed to threads has ended too (:mod:`.handlers.coroutine_threads`): cancelling stops the
 waiting, not a thread, so until then it stays running (its outcome held, its message in flight
 and extended), and a thread still running a moment after a stop makes it unstoppable.
 
 Beside this runner, each in its own module: what a handler's own task reaches of its run
-(:mod:`.coroutine_context`: its stop request, where its soft limit lands, its sync parts), the
-``await`` that the soft limit interrupts (:mod:`.interruptible`), and the watcher thread that
-keeps the time limits and reports the coroutines that cannot be stopped (a coroutine that
-catches ``CancelledError`` and goes on, or blocks the loop in sync code) and a blocked loop
-(:mod:`.coroutine_watcher`).
+(:mod:`.handlers.coroutine_context`: its stop request, where its soft limit lands, its sync parts),
+the ``await`` that the soft limit interrupts (:mod:`.handlers.interruptible`), and the watcher
+thread that keeps the time limits and reports the coroutines that cannot be stopped (a coroutine
+that catches ``CancelledError`` and goes on, or blocks the loop in sync code) and a blocked loop
+(:mod:`.handlers.coroutine_watcher`).
 """
 
 from __future__ import annotations
@@ -35,24 +35,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
-from django_delayqueue.core.consumer.coroutine_context import (
+from django_delayqueue.core.consumer.handlers.coroutine_context import (
     RunningCoroutine,
     enter,
     hold_for_threads,
 )
-from django_delayqueue.core.consumer.coroutine_context import (
+from django_delayqueue.core.consumer.handlers.coroutine_context import (
     requested_stop as requested_stop,  # re-exported: docs/workers.md names it here
 )
-from django_delayqueue.core.consumer.coroutine_threads import install
-from django_delayqueue.core.consumer.coroutine_watcher import STOP_WAIT_SECONDS, CoroutineWatcher
-from django_delayqueue.core.consumer.interruptible import Interruptible
+from django_delayqueue.core.consumer.handlers.coroutine_threads import install
+from django_delayqueue.core.consumer.handlers.coroutine_watcher import (
+    STOP_WAIT_SECONDS,
+    CoroutineWatcher,
+)
+from django_delayqueue.core.consumer.handlers.interruptible import Interruptible
+from django_delayqueue.core.consumer.limits.stopped import Settlement, StoppedHandler, abort_reason
 from django_delayqueue.core.consumer.outcomes import (
     Outcome,
     aborted_outcome,
     failed_outcome,
     is_aborted,
 )
-from django_delayqueue.core.consumer.stopped import Settlement, StoppedHandler, abort_reason
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.journal import RETRY
 from django_delayqueue.core.observability.log_fields import message_fields

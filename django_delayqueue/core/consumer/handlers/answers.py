@@ -1,6 +1,6 @@
 """This process's answers to what a running handler asks about its delivery (core/running.py):
-whether it was aborted (:func:`.limits.aborted`) and keeping its progress reports
-(:func:`.progress_reports.report_progress`).
+whether it was aborted (:func:`.limits.runs.aborted`) and keeping its progress reports
+(:func:`.handlers.progress_reports.report_progress`).
 
 Registered as this package is imported (its ``__init__``), so before any handler of it runs;
 ``Message.aborted`` and ``Message.progress`` reach them through core/running.py, and the
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_delayqueue.core.consumer.limits import aborted
-from django_delayqueue.core.consumer.progress_reports import report_progress
+from django_delayqueue.core.consumer.handlers.progress_reports import report_progress
+from django_delayqueue.core.consumer.limits.runs import aborted
 from django_delayqueue.core.envelope import Message
 
 

@@ -1,7 +1,7 @@
 """What rides on a consumer's round trip besides the promotes and claims: one interface.
 
 Two parts add calls to every round trip's pipeline and read their replies: the outcomes waiting
-to be recorded (:class:`~.recording.UnrecordedOutcomes`) and the recurring schedules
+to be recorded (:class:`~.rounds.recording.UnrecordedOutcomes`) and the recurring schedules
 (:class:`~django_delayqueue.core.recurring.keeper.ScheduleKeeper`). Both are a
 :class:`RoundPart`. The keeper answers a few questions more (:class:`Keeper`): whether a queue's
 promote and claim must wait for it, when it needs a round, what a finished tick leaves to write.

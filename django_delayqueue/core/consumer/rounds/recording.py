@@ -16,7 +16,7 @@ refuses are dropped at once (the deliveries' acks go on: they free memory) and c
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
 as they come in. The recorder rides on every round trip, as the recurring keeper does (see
-:mod:`.round_parts`): ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
+:mod:`.rounds.parts`): ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any, Literal
 
 import redis
 
-from django_delayqueue.core.consumer.merged_writes import is_merged, merged_writes, record_replies
 from django_delayqueue.core.consumer.outcomes import (
     ACK,
     GARBAGE,
@@ -39,7 +38,12 @@ from django_delayqueue.core.consumer.outcomes import (
     WhileRunning,
     journal_entry,
 )
-from django_delayqueue.core.consumer.replica_acks import confirm_acks as _confirm_acks
+from django_delayqueue.core.consumer.rounds.merged_writes import (
+    is_merged,
+    merged_writes,
+    record_replies,
+)
+from django_delayqueue.core.consumer.rounds.replica_acks import confirm_acks as _confirm_acks
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog

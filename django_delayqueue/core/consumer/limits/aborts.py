@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from django_delayqueue.core.consumer.limits import Run, Runs, Slot
+from django_delayqueue.core.consumer.limits.runs import Run, Runs, Slot
 from django_delayqueue.core.envelope import Message, to_str
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.queue import Queue

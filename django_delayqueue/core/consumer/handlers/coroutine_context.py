@@ -2,12 +2,12 @@
 
 Every coroutine shares the event loop's thread, so what a handler may ask about its own message
 lives in context variables (set in its task by :func:`enter`), never in a thread-local:
-:func:`requested_stop` (how a cancel asked it to stop), :func:`interruptible` (where its soft
-time limit is raised when it waits in tasks of its own) and :func:`sync_part` (code it runs on a
-thread, which keeps its message held until it ends). The work a handler's task hands to a thread
-through the loop's executors is counted the same way (:mod:`.coroutine_threads`): a delivery
-ends only once every thread it started has ended (:func:`hold_for_threads`). Kept apart from the
-runner (:mod:`.handler_coroutines`) because this is what the handler's side imports
+:func:`requested_stop` (how a cancel asked it to stop), :func:`interruptible` (where its soft time
+limit is raised when it waits in tasks of its own) and :func:`sync_part` (code it runs on a thread,
+which keeps its message held until it ends). The work a handler's task hands to a thread through the
+loop's executors is counted the same way (:mod:`.handlers.coroutine_threads`): a delivery ends only
+once every thread it started has ended (:func:`hold_for_threads`). Kept apart from the runner
+(:mod:`.handlers.coroutines`) because this is what the handler's side imports
 (``django_delayqueue.dispatch``, the task runner), and it needs none of the loop's machinery.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_delayqueue.core.consumer.interruptible import Interruptible
+from django_delayqueue.core.consumer.handlers.interruptible import Interruptible
+from django_delayqueue.core.consumer.limits.stopped import Settlement
 from django_delayqueue.core.consumer.outcomes import Outcome
-from django_delayqueue.core.consumer.stopped import Settlement
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 

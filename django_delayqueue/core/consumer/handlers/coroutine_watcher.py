@@ -7,8 +7,9 @@ and the hard one (a cancel) when due, reports a coroutine still running
 :data:`STOP_WAIT_SECONDS` after it was cancelled as unstoppable (``on_unstoppable``: the consumer
 gets its process replaced), and logs a loop that has not answered a ping for
 :data:`BLOCKED_WARN_SECONDS`. After an abort, as the watchdog does for a thread, the soft limit
-is not raised and the time limit stops the coroutine as aborted (the abort wins). Kept apart from
-the runner (:mod:`.handler_coroutines`), which owns the loop and the running coroutines and
+is not raised and the time limit stops the coroutine as aborted (the abort wins: one decision and
+one log line for both, :func:`.limits.stopped.stop_at_time_limit`). Kept apart from
+the runner (:mod:`.handlers.coroutines`), which owns the loop and the running coroutines and
 which this only reads and asks to cancel.
 """
 
@@ -20,14 +21,11 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from django_delayqueue.core.consumer.coroutine_context import RunningCoroutine
-from django_delayqueue.core.consumer.stopped import (
-    ABORTED_AT_TIME_LIMIT,
+from django_delayqueue.core.consumer.handlers.coroutine_context import RunningCoroutine
+from django_delayqueue.core.consumer.limits.stopped import (
     Settlement,
     StoppedHandler,
-    abort_reason,
-    abort_said,
-    time_limit_reason,
+    stop_at_time_limit,
 )
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import SoftTimeLimitExceeded
@@ -181,12 +179,8 @@ class CoroutineWatcher:
         abort wins over a limit that comes in its grace)."""
         message = entry.message
         aborted = self._coroutines.abort_reason_of(message)
-        if aborted is None:
-            self._coroutines.cancel(message.queue, message.token, time_limit_reason(seconds))
-            return
-        said = abort_said(aborted)
-        logger.warning(ABORTED_AT_TIME_LIMIT, message.queue, message.id, said, seconds)
-        self._coroutines.cancel(message.queue, message.token, abort_reason(aborted), "dead")
+        settlement, reason = stop_at_time_limit(message, seconds, aborted)  # as the watchdog's
+        self._coroutines.cancel(message.queue, message.token, reason, settlement)
 
     def _watch_the_loop(
         self, loop: asyncio.AbstractEventLoop, now: float, entries: list[RunningCoroutine]

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django_delayqueue.core.consumer.handler_contracts import RunningHandler
+from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT
 
 MOST_RUNNING_LISTED = 20

@@ -12,7 +12,7 @@ So the loop runs such work in executors of its own (:func:`install`):
 
 Work handed to either from a coroutine handler's task (or a task it started: they share its
 context) counts as its delivery's (``coroutine_context.thread_started``) until it has ended, or
-was cancelled before it started. The runner (:mod:`.handler_coroutines`) holds the delivery's
+was cancelled before it started. The runner (:mod:`.handlers.coroutines`) holds the delivery's
 outcome until then: it stays running, in flight and extended, and a thread that does not end
 soon after a stop makes it unstoppable, reported as a thread handler's is (its process is
 replaced). Work handed over outside a handler (the consumer's own) counts for nothing.
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from django_delayqueue.core.consumer.coroutine_context import (
+from django_delayqueue.core.consumer.handlers.coroutine_context import (
     current,
     thread_ended,
     thread_started,

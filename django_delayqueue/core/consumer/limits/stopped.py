@@ -11,14 +11,18 @@ own redelivery), records each stopped message's outcome with :func:`settle_stopp
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from django_delayqueue.core.consumer.flow_holds import wake_after
+from django_delayqueue.core.consumer.rounds.flow_holds import wake_after
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
+
+logger = logging.getLogger(__name__)
 
 Settlement = Literal["retry", "dead"]
 
@@ -42,6 +46,31 @@ ABORTED_AT_TIME_LIMIT = "queue %s: message %s aborted%s and at its time limit (%
 def abort_said(reason: str) -> str:
     """How a log line names an abort's own reason: " (<reason>)", or nothing."""
     return f" ({reason})" if reason else ""
+
+
+def stop_at_time_limit(
+    message: Message, seconds: float, aborted: str | None
+) -> tuple[Settlement, str]:
+    """How a handler still running at its time limit (``seconds``) is stopped, and the log line
+    that says so, the same for a thread (the watchdog) and a coroutine (its watcher): retried
+    with :func:`time_limit_reason`; or, once aborted (``aborted``: the abort's own reason, ""
+    for none), as the abort, to the dead letters: an abort wins over a limit that comes in its
+    grace, so that the log, the journal and the dead letters tell one story."""
+    fields = message_fields(message)
+    if aborted is None:
+        reason = time_limit_reason(seconds)
+        logger.warning(
+            "queue %s: message %s (attempt %d): %s, stopping its handler",
+            message.queue,
+            message.id,
+            message.attempt,
+            reason,
+            extra=fields,
+        )
+        return "retry", reason
+    said = abort_said(aborted)
+    logger.warning(ABORTED_AT_TIME_LIMIT, message.queue, message.id, said, seconds, extra=fields)
+    return "dead", abort_reason(aborted)
 
 
 @dataclass(frozen=True)
