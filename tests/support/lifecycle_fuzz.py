@@ -500,6 +500,8 @@ class Fuzz:
     def _sighup_broken(self) -> None:
         if self.broken_until is not None:
             return
+        if len(self._ready_supervisors()) < sum(1 for s in self.supervisors if s.poll() is None):
+            return  # a supervisor still loading (one just started) would load the broken code
         targets = self._hup_targets()
         if targets:
             self._deploy(broken=True)

@@ -7,23 +7,15 @@ task's result), sent before the ack, their ``then`` run once Redis has them. An 
 here until Redis has both its state change (ack, nack, burial) and its journal row, each tracked
 apart: when one call fails only what that call carried is sent again, so an ack is never
 repeated because a journal write failed, and one broken queue never holds back another's
-outcomes. A queue whose calls fail is tried again after a pause, not every round; a journal
-row that keeps failing on a script error (say, the journal key holds the wrong type) is dropped
+outcomes. A queue whose calls fail is tried again after a pause, not every round; a journal row
+that keeps failing on a script error (say, the journal key holds the wrong type) is dropped
 after a few tries, with an error naming the ids, rather than kept in memory for ever. An outage
 (the whole pipeline fails) keeps everything, the early writes (``write_soon``) included: each
 leaves only once a reply says it ran. When Redis is out of memory the journal rows it
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
-as they come in.
-
-A failure's journal row waits for its nack's reply, and goes with the next round (due at once:
-:meth:`UnrecordedOutcomes.journal_due`). An abort that landed after its handler ended (or was
-stopped at a time limit) and before the nack wins: nack.lua dead-letters the message as aborted
-(``NACK_ABORTED``), so the journal row, the log line and a task's record say ``Aborted`` too,
-not what the handler did (issue 36: one story in the records).
-
-The recorder rides on every round trip, as the recurring keeper does (see
+as they come in. The recorder rides on every round trip, as the recurring keeper does (see
 :mod:`.round_parts`): ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
 
@@ -87,8 +79,11 @@ class _Entry:
 
     @property
     def journal_ready(self) -> bool:
-        """Whether its journal row can go: an ack's with it, a failure's once its nack told
-        what became of the message (an abort that landed first makes it an abort's)."""
+        """Whether its journal row can go: an ack's with it, a failure's once its nack replied
+        (with the next round, due at once: ``journal_due``). An abort that landed after the
+        handler ended (or was stopped at a time limit) and before the nack wins: nack.lua
+        dead-letters the message as aborted (``NACK_ABORTED``), and the journal row, the log
+        line and a task's record say ``Aborted`` too, not what the handler did (issue 36)."""
         return not self.journalled and (self.recorded or self.outcome.status == ACK)
 
 
