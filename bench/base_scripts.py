@@ -47,16 +47,17 @@ def script_at(ref: str, name: str, marker: str) -> LuaScript | None:
 
 class PackageAt:
     """``django_delayqueue`` as it was at ``ref`` (``git archive``), in a temporary directory:
-    ``root`` goes first on a child's path (beside this checkout's bench app). ``root`` is None
-    when the ref cannot be read; :meth:`close` removes the files."""
+    ``root`` goes first on a child's path (beside this checkout's bench app), or is a child's
+    working directory when ``paths`` also holds ``bench`` (the whole bench as it was). ``root``
+    is None when the ref cannot be read; :meth:`close` removes the files."""
 
-    def __init__(self, ref: str) -> None:
+    def __init__(self, ref: str, paths: tuple[str, ...] = ("django_delayqueue",)) -> None:
         self.ref = ref
         self._tmp = tempfile.TemporaryDirectory(prefix="dq-bench-base-")
         self.root: Path | None = Path(self._tmp.name)
         try:
             archive = subprocess.run(
-                ["git", "archive", ref, "django_delayqueue"],
+                ["git", "archive", ref, *paths],
                 cwd=ROOT,
                 capture_output=True,
                 check=True,

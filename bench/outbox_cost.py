@@ -9,61 +9,17 @@ database). The figure is the median over rounds of microseconds per request.
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
-from .harness import Bench, Child, Row
+from .databases import measure_per_database
+from .harness import Bench, Row
 from .sizes import Sizes
 
 
-@contextmanager
-def _postgres() -> Iterator[dict[str, str] | None]:
-    try:
-        import psycopg
-
-        admin = psycopg.connect(
-            "host=127.0.0.1 port=5432 user=postgres dbname=postgres",
-            autocommit=True,
-            connect_timeout=3,
-        )
-    except Exception:  # no driver or no server: the SQLite rows only
-        yield None
-        return
-    name = f"dq_bench_outbox_{uuid.uuid4().hex[:8]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield {"BENCH_PG_NAME": name}
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-
 def outbox_cost(bench: Bench, sizes: Sizes) -> list[Row]:
-    rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp, _postgres() as pg:
-        databases = {"sqlite": {"BENCH_DB": str(Path(tmp) / "bench.sqlite3")}}
-        if pg is not None:
-            databases["postgresql"] = pg
-        for name, db_env in databases.items():
-            env = {
-                "DJANGO_SETTINGS_MODULE": "bench.djapp.settings",
-                "BENCH_REDIS_URL": bench.url,
-                **db_env,
-            }
-            Child(["-m", "django", "migrate", "-v", "0"], env).wait(sizes.timeout)
-            out, _ = Child(
-                ["-m", "bench.djapp.outbox_view", str(sizes.outbox_requests), str(sizes.rounds)],
-                env,
-            ).wait(sizes.timeout)
-            modes = json.loads(out.strip().splitlines()[-1])["modes"]
-            bench.flush()
-            rows += _rows(name, modes, sizes)
-    return rows
+    program = ["bench.djapp.outbox_view", str(sizes.outbox_requests), str(sizes.rounds)]
+    measured = measure_per_database(bench, sizes, program, "dq_bench_outbox")
+    return [row for name, got in measured.items() for row in _rows(name, got["modes"], sizes)]
 
 
 def _rows(database: str, modes: dict[str, list[float]], sizes: Sizes) -> list[Row]:

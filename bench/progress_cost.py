@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import tarfile
-import tempfile
-from io import BytesIO
 from pathlib import Path
 
 from django_delayqueue.core import Queue
 from django_delayqueue.core.scripts.calls import LuaScript
 from django_delayqueue.core.scripts.contracts import ACK
 
-from .base_scripts import script_at
+from .base_scripts import PackageAt, script_at
 from .deliver import CHILD, report_of, schedule_due_at_once
-from .harness import PAYLOAD_100, ROOT, Bench, Child, Row, at_least, at_most
+from .harness import PAYLOAD_100, Bench, Child, Row, at_least, at_most
 from .sizes import Sizes
 
 # The last commit of main before progress: its ack.lua and its consumer are the baseline.
@@ -131,28 +127,6 @@ def _ack_us(bench: Bench, q: Queue, script: LuaScript, is_now: bool, batch: int,
 # --- delivery: this checkout against the base, and reporting against not ----------------------
 
 
-class _BaseCheckout:
-    """The base commit's files (``git archive``) in a temporary directory, or None."""
-
-    def __init__(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="dq-bench-base-")
-        self.root: Path | None = Path(self._tmp.name)
-        try:
-            archive = subprocess.run(
-                ["git", "archive", _base_ref(), "django_delayqueue", "bench"],
-                cwd=ROOT,
-                capture_output=True,
-                check=True,
-            ).stdout
-            with tarfile.open(fileobj=BytesIO(archive)) as tar:
-                tar.extractall(self.root, filter="data")
-        except (OSError, subprocess.CalledProcessError, tarfile.TarError):
-            self.root = None
-
-    def close(self) -> None:
-        self._tmp.cleanup()
-
-
 def _run(
     bench: Bench, count: int, timeout: float, extra: list[str], root: Path | None
 ) -> tuple[float, float]:
@@ -169,7 +143,7 @@ def _run(
 
 def deliver_against_base(bench: Bench, sizes: Sizes) -> list[Row]:
     count = min(sizes.delivery, 20_000)
-    base = _BaseCheckout()
+    base = PackageAt(_base_ref(), ("django_delayqueue", "bench"))
     try:
         ratios, ours, theirs = [], [], []
         cpu_ratios, cpu_ours, cpu_theirs = [], [], []

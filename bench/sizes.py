@@ -24,6 +24,7 @@ class Sizes:
     django_path: int = 2000  # view -> schedule -> runqueue -> handler
     outbox_requests: int = 1000  # checkout requests per way and round (bench/outbox_cost.py)
     atomic_messages: int = 2000  # messages per way and round (bench/atomic_cost.py)
+    atomic_rounds: int = 3  # bench/atomic_cost.py: its figures are medians of this many rounds
     peer_schedule: int = 20_000
     peer_delivery: int = 20_000
     peer_lateness: int = 1000

@@ -82,40 +82,78 @@ def is_skipped(returned: Any) -> bool:
 
 
 def prune(alias: str, queues: Sequence[Queue], keep_seconds: float) -> int:
-    """Delete up to :data:`PRUNE_BATCH` inbox rows per queue of ``queues`` (each on its logical
-    name) on ``alias`` that no redelivery can need any more: older than ``keep_seconds``, and
-    whose message is no longer in Redis under that scheduled time (acknowledged, cancelled,
-    purged). A message still there (retrying, dead, paused) keeps its row, however old:
-    staff may requeue it. Returns the rows deleted; never raises (logs)."""
-    from django_delayqueue.models import InboxEntry
+    """One batch of :meth:`InboxPruner.prune` from the oldest rows (no state kept)."""
+    return InboxPruner().prune(alias, queues, keep_seconds)
 
-    cutoff = timezone.now() - timedelta(seconds=keep_seconds)
-    deleted = 0
-    by_name: dict[str, list[Queue]] = {}
-    for q in queues:
-        by_name.setdefault(q.logical_name, []).append(q)
-    for name, shards in by_name.items():
-        try:
-            rows = list(
-                InboxEntry.objects.using(alias)
-                .filter(queue=name, done_at__lt=cutoff)
-                .order_by("done_at")
-                .values_list("pk", "message_id", "scheduled_ms")[:PRUNE_BATCH]
-            )
-            if not rows:
-                continue
-            alive = _still_there(shards, rows)
-            # -1: an envelope this release cannot read (a newer format): kept, whatever its time.
-            gone = [
-                pk
-                for pk, message_id, scheduled in rows
-                if (message_id, scheduled) not in alive and (message_id, -1) not in alive
-            ]
-            if gone:
-                deleted += InboxEntry.objects.using(alias).filter(pk__in=gone).delete()[0]
-        except (DatabaseError, DelayQueueError) as e:  # maintenance never fails the consumer
-            logger.warning("queue %s: inbox rows not pruned: %s", name, e)
-    return deleted
+
+class InboxPruner:
+    """Deletes, a small batch per queue at a time, the inbox rows no redelivery can need.
+
+    Each batch starts after the rows the previous one looked at, so rows kept for long (their
+    messages dead-lettered after the commit, or on a paused queue) never stop the pruning of
+    later ones; a batch that comes back short starts the next one at the oldest rows again
+    (kept rows are looked at again: their messages may have gone). :attr:`behind` says
+    whether the last batch of some queue was full: more rows may be waiting, and a worker
+    prunes again at its next maintenance rather than a minute later, so that an inbox
+    filling faster than a batch a minute does not grow for good."""
+
+    def __init__(self) -> None:
+        # (alias, logical queue) -> (done_at, pk) of the last row of its previous batch, while
+        # that batch was full
+        self._after: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    @property
+    def behind(self) -> bool:
+        """Whether the last batch of some queue was full (more rows may wait)."""
+        return bool(self._after)
+
+    def prune(self, alias: str, queues: Sequence[Queue], keep_seconds: float) -> int:
+        """Delete up to :data:`PRUNE_BATCH` inbox rows per queue of ``queues`` (each on its
+        logical name) on ``alias`` that no redelivery can need any more: older than
+        ``keep_seconds``, and whose message is no longer in Redis under that scheduled time
+        (acknowledged, cancelled, purged). A message still there (retrying, dead, paused)
+        keeps its row, however old: staff may requeue it. Returns the rows deleted; never
+        raises (logs)."""
+        from django.db.models import Q
+
+        from django_delayqueue.models import InboxEntry
+
+        cutoff = timezone.now() - timedelta(seconds=keep_seconds)
+        deleted = 0
+        by_name: dict[str, list[Queue]] = {}
+        for q in queues:
+            by_name.setdefault(q.logical_name, []).append(q)
+        for name, shards in by_name.items():
+            cursor = (alias, name)
+            try:
+                found = InboxEntry.objects.using(alias).filter(queue=name, done_at__lt=cutoff)
+                if cursor in self._after:
+                    done_at, pk = self._after[cursor]
+                    found = found.filter(Q(done_at__gt=done_at) | Q(done_at=done_at, pk__gt=pk))
+                rows = list(
+                    found.order_by("done_at", "pk").values_list(
+                        "pk", "message_id", "scheduled_ms", "done_at"
+                    )[:PRUNE_BATCH]
+                )
+                if len(rows) < PRUNE_BATCH:
+                    self._after.pop(cursor, None)
+                else:
+                    self._after[cursor] = (rows[-1][3], rows[-1][0])
+                if not rows:
+                    continue
+                alive = _still_there(shards, [(pk, m, s) for pk, m, s, _ in rows])
+                # -1: an envelope this release cannot read (a newer format): kept, whatever
+                # its time.
+                gone = [
+                    pk
+                    for pk, message_id, scheduled, _ in rows
+                    if (message_id, scheduled) not in alive and (message_id, -1) not in alive
+                ]
+                if gone:
+                    deleted += InboxEntry.objects.using(alias).filter(pk__in=gone).delete()[0]
+            except (DatabaseError, DelayQueueError) as e:  # maintenance never fails the consumer
+                logger.warning("queue %s: inbox rows not pruned: %s", name, e)
+        return deleted
 
 
 def _still_there(shards: list[Queue], rows: list[tuple[Any, str, int]]) -> set[tuple[str, int]]:

@@ -59,7 +59,8 @@ logger = logging.getLogger(__name__)
 # by handle() below with the queue, message id and attempt, not a second time by Django's
 # "django.dispatch" logger (apps.py filters those records out).
 dispatching = threading.local()
-# How often a worker prunes the inbox of its atomic queues (a batch per queue each time).
+# How often a worker prunes the inbox of its atomic queues (a batch per queue each time), when
+# it is not behind (then at every maintenance: see inbox.InboxPruner.behind).
 INBOX_PRUNE_SECONDS = 60.0
 
 
@@ -106,6 +107,7 @@ class Worker(TaskServing, Consumer):
         # handlers run in a transaction on (None: not atomic). A bad "atomic" raises here.
         self._atomic = {q.logical_name: queue_atomic(q.logical_name) for q in self.queues}
         self._pruned_at: float | None = None  # when the inbox was last pruned (monotonic)
+        self._pruner = inbox.InboxPruner()
         # The Redis servers are judged before the first delivery, or once they answer: one
         # whose policy evicts keys stops the worker (see monitoring.servers).
         self.servers = ServerGuard()
@@ -311,9 +313,11 @@ class Worker(TaskServing, Consumer):
 
     def _prune_inbox(self) -> None:
         """Delete the inbox rows of this worker's atomic queues that no redelivery can need,
-        a small batch per queue, at most every INBOX_PRUNE_SECONDS (see inbox.prune)."""
+        a small batch per queue, every INBOX_PRUNE_SECONDS, or at every maintenance while
+        the last batch of a queue was full (see inbox.InboxPruner)."""
         now = time.monotonic()
-        if self._pruned_at is not None and now - self._pruned_at < INBOX_PRUNE_SECONDS:
+        waiting = self._pruned_at is not None and now - self._pruned_at < INBOX_PRUNE_SECONDS
+        if waiting and not self._pruner.behind:
             return
         self._pruned_at = now
         by_alias: dict[str, list[Queue]] = {}
@@ -324,7 +328,7 @@ class Worker(TaskServing, Consumer):
         keep = float(dq_settings.INBOX_KEEP_SECONDS)
         try:
             for alias, queues in by_alias.items():
-                deleted = inbox.prune(alias, queues, keep)
+                deleted = self._pruner.prune(alias, queues, keep)
                 if deleted:
                     logger.debug("%s: %d inbox rows pruned on %r", self.name, deleted, alias)
         finally:

@@ -28,8 +28,9 @@ for a queue whose messages wait for a newer consumer while no live consumer read
 (they wait until one is upgraded; a consumer that reads it delivers them within a minute).
 
 A Redis server whose ``maxmemory-policy`` evicts keys fails the ``eviction`` check, unless
-``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers); ``servers`` in the report has each
-server's memory, policy and persistence.
+``ACCEPT_DATA_LOSS_ON_EVICTION`` (see monitoring.servers), and so does one whose INFO cannot be
+read (its policy is not known); ``servers`` in the report has each server's memory, policy and
+persistence.
 
 Paused queues are expected to have a backlog and may have no consumer: they are not checked.
 
@@ -54,7 +55,12 @@ from django_delayqueue.core.errors import ConfigurationError
 from django_delayqueue.core.server_info import ServerInfo
 from django_delayqueue.monitoring.access import Access, access, refused
 from django_delayqueue.monitoring.processes import past_limit, supervisors_dict
-from django_delayqueue.monitoring.servers import app_servers, findings, memory_problems
+from django_delayqueue.monitoring.servers import (
+    app_servers,
+    eviction_accepted,
+    findings,
+    memory_problems,
+)
 from django_delayqueue.monitoring.stats import (
     DEFAULT_ALIVE_SECONDS,
     QueueStats,
@@ -206,10 +212,21 @@ def queue_time_limit(name: str) -> float | None:
 
 def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:
     """``eviction`` (a policy that deletes messages, not accepted) and, when asked for with
-    ``HEALTH_MAX_MEMORY_PERCENT``, ``memory``; servers that could not be read fail ``redis``."""
+    ``HEALTH_MAX_MEMORY_PERCENT``, ``memory``.
+
+    A server whose INFO cannot be read (an ACL denying it, say) fails ``eviction``: its policy
+    is not known, and a probe asking for that check alone would otherwise pass with nothing
+    checked. Unless the data loss is accepted, when the policy does not matter."""
     out: dict[str, dict[str, Any]] = {}
-    if any(s.ok for s in servers):
+    if servers:
         failing = {f.server: f.message for f in findings(servers) if f.refuses_runqueue}
+        if not eviction_accepted():
+            for s in servers:
+                if not s.ok:
+                    failing[s.address] = (
+                        f"could not read the server's INFO ({s.error}): its maxmemory-policy "
+                        "is not known"
+                    )
         out["eviction"] = _check(failing)
     percent = setting("HEALTH_MAX_MEMORY_PERCENT", None)
     if percent is not None:
@@ -218,12 +235,13 @@ def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:
 
 
 def _outbox_report() -> dict[str, Any]:
-    """The outbox backlog of each database (none without a table or a reachable database)."""
-    from django_delayqueue.outbox.backlog import outbox_backlog
+    """The outbox backlog of each database (none without a table); a database that cannot be
+    read fails the check."""
+    from django_delayqueue.outbox.backlog import read_backlogs
 
     limit = setting("OUTBOX_MAX_AGE_SECONDS", 60.0)
-    backlogs = outbox_backlog()
-    if not backlogs:
+    backlogs, unreadable = read_backlogs()
+    if not backlogs and not unreadable:
         return {}
     databases = {
         b.database: {"waiting": b.count, "oldest_seconds": round(b.age_seconds(), 3)}
@@ -234,6 +252,7 @@ def _outbox_report() -> dict[str, Any]:
         for name, info in databases.items()
         if limit is not None and info["oldest_seconds"] > limit
     }
+    failing.update({name: f"could not read the outbox: {e}" for name, e in unreadable.items()})
     limits = {} if limit is None else {"max_seconds": limit}
     return {**_check(failing, **limits), "databases": databases}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
@@ -35,10 +35,19 @@ class Backlog:
 
 def outbox_backlog(databases: list[str] | None = None) -> list[Backlog]:
     """The backlog of every database the outbox may live in; one without the table is left out
-    (not migrated: nothing can wait in it)."""
+    (not migrated: nothing can wait in it), and so is one that cannot be read (see
+    :func:`read_backlogs` for those)."""
+    return read_backlogs(databases)[0]
+
+
+def read_backlogs(databases: list[str] | None = None) -> tuple[list[Backlog], dict[str, str]]:
+    """The backlogs, and the databases that hold the outbox table (or might) but could not be
+    read, each with its error: the health probe fails for those, since a database down must
+    not look like one with nothing waiting."""
     from django_delayqueue.outbox.relay import outbox_databases
 
     found = []
+    unreadable: dict[str, str] = {}
     for alias in outbox_databases() if databases is None else databases:
         try:
             # In a savepoint: a failed read (no table) must not abort a transaction the caller
@@ -47,6 +56,8 @@ def outbox_backlog(databases: list[str] | None = None) -> list[Backlog]:
                 summary, newest_error = _read(alias)
         except DatabaseError as e:
             logger.debug("outbox backlog of %r not read: %s", alias, e)
+            if not _without_table(alias):
+                unreadable[alias] = f"{type(e).__name__}: {e}"
             continue
         found.append(
             Backlog(
@@ -57,7 +68,21 @@ def outbox_backlog(databases: list[str] | None = None) -> list[Backlog]:
                 newest_error or "",
             )
         )
-    return found
+    return found, unreadable
+
+
+def _without_table(alias: str) -> bool:
+    """Whether the database answers and has no outbox table (False when it does not answer:
+    whether it has one is then unknown)."""
+    from django_delayqueue.models import OutboxMessage
+
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            names = connection.introspection.table_names(cursor)
+    except DatabaseError:
+        return False
+    return OutboxMessage._meta.db_table not in names
 
 
 def _read(alias: str) -> tuple[dict[str, Any], str | None]:

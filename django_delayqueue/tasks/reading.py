@@ -15,6 +15,7 @@ import asyncio
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from typing import TypeVar
 
 from django_delayqueue.conf.queues import get_queue
@@ -132,7 +133,15 @@ def reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
         pipe.hget(k.tokens, message_id)
         pipe.hget(k.task_result(message_id), ORDER)
         pipe.hget(k.reasons, message_id)
-        stored, dead_since, in_flight, token, order, reason = pipe.execute()
+        # The record again, after where its message is: ``record`` was read a round trip
+        # earlier, and a delivery that ended since wrote its end with (before) its ack, so a
+        # message gone by now has its end here.
+        pipe.hgetall(k.task_result(message_id))
+        stored, dead_since, in_flight, token, order, reason, fresh = pipe.execute()
+    if fresh:
+        _take_fields(record, TaskRecord.from_hash(fresh))
+        if record.status not in (FAILED, READY, RUNNING):
+            return
     if in_flight is not None:
         # Claimed: its RUNNING write comes with its worker's round. Its end, once written (a
         # FAILED read inside task_finished, before the message is buried), is the record's.
@@ -152,6 +161,11 @@ def reconcile(queue: Queue, message_id: str, record: TaskRecord) -> None:
     else:
         why = "its message is gone (cancelled, or purged from the dead letters)"
     record.errors.append(dead_letter_error(why))
+
+
+def _take_fields(record: TaskRecord, newer: TaskRecord) -> None:
+    for each in fields(TaskRecord):
+        setattr(record, each.name, getattr(newer, each.name))
 
 
 def dead_letter_error(reason: str) -> dict[str, str]:

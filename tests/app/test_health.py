@@ -449,3 +449,53 @@ def test_a_probe_asking_for_a_check_that_is_turned_off_gets_a_400_naming_its_set
     with delayqueue(HEALTH_MAX_MEMORY_PERCENT=90, HEALTH_LATENESS=True):
         on = client.get(URL, {"check": "memory,lateness"})
     assert on.status_code == 200 and set(on.json()["checks"]) == {"memory", "lateness"}
+
+
+def test_a_redis_whose_info_cannot_be_read_fails_the_eviction_check(client, own_redis):
+    """A user whose ACL denies INFO: the policy is unknown, so the check cannot pass (a probe
+    asking for it alone would otherwise pass with nothing checked). With the data loss
+    accepted, what the policy is does not matter."""
+    with own_redis() as admin:
+        admin.acl_setuser(
+            "probe",
+            enabled=True,
+            passwords=["+pw"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all", "-info"],
+        )
+        kwargs = admin.connection_pool.connection_kwargs
+        probe = f"redis://probe:pw@{kwargs['host']}:{kwargs['port']}/0"
+        with delayqueue(REDIS_URL=probe, QUEUES={}):
+            asked = client.get(URL, {"check": "eviction"})
+            full = client.get(URL)
+        with delayqueue(REDIS_URL=probe, QUEUES={}, ACCEPT_DATA_LOSS_ON_EVICTION=True):
+            accepted = client.get(URL, {"check": "eviction"})
+    assert asked.status_code == 503, asked.json()
+    (said,) = asked.json()["checks"]["eviction"]["failing"].values()
+    assert said.startswith("could not read the server's INFO")
+    assert "NoPermissionError" in said
+    assert full.status_code == 503 and not full.json()["checks"]["eviction"]["ok"]
+    assert accepted.status_code == 200 and accepted.json()["checks"]["eviction"]["ok"]
+
+
+def test_an_unreachable_database_fails_the_outbox_check(client, queues):
+    """The outbox covers Redis being down: a probe of it must not pass while its database
+    cannot be read (as it did: a database that cannot be read looked like one without the
+    outbox table, and the check was left out)."""
+    from unittest import mock
+
+    from django.db import OperationalError, connections
+
+    for q in queues.values():
+        beat(q)
+    down = OperationalError('connection to server at "db" (10.0.0.5), port 5432 failed')
+    with mock.patch.object(connections["default"], "ensure_connection", side_effect=down):
+        asked = client.get(URL, {"check": "outbox"})
+        full = client.get(URL)
+    assert asked.status_code == 503, asked.json()
+    outbox = asked.json()["checks"]["outbox"]
+    assert not outbox["ok"]
+    assert outbox["failing"]["default"] == f"could not read the outbox: OperationalError: {down}"
+    assert full.status_code == 503 and not full.json()["checks"]["outbox"]["ok"]
+    assert client.get(URL, {"check": "outbox"}).status_code == 200  # reachable again

@@ -427,3 +427,53 @@ def test_the_workers_maintenance_prunes_the_inbox_of_its_atomic_queues(
         worker._pruned_at = None  # the burst's own refresh came before the delivery
         worker.refresh()
     assert not InboxEntry.objects.exists()
+
+
+def test_rows_kept_for_messages_still_in_redis_do_not_stop_the_pruning_of_later_rows(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The oldest rows may all be kept for long (their messages dead-lettered after the commit,
+    or on a paused queue): the next batch starts after them, not at them again."""
+    from django_delayqueue import inbox
+
+    monkeypatch.setattr(inbox, "PRUNE_BATCH", 2)
+    q = get_queue(QUEUE)
+    for message_id in ("kept-1", "kept-2"):
+        dq.schedule(QUEUE, {}, id=message_id, delay=3600)
+        scheduled = q.scheduled_times([message_id])[message_id]
+        InboxEntry.objects.create(queue=QUEUE, message_id=message_id, scheduled_ms=scheduled)
+    InboxEntry.objects.create(queue=QUEUE, message_id="acked", scheduled_ms=1)
+    pruner = inbox.InboxPruner()
+    assert pruner.prune("default", [q], keep_seconds=0) == 0  # the two kept rows
+    assert pruner.behind  # a full batch: more may wait
+    assert pruner.prune("default", [q], keep_seconds=0) == 1
+    assert not pruner.behind
+    assert sorted(InboxEntry.objects.values_list("message_id", flat=True)) == ["kept-1", "kept-2"]
+    # Back at the oldest rows: their messages may have gone meanwhile.
+    redis_client.hdel(KEYS.messages, "kept-1")
+    assert pruner.prune("default", [q], keep_seconds=0) == 1
+
+
+def test_a_worker_behind_on_its_inbox_prunes_again_at_its_next_maintenance(
+    redis_client: redis.Redis, receivers: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue that commits more than a batch a minute: pruning once a minute would let its
+    inbox grow for good; while a batch comes back full the next maintenance prunes again."""
+    from django_delayqueue import inbox
+
+    monkeypatch.setattr(inbox, "PRUNE_BATCH", 2)
+    receivers(lambda message, **kwargs: None)
+    for n in range(5):
+        dq.schedule(QUEUE, {}, id=f"m{n}")
+    with override_settings(DELAYQUEUE={**settings.DELAYQUEUE, "INBOX_KEEP_SECONDS": 0}):
+        worker = burst()
+        assert InboxEntry.objects.count() == 5
+        worker._pruned_at = None  # the burst's own refresh came before the deliveries
+        counts = []
+        for _ in range(3):
+            worker.refresh()
+            counts.append(InboxEntry.objects.count())
+        assert counts == [3, 1, 0]
+        InboxEntry.objects.create(queue=QUEUE, message_id="acked", scheduled_ms=1)
+        worker.refresh()  # caught up: the next prune waits its minute again
+        assert InboxEntry.objects.count() == 1

@@ -129,6 +129,29 @@ def test_enqueue_then_a_worker_runs_it_and_the_result_says_so(redis_client: redi
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_record_read_just_before_the_ack_is_not_taken_for_a_lost_message(
+    redis_client: redis.Redis,
+) -> None:
+    """get_result reads the record, then where its message is: a task that succeeds between
+    the two reads (its record written with the ack, the message gone) must read SUCCESSFUL,
+    never FAILED with "its message is gone" (seen once under load in CI)."""
+    from django_delayqueue.tasks.reading import find_record, reconcile
+
+    result = examples.add.enqueue(2, 3)
+    found = find_record(result.id, [QUEUE])
+    assert found is not None
+    queue, stale = found
+    stale.status = "RUNNING"  # as read while the worker ran it
+    burst()  # it succeeds: the record is written with the ack, the message is gone
+    assert redis_client.hlen(KEYS.messages) == 0
+
+    reconcile(queue, result.id, stale)
+
+    assert stale.status == "SUCCESSFUL" and stale.errors == [], stale.errors
+    assert stale.return_value == 5
+
+
+@pytest.mark.django_db(transaction=True)
 def test_json_values_go_through_and_come_back(redis_client: redis.Redis) -> None:
     result = examples.returns_structure.enqueue("x", tags=("a", "b"))
     assert result.kwargs == {"tags": ["a", "b"]}  # a tuple becomes a list, as JSON gives it

@@ -1,11 +1,13 @@
-"""core.scripts.contracts: each script's KEYS and ARGV declared once, and said the same in its
-.lua header; calls built from the declaration, refusing a missing or unexpected name."""
+"""core.scripts.contracts: each script's KEYS and ARGV declared once, said the same in its .lua
+header, and its KEYS named once at its top by the same names; calls built from the declaration,
+refusing a missing or unexpected name."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 
 import pytest
 import redis
@@ -198,3 +200,186 @@ def test_a_bound_call_runs_what_the_contract_builds(redis_client: redis.Redis) -
         CANCEL.keys_for(q.keys)
     assert q.schedule("x", id="m1").created
     assert redis_client.hexists(q.keys.messages, "m1")
+
+
+# --- each script names its keys once, at the top ------------------------------------------------
+# A script's first code lines (after its header, before its includes) name its KEYS, in order and
+# by the contract's names; nothing after them reads KEYS, and no include does: an include's
+# functions take the keys they use as parameters, given by those names (schedule_triples(pending,
+# ready, ...)).
+_PROLOGUE_NAMES = re.compile(r"^local (\w+(?:, \w+)*) = (KEYS\[\d+\](?:, KEYS\[\d+\])*)$")
+# A *group of keys: KEYS itself when it holds nothing else, else a copy of its tail (a loop, not
+# unpack(), which has a limit on what it returns).
+_PROLOGUE_ALL = re.compile(r"^local (\w+) = KEYS$")
+_PROLOGUE_TABLE = re.compile(r"^local (\w+) = \{\}$")
+_PROLOGUE_FILL = re.compile(r"^for i = (\d+), #KEYS do (\w+)\[i - (\d+)\] = KEYS\[i\] end$")
+# A line's code: its comment cut off and its strings emptied. Enough for these files, which hold
+# no long strings or block comments (code_lines refuses them).
+_TOKEN = re.compile(r"""--.*|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^-'"]+|-""")
+
+
+def code_of(line: str) -> str:
+    """``line`` without its comment, each string in it emptied."""
+    parts = []
+    for token in _TOKEN.finditer(line):
+        text = token.group()
+        if text.startswith("--"):
+            break
+        parts.append("''" if text[0] in "'\"" else text)
+    return "".join(parts)
+
+
+def code_lines(text: str) -> list[tuple[int, str]]:
+    """The numbered lines of ``text`` that hold code, as code_of reads them."""
+    lines = [(n, code_of(line)) for n, line in enumerate(text.splitlines(), 1)]
+    assert not any(
+        "[[" in code or "--[[" in line for line in text.splitlines() for code in [code_of(line)]
+    ), "a long string or block comment: code_of cannot read it"
+    return [(n, code) for n, code in lines if code.strip()]
+
+
+def key_name_problems(text: str, keys: Sequence[str]) -> list[str]:
+    """What is wrong with how script ``text`` names ``keys`` (its contract's KEYS, in order):
+    [] when its first code lines name them all, in order, and nothing else reads KEYS."""
+    lines = text.splitlines()
+    first = 0
+    while first < len(lines) and (
+        not lines[first].strip()
+        or (lines[first].startswith("--") and not lines[first].startswith("--- @include"))
+    ):
+        first += 1
+    named: list[str] = []
+    group, problems, at = None, [], first
+    while at < len(lines) and group is None:
+        line, following = lines[at], lines[at + 1] if at + 1 < len(lines) else ""
+        if match := _PROLOGUE_NAMES.match(line):
+            names = match.group(1).split(", ")
+            indexes = [int(i) for i in re.findall(r"\d+", match.group(2))]
+            if len(names) != len(indexes):
+                problems.append(f"line {at + 1}: {len(names)} names for {len(indexes)} keys")
+            for name, index in zip(names, indexes, strict=False):
+                if index != len(named) + 1:
+                    problems.append(
+                        f"line {at + 1}: {name} is KEYS[{index}], next is {len(named) + 1}"
+                    )
+                named.append(name)
+            at += 1
+        elif (match := _PROLOGUE_ALL.match(line)) and not named:
+            group, at = match.group(1), at + 1
+        elif (match := _PROLOGUE_TABLE.match(line)) and (fill := _PROLOGUE_FILL.match(following)):
+            first_index, into, offset = int(fill.group(1)), fill.group(2), int(fill.group(3))
+            if into != match.group(1) or (first_index, offset) != (len(named) + 1, len(named)):
+                problems.append(f"line {at + 2}: not KEYS[{len(named) + 1}..] into {into}")
+            group, at = match.group(1), at + 2
+        else:
+            break
+    fixed = [k for k in keys if not k.startswith("*")]
+    groups = [k[1:] for k in keys if k.startswith("*")]
+    if named != fixed:
+        problems.append(f"the prologue names {named}, the contract {fixed}")
+    if [group] != (groups or [None]):
+        problems.append(f"the prologue's group is {group}, the contract's {groups}")
+    body = "\n".join(lines[at:])
+    for n, code in code_lines(body):
+        if re.search(r"\bKEYS\b", code):
+            problems.append(f"line {at + n} reads KEYS outside the prologue: {code.strip()}")
+    return problems
+
+
+# What declares a name: a local (a function's, with its parameters, which may take lines), a
+# function's parameters, a loop's variables.
+_DECLARED = re.compile(
+    r"\blocal[ \t]+function[ \t]+(\w+)[ \t]*\(([^)]*)\)|\blocal[ \t]+([\w \t,]+)"
+    r"|\bfunction[ \t]*\(([^)]*)\)|\bfor[ \t]+([\w \t,]+?)[ \t]*(?:=|\bin\b)"
+)
+# A name that is read: not a field (after "." or ":"), nor a field named in a table constructor
+# (before a lone "=": an assignment to a key's name would fail the prologue check anyway).
+_READ = re.compile(r"(?<![.:\w])([a-z_]\w*)\b(?!\s*=[^=])")
+
+
+def free_names(code: Sequence[str]) -> set[str]:
+    """The names the lines ``code`` read and do not declare."""
+    text = "\n".join(code)
+    declared = {
+        name
+        for match in _DECLARED.finditer(text)
+        for group in match.groups()
+        if group
+        for name in re.split(r"[\s,]+", group.strip())
+    }
+    return {m.group(1) for m in _READ.finditer(text)} - declared
+
+
+def undeclared_keys(path: str) -> set[str]:
+    """The key names ``lua/<path>`` reads without declaring them: globals, which Redis refuses
+    only when the line that reads one runs."""
+    code = [line for _, line in code_lines(loader.read_lua(path))]
+    return free_names(code) & {k.lstrip("*") for k in KEY_NAMES}
+
+
+@pytest.mark.parametrize("name", script_names())
+def test_a_script_names_its_keys_once_at_the_top(name: str) -> None:
+    assert key_name_problems(loader.read_lua(f"{name}.lua"), CONTRACTS[name].keys) == []
+
+
+INCLUDES = sorted(
+    f"includes/{f.name}"
+    for f in resources.files(loader.LUA_PACKAGE).joinpath("includes").iterdir()
+    if f.name.endswith(".lua")
+)
+
+
+@pytest.mark.parametrize("path", INCLUDES)
+def test_an_include_reads_no_key_by_number(path: str) -> None:
+    reads = [code for _, code in code_lines(loader.read_lua(path)) if re.search(r"\bKEYS\b", code)]
+    assert reads == []
+
+
+@pytest.mark.parametrize("path", [*(f"{name}.lua" for name in script_names()), *INCLUDES])
+def test_every_key_read_is_declared_where_it_is_read(path: str) -> None:
+    # A script reads the names its prologue gives; an include, the keys its functions are given
+    # (schedule_triples(pending, ready, ...)). An include's function that read its script's
+    # names instead would be a closure over them, its upvalues built at every call: schedule.lua
+    # of one message took 8% longer in Redis so (a global, a name not given, fails at run time).
+    assert undeclared_keys(path) == set()
+
+
+def test_the_prologue_check_catches_keys_read_by_number_or_misnamed() -> None:
+    header = "-- s: a test\n-- KEYS[1] pending zset   KEYS[2] ready list\n"
+    good = header + "local pending, ready = KEYS[1], KEYS[2]\nreturn redis.call('LLEN', ready)\n"
+    assert key_name_problems(good, ["pending", "ready"]) == []
+    in_body = good + "redis.call('DEL', KEYS[2])  -- KEYS[1] in a comment is fine\n"
+    assert key_name_problems(in_body, ["pending", "ready"]) == [
+        "line 5 reads KEYS outside the prologue: redis.call('', KEYS[2])"
+    ]
+    swapped = header + "local ready, pending = KEYS[1], KEYS[2]\n"
+    assert key_name_problems(swapped, ["pending", "ready"]) == [
+        "the prologue names ['ready', 'pending'], the contract ['pending', 'ready']"
+    ]
+    after_include = header + '--- @include "includes/guard.lua"\nlocal pending = KEYS[1]\n'
+    assert len(key_name_problems(after_include, ["pending"])) == 2  # nothing named, then a read
+    aliased = header + "local pending = KEYS[1]\nlocal all = KEYS\n"
+    assert key_name_problems(aliased, ["pending"]) == [
+        "line 4 reads KEYS outside the prologue: local all = KEYS"
+    ]
+    group = (
+        "local pending = KEYS[1]\nlocal records = {}\n"
+        "for i = 2, #KEYS do records[i - 1] = KEYS[i] end\n"
+    )
+    assert key_name_problems(group, ["pending", "*records"]) == []
+    assert key_name_problems("local records = KEYS\nreturn #records\n", ["*records"]) == []
+    assert key_name_problems("local records = KEYS\n", ["pending"]) != []
+    assert key_name_problems("return redis.call('GET', 'KEYS[1]')\n", []) == []  # a string
+
+
+def test_the_declaration_check_tells_a_key_given_from_one_read_behind_its_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = (
+        "local function unused()\n  return redis.call('HLEN', flow_keys)\nend\n"
+        "local function tail(ready)  -- a parameter\n  return redis.call('LLEN', ready)\nend\n"
+        "local K = {flow_keys = 'f', turns = 't'}  -- a table's fields\n"
+        "return redis.call('ZCARD', K.turns) + redis.call('ZCARD', retry)\n"
+    )
+    monkeypatch.setattr(loader, "read_lua", lambda path: text)
+    assert undeclared_keys("includes/a.lua") == {"flow_keys", "retry"}

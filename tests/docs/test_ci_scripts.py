@@ -42,7 +42,7 @@ def test_missing_tools_are_a_warning_locally_and_an_error_in_ci(
 
 
 def test_nothing_to_do_when_every_tool_is_there(tmp_path: Path) -> None:
-    for tool in ("chromium", "chromedriver", "redis-server", "redis-cli", "promtool"):
+    for tool in ("chromium", "chromedriver", "redis-server", "redis-cli", "promtool", "prometheus"):
         (tmp_path / tool).write_text("#!/bin/sh\n")
         (tmp_path / tool).chmod(0o755)
     done = run(tmp_path, "true")

@@ -26,7 +26,7 @@ from drill import Runqueues, producer
 from paths import child_pythonpath
 from postgres_databases import database_env
 
-from django_delayqueue.core import QueueKeys
+from django_delayqueue.core import Queue, QueueKeys
 from django_delayqueue.embedded import RedisServerProcess
 
 QUEUE = "drill-atomic"
@@ -42,6 +42,53 @@ def _migrate(env: dict[str, str]) -> None:
     cmd = [sys.executable, "-m", "django", "migrate", "--noinput", "-v0"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"migrate failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+
+
+@contextlib.contextmanager
+def _drill(
+    tmp_path: Path, database: dict[str, str], queues: dict[str, dict[str, Any]], **env: str
+) -> Iterator[tuple[Runqueues, Queue, Path]]:
+    """A private Redis and the drill's database, migrated, for ``runqueue`` processes over
+    ``queues`` (``$DRILL_QUEUES``; QUEUE atomic), ``env`` the other ``DRILL_*`` variables:
+    yields the :class:`Runqueues` that start them, a producer of QUEUE, and the file the
+    handler writes ``committed <id> <pid>`` to before blocking (empty yet). Everything started
+    is stopped at the end."""
+    server = RedisServerProcess().start()
+    marks = tmp_path / "marks"
+    marks.touch()
+    drill_env = {
+        **database,
+        "DRILL_ATOMIC": json.dumps([QUEUE]),
+        "DRILL_QUEUES": json.dumps(queues),
+        "DRILL_MARKS": str(marks),
+        **env,
+    }
+    runqueues = Runqueues(server.url, tmp_path, env=drill_env)
+    try:
+        _migrate(
+            {
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "drill_settings",
+                "PYTHONPATH": child_pythonpath(),
+                "REDIS_URL": server.url,
+                "DRILL_LEDGER": str(runqueues.ledger),
+                "DRILL_DB": str(tmp_path / "drill.sqlite3"),
+                **drill_env,
+            }
+        )
+        yield runqueues, producer(server.url, QUEUE), marks
+    finally:
+        runqueues.close()
+        server.stop()
+
+
+def _journal(queue: Queue) -> list[list[Any]]:
+    """The rows of ``queue``'s delivery journal, oldest first."""
+    return [
+        row
+        for _, fields in queue.client.xrange(QueueKeys("dq", queue.name).journal)
+        for row in json.loads(fields[b"o"])
+    ]
 
 
 def _query(database: dict[str, str], tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -60,27 +107,8 @@ def _query(database: dict[str, str], tmp_path: Path, sql: str) -> list[tuple[Any
 def test_a_consumer_killed_between_commit_and_ack_does_not_run_the_handler_again(
     tmp_path: Path, database: dict[str, str]
 ) -> None:
-    server = RedisServerProcess().start()
-    marks = tmp_path / "marks"
-    drill_env = {
-        **database,
-        "DRILL_ATOMIC": json.dumps([QUEUE]),
-        "DRILL_QUEUES": json.dumps({QUEUE: {"visibility_timeout": 2}, NEXT: {}}),
-        "DRILL_MARKS": str(marks),
-    }
-    runqueues = Runqueues(server.url, tmp_path, env=drill_env)
-    try:
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "drill_settings",
-            "PYTHONPATH": child_pythonpath(),
-            "REDIS_URL": server.url,
-            "DRILL_LEDGER": str(runqueues.ledger),
-            "DRILL_DB": str(tmp_path / "drill.sqlite3"),
-            **drill_env,
-        }
-        _migrate(env)
-        queue = producer(server.url, QUEUE)
+    queues = {QUEUE: {"visibility_timeout": 2}, NEXT: {}}
+    with _drill(tmp_path, database, queues) as (runqueues, queue, marks):
         queue.schedule({"do": ["commit-then-block", "ok"], "next": NEXT}, id="order-1")
         first = runqueues.start(queues=[QUEUE, NEXT])
         line = runqueues.wait(
@@ -113,62 +141,40 @@ def test_a_consumer_killed_between_commit_and_ack_does_not_run_the_handler_again
         # The follow-up scheduled in the committed transaction exists, once.
         assert queue.client.hget(QueueKeys("dq", NEXT).messages, "next-order-1") is not None
         assert "order-1 already done" in runqueues.logs(), runqueues.logs()[-3000:]
-        journal = [
-            row
-            for _, fields in queue.client.xrange(keys.journal)
-            for row in json.loads(fields[b"o"])
-        ]
+        journal = _journal(queue)
         assert [(r[0], r[6], r[7]) for r in journal] == [("order-1", "ack", "AlreadyDone")]
-    finally:
-        runqueues.close()
-        server.stop()
 
 
 MANY = int(os.environ.get("DRILL_ATOMIC_MESSAGES", "600"))
 WINDOW_EVERY = 40  # every 40th message commits, then blocks until it is killed
-KILLS = 10  # random kills of consumer processes, besides those in the window
+# Random kills of consumer processes, besides those in the window: one per 200 messages (at
+# least 10), each when a random share of the messages has been acknowledged, so that they
+# fall all along the run at any size (not all in its first seconds).
+KILLS = max(10, MANY // 200)
+# What the drill may take: each kill leaves its claimed batch to its visibility timeout, and the
+# supervisor's replacement has Django to load, so the time grows with the messages (and kills).
+SETTLE_SECONDS = max(600, MANY // 4)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SETTLE_SECONDS + 300)  # the wait for the follow-ups and the checks after
 def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
     tmp_path: Path, database: dict[str, str]
 ) -> None:
     """The issue's drill, sized for a shared machine (``DRILL_ATOMIC_MESSAGES``, 600 here; the
     issue's 5,000 run the same way): two ``runqueue --processes 2`` over one atomic queue
     whose handler writes one effect row and schedules a follow-up through the outbox; consumer
-    processes are killed at random moments, and every 40th message's one right after its
-    commit. At the end each message has one effect and one follow-up, none is lost."""
+    processes are killed at random moments all along the run (``KILLS``), and every 40th
+    message's one right after its commit. At the end each message has one effect and one
+    follow-up, none is lost."""
     import random
 
-    server = RedisServerProcess().start()
-    marks = tmp_path / "marks"
-    marks.touch()
-    drill_env = {
-        **database,
-        "DRILL_ATOMIC": json.dumps([QUEUE]),
-        "DRILL_QUEUES": json.dumps(
-            {
-                QUEUE: {"visibility_timeout": 2, "max_attempts": 50, "claim_batch": 20},
-                NEXT: {},
-            }
-        ),
-        "DRILL_MARKS": str(marks),
-        "DRILL_OUTBOX_LEASE": "1",
-        "DRILL_RELAY_SECONDS": "0.2",
+    queues = {
+        QUEUE: {"visibility_timeout": 2, "max_attempts": 50, "claim_batch": 20},
+        NEXT: {},
     }
-    runqueues = Runqueues(server.url, tmp_path, env=drill_env)
-    try:
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "drill_settings",
-            "PYTHONPATH": child_pythonpath(),
-            "REDIS_URL": server.url,
-            "DRILL_LEDGER": str(runqueues.ledger),
-            "DRILL_DB": str(tmp_path / "drill.sqlite3"),
-            **drill_env,
-        }
-        _migrate(env)
-        queue = producer(server.url, QUEUE)
+    outbox = {"DRILL_OUTBOX_LEASE": "1", "DRILL_RELAY_SECONDS": "0.2"}
+    with _drill(tmp_path, database, queues, **outbox) as (runqueues, queue, marks):
         ids = [f"m{i}" for i in range(MANY)]
         for i, message_id in enumerate(ids):
             do = ["commit-then-block", "ok"] if i % WINDOW_EVERY == 7 else ["ok"]
@@ -177,6 +183,7 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
         keys = QueueKeys("dq", QUEUE)
         rng = random.Random(39)
         killed_in_window: set[int] = set()
+        kill_when_acked = sorted(rng.sample(range(MANY), KILLS))
         random_kills = 0
 
         def settle() -> bool:
@@ -186,14 +193,15 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
                 if pid not in killed_in_window:
                     killed_in_window.add(pid)
                     _kill(pid)
-            if random_kills < KILLS and rng.random() < 0.02:
+            left = queue.client.hlen(keys.messages)
+            if random_kills < KILLS and MANY - left >= kill_when_acked[random_kills]:
                 children = sorted(set().union(*(runqueues.children(s) for s in sups)))
-                if children:
+                if children:  # none: all being replaced; the next poll kills
                     _kill(rng.choice(children))
                     random_kills += 1
-            return queue.client.hlen(keys.messages) == 0
+            return left == 0
 
-        runqueues.wait(settle, timeout=600, what=f"all {MANY} messages acknowledged")
+        runqueues.wait(settle, timeout=SETTLE_SECONDS, what=f"all {MANY} messages acknowledged")
         next_keys = QueueKeys("dq", NEXT)
         runqueues.wait(
             lambda: queue.client.hlen(next_keys.messages) == MANY,
@@ -218,11 +226,7 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
         assert _query(
             database, tmp_path, "SELECT COUNT(*) FROM django_delayqueue_outboxmessage"
         ) == [(0,)]
-        journal = [
-            row
-            for _, fields in queue.client.xrange(keys.journal)
-            for row in json.loads(fields[b"o"])
-        ]
+        journal = _journal(queue)
         skipped = {r[0] for r in journal if r[7] == "AlreadyDone"}
         # Each message whose consumer was killed after its commit (a random kill may have
         # stopped one of them before: its next attempt just ran).
@@ -231,11 +235,10 @@ def test_consumers_killed_at_random_and_after_commits_leave_every_effect_once(
         assert committed <= skipped, committed - skipped
         print(
             f"{MANY} messages, {len(killed_in_window)} consumers killed after a commit, "
-            f"{random_kills} at random; {len(skipped)} redeliveries skipped as already done"
+            f"{random_kills} at random; {sum(effects.values())} effects on {len(effects)} "
+            f"messages, {len(follow)} follow-ups; {len(skipped)} redeliveries skipped as "
+            "already done"
         )
-    finally:
-        runqueues.close()
-        server.stop()
 
 
 def _kill(pid: int) -> None:

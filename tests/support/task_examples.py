@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -127,9 +129,8 @@ class SubclassedBackend(DelayQueueBackend):
     """DelayQueueBackend under another import path, as a project's own subclass would be."""
 
 
-@task(queue_name="shop-tasks")
-def spins_until_stopped() -> None:
-    """Pure Python that swallows every Exception: only a time limit ends it."""
+def _spin_swallowing_every_exception() -> None:
+    """Pure Python that never returns and swallows every Exception: only a stop ends it."""
     while True:
         try:
             while True:
@@ -138,49 +139,52 @@ def spins_until_stopped() -> None:
             pass
 
 
-@task(queue_name="shop-tasks")
-async def async_works_until_aborted() -> str:
-    """works_until_aborted as an async def task (its abort read from a context variable)."""
+def _work_until_aborted(aborted: Callable[[], bool] = dq.abort_requested) -> None:
+    """Say "working" in ``TRACE``, then wait in short sleeps until ``aborted()``."""
+    _redis().rpush(TRACE, "working")
+    while not aborted():
+        time.sleep(0.01)
+
+
+async def _work_until_aborted_async() -> None:
+    """:func:`_work_until_aborted` awaiting (its abort read from a context variable)."""
     _redis().rpush(TRACE, "working")
     while not dq.abort_requested():
         await asyncio.sleep(0.01)
+
+
+@task(queue_name="shop-tasks")
+def spins_until_stopped() -> None:
+    """Pure Python that swallows every Exception: only a time limit ends it."""
+    _spin_swallowing_every_exception()
+
+
+@task(queue_name="shop-tasks")
+async def async_works_until_aborted() -> str:
+    """works_until_aborted as an async def task (its abort read from a context variable)."""
+    await _work_until_aborted_async()
     return "stopped cleanly"
 
 
 @task(queue_name="shop-tasks")
 def works_until_aborted() -> str:
     """A long task that stops cleanly once its message is aborted (dq.abort)."""
-    import time
-
-    _redis().rpush(TRACE, "working")
-    while not dq.abort_requested():
-        time.sleep(0.01)
+    _work_until_aborted()
     return "stopped cleanly"
 
 
 @task(queue_name="shop-tasks")
 def ignores_its_abort() -> None:
     """Sees its abort and goes on (pure Python, every Exception swallowed): only a stop ends it."""
-    import time
-
-    _redis().rpush(TRACE, "working")
-    while not dq.abort_requested():
-        time.sleep(0.01)
+    _work_until_aborted()
     _redis().rpush(TRACE, "saw the abort")
-    while True:
-        try:
-            while True:
-                pass
-        except Exception:
-            pass
+    _spin_swallowing_every_exception()
 
 
 @task(queue_name="shop-tasks")
 async def async_ignores_its_abort() -> None:
     """ignores_its_abort as an async def task: awaits on once aborted, till it is cancelled."""
-    _redis().rpush(TRACE, "working")
-    while not dq.abort_requested():
-        await asyncio.sleep(0.01)
+    await _work_until_aborted_async()
     _redis().rpush(TRACE, "saw the abort")
     while True:
         with contextlib.suppress(Exception):
@@ -195,13 +199,9 @@ async def _abort_requested() -> bool:
 def works_until_aborted_seen_through_asgiref() -> str:
     """works_until_aborted, its abort read inside asgiref's async_to_sync (another thread, the
     task's context copied), as Django's async signal receivers of a sync send are."""
-    import time
-
     from asgiref.sync import async_to_sync
 
-    _redis().rpush(TRACE, "working")
-    while not async_to_sync(_abort_requested)():
-        time.sleep(0.01)
+    _work_until_aborted(async_to_sync(_abort_requested))
     _redis().rpush(TRACE, "saw the abort")
     return "stopped cleanly"
 

@@ -1,7 +1,9 @@
 """A script's contract: its KEYS and ARGV by name, in order, and the calls built from it.
 
 Each script's contract is declared once (``contracts.py``); each ``.lua`` file opens with the
-same contract in words (``-- KEYS[1] ready list   KEYS[2] unack zset ...``), checked against the
+same contract in words (``-- KEYS[1] ready list   KEYS[2] unack zset ...``), then names its keys
+once, by the same names, before anything else (``local ready, unack = KEYS[1], KEYS[2]``): its
+body, and the includes it names, read ``ready``, never ``KEYS[1]``. Both are checked against the
 declaration by tests/core/test_core_scripts_contracts.py. Every call is built from it::
 
     PROMOTE.call(queue.keys, now_ms=now, limit=100)

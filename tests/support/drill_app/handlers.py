@@ -30,6 +30,7 @@ as it starts and one as it ends, which may be after the coroutine's end line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import functools
 import json
@@ -37,7 +38,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -89,16 +90,19 @@ def _expected_outcome(name: str, message: Message) -> str:
     return "garbage" if message.attempt >= max_attempts else "retry"
 
 
-@receiver([topic(name) for name in QUEUES])
-def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
+@contextlib.contextmanager
+def _recorded(message: Message, default: str) -> Iterator[tuple[str, str, int]]:
+    """The call in the ledger: its start line as it begins, its end line however it ends
+    (``BaseException`` and a cancelled coroutine too). Yields the action of this attempt (the
+    payload's ``do``, else ``default``) split into its name and argument, and the start time."""
     payload = message.payload if isinstance(message.payload, dict) else {}
-    action = payload.get("do") or os.environ.get("DRILL_MODE", "ok")
+    action = payload.get("do") or default
     if isinstance(action, list):
         action = action[min(message.attempt, len(action)) - 1]
     name, _, arg = action.partition(":")
     started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
     try:
-        _act(name, arg, message, started)
+        yield name, arg, started
     finally:
         _ledger.finish(
             message.id,
@@ -110,6 +114,12 @@ def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
             _expected_outcome(name, message),
             payload.get("gen"),
         )
+
+
+@receiver([topic(name) for name in QUEUES])
+def on_drill(sender: str, message: Message, **kwargs: Any) -> None:
+    with _recorded(message, os.environ.get("DRILL_MODE", "ok")) as (name, arg, started):
+        _act(name, arg, message, started)
 
 
 # How the async receiver awaits its action in a thread (payload "via").
@@ -124,25 +134,9 @@ VIA: dict[str, Callable[[Callable[[], None]], Awaitable[None]]] = {
 @receiver(topic(ASYNC_QUEUE))
 async def on_drill_async(sender: str, message: Message, **kwargs: Any) -> None:
     payload = message.payload if isinstance(message.payload, dict) else {}
-    action = payload.get("do") or "ok"
-    if isinstance(action, list):
-        action = action[min(message.attempt, len(action)) - 1]
-    name, _, arg = action.partition(":")
-    started = _ledger.record(message.id, message.due_ms, message.attempt, _KINDS.get(name, OK))
-    try:
+    with _recorded(message, "ok") as (name, arg, started):
         await VIA[payload.get("via", "to_thread")](
             functools.partial(_act_in_thread, name, arg, message, started)
-        )
-    finally:
-        _ledger.finish(
-            message.id,
-            message.queue,
-            message.attempt,
-            started,
-            message.due_ms,
-            action,
-            _expected_outcome(name, message),
-            payload.get("gen"),
         )
 
 

@@ -10,21 +10,23 @@
 -- records it so, and ack, nack, reap and release remove the entry (the last three bury the
 -- message instead of retrying it). A second abort of the same delivery keeps the first reason.
 -- It runs when Redis is out of memory (allow_oom): staff may have to stop a runaway handler then.
+local unack, tokens, aborts, messages = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local pending, retry, garbage = KEYS[5], KEYS[6], KEYS[7]
 --- @include "includes/guard.lua"
 --- @include "includes/memory.lua"
 local id = ARGV[2]
-if redis.call('ZSCORE', KEYS[1], id) then
-  guard(KEYS[3], 'hash')
-  local token = redis.call('HGET', KEYS[2], id)
+if redis.call('ZSCORE', unack, id) then
+  guard(aborts, 'hash')
+  local token = redis.call('HGET', tokens, id)
   if token then
-    allow_oom(KEYS[3], 'hash')
-    redis.call('HSETNX', KEYS[3], id, token .. ' ' .. ARGV[3])
+    allow_oom(aborts, 'hash')
+    redis.call('HSETNX', aborts, id, token .. ' ' .. ARGV[3])
     redis.call('PUBLISH', ARGV[1], 'abort')
     return 'unack'
   end
 end
-if redis.call('ZSCORE', KEYS[5], id) then return 'pending' end
-if redis.call('ZSCORE', KEYS[6], id) then return 'retry' end
-if redis.call('ZSCORE', KEYS[7], id) then return 'garbage' end
-if redis.call('HEXISTS', KEYS[4], id) == 1 then return 'ready' end
+if redis.call('ZSCORE', pending, id) then return 'pending' end
+if redis.call('ZSCORE', retry, id) then return 'retry' end
+if redis.call('ZSCORE', garbage, id) then return 'garbage' end
+if redis.call('HEXISTS', messages, id) == 1 then return 'ready' end
 return ''

@@ -24,27 +24,37 @@
 -- due now or within the horizon is announced on the wake channel, as schedule.lua does.
 -- A keyed message's flow key goes with it (a successor brings its own), and the slot it held
 -- of its key is freed (includes/key_turns.lua).
+local unack, retry, garbage, messages = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local attempts, tokens, reasons, successors = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local pending, ready, priorities, aborts = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local flow_keys, key_turns, key_waiting, key_state = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_tats, key_lists, key_load, progress = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 --- @include "includes/guard.lua"
 --- @include "includes/placing.lua"
 guard(
-  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[11], 'hash'
+  unack, 'zset', retry, 'zset', garbage, 'zset', messages, 'hash', attempts, 'hash',
+  tokens, 'hash', reasons, 'hash', priorities, 'hash'
 )
 -- Keyed messages: one HLEN tells whether the queue has any (else nothing more is paid).
 local K = nil
-if redis.call('HLEN', KEYS[13]) > 0 then
-  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
-  K = keyed_keys(13)
+if redis.call('HLEN', flow_keys) > 0 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
+  K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 end
 local now = tonumber(ARGV[1])
 local horizon = now + tonumber(ARGV[2])
-local successors = redis.call('EXISTS', KEYS[8]) == 1
-local progress = redis.call('EXISTS', KEYS[20]) == 1
-if successors then
-  guard(KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list')
+local has_successors = redis.call('EXISTS', successors) == 1
+local has_progress = redis.call('EXISTS', progress) == 1
+if has_successors then
+  guard(successors, 'hash', pending, 'zset', ready, 'list')
   if not K then  -- a successor may bring a key
-    guard(KEYS[13], 'hash', KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[19], 'zset')
-    K = keyed_keys(13)
+    guard(
+      flow_keys, 'hash', key_turns, 'zset', key_waiting, 'zset', key_state, 'hash',
+      key_load, 'zset'
+    )
+    K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
   end
 end
 local n, wake = 0, nil
@@ -52,7 +62,7 @@ for i = 4, #ARGV, 2000 do
   local last = math.min(i + 1999, #ARGV)
   local ids = {}
   for j = i, last, 2 do ids[#ids + 1] = ARGV[j] end
-  local current = redis.call('HMGET', KEYS[6], unpack(ids))
+  local current = redis.call('HMGET', tokens, unpack(ids))
   local done, seen = {}, {}
   for k, id in ipairs(ids) do
     if current[k] == ARGV[i + 2 * k - 1] and not seen[id] then
@@ -61,19 +71,24 @@ for i = 4, #ARGV, 2000 do
     end
   end
   if #done > 0 then
-    redis.call('HDEL', KEYS[12], unpack(done))
-    if progress then redis.call('HDEL', KEYS[20], unpack(done)) end
-    for key = 1, 3 do redis.call('ZREM', KEYS[key], unpack(done)) end
-    for key = 4, 7 do redis.call('HDEL', KEYS[key], unpack(done)) end
-    redis.call('HDEL', KEYS[11], unpack(done))
+    redis.call('HDEL', aborts, unpack(done))
+    if has_progress then redis.call('HDEL', progress, unpack(done)) end
+    redis.call('ZREM', unack, unpack(done))
+    redis.call('ZREM', retry, unpack(done))
+    redis.call('ZREM', garbage, unpack(done))
+    redis.call('HDEL', messages, unpack(done))
+    redis.call('HDEL', attempts, unpack(done))
+    redis.call('HDEL', tokens, unpack(done))
+    redis.call('HDEL', reasons, unpack(done))
+    redis.call('HDEL', priorities, unpack(done))
     if K then
       keys_freed(K, done, now)  -- before the flow keys go: it reads whether any is left
       redis.call('HDEL', K.flow_keys, unpack(done))
     end
-    if successors then
+    if has_successors then
       for _, id in ipairs(done) do
         local _, at = succeed(
-          KEYS[8], KEYS[4], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, K
+          successors, messages, pending, ready, priorities, id, now, horizon, K
         )
         wake = earlier(wake, at)
       end

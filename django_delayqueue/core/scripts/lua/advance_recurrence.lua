@@ -24,27 +24,31 @@
 -- followed. A tick is an ordinary message (includes/scheduling.lua), idempotent on its id; a
 -- tick due after now is also remembered in the future ticks zset, which is what lets an edit
 -- or a deletion withdraw it (a due tick is left alone: it was due under the old definition).
+local pending, ready, messages, unack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local retry, garbage, recurrence_states, ticks = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local tick_runs, flow_keys, key_turns, key_waiting = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_state, key_tats, key_lists, key_load = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 --- @include "includes/scheduling.lua"
 -- Rare (once per tick, per schedule): every key it may touch is checked before any write.
 guard(
-  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
-  KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'zset', KEYS[10], 'hash'
+  pending, 'zset', ready, 'list', messages, 'hash', unack, 'zset', retry, 'zset',
+  garbage, 'zset', recurrence_states, 'hash', ticks, 'zset', flow_keys, 'hash'
 )
 local now, name = tonumber(ARGV[1]), ARGV[4]
-local found = redis.call('HGET', KEYS[7], name) or ''
+local found = redis.call('HGET', recurrence_states, name) or ''
 if found ~= ARGV[5] then return {0, found} end
 
 if ARGV[7] ~= '0' then
   local prefix = name .. '@'
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '(' .. now, '+inf')) do
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', ticks, '(' .. now, '+inf')) do
     if string.sub(id, 1, #prefix) == prefix then
       -- Only a tick still waiting in pending is withdrawn (a pending message is its score
       -- and its envelope, nothing else); one already due or delivered stays.
-      if redis.call('ZREM', KEYS[1], id) == 1 then
-        redis.call('HDEL', KEYS[3], id)
-        redis.call('HDEL', KEYS[10], id)
+      if redis.call('ZREM', pending, id) == 1 then
+        redis.call('HDEL', messages, id)
+        redis.call('HDEL', flow_keys, id)
       end
-      redis.call('ZREM', KEYS[8], id)
+      redis.call('ZREM', ticks, id)
     end
   end
 end
@@ -53,28 +57,31 @@ end
 -- taken them out of pending yet (one a consumer promoted before it died runs after all).
 local skipped = tonumber(ARGV[8])
 for i = 9, 8 + skipped do
-  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
-    redis.call('HDEL', KEYS[3], ARGV[i])
-    redis.call('HDEL', KEYS[10], ARGV[i])
+  if redis.call('ZREM', pending, ARGV[i]) == 1 then
+    redis.call('HDEL', messages, ARGV[i])
+    redis.call('HDEL', flow_keys, ARGV[i])
   end
-  redis.call('ZREM', KEYS[8], ARGV[i])
+  redis.call('ZREM', ticks, ARGV[i])
 end
 
 local created, first = 0, 9 + skipped
 if #ARGV >= first then  -- schedule_triples checks the types of what it writes
-  created = schedule_triples(first, #ARGV, false, keyed_keys(10))[1]
+  local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+  created = schedule_triples(
+    pending, ready, messages, unack, retry, garbage, first, #ARGV, false, K
+  )[1]
   for i = first, #ARGV, 3 do
-    if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', KEYS[8], ARGV[i + 1], ARGV[i]) end
+    if tonumber(ARGV[i + 1]) > now then redis.call('ZADD', ticks, ARGV[i + 1], ARGV[i]) end
   end
 end
 -- Ticks that came due are no one's to withdraw any more: the zset holds future ones only.
-redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', ticks, '-inf', now)
 if ARGV[6] == '' then  -- an old tombstone, forgotten
-  redis.call('HDEL', KEYS[7], name)
+  redis.call('HDEL', recurrence_states, name)
 else
-  redis.call('HSET', KEYS[7], name, ARGV[6])
+  redis.call('HSET', recurrence_states, name, ARGV[6])
 end
 -- The last run is for display only: a tick runs key of the wrong type must not keep a
 -- schedule from being deleted (pcall: its error is ignored, after every other write).
-if ARGV[7] == '2' then redis.pcall('HDEL', KEYS[9], name) end
+if ARGV[7] == '2' then redis.pcall('HDEL', tick_runs, name) end
 return {1, created}

@@ -11,15 +11,17 @@
 --   flight, then for each key returned, the busiest first (ties by name, within those returned): key, ready, in flight}
 -- Per key returned, its load splits into ready (one LLEN of its list: the only key names built
 -- in a script, under the queue's hash tag) and in flight (key_state's 'c:<key>').
+local key_turns, key_waiting, key_load, key_state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local key_lists = KEYS[5]
 local top = tonumber(ARGV[1])
 local out = {
-  redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
+  redis.call('ZCARD', key_turns) + redis.call('ZCARD', key_waiting), redis.call('ZCARD', key_load),
 }
 if top <= 0 then return out end
 local rows = {}
-for _, key in ipairs(redis.call('ZREVRANGE', KEYS[3], 0, top - 1)) do
-  local ready = redis.call('LLEN', KEYS[5] .. key)
-  local flying = tonumber(redis.call('HGET', KEYS[4], 'c:' .. key)) or 0
+for _, key in ipairs(redis.call('ZREVRANGE', key_load, 0, top - 1)) do
+  local ready = redis.call('LLEN', key_lists .. key)
+  local flying = tonumber(redis.call('HGET', key_state, 'c:' .. key)) or 0
   rows[#rows + 1] = {key, ready, flying}
 end
 table.sort(rows, function(a, b)

@@ -23,67 +23,80 @@
 -- the entry, counts and peek skip it. An entry at either end of the list is popped instead.
 -- The cancelled messages are journalled as one entry (fields n, o) like a consumer batch: rows
 -- [id, scheduled, due, delivered (null), finished (now), attempts so far, 'cancel', ''].
+local pending, retry, ready, messages = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local attempts, tokens, reasons, journal = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local unack, garbage, cancelled, ready_since = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local successors, ranked, priorities, flow_keys = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_turns, key_waiting, key_state, key_tats = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
+local key_lists, key_load, progress = KEYS[21], KEYS[22], KEYS[23]
+local records = {}
+for i = 24, #KEYS do records[i - 23] = KEYS[i] end
 --- @include "includes/guard.lua"
 --- @include "includes/envelope.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
 --- @include "includes/ended_record.lua"
 guard(
-  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'stream', KEYS[9], 'zset', KEYS[10], 'zset',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash',
-  KEYS[14], 'zset', KEYS[15], 'hash', KEYS[16], 'hash', KEYS[23], 'hash'
+  pending, 'zset', retry, 'zset', ready, 'list', messages, 'hash', attempts, 'hash',
+  tokens, 'hash', reasons, 'hash', journal, 'stream', unack, 'zset', garbage, 'zset',
+  cancelled, 'hash', ready_since, 'hash', successors, 'hash',
+  ranked, 'zset', priorities, 'hash', flow_keys, 'hash', progress, 'hash'
 )
-if redis.call('HLEN', KEYS[16]) > 0 then
-  guard(KEYS[17], 'zset', KEYS[18], 'zset', KEYS[19], 'hash', KEYS[20], 'zset', KEYS[22], 'zset')
+if redis.call('HLEN', flow_keys) > 0 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(16)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rows = {}
 
-local function journal(id, envelope, attempt)
+local function journal_row(id, envelope, attempt)
   local due, scheduled = envelope_times(envelope)
   if not due then due, scheduled = cjson.null, cjson.null end
   rows[#rows + 1] = {id, scheduled, due, cjson.null, now, attempt, 'cancel', ''}
 end
 
 local function waiting(id)
-  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
+  if redis.call('ZREM', pending, id) == 1 or redis.call('ZREM', retry, id) == 1 then
     return true
   end
-  if redis.call('ZSCORE', KEYS[9], id) or redis.call('ZSCORE', KEYS[10], id)
-      or redis.call('HEXISTS', KEYS[4], id) == 0 then
+  if redis.call('ZSCORE', unack, id) or redis.call('ZSCORE', garbage, id)
+      or redis.call('HEXISTS', messages, id) == 0 then
     return false
   end
   local key = redis.call('HGET', K.flow_keys, id)
   if not (key and key_drop(K, key, id, now)) then
-    drop_from_ready(KEYS[3], KEYS[11], KEYS[14], id)
+    drop_from_ready(ready, cancelled, ranked, id)
   end
   return true
 end
 
 for i = 4, #ARGV do
   local id = ARGV[i]
-  local successor = redis.call('HGET', KEYS[13], id)
+  local successor = redis.call('HGET', successors, id)
   if successor then
-    redis.call('HDEL', KEYS[13], id)
-    journal(id, successor, 0)
+    redis.call('HDEL', successors, id)
+    journal_row(id, successor, 0)
   end
   if waiting(id) then
-    local attempt = attempt_count(redis.call('HGET', KEYS[5], id)) or cjson.null
-    journal(id, redis.call('HGET', KEYS[4], id), attempt)
-    for key = 4, 7 do redis.call('HDEL', KEYS[key], id) end
-    redis.call('HDEL', KEYS[12], id)
-    redis.call('HDEL', KEYS[15], id)
-    redis.call('HDEL', KEYS[16], id)
+    local attempt = attempt_count(redis.call('HGET', attempts, id)) or cjson.null
+    journal_row(id, redis.call('HGET', messages, id), attempt)
+    redis.call('HDEL', messages, id)
+    redis.call('HDEL', attempts, id)
+    redis.call('HDEL', tokens, id)
+    redis.call('HDEL', reasons, id)
+    redis.call('HDEL', ready_since, id)
+    redis.call('HDEL', priorities, id)
+    redis.call('HDEL', flow_keys, id)
     -- None by rights (only an in-flight delivery writes one, and ends it): a leftover goes too.
-    redis.call('HDEL', KEYS[23], id)
+    redis.call('HDEL', progress, id)
     -- A task's result says FAILED from now on (get_result sees its message gone), for as long
     -- as a finished task's is kept; no expiry would keep it for ever. One it has stays.
-    keep_ended_record(KEYS[20 + i], ARGV[3])
+    keep_ended_record(records[i - 3], ARGV[3])
   end
 end
 if #rows > 0 and maxlen > 0 then
-  redis.call('XADD', KEYS[8], 'MAXLEN', '~', maxlen, '*', 'n', #rows, 'o', cjson.encode(rows))
+  redis.call('XADD', journal, 'MAXLEN', '~', maxlen, '*', 'n', #rows, 'o', cjson.encode(rows))
 end
 return #rows

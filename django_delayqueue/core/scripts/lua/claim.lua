@@ -63,6 +63,12 @@
 -- HLEN, which proves the type); the envelopes are read only when the hash has entries.
 -- Order: the ranked entries above priority 0, the list, the ranked entries below 0 (see
 -- ready_list.lua); a queue without priorities pays one ZCARD for it.
+local ready, unack, messages, attempts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local tokens, seq, garbage, reasons = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local cancelled, ready_since, ranked, limiter = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local newer, flow_keys, key_turns, key_waiting = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_state, key_tats, key_lists, key_load = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
+local receipt = KEYS[21]
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/envelope.lua"
@@ -70,12 +76,7 @@
 --- @include "includes/memory.lua"
 --- @include "includes/flow_limits.lua"
 --- @include "includes/key_claims.lua"
-local ready, unack, messages, attempts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local tokens, seq, garbage, reasons = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local cancelled, ready_since, ranked, limiter = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local newer = KEYS[13]
-local K = keyed_keys(14)  -- KEYS[14] to KEYS[20]
-local receipt = KEYS[21]
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, deadline, claim_id = tonumber(ARGV[1]), ARGV[2], ARGV[6]
 local reads_format = tonumber(ARGV[5])
 

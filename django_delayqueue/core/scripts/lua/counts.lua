@@ -21,13 +21,13 @@
 -- the key whose token came first, if it came already (the next claim puts it back in turns).
 -- The rotation is in turn order, the key served next first: a backlog no consumer claims shows
 -- at its head. Bounded: at most 4 keys read, whatever their number (a few commands each).
---- @include "includes/envelope.lua"
---- @include "includes/ready_list.lua"
---- @include "includes/limit_waits.lua"
 local pending, ready, unack, retry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local garbage, messages, cancelled, ready_since = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local ranked, key_state, key_turns, key_waiting = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local key_tats, key_lists = KEYS[13], KEYS[14]
+--- @include "includes/envelope.lua"
+--- @include "includes/ready_list.lua"
+--- @include "includes/limit_waits.lua"
 local now = tonumber(ARGV[1])
 local key_cap, key_interval, key_burst = string.match(ARGV[2] or '', '^(%S+) (%S+) (%S+)')
 key_cap, key_interval, key_burst =

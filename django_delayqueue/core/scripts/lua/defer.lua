@@ -20,22 +20,24 @@
 -- A keyed message frees its key's slot, as any end of a delivery does (includes/key_turns.lua).
 -- An aborted one (abort.lua) goes to the dead letters with the abort's reason, as release.lua
 -- sends it. Its progress (progress.lua) goes either way.
+local unack, retry, attempts, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local garbage, reasons, aborts, progress = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local newer, flow_keys, key_turns, key_waiting = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_state, key_tats, key_lists, key_load = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/aborts.lua"
 --- @include "includes/key_turns.lua"
-local unack, retry, attempts, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local garbage, reasons, aborts, progress = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local newer = KEYS[9]
-local flow_keys = KEYS[10]  -- the first of the seven keyed keys (keyed_keys)
 guard(
   unack, 'zset', retry, 'zset', attempts, 'hash', tokens, 'hash', garbage, 'zset',
   reasons, 'hash', aborts, 'hash', progress, 'hash', newer, 'hash'
 )
 if redis.call('HLEN', flow_keys) > 0 then
-  guard(KEYS[11], 'zset', KEYS[12], 'zset', KEYS[13], 'hash', KEYS[14], 'zset', KEYS[16], 'zset')
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(10)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, first_wait, longest = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local reads = ARGV[4]
 local results = {}

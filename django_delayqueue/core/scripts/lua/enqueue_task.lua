@@ -12,5 +12,13 @@
 -- ARGV[8] priority (-100..100)
 -- returns: as schedule.lua; the record is written only when the message was scheduled (an id
 -- taken already keeps the record it has, and its priority). See includes/task_enqueue.lua.
+local pending, ready, messages, unack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local retry, garbage, record, ranked = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local priorities, flow_keys, key_turns, key_waiting = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_state, key_tats, key_lists, key_load = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 --- @include "includes/task_enqueue.lua"
-return enqueue_task(KEYS[7], KEYS[8], KEYS[9], ARGV[7], tonumber(ARGV[8]), keyed_keys(10))
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+return enqueue_task(
+  pending, ready, messages, unack, retry, garbage, record, ranked, priorities, ARGV[7],
+  tonumber(ARGV[8]), K
+)

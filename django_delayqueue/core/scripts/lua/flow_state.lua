@@ -11,8 +11,9 @@
 -- until reaped, past their deadline: they hold nothing the stats should believe). Consumers
 -- that stopped claiming leave the flag behind: their queue's ready messages are then overdue
 -- again, as they are without limits. A limit cleared since is the caller's (monitoring/flow.py).
+local limiter, unack = KEYS[1], KEYS[2]
 local state = redis.call(
-  'HMGET', KEYS[1], 'held', 'held_ms', 'throttled', 'window_ms', 'started', 'started_before',
+  'HMGET', limiter, 'held', 'held_ms', 'throttled', 'window_ms', 'started', 'started_before',
   'tat', 'interval'
 )
 local now = tonumber(ARGV[1])
@@ -20,7 +21,7 @@ local held = state[1] or ''
 if held == 'rate' then
   local tat, interval = tonumber(state[7]) or 0, tonumber(state[8]) or 0
   if tat < now - interval - 1000 then held = '' end
-elseif held == 'in_flight' and redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[1], '+inf') == 0 then
+elseif held == 'in_flight' and redis.call('ZCOUNT', unack, '(' .. ARGV[1], '+inf') == 0 then
   held = ''
 end
 local window = now - now % 1000

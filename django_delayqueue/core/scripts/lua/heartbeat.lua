@@ -7,6 +7,7 @@
 -- Runs when Redis is out of memory (see includes/memory.lua): its first write removes (a
 -- ZREMRANGEBYSCORE, which may remove nothing), after which Redis lets the ZADD through, so a
 -- consumer that goes on delivering on a full server does not look dead to the health check.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+local heartbeats = KEYS[1]
+redis.call('ZREMRANGEBYSCORE', heartbeats, '-inf', '(' .. ARGV[2])
+redis.call('ZADD', heartbeats, ARGV[1], ARGV[3])
 return 1

@@ -2,4 +2,5 @@
 -- KEYS[1] journal stream
 -- ARGV[1] max length (approximate)   ARGV[2..] field, value pairs
 -- returns: the entry id
-return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 2))
+local journal = KEYS[1]
+return redis.call('XADD', journal, 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 2))

@@ -21,32 +21,39 @@
 -- The delivery's progress (progress.lua) goes: a retry starts without one.
 -- A keyed delivery that ends frees its key's slot (includes/key_turns.lua); a successor taking
 -- a dead message's place brings its own key.
+local unack, retry, garbage, attempts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local tokens, reasons, successors, messages = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local pending, ready, priorities, aborts = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local flow_keys, key_turns, key_waiting, key_state = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_tats, key_lists, key_load, progress = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/aborts.lua"
 --- @include "includes/placing.lua"
 guard(
-  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[20], 'hash'
+  unack, 'zset', retry, 'zset', garbage, 'zset', attempts, 'hash', tokens, 'hash',
+  reasons, 'hash', successors, 'hash', messages, 'hash', pending, 'zset', ready, 'list',
+  priorities, 'hash', aborts, 'hash', flow_keys, 'hash', progress, 'hash'
 )
 -- A dying message's successor may bring the queue's first key: checked then too.
-if redis.call('HLEN', KEYS[13]) > 0 or redis.call('EXISTS', KEYS[7]) == 1 then
-  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
+if redis.call('HLEN', flow_keys) > 0 or redis.call('EXISTS', successors) == 1 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(13)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[3])
 local results, wake = {}, nil
 for i = 5, #ARGV, 4 do
   local id, retry_at, reason = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local result = 0
-  if redis.call('HGET', KEYS[5], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
-    local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
-    local aborted = take_abort(KEYS[12], id, ARGV[i + 1])
+  if redis.call('HGET', tokens, id) == ARGV[i + 1] and redis.call('ZSCORE', unack, id) then
+    local attempt, bad = attempt_count(redis.call('HGET', attempts, id))
+    local aborted = take_abort(aborts, id, ARGV[i + 1])
     local dead = 2
-    redis.call('HDEL', KEYS[20], id)
-    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', progress, id)
+    redis.call('ZREM', unack, id)
     key_slot_freed(K, id, now)
     if bad then
       reason = bad .. ': ' .. reason
@@ -55,24 +62,26 @@ for i = 5, #ARGV, 4 do
       reason = aborted
       retry_at = -1
       dead = 3
-    elseif retry_at >= 0 and attempts >= max_attempts then
-      reason = 'no attempts left (' .. attempts .. ' of ' .. max_attempts .. '): ' .. reason
+    elseif retry_at >= 0 and attempt >= max_attempts then
+      reason = 'no attempts left (' .. attempt .. ' of ' .. max_attempts .. '): ' .. reason
       retry_at = -1
     end
     if retry_at >= 0 then
-      redis.call('ZADD', KEYS[2], retry_at, id)
-      redis.call('HSET', KEYS[6], id, reason)
+      redis.call('ZADD', retry, retry_at, id)
+      redis.call('HSET', reasons, id, reason)
       result = 1
-    elseif redis.call('HEXISTS', KEYS[7], id) == 1 then
-      for key = 4, 6 do redis.call('HDEL', KEYS[key], id) end
+    elseif redis.call('HEXISTS', successors, id) == 1 then
+      redis.call('HDEL', attempts, id)
+      redis.call('HDEL', tokens, id)
+      redis.call('HDEL', reasons, id)
       local _, at = succeed(
-        KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, K
+        successors, messages, pending, ready, priorities, id, now, horizon, K
       )
       wake = earlier(wake, at)
       result = dead
     else
-      redis.call('ZADD', KEYS[3], now, id)
-      redis.call('HSET', KEYS[6], id, reason)
+      redis.call('ZADD', garbage, now, id)
+      redis.call('HSET', reasons, id, reason)
       result = dead
     end
   end

@@ -12,31 +12,36 @@
 -- (key_turns.lua), key by key: the keys in turn order, then those waiting for a token or a
 -- slot, each key's messages in its order (a page deep among them walks the keys before it).
 -- An attempt count that is not a number is shown as 0, with the bad value named in the reason.
+local pending, ready, unack, retry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local garbage, messages, attempts, reasons = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local cancelled, ranked, flow_keys, key_turns = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_waiting, key_state, key_tats, key_lists = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_load = KEYS[17]
 --- @include "includes/attempts.lua"
 --- @include "includes/ready_list.lua"
 local states = {pending = 1, ready = 2, unack = 3, retry = 4, garbage = 5}
 local index = states[ARGV[1]]
 if not index then return redis.error_reply('unknown state ' .. ARGV[1]) end
 local first, last = tonumber(ARGV[2]), tonumber(ARGV[2]) + tonumber(ARGV[3]) - 1
-local key = KEYS[index]
+local key = ({pending, ready, unack, retry, garbage})[index]
 local total, rows = 0, {}
 if index == 2 then
   -- The dead entries cancel left in the list are skipped, and not counted: walking past them
   -- costs what LRANGE costs to reach the offset, plus a hash lookup per entry.
-  local dead = dead_in_ready(KEYS[9])
+  local dead = dead_in_ready(cancelled)
   local listed = math.max(0, redis.call('LLEN', key) - dead)
-  local nranked = redis.call('ZCARD', KEYS[10])
-  local high = nranked > 0 and redis.call('ZCOUNT', KEYS[10], '-inf', '(' .. RANK_NORMAL) or 0
+  local nranked = redis.call('ZCARD', ranked)
+  local high = nranked > 0 and redis.call('ZCOUNT', ranked, '-inf', '(' .. RANK_NORMAL) or 0
   total = listed + nranked
   local ids = {}
   if first < high then  -- positions [0, high): the ranked zset from its start
-    ids = redis.call('ZRANGE', KEYS[10], first, math.min(last, high - 1))
+    ids = redis.call('ZRANGE', ranked, first, math.min(last, high - 1))
   end
   local from, to = math.max(first, high) - high, math.min(last, high + listed - 1) - high
   if from <= to then  -- positions [high, high + listed): the list's live entries
     local page
     if dead > 0 then
-      page = ready_walk(key, KEYS[9], from, to - from + 1, math.huge)
+      page = ready_walk(key, cancelled, from, to - from + 1, math.huge)
     else
       page = redis.call('LRANGE', key, from, to)
     end
@@ -44,9 +49,9 @@ if index == 2 then
   end
   from, to = math.max(first, high + listed) - listed, last - listed
   if from <= to and from < nranked then  -- the rest: the ranked zset after its first `high`
-    for _, id in ipairs(redis.call('ZRANGE', KEYS[10], from, to)) do ids[#ids + 1] = id end
+    for _, id in ipairs(redis.call('ZRANGE', ranked, from, to)) do ids[#ids + 1] = id end
   end
-  local K = keyed_keys(11)
+  local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
   local nkeyed = keyed_ready(K)
   total = total + nkeyed
   local skip, want = math.max(0, first - listed - nranked), last - first + 1 - #ids
@@ -86,11 +91,11 @@ for i = 1, #rows, 2 do
   local id = rows[i]
   out[#out + 1] = id
   out[#out + 1] = rows[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
-  local attempts, bad = attempt_count(redis.call('HGET', KEYS[7], id))
-  local reason = redis.call('HGET', KEYS[8], id) or ''
+  out[#out + 1] = redis.call('HGET', messages, id) or ''
+  local attempt, bad = attempt_count(redis.call('HGET', attempts, id))
+  local reason = redis.call('HGET', reasons, id) or ''
   if bad then reason = reason == '' and bad or bad .. '; ' .. reason end
-  out[#out + 1] = attempts or 0
+  out[#out + 1] = attempt or 0
   out[#out + 1] = reason
 end
 return out

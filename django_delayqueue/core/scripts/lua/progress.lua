@@ -8,13 +8,14 @@
 -- ack, nack, reap and release (and cancel, purge) delete the entry: progress ends with its
 -- delivery, and a retry starts without one. Not run when Redis is out of memory: a report is
 -- worth less than the acks it would compete with, and the next beat sends a newer one.
+local unack, tokens, progress = KEYS[1], KEYS[2], KEYS[3]
 --- @include "includes/guard.lua"
-guard(KEYS[3], 'hash')
+guard(progress, 'hash')
 local n = 0
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]
-  if redis.call('HGET', KEYS[2], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
-    redis.call('HSET', KEYS[3], id, ARGV[i + 2])
+  if redis.call('HGET', tokens, id) == ARGV[i + 1] and redis.call('ZSCORE', unack, id) then
+    redis.call('HSET', progress, id, ARGV[i + 2])
     n = n + 1
   end
 end

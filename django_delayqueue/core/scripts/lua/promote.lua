@@ -18,6 +18,10 @@
 -- the ready sizes let the caller skip its claim. Those reads also prove the four keys' types
 -- before anything is written; the priorities hash is checked when anything is due, tokens and
 -- ready_since only when a retry is.
+local pending, retry, ready, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ready_since, ranked, priorities, flow_keys = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key_turns, key_waiting, key_state, key_tats = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_lists, key_load = KEYS[13], KEYS[14]
 --- @include "includes/guard.lua"
 --- @include "includes/ready_list.lua"
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -25,20 +29,21 @@ local function head(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2]) or nil
 end
-local heads = {head(KEYS[1]), head(KEYS[2])}
-local ready = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[6])
-if redis.call('HLEN', KEYS[8]) > 0 then ready = ready + keyed_ready(keyed_keys(8)) end
-if heads[2] and heads[2] <= now then guard(KEYS[4], 'hash', KEYS[5], 'hash') end
+local heads = {head(pending), head(retry)}
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+local ready_count = redis.call('LLEN', ready) + redis.call('ZCARD', ranked)
+if redis.call('HLEN', flow_keys) > 0 then ready_count = ready_count + keyed_ready(K) end
+if heads[2] and heads[2] <= now then guard(tokens, 'hash', ready_since, 'hash') end
 if (heads[1] and heads[1] <= now) or (heads[2] and heads[2] <= now) then
-  guard(KEYS[7], 'hash')  -- to_ready reads it after the first ZREM
-  if redis.call('HLEN', KEYS[8]) > 0 then
-    guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash', KEYS[14], 'zset')
+  guard(priorities, 'hash')  -- to_ready reads it after the first ZREM
+  if redis.call('HLEN', flow_keys) > 0 then
+    guard(key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_load, 'zset')
   end
 end
-local K = keyed_keys(8)
 local moved, more, next_due = 0, 0, -1
+local sources = {pending, retry}  -- in the order of heads
 for index = 1, 2 do
-  local src, first = KEYS[index], heads[index]
+  local src, first = sources[index], heads[index]
   if first and first <= now then
     local ids, since = {}, {}
     if index == 1 then
@@ -54,10 +59,10 @@ for index = 1, 2 do
     for i = 1, #ids, 500 do
       local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
       redis.call('ZREM', src, unpack(chunk))
-      to_ready(KEYS[3], KEYS[6], KEYS[7], chunk, false, K)
+      to_ready(ready, ranked, priorities, chunk, false, K)
       if index == 2 then
-        redis.call('HDEL', KEYS[4], unpack(chunk))
-        redis.call('HSET', KEYS[5], unpack(since, 2 * i - 1, 2 * (i + #chunk - 1)))
+        redis.call('HDEL', tokens, unpack(chunk))
+        redis.call('HSET', ready_since, unpack(since, 2 * i - 1, 2 * (i + #chunk - 1)))
       end
     end
     moved = moved + #ids
@@ -67,4 +72,4 @@ for index = 1, 2 do
   end
   if first and (next_due == -1 or first < next_due) then next_due = first end
 end
-return {moved, more, next_due, ready + moved}
+return {moved, more, next_due, ready_count + moved}

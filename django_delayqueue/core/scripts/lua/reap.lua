@@ -20,6 +20,11 @@
 -- The delivery's progress (progress.lua) goes: a retry starts without one.
 -- A keyed delivery that ends frees its key's slot (includes/key_turns.lua); a successor taking
 -- a dead message's place brings its own key.
+local unack, retry, garbage, attempts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local reasons, tokens, successors, messages = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local pending, ready, priorities, aborts = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local flow_keys, key_turns, key_waiting, key_state = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_tats, key_lists, key_load, progress = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/aborts.lua"
@@ -27,44 +32,46 @@
 local now, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local function head()
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', unack, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2]) or -1
 end
 -- Nothing past its deadline (the usual case) costs one read.
 local next_deadline = head()
 if next_deadline == -1 or next_deadline > now then return {0, 0, 0, next_deadline} end
 guard(
-  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'list',
-  KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'hash', KEYS[20], 'hash'
+  unack, 'zset', retry, 'zset', garbage, 'zset', attempts, 'hash', reasons, 'hash',
+  tokens, 'hash', successors, 'hash', messages, 'hash', pending, 'zset', ready, 'list',
+  priorities, 'hash', aborts, 'hash', flow_keys, 'hash', progress, 'hash'
 )
 -- A dying message's successor may bring the queue's first key: checked then too.
-if redis.call('HLEN', KEYS[13]) > 0 or redis.call('EXISTS', KEYS[7]) == 1 then
-  guard(KEYS[14], 'zset', KEYS[15], 'zset', KEYS[16], 'hash', KEYS[17], 'zset', KEYS[19], 'zset')
+if redis.call('HLEN', flow_keys) > 0 or redis.call('EXISTS', successors) == 1 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(13)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local horizon, wake = now + tonumber(ARGV[6]), nil
 local function bury(id, reason)
-  if redis.call('HEXISTS', KEYS[7], id) == 1 then
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('HDEL', KEYS[6], id)
+  if redis.call('HEXISTS', successors, id) == 1 then
+    redis.call('HDEL', attempts, id)
+    redis.call('HDEL', reasons, id)
+    redis.call('HDEL', tokens, id)
     local _, at = succeed(
-        KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], id, now, horizon, K
+        successors, messages, pending, ready, priorities, id, now, horizon, K
       )
     wake = earlier(wake, at)
   else
-    redis.call('ZADD', KEYS[3], now, id)
-    redis.call('HSET', KEYS[5], id, reason)
+    redis.call('ZADD', garbage, now, id)
+    redis.call('HSET', reasons, id, reason)
   end
 end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+local ids = redis.call('ZRANGEBYSCORE', unack, '-inf', now, 'LIMIT', 0, limit)
 local retried, buried = 0, 0
 for _, id in ipairs(ids) do
-  local attempts, bad = attempt_count(redis.call('HGET', KEYS[4], id))
-  local aborted = take_abort(KEYS[12], id, redis.call('HGET', KEYS[6], id))
-  redis.call('HDEL', KEYS[20], id)
-  redis.call('ZREM', KEYS[1], id)
+  local attempt, bad = attempt_count(redis.call('HGET', attempts, id))
+  local aborted = take_abort(aborts, id, redis.call('HGET', tokens, id))
+  redis.call('HDEL', progress, id)
+  redis.call('ZREM', unack, id)
   key_slot_freed(K, id, now)
   if bad then
     bury(id, bad .. ': visibility timeout passed')
@@ -72,14 +79,14 @@ for _, id in ipairs(ids) do
   elseif aborted then
     bury(id, aborted)
     buried = buried + 1
-  elseif attempts >= max_attempts then
-    bury(id, 'visibility timeout passed on the last attempt (' .. attempts .. ' of ' ..
+  elseif attempt >= max_attempts then
+    bury(id, 'visibility timeout passed on the last attempt (' .. attempt .. ' of ' ..
       max_attempts .. '): the consumer died or hung')
     buried = buried + 1
   else
-    local delay = math.min(cap, base * 2 ^ math.max(0, attempts - 1))
-    redis.call('ZADD', KEYS[2], now + delay, id)
-    redis.call('HSET', KEYS[5], id, 'visibility timeout passed on attempt ' .. attempts)
+    local delay = math.min(cap, base * 2 ^ math.max(0, attempt - 1))
+    redis.call('ZADD', retry, now + delay, id)
+    redis.call('HSET', reasons, id, 'visibility timeout passed on attempt ' .. attempt)
     retried = retried + 1
   end
 end

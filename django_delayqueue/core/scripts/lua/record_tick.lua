@@ -10,13 +10,14 @@
 -- back the last run the deletion removed, where nothing would ever remove it again.
 -- Runs when Redis is out of memory (see includes/memory.lua): it overwrites one field per
 -- schedule, and a delivered tick's outcome must not be lost because the server is full.
+local tick_runs, recurrence_states = KEYS[1], KEYS[2]
 --- @include "includes/guard.lua"
 --- @include "includes/memory.lua"
-guard(KEYS[1], 'hash', KEYS[2], 'hash')
-local state = redis.call('HGET', KEYS[2], ARGV[1])
+guard(tick_runs, 'hash', recurrence_states, 'hash')
+local state = redis.call('HGET', recurrence_states, ARGV[1])
 if not state or string.match(state, '^%S+ (%S+)') == 'deleted' then return 0 end
-allow_oom(KEYS[1], 'hash')
-local old = redis.call('HGET', KEYS[1], ARGV[1])
+allow_oom(tick_runs, 'hash')
+local old = redis.call('HGET', tick_runs, ARGV[1])
 if old then
   local ok, decoded = pcall(cjson.decode, old)
   if ok and type(decoded) == 'table' and tonumber(decoded['tick']) and
@@ -24,5 +25,5 @@ if old then
     return 0
   end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', tick_runs, ARGV[1], ARGV[2])
 return 1

@@ -8,11 +8,12 @@
 -- ever incremented, so monotonic whatever the number of consumers), the minutes what the
 -- admin's percentiles over the last minutes and hour are read from. The fields are a fixed
 -- set, so neither hash grows with traffic; the minutes expire on their own.
+local timings, minute = KEYS[1], KEYS[2]
 --- @include "includes/guard.lua"
-guard(KEYS[1], 'hash', KEYS[2], 'hash')
+guard(timings, 'hash', minute, 'hash')
 for i = 2, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-  redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
+  redis.call('HINCRBY', timings, ARGV[i], ARGV[i + 1])
+  redis.call('HINCRBY', minute, ARGV[i], ARGV[i + 1])
 end
-redis.call('EXPIRE', KEYS[2], ARGV[1])
+redis.call('EXPIRE', minute, ARGV[1])
 return 1

@@ -22,45 +22,52 @@
 -- An aborted one (abort.lua) goes to garbage with the abort's reason instead. Its progress
 -- (progress.lua) goes either way.
 -- A keyed message goes to the head of its key's list, its slot freed (includes/key_turns.lua).
+local unack, ready, attempts, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local garbage, reasons, ready_since, ranked = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local priorities, aborts, flow_keys, key_turns = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_waiting, key_state, key_tats, key_lists = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_load, progress = KEYS[17], KEYS[18]
 --- @include "includes/guard.lua"
 --- @include "includes/attempts.lua"
 --- @include "includes/aborts.lua"
 --- @include "includes/ready_list.lua"
 guard(
-  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'zset',
-  KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'zset', KEYS[9], 'hash', KEYS[10], 'hash',
-  KEYS[18], 'hash'
+  unack, 'zset', ready, 'list', attempts, 'hash', tokens, 'hash', garbage, 'zset',
+  reasons, 'hash', ready_since, 'hash', ranked, 'zset', priorities, 'hash', aborts, 'hash',
+  progress, 'hash'
 )
-if redis.call('HLEN', KEYS[11]) > 0 then
-  guard(KEYS[12], 'zset', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset', KEYS[17], 'zset')
+if redis.call('HLEN', flow_keys) > 0 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(11)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local n = 0
 local now = tonumber(ARGV[1])
 for i = #ARGV - 2, 3, -3 do
   local id = ARGV[i]
-  if redis.call('HGET', KEYS[4], id) == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], id) then
-    local attempts, bad = attempt_count(redis.call('HGET', KEYS[3], id))
-    local aborted = take_abort(KEYS[10], id, ARGV[i + 1])
-    redis.call('HDEL', KEYS[18], id)
-    redis.call('ZREM', KEYS[1], id)
+  if redis.call('HGET', tokens, id) == ARGV[i + 1] and redis.call('ZSCORE', unack, id) then
+    local attempt, bad = attempt_count(redis.call('HGET', attempts, id))
+    local aborted = take_abort(aborts, id, ARGV[i + 1])
+    redis.call('HDEL', progress, id)
+    redis.call('ZREM', unack, id)
     key_slot_freed(K, id, tonumber(ARGV[1]))
     if bad then
-      redis.call('ZADD', KEYS[5], ARGV[1], id)
-      redis.call('HSET', KEYS[6], id, bad .. ': released unstarted')
+      redis.call('ZADD', garbage, ARGV[1], id)
+      redis.call('HSET', reasons, id, bad .. ': released unstarted')
     elseif aborted then
-      redis.call('ZADD', KEYS[5], ARGV[1], id)
-      redis.call('HSET', KEYS[6], id, aborted)
+      redis.call('ZADD', garbage, ARGV[1], id)
+      redis.call('HSET', reasons, id, aborted)
     else
-      to_ready(KEYS[2], KEYS[8], KEYS[9], {id}, true, K)
-      if attempts > 1 then
-        redis.call('HSET', KEYS[3], id, attempts - 1)
+      to_ready(ready, ranked, priorities, {id}, true, K)
+      if attempt > 1 then
+        redis.call('HSET', attempts, id, attempt - 1)
         local since = tonumber(ARGV[i + 2])
-        redis.call('HSET', KEYS[7], id, (since and since > now) and ARGV[i + 2] or ARGV[1])
+        redis.call('HSET', ready_since, id, (since and since > now) and ARGV[i + 2] or ARGV[1])
       else
-        redis.call('HDEL', KEYS[3], id)
+        redis.call('HDEL', attempts, id)
       end
-      redis.call('HDEL', KEYS[4], id)
+      redis.call('HDEL', tokens, id)
       n = n + 1
     end
   end

@@ -22,5 +22,15 @@
 --   scheduled when the running delivery is acknowledged, or when it dies (ack, nack, reap).
 -- New messages due now, or due within the horizon, are announced on the wake channel.
 -- The work is includes/replacing.lua's (send_once.lua does it too).
+local pending, ready, messages, unack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local retry, garbage, attempts, tokens = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local reasons, successors, cancelled, ready_since = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local ranked, priorities, flow_keys, key_turns = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_waiting, key_state, key_tats, key_lists = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
+local key_load = KEYS[21]
 --- @include "includes/replacing.lua"
-return replace_triples(4, #ARGV, false, keyed_keys(15))
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+return replace_triples(
+  pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+  cancelled, ready_since, ranked, priorities, 4, #ARGV, false, K
+)

@@ -13,26 +13,34 @@
 -- longer than that, and its record must be there when it ends (its next end sets a new one).
 -- The ids are always given (the caller lists the oldest dead letters to requeue them all), so
 -- that each one's record arrives through KEYS.
+local garbage, ready, attempts, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local reasons, ready_since, ranked, priorities = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local flow_keys, key_turns, key_waiting, key_state = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_tats, key_lists, key_load = KEYS[13], KEYS[14], KEYS[15]
+local records = {}
+for i = 16, #KEYS do records[i - 15] = KEYS[i] end
 --- @include "includes/guard.lua"
 --- @include "includes/ready_list.lua"
 guard(
-  KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'hash', KEYS[7], 'zset', KEYS[8], 'hash'
+  garbage, 'zset', ready, 'list', attempts, 'hash', tokens, 'hash', reasons, 'hash',
+  ready_since, 'hash', ranked, 'zset', priorities, 'hash'
 )
-if redis.call('HLEN', KEYS[9]) > 0 then
-  guard(KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[15], 'zset')
+if redis.call('HLEN', flow_keys) > 0 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(9)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if redis.call('ZREM', KEYS[1], id) == 1 then
-    back_to_ready(KEYS[2], KEYS[7], KEYS[8], KEYS[4], KEYS[6], id, ARGV[1], K)
-    redis.call('HDEL', KEYS[3], id)  -- a fresh set of attempts
-    redis.call('HDEL', KEYS[5], id)  -- and no reason: it is not dead any more
-    redis.call('PERSIST', KEYS[13 + i])
+  if redis.call('ZREM', garbage, id) == 1 then
+    back_to_ready(ready, ranked, priorities, tokens, ready_since, id, ARGV[1], K)
+    redis.call('HDEL', attempts, id)  -- a fresh set of attempts
+    redis.call('HDEL', reasons, id)  -- and no reason: it is not dead any more
+    redis.call('PERSIST', records[i - 2])
     n = n + 1
   end
 end
 if n > 0 then redis.call('PUBLISH', ARGV[2], '0') end
-return {n, redis.call('ZCARD', KEYS[1])}
+return {n, redis.call('ZCARD', garbage)}

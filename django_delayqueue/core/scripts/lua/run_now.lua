@@ -7,21 +7,27 @@
 -- ARGV[1] now (ms)   ARGV[2] wake channel   ARGV[3..] ids
 -- returns: number of messages moved
 -- They are overdue from now (recorded in ready_since), not from the due time in the envelope.
+local pending, retry, ready, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ready_since, ranked, priorities, flow_keys = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key_turns, key_waiting, key_state, key_tats = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_lists, key_load = KEYS[13], KEYS[14]
 --- @include "includes/guard.lua"
 --- @include "includes/ready_list.lua"
 guard(
-  KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'list', KEYS[4], 'hash', KEYS[5], 'hash',
-  KEYS[6], 'zset', KEYS[7], 'hash'
+  pending, 'zset', retry, 'zset', ready, 'list', tokens, 'hash', ready_since, 'hash',
+  ranked, 'zset', priorities, 'hash'
 )
-if redis.call('HLEN', KEYS[8]) > 0 then
-  guard(KEYS[9], 'zset', KEYS[10], 'zset', KEYS[11], 'hash', KEYS[12], 'zset', KEYS[14], 'zset')
+if redis.call('HLEN', flow_keys) > 0 then
+  guard(
+    key_turns, 'zset', key_waiting, 'zset', key_state, 'hash', key_tats, 'zset', key_load, 'zset'
+  )
 end
-local K = keyed_keys(8)
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[2], id) == 1 then
-    back_to_ready(KEYS[3], KEYS[6], KEYS[7], KEYS[4], KEYS[5], id, ARGV[1], K)
+  if redis.call('ZREM', pending, id) == 1 or redis.call('ZREM', retry, id) == 1 then
+    back_to_ready(ready, ranked, priorities, tokens, ready_since, id, ARGV[1], K)
     n = n + 1
   end
 end

@@ -12,5 +12,10 @@
 -- replace.lua replaces instead; includes/scheduling.lua says when consumers are woken. A
 -- message whose envelope carries a flow key has it noted in the flow_keys hash, and goes to
 -- its key's list when due (includes/key_turns.lua).
+local pending, ready, messages, unack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local retry, garbage, flow_keys, key_turns = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key_waiting, key_state, key_tats, key_lists = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local key_load = KEYS[13]
 --- @include "includes/scheduling.lua"
-return schedule_triples(4, #ARGV, false, keyed_keys(7))
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
+return schedule_triples(pending, ready, messages, unack, retry, garbage, 4, #ARGV, false, K)

@@ -17,6 +17,12 @@
 --           0 when no window refused it: then it was kept out (schedule) or replaced it)}
 -- The rules are includes/unique.lua's (docs/flow-control.md, "Uniqueness windows"). Messages
 -- are taken one by one, so a second message of an id in one call finds the first one's window.
+local pending, ready, messages, unack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local retry, garbage, attempts, tokens = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local reasons, successors, cancelled, ready_since = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local ranked, priorities, unique, flow_keys = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local key_turns, key_waiting, key_state, key_tats = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
+local key_lists, key_load = KEYS[21], KEYS[22]
 --- @include "includes/guard.lua"
 --- @include "includes/unique.lua"
 local mode = ARGV[4]
@@ -28,18 +34,21 @@ end
 -- ready, the messages hash (its HSETNX, the first write, proves it) and the window; a replace
 -- may write every key (replace_triples checks them again, at no extra cost per message).
 if mode == 'schedule' then
-  guard(KEYS[1], 'zset', KEYS[2], 'list', KEYS[15], 'zset')
+  guard(pending, 'zset', ready, 'list', unique, 'zset')
 else
   guard(
-    KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'zset',
-    KEYS[6], 'zset', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'hash', KEYS[10], 'hash',
-    KEYS[11], 'hash', KEYS[12], 'hash', KEYS[13], 'zset', KEYS[14], 'hash', KEYS[15], 'zset'
+    pending, 'zset', ready, 'list', messages, 'hash', unack, 'zset', retry, 'zset',
+    garbage, 'zset', attempts, 'hash', tokens, 'hash', reasons, 'hash', successors, 'hash',
+    cancelled, 'hash', ready_since, 'hash', ranked, 'zset', priorities, 'hash', unique, 'zset'
   )
 end
 local out, opened, wake = {0}, 0, nil
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 for i = 5, #ARGV, 4 do
   local stored, state, open_until, announce = schedule_in_window(
-    KEYS[15], i, tonumber(ARGV[i + 3]), mode == 'replace', keyed_keys(16)
+    pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+    cancelled, ready_since, ranked, priorities,
+    unique, i, tonumber(ARGV[i + 3]), mode == 'replace', K
   )
   out[1] = out[1] + stored
   opened = opened + stored
@@ -50,6 +59,6 @@ for i = 5, #ARGV, 4 do
     out[#out + 1] = open_until or 0
   end
 end
-if opened > 0 then forget_windows(KEYS[15], 2 * opened) end
+if opened > 0 then forget_windows(unique, 2 * opened) end
 publish_wake(wake)  -- once for the call, as schedule.lua
 return out

@@ -22,6 +22,12 @@
 -- returns: {-1} when the token was sent within ARGV[9] ms (nothing changed but the token's
 --          time, renewed); else what the mode's script returns (the token is remembered,
 --          older ones forgotten); with a window, what schedule_unique.lua returns.
+local pending, ready, messages, unack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local retry, garbage, attempts, tokens = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local reasons, successors, cancelled, ready_since = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local ranked, priorities, sent, record = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local unique, flow_keys, key_turns, key_waiting = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
+local key_state, key_tats, key_lists, key_load = KEYS[21], KEYS[22], KEYS[23], KEYS[24]
 --- @include "includes/guard.lua"
 --- @include "includes/scheduling.lua"
 --- @include "includes/replacing.lua"
@@ -35,34 +41,43 @@ local window = tonumber(ARGV[12])
 if window > 0 and mode == 'task' then
   return redis.error_reply('send_once: a task takes no uniqueness window')
 end
-guard(KEYS[15], 'zset')
-if window > 0 then guard(KEYS[17], 'zset') end
+guard(sent, 'zset')
+if window > 0 then guard(unique, 'zset') end
 local now = tonumber(ARGV[1])
-local sent_at = redis.call('ZSCORE', KEYS[15], ARGV[8])
+local sent_at = redis.call('ZSCORE', sent, ARGV[8])
 if sent_at and tonumber(sent_at) > now - tonumber(ARGV[9]) then
   -- Sent again: its sender still holds a row it cannot delete (its replicas do not confirm,
   -- say). Remembered from now, so that a row resent for longer than the memory never stores
   -- its message twice.
-  redis.call('ZADD', KEYS[15], now, ARGV[8])
+  redis.call('ZADD', sent, now, ARGV[8])
   return {-1}
 end
 local out
+local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 if window > 0 then
   local stored, state, open_until, wake = schedule_in_window(
-    KEYS[17], 4, window, mode == 'replace', keyed_keys(18)
+    pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+    cancelled, ready_since, ranked, priorities,
+    unique, 4, window, mode == 'replace', K
   )
   out = {stored}
   if state ~= nil then out = {stored, 1, state, open_until or 0} end
-  if stored > 0 then forget_windows(KEYS[17], 2) end
+  if stored > 0 then forget_windows(unique, 2) end
   publish_wake(wake)
 elseif mode == 'schedule' then
-  out = schedule_triples(4, 6, false, keyed_keys(18))
+  out = schedule_triples(pending, ready, messages, unack, retry, garbage, 4, 6, false, K)
 elseif mode == 'replace' then
-  out = replace_triples(4, 6, false, keyed_keys(18))
+  out = replace_triples(
+    pending, ready, messages, unack, retry, garbage, attempts, tokens, reasons, successors,
+    cancelled, ready_since, ranked, priorities, 4, 6, false, K
+  )
 else
-  out = enqueue_task(KEYS[16], KEYS[13], KEYS[14], ARGV[10], tonumber(ARGV[11]), keyed_keys(18))
+  out = enqueue_task(
+    pending, ready, messages, unack, retry, garbage, record, ranked, priorities, ARGV[10],
+    tonumber(ARGV[11]), K
+  )
 end
 -- Written last, so that a mode's guard failing leaves everything as it was.
-redis.call('ZADD', KEYS[15], now, ARGV[8])
-redis.call('ZREMRANGEBYSCORE', KEYS[15], '-inf', now - tonumber(ARGV[9]))
+redis.call('ZADD', sent, now, ARGV[8])
+redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - tonumber(ARGV[9]))
 return out

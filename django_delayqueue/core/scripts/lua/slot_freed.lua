@@ -10,8 +10,8 @@
 -- the cap holds ready messages back (a limit wait period: includes/limit_waits.lua), it notes
 -- since when a slot is free: the wait of the next message claimed ends then, not at its claim
 -- (also when Redis is out of memory: includes/memory.lua).
---- @include "includes/memory.lua"
 local limiter = KEYS[1]
+--- @include "includes/memory.lua"
 local now, channel = ARGV[1], ARGV[2]
 local state = redis.call('HMGET', limiter, 'held', 'wait_since', 'wait_free')
 if state[2] and not state[3] then

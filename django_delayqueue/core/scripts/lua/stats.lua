@@ -12,12 +12,13 @@
 --           already-done total (counted in the ack total too)}
 -- Runs when Redis is out of memory (see includes/memory.lua): the stats must be readable
 -- exactly then, and the tally is a hash of five fields.
+local journal, tally, heartbeats, config = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 --- @include "includes/guard.lua"
 --- @include "includes/memory.lua"
-guard(KEYS[1], 'stream', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash')
+guard(journal, 'stream', tally, 'hash', heartbeats, 'zset', config, 'hash')
 local limit = tonumber(ARGV[1])
-local cursor = redis.call('HGET', KEYS[2], 'cursor') or '0-0'
-local entries = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', limit)
+local cursor = redis.call('HGET', tally, 'cursor') or '0-0'
+local entries = redis.call('XRANGE', journal, '(' .. cursor, '+', 'COUNT', limit)
 if #entries > 0 then
   local added = {ack = 0, retry = 0, garbage = 0, already_done = 0}
   for _, entry in ipairs(entries) do
@@ -40,18 +41,18 @@ if #entries > 0 then
       end
     end
   end
-  allow_oom(KEYS[2], 'hash')
+  allow_oom(tally, 'hash')
   for outcome, n in pairs(added) do
-    if n > 0 then redis.call('HINCRBY', KEYS[2], outcome, n) end
+    if n > 0 then redis.call('HINCRBY', tally, outcome, n) end
   end
-  redis.call('HSET', KEYS[2], 'cursor', entries[#entries][1])
+  redis.call('HSET', tally, 'cursor', entries[#entries][1])
 end
-local totals = redis.call('HMGET', KEYS[2], 'ack', 'retry', 'garbage', 'already_done')
+local totals = redis.call('HMGET', tally, 'ack', 'retry', 'garbage', 'already_done')
 return {
   tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, tonumber(totals[3]) or 0,
   #entries == limit and 1 or 0,
-  redis.call('ZCOUNT', KEYS[3], ARGV[2], '+inf'),
-  redis.call('ZREVRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1, 'WITHSCORES'),
-  redis.call('HGETALL', KEYS[4]),
+  redis.call('ZCOUNT', heartbeats, ARGV[2], '+inf'),
+  redis.call('ZREVRANGE', heartbeats, 0, tonumber(ARGV[3]) - 1, 'WITHSCORES'),
+  redis.call('HGETALL', config),
   tonumber(totals[4]) or 0,
 }

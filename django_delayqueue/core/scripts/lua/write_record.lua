@@ -22,5 +22,6 @@
 -- an earlier end left, so a record never expires while its task may still run.
 -- Runs when Redis is out of memory (see includes/memory.lua): a task's result goes with the
 -- ack that frees its message, and must not be lost because the server is full.
+local record = KEYS[1]
 --- @include "includes/record_write.lua"
-return record_write(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+return record_write(record, ARGV[1], ARGV[2], ARGV[3], ARGV[4])

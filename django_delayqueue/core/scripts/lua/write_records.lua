@@ -12,6 +12,7 @@
 --   key of the wrong type fails its own write only), which is the next of the error replies
 --   that follow, in order
 -- Runs when Redis is out of memory, as write_record.lua does.
+local records = KEYS
 --- @include "includes/record_write.lua"
 local codes, errors = {}, {}
 local function failed(reply)
@@ -21,20 +22,20 @@ end
 -- One record: its write is the whole argument, whatever it holds (merged_writes sends a write
 -- with a raw newline of its own alone, so that it is never split).
 local writes = {ARGV[1] or ''}
-if #KEYS > 1 then
+if #records > 1 then
   writes = {}
   for write in string.gmatch(ARGV[1] or '', '[^\n]+') do writes[#writes + 1] = write end
 end
 local i = 0
 for _, write in ipairs(writes) do
   i = i + 1
-  if i > #KEYS then break end
+  if i > #records then break end
   local ttl, order, required, fields = string.match(write, '^(%d+) (%d+) (%S*) (.*)$')
   if not ttl then
     failed(redis.error_reply('ERR write_records: a write not understood: ' .. write))
   else
     if required == '' then required = nil end
-    local ok, reply = pcall(record_write, KEYS[i], ttl, order, fields, required)
+    local ok, reply = pcall(record_write, records[i], ttl, order, fields, required)
     if not ok then
       failed(type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply)))
     elseif type(reply) == 'table' and reply.err then
@@ -44,7 +45,7 @@ for _, write in ipairs(writes) do
     end
   end
 end
-for _ = i + 1, #KEYS do
+for _ = i + 1, #records do
   failed(redis.error_reply('ERR write_records: no write for a record'))
 end
 local replies = {table.concat(codes)}

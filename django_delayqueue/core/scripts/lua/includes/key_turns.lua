@@ -1,7 +1,8 @@
 -- includes/key_turns.lua: keyed ready messages (schedule(..., key=...)) waiting in per-key
 -- lists, and the rotation of keys that claims take turns from (docs/flow-control.md, "Keys").
--- A script that may put keyed ids in ready, or take them out, gets seven keys in a row, read by
--- keyed_keys(first) into a table K:
+-- A script that may put keyed ids in ready, or take them out, gets seven keys in a row
+-- (contracts._KEYED), which it gives keyed_keys(flow_keys, key_turns, key_waiting, key_state,
+-- key_tats, key_lists, key_load) by the names of its prologue, to have them in a table K:
 --   K.flow_keys  hash id -> flow key (includes/flow_keys.lua)
 --   K.turns      zset key -> turn: the keys whose messages may be claimed, in turn order (the
 --                lowest first); a key taken from goes back at the tail (the next turn)
@@ -33,11 +34,12 @@
 
 local KEY_BLOCKED = 4503599627370496  -- 2^52: after any time in ms, exact in a double
 
-local function keyed_keys(first)
+local function keyed_keys(
+  flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load
+)
   return {
-    flow_keys = KEYS[first], turns = KEYS[first + 1], waiting = KEYS[first + 2],
-    state = KEYS[first + 3], tats = KEYS[first + 4], lists = KEYS[first + 5],
-    load = KEYS[first + 6],
+    flow_keys = flow_keys, turns = key_turns, waiting = key_waiting, state = key_state,
+    tats = key_tats, lists = key_lists, load = key_load,
   }
 end
 

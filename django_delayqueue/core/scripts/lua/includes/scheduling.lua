@@ -1,7 +1,7 @@
 -- includes/scheduling.lua: new messages -> pending (or ready when already due), idempotent on
--- id; shared by schedule.lua and enqueue_task.lua, which take the same first keys and arguments:
--- KEYS[1] pending zset   KEYS[2] ready list   KEYS[3] messages hash   KEYS[4] unack zset
--- KEYS[5] retry zset   KEYS[6] garbage zset
+-- id; shared by schedule.lua and enqueue_task.lua, which take the same first keys and arguments
+-- (pending zset, ready list, messages hash, unack zset, retry zset, garbage zset, given to
+-- schedule_triples by the names of their prologues):
 -- ARGV[1] now (ms)   ARGV[2] announce horizon (ms)   ARGV[3] wake channel
 -- A sleeping consumer is woken (one PUBLISH per call) for a message already due, or due within
 -- the horizon and earlier than every pending one. A consumer never sleeps longer than the
@@ -11,16 +11,19 @@
 --- @include "includes/state.lua"
 --- @include "includes/key_turns.lua"
 
--- schedule_triples(first, last, keep_wake): the messages in ARGV[first..last], triples of id,
--- due (ms), envelope. Returns {how many were scheduled, then for each message not scheduled
--- because its id is taken (nothing of it changed): its position among the triples (1-based)
--- and the state of the message holding the id}. Telling that state costs reads only when the
--- id is taken. With keep_wake, nothing is published: the time to announce (nil for none) is
--- returned second, for a caller that calls this per message to publish once (unique.lua).
--- K: the keyed keys (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and
--- a keyed message due now goes to its key's list, or behind the due messages still in pending
--- (key_turns.lua, due_unpromoted) (nil: the messages have no key).
-local function schedule_triples(first, last, keep_wake, K)
+-- schedule_triples(pending, ready, messages, unack, retry, garbage, first, last, keep_wake, K):
+-- the messages in ARGV[first..last], triples of id, due (ms), envelope, stored under the six keys
+-- given first. Returns {how many were scheduled, then for each message not scheduled because its
+-- id is taken (nothing of it changed): its position among the triples (1-based) and the state of
+-- the message holding the id}. Telling that state costs reads only when the id is taken. With
+-- keep_wake, nothing is published: the time to announce (nil for none) is returned second, for a
+-- caller that calls this per message to publish once (unique.lua). K: the keyed keys
+-- (key_turns.lua): the key of a keyed envelope is noted in K.flow_keys, and a keyed message due
+-- now goes to its key's list, or behind the due messages still in pending (key_turns.lua,
+-- due_unpromoted) (nil: the messages have no key).
+local function schedule_triples(
+  pending, ready, messages, unack, retry, garbage, first, last, keep_wake, K
+)
   local flow_keys = K and K.flow_keys
   local now = tonumber(ARGV[1])
   local horizon = now + tonumber(ARGV[2])
@@ -37,36 +40,36 @@ local function schedule_triples(first, last, keep_wake, K)
       write_pending = true
     end
   end
-  if write_pending then guard(KEYS[1], 'zset') end
-  if write_ready then guard(KEYS[2], 'list') end
+  if write_pending then guard(pending, 'zset') end
+  if write_ready then guard(ready, 'list') end
   if next(keyed) then
     guard(flow_keys, 'hash', K.turns, 'zset', K.waiting, 'zset', K.state, 'hash', K.load, 'zset')
   end
   local earliest, head_read, wake = nil, false, nil
-  local behind = nil  -- due_unpromoted(KEYS[1], now), read once, for a keyed message due now
+  local behind = nil  -- due_unpromoted(pending, now), read once, for a keyed message due now
   local created, out = 0, {0}
   for i = first, last, 3 do
     local id, due = ARGV[i], tonumber(ARGV[i + 1])
-    if redis.call('HSETNX', KEYS[3], id, ARGV[i + 2]) == 0 then
+    if redis.call('HSETNX', messages, id, ARGV[i + 2]) == 0 then
       out[#out + 1] = (i - first) / 3 + 1
-      out[#out + 1] = state_of(id, KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+      out[#out + 1] = state_of(id, pending, unack, retry, garbage)
     else
       local key = keyed[i]
       if key then redis.call('HSET', flow_keys, id, key) end
       if due <= now then
-        if key and behind == nil then behind = due_unpromoted(KEYS[1], now) end
+        if key and behind == nil then behind = due_unpromoted(pending, now) end
         if key and behind then
-          redis.call('ZADD', KEYS[1], due, id)
+          redis.call('ZADD', pending, due, id)
         elseif key then
           key_push(K, key, id, false)
         else
-          redis.call('RPUSH', KEYS[2], id)
+          redis.call('RPUSH', ready, id)
         end
         wake = now
       else
         if due <= horizon then
           if not head_read then
-            local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+            local head = redis.call('ZRANGE', pending, 0, 0, 'WITHSCORES')
             earliest = head[2] and tonumber(head[2]) or nil
             head_read = true
           end
@@ -75,7 +78,7 @@ local function schedule_triples(first, last, keep_wake, K)
             if wake == nil or due < wake then wake = due end
           end
         end
-        redis.call('ZADD', KEYS[1], due, id)
+        redis.call('ZADD', pending, due, id)
       end
       created = created + 1
     end
