@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# What nack.lua says became of each message (besides 0: its token was no longer current).
+NACK_RETRY, NACK_DEAD, NACK_ABORTED = 1, 2, 3
+
 MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
 # A message a consumer cannot read (an envelope of a newer format) waits in retry this long
 # before a consumer claims it again, doubled each time one leaves it again, up to the longest
@@ -95,7 +98,7 @@ class Delivery:
         reads_format: int = ENVELOPE_FORMAT,
     ) -> ScriptCall:
         """The claim of ``count`` messages; with ``receipt`` (a consumer's receipt key, see
-        consumer/claims.py) recorded there under ``claim_id``, or that claim's messages again
+        consumer/rounds/claims.py) recorded there under ``claim_id``, or that claim's messages again
         when it is the claim recorded (and, with ``replay_only``, nothing new).
         ``reads_format``: the newest envelope format the claiming consumer reads (the messages
         it reads wait for no newer consumer any more: claim.lua)."""
@@ -307,7 +310,9 @@ class Delivery:
     def nack(self, message: Message, *, delay: float | None = None, reason: str = "") -> int:
         """A delivery failed: retry after ``delay`` seconds (default: backoff with jitter).
 
-        Returns 1 (will retry), 2 (no attempts left: now in garbage) or 0 (stale token).
+        Returns 1 (will retry), 2 (no attempts left: now in garbage), 3 (aborted, by
+        ``abort()``: now in garbage with the abort's reason, whatever was asked) or 0 (stale
+        token).
         """
         return self.nack_many([(message, delay, reason)])[0]
 
@@ -321,7 +326,8 @@ class Delivery:
 
     def bury(self, message: Message, reason: str) -> bool:
         """Send an in-flight message straight to garbage with ``reason``."""
-        return self.nack_many([(message, None, reason)], bury=True)[0] == 2
+        result = self.nack_many([(message, None, reason)], bury=True)[0]
+        return result in (NACK_DEAD, NACK_ABORTED)
 
     def reap_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
         s = self.settings

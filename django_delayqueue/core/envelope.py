@@ -407,7 +407,7 @@ class Message:
     # for none), read by django_delayqueue.observability only when tracing is on.
     trace: str = ""
     # When it came back to ready (a retry's retry time, a requeue, a "run now", a release),
-    # as claim.lua read it: its handler does not start before it (consumer/waiter.py) and its
+    # as claim.lua read it: its handler does not start before it (consumer/rounds/waiter.py) and its
     # start lateness counts from then (core/timings). None: it did not come back, or the
     # consumer was not told.
     ready_since_ms: int | None = field(default=None, compare=False)

@@ -44,6 +44,21 @@ class Child:
     # for a process that had to be replaced when no fresh interpreter could start.
     stand_in: bool = False
 
+    def note_stopped(self, handlers: list[StoppedHandler], *, reported: bool) -> None:
+        """Settle ``handlers`` once this process is gone, each message once: what the process
+        reported itself (``reported``: protocol.STOPPED) takes the place of what its last
+        heartbeat said of the same delivery (a process killed for its silence may have written
+        its report just before, read only as it is reaped); a delivery already noted is not
+        noted again (it would be nacked twice, the second time "left alone")."""
+        index = {(s.queue, s.token): i for i, s in enumerate(self.stopped)}
+        for handler in handlers:
+            i = index.get((handler.queue, handler.token))
+            if i is None:
+                index[(handler.queue, handler.token)] = len(self.stopped)
+                self.stopped.append(handler)
+            elif reported:
+                self.stopped[i] = handler
+
     @property
     def replaced(self) -> bool:
         """Being replaced for a handler it could not stop, or killed for its silence: its end

@@ -12,10 +12,10 @@ would go on beside the retry of their message, which starts another copy. So:
   it has reaped it, whatever it died of;
 - a ``kill -9`` of the supervisor kills its consumer processes (``PR_SET_PDEATHSIG``) but not
   what they started: each consumer process therefore starts a guard (:func:`guard_group`), a
-  forked process of its group that waits, blocked, for that consumer process to die, then kills
-  the group, itself included. It needs nothing of the consumer process to run (a handler stuck
-  in a C call that holds the GIL cannot keep it from acting), and a group it belongs to can
-  never be another's.
+  small program of its group (:mod:`.group_guard`) that waits, blocked, for that consumer
+  process to die, then kills the group, itself included. It needs nothing of the consumer
+  process to run (a handler stuck in a C call that holds the GIL cannot keep it from acting),
+  holds no copy of its memory, and a group it belongs to can never be another's.
 
 A program that leaves the group (a daemon that calls ``setsid``) is the handler's business: it
 lives on. Terminal signals (Ctrl-C's SIGINT, a hangup) reach the supervisor alone, which stops
@@ -26,20 +26,20 @@ supervisor still kills the groups of the processes it reaps.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import sys
-from typing import Any
+from pathlib import Path
+
+from django_delayqueue.supervisor.group_guard import GUARD_SIGNAL, IGNORED
 
 logger = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-PR_SET_NAME = 15
-# The signal the guard gets when its consumer process dies (blocked, and waited for).
-GUARD_SIGNAL = signal.SIGUSR2
-GUARD_NAME = b"dq-group-guard"  # what ps shows for it (at most 15 bytes)
+# The guard's program, and what it blocks from its start (its own signal until it waits for it,
+# the stop signals until it ignores them).
+GUARD_PROGRAM = str(Path(__file__).with_name("group_guard.py"))
+_BLOCKED = {GUARD_SIGNAL, *IGNORED}
 
 
 def lead_group() -> None:
@@ -60,65 +60,26 @@ def kill_group(pid: int) -> bool:
     return True
 
 
-# What a stop sends to every process of the group, which the guard ignores.
-_IGNORED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
-
-
 def guard_group() -> int | None:
-    """Fork the guard of this process's group (see module doc); its pid, or None where there is
-    none (not Linux, no ``prctl``, or fork refused). Call it from the thread that lives as long
-    as this process (its main thread): the parent-death signal follows the thread that forked.
+    """Start the guard of this process's group (see module doc; its program:
+    :mod:`.group_guard`); its pid, or None where there is none (not Linux, no interpreter to
+    run it, or the start refused). Call it from the thread that lives as long as this process
+    (its main thread): the parent-death signal follows the thread that started the guard.
+
+    Spawned (``posix_spawn``: no copy of this process is made, not even for an instant) as a
+    small interpreter of its own, which owns a few megabytes, not a copy of this heap.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or not sys.executable:
         return None
     leader = os.getpid()
+    argv = [sys.executable, "-I", "-S", GUARD_PROGRAM, str(leader)]
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    # Blocked across the fork: the guard's own signal until it waits for it, and the stop
-    # signals until it ignores them (a systemd stop sends SIGTERM to every process, maybe in
-    # the instant after the fork).
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {GUARD_SIGNAL, *_IGNORED})
-    try:
-        pid = os.fork()
+        # Its signals blocked from its start: a systemd stop sends SIGTERM to every process,
+        # maybe in the instant after the spawn; its own signal at its default action (this
+        # process may ignore it), waited for.
+        return os.posix_spawn(
+            sys.executable, argv, os.environ, setsigmask=_BLOCKED, setsigdef={GUARD_SIGNAL}
+        )
     except OSError as e:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         logger.warning("no guard for the process group of %d: %s", leader, e)
         return None
-    if pid == 0:  # the guard: never returns
-        _guard(leader, prctl)
-    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return pid
-
-
-def _guard(leader: int, prctl: Any) -> None:
-    try:
-        for signum in _IGNORED:
-            signal.signal(signum, signal.SIG_IGN)  # only its leader's death ends it
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
-        prctl(PR_SET_NAME, ctypes.c_char_p(GUARD_NAME), 0, 0, 0)
-        prctl(PR_SET_PDEATHSIG, GUARD_SIGNAL, 0, 0, 0)
-        _close_inherited()
-        # Only its leader's death ends it: a GUARD_SIGNAL someone else sends (a `pkill -USR2`
-        # meant for stack dumps) is waited past. The kernel reparents the guard before it sends
-        # the parent-death signal, so the parent pid has changed when that one comes.
-        while os.getppid() == leader:  # else it died before the prctl: act now
-            signal.sigwait({GUARD_SIGNAL})
-        os.killpg(0, signal.SIGKILL)
-    finally:
-        os._exit(0)
-
-
-def _close_inherited() -> None:
-    """Nothing of the leader's kept open in the guard (its pipe to the supervisor, its
-    sockets), but the standard streams."""
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 1024))
-    for fd in fds:
-        if fd > 2:
-            with contextlib.suppress(OSError):
-                os.close(fd)

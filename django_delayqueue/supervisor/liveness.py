@@ -214,13 +214,15 @@ class Heartbeat:
             if not self._failed:
                 logger.exception("the heartbeat could not read what this process holds")
             self._failed = True
-            self._channel.send(ALIVE, within=SHORTEST_SILENCE_SECONDS, why="unknown")
+            self._channel.offer(ALIVE, within=SHORTEST_SILENCE_SECONDS, why="unknown")
             return beat_period(SHORTEST_SILENCE_SECONDS)
         within, why = answer_within(holding.queues, holding.running)
         fields: dict[str, Any] = {"within": round(within, 3), "why": why}
         keys = [h.key() for h in holding.running]
         if keys != self._sent_running:
             fields["running"] = [h.to_json() for h in holding.running]
-        if self._channel.send(ALIVE, **fields) and "running" in fields:
+        # Offered, never waited for: a beat never holds up the loop thread's messages (a full
+        # pipe drops it; the next beat, a period later, says the same and more).
+        if self._channel.offer(ALIVE, **fields) and "running" in fields:
             self._sent_running = keys
         return beat_period(within)

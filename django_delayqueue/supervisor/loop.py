@@ -339,7 +339,14 @@ class Supervisor:
                         child.pid,
                         e,
                     )
-            child.stopped.extend(handlers)
+            child.note_stopped(handlers, reported=True)
+            if child.killed:  # its end was decided before: replaced once it is reaped
+                logger.warning(
+                    "consumer process %d could not stop %d handler(s): settled once it is gone",
+                    child.pid,
+                    len(handlers),
+                )
+                return
             logger.warning(
                 "consumer process %d could not stop %d handler(s): replacing it now",
                 child.pid,
@@ -468,7 +475,7 @@ class Supervisor:
             )
             child.silent = silent
             child.killed = True
-            child.stopped.extend(settle)
+            child.note_stopped(settle, reported=False)
             kill(child)
             slot = self.slots[child.slot]
             if slot.current is child:
@@ -537,7 +544,7 @@ class Supervisor:
             self.failed = self.failed or failed
             return
         delay = slot.backoff.died(lived)
-        if child.process is not None and not child.ready:  # a fresh interpreter that failed
+        if _failed_to_load(child, code):
             slot.fresh_failed = child.error or describe_exit(code)
             if slot.stuck:  # its predecessor holds a stuck handler: a stand-in now
                 delay = 0.0
@@ -566,3 +573,19 @@ class Supervisor:
         self.to_settle = settle(self.to_settle, final=final)
         self._settle_at = time.monotonic() + SETTLE_RETRY_SECONDS if self.to_settle else 0.0
         close_connections()
+
+
+# Signals a process never sends itself: one that died of them before it consumed was killed (by
+# an operator, the OOM killer, a test), not stopped by code that fails to load.
+_KILLED_BY_OTHERS = {-signal.SIGKILL, -signal.SIGTERM}
+
+
+def _failed_to_load(child: Child, code: int) -> bool:
+    """Whether ``child``, which died before it consumed, is a fresh interpreter whose start
+    failed on its own (an import error, a crash: the code on disk does not load), which makes
+    the slot's next replacement of a stuck process a fork of the supervisor's code. One this
+    supervisor killed (for its silence; a stop's kill is never asked here) or that someone else
+    killed says nothing of the code on disk: it is replaced by a fresh interpreter again."""
+    if child.process is None or child.ready or child.killed:
+        return False
+    return code not in _KILLED_BY_OTHERS

@@ -34,6 +34,7 @@ SETTLED = {
     0: "left alone (its visibility timeout had already brought it back)",
     1: "retried",
     2: "dead-lettered",
+    3: "dead-lettered as aborted (an abort came before it was settled)",
 }
 
 _settling: tuple[Any, Any] | None = None  # (client, clock), built on first use

@@ -288,7 +288,7 @@ class _TaskRun:
             returned, return_value = _stored(value)
             finished_at = queue.clock.now_ms()
             ttl = _ttl(backend)
-            # Sent with the round's other results as one call (consumer.merged_writes).
+            # Sent with the round's other results as one call (consumer.rounds.merged_writes).
             write = attempt.write(
                 SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, mergeable=True
             )

@@ -6,12 +6,14 @@ holds the GIL; here the rules, and the beats over a real pipe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import threading
 
 import pytest
+from waiting import TIMEOUT
 
 from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.supervisor.liveness import (
@@ -24,7 +26,7 @@ from django_delayqueue.supervisor.liveness import (
     answer_within,
     beat_period,
 )
-from django_delayqueue.supervisor.protocol import ALIVE, ChildChannel, LineReader
+from django_delayqueue.supervisor.protocol import ALIVE, READY, ChildChannel, LineReader
 
 
 def _held(**fields: object) -> Held:
@@ -169,3 +171,68 @@ def test_two_writers_never_interleave_their_lines() -> None:
     assert all(m["padding"] == long for m in got)
     os.close(channel.fd)
     reader.close()
+
+
+def _full_pipe() -> tuple[LineReader, int]:
+    """A pipe the supervisor does not read (it is settling on a Redis that is down): full,
+    its write end blocking as a child's pipe was."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    for line in (b"x" * 999 + b"\n", b"\n"):  # lines no one can read as a message
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(w, line)
+    os.set_blocking(w, True)
+    return LineReader(r), w
+
+
+def _drain(reader: LineReader, until: str) -> list[dict[str, object]]:
+    got: list[dict[str, object]] = []
+    while not any(m["kind"] == until for m in got):
+        select.select([reader.fd], [], [], TIMEOUT)
+        got += reader.read()
+    return got
+
+
+def test_a_beat_on_a_full_pipe_is_dropped_and_never_holds_up_the_loop_thread() -> None:
+    """Before: the heartbeat thread blocked in its write, holding the channel's lock, and the
+    loop thread's next message (ready, recycle, a stopped handler) waited on that lock: the
+    consumer's loop stood still until the supervisor read again."""
+    reader, w = _full_pipe()
+    channel = ChildChannel(w)
+    beats = Heartbeat(channel, lambda: Holding([QueueLimits("q", 30.0)], [_held()]))
+    beaten = threading.Event()
+    loop_thread = threading.Thread(target=lambda: channel.send(READY), daemon=True)
+    try:
+        threading.Thread(target=lambda: (beats.beat(), beaten.set()), daemon=True).start()
+        assert beaten.wait(TIMEOUT), "the beat waited for room in the pipe"
+        loop_thread.start()  # waits for room, as it must: its message has to arrive
+        got = _drain(reader, READY)
+        loop_thread.join(TIMEOUT)
+        assert not loop_thread.is_alive()
+        assert [m["kind"] for m in got] == [READY]  # the beat was dropped, not kept
+        beats.beat()  # the next one says it all: its running handlers too
+        (beat,) = _drain(reader, ALIVE)
+        assert [Held.from_json(h) for h in beat["running"]] == [_held()]  # type: ignore[union-attr]
+    finally:
+        os.close(w)
+        reader.close()
+
+
+def test_a_beat_begun_on_a_nearly_full_pipe_is_finished_before_the_next_line() -> None:
+    reader, w = _full_pipe()
+    channel = ChildChannel(w)
+    os.read(reader.fd, 8192)  # room for part of a long beat
+    long = "y" * 30_000
+    try:
+        assert not channel.offer(ALIVE, padding=long)  # begun, not finished
+        sender = threading.Thread(target=lambda: channel.send(READY), daemon=True)
+        sender.start()
+        got = [m for m in _drain(reader, READY) if m["kind"] in (ALIVE, READY)]
+        sender.join(TIMEOUT)
+        assert [m["kind"] for m in got] == [ALIVE, READY]
+        assert got[0]["padding"] == long
+    finally:
+        os.close(w)
+        reader.close()

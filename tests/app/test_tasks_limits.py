@@ -5,6 +5,7 @@ On the demo's task queue, with the fixtures of test_tasks_backend and test_tasks
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from waiting import wait_until
 import django_delayqueue as dq
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settle_stopped
+from django_delayqueue.core.delivery import NACK_ABORTED
 from django_delayqueue.mirror import queue_overrides
 from django_delayqueue.tasks import framework
 from django_delayqueue.worker import Worker
@@ -238,4 +240,62 @@ def test_an_aborted_async_task_cancelled_at_its_time_limit_says_aborted(
     assert [e.exception_class_path for e in failed.errors] == [ABORTED]
     assert "aborted: not needed" in failed.errors[0].traceback
     wait_until(lambda: redis_client.zscore(KEYS.garbage, result.id) is not None)
+    assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
+
+
+# --- issue 36 §4: an abort that lands after the task ended, before its nack, wins -------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_aborted_after_it_failed_and_before_its_nack_says_aborted(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker is stepped by hand (no thread learns aborts): the abort lands after the task
+    raised and its record said READY, before the round that nacks it. Before: dead as aborted,
+    while the journal said a retry of RuntimeError, the record READY with RuntimeError."""
+    with queue_settings(max_attempts=3, backoff_base=0, backoff_max=0):
+        result = examples().always_fails.enqueue("x")
+        worker = Worker.for_queues([QUEUE], idle_seconds=0.1)
+        try:
+            wait_until(lambda: worker.step() == 1)  # claims it; its thread runs it
+            wait_until(lambda: examples().always_fails.get_result(result.id).errors)
+            assert dq.abort(QUEUE, result.id, reason="not needed").running
+            wait_until(
+                lambda: (
+                    worker.step() is not None
+                    and redis_client.zscore(KEYS.garbage, result.id) is not None
+                    and not worker._unrecorded.left()[1]  # the record's write went too
+                    and not worker._unrecorded
+                )
+            )
+        finally:
+            worker._threads.close()
+        failed = examples().always_fails.get_result(result.id)
+    assert failed.status == Status.FAILED
+    assert [e.exception_class_path for e in failed.errors] == [ABORTED]
+    assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
+    rows = [row for _, f in redis_client.xrange(KEYS.journal) for row in json.loads(f[b"o"])]
+    assert [(row[0], row[5], row[6], row[7]) for row in rows] == [
+        (result.id, 1, "garbage", "Aborted")
+    ]
+    assert "used its last attempt" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_task_aborted_before_the_supervisor_settles_it_says_aborted(
+    redis_client: redis.Redis,
+) -> None:
+    """A handler its process could not stop at its time limit (settled as a retry once the
+    process is gone), aborted meanwhile: nack.lua buries it as aborted. Before: FAILED with
+    TimeLimitExceeded among its errors."""
+    with queue_settings(max_attempts=3, backoff_base=0, backoff_max=0):
+        result = examples().add.enqueue(1, 2)
+        queue = get_queue(QUEUE)
+        (delivery,) = queue.claim(1)
+        stopped = StoppedHandler.of(delivery, "retry", "time limit exceeded (2 s)")
+        assert dq.abort(QUEUE, result.id, reason="not needed").running
+        assert settle_stopped({QUEUE: queue}, [stopped]) == [NACK_ABORTED]
+        settled = examples().add.get_result(result.id)
+    assert settled.status == Status.FAILED
+    assert [e.exception_class_path for e in settled.errors] == [ABORTED]
     assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"

@@ -49,7 +49,7 @@ def test_an_abort_in_flight_is_recorded_then_buried_by_nack_and_reap(
     assert q.abort("m0", "again").running  # the first reason stays
     assert parse_abort(redis_client.hget(q.keys.aborts, "m0")) == (m0.token, "by ann")
     # The handler failed after the abort: never a retry.
-    assert q.nack(m0, reason="boom") == 2
+    assert q.nack(m0, reason="boom") == 3  # dead letters as aborted (NACK_ABORTED)
     assert redis_client.hget(q.keys.reasons, "m0") == b"aborted: by ann"
     # Its acknowledgement came first: the entry goes with the message.
     assert q.ack(m1) == 1

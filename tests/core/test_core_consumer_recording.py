@@ -47,18 +47,24 @@ def journal_rows(client: redis.Redis, q: Any) -> list[list[Any]]:
 def test_one_flush_records_acks_retries_burials_and_a_journal_entry(
     redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The failures' journal rows go with the next flush, once their nacks said what became of
+    the messages (an abort that came first makes them an abort's)."""
     q = make_queue(max_attempts=3)
     unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
     unrecorded.extend(claimed_outcomes(q, [ACK, RETRY, GARBAGE]))
     with caplog.at_level(logging.WARNING):
         flush(redis_client, unrecorded, [q])
     assert "used its last attempt" not in caplog.text  # a burial is not a last retry
-    assert len(unrecorded) == 0
     assert q.counts()["unack"] == 0
     assert redis_client.zrange(q.keys.retry, 0, -1) == [b"m1"]
     assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m2"]
     [(_, fields)] = redis_client.xrange(q.keys.journal)
-    assert fields[b"n"] == b"3"
+    assert fields[b"n"] == b"1"  # the ack's
+    assert len(unrecorded) == 2 and unrecorded.journal_due()
+    assert unrecorded.unrecorded_messages("q") == []  # their state changes are in Redis
+    flush(redis_client, unrecorded, [q])
+    assert len(unrecorded) == 0 and not unrecorded.journal_due()
+    assert [row[0] for row in journal_rows(redis_client, q)] == ["m0", "m1", "m2"]
 
 
 def test_a_failure_on_the_last_attempt_is_journalled_as_garbage(
@@ -72,12 +78,14 @@ def test_a_failure_on_the_last_attempt_is_journalled_as_garbage(
     outcomes[1].delay = 30.0  # what raising Retry(delay=30) gives
     unrecorded.extend(outcomes)
     flush(redis_client, unrecorded, [q])
+    flush(redis_client, unrecorded, [q])  # the journal rows, once the nacks replied
     assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0", b"m1"]
     assert [row[6] for row in journal_rows(redis_client, q)] == [GARBAGE, GARBAGE]
 
     roomy = make_queue("roomy", max_attempts=2)  # a first failure of two attempts: a retry
     unrecorded = UnrecordedOutcomes([roomy], journal_maxlen=100)
     unrecorded.extend(claimed_outcomes(roomy, [RETRY]))
+    flush(redis_client, unrecorded, [roomy])
     flush(redis_client, unrecorded, [roomy])
     assert [row[6] for row in journal_rows(redis_client, roomy)] == [RETRY]
 
@@ -439,3 +447,33 @@ def test_the_journal_row_carries_the_limit_wait_apart_from_lateness(
     rows = {row[0]: row for row in journal_rows(redis_client, q)}
     assert len(JOURNAL_FIELDS) == 9 and JOURNAL_FIELDS[8] == "limit_wait_ms"
     assert (len(rows["m0"]), rows["m0"][8], rows["m1"][8]) == (9, 250, 0)
+
+
+def test_an_abort_that_lands_before_a_failure_is_recorded_is_journalled_and_logged_as_one(
+    redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36 §4: an abort that lands after a handler was stopped at its time limit (or
+    failed) and before its nack wins: nack.lua dead-letters it as aborted. Before, the journal
+    said a retry (TimeLimitExceeded) and the log "used its last attempt: time limit exceeded"
+    on attempt 1 of 3."""
+    q = make_queue(max_attempts=3)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    stopped, rejected = claimed_outcomes(q, [RETRY, GARBAGE])
+    stopped.reason, stopped.error = "time limit exceeded (2 s)", "TimeLimitExceeded"
+    rejected.error = "Reject"
+    unrecorded.extend([stopped, rejected])
+    assert q.abort("m0", "by staff").running and q.abort("m1").running
+    with caplog.at_level(logging.WARNING):
+        flush(redis_client, unrecorded, [q])
+        flush(redis_client, unrecorded, [q])
+    assert len(unrecorded) == 0
+    assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0", b"m1"]
+    assert redis_client.hget(q.keys.reasons, "m0") == b"aborted: by staff"
+    assert redis_client.hget(q.keys.reasons, "m1") == b"aborted"
+    rows = [(row[0], row[5], row[6], row[7]) for row in journal_rows(redis_client, q)]
+    assert rows == [("m0", 1, GARBAGE, "Aborted"), ("m1", 1, GARBAGE, "Aborted")]
+    assert "used its last attempt" not in caplog.text
+    assert (
+        "message m0 was aborted before its failure was recorded (time limit exceeded (2 s)): "
+        "dead-lettered as aborted, not retried" in caplog.text
+    )

@@ -89,13 +89,7 @@ KINDS: tuple[str, ...] = (*HANDLER_KINDS, *EVENT_KINDS)
 # What `make test` runs: every kind but those that still find an open defect, each named here
 # with it, to run on demand (DQ_FUZZ_KINDS=all) until it is fixed. Not a skip: the kind's
 # failure is the defect's reproduction.
-OPEN_DEFECTS: dict[str, str] = {
-    "abort": (
-        "an abort that lands after a time limit stopped a handler (an async one's thread still "
-        "running, or a thread handler between its raise and its nack) is dead-lettered as "
-        "aborted while the journal row and the log say a time-limit retry (issue 36)"
-    ),
-}
+OPEN_DEFECTS: dict[str, str] = {}
 DEFAULT_KINDS = ",".join(["all", *(f"-{kind}" for kind in OPEN_DEFECTS)])
 # What may outlive a time limit: none is scheduled in the last QUIET_SECONDS, so that the
 # drain is short.
@@ -506,6 +500,8 @@ class Fuzz:
     def _sighup_broken(self) -> None:
         if self.broken_until is not None:
             return
+        if len(self._ready_supervisors()) < sum(1 for s in self.supervisors if s.poll() is None):
+            return  # a supervisor still loading (one just started) would load the broken code
         targets = self._hup_targets()
         if targets:
             self._deploy(broken=True)

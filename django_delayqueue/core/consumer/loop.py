@@ -414,7 +414,8 @@ class Consumer:
                 # Wait only for what is left: a running handler nudges as it ends. With nothing
                 # left, the top of the loop returns now (an idle here waited out a whole second
                 # after the last outcome was recorded, with nothing left to nudge it).
-                if self._busy():
+                # (A failure's journal row, sent once its nack replied, goes at once too.)
+                if self._busy() and not self._unrecorded.journal_due():
                     self._waiter.idle(min(1.0, self._stop.grace_left()))
                 continue
             if self._plan.due_now():

@@ -54,7 +54,7 @@ CLAIM = Contract(
     keys="ready unack messages attempts tokens seq garbage reasons cancelled ready_since ranked "
     f"limiter newer {_KEYED} receipt",
     args="now_ms deadline_ms most_ids limits reads_format claim_id replay_only",
-    optional="receipt claim_id replay_only",  # a consumer's claims carry them (consumer/claims)
+    optional="receipt claim_id replay_only",  # a consumer claims with them (rounds/claims)
 )
 ACK = Contract(
     "ack",

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from django_delayqueue.core.consumer.rounds.flow_holds import wake_after
+from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.queue import Queue
@@ -41,6 +42,12 @@ def abort_reason(reason: str) -> str:
 # (the abort wins over a limit: its message goes to the dead letters as aborted, not retried).
 # Arguments: queue, message id, " (<abort reason>)" or "", the time limit in seconds.
 ABORTED_AT_TIME_LIMIT = "queue %s: message %s aborted%s and at its time limit (%g s): stopping it"
+
+
+# What an outcome says of an abort learnt only from its nack (it came after its handler ended
+# or was stopped at a limit, before its outcome was recorded): "aborted", as the dead letter's
+# reason begins (which goes on with the abort's own reason, read by no one here).
+LATE_ABORT_REASON = "aborted"
 
 
 def abort_said(reason: str) -> str:
@@ -115,7 +122,9 @@ def settle_stopped(queues: Mapping[str, Queue], stopped: Sequence[StoppedHandler
     the dead letters. A message whose delivery token is no longer current (its visibility
     timeout brought it back meanwhile) is left alone: 0 in the returned list, as from nack.
     A task's result record says what became of it: READY (to be retried) or FAILED, with the
-    stop (``TimeLimitExceeded`` or ``Aborted`` and the reason) among its errors.
+    stop (``TimeLimitExceeded`` or ``Aborted`` and the reason) among its errors. An abort that
+    came after a time limit's stop, before this, wins (nack.lua dead-letters it as aborted,
+    :data:`NACK_ABORTED`): its record says ``Aborted``, as its dead letter does.
     """
     results: list[int] = []
     for item in stopped:
@@ -126,7 +135,9 @@ def settle_stopped(queues: Mapping[str, Queue], stopped: Sequence[StoppedHandler
         results.append(result)
         wake_after(q, 1 if result else 0)  # a slot of its cap is free (consumers may wait)
         if item.task and result:
-            record_stop(q, item, dead=result == 2).run(q.client)
+            if result == NACK_ABORTED and item.settlement != "dead":
+                item = replace(item, settlement="dead", reason=LATE_ABORT_REASON)
+            record_stop(q, item, dead=result in (NACK_DEAD, NACK_ABORTED)).run(q.client)
     return results
 
 

@@ -1,10 +1,11 @@
 """What is left to record when the consumer stops, tried for a bounded time and number of tries.
 
 An outcome recorded may hand over a write of its own: a task whose record was gone is written
-whole once its ack has landed (``write_soon``). So a pass that recorded outcomes is followed by
-another at once, not counted as a try: a write queued by the ack of the last try is sent all the
-same (its message is acked, the write is the task's only result). Still bounded: each such pass
-records at least one outcome, and no new outcome comes in at a stop.
+whole once its ack has landed (``write_soon``); a failure's journal row goes once its nack has
+replied. So a pass that sent any call of an outcome is followed by another at once, not counted
+as a try: a write queued by the ack of the last try is sent all the same (its message is acked,
+the write is the task's only result). Still bounded: each such pass sends at least one of the
+outcomes' calls, and no new outcome comes in at a stop.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ def record_left(
     # Bounded in tries as well: an injected clock that stands still must not loop for ever.
     tries = max(1, round(seconds / RECORD_RETRY_PAUSE_SECONDS))
     while outcomes and monotonic() < deadline and tries > 0:
-        before, _ = outcomes.left()
+        before = outcomes.unsent()
         try:
             record_once()
         except DelayQueueError as e:
             logger.warning("could not record outcomes on shutdown: %s", e)
-        if outcomes.left()[0] < before:
-            continue  # outcomes recorded: what their acks handed over goes at once
+        if outcomes.unsent() < before:
+            # Outcomes recorded: what their acks handed over, and the journal rows of failures
+            # (sent once their nacks replied), go at once.
+            continue
         tries -= 1
         if outcomes:
             time.sleep(RECORD_RETRY_PAUSE_SECONDS)

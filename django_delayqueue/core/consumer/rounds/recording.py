@@ -31,11 +31,18 @@ from typing import Any, Literal
 
 import redis
 
+from django_delayqueue.core.consumer.limits.stopped import (
+    LATE_ABORT_REASON,
+    StoppedHandler,
+    record_stop,
+)
 from django_delayqueue.core.consumer.outcomes import (
     ACK,
     GARBAGE,
     Outcome,
     WhileRunning,
+    aborted_outcome,
+    is_aborted,
     journal_entry,
 )
 from django_delayqueue.core.consumer.rounds.merged_writes import (
@@ -44,6 +51,7 @@ from django_delayqueue.core.consumer.rounds.merged_writes import (
     record_replies,
 )
 from django_delayqueue.core.consumer.rounds.replica_acks import confirm_acks as _confirm_acks
+from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -71,6 +79,20 @@ class _Entry:
     @property
     def done(self) -> bool:
         return self.recorded and self.journalled and self.written
+
+    @property
+    def unsent(self) -> int:
+        """How many of its calls Redis does not have yet (a pass that lowers it did work)."""
+        return (not self.recorded) + (not self.journalled) + (not self.written)
+
+    @property
+    def journal_ready(self) -> bool:
+        """Whether its journal row can go: an ack's with it, a failure's once its nack replied
+        (with the next round, due at once: ``journal_due``). An abort that landed after the
+        handler ended (or was stopped at a time limit) and before the nack wins: nack.lua
+        dead-letters the message as aborted (``NACK_ABORTED``), and the journal row, the log
+        line and a task's record say ``Aborted`` too, not what the handler did (issue 36)."""
+        return not self.journalled and (self.recorded or self.outcome.status == ACK)
 
 
 # One flushed call: the queue, what kind of call, the entries it carries (for "early": the
@@ -163,6 +185,23 @@ class UnrecordedOutcomes:
                 entry = _Entry(outcome, journalled=journalled, written=outcome.writes is None)
                 self._entries.setdefault(outcome.message.queue, []).append(entry)
 
+    def unsent(self) -> int:
+        """How many calls of the outcomes Redis does not have yet (ack or nack, journal row,
+        the handler's write): a pass that lowers it recorded something."""
+        with self._lock:
+            return sum(e.unsent for entries in self._entries.values() for e in entries)
+
+    def journal_due(self) -> bool:
+        """Whether a journal row waits only for a round to carry it (its failure's nack has
+        replied), on a queue not pausing after failed calls: a round is due now."""
+        clock = time.monotonic()
+        with self._lock:
+            return any(
+                self._paused_until.get(name, 0.0) <= clock
+                and any(e.journal_ready and e.recorded for e in entries)
+                for name, entries in self._entries.items()
+            )
+
     def unrecorded_messages(self, name: str) -> list[Message]:
         """Messages of queue ``name`` whose state change Redis does not have yet.
 
@@ -228,7 +267,7 @@ class UnrecordedOutcomes:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
                 call = q.nack_call(failures, now_ms, bury=True)
                 flush.append((q, "bury", bury, batch.add(call)))
-            unjournalled = [e for e in entries if not e.journalled]
+            unjournalled = [e for e in entries if e.journal_ready]
             if unjournalled:
                 call = self._journal_call(q, [e.outcome for e in unjournalled])
                 flush.append((q, "journal", unjournalled, batch.add(call)))
@@ -270,8 +309,8 @@ class UnrecordedOutcomes:
                 continue
             for e in entries:
                 e.recorded = True
-            if kind == "retry" and isinstance(result, list):
-                self._warn_last_attempts(q, entries, result)
+            if isinstance(result, list):
+                self._nacked(q, kind, entries, result)
         for name, error in failed.items():
             left = sum(1 for e in self._entries.get(name, []) if not e.done)
             if not self.memory.check(error, f"queue {name}: recording {left} outcome(s)"):
@@ -369,16 +408,32 @@ class UnrecordedOutcomes:
                 error,
             )
 
-    @staticmethod
-    def _warn_last_attempts(q: Queue, entries: list[_Entry], codes: list[Any]) -> None:
+    def _nacked(self, q: Queue, kind: CallKind, entries: list[_Entry], codes: list[Any]) -> None:
+        """What nack.lua did with failures: a retry that used the last attempt is logged; one
+        it dead-lettered because an abort came first becomes an abort's outcome (its journal
+        row, not sent yet, says so), and a task's record says ``Aborted`` too."""
         for e, code in zip(entries, codes, strict=False):
-            if int(code) == 2:
+            m = e.outcome.message
+            if int(code) == NACK_ABORTED and not is_aborted(e.outcome):
+                logger.warning(
+                    "queue %s: message %s was aborted before its failure was recorded (%s): "
+                    "dead-lettered as aborted, not retried",
+                    q.name,
+                    m.id,
+                    e.outcome.reason,
+                    extra=message_fields(m),
+                )
+                e.outcome = aborted_outcome(e.outcome, LATE_ABORT_REASON)
+                if m.task:  # its runner wrote READY (or FAILED) with what the handler raised
+                    stop = StoppedHandler.of(m, "dead", LATE_ABORT_REASON)
+                    self._handed.append((q.name, record_stop(q, stop, dead=True)))
+            elif kind == "retry" and int(code) == NACK_DEAD:
                 logger.warning(
                     "queue %s: message %s used its last attempt: %s",
                     q.name,
-                    e.outcome.message.id,
+                    m.id,
                     e.outcome.reason,
-                    extra=message_fields(e.outcome.message),
+                    extra=message_fields(m),
                 )
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:

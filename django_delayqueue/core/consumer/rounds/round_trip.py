@@ -221,8 +221,11 @@ class RoundTrip:
         self.outcomes.timings.flush_now(self._clients, self.clock.now_ms())
 
     def due_by(self, now: int) -> bool:
-        """Whether something is known to be due on a queue by ``now`` (or its retry is)."""
-        return any(t is not None and t <= now for t in self._next_wake.values())
+        """Whether something is known to be due on a queue by ``now`` (or its retry is), or
+        a failure's journal row waits for a round (see recording.py)."""
+        if any(t is not None and t <= now for t in self._next_wake.values()):
+            return True
+        return self.outcomes.journal_due()
 
     def has_ready(self, q: Queue) -> bool:
         """Whether the last round saw messages in ``q``'s ready list that it did not claim

@@ -9,7 +9,9 @@
 -- KEYS[20] progress hash
 -- ARGV[1] now (ms)   ARGV[2] max attempts   ARGV[3] announce horizon (ms)   ARGV[4] wake channel
 -- ARGV[5..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
--- returns: one integer per message: 1 retry, 2 garbage, 0 stale (token no longer current)
+-- returns: one integer per message: 1 retry, 2 garbage, 3 garbage because it was aborted (its
+-- caller may have asked for a retry: it records an abort's outcome instead), 0 stale (token no
+-- longer current)
 -- Each message is read before it is moved: an attempt count that is not a number sends it to
 -- garbage with a reason naming the value, instead of failing after it left unack.
 -- A message with a successor (scheduled with replace=True while it ran) keeps it through its
@@ -49,6 +51,7 @@ for i = 5, #ARGV, 4 do
   if redis.call('HGET', tokens, id) == ARGV[i + 1] and redis.call('ZSCORE', unack, id) then
     local attempt, bad = attempt_count(redis.call('HGET', attempts, id))
     local aborted = take_abort(aborts, id, ARGV[i + 1])
+    local dead = 2
     redis.call('HDEL', progress, id)
     redis.call('ZREM', unack, id)
     key_slot_freed(K, id, now)
@@ -58,6 +61,7 @@ for i = 5, #ARGV, 4 do
     elseif aborted then
       reason = aborted
       retry_at = -1
+      dead = 3
     elseif retry_at >= 0 and attempt >= max_attempts then
       reason = 'no attempts left (' .. attempt .. ' of ' .. max_attempts .. '): ' .. reason
       retry_at = -1
@@ -74,11 +78,11 @@ for i = 5, #ARGV, 4 do
         successors, messages, pending, ready, priorities, id, now, horizon, K
       )
       wake = earlier(wake, at)
-      result = 2
+      result = dead
     else
       redis.call('ZADD', garbage, now, id)
       redis.call('HSET', reasons, id, reason)
-      result = 2
+      result = dead
     end
   end
   results[#results + 1] = result
