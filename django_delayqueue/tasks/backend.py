@@ -254,18 +254,21 @@ def _json_arguments(
     first; what stays (a datetime, a set, NaN) raises :class:`TaskArgumentError`.
     """
     args = list(args)
-    if _FLAT.issuperset(map(type, args)) and _FLAT.issuperset(map(type, kwargs.values())):
-        # Plain scalars (a str, an int, a float, True, None, as most tasks take): JSON gives
-        # each back as it is and the framework normalises none, so one encoding checks them
-        # all (a NaN, a lone surrogate, the size), and no argument is encoded twice or decoded
-        # again. What it refuses goes the long way below, which names the argument.
-        if all(type(key) is str for key in kwargs):
-            try:
-                encode_payload({"args": args, "kwargs": kwargs})
-            except PayloadError:
-                pass
-            else:
-                return args, dict(kwargs)
+    # Plain scalars (a str, an int, a float, True, None, as most tasks take): JSON gives each
+    # back as it is and the framework normalises none, so one encoding checks them all (a NaN,
+    # a lone surrogate, the size), and no argument is encoded twice or decoded again. What it
+    # refuses goes the long way below, which names the argument.
+    if (
+        _FLAT.issuperset(map(type, args))
+        and _FLAT.issuperset(map(type, kwargs.values()))
+        and all(type(key) is str for key in kwargs)
+    ):
+        try:
+            encode_payload({"args": args, "kwargs": kwargs})
+        except PayloadError:
+            pass
+        else:
+            return args, dict(kwargs)
     normalize = framework.normalize_json or (lambda value: value)
     named = [(f"argument {i + 1}", value) for i, value in enumerate(args)]
     named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]

@@ -79,7 +79,7 @@ def test_plain_arguments_are_encoded_once_and_come_back_as_they_are(
     # What JSON refuses still names its argument (the long way round).
     with pytest.raises(backend.TaskArgumentError, match="argument 2"):
         backend._json_arguments(task, (1, float("nan")), {})
-    with pytest.raises(backend.PayloadError, match="argument 1 .*surrogate"):
+    with pytest.raises(backend.PayloadError, match=r"argument 1 .*surrogate"):
         backend._json_arguments(task, ("\udcff",), {})
     # A tuple or a list goes the long way too: normalised as the framework does it.
     assert backend._json_arguments(task, ((1, 2),), {"t": [3]}) == ([[1, 2]], {"t": [3]})
