@@ -2,6 +2,7 @@
 
     python -m bench.cost_ab                          # this checkout against 0cc4333
     python -m bench.cost_ab --base <ref> --runs 3 --count 20000 --json bench/results/x.json
+    python -m bench.cost_ab --ours HEAD --base main  # two commits (edits meanwhile are safe)
 
 Each feature was measured alone as free; together they cost a fifth of delivery. So this bench
 measures the whole package, as a user runs it: this checkout's ``django_delayqueue`` and the
@@ -59,6 +60,9 @@ DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "cost_ab.json"
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.cost_ab", description=__doc__)
     p.add_argument("--base", default=BASE_REF, help="the git ref to compare with")
+    p.add_argument(
+        "--ours", default="", help="a git ref to measure instead of this checkout's files"
+    )
     p.add_argument("--count", type=int, default=20000, help="messages due at once (delivery)")
     p.add_argument("--runs", type=int, default=3, help="rounds (the medians)")
     p.add_argument("--timed", type=int, default=1000, help="lateness messages (0: none)")
@@ -165,16 +169,18 @@ def lateness(tree: Tree, path: str, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     base = PackageAt(args.base)
-    if base.root is None:
-        print(f"cannot read {args.base} (git archive): nothing to compare with", file=sys.stderr)
-        return 2
+    ours = PackageAt(args.ours) if args.ours else None
+    for ref, package in ((args.base, base), (args.ours, ours)):
+        if package is not None and package.root is None:
+            print(f"cannot read {ref} (git archive): nothing to compare", file=sys.stderr)
+            return 2
     runs: dict[str, list[dict[str, Any]]] = {}
     late: dict[str, dict[str, Any]] = {}
     load_start = os.getloadavg()
     try:
         with RedisServerProcess() as server, tempfile.TemporaryDirectory(prefix="dq-ab-") as tmp:
             trees = [
-                Tree("ours", None, server.url, tmp, 1),
+                Tree("ours", ours.root if ours else None, server.url, tmp, 1),
                 Tree("base", base.root, server.url, tmp, 1 + len(PATHS)),
             ]
             for tree in trees:
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                     late[f"{tree.name}.{path}"] = lateness(tree, path, args)
     finally:
         base.close()
+        if ours is not None:
+            ours.close()
     out = summary(runs, late, args, load_start)
     print_report(out)
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -218,6 +226,7 @@ def summary(
     loads = [r["load"] for rs in runs.values() for r in rs]
     return {
         "base": args.base,
+        "ours": args.ours or "this checkout",
         "count": args.count,
         "runs": args.runs,
         "timed": args.timed,
@@ -248,7 +257,7 @@ def print_report(out: dict[str, Any]) -> None:
     m, late = out["medians"], out["lateness"]
     print(
         f"{out['count']:,} no-op messages due at once, median of {out['runs']} interleaved "
-        f"rounds; ours = this checkout, base = {out['base']}; load average (1 min) during the "
+        f"rounds; ours = {out['ours']}, base = {out['base']}; load average (1 min) during the "
         f"runs {out['load_1min']['min']:.2f}-{out['load_1min']['max']:.2f} on "
         f"{out['cpus']} CPUs"
     )
