@@ -105,3 +105,23 @@ def test_a_schedule_s_debug_line_costs_nothing_when_debug_is_off(
     result = examples().add.enqueue(3, 4)
     assert built == [result.id]
     assert any(result.id in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_s_run_keeps_the_heap_it_started_with_out_of_the_collector_s_sweeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    from django_delayqueue.worker import Worker
+
+    seen: list[int] = []
+
+    def run(self: Any) -> int:
+        seen.append(gc.get_freeze_count())
+        return 0
+
+    monkeypatch.setattr(Worker, "_run", run)
+    before = gc.get_freeze_count()
+    assert Worker.for_queues([QUEUE], burst=True).run() == 0
+    assert seen[0] > before  # frozen while it ran
+    assert gc.get_freeze_count() == before  # and given back to the collector after
