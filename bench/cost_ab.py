@@ -141,6 +141,22 @@ def delivery(tree: Tree, path: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def start_cpu(tree: Tree, path: str, args: argparse.Namespace) -> float:
+    """CPU seconds of a consumer that starts, delivers one message and stops: what each
+    delivery run's consumer CPU includes besides its messages (Django's start, runqueue's)."""
+    client = tree.clients[path]
+    tree.produce(path, 1, 0.0, 0.0, args.timeout)
+    before = _children_cpu()
+    consumer = tree.consumer(path, 1)
+    try:
+        wait_for_done(f"{tree.name} {path}", client, consumer, args.timeout)
+        consumer.wait(args.timeout)
+    finally:
+        consumer.kill()
+    client.flushdb()
+    return _children_cpu() - before
+
+
 def lateness(tree: Tree, path: str, args: argparse.Namespace) -> dict[str, Any]:
     """``--timed`` messages due at ``--rate``/s through a listening consumer: start minus due."""
     client = tree.clients[path]
@@ -176,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     runs: dict[str, list[dict[str, Any]]] = {}
     late: dict[str, dict[str, Any]] = {}
+    starts: dict[str, float] = {}
     load_start = os.getloadavg()
     try:
         with RedisServerProcess() as server, tempfile.TemporaryDirectory(prefix="dq-ab-") as tmp:
@@ -186,10 +203,19 @@ def main(argv: list[str] | None = None) -> int:
             for tree in trees:
                 tree.migrate(args.timeout)
             pairs = [(tree, path) for tree in trees for path in PATHS]
+            for tree, path in pairs:
+                log(f"{tree.name} {path}: a consumer's start ...")
+                starts[f"{tree.name}.{path}"] = start_cpu(tree, path, args)
             for r in range(args.runs):
                 for tree, path in pairs if r % 2 == 0 else reversed(pairs):
                     log(f"round {r + 1} of {args.runs}: {tree.name} {path}, {args.count} ...")
-                    runs.setdefault(f"{tree.name}.{path}", []).append(delivery(tree, path, args))
+                    run = delivery(tree, path, args)
+                    # Its messages' own CPU: the consumer's, less what its start costs.
+                    start_us = starts[f"{tree.name}.{path}"] * 1e6
+                    run["consumer_cpu_us_per_message_less_start"] = max(
+                        0.0, run["consumer_cpu_us_per_message"] - start_us / args.count
+                    )
+                    runs.setdefault(f"{tree.name}.{path}", []).append(run)
             if args.timed:
                 for tree, path in pairs:
                     log(f"{tree.name} {path}: {args.timed} due at {args.rate:g}/s ...")
@@ -199,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if ours is not None:
             ours.close()
     out = summary(runs, late, args, load_start)
+    out["consumer_start_cpu_s"] = starts
     print_report(out)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
@@ -223,6 +250,14 @@ def summary(
         )
         for tree in TREES
     }
+    cpu = "consumer_cpu_us_per_message_less_start"
+    cpu_ratios = {
+        tree: statistics.median(
+            s[cpu] / t[cpu] if t[cpu] else 0.0
+            for t, s in zip(runs[f"{tree}.tasks"], runs[f"{tree}.signal"], strict=True)
+        )
+        for tree in TREES
+    }
     loads = [r["load"] for rs in runs.values() for r in rs]
     return {
         "base": args.base,
@@ -238,6 +273,9 @@ def summary(
         "medians": medians,
         "lateness": late,
         "tasks_signal_delivery_ratio": ratios,
+        # The same comparison by the consumer's CPU per message (start left out): signal's
+        # over tasks', so that it reads as the rate ratio would on an idle host.
+        "tasks_signal_cpu_ratio": cpu_ratios,
         "ratio_target": RATIO_TARGET,
         "rounds": runs,
     }
@@ -247,6 +285,7 @@ ROWS = (
     ("delivery/s", "delivery_per_s", "{:,.0f}"),
     ("enqueue/s", "enqueue_per_s", "{:,.0f}"),
     ("consumer CPU us/msg", "consumer_cpu_us_per_message", "{:.0f}"),
+    ("  less its start", "consumer_cpu_us_per_message_less_start", "{:.0f}"),
     ("Redis commands/msg", "commands_per_message", "{:.1f}"),
     ("  of which enqueue", "enqueue_commands_per_message", "{:.1f}"),
     ("  of which delivery", "delivery_commands_per_message", "{:.1f}"),
@@ -281,6 +320,11 @@ def print_report(out: dict[str, Any]) -> None:
     print(
         f"tasks / signal delivery (median of per-round ratios): ours {ratios['ours']:.2f}x, "
         f"base {ratios['base']:.2f}x; target >= {out['ratio_target']}x: {verdict}"
+    )
+    cpu = out["tasks_signal_cpu_ratio"]
+    print(
+        "the same by consumer CPU per message, its start left out (signal's / tasks', "
+        f"steadier on a loaded host): ours {cpu['ours']:.2f}x, base {cpu['base']:.2f}x"
     )
 
 
