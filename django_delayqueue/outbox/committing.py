@@ -239,7 +239,7 @@ def log_result(result: ScheduleResult, queue: str) -> None:
             result.state,
             extra=id_fields(queue, result.id),
         )
-    else:
+    elif api_logger.isEnabledFor(logging.DEBUG):  # its extra is built only for a line logged
         api_logger.debug("scheduled %s on %s", result.id, queue, extra=id_fields(queue, result.id))
 
 

@@ -253,8 +253,23 @@ def _json_arguments(
     What the framework's ``TaskResult`` normalises (a tuple, bytes) is normalised the same way
     first; what stays (a datetime, a set, NaN) raises :class:`TaskArgumentError`.
     """
-    normalize = framework.normalize_json or (lambda value: value)
     args = list(args)
+    # Plain scalars (a str, an int, a float, True, None, as most tasks take): JSON gives each
+    # back as it is and the framework normalises none, so one encoding checks them all (a NaN,
+    # a lone surrogate, the size), and no argument is encoded twice or decoded again. What it
+    # refuses goes the long way below, which names the argument.
+    if (
+        _FLAT.issuperset(map(type, args))
+        and _FLAT.issuperset(map(type, kwargs.values()))
+        and all(type(key) is str for key in kwargs)
+    ):
+        try:
+            encode_payload({"args": args, "kwargs": kwargs})
+        except PayloadError:
+            pass
+        else:
+            return args, dict(kwargs)
+    normalize = framework.normalize_json or (lambda value: value)
     named = [(f"argument {i + 1}", value) for i, value in enumerate(args)]
     named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
     for what, value in named:
@@ -271,6 +286,9 @@ def _json_arguments(
     values = {"args": normalize(args), "kwargs": normalize(dict(kwargs))}
     decoded = json.loads(encode_payload(values))
     return decoded["args"], decoded["kwargs"]
+
+
+_FLAT = frozenset({str, int, float, bool, type(None)})
 
 
 def _seconds(value: Any) -> int:

@@ -11,6 +11,7 @@ names from here, so each of them is spelled once.
 
 from __future__ import annotations
 
+import threading
 from importlib import import_module
 from types import ModuleType
 from typing import Any
@@ -86,3 +87,33 @@ def forget_backends() -> None:
     if hasattr(handler, "_connections") and hasattr(handler, "configure_settings"):
         handler._settings = handler.settings = handler.configure_settings(None)
         handler._connections = Local()
+
+
+def backend_named(alias: str) -> Any:
+    """``task_backends[alias]``, kept per thread while the framework keeps the same backends.
+
+    A worker asks for the backend of every task it runs; the handler's own lookup goes through
+    asgiref's ``Local`` (a context variable read, an attribute of a per-thread object), which
+    showed on its profile. The answer is the same object the handler gives this thread, kept
+    with the handler's ``_connections`` it came from: a change of ``TASKS`` (the framework's
+    ``setting_changed`` receiver, or :func:`forget_backends`) replaces that, and the next ask
+    looks it up again. Raises what the handler raises for an alias it does not know.
+    """
+    handler = task_backends
+    connections = getattr(handler, "_connections", None)
+    kept = getattr(_kept_backends, "by_alias", None)
+    if kept is None:
+        kept = _kept_backends.by_alias = {}
+    found = kept.get(alias)
+    if found is not None and found[0] is handler and found[1] is connections:
+        return found[2]
+    backend = handler[alias]
+    if connections is None:  # not the handler known here: asked each time
+        return backend
+    if len(kept) >= 64:
+        kept.clear()
+    kept[alias] = (handler, connections, backend)
+    return backend
+
+
+_kept_backends = threading.local()

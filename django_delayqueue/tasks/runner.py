@@ -226,7 +226,7 @@ class _TaskRun:
         # First: a task that cannot be imported still ends as its backend says (its
         # RESULT_TTL, task_finished, the errors of its earlier attempts).
         try:
-            self.backend = framework.task_backends[record.backend]
+            self.backend = framework.backend_named(record.backend)
         except Exception:  # an alias gone from TASKS: fails as an import failure does,
             self.backend = _backend_of_queue(queue.logical_name)  # told by its queue's backend
             raise
@@ -382,7 +382,7 @@ def _backend_of_queue(name: str) -> Any:
     for alias in delayqueue_backends():
         if backend_takes(alias, name):
             try:
-                return framework.task_backends[alias]
+                return framework.backend_named(alias)
             except Exception:  # cannot be loaded: the next one, or none
                 continue
     return None

@@ -95,3 +95,26 @@ def test_a_write_with_a_raw_newline_that_goes_alone_is_written(
     [_, (alone, _)] = merged_writes([entry(write(q, "a", 3)), entry(raw)])
     assert record_replies(alone.run(redis_client), 1) == [1]
     assert redis_client.hget(q.keys.task_result("odd"), "note") == b"two\nlines"
+
+
+def test_a_round_s_records_cost_one_no_op_write_between_them(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """The write that lets a script run on a full server (an HDEL of a field no record holds)
+    goes before the call's first write only: after it Redis lets the script finish, so each
+    further record costs its read, its HSET and its expiry, not a fourth command."""
+    q = make_queue()
+    ids = [f"t{n}" for n in range(4)]
+    for mid in ids:
+        redis_client.hset(q.keys.task_result(mid), "enqueued", "{}")
+    [(call, _)] = merged_writes([entry(write(q, mid, 3)) for mid in ids])
+    redis_client.script_load(call.script.source)
+    redis_client.config_resetstat()
+    assert call.run(redis_client)[0] == b"1111"
+    ran = {
+        k.removeprefix("cmdstat_"): int(v["calls"])
+        for k, v in redis_client.info("commandstats").items()
+    }
+    assert ran["hdel"] == 1 and ran["hmget"] == 4 and ran["hset"] == 4
+    for mid in ids:
+        assert redis_client.hget(q.keys.task_result(mid), "status") == b"SUCCESSFUL"

@@ -129,6 +129,17 @@ def test_the_consumer_keeps_delivering_and_acknowledging_on_a_full_server(
             "m0", order=2, in_order=["status", "SUCCESSFUL"], mergeable=True
         )
         assert merged.run(client) == [b"1"]  # its code: "1", written in order
+        # Several in one call: the no-op write that lets it run goes before the first only,
+        # and every record lands (Redis lets a script that wrote finish).
+        for mid in ("m1", "m2"):
+            record_call(q, mid, "READY").run(client)
+        several = [
+            q.record_write_call(mid, order=2, in_order=["status", "SUCCESSFUL"], mergeable=True)
+            for mid in ("m1", "m2")
+        ]
+        lines = "\n".join(c.args[0] for c in several)
+        both = ScriptCall(several[0].script, [c.keys[0] for c in several], [lines])
+        assert both.run(client) == [b"11"]
         assert q.ack(ok) == 1
         assert q.nack(failed, delay=1, reason="boom") == 1
         assert q.bury(dropped, "poison")

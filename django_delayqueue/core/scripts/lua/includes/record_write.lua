@@ -10,6 +10,10 @@
 -- One read (the order and the fields set where absent) and one HSET of everything this write
 -- sets: a task's delivery costs Redis a handful of commands, not one per field. The read
 -- proves the key's type before any write (guard() only words the error when it is wrong).
+-- allow_oom() is called before the script's first write only: once a script has written,
+-- Redis lets it finish whatever memory is left (includes/memory.lua), so write_records.lua's
+-- later records skip it (an HDEL a record, a third of the commands of a task's end).
+local oom_allowed = false
 local function record_write(key, ttl_text, order_text, fields_json, required)
   local ttl, order = tonumber(ttl_text), tonumber(order_text)
   local fields = cjson.decode(fields_json)
@@ -34,7 +38,10 @@ local function record_write(key, ttl_text, order_text, fields_json, required)
     for i = 1, #ordered do set[#set + 1] = ordered[i] end
   end
   for i = 1, #always do set[#set + 1] = always[i] end
-  allow_oom(key, 'hash')
+  if not oom_allowed then
+    allow_oom(key, 'hash')
+    oom_allowed = true
+  end
   if #set > 0 then redis.call('HSET', key, unpack(set)) end
   if in_order then
     if #deleted > 0 then redis.call('HDEL', key, unpack(deleted)) end
