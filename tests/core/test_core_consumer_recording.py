@@ -477,3 +477,22 @@ def test_an_abort_that_lands_before_a_failure_is_recorded_is_journalled_and_logg
         "message m0 was aborted before its failure was recorded (time limit exceeded (2 s)): "
         "dead-lettered as aborted, not retried" in caplog.text
     )
+
+
+def test_an_abort_learnt_from_the_nack_counts_as_an_abort_in_the_delivery_timings(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """Issue 36 §4: the outcome counts (the metrics, the admin's charts) counted a delivery
+    aborted before its nack as what its handler did (a retry, a rejection) before the nack
+    said it was aborted. A failure now counts once its nack replied, as a direct abort does:
+    ``stopped``; one nack.lua did not find aborted counts as before."""
+    q = make_queue(max_attempts=3)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    stopped, rejected, failed = claimed_outcomes(q, [RETRY, GARBAGE, RETRY])
+    stopped.error, rejected.error, failed.error = "ValueError", "Reject", "ValueError"
+    unrecorded.extend([stopped, rejected, failed])
+    assert q.abort("m0", "by staff").running and q.abort("m1").running
+    flush(redis_client, unrecorded, [q])
+    counts = unrecorded.timings._counts[q.name]
+    assert counts.outcomes == {"ack": 0, "retry": 1, "dead": 0, "stopped": 2}
+    assert counts.count("duration") == 3

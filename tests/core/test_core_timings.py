@@ -223,10 +223,13 @@ def test_limit_wait_is_taken_off_the_lateness() -> None:
 
 def test_an_unknown_retry_time_leaves_the_lateness_out() -> None:
     timings = DeliveryTimings({})
-    timings.record([Outcome(message("a", T0, attempt=2), RETRY, T0 + 5000, T0 + 5001)])
+    failed = Outcome(message("a", T0, attempt=2), RETRY, T0 + 5000, T0 + 5001)
+    timings.record([failed])
     counts = timings._counts["q"]
     assert counts.count("lateness") == 0
-    assert counts.count("duration") == 1 and counts.outcomes["retry"] == 1
+    assert counts.count("duration") == 1 and counts.outcomes["retry"] == 0
+    timings.count_failure(failed)  # a failure's outcome counts once its nack replied
+    assert counts.outcomes["retry"] == 1
 
 
 def test_remembered_retry_times_are_bounded() -> None:

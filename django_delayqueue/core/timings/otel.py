@@ -65,9 +65,15 @@ class OtelTimings:
             return None
 
     def record(
-        self, queue: str, late_ms: int | None, took_ms: int, waited_ms: int | None, outcome: str
+        self,
+        queue: str,
+        late_ms: int | None,
+        took_ms: int,
+        waited_ms: int | None,
+        outcome: str | None,
     ) -> None:
-        """One delivery's timings (ms; None: not known, or no flow limit) and outcome."""
+        """One delivery's timings (ms; None: not known, or no flow limit) and outcome (None:
+        counted later, with :meth:`count`)."""
         base = self._attributes.get((queue, ""))
         if base is None:
             base = self._attributes[(queue, "")] = {
@@ -79,8 +85,14 @@ class OtelTimings:
         self.duration.record(took_ms / 1000, base)
         if waited_ms is not None:
             self.limit_wait.record(waited_ms / 1000, base)
+        if outcome is not None:
+            self.count(queue, outcome)
+
+    def count(self, queue: str, outcome: str) -> None:
+        """One delivery of ``queue`` that came to ``outcome``."""
         with_outcome = self._attributes.get((queue, outcome))
         if with_outcome is None:
+            base = {"messaging.system": "delayqueue", "messaging.destination.name": queue}
             with_outcome = self._attributes[(queue, outcome)] = {**base, "outcome": outcome}
         self.outcomes.add(1, with_outcome)
 

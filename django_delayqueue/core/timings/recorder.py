@@ -141,12 +141,29 @@ class DeliveryTimings:
                 took = 0
             hist["duration"][bisect_left(BOUNDS_MS, took)] += 1
             sums["duration"] += took
-            kind = "ack" if o.status == ACK else outcome_kind(o, q)  # the common case inline
-            counts.outcomes[kind] += 1
+            # A failure's outcome is counted once its nack replied (count_failure): nack.lua
+            # may find it aborted meanwhile, and then it counts as the abort it became.
+            kind = None
+            if o.status == ACK:
+                kind = "ack"
+                counts.outcomes["ack"] += 1
             if otel is not None:
                 otel.record(
                     q.logical_name if q else m.queue, late, took, waited if limited else None, kind
                 )
+
+    def count_failure(self, o: Outcome) -> None:
+        """Count the outcome of a failed delivery (timed by :meth:`record`) once its nack
+        replied, as what it came to (an abort that landed first: ``stopped``, as any abort)."""
+        m = o.message
+        q = self._queues.get(m.queue)
+        kind = outcome_kind(o, q)
+        counts = self._counts.get(m.queue)
+        if counts is None:
+            counts = self._counts[m.queue] = TimingCounts()
+        counts.outcomes[kind] += 1
+        if self.otel is not None:
+            self.otel.count(q.logical_name if q else m.queue, kind)
 
     # --- the maintenance round trip -------------------------------------------------------------
 

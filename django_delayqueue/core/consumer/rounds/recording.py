@@ -311,6 +311,9 @@ class UnrecordedOutcomes:
                 e.recorded = True
             if isinstance(result, list):
                 self._nacked(q, kind, entries, result)
+            if kind != "ack":  # a failure counts as what its nack made of it
+                for e in entries:
+                    self.timings.count_failure(e.outcome)
         for name, error in failed.items():
             left = sum(1 for e in self._entries.get(name, []) if not e.done)
             if not self.memory.check(error, f"queue {name}: recording {left} outcome(s)"):
