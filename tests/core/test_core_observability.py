@@ -452,3 +452,42 @@ def test_a_failing_span_processor_never_fails_a_schedule(
     assert q.counts()["pending"] + q.counts()["ready"] == 2
     failures = [r for r in caplog.records if r.name == tracing.__name__]
     assert len(failures) == 1 and failures[0].levelname == "WARNING"
+
+
+def test_a_failure_aborted_before_its_nack_ends_its_span_as_stopped(
+    make_queue: Any, redis_client: redis.Redis, traced: Traced
+) -> None:
+    """Issue 36 §4: a delivery span ended as its handler ended, so an abort that landed
+    before the nack (nack.lua dead-letters it as aborted) left a span saying "retry". A
+    failure's span now ends once its nack replied, at the instant its handler ended: an
+    abort's "stopped"; one nack.lua did not find aborted keeps its "retry"."""
+    from django_delayqueue.core.consumer.delivery import _end_span
+    from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+    from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
+    from django_delayqueue.core.scripts.calls import ScriptBatch
+
+    q: Queue = make_queue("orders", max_attempts=3)
+    q.schedule_many([{"payload": 1, "id": "m0"}, {"payload": 2, "id": "m1"}])
+    q.promote()
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    for m in sorted(q.claim(2), key=lambda m: m.id):
+        span = tracing.delivery_started(m, q, q.clock)
+        assert span is not None
+        outcome = Outcome(m, RETRY, T0, T0, reason="ValueError: boom", error="ValueError")
+        _end_span(span, q, outcome, None)
+        unrecorded.extend([outcome])
+    assert traced.spans("delayqueue.deliver orders") == []  # not ended before the nack
+    assert q.abort("m0", "by staff").running
+    batch = ScriptBatch()
+    calls = unrecorded.add_to(batch, [q], T0, force=True)
+    unrecorded.read(calls, batch.run(redis_client, raise_errors=False), T0)
+    spans = {
+        s.attributes["messaging.message.id"]: s
+        for s in traced.spans("delayqueue.deliver orders")
+        if s.attributes is not None
+    }
+    assert spans["m0"].attributes is not None and spans["m1"].attributes is not None
+    assert spans["m0"].attributes["delayqueue.outcome"] == "stopped"
+    assert spans["m0"].status.description == "aborted"
+    assert spans["m1"].attributes["delayqueue.outcome"] == "retry"
+    assert spans["m1"].status.description == "ValueError: boom"

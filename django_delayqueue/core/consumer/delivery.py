@@ -57,6 +57,7 @@ from django_delayqueue.core.observability.tracing import (
 )
 from django_delayqueue.core.observability.tracing import (
     delivery_ended,
+    delivery_left,
     delivery_started,
     outcome_name,
 )
@@ -265,9 +266,11 @@ def _end_span(
         return
     m = outcome.message
     attempts = q.settings.max_attempts if q is not None else m.attempt + 1
-    delivery_ended(
-        traced, outcome_name(outcome.status, m.attempt, attempts, stopped), outcome.reason
-    )
+    name = outcome_name(outcome.status, m.attempt, attempts, stopped)
+    if name == "ack":
+        delivery_ended(traced, name, outcome.reason)
+    else:  # ended once its nack replied: an abort nack.lua finds first makes it "stopped"
+        outcome.span = delivery_left(traced, name, outcome.reason)
 
 
 def is_coroutine_function(target: Any) -> bool:

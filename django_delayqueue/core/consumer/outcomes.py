@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import CoroutineType
 from typing import Any
 
@@ -15,7 +15,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import Reject, Retry
 from django_delayqueue.core.journal import ACK, GARBAGE, RETRY, OutcomeStatus
 from django_delayqueue.core.observability.log_fields import message_fields
-from django_delayqueue.core.observability.tracing import record_failure
+from django_delayqueue.core.observability.tracing import EndedLater, record_failure
 from django_delayqueue.core.scripts.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ class Outcome:
     # consumer counts the outcome (core.timings.recorder): the journal row carries it, so that
     # reports do not count it as lateness.
     limit_wait_ms: int = 0
+    # A failure's delivery span (tracing on), ended by the consumer once its nack replied.
+    span: EndedLater | None = field(default=None, compare=False, repr=False)
 
     def journal_row(self, max_attempts: int | None = None) -> list[Any]:
         """The journal's row; a failure on the last of ``max_attempts`` reads "garbage".

@@ -15,6 +15,7 @@ is current while the handler runs, so the handler's own spans are its children.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from django_delayqueue.core.envelope import Message
@@ -252,6 +253,43 @@ def delivery_ended(delivery: Delivery, outcome: Outcome, reason: str = "") -> No
             span.end()
     except Exception:
         _tracing_failed("a delivery span not ended")
+
+
+class EndedLater:
+    """A delivery span whose handler ended (its context detached, its end time taken) and
+    whose outcome is told once the consumer's nack replied (:meth:`end`): nack.lua may find
+    the message aborted meanwhile, and then the span says ``stopped``, as a direct abort's.
+    ``outcome`` and ``reason`` are what the delivery came to so far."""
+
+    __slots__ = ("end_ns", "outcome", "reason", "span")
+
+    def __init__(self, span: Any, outcome: Outcome, reason: str, end_ns: int) -> None:
+        self.span, self.outcome, self.reason, self.end_ns = span, outcome, reason, end_ns
+
+    def end(self) -> None:
+        """End the span with its outcome, at the instant its handler ended; never raises."""
+        otel = otel_trace()
+        try:
+            span = self.span
+            span.set_attribute("delayqueue.outcome", self.outcome)
+            span.set_status(otel.Status(otel.StatusCode.ERROR, self.reason or self.outcome))
+            span.end(end_time=self.end_ns)
+        except Exception:
+            _tracing_failed("a delivery span not ended")
+
+
+def delivery_left(delivery: Delivery, outcome: Outcome, reason: str = "") -> EndedLater | None:
+    """Detach a failed delivery's span (on the thread or task that started it) and take its
+    end time, its end left to the consumer once its nack replied (:class:`EndedLater`); None
+    when the SDK failed here (the span is lost, logged once)."""
+    from opentelemetry import context as otel_context
+
+    try:
+        otel_context.detach(delivery.token)
+    except Exception:
+        _tracing_failed("a delivery span not ended")
+        return None
+    return EndedLater(delivery.span, outcome, reason, time.time_ns())
 
 
 def outcome_name(status: str, attempt: int, max_attempts: int, stopped: bool) -> Outcome:

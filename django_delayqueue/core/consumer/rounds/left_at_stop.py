@@ -47,6 +47,7 @@ def record_left(
         tries -= 1
         if outcomes:
             time.sleep(RECORD_RETRY_PAUSE_SECONDS)
+    outcomes.end_spans()  # of failures whose nacks never replied: ended as they were
     not_recorded, not_written = outcomes.left()
     if not_recorded:
         logger.warning(

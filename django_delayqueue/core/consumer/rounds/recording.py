@@ -15,8 +15,10 @@ leaves only once a reply says it ran. When Redis is out of memory the journal ro
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
-as they come in. The recorder rides on every round trip, as the recurring keeper does (see
-:mod:`.rounds.parts`): ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
+as they come in, a failure's outcome once its nack replied (nack.lua may find it aborted: it
+counts as an abort then), when its delivery span (tracing on) ends too. The recorder
+rides on every round trip, as the recurring keeper does (see :mod:`.rounds.parts`):
+``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
 
 from __future__ import annotations
@@ -202,6 +204,16 @@ class UnrecordedOutcomes:
                 for name, entries in self._entries.items()
             )
 
+    def end_spans(self) -> None:
+        """End the delivery spans of failures not recorded yet (at a stop: their nacks may
+        never reply), with the outcome they had so far."""
+        with self._lock:
+            for entries in self._entries.values():
+                for e in entries:
+                    span, e.outcome.span = e.outcome.span, None
+                    if span is not None:
+                        span.end()
+
     def unrecorded_messages(self, name: str) -> list[Message]:
         """Messages of queue ``name`` whose state change Redis does not have yet.
 
@@ -311,9 +323,13 @@ class UnrecordedOutcomes:
                 e.recorded = True
             if isinstance(result, list):
                 self._nacked(q, kind, entries, result)
-            if kind != "ack":  # a failure counts as what its nack made of it
+            if kind != "ack":  # a failure counts as what its nack made of it, its span too
                 for e in entries:
                     self.timings.count_failure(e.outcome)
+                    span = e.outcome.span
+                    if span is not None:
+                        e.outcome.span = None
+                        span.end()
         for name, error in failed.items():
             left = sum(1 for e in self._entries.get(name, []) if not e.done)
             if not self.memory.check(error, f"queue {name}: recording {left} outcome(s)"):
@@ -427,6 +443,9 @@ class UnrecordedOutcomes:
                     extra=message_fields(m),
                 )
                 e.outcome = aborted_outcome(e.outcome, LATE_ABORT_REASON)
+                if e.outcome.span is not None:  # its span says so too, as a direct abort's
+                    e.outcome.span.outcome = "stopped"
+                    e.outcome.span.reason = LATE_ABORT_REASON
                 if m.task:  # its runner wrote READY (or FAILED) with what the handler raised
                     stop = StoppedHandler.of(m, "dead", LATE_ABORT_REASON)
                     self._handed.append((q.name, record_stop(q, stop, dead=True)))
