@@ -53,6 +53,13 @@ logger = logging.getLogger(__name__)
 # What nack.lua says became of each message (besides 0: its token was no longer current).
 NACK_RETRY, NACK_DEAD, NACK_ABORTED = 1, 2, 3
 
+
+def nack_aborted_reasons(reply: Sequence[Any], count: int) -> list[str]:
+    """The dead letters' reasons (``aborted: <reason>``) nack.lua gives after the codes of its
+    ``count`` messages, one for each :data:`NACK_ABORTED` among them, in their order."""
+    return [to_str(told) for told in reply[count:]]
+
+
 MAX_CLAIM = 10_000  # most messages one claim may take (QueueSettings.claim_batch's bound)
 # A message a consumer cannot read (an envelope of a newer format) waits in retry this long
 # before a consumer claims it again, doubled each time one leaves it again, up to the longest
@@ -322,7 +329,8 @@ class Delivery:
         if not failures:
             return []
         call = self.nack_call(failures, self.clock.now_ms(), bury)
-        return [int(x) for x in call.run(self.client)]
+        # The codes only: what follows them is the reasons of aborted ones (nack_aborted_reasons).
+        return [int(x) for x in call.run(self.client)[: len(failures)]]
 
     def bury(self, message: Message, reason: str) -> bool:
         """Send an in-flight message straight to garbage with ``reason``."""

@@ -274,6 +274,8 @@ def test_a_task_aborted_after_it_failed_and_before_its_nack_says_aborted(
     assert failed.status == Status.FAILED
     assert [e.exception_class_path for e in failed.errors] == [ABORTED]
     assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
+    # Its error says the dead letter's reason, the abort's own included (issue 36 §4).
+    assert failed.errors[0].traceback.endswith("Aborted: aborted: not needed\n")
     rows = [row for _, f in redis_client.xrange(KEYS.journal) for row in json.loads(f[b"o"])]
     assert [(row[0], row[5], row[6], row[7]) for row in rows] == [
         (result.id, 1, "garbage", "Aborted")
@@ -299,3 +301,4 @@ def test_a_stopped_task_aborted_before_the_supervisor_settles_it_says_aborted(
     assert settled.status == Status.FAILED
     assert [e.exception_class_path for e in settled.errors] == [ABORTED]
     assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
+    assert settled.errors[0].traceback.endswith("Aborted: aborted: not needed\n")

@@ -473,8 +473,13 @@ def test_an_abort_that_lands_before_a_failure_is_recorded_is_journalled_and_logg
     rows = [(row[0], row[5], row[6], row[7]) for row in journal_rows(redis_client, q)]
     assert rows == [("m0", 1, GARBAGE, "Aborted"), ("m1", 1, GARBAGE, "Aborted")]
     assert "used its last attempt" not in caplog.text
+    # The log line names the dead letter's reason, the abort's own included (issue 36 §4).
     assert (
         "message m0 was aborted before its failure was recorded (time limit exceeded (2 s)): "
+        "dead-lettered as aborted: by staff, not retried" in caplog.text
+    )
+    assert (
+        "message m1 was aborted before its failure was recorded (garbage m1): "
         "dead-lettered as aborted, not retried" in caplog.text
     )
 

@@ -488,6 +488,6 @@ def test_a_failure_aborted_before_its_nack_ends_its_span_as_stopped(
     }
     assert spans["m0"].attributes is not None and spans["m1"].attributes is not None
     assert spans["m0"].attributes["delayqueue.outcome"] == "stopped"
-    assert spans["m0"].status.description == "aborted"
+    assert spans["m0"].status.description == "aborted: by staff"  # the dead letter's reason
     assert spans["m1"].attributes["delayqueue.outcome"] == "retry"
     assert spans["m1"].status.description == "ValueError: boom"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from django_delayqueue.core.consumer.rounds.flow_holds import wake_after
-from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD
+from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD, nack_aborted_reasons
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.queue import Queue
@@ -45,8 +45,8 @@ ABORTED_AT_TIME_LIMIT = "queue %s: message %s aborted%s and at its time limit (%
 
 
 # What an outcome says of an abort learnt only from its nack (it came after its handler ended
-# or was stopped at a limit, before its outcome was recorded): "aborted", as the dead letter's
-# reason begins (which goes on with the abort's own reason, read by no one here).
+# or was stopped at a limit, before its outcome was recorded) when nack.lua did not give the
+# dead letter's reason ("aborted: <the abort's reason>", which it gives after its codes).
 LATE_ABORT_REASON = "aborted"
 
 
@@ -131,12 +131,14 @@ def settle_stopped(queues: Mapping[str, Queue], stopped: Sequence[StoppedHandler
         q = queues[item.queue]
         message = Message(item.message_id, item.queue, None, 0, 0, item.attempt, item.token)
         bury = item.settlement == "dead"
-        (result,) = q.nack_many([(message, None, item.reason)], bury=bury)
+        reply = q.nack_call([(message, None, item.reason)], q.clock.now_ms(), bury).run(q.client)
+        result = int(reply[0])
         results.append(result)
         wake_after(q, 1 if result else 0)  # a slot of its cap is free (consumers may wait)
         if item.task and result:
             if result == NACK_ABORTED and item.settlement != "dead":
-                item = replace(item, settlement="dead", reason=LATE_ABORT_REASON)
+                (reason,) = nack_aborted_reasons(reply, 1) or [LATE_ABORT_REASON]
+                item = replace(item, settlement="dead", reason=reason)
             record_stop(q, item, dead=result in (NACK_DEAD, NACK_ABORTED)).run(q.client)
     return results
 

@@ -53,7 +53,7 @@ from django_delayqueue.core.consumer.rounds.merged_writes import (
     record_replies,
 )
 from django_delayqueue.core.consumer.rounds.replica_acks import confirm_acks as _confirm_acks
-from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD
+from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD, nack_aborted_reasons
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
@@ -431,32 +431,39 @@ class UnrecordedOutcomes:
         """What nack.lua did with failures: a retry that used the last attempt is logged; one
         it dead-lettered because an abort came first becomes an abort's outcome (its journal
         row, not sent yet, says so), and a task's record says ``Aborted`` too."""
+        told = iter(nack_aborted_reasons(codes, len(entries)))
         for e, code in zip(entries, codes, strict=False):
             m = e.outcome.message
-            if int(code) == NACK_ABORTED and not is_aborted(e.outcome):
+            if int(code) != NACK_ABORTED:
+                if kind == "retry" and int(code) == NACK_DEAD:
+                    logger.warning(
+                        "queue %s: message %s used its last attempt: %s",
+                        q.name,
+                        m.id,
+                        e.outcome.reason,
+                        extra=message_fields(m),
+                    )
+                continue
+            # The dead letter's reason ("aborted: <the abort's reason>"), as nack.lua gave it,
+            # so that the log line, the span and a task's error say what the dead letter says.
+            reason = next(told, LATE_ABORT_REASON)
+            if not is_aborted(e.outcome):
                 logger.warning(
                     "queue %s: message %s was aborted before its failure was recorded (%s): "
-                    "dead-lettered as aborted, not retried",
+                    "dead-lettered as %s, not retried",
                     q.name,
                     m.id,
                     e.outcome.reason,
+                    reason,
                     extra=message_fields(m),
                 )
-                e.outcome = aborted_outcome(e.outcome, LATE_ABORT_REASON)
+                e.outcome = aborted_outcome(e.outcome, reason)
                 if e.outcome.span is not None:  # its span says so too, as a direct abort's
                     e.outcome.span.outcome = "stopped"
-                    e.outcome.span.reason = LATE_ABORT_REASON
+                    e.outcome.span.reason = reason
                 if m.task:  # its runner wrote READY (or FAILED) with what the handler raised
-                    stop = StoppedHandler.of(m, "dead", LATE_ABORT_REASON)
+                    stop = StoppedHandler.of(m, "dead", reason)
                     self._handed.append((q.name, record_stop(q, stop, dead=True)))
-            elif kind == "retry" and int(code) == NACK_DEAD:
-                logger.warning(
-                    "queue %s: message %s used its last attempt: %s",
-                    q.name,
-                    m.id,
-                    e.outcome.reason,
-                    extra=message_fields(m),
-                )
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:
         fields = [

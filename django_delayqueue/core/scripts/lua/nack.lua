@@ -11,7 +11,9 @@
 -- ARGV[5..] quadruples: id, token, retry-at (ms, or -1 for straight to garbage), reason
 -- returns: one integer per message: 1 retry, 2 garbage, 3 garbage because it was aborted (its
 -- caller may have asked for a retry: it records an abort's outcome instead), 0 stale (token no
--- longer current)
+-- longer current); then, for each 3 in order, the dead letters' reason it was given ("aborted"
+-- or "aborted: <the abort's reason>"), so that its caller's records say what the dead letter
+-- says (the abort's entry is gone by then)
 -- Each message is read before it is moved: an attempt count that is not a number sends it to
 -- garbage with a reason naming the value, instead of failing after it left unack.
 -- A message with a successor (scheduled with replace=True while it ran) keeps it through its
@@ -44,7 +46,7 @@ end
 local K = keyed_keys(flow_keys, key_turns, key_waiting, key_state, key_tats, key_lists, key_load)
 local now, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[3])
-local results, wake = {}, nil
+local results, wake, aborted_reasons = {}, nil, {}
 for i = 5, #ARGV, 4 do
   local id, retry_at, reason = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local result = 0
@@ -62,6 +64,7 @@ for i = 5, #ARGV, 4 do
       reason = aborted
       retry_at = -1
       dead = 3
+      aborted_reasons[#aborted_reasons + 1] = aborted
     elseif retry_at >= 0 and attempt >= max_attempts then
       reason = 'no attempts left (' .. attempt .. ' of ' .. max_attempts .. '): ' .. reason
       retry_at = -1
@@ -88,4 +91,5 @@ for i = 5, #ARGV, 4 do
   results[#results + 1] = result
 end
 if wake ~= nil then redis.call('PUBLISH', ARGV[4], tostring(wake)) end
+for _, told in ipairs(aborted_reasons) do results[#results + 1] = told end
 return results
