@@ -92,10 +92,11 @@ class InboxPruner:
     Each batch starts after the rows the previous one looked at, so rows kept for long (their
     messages dead-lettered after the commit, or on a paused queue) never stop the pruning of
     later ones; a batch that comes back short starts the next one at the oldest rows again
-    (kept rows are looked at again: their messages may have gone). :attr:`behind` says
-    whether the last batch of some queue was full: more rows may be waiting, and a worker
-    prunes again at its next maintenance rather than a minute later, so that an inbox
-    filling faster than a batch a minute does not grow for good."""
+    (kept rows are looked at again: their messages may have gone), and so does one after a
+    batch that failed. :attr:`behind` says whether the last batch of some queue was full: more
+    rows may be waiting, and a worker prunes again at its next maintenance rather than a
+    minute later, so that an inbox filling faster than a batch a minute does not grow for
+    good."""
 
     def __init__(self) -> None:
         # (alias, logical queue) -> (done_at, pk) of the last row of its previous batch, while
@@ -152,6 +153,9 @@ class InboxPruner:
                 if gone:
                     deleted += InboxEntry.objects.using(alias).filter(pk__in=gone).delete()[0]
             except (DatabaseError, DelayQueueError) as e:  # maintenance never fails the consumer
+                # Not behind: a database or Redis that fails is asked again a minute later,
+                # not at every maintenance (each a warning, and a wait on the loop's thread).
+                self._after.pop(cursor, None)
                 logger.warning("queue %s: inbox rows not pruned: %s", name, e)
         return deleted
 

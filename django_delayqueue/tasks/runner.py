@@ -110,12 +110,12 @@ class TaskRunner:
         try:
             run.start()
             if atomic is None:
-                value = _ended(_call(run.task, run.args, run.kwargs))
+                value = _ended(_call(run.callee(), run.args, run.kwargs))
             else:
                 from django_delayqueue.inbox import is_skipped, run_atomically
 
                 value = run_atomically(
-                    atomic, message, lambda: _ended(_call(run.task, run.args, run.kwargs))
+                    atomic, message, lambda: _ended(_call(run.callee(), run.args, run.kwargs))
                 )
                 if is_skipped(value):
                     handler_returned()
@@ -137,7 +137,7 @@ class TaskRunner:
         run = _TaskRun(self, message, queue)
         try:
             await in_thread_to_its_end(run.start, True)
-            value = run.task.func(*run.args, **run.kwargs)
+            value = run.loaded.func(*run.args, **run.kwargs)  # the as-enqueued copy's too
             if inspect.isawaitable(value):
                 value = await value
             stopped = stop_error()  # aborted, and it returned (stopped cooperatively)
@@ -209,7 +209,10 @@ class _TaskRun:
         )
         self.attempt = Attempt(runner.worker_id, message, queue, self.record)
         self.backend: Any = None
-        self.task: Any = None
+        # The Task imported (None: not yet, or it could not be); its copy with the record's
+        # options (see task), built only for what reads them.
+        self.loaded: Any = None
+        self._task: Any = None
         # A success's end: its return value's JSON, the record's expiry, when it finished.
         self.end: tuple[str, int, int] = ("", 0, 0)
         # The TaskResult task_started was sent with; None when nothing would have read it.
@@ -237,17 +240,37 @@ class _TaskRun:
             record = self.record = attempt.read(record)
         attempt.mark_running(record)
         self.runner._send_soon(queue, attempt)  # RUNNING, if it still runs at the next round
-        task = self.task = task_as_enqueued(loaded, record)
+        self.loaded = loaded
         # Its TaskResult built only for what reads it (see django_delayqueue.tasks.unheard).
         quiet = unheard(framework.task_started, self.backend, RUNNING)
-        if task.takes_context or not quiet:
-            self.started = to_task_result(record, message.id, task)
+        if loaded.takes_context or not quiet:
+            self.started = to_task_result(record, message.id, self.task)
         if not quiet:
             _send_robust(framework.task_started, self.backend, self.started)
         # The record's own: the call unpacks them into a tuple and a dict of its own.
         self.args, self.kwargs = record.args, record.kwargs
-        if task.takes_context:
+        if loaded.takes_context:
             self.args = [framework.TaskContext(task_result=self.started), *record.args]
+
+    @property
+    def task(self) -> Any:
+        """The Task with the record's priority, queue, backend and run_after (None before
+        it is imported): what a TaskResult names, and a ``call`` of its own is given.
+
+        Built on first use, not for every run: a quiet task's run (no TaskResult built, the
+        framework's own ``call``) never reads it, and a delay queue's tasks each have a
+        ``run_after`` of their own, so the copy kept by ``task_as_enqueued`` rarely serves
+        the next one (a new copy and datetime, about 5 us a task)."""
+        if self._task is None and self.loaded is not None:
+            self._task = task_as_enqueued(self.loaded, self.record)
+        return self._task
+
+    def callee(self) -> Any:
+        """What ``_call`` calls: the Task imported where the framework's own ``call`` would
+        only call its function (the copy's is the same); else the copy, whose options a
+        ``call`` of its own may read."""
+        loaded = self.loaded
+        return loaded if type(loaded).call is framework.Task.call else self.task
 
     def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
         """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
@@ -283,7 +306,7 @@ class _TaskRun:
     def _succeeded(self, value: Any) -> WritesWithAck:
         message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
         attempt.ended = True  # its RUNNING, if not sent yet, never is: its result says it all
-        backend, task = self.backend, self.task
+        backend = self.backend
         try:
             returned, return_value = _stored(value)
             finished_at = queue.clock.now_ms()
@@ -299,7 +322,7 @@ class _TaskRun:
             # run it again).
             error = _cause(e)
             try:
-                self.runner._failed(attempt, record, error, backend, task)
+                self.runner._failed(attempt, record, error, backend, self.task)
             except Exception:
                 logger.exception(
                     "queue %s: task %s: result not recorded",

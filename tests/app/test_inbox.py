@@ -477,3 +477,30 @@ def test_a_worker_behind_on_its_inbox_prunes_again_at_its_next_maintenance(
         InboxEntry.objects.create(queue=QUEUE, message_id="acked", scheduled_ms=1)
         worker.refresh()  # caught up: the next prune waits its minute again
         assert InboxEntry.objects.count() == 1
+
+
+def test_a_batch_that_fails_does_not_keep_the_worker_pruning_at_every_maintenance(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that fails while a pruner is behind: the failure is not "more rows may
+    wait", so the worker waits its minute again rather than asking the database (and logging
+    a warning) at every maintenance until it answers."""
+    from unittest import mock
+
+    from django.db import OperationalError, connections
+
+    from django_delayqueue import inbox
+
+    monkeypatch.setattr(inbox, "PRUNE_BATCH", 2)
+    q = get_queue(QUEUE)
+    for n in range(3):
+        InboxEntry.objects.create(queue=QUEUE, message_id=f"acked-{n}", scheduled_ms=1)
+    pruner = inbox.InboxPruner()
+    assert pruner.prune("default", [q], keep_seconds=0) == 2
+    assert pruner.behind
+    down = OperationalError("connection to server failed")
+    with mock.patch.object(connections["default"], "ensure_connection", side_effect=down):
+        connections["default"].close()
+        assert pruner.prune("default", [q], keep_seconds=0) == 0
+    assert not pruner.behind
+    assert pruner.prune("default", [q], keep_seconds=0) == 1  # from the oldest rows again

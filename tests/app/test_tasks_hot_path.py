@@ -125,3 +125,54 @@ def test_a_worker_s_run_keeps_the_heap_it_started_with_out_of_the_collector_s_sw
     assert Worker.for_queues([QUEUE], burst=True).run() == 0
     assert seen[0] > before  # frozen while it ran
     assert gc.get_freeze_count() < seen[0]  # and given back to the collector after
+
+
+@pytest.mark.django_db(transaction=True)  # task_finished's send closes old connections
+def test_a_run_copies_its_task_with_the_record_s_options_only_for_what_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delay queue's tasks each have a run_after of their own, so the copy of the Task with
+    the record's options was made anew for every run. A quiet run (no TaskResult built, the
+    framework's own call) makes none; a heard one still names every option."""
+    from datetime import datetime, timedelta, timezone
+
+    copies: list[Any] = []
+    as_enqueued = runner.task_as_enqueued
+
+    def counted(task: Any, record: Any) -> Any:
+        copies.append(record.run_after)
+        return as_enqueued(task, record)
+
+    def run_one(task: Any, *args: Any) -> str:
+        message_id = task.enqueue(*args).id
+        q = get_queue(QUEUE)
+        (delivery,) = q.claim(1)
+        writes = runner.TaskRunner("w1").run(delivery, q)
+        writes.call.run(q.client)
+        assert writes.then is not None
+        writes.then()  # task_finished, as the consumer sends it once Redis has the result
+        return message_id
+
+    monkeypatch.setattr(runner, "task_as_enqueued", counted)
+    due = datetime.now(timezone.utc) - timedelta(seconds=5)
+    due = due.replace(microsecond=due.microsecond // 1000 * 1000)  # whole ms, as stored
+    add = examples().add.using(run_after=due, priority=3)
+    monkeypatch.setattr(runner, "unheard", lambda *args: True)
+    run_one(add, 1, 2)
+    assert copies == []  # nothing read the options
+    monkeypatch.setattr(runner, "unheard", lambda *args: False)
+    heard: list[Any] = []
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        heard.append(task_result)
+
+    framework.task_finished.connect(on_finished)
+    try:
+        message_id = run_one(add, 3, 4)
+    finally:
+        framework.task_finished.disconnect(on_finished)
+    (result,) = heard
+    assert result.id == message_id and result.return_value == 7
+    assert (result.task.run_after, result.task.priority) == (due, 3)
+    assert result.task.queue_name == QUEUE and result.task.func is add.func
+    assert len(copies) == 1  # built once for both signals' TaskResults

@@ -606,3 +606,33 @@ def test_closing_handler_threads_does_not_wait_for_a_handler_still_running(
         assert not closer.is_alive()  # the idle thread was joined, the stuck one not waited for
     finally:
         release.set()
+
+
+def test_a_failures_journal_row_on_a_server_that_went_down_does_not_spin_the_loop(
+    redis_client: redis.Redis,
+) -> None:
+    """A failure's journal row waits for its nack's reply, and makes a round due at once
+    (journal_due). Its server going down between the two must not keep that round due: the
+    loop would run round after round against the down server, without a pause, for as long as
+    it is down (its queues are to be left alone for SERVER_DOWN_PAUSE_MS, as any other)."""
+    from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.05)
+    here = Queue(redis_client, "here", clock=SystemClock())
+    there = Queue(dead, "there", clock=SystemClock())
+    consumer = Consumer([here, there], Recorder())
+    try:
+        message = Message("m", "there", None, 0, 0, 1, "1", 0)
+        consumer._unrecorded.extend([Outcome(message, RETRY, 0, 0, reason="boom")])
+        # Its nack replied (the server was up then); its journal row is owed.
+        [entry] = consumer._unrecorded._entries["there"]
+        entry.recorded = True
+        assert consumer._round_trip.due_by(here.clock.now_ms())
+        now = here.clock.now_ms()
+        consumer._round_trip.run(now, now, {"here": 1, "there": 1})  # "there" is down
+        # Nothing is due but the down server's journal row: no round now.
+        assert not consumer._plan.due_now(now)
+        assert len(consumer._unrecorded) == 1  # still owed, sent once the pause is over
+    finally:
+        consumer._threads.close()
+        dead.close()

@@ -214,6 +214,16 @@ class UnrecordedOutcomes:
                     if span is not None:
                         span.end()
 
+    def pause(self, names: Sequence[str], seconds: float) -> None:
+        """Leave the outcomes of queues ``names`` alone for ``seconds`` (their server is down):
+        nor does a failure's journal row owed there make a round due meanwhile
+        (:meth:`journal_due`), which would run round after round against that server."""
+        until = time.monotonic() + seconds
+        with self._lock:
+            for name in names:
+                if name in self._entries or name in self._early:
+                    self._paused_until[name] = max(self._paused_until.get(name, 0.0), until)
+
     def unrecorded_messages(self, name: str) -> list[Message]:
         """Messages of queue ``name`` whose state change Redis does not have yet.
 

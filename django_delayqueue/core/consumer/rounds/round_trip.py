@@ -112,6 +112,7 @@ class RoundTrip:
         messages: list[Message] = []
         reap_again = False
         failures: list[DelayQueueError] = []
+        down: list[str] = []  # the queues of the servers that failed
         for client, queues in self._clients:
             # The calls, in the order Redis runs them:
             batch = ScriptBatch()
@@ -138,6 +139,7 @@ class RoundTrip:
                 # claims may have run: the next round asks for them again by their ids.
                 failures.append(e)
                 self.claims.lost([q.name for q in queues])
+                down.extend(q.name for q in queues)
                 for q in queues:
                     self._next_wake[q.name] = now + SERVER_DOWN_PAUSE_MS
                     self._ready_seen[q.name] = 0
@@ -154,6 +156,11 @@ class RoundTrip:
                 self._heartbeat(client, queues, now)
         if failures and len(failures) == len(self._clients):
             raise failures[0]  # every server is down: the loop backs off
+        if down:
+            # Their outcomes too: a failure's journal row owed there would make the next round
+            # due at once (journal_due), round after round against the down server (with
+            # every server down the loop backs off instead).
+            self.outcomes.pause(down, SERVER_DOWN_PAUSE_MS / 1000)
         for failure in failures:
             logger.warning("%s; its queues are tried again in %d ms", failure, SERVER_DOWN_PAUSE_MS)
         return Round(messages, reap_again)

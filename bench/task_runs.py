@@ -1,0 +1,56 @@
+"""A task's run on the handler thread, in process: CPU per ``TaskRunner.run`` (issue 37).
+
+    DJANGO_SETTINGS_MODULE=bench.djapp.settings BENCH_TASKS=delayqueue \\
+    BENCH_REDIS_URL=redis://127.0.0.1:<port>/0 python -m bench.task_runs own 5000
+
+Enqueues N no-op tasks, due already, each with a ``run_after`` of its own (``own``: a delay
+queue's tasks) or none (``none``: ``.enqueue()`` alone, as bench.cost_ab's delivery sends them),
+claims them all, then times ``TaskRunner.run`` alone for each (the claims, the acks and the
+result writes' round trips left out: their writes are built, not sent). The database at
+``BENCH_REDIS_URL`` is emptied first: give it a redis-server of its own. For another tree's
+package, put its ``git archive`` first on ``PYTHONPATH`` (this checkout's ``bench`` next); on a
+shared host, alternate the trees and compare the smallest figures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+
+def main(argv: list[str]) -> int:
+    import django
+
+    django.setup()
+    import django_delayqueue
+    from django_delayqueue.conf.queues import get_queue
+    from django_delayqueue.tasks import runner
+
+    from .djapp.settings import TASK_QUEUE
+    from .djapp.tasks import noop
+
+    mode, count = argv[0], int(argv[1])
+    q = get_queue(TASK_QUEUE)
+    q.client.flushdb()
+    due = datetime.now(timezone.utc) - timedelta(seconds=60)
+    for i in range(count):
+        task = noop.using(run_after=due + timedelta(milliseconds=i)) if mode == "own" else noop
+        task.enqueue(i, 0.0, count - 1)
+    deliveries: list = []
+    while len(deliveries) < count:
+        deliveries += q.claim(500)
+    run = runner.TaskRunner("bench", write_soon=lambda queue, call: None).run
+    cpu = 0.0
+    for delivery in deliveries:
+        started = time.process_time()
+        run(delivery, q)
+        cpu += time.process_time() - started
+    where = os.path.dirname(os.path.dirname(django_delayqueue.__file__))
+    print(f"{where} {mode}: {cpu / count * 1e6:.1f} us of CPU per task run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
