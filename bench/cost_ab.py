@@ -45,9 +45,9 @@ from django_delayqueue.core import Queue
 from django_delayqueue.embedded import RedisServerProcess
 
 from .base_scripts import PackageAt
-from .djapp.timing import DONE, FIRST, LATENESS
+from .djapp.timing import DONE, FIRST
 from .harness import ROOT, Child, wait_until
-from .tasks_path import CommandCount, _children_cpu, wait_for_done
+from .tasks_path import CommandCount, _children_cpu, collected_lateness, wait_for_done
 
 BASE_REF = "0cc4333"  # the release before envelope formats: issue 37's "last month's code"
 PATHS = ("signal", "tasks")
@@ -171,10 +171,7 @@ def lateness(tree: Tree, path: str, args: argparse.Namespace) -> dict[str, Any]:
         consumer.wait(args.timeout)
     finally:
         consumer.kill()
-    late = sorted(float(v) for v in client.lrange(LATENESS, 0, -1))
-    client.flushdb()
-    if len(late) != args.timed:
-        raise RuntimeError(f"{tree.name} {path}: {len(late)} of {args.timed} timed messages ran")
+    late = collected_lateness(client, args.timed, f"{tree.name} {path}")
     return {
         "p50_ms": statistics.median(late),
         "p99_ms": late[min(len(late) - 1, int(len(late) * 0.99))],

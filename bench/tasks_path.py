@@ -168,10 +168,7 @@ def run_lateness(
         consumer.wait(args.timeout)
     finally:
         consumer.kill()
-    late = sorted(float(v) for v in client.lrange(LATENESS, 0, -1))
-    client.flushdb()
-    if len(late) != args.timed:
-        raise RuntimeError(f"{path}: {len(late)} of {args.timed} timed messages ran")
+    late = collected_lateness(client, args.timed, path)
     return {
         "lateness_ms": {
             "p50": statistics.median(late),
@@ -180,6 +177,16 @@ def run_lateness(
         },
         "early": sum(1 for v in late if v < 0),
     }
+
+
+def collected_lateness(client: redis.Redis, expected: int, what: str) -> list[float]:
+    """The start lateness (ms) the timed messages' receivers pushed, sorted; the database then
+    emptied for the next run. Raises when not all ``expected`` of them ran."""
+    late = sorted(float(v) for v in client.lrange(LATENESS, 0, -1))
+    client.flushdb()
+    if len(late) != expected:
+        raise RuntimeError(f"{what}: {len(late)} of {expected} timed messages ran")
+    return late
 
 
 def wait_for_done(
