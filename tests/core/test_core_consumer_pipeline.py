@@ -551,6 +551,40 @@ def test_given_up_handlers_are_taken_with_the_finished_at_one_instant() -> None:
         threads.close()
 
 
+def test_a_given_up_handlers_late_failure_still_ends_its_span() -> None:
+    """A failure's span ends once its outcome is recorded (after its nack); an outcome dropped
+    because its handler was given up on (a stop, or a handler the watchdog could not stop) is
+    never recorded, so its span is ended where it is dropped, or it is never exported."""
+    from django_delayqueue.core.consumer.outcomes import RETRY, Outcome
+
+    release, started = threading.Event(), threading.Event()
+    ended: list[str] = []
+
+    class Span:  # what a failed delivery's outcome carries (tracing.EndedLater)
+        def end(self) -> None:
+            ended.append("stuck")
+
+    def work(m: Message) -> Outcome:
+        started.set()
+        release.wait(TIMEOUT)
+        outcome = Outcome(m, RETRY, 0, 0, reason="time limit exceeded")
+        outcome.span = Span()  # type: ignore[assignment]
+        return outcome
+
+    threads = threads_alone(1, work)
+    try:
+        threads.add([Message("stuck", "q", None, 0, 0, 1, "2", 0)])
+        assert started.wait(TIMEOUT)
+        assert [m.id for m in threads.finished_and_abandoned()[1]] == ["stuck"]
+        release.set()
+        wait_until(lambda: not threads.abandoned())  # its handler ended, given up on
+        assert threads.take_finished() == []
+        assert ended == ["stuck"]
+    finally:
+        release.set()
+        threads.close()
+
+
 def test_a_message_a_few_milliseconds_early_on_this_clock_is_held_until_due() -> None:
     # Promoted one claim lead early by another consumer whose clock reads a little ahead.
     from django_delayqueue.core.clock import exact_now_ms

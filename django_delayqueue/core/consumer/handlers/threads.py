@@ -368,13 +368,23 @@ class HandlerThreads:
 
     def _finish(self, outcome: Outcome, thread: threading.Thread | None = None) -> None:
         """A handler ended: on ``thread``, or (None) a coroutine on the event loop's thread."""
+        if self._took_outcome(outcome, thread):
+            return
+        # Given up on: its outcome is never recorded, so its span (a failure's is left for the
+        # recording, tracing.EndedLater) ends here, out of the lock (a processor may export).
+        span, outcome.span = outcome.span, None
+        if span is not None:
+            span.end()
+
+    def _took_outcome(self, outcome: Outcome, thread: threading.Thread | None) -> bool:
+        """Take ``outcome`` to record (True), or drop it: its handler was given up on."""
         with self._cond:
             if thread is not None:
                 self._working.discard(thread)
             token = outcome.message.token
             self._since.pop(token, None)
             if self._abandoned.pop(token, None) is not None:  # given up on at a stop: not
-                return  # ours to record; no longer extended, it comes back after its timeout
+                return False  # ours to record; no longer extended, back after its timeout
             self._running.pop(token, None)
             if self._claimed:  # its room goes to the next waiting, coroutine or thread
                 if self._async:
@@ -404,3 +414,4 @@ class HandlerThreads:
             self._waker.nudge()
         elif first:  # recorded with a claim, or by this time
             self._waker.remind(now + RECORD_WITHIN_SECONDS)
+        return True
