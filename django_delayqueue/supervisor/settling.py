@@ -29,9 +29,11 @@ logger = logging.getLogger(__name__)
 # Connect and reply timeout of the settling client: one outage costs the loop this much.
 SETTLE_TIMEOUT_SECONDS = 1.0
 
-# What became of a stopped message, by nack's result: its attempts may have run out.
+# What became of a stopped message, by nack's result: its attempts may have run out. A token
+# already spent (0) is most often the process's own doing: a handler that ended before its
+# process did (a coroutine's thread finishing, say) has its outcome recorded by the process.
 SETTLED = {
-    0: "left alone (its visibility timeout had already brought it back)",
+    0: "already settled (by its process once the handler ended, or by its visibility timeout)",
     1: "retried",
     2: "dead-lettered",
     3: "dead-lettered as aborted (an abort came before it was settled)",

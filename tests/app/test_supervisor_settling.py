@@ -26,6 +26,7 @@ from django.test import override_settings
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
+from django_delayqueue.core.envelope import Message
 from django_delayqueue.embedded import RedisServerProcess
 from django_delayqueue.supervisor import settling
 from django_delayqueue.supervisor.children import SupervisorOptions
@@ -192,3 +193,21 @@ def test_the_log_says_dead_lettered_when_the_stop_used_the_last_attempt(
     (line,) = [r.getMessage() for r in caplog.records if "stopped (" in r.getMessage()]
     assert line.endswith("dead-lettered"), line
     assert counts()["garbage"] == 1
+
+
+def test_a_stopped_message_its_own_process_settled_is_not_said_to_have_timed_out(
+    outage: Outage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coroutine stopped at its limit while a thread it started runs on keeps its process
+    until that thread ends; the process then records the retry itself, and the supervisor's
+    settle finds the token spent. The log said "its visibility timeout had already brought it
+    back", which sent readers looking for an expired lease that never was."""
+    (item,) = stopped_handlers(1)
+    queue = get_queue(QUEUE)
+    held = Message(item.message_id, item.queue, None, 0, 0, item.attempt, item.token)
+    assert queue.nack(held, delay=60, reason="time limit exceeded (2 s)") == 1  # its own
+    with caplog.at_level(logging.WARNING, logger="django_delayqueue.supervisor.settling"):
+        assert settling.settle([item], final=True) == []
+    (line,) = [r.getMessage() for r in caplog.records if item.message_id in r.getMessage()]
+    assert "visibility timeout had already" not in line
+    assert "already settled" in line
