@@ -303,6 +303,10 @@ class Worker(Consumer):
         await in_thread_to_its_end(close_old_connections)
         return self._answered(shard, message, responses)
 
+    def task_retry_buried(self, queue: Queue, message: Message, reason: str) -> None:
+        """A task's retry buried as aborted at its nack: its task side sends task_finished."""
+        self.tasks.retry_buried(queue, message, reason)
+
     def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
         """Consume ``queues`` too (a task queue found in the registry), its shards known to
         :meth:`_logical` from then on."""

@@ -111,6 +111,15 @@ class TaskServing:
             runner = self._runner = TaskRunner(self.worker_id, self._write_soon)
         return runner
 
+    def retry_buried(self, queue: Queue, message: Message, reason: str) -> None:
+        """A task's delivery that failed with attempts left, buried by its nack as aborted
+        (``reason``: the dead letter's), its record FAILED now: ``task_finished`` is sent, as
+        for any task that ended. Its run made the runner: without one (no framework), no
+        task ran here."""
+        runner = self._runner
+        if runner is not None:
+            runner.retry_buried(message, queue, reason)
+
     def is_async(self, message: Message) -> bool:
         """Whether the task in ``message`` is an ``async def`` one (asked once per task)."""
         path = message.payload.get(TASK_KEY) if isinstance(message.payload, dict) else None
