@@ -16,7 +16,10 @@ refuses are dropped at once (the deliveries' acks go on: they free memory) and c
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
 as they come in, a failure's outcome once its nack replied (nack.lua may find it aborted: it
-counts as an abort then), when its delivery span (tracing on) ends too. The recorder
+counts as an abort then), when its delivery span (tracing on) ends too. A task's failure
+that its runner recorded as a retry and nack.lua buried as aborted gets its record written
+FAILED, Aborted, with the next round, and the consumer is told once it is (``retry_buried``:
+the Tasks side sends ``task_finished``, which the runner did not for a retry). The recorder
 rides on every round trip, as the recurring keeper does (see :mod:`.rounds.parts`):
 ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
