@@ -3,9 +3,9 @@
 :class:`Worker` is the consumer that ``runqueue`` runs. It delivers a message to its queue's
 signal receivers (on a handler thread, or on the event loop when one is ``async def``), runs
 the tasks among them (the task side is :class:`~django_delayqueue.tasks.serving.TaskServing`,
-a mixin), relays the outbox while it runs, and at each maintenance refreshes what it follows:
-the Redis servers' policy, the settings staff published (``mirror.following``), the recurring
-schedules and the registry of task queues.
+a part it builds and owns: ``worker.tasks``), relays the outbox while it runs, and at each
+maintenance refreshes what it follows: the Redis servers' policy, the settings staff published
+(``mirror.following``), the recurring schedules and the registry of task queues.
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ from django_delayqueue.alive import AliveFile
 from django_delayqueue.api import topic
 from django_delayqueue.conf.queues import configured, shard_queues
 from django_delayqueue.conf.settings import dq_settings, envelope_format, queue_atomic
-from django_delayqueue.conf.task_backends import (
-    DEFAULT_TASK_QUEUE,
-    any_task_queue,
-    task_queue_names,
-)
+from django_delayqueue.conf.task_backends import DEFAULT_TASK_QUEUE, any_task_queue
 from django_delayqueue.conf.task_registry import registered
 from django_delayqueue.core.consumer.limits.runs import handler_returned, stop_error
 from django_delayqueue.core.consumer.loop import Consumer
@@ -66,7 +62,7 @@ dispatching = threading.local()
 INBOX_PRUNE_SECONDS = 60.0
 
 
-class Worker(TaskServing, Consumer):
+class Worker(Consumer):
     """Delivers the due messages of some configured queues to their Django handlers.
 
     Every ``SETTINGS_REFRESH_SECONDS`` it re-reads the settings staff published from the admin
@@ -94,16 +90,17 @@ class Worker(TaskServing, Consumer):
         if dq_settings.OTEL_PARENT in tracing.PARENT_MODES:
             tracing.set_parent_mode(dq_settings.OTEL_PARENT)
         self._by_name = {q.name: q for q in self.queues}
+        # The task side: which queues run tasks, and their runner (imported on the first).
         # What a task's result lists in worker_ids: the name runqueue was given (--name), the
         # same for every consumer process under one supervisor (each process's own name,
         # NAME.<slot>-<pid>, is in heartbeats and log lines), else this consumer's name.
-        self.worker_id = worker_id or self.name
-        # Read by handler threads, replaced (never changed in place) by the loop's.
-        self._task_queues = frozenset(task_queue_names())
-        self._any_queue = any_task_queue()
-        self._discover = discover and self._any_queue
-        self._tasks = None
-        self._async_tasks = {}  # task path -> whether it is async def
+        self.tasks = TaskServing(
+            self.name,
+            worker_id or self.name,
+            self.write_soon,
+            self.add_queues,
+            discover=discover,
+        )
         self._said_no_schedule_rows = False
         # Atomic queues (docs/exactly-once.md): logical queue -> the database alias its
         # handlers run in a transaction on (None: not atomic). A bad "atomic" raises here.
@@ -136,8 +133,8 @@ class Worker(TaskServing, Consumer):
         return super().step(now_ms)
 
     def _run(self) -> int:
-        if self._any_queue or self._task_queues & {q.logical_name for q in self.queues}:
-            self._prepare_for_tasks()
+        if self.tasks.runs_tasks(self.queues):
+            self.tasks.prepare(self.queues)
         # The outbox: messages committed while Redis was down are sent from here. A burst sends
         # them first, so that what is due among them is delivered by this very run.
         from django_delayqueue.outbox.relay import OutboxRelay, RelayThread
@@ -196,10 +193,11 @@ class Worker(TaskServing, Consumer):
         """
         shard, message = self._logical(message)
         atomic = self._atomic_alias(shard.logical_name)
-        if self._is_task(message):
+        tasks = self.tasks
+        if tasks.is_task(message):
             close_old_connections()
             try:
-                return self._task_runner().run(message, shard, atomic=atomic)
+                return tasks.runner().run(message, shard, atomic=atomic)
             finally:
                 close_old_connections()
         signal = topic(message.queue)
@@ -276,20 +274,21 @@ class Worker(TaskServing, Consumer):
             # and tasks run there too (Django runs them with async_to_sync).
             return False
         if message.task:
-            return self._task_is_async(message)
+            return self.tasks.is_async(message)
         name = self._by_name[message.queue].logical_name
         if is_task_payload(message.payload):
             _, logical = self._logical(message)
-            if self._is_task(logical):
-                return self._task_is_async(logical)
+            if self.tasks.is_task(logical):
+                return self.tasks.is_async(logical)
         return has_async_receivers(topic(name), name)
 
     async def ahandle(self, message: Message) -> Any:
         """:meth:`handle` on the event loop: the task awaited, or the receivers sent to by
         ``dispatch.asend_robust``."""
         shard, message = self._logical(message)
-        if self._is_task(message):
-            return await self._task_runner().arun(message, shard)
+        tasks = self.tasks
+        if tasks.is_task(message):
+            return await tasks.runner().arun(message, shard)
         signal = topic(message.queue)
         # The connections of asgiref's thread, where sync receivers and the coroutines'
         # sync_to_async calls run: checked around each message, as a handler thread's are.
@@ -304,6 +303,17 @@ class Worker(TaskServing, Consumer):
         await in_thread_to_its_end(close_old_connections)
         return self._answered(shard, message, responses)
 
+    def task_retry_buried(self, queue: Queue, message: Message, reason: str) -> None:
+        """A task's retry buried as aborted at its nack: its task side sends task_finished."""
+        self.tasks.retry_buried(queue, message, reason)
+
+    def add_queues(self, queues: Sequence[Queue]) -> list[Queue]:
+        """Consume ``queues`` too (a task queue found in the registry), its shards known to
+        :meth:`_logical` from then on."""
+        added = super().add_queues(queues)
+        self._by_name.update((q.name, q) for q in added)
+        return added
+
     def handler_thread_exit(self) -> None:
         """A handler thread ends (fewer threads, or the worker stops): close its DB connections."""
         connections.close_all()
@@ -316,8 +326,7 @@ class Worker(TaskServing, Consumer):
         if not follow_queue_settings(self.queues, self.sync_settings):
             return  # Redis could not be read: the rest waits for the next refresh
         self._refresh_schedules()
-        if self._any_queue:
-            self._follow_registry()
+        self.tasks.follow_registry(self.queues)
         self._prune_inbox()
 
     def _prune_inbox(self) -> None:
@@ -366,8 +375,7 @@ class Worker(TaskServing, Consumer):
         except DelayQueueError as e:
             logger.debug("recurring schedules not refreshed: %s", e)
             return
-        if self._any_queue:
-            self._register_task_schedules(published.recurrences)
+        self.tasks.register_schedules(published.recurrences)
         keeper.set_definitions(
             published.recurrences,
             self.queues,

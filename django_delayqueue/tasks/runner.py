@@ -157,6 +157,42 @@ class TaskRunner:
             raise
         return await in_thread_to_its_end(run.succeeded, value, True)
 
+    def retry_buried(self, message: Message, queue: Queue, reason: str) -> None:
+        """``task_finished`` for a delivery whose failure :meth:`run` recorded as a retry (READY,
+        no signal: it would run again) and that its nack buried as aborted (an abort came
+        before it): FAILED, its errors ending with ``Aborted`` and ``reason`` (the dead
+        letter's), as its record now says (the consumer wrote it). On the consumer's thread,
+        once that write landed: a receiver reading the result finds it FAILED. Never raises."""
+        try:
+            record = TaskRecord.from_payload(
+                message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
+            )
+            try:
+                backend = framework.backend_named(record.backend)
+            except Exception:  # an alias gone from TASKS: told by its queue's backend
+                backend = _backend_of_queue(queue.logical_name)
+            if backend is None or unheard(framework.task_finished, backend, FAILED):
+                return
+            # Its history (every attempt's error, worker and times), as get_result reads it.
+            record = Attempt(self.worker_id, message, queue, record).read(record)
+            if record.status != FAILED:  # the write was refused, or the read failed
+                record.status, record.finished_at = FAILED, queue.clock.now_ms()
+                record.errors.append(task_error(Aborted(reason)))
+            try:
+                task = task_as_enqueued(load_task(record.task), record)
+            except ImportError:  # a worker deployed before the code that enqueued it
+                task = stand_in_task(record)
+            _send_robust(framework.task_finished, backend, to_task_result(record, message.id, task))
+        except Exception:  # the signal is secondary: the task's end stands
+            logger.exception(
+                "queue %s: task %s: task_finished not sent",
+                queue.name,
+                message.id,
+                extra=message_fields(message, queue.name),
+            )
+        finally:
+            close_old_connections()  # its receivers' connections closed after them
+
     @staticmethod
     def load_scripts(queue: Queue) -> None:
         """Load the scripts a task's run sends, ahead of the first (a NOSCRIPT costs a trip)."""

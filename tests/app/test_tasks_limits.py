@@ -284,6 +284,63 @@ def test_a_task_aborted_after_it_failed_and_before_its_nack_says_aborted(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("attempts", [3, 1], ids=["retry", "last-attempt"])
+def test_a_task_whose_retry_is_buried_as_aborted_at_its_nack_sends_task_finished(
+    redis_client: redis.Redis, attempts: int
+) -> None:
+    """A task raises with attempts left (its runner records READY and sends no task_finished:
+    it will run again), then its abort lands before the round that nacks it: nack.lua buries it
+    as aborted and its record says FAILED, Aborted. Every other end of a task sends
+    task_finished; before, this one never did. The worker is stepped by hand (no thread learns
+    aborts), so the abort is learnt from the nack alone. On its last attempt the runner sent
+    task_finished (FAILED, what it raised) as it ended: not a second time."""
+    heard: list[tuple[Any, list[str], str, Any]] = []
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        stored = examples().always_fails.get_result(task_result.id)  # read inside, as users do
+        paths = [e.exception_class_path for e in task_result.errors]
+        heard.append((task_result.status, paths, task_result.errors[-1].traceback, stored.status))
+
+    framework.task_finished.connect(finished)
+    try:
+        with queue_settings(max_attempts=attempts, backoff_base=0, backoff_max=0):
+            result = examples().always_fails.enqueue("x")
+            worker = Worker.for_queues([QUEUE], idle_seconds=0.1)
+            try:
+                wait_until(lambda: worker.step() == 1)  # claims it; its thread runs it
+                # Its failure recorded (and, on its last attempt, told: task_finished).
+                wait_until(
+                    lambda: (
+                        examples().always_fails.get_result(result.id).errors
+                        and (attempts > 1 or heard)
+                    )
+                )
+                before = list(heard)
+                assert dq.abort(QUEUE, result.id, reason="not needed").running
+                wait_until(
+                    lambda: (
+                        worker.step() is not None
+                        and redis_client.zscore(KEYS.garbage, result.id) is not None
+                        and not worker._unrecorded.left()[1]  # the record's write went too
+                        and not worker._unrecorded
+                    )
+                )
+            finally:
+                worker._threads.close()
+    finally:
+        framework.task_finished.disconnect(finished)
+    assert len(heard) == 1  # sent once the record says so (retry), or as it ended (last)
+    status, paths, traceback, stored = heard[0]
+    assert status == Status.FAILED and stored == Status.FAILED
+    if attempts > 1:
+        assert before == []  # a retry: no task_finished as it failed
+        assert paths == [ABORTED]
+        assert traceback.endswith("Aborted: aborted: not needed\n")
+    else:
+        assert before == heard and paths == ["builtins.RuntimeError"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_stopped_task_aborted_before_the_supervisor_settles_it_says_aborted(
     redis_client: redis.Redis,
 ) -> None:

@@ -283,3 +283,24 @@ def test_a_long_handler_keeps_its_message(redis_client: redis.Redis, receivers: 
         thread.join(WAIT)
     assert calls == [1]
     assert not redis_client.hexists(KEYS.messages, message_id)  # acked
+
+
+def test_the_worker_owns_its_task_side_as_a_part() -> None:
+    """Before: ``Worker(TaskServing, Consumer)``, TaskServing a mixin that declared the
+    worker's attributes (name, queues, the task state the worker's ``__init__`` set) and read
+    them. Now the worker builds it, giving it what it needs, and keeps none of its state."""
+    import ast
+    import inspect
+
+    from django_delayqueue.core.consumer.loop import Consumer
+    from django_delayqueue.tasks import serving
+    from django_delayqueue.tasks.serving import TaskServing
+
+    assert Worker.__bases__ == (Consumer,)
+    assert TaskServing.__bases__ == (object,)
+    tree = ast.parse(inspect.getsource(serving))
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TaskServing"]
+    assert not [n for n in node.body if isinstance(n, ast.AnnAssign)]  # nothing borrowed
+    worker = Worker.for_queues([QUEUE], worker_id="w1")
+    assert isinstance(worker.tasks, TaskServing) and worker.tasks.worker_id == "w1"
+    assert not {"_task_queues", "_any_queue", "_tasks", "_async_tasks"} & set(vars(worker))

@@ -501,3 +501,35 @@ def test_an_abort_learnt_from_the_nack_counts_as_an_abort_in_the_delivery_timing
     counts = unrecorded.timings._counts[q.name]
     assert counts.outcomes == {"ack": 0, "retry": 1, "dead": 0, "stopped": 2}
     assert counts.count("duration") == 3
+
+
+def test_a_task_s_retry_buried_as_aborted_is_told_once_its_record_says_so(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """Issue 36: a task that failed with attempts left (its runner told no one it ended), then
+    buried as aborted by its nack: the consumer is told (its Tasks side sends task_finished),
+    once the record's FAILED write landed, not before (a receiver reading the result finds it
+    FAILED). Not for a task rejected (buried on purpose) nor one on its last attempt: their
+    runner told it as they ended; nor for a message that is not a task."""
+    q = make_queue(max_attempts=3)
+    told: list[tuple[str, str, str]] = []
+    unrecorded = UnrecordedOutcomes(
+        [q],
+        journal_maxlen=100,
+        retry_buried=lambda q, m, reason: told.append((q.name, m.id, reason)),
+    )
+    retried, rejected, last, plain = claimed_outcomes(q, [RETRY, GARBAGE, RETRY, RETRY])
+    for o in (retried, rejected, last):
+        o.message = replace(o.message, task=True)
+    last.message = replace(last.message, attempt=3)
+    unrecorded.extend([retried, rejected, last, plain])
+    for m in ("m0", "m1", "m2", "m3"):
+        assert q.abort(m, "by staff").running
+    flush(redis_client, unrecorded, [q])  # the nacks: each buried as aborted
+    assert redis_client.zrange(q.keys.garbage, 0, -1) == [b"m0", b"m1", b"m2", b"m3"]
+    assert told == []  # the records' writes go with the next round
+    flush(redis_client, unrecorded, [q])
+    assert told == [(q.name, "m0", "aborted: by staff")]
+    assert unrecorded.left() == (0, 0)
+    flush(redis_client, unrecorded, [q])
+    assert len(told) == 1

@@ -118,7 +118,9 @@ class Consumer:
         self.delivered = 0  # handlers finished
         # One "out of memory" log line for the whole consumer: outcomes, rounds and ticks.
         self.memory = OutOfMemoryLog(logger, self.name)
-        self._unrecorded = UnrecordedOutcomes(self.queues, journal_maxlen, self.memory)
+        self._unrecorded = UnrecordedOutcomes(
+            self.queues, journal_maxlen, self.memory, retry_buried=self.task_retry_buried
+        )
         self.keeper: Keeper = keeper if keeper is not None else NoKeeper()
         self.keeper.memory = self.memory
         # Set by a supervised child (django_delayqueue.supervisor): its supervisor's name and
@@ -211,6 +213,12 @@ class Consumer:
 
     def handler_thread_exit(self) -> None:
         """Called on a handler thread as it ends: a subclass releases per-thread resources."""
+
+    def task_retry_buried(self, queue: Queue, message: Message, reason: str) -> None:
+        """Called on the loop's thread when a task's delivery that failed with attempts left
+        (its runner recorded a retry) was buried by its nack as aborted (``reason``: the dead
+        letter's), once its record says FAILED, Aborted: a subclass that runs tasks tells
+        that the task ended (Django's ``task_finished``)."""
 
     def heartbeat_details(self, queue: Queue) -> str | None:
         """What the heartbeat on ``queue`` says about this process (:mod:`.rounds.details`); None

@@ -16,7 +16,10 @@ refuses are dropped at once (the deliveries' acks go on: they free memory) and c
 consumer's :class:`~django_delayqueue.core.out_of_memory.OutOfMemoryLog`, which logs the
 condition once rather than every round. Outcomes are counted in ``timings`` (core.timings)
 as they come in, a failure's outcome once its nack replied (nack.lua may find it aborted: it
-counts as an abort then), when its delivery span (tracing on) ends too. The recorder
+counts as an abort then), when its delivery span (tracing on) ends too. A task's failure
+that its runner recorded as a retry and nack.lua buried as aborted gets its record written
+FAILED, Aborted, with the next round, and the consumer is told once it is (``retry_buried``:
+the Tasks side sends ``task_finished``, which the runner did not for a retry). The recorder
 rides on every round trip, as the recurring keeper does (see :mod:`.rounds.parts`):
 ``add_to`` adds its calls to a server's pipeline, ``read`` its replies.
 """
@@ -27,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,6 +71,11 @@ FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again af
 JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
 
 CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
+
+# Told that a task's failed delivery its runner recorded as a retry (READY; it told no one the
+# task ended) was buried by nack.lua as aborted: (its queue, its message, the dead letter's
+# reason). Called on the loop's thread once the task's record says FAILED, Aborted.
+RetryBuried = Callable[[Queue, Message, str], None]
 
 
 @dataclass(eq=False)
@@ -110,8 +118,13 @@ class UnrecordedOutcomes:
         queues: Sequence[Queue],
         journal_maxlen: int,
         memory: OutOfMemoryLog | None = None,
+        retry_buried: RetryBuried | None = None,
     ) -> None:
         self._by_name = {q.name: q for q in queues}
+        self._retry_buried = retry_buried
+        # The early calls (by id) whose landing tells retry_buried: each call kept with what
+        # it tells, so an id is never mistaken for a later call's.
+        self._told_when_written: dict[int, tuple[ScriptCall, Queue, Message, str]] = {}
         self.journal_maxlen = journal_maxlen
         self.memory = memory or OutOfMemoryLog(logger)
         self._entries: dict[str, list[_Entry]] = {}
@@ -378,6 +391,18 @@ class UnrecordedOutcomes:
                 self._early[q.name] = calls
             else:
                 self._early.pop(q.name, None)
+        told = self._told_when_written.pop(id(call), None)
+        if told is not None and self._retry_buried is not None:
+            _, queue, message, reason = told
+            try:
+                self._retry_buried(queue, message, reason)
+            except Exception:  # never the round's fault
+                logger.exception(
+                    "queue %s: message %s: after its record said aborted",
+                    queue.name,
+                    message.id,
+                    extra=message_fields(message),
+                )
 
     def _written(self, q: Queue, entry: _Entry, result: Any) -> None:
         """A handler's write ran (then its ``then``), or failed: sent again unless the script
@@ -473,7 +498,14 @@ class UnrecordedOutcomes:
                     e.outcome.span.reason = reason
                 if m.task:  # its runner wrote READY (or FAILED) with what the handler raised
                     stop = StoppedHandler.of(m, "dead", reason)
-                    self._handed.append((q.name, record_stop(q, stop, dead=True)))
+                    call = record_stop(q, stop, dead=True)
+                    self._handed.append((q.name, call))
+                    # A retry as its runner saw it (attempts left: READY) told no one the task
+                    # ended; its last attempt's failure, or a Reject's, did as it ended (a
+                    # max_attempts changed between the two would tell twice, or none).
+                    retried = kind == "retry" and m.attempt < q.settings.max_attempts
+                    if retried and self._retry_buried is not None:
+                        self._told_when_written[id(call)] = (call, q, m, reason)
 
     def _journal_call(self, q: Queue, outcomes: list[Outcome]) -> ScriptCall:
         fields = [
