@@ -16,6 +16,12 @@ import redis
 from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, QueueSettings, SystemClock
+from django_delayqueue.core.consumer.handlers.coroutine_context import RunningCoroutine
+from django_delayqueue.core.consumer.handlers.loop_liveness import (
+    BLOCKED_WARN_SECONDS,
+    PING_SECONDS,
+    LoopLiveness,
+)
 from django_delayqueue.core.consumer.limits.runs import Run, Runs
 from django_delayqueue.core.consumer.limits.stopped import (
     StoppedHandler,
@@ -371,3 +377,43 @@ def test_a_coroutine_at_its_time_limit_is_stopped_and_logged_as_a_thread_is(
     ]
     assert all(getattr(r, "dq_message_id", None) in ("m1", "m2") for r in caplog.records)
     assert stop_at_time_limit(message("m1"), 2.0, None) == ("retry", time_limit_reason(2.0))
+
+
+class StuckLoop:
+    """An event loop that runs the callbacks it is given only when the test says."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], Any]] = []
+
+    def call_soon_threadsafe(self, callback: Callable[[], Any]) -> None:
+        self.pending.append(callback)
+
+    def run_once(self) -> None:
+        pending, self.pending = self.pending, []
+        for callback in pending:
+            callback()
+
+
+def test_the_watchdogs_look_warns_once_of_a_loop_that_gives_no_sign_of_life(
+    mono: Mono, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = StuckLoop()
+    entries: list[Any] = []
+    liveness = LoopLiveness(lambda: (loop, entries))  # type: ignore[arg-type,return-value]
+    dog = Watchdog(Runs(), lambda name: None, lambda run: None, mono, also=liveness.look)
+    assert dog.check() == float("inf")  # nothing runs on it: not pinged
+    assert loop.pending == []
+    entries.append(RunningCoroutine(message("m1"), lambda outcome: None))
+    with caplog.at_level(logging.WARNING, logger="django_delayqueue"):
+        assert dog.check() == mono.now + PING_SECONDS  # pinged: looks again soon
+        loop.run_once()  # it answers
+        mono.now += BLOCKED_WARN_SECONDS
+        dog.check()
+        assert caplog.records == []
+        mono.now += BLOCKED_WARN_SECONDS  # blocked since the last ping
+        dog.check()
+        mono.now += PING_SECONDS
+        dog.check()  # said once
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "has not run for 2.0s" in lines[0] and "q/m1" in lines[0]
+    assert len(loop.pending) == 1  # one ping at a time
