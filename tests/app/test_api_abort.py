@@ -278,9 +278,8 @@ def test_an_async_receiver_at_its_time_limit_in_an_aborts_grace_ends_as_aborted(
     receivers(TIMED, ignores_its_abort)
     dq.schedule(TIMED, {"report": 1}, id="r4")
     worker = Worker.for_queues([TIMED], idle_seconds=0.1)
-    ticks = Ticks()  # the coroutines' limits are timed on it
-    monkeypatch.setattr(worker.coroutines, "_monotonic", ticks)
-    monkeypatch.setattr(worker.coroutines._watcher, "_monotonic", ticks)
+    ticks = Ticks()  # the limits are timed on it
+    monkeypatch.setattr(worker._runs, "monotonic", ticks)  # the watchdog\'s clock
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

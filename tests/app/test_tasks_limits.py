@@ -228,9 +228,8 @@ def test_an_aborted_async_task_cancelled_at_its_time_limit_says_aborted(
     with queue_settings(max_attempts=3, abort_grace_seconds=600, time_limit=30):
         result = examples().async_ignores_its_abort.enqueue()
         worker = Worker.for_queues([QUEUE], idle_seconds=0.1)
-        ticks = Ticks()  # the coroutines' limits are timed on it
-        monkeypatch.setattr(worker.coroutines, "_monotonic", ticks)
-        monkeypatch.setattr(worker.coroutines._watcher, "_monotonic", ticks)
+        ticks = Ticks()  # the limits are timed on it
+        monkeypatch.setattr(worker._runs, "monotonic", ticks)  # the watchdog\'s clock
         running(worker)
         traced(redis_client, "working")
         assert dq.abort(QUEUE, result.id, reason="not needed").running

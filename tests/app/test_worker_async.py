@@ -398,7 +398,7 @@ def test_a_coroutine_dropped_at_close_keeps_its_message_until_its_sync_part_ends
             await in_thread_to_its_end(sync_receivers)
 
     outcomes: list[Any] = []
-    runner = HandlerCoroutines(Deliverer(), lambda stopped: None)
+    runner = HandlerCoroutines(Deliverer())
     try:
         runner.start(Message("m1", "q", None, 0, 0, 1, "t1"), outcomes.append)
         assert in_sync.wait(60)

@@ -222,16 +222,17 @@ def test_a_coroutine_at_its_time_limit_in_an_aborts_grace_ends_as_the_abort(
             raise
 
     consumer = Consumer([q], ignores_its_abort, idle_seconds=0.1)
-    ticks = Ticks()  # the coroutines' limits are timed on it
-    monkeypatch.setattr(consumer.coroutines, "_monotonic", ticks)
-    monkeypatch.setattr(consumer.coroutines._watcher, "_monotonic", ticks)
+    ticks = Ticks()  # the limits are timed on it
+    monkeypatch.setattr(consumer._runs, "monotonic", ticks)  # the watchdog\'s clock
     running(consumer)
     assert started.wait(TIMEOUT)
     assert q.abort("j", "by staff").running
     assert saw_abort.wait(TIMEOUT)
     ticks.now += 21  # the soft limit comes, in the abort's grace (600 s)...
     (entry,) = consumer.coroutines.watched()[1]
-    wait_until(lambda: entry.soft_sent)  # its time was looked at (and it was not raised)
+    wait_until(
+        lambda: entry.run is not None and entry.run.soft_sent
+    )  # its time was looked at (and it was not raised)
     ticks.now += 10  # ...then the hard one
     wait_until(lambda: q.counts()["garbage"] == 1 and journal_rows(redis_client, q))
     assert redis_client.hget(q.keys.reasons, "j") == b"aborted: by staff"

@@ -26,7 +26,7 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message
 from django_delayqueue.core.clock import SystemClock
-from django_delayqueue.core.consumer.handlers import coroutine_watcher
+from django_delayqueue.core.consumer.handlers import coroutines as handler_coroutines
 from django_delayqueue.core.consumer.handlers.coroutine_context import (
     RunningCoroutine,
     current,
@@ -110,7 +110,7 @@ def _handler(way: str, ledger: Ledger, release: threading.Event) -> Any:
 def test_a_retry_never_starts_while_the_thread_of_a_timed_out_attempt_runs(
     redis_client: redis.Redis, make_queue: Any, running: Any, monkeypatch: Any, way: str
 ) -> None:
-    monkeypatch.setattr(coroutine_watcher, "STOP_WAIT_SECONDS", 0.05)  # reported sooner
+    monkeypatch.setattr(handler_coroutines, "STOP_WAIT_SECONDS", 0.05)  # reported sooner
     q = make_queue(
         clock=SystemClock(), time_limit=0.2, backoff_base=0.01, backoff_max=0.01, max_attempts=3
     )
@@ -143,7 +143,7 @@ def test_a_retry_never_starts_while_the_thread_of_a_timed_out_attempt_runs(
 def test_an_aborted_delivery_is_dead_lettered_only_once_its_thread_ended(
     redis_client: redis.Redis, make_queue: Any, running: Any, monkeypatch: Any, way: str
 ) -> None:
-    monkeypatch.setattr(coroutine_watcher, "STOP_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(handler_coroutines, "STOP_WAIT_SECONDS", 0.05)
     q = make_queue(clock=SystemClock(), abort_grace_seconds=0)
     ledger, release = Ledger(), threading.Event()
     consumer = Replaced([q], _handler(way, ledger, release), idle_seconds=0.1)
@@ -253,7 +253,7 @@ def test_an_ack_held_for_its_thread_is_not_replaced_by_a_failure_as_the_thread_e
         outcomes.append(outcome)
         first.set()
 
-    runner = HandlerCoroutines(deliverer, lambda stopped: None)
+    runner = HandlerCoroutines(deliverer)
     try:
         runner.start(Message("m", "q", None, 0, 0, 1, "1"), done)
         assert first.wait(TIMEOUT)
@@ -264,9 +264,7 @@ def test_an_ack_held_for_its_thread_is_not_replaced_by_a_failure_as_the_thread_e
 
 
 def _entry(released: list[Outcome]) -> RunningCoroutine:
-    entry = RunningCoroutine(
-        Message("m", "q", None, 0, 0, 1, "1"), released.append, 0.0, None, None
-    )
+    entry = RunningCoroutine(Message("m", "q", None, 0, 0, 1, "1"), released.append)
     entry.release = released.append
     return entry
 

@@ -1,5 +1,5 @@
 """``async def`` handlers on the consumer's event loop (core/consumer/handlers/coroutines.py and
-the modules beside it: coroutine_context.py, coroutine_watcher.py, interruptible.py),
+the modules beside it: coroutine_context.py, loop_liveness.py, interruptible.py),
 with a real Redis and a real Consumer: concurrency without threads, outcomes, time limits,
 cancelling, stopping."""
 
@@ -18,7 +18,6 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, Reject, Retry
 from django_delayqueue.core.clock import SystemClock
-from django_delayqueue.core.consumer.handlers import coroutine_watcher
 from django_delayqueue.core.consumer.handlers import coroutines as handler_coroutines
 from django_delayqueue.core.consumer.handlers.coroutine_context import sync_part
 from django_delayqueue.core.consumer.handlers.interruptible import Interruptible
@@ -286,8 +285,8 @@ class Replaced(Consumer):
 def test_a_coroutine_that_cannot_be_stopped_gets_its_process_replaced(
     make_queue: Any, running: Any, how: str, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(coroutine_watcher, "STOP_WAIT_SECONDS", 0.2)  # when it is reported
-    monkeypatch.setattr(handler_coroutines, "STOP_WAIT_SECONDS", 0.2)  # how long close waits
+    # When it is reported (its Run's stop wait), and how long close waits.
+    monkeypatch.setattr(handler_coroutines, "STOP_WAIT_SECONDS", 0.2)
     q = make_queue(clock=SystemClock(), concurrency=2, time_limit=0.2)
     release = threading.Event()
 
@@ -406,7 +405,7 @@ def test_a_coroutine_cancelled_at_once_still_ends_as_its_canceller_says() -> Non
 
     outcomes: list[Any] = []
     ended = threading.Event()
-    runner = handler_coroutines.HandlerCoroutines(Deliverer(), lambda stopped: None)
+    runner = handler_coroutines.HandlerCoroutines(Deliverer())
     try:
         for token in ("1", "2", "3"):
             message = Message(f"m{token}", "q", None, 0, 0, 1, token)

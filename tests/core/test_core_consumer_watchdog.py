@@ -1,5 +1,6 @@
 """The watchdog (core/consumer/limits/watchdog.py): soft and hard time limits, and a handler that
-cannot be stopped, on real threads with a clock the test moves; then inside a running Consumer.
+cannot be stopped, on real threads with a clock the test moves; then inside a running Consumer;
+then a coroutine's run, kept by the same watchdog.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, QueueSettings, SystemClock
 from django_delayqueue.core.consumer.handlers.coroutine_context import RunningCoroutine
-from django_delayqueue.core.consumer.handlers.coroutine_watcher import CoroutineWatcher
+from django_delayqueue.core.consumer.handlers.loop_liveness import (
+    BLOCKED_WARN_SECONDS,
+    PING_SECONDS,
+    LoopLiveness,
+)
 from django_delayqueue.core.consumer.limits.runs import Run, Runs
 from django_delayqueue.core.consumer.limits.stopped import (
     StoppedHandler,
@@ -293,51 +298,122 @@ def test_consumer_blocked_handler_asks_for_a_replacement_and_stops(
     assert stuck_q.counts()["unack"] == 1  # its outcome was dropped
 
 
-# --- one decision at a time limit, for a thread and a coroutine ---------------------------------
+# --- one watchdog for threads and coroutines ----------------------------------------------------
 
 
-class _Coroutines:
-    """What the coroutines' watcher asks of its runner: the aborts learnt, the cancels sent."""
+class Told:
+    """A coroutine's stopper, as its runner's (handlers/coroutines.py: CoroutineStop) is told:
+    what the watchdog said, recorded."""
 
-    def __init__(self, aborted: dict[str, str]) -> None:
-        self.aborted = aborted
-        self.cancels: list[tuple[str, str, str, str]] = []
+    stop_wait_seconds = 1.0  # a coroutine's own (a thread's is STOP_WAIT_SECONDS)
 
-    def abort_reason_of(self, m: Message) -> str | None:
-        return self.aborted.get(m.id)
+    def __init__(self) -> None:
+        self.told: list[tuple[str, ...]] = []
 
-    def cancel(self, queue: str, token: str, reason: str, settlement: str = "retry") -> bool:
-        self.cancels.append((queue, token, reason, settlement))
-        return True
+    def soft_limit(self, reason: str) -> None:
+        self.told.append(("soft", reason))
 
-    def watched(self) -> tuple[None, list[Any]]:
-        return None, []
+    def stop(self, exception: type[BaseException], settlement: str, reason: str) -> None:
+        self.told.append((exception.__name__, settlement, reason))
 
-    def settlement(self, entry: Any) -> None:
-        return None
+
+def test_the_watchdog_keeps_a_coroutines_soft_and_hard_limits_and_reports_it_unstoppable(
+    mono: Mono,
+) -> None:
+    """Before: the watchdog left a coroutine's limits to a second timing thread of the
+    coroutines runner (its check() found nothing due for it); now the one watchdog decides them
+    in the same code as a thread's, telling the coroutine through its Run's stopper, and times
+    its stop with the Run's own stop wait."""
+    runs, found = Runs(), []
+    dog, _ = watchdog(runs, mono, found, soft_time_limit=1, time_limit=2)
+    told = Told()
+    run = Run(message(), "q", told, started_monotonic=mono.now)  # type: ignore[arg-type]
+    runs.register(run)
+    assert dog.check() == mono.now + 1  # its soft limit is due
+    mono.now += 1
+    assert dog.check() == mono.now + 1  # then its hard one
+    assert told.told == [("soft", "soft time limit exceeded (1 s)")]
+    dog.check()  # once only
+    mono.now += 1
+    assert dog.check() == mono.now + Told.stop_wait_seconds
+    assert told.told[1:] == [("TimeLimitExceeded", "retry", time_limit_reason(2))]
+    mono.now += STOP_WAIT_SECONDS  # a thread's wait is over, not a coroutine's
+    dog.check()
+    assert found == []
+    mono.now += Told.stop_wait_seconds - STOP_WAIT_SECONDS
+    dog.check()
+    assert found == [run]  # still running: unstoppable, reported once
+    assert run.stopped_handler() == StoppedHandler.of(message(), "retry", time_limit_reason(2))
+    dog.check()
+    assert found == [run]
+    runs.end(run)
+    assert dog.check() == float("inf")
 
 
 def test_a_coroutine_at_its_time_limit_is_stopped_and_logged_as_a_thread_is(
-    caplog: pytest.LogCaptureFixture,
+    mono: Mono, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Before: the coroutines' watcher kept its own copy of the decision, and cancelled a
-    coroutine at its time limit without the line the watchdog logs for a thread ("... time limit
-    exceeded (2 s), stopping its handler"), so a log told of one and not the other."""
-    runner = _Coroutines({"m2": "by staff"})
-    watcher = CoroutineWatcher(runner, lambda stopped: None, Mono())  # type: ignore[arg-type]
+    """The one decision (stop_at_time_limit) for a thread and a coroutine: retried with the
+    time limit's reason, logged as a thread's; once aborted, as the abort (the abort wins over
+    a limit that comes in its grace)."""
+    runs, found = Runs(), []
+    dog, _ = watchdog(runs, mono, found, soft_time_limit=1, time_limit=2, abort_grace_seconds=600)
+    told = {mid: Told() for mid in ("m1", "m2")}
+    for mid in ("m1", "m2"):
+        m = Message(mid, "q", None, 0, 0, 1, mid)
+        runs.register(Run(m, "q", told[mid], started_monotonic=mono.now))  # type: ignore[arg-type]
+    aborted = runs.get("q", "m2")
+    assert aborted is not None and aborted.learn_abort("by staff", mono.now)
+    mono.now += 2
     with caplog.at_level(logging.WARNING, logger="django_delayqueue"):
-        for mid in ("m1", "m2"):
-            entry = RunningCoroutine(message(mid), lambda outcome: None, 100.0, None, 2.0)
-            watcher._stop_at_time_limit(entry, 2.0)
-    assert runner.cancels == [
-        ("q", "7", time_limit_reason(2.0), "retry"),
-        ("q", "7", "aborted: by staff", "dead"),  # the abort wins over the limit
-    ]
+        dog.check()
+    # Both limits due at once: the hard one only (as for a thread).
+    assert told["m1"].told == [("TimeLimitExceeded", "retry", time_limit_reason(2.0))]
+    assert told["m2"].told == [("Aborted", "dead", "aborted: by staff")]
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         f"queue q: message m1 (attempt 1): {time_limit_reason(2.0)}, stopping its handler",
         "queue q: message m2 aborted (by staff) and at its time limit (2 s): stopping it",
     ]
-    # The same decision as the watchdog's for a thread (stop_at_time_limit), fields included.
     assert all(getattr(r, "dq_message_id", None) in ("m1", "m2") for r in caplog.records)
     assert stop_at_time_limit(message("m1"), 2.0, None) == ("retry", time_limit_reason(2.0))
+
+
+class StuckLoop:
+    """An event loop that runs the callbacks it is given only when the test says."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], Any]] = []
+
+    def call_soon_threadsafe(self, callback: Callable[[], Any]) -> None:
+        self.pending.append(callback)
+
+    def run_once(self) -> None:
+        pending, self.pending = self.pending, []
+        for callback in pending:
+            callback()
+
+
+def test_the_watchdogs_look_warns_once_of_a_loop_that_gives_no_sign_of_life(
+    mono: Mono, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = StuckLoop()
+    entries: list[Any] = []
+    liveness = LoopLiveness(lambda: (loop, entries))  # type: ignore[arg-type,return-value]
+    dog = Watchdog(Runs(), lambda name: None, lambda run: None, mono, also=liveness.look)
+    assert dog.check() == float("inf")  # nothing runs on it: not pinged
+    assert loop.pending == []
+    entries.append(RunningCoroutine(message("m1"), lambda outcome: None))
+    with caplog.at_level(logging.WARNING, logger="django_delayqueue"):
+        assert dog.check() == mono.now + PING_SECONDS  # pinged: looks again soon
+        loop.run_once()  # it answers
+        mono.now += BLOCKED_WARN_SECONDS
+        dog.check()
+        assert caplog.records == []
+        mono.now += BLOCKED_WARN_SECONDS  # blocked since the last ping
+        dog.check()
+        mono.now += PING_SECONDS
+        dog.check()  # said once
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "has not run for 2.0s" in lines[0] and "q/m1" in lines[0]
+    assert len(loop.pending) == 1  # one ping at a time

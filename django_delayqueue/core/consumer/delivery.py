@@ -6,9 +6,10 @@ in this order, on both paths (each step is numbered where it is taken):
 
 1. wait until due: a message claimed up to one claim lead early is held until it became due
    (``sleep_until_due``, or ``asleep_until_due`` awaited, until ``became_due_ms``);
-2. watchdog: the delivery's :class:`~.limits.runs.Run`, which its time limits and aborts reach
-   (a thread's only when its queue has a time limit or an abort comes; a coroutine's always,
-   stopped by cancelling it);
+2. watchdog: the delivery's :class:`~.limits.runs.Run`, which the one watchdog keeps, its time
+   limits and aborts (a thread's only when its queue has a time limit or an abort comes,
+   exceptions raised in it; a coroutine's always, told through its runner's stopper: its soft
+   limit raised on the loop, its stop a cancel, its Run ended with the delivery);
 3. span: the delivery span (``observability.tracing``; a flag read when tracing is off);
 4. run: the consumer's handler (``around_handler``, or ``around_coroutine_handler`` awaited);
 5. outcome: what a stop made of it (``Run.settled``: a time limit retries, an abort
@@ -35,8 +36,7 @@ from typing import Any
 
 from django_delayqueue.core.clock import Clock
 from django_delayqueue.core.consumer.handlers.coroutines import HandlerCoroutines
-from django_delayqueue.core.consumer.limits.runs import Canceller, Run, Runs
-from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, abort_reason
+from django_delayqueue.core.consumer.limits.runs import Canceller, CancellerStop, Run, Runs, Stopper
 from django_delayqueue.core.consumer.limits.watchdog import Watchdog
 from django_delayqueue.core.consumer.outcomes import (
     RETRY,
@@ -51,7 +51,6 @@ from django_delayqueue.core.consumer.rounds.waiter import (
     sleep_until_due,
 )
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import Aborted
 from django_delayqueue.core.observability.tracing import (
     Delivery as DeliverySpan,
 )
@@ -93,7 +92,6 @@ class HandlerDelivery:
         runs_async: Callable[[Message], bool],
         may_run_async: Callable[[], bool],
         handler_thread_exit: Callable[[], None],
-        on_unstoppable_coroutines: Callable[[list[StoppedHandler]], None],
     ) -> None:
         self._clock = clock
         self._queue_named = queue_named
@@ -110,19 +108,10 @@ class HandlerDelivery:
         self.may_run_async = may_run_async
         self.handler_thread_exit = handler_thread_exit
         # Coroutine handlers (async def) run on one event loop, counted with the threads; their
-        # time limits are kept by that runner (handlers/coroutines.py), their aborts as below.
-        self.coroutines = HandlerCoroutines(
-            self, on_unstoppable_coroutines, abort_reason_of=self.abort_reason_for
-        )
+        # Runs are in the runs the watchdog keeps, as the threads' (ended by that runner).
+        self.coroutines = HandlerCoroutines(self, runs)
 
     # --- coroutine handlers ---------------------------------------------------------------------
-
-    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
-        """``message``'s queue's (soft_time_limit, time_limit), read as its handler starts."""
-        q = self._queue_named.get(message.queue)
-        if q is None:
-            return None, None
-        return q.settings.soft_time_limit, q.settings.time_limit
 
     async def adeliver(self, message: Message) -> Outcome:
         """Run one claimed message on the event loop (never raises but for a cancellation):
@@ -132,10 +121,13 @@ class HandlerDelivery:
         # others.
         await asleep_until_due(self._clock, became_due_ms(message))
         q = self._queue_named.get(message.queue)
-        # 2. Watchdog: a Run, always: dq.abort reaches it (message.aborted, abort_requested(),
-        # the end of the abort's grace cancels it, the outcome is the dead letters); its time
-        # limits are the coroutines runner's (the watchdog leaves them to it).
-        run, context = self._begin_run(message, q, self._coroutine_canceller(message))
+        # 2. Watchdog: a Run, always: dq.abort reaches it (message.aborted, abort_requested()),
+        # and the watchdog keeps its limits and its abort's grace as a thread's, telling it
+        # through its runner (the soft limit raised on the loop, a stop cancels it). Its runner
+        # ends it with the delivery: once every thread it started has ended, it may be later.
+        stopper = self.coroutines.stopper(message)
+        run, context = self._begin_run(message, q, stopper)
+        runner_ends_it = stopper.attach(run)
         traced = None
         try:
             # 3. Span (None when tracing is off), current in this coroutine's context.
@@ -145,23 +137,20 @@ class HandlerDelivery:
         except BaseException:
             # Cancelled (a stop, its limit, an abort's end, the consumer's stop): no outcome
             # here, its runner settles it as its canceller said; its span ends as stopped.
-            self._runs.end(run, context)
+            self._left(run, context, runner_ends_it)
             if traced is not None:
                 delivery_ended(traced, "stopped", "cancelled")
             raise
-        self._runs.end(run, context)
+        self._left(run, context, runner_ends_it)
         return self._ended(q, outcome, run, traced)  # 5, 6 and 7
 
-    def _coroutine_canceller(self, message: Message) -> Canceller:
-        """What the watchdog calls to stop a coroutine at the end of its abort's grace."""
-
-        def cancel(exception: type[BaseException]) -> None:
-            if not issubclass(exception, Aborted):
-                return  # time limits: the coroutines runner keeps them itself
-            reason = self.abort_reason_for(message)
-            self.coroutines.cancel(message.queue, message.token, abort_reason(reason or ""), "dead")
-
-        return cancel
+    def _left(self, run: Run, context: contextvars.Token[Run | None], runner_ends_it: bool) -> None:
+        """A coroutine's handler code is over: its Run ends now, or with its delivery (its
+        runner ends it, once the threads it started have ended: the watchdog keeps it)."""
+        if runner_ends_it:
+            self._runs.no_longer_current(context)
+        else:
+            self._runs.end(run, context)
 
     # --- what handler threads call ----------------------------------------------------------------
 
@@ -220,23 +209,24 @@ class HandlerDelivery:
     @contextlib.contextmanager
     def handler_run(self, message: Message, canceller: Canceller | None = None) -> Iterator[Run]:
         """Watch a handler run by other means than a handler thread: its time limits and
-        aborts apply, ``canceller(exception class)`` stops it (on the watchdog's thread), and
-        ``run.settled(outcome)`` is the outcome to record once it ended (steps 2 and 5 of a
-        delivery, for a caller's own runner; :meth:`adeliver` takes them without a context
-        manager)."""
-        run, context = self._begin_run(message, self._queue_named.get(message.queue), canceller)
+        aborts apply, ``canceller(exception class)`` tells it of its soft limit and stops it
+        (on the watchdog's thread), and ``run.settled(outcome)`` is the outcome to record once it
+        ended (steps 2 and 5 of a delivery, for a caller's own runner; :meth:`adeliver` takes
+        them without a context manager)."""
+        stopper = None if canceller is None else CancellerStop(canceller)
+        run, context = self._begin_run(message, self._queue_named.get(message.queue), stopper)
         try:
             yield run
         finally:
             self._runs.end(run, context)
 
     def _begin_run(
-        self, message: Message, q: Queue | None, canceller: Canceller | None
+        self, message: Message, q: Queue | None, stopper: Stopper | None
     ) -> tuple[Run, contextvars.Token[Run | None]]:
         """A Run of ``message`` on the calling thread or task, registered, the watchdog told
         when its first limit is due; end it with ``Runs.end``."""
         logical = message.queue if q is None else q.logical_name
-        run, context = self._runs.begin(message, logical, canceller)
+        run, context = self._runs.begin(message, logical, stopper)
         if q is not None and (q.settings.time_limit or q.settings.soft_time_limit):
             self._run_started(run.started_monotonic, q)
         return run, context

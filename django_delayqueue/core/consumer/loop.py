@@ -25,6 +25,7 @@ from typing import Any
 from django_delayqueue.core.clock import exact_now_ms
 from django_delayqueue.core.consumer.delivery import HandlerDelivery, is_coroutine_function
 from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
+from django_delayqueue.core.consumer.handlers.loop_liveness import LoopLiveness
 from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQueue
 from django_delayqueue.core.consumer.limits.aborts import AbortPoller
 from django_delayqueue.core.consumer.limits.extender import Extender
@@ -141,19 +142,22 @@ class Consumer:
         self._waiter = Waiter([], self.clock, lambda: self.stopping)
         for q in self.queues:  # one listener per Redis client
             self._waiter.add_channels(q.client, [q.keys.wake_channel])
-        # Handlers that could not be stopped, reported from the watchdog's thread and the
-        # coroutines' watcher, taken by the loop's thread (_replace_unstoppable).
+        # Handlers that could not be stopped (threads and coroutines), reported from the
+        # watchdog's thread, taken by the loop's thread (_replace_unstoppable).
         self._unstoppable = Unstoppable(self._abandon, self._waiter.nudge)
         self.replaced_for: list[StoppedHandler] = []  # given to replacement_needed
         # Time limits and aborts (limits/runs.py, limits/watchdog.py, limits/aborts.py): the runs of
-        # the handlers, the watchdog that stops them, the thread that learns their aborts (while
-        # run() runs).
+        # the handlers, threads' and coroutines', the one watchdog that keeps their limits and
+        # stops them (and, at each look, asks the coroutines' event loop for a sign of life:
+        # handlers/loop_liveness.py), the thread that learns their aborts (while run() runs).
         self._runs = Runs()
+        loop_liveness = LoopLiveness(lambda: self.coroutines.watched())
         self._watchdog = Watchdog(
             self._runs,
             self._settings_of,
             self._unstoppable.run_found,
             running=self.running_handlers,
+            also=loop_liveness.look,
         )
         self._aborts: AbortPoller | None = None
         self._handler_is_async: tuple[Any, bool] | None = None  # (handler, whether async)
@@ -171,7 +175,6 @@ class Consumer:
             runs_async=self.runs_async,
             may_run_async=self.may_run_async,
             handler_thread_exit=self.handler_thread_exit,
-            on_unstoppable_coroutines=self._unstoppable.coroutines_found,
         )
         self.coroutines = self._delivery.coroutines
         self._threads = ThreadsByQueue(

@@ -5,8 +5,9 @@
   give each other (``RunningHandler``);
 - ``coroutines``: ``async def`` handlers on one event loop (``HandlerCoroutines``), with
   ``coroutine_context`` (what a handler's own task reaches of its run), ``coroutine_threads``
-  (the threads a coroutine starts, counted as its delivery's), ``coroutine_watcher`` (their
-  time limits, a blocked loop) and ``interruptible`` (the ``await`` a soft limit interrupts);
+  (the threads a coroutine starts, counted as its delivery's), ``loop_liveness`` (a blocked
+  loop, looked at by the watchdog, which keeps coroutines' time limits as it keeps threads')
+  and ``interruptible`` (the ``await`` a soft limit interrupts);
 - ``progress_reports``: progress reported by running handlers, sent with the next beat;
 - ``answers``: what a running handler asks (``message.aborted``, ``message.progress``),
   answered for ``core/running.py``.

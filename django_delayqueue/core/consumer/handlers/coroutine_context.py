@@ -19,13 +19,16 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_delayqueue.core.consumer.handlers.interruptible import Interruptible
 from django_delayqueue.core.consumer.limits.stopped import Settlement
 from django_delayqueue.core.consumer.outcomes import Outcome
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
+
+if TYPE_CHECKING:
+    from django_delayqueue.core.consumer.limits.runs import Run
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +37,13 @@ logger = logging.getLogger(__name__)
 class RunningCoroutine:
     message: Message
     done: Callable[[Outcome], None]
-    started: float  # time.monotonic()
-    soft_limit: float | None
-    hard_limit: float | None
     task: asyncio.Task[None] | None = None
     body: Interruptible | None = None
     inner: list[Interruptible] = field(default_factory=list)  # see interruptible()
-    soft_sent: bool = False
     stop: tuple[Settlement, str] | None = None  # how the canceller settles it
-    stop_sent_at: float | None = None
-    reported: bool = False  # as unstoppable
+    # Its delivery's Run, once it began (the watchdog keeps its limits and times its stop
+    # through it; the runner ends it with the delivery).
+    run: Run | None = None
     # Work it started in threads that has not ended (sync_part, and what its task handed to
     # the loop's executors: coroutine_threads): cancelling it stops the waiting, not a thread.
     threads: int = 0

@@ -8,26 +8,30 @@ does. Which messages run here, and how many at once, is the handler threads' bus
 they count a running thread, and hand it the message; this module runs it and gives the outcome
 back through the same ``done`` callback a handler thread's outcome takes.
 
-Stopping a coroutine is cancelling it (:meth:`HandlerCoroutines.cancel`): a time limit, an abort,
-the end of a stop's grace period. Its outcome is then what the canceller said (retried with the
-time limit's reason, or dead for an abort), whatever the coroutine did after; but an abort
+Its time limits and its abort's grace are kept by the consumer's one watchdog
+(:mod:`.limits.watchdog`), as a thread's are: the delivery's Run carries this runner's
+:class:`CoroutineStop`, through which the watchdog raises its soft limit on the loop
+(:func:`raise_soft_limit`) and stops it. Stopping a coroutine is cancelling it
+(:meth:`HandlerCoroutines.cancel`): a time limit, an abort, the end of a stop's grace period.
+Its outcome is then what the canceller said (retried with the time limit's reason, or dead for
+an abort), whatever the coroutine did after; but an abort
 learnt before it ended wins over a time limit (:meth:`HandlerCoroutines.settlement`), as it does
 for a thread: dead letters with the abort's reason, never a retry. A delivery ends only once the
 work it handed to threads has ended too (:mod:`.handlers.coroutine_threads`): cancelling stops the
 waiting, not a thread, so until then it stays running (its outcome held, its message in flight
-and extended), and a thread still running a moment after a stop makes it unstoppable.
+and extended, its Run watched: this runner ends it with the delivery), and a thread still
+running a moment after a stop (:data:`STOP_WAIT_SECONDS`) makes it unstoppable.
 
 Beside this runner, each in its own module: what a handler's own task reaches of its run
 (:mod:`.handlers.coroutine_context`: its stop request, where its soft limit lands, its sync parts),
-the ``await`` that the soft limit interrupts (:mod:`.handlers.interruptible`), and the watcher
-thread that keeps the time limits and reports the coroutines that cannot be stopped (a coroutine
-that catches ``CancelledError`` and goes on, or blocks the loop in sync code) and a blocked loop
-(:mod:`.handlers.coroutine_watcher`).
+the ``await`` that the soft limit interrupts (:mod:`.handlers.interruptible`), and the loop's
+sign of life, which the watchdog asks for at each look (:mod:`.handlers.loop_liveness`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -44,12 +48,9 @@ from django_delayqueue.core.consumer.handlers.coroutine_context import (
     requested_stop as requested_stop,  # re-exported: docs/workers.md names it here
 )
 from django_delayqueue.core.consumer.handlers.coroutine_threads import install
-from django_delayqueue.core.consumer.handlers.coroutine_watcher import (
-    STOP_WAIT_SECONDS,
-    CoroutineWatcher,
-)
 from django_delayqueue.core.consumer.handlers.interruptible import Interruptible
-from django_delayqueue.core.consumer.limits.stopped import Settlement, StoppedHandler, abort_reason
+from django_delayqueue.core.consumer.limits.runs import Run, Runs, Stop
+from django_delayqueue.core.consumer.limits.stopped import Settlement, abort_reason
 from django_delayqueue.core.consumer.outcomes import (
     Outcome,
     aborted_outcome,
@@ -57,12 +58,20 @@ from django_delayqueue.core.consumer.outcomes import (
     is_aborted,
 )
 from django_delayqueue.core.envelope import Message
+from django_delayqueue.core.errors import Aborted, SoftTimeLimitExceeded, TimeLimitExceeded
 from django_delayqueue.core.journal import RETRY
 from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
 CLOSE_JOIN_SECONDS = 1.0
+# How long a stopped coroutine's delivery gets to end before it counts as unstoppable (and how
+# long close() waits for the cancelled ones): longer than a thread's half second
+# (limits/watchdog.py), as a cancel ends it only through the loop: the loop must come round to
+# its task (after the steps of every other coroutine on it), and its cleanup awaits (a task's
+# record written in a thread after its cancel), where a thread's exception lands within the
+# interpreter's switch interval. The watchdog reads it as its Run's (CoroutineStop).
+STOP_WAIT_SECONDS = 1.0
 
 
 class CoroutineDeliverer(Protocol):
@@ -76,33 +85,60 @@ class CoroutineDeliverer(Protocol):
         """Run ``message``'s coroutine handler on the event loop (never raises)."""
         ...
 
-    def time_limits(self, message: Message) -> tuple[float | None, float | None]:
-        """``message``'s queue's (soft_time_limit, time_limit) in seconds, None: no limit."""
-        ...
+
+def raise_soft_limit(entry: RunningCoroutine, reason: str) -> None:
+    """On the loop's thread: raise SoftTimeLimitExceeded where the handler waits: in each of its
+    receivers that waits in a task of its own (``interruptible``), else in the handler's own
+    task."""
+    if entry.task is None or entry.body is None or entry.task.done():
+        return
+    inner = [body for body in entry.inner if body.awaiting]
+    for body in inner or [entry.body]:
+        body.interrupt(SoftTimeLimitExceeded(reason))
+
+
+class CoroutineStop:
+    """How the watchdog tells a coroutine's Run (its :class:`~.limits.runs.Stopper`): its soft
+    limit raised on the loop, its stop a cancel; and how long that stop may take. Made by
+    :meth:`HandlerCoroutines.stopper` for the delivery it runs (``entry``; None: not one of its
+    own, told nothing)."""
+
+    def __init__(self, runner: HandlerCoroutines, entry: RunningCoroutine | None) -> None:
+        self._runner = runner
+        self.entry = entry
+
+    @property
+    def stop_wait_seconds(self) -> float:
+        return STOP_WAIT_SECONDS  # read as it is used (a test shortens it)
+
+    def soft_limit(self, reason: str) -> None:
+        if self.entry is not None:
+            self._runner.raise_soft_limit(self.entry, reason)
+
+    def stop(self, exception: type[BaseException], settlement: Settlement, reason: str) -> None:
+        if self.entry is not None:
+            self._runner.stop(self.entry, settlement, reason)
+
+    def attach(self, run: Run) -> bool:
+        """``run`` is this delivery's: its runner ends it with the delivery (once every thread
+        it started has ended), not its handler's end. False: not one of its own."""
+        return self.entry is not None and self._runner.attach(self.entry, run)
 
 
 class HandlerCoroutines:
     """One event loop, on a thread of its own, running the coroutine handlers of a consumer."""
 
-    def __init__(
-        self,
-        deliverer: CoroutineDeliverer,
-        on_unstoppable: Callable[[list[StoppedHandler]], None],
-        monotonic: Callable[[], float] = time.monotonic,
-        abort_reason_of: Callable[[Message], str | None] | None = None,
-    ) -> None:
+    def __init__(self, deliverer: CoroutineDeliverer, runs: Runs | None = None) -> None:
         self._deliverer = deliverer
-        self._monotonic = monotonic
-        # The reason a running delivery was aborted with, once its consumer learnt it ("" for
-        # none given; None: not aborted): Consumer.abort_reason_for.
-        self._abort_reason_of = abort_reason_of or _never_aborted
+        # The consumer's runs (which the watchdog keeps): a delivery's Run is ended here, with
+        # the delivery. A runner of its own (tests) has runs of its own.
+        self._runs = runs if runs is not None else Runs()
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # notified as a coroutine ends
         self._running: dict[tuple[str, str], RunningCoroutine] = {}  # by (queue, token)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._uninstall: Callable[[], None] | None = None  # the loop's executors (install)
-        self._watcher = CoroutineWatcher(self, on_unstoppable, monotonic)
         self._closed = False
 
     # --- any thread ------------------------------------------------------------------------------
@@ -129,8 +165,7 @@ class HandlerCoroutines:
     def start(self, message: Message, done: Callable[[Outcome], None]) -> int:
         """Run ``message``'s coroutine handler; ``done(outcome)`` is called on the loop thread
         when it ends, once. Returns the loop thread's ident."""
-        soft, hard = self._deliverer.time_limits(message)
-        entry = RunningCoroutine(message, done, self._monotonic(), soft, hard)
+        entry = RunningCoroutine(message, done)
         entry.release = lambda outcome: self._release(entry, outcome)
         with self._lock:
             if self._closed:  # a stop ended the loop: the caller records a failed attempt
@@ -138,26 +173,62 @@ class HandlerCoroutines:
             loop = self._started_loop()
             self._running[(message.queue, message.token)] = entry
         loop.call_soon_threadsafe(self._begin, entry)
-        if soft is not None or hard is not None:
-            self._watcher.wake()
         return self.thread_ident
+
+    def stopper(self, message: Message) -> CoroutineStop:
+        """What the watchdog tells ``message``'s Run through (see :class:`CoroutineStop`)."""
+        with self._lock:
+            return CoroutineStop(self, self._running.get((message.queue, message.token)))
+
+    def attach(self, entry: RunningCoroutine, run: Run) -> bool:
+        """``run`` is ``entry``'s delivery's, ended here with it; a stop sent before it began
+        is its stop too (the watchdog times its end). False once the delivery has ended."""
+        with self._lock:
+            key = (entry.message.queue, entry.message.token)
+            if entry.ended or self._running.get(key) is not entry:
+                return False
+            entry.run = run
+            stop = entry.stop
+        if stop is not None and run.stop is None:
+            run.stop = Stop(stop[0], stop[1], self._runs.monotonic())
+        return True
 
     def cancel(self, queue: str, token: str, reason: str, settlement: Settlement = "retry") -> bool:
         """Stop the coroutine running delivery ``token`` of ``queue``: its message is then
         retried (``settlement="retry"``: a time limit) or sent to the dead letters (``"dead"``:
         an abort), with ``reason``. False when no such coroutine runs (or it was stopped
-        already). A coroutine that does not end within :data:`STOP_WAIT_SECONDS` is reported as
-        unstoppable."""
+        already). The stop is its Run's, once it has one: one that does not end within
+        :data:`STOP_WAIT_SECONDS` is reported as unstoppable by the watchdog."""
         with self._lock:
             entry = self._running.get((queue, token))
-            if entry is None or entry.stop is not None or self._loop is None:
+        if entry is None:
+            return False
+        run = entry.run
+        if run is None:  # not begun yet (waiting until due): stopped before it starts
+            return self.stop(entry, settlement, reason)
+        exception = Aborted if settlement == "dead" else TimeLimitExceeded
+        sent = run.send_stop(settlement, reason, exception, self._runs.monotonic())
+        return sent and entry.stop == (settlement, reason)
+
+    def stop(self, entry: RunningCoroutine, settlement: Settlement, reason: str) -> bool:
+        """Cancel ``entry``'s task; its outcome is then ``settlement`` with ``reason`` (see
+        :meth:`cancel`). False when it has ended (or was stopped already)."""
+        with self._lock:
+            key = (entry.message.queue, entry.message.token)
+            if entry.stop is not None or self._loop is None or self._running.get(key) is not entry:
                 return False
             entry.stop = (settlement, reason)
-            entry.stop_sent_at = self._monotonic()
             loop = self._loop
         loop.call_soon_threadsafe(self._cancel_task, entry, reason)
-        self._watcher.wake()
         return True
+
+    def raise_soft_limit(self, entry: RunningCoroutine, reason: str) -> None:
+        """Raise ``entry``'s soft limit where it waits, on the loop (:func:`raise_soft_limit`)."""
+        loop = self._loop
+        if loop is not None:
+            # The loop closed meanwhile (RuntimeError): nothing runs there any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(raise_soft_limit, entry, reason)
 
     def cancel_all(self, reason: str) -> int:
         """Cancel every running coroutine, their messages left as they are (the end of a stop:
@@ -172,19 +243,15 @@ class HandlerCoroutines:
             loop.call_soon_threadsafe(self._cancel_task, entry, reason)
         return len(entries)
 
-    def abort_reason_of(self, message: Message) -> str | None:
-        """The reason the running delivery ``message`` was aborted with, once learnt ("" for
-        none given); None while it was not aborted."""
-        return self._abort_reason_of(message)
-
     def settlement(self, entry: RunningCoroutine) -> tuple[Settlement, str] | None:
         """How ``entry``'s stop settles its message: as its canceller said, but dead letters
-        with the abort's reason once an abort of it was learnt (an abort wins over a time
+        with the abort's reason once its Run learnt an abort of it (an abort wins over a time
         limit); None when it was not stopped."""
         stop = entry.stop
         if stop is None or stop[0] == "dead":
             return stop
-        reason = self._abort_reason_of(entry.message)
+        run = entry.run
+        reason = None if run is None else run.abort_reason
         return stop if reason is None else ("dead", abort_reason(reason))
 
     def tokens(self) -> list[tuple[str, str]]:
@@ -198,7 +265,7 @@ class HandlerCoroutines:
             return self._loop, list(self._running.values())
 
     def close(self) -> None:
-        """Stop the loop and the watcher, once the coroutines still running ended (cancelled by
+        """Stop the loop, once the coroutines still running ended (cancelled by
         ``cancel_all``), :data:`STOP_WAIT_SECONDS` at most: one that did not is dropped with
         the loop (its message stays as the stop left it, in flight), one whose threads still
         run ends with the last of them."""
@@ -211,17 +278,15 @@ class HandlerCoroutines:
                 self._ended.wait(left)
             self._closed = True
             loop, thread = self._loop, self._thread
-        self._watcher.close()
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             if thread is not threading.current_thread():
                 thread.join(CLOSE_JOIN_SECONDS)
-        self._watcher.join(CLOSE_JOIN_SECONDS)
 
     # --- the event loop's thread ----------------------------------------------------------------
 
     def _started_loop(self) -> asyncio.AbstractEventLoop:
-        """The loop, its thread and the watcher started on the first coroutine (under _lock)."""
+        """The loop and its thread, started on the first coroutine (under _lock)."""
         if self._loop is not None:
             return self._loop
         loop = self._loop = asyncio.new_event_loop()
@@ -230,7 +295,6 @@ class HandlerCoroutines:
             target=self._serve, args=(loop,), name="delayqueue-event-loop", daemon=True
         )
         self._thread.start()
-        self._watcher.start()
         return loop
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -297,14 +361,13 @@ class HandlerCoroutines:
 
     def _end(self, entry: RunningCoroutine, outcome: Outcome) -> None:
         """The coroutine ended with ``outcome``: its delivery ends now, or once the work it
-        started in threads has ended (then it stays running: the watcher keeps its limits, and
-        reports it unstoppable when a stop does not end it)."""
+        started in threads has ended (then it stays running, its Run too: the watchdog keeps its
+        limits, and reports it unstoppable when a stop does not end it)."""
         with self._lock:
             if entry.ended or (entry.message.queue, entry.message.token) not in self._running:
                 return  # ended already: its first outcome stays
             entry.ended = True
         if hold_for_threads(entry, outcome):
-            self._watcher.wake()  # a stop sent before still waits for it
             return
         self._release(entry, outcome)
 
@@ -319,6 +382,8 @@ class HandlerCoroutines:
             self._ended.notify_all()
         # Read once it is off the running list: no stop can come after (cancel finds it gone).
         stop = self.settlement(entry)
+        if entry.run is not None:  # the delivery is over: so is its Run (the watchdog's)
+            self._runs.end(entry.run)
         # An outcome its run settled as aborted stands (the abort wins over a time limit): its
         # run, which knew of the abort, has ended, so settlement() may no longer know.
         if stop is not None and not is_aborted(outcome):
@@ -340,7 +405,3 @@ class HandlerCoroutines:
     def _cancel_task(entry: RunningCoroutine, reason: str) -> None:
         if entry.task is not None and not entry.task.done():
             entry.task.cancel(reason)
-
-
-def _never_aborted(message: Message) -> str | None:
-    return None

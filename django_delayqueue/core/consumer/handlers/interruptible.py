@@ -3,7 +3,7 @@
 The soft time limit of a coroutine handler is ``SoftTimeLimitExceeded`` raised at the ``await``
 it is suspended in. Asyncio has no such operation, only cancelling a task; this wrapper turns
 one cancellation into the exception asked for. It knows nothing of messages or limits (the
-coroutines' runner and watcher decide when to interrupt), which is why it stands alone.
+coroutines' runner and the watchdog decide when to interrupt), which is why it stands alone.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -79,9 +78,10 @@ class AbortPoller:
         runs: Runs,
         on_abort: Callable[[Run], None],
         poll_seconds: float = POLL_SECONDS,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
-        self._monotonic = monotonic
+        # The runs' clock unless told (an abort's grace is timed on the watchdog's).
+        self._monotonic = monotonic or (lambda: runs.monotonic())
         self._queues = queues
         self._runs = runs
         self._on_abort = on_abort
@@ -136,7 +136,7 @@ class AbortPoller:
             if isinstance(handler, Run):
                 run: Run | None = handler
             else:  # timed from now: should a limit be set on its queue, its abort ends it first
-                run = self._runs.adopt(handler, message, time.monotonic())
+                run = self._runs.adopt(handler, message, now)
             if run is None:  # its handler has ended: nothing left to stop
                 continue
             if run.learn_abort(reason, now):

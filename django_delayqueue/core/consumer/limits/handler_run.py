@@ -1,9 +1,12 @@
 """One handler's run, as its thread and the watchdog see it: the stop (time limit or abort)
 sent to it, its soft limit, and the outcome to record whatever it did after a stop.
 
-Made by :class:`.limits.runs.Runs` (see :mod:`.limits.runs` for when a handler has one); a stop is
-an exception raised in the handler's thread (``PyThreadState_SetAsyncExc``) only while it is inside
-the handler, or, for a coroutine, its ``canceller`` called.
+Made by :class:`.limits.runs.Runs` (see :mod:`.limits.runs` for when a handler has one). How a
+run is told of its soft limit and its stop is the one difference between the kinds: a handler
+thread's gets an exception raised in its thread (``PyThreadState_SetAsyncExc``), only while it is
+inside the handler; any other run carries a :class:`Stopper` that does it (a coroutine's, made by
+its runner: the soft limit raised on the event loop, the stop a cancel). The watchdog decides
+when for both, in one place (:mod:`.limits.watchdog`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,51 @@ import threading
 from collections.abc import Callable
 from threading import get_ident
 from time import monotonic
+from typing import Protocol
 
 from django_delayqueue.core.consumer.limits.stopped import Settlement, StoppedHandler
 from django_delayqueue.core.consumer.outcomes import Outcome, aborted_outcome
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.errors import _stop_reasons
+from django_delayqueue.core.errors import SoftTimeLimitExceeded, _stop_reasons
 from django_delayqueue.core.journal import RETRY
 from django_delayqueue.core.observability.log_fields import message_fields
 
 logger = logging.getLogger(__name__)
 
 Canceller = Callable[[type[BaseException]], None]
+
+
+class Stopper(Protocol):
+    """How a run that is not a handler thread's is told (on the watchdog's thread, under its
+    run's lock: quick, never blocking), and how long its stop may take."""
+
+    # Seconds a stopped run may take to end before it counts as unstoppable (None: the
+    # watchdog's STOP_WAIT_SECONDS, a thread's).
+    stop_wait_seconds: float | None
+
+    def soft_limit(self, reason: str) -> None:
+        """Raise ``SoftTimeLimitExceeded(reason)`` where it runs."""
+        ...
+
+    def stop(self, exception: type[BaseException], settlement: Settlement, reason: str) -> None:
+        """Stop it (``TimeLimitExceeded`` or ``Aborted``): its message becomes ``settlement``."""
+        ...
+
+
+class CancellerStop:
+    """The :class:`Stopper` of a run watched through ``Consumer.handler_run(message,
+    canceller)``: ``canceller(exception class)`` for its soft limit and its stop alike."""
+
+    stop_wait_seconds: float | None = None
+
+    def __init__(self, canceller: Canceller) -> None:
+        self.canceller = canceller
+
+    def soft_limit(self, reason: str) -> None:
+        self.canceller(SoftTimeLimitExceeded)
+
+    def stop(self, exception: type[BaseException], settlement: Settlement, reason: str) -> None:
+        self.canceller(exception)
 
 
 def _same_delivery(m: Message, logical_queue: str, message: Message) -> bool:
@@ -51,7 +88,7 @@ class Run:
     make than one per message)."""
 
     # What only a stop or an abort changes (class defaults: a run costs little to make).
-    canceller: Canceller | None = None
+    stopper: Stopper | None = None  # None: a handler thread's (exceptions raised in it)
     _sent = False  # an exception was sent (leave() must clear one not raised yet)
     soft_sent = False
     stop: Stop | None = None
@@ -63,7 +100,7 @@ class Run:
         self,
         message: Message,
         logical_queue: str,
-        canceller: Canceller | None = None,
+        stopper: Stopper | None = None,
         lock: threading.Lock | None = None,
         *,
         thread_ident: int | None = None,
@@ -75,8 +112,8 @@ class Run:
         self.started_monotonic = monotonic() if started_monotonic is None else started_monotonic
         self._lock = threading.Lock() if lock is None else lock
         self._inside = True  # in its handler: an exception sent now lands there
-        if canceller is not None:
-            self.canceller = canceller
+        if stopper is not None:
+            self.stopper = stopper
 
     def matches(self, message: Message) -> bool:
         return _same_delivery(self.message, self.logical_queue, message)
@@ -97,18 +134,32 @@ class Run:
         self.abort_reason = reason
         return True
 
-    def send(self, exception: type[BaseException], reason: str) -> bool:
-        """Raise ``exception`` in the handler (or cancel it), if it is still inside it."""
+    @property
+    def stop_wait_seconds(self) -> float | None:
+        """How long its stop may take (None: the watchdog's, a thread's)."""
+        stopper = self.stopper
+        return None if stopper is None else stopper.stop_wait_seconds
+
+    def send(
+        self, exception: type[BaseException], reason: str, settlement: Settlement | None = None
+    ) -> bool:
+        """Raise ``exception`` in the handler (its soft limit; its stop, with ``settlement``),
+        or have its stopper do it, if it is still inside it."""
         with self._lock:
             if not self._inside:
                 return False
-            if self.canceller is not None:
+            stopper = self.stopper
+            if stopper is not None:
                 try:
-                    self.canceller(exception)
+                    if settlement is None:
+                        stopper.soft_limit(reason)
+                    else:
+                        stopper.stop(exception, settlement, reason)
                 except Exception:
                     logger.exception(
-                        "cancelling message %s failed",
+                        "telling message %s's handler of %s failed",
                         self.message.id,
+                        exception.__name__,
                         extra=message_fields(self.message),
                     )
                 return True
@@ -125,7 +176,7 @@ class Run:
         if self.stop is not None:
             return False
         self.stop = Stop(settlement, reason, now)
-        self.send(exception, reason)
+        self.send(exception, reason, settlement)
         return True
 
     def leave(self) -> None:

@@ -17,15 +17,17 @@ A stop is an exception raised inside the handler's thread (``PyThreadState_SetAs
 only while that thread is inside the handler: :meth:`Run.leave` (under the same lock) ends that
 and clears an exception that was set but not raised yet, so none ever lands in the consumer's
 own code after the handler returned. A handler driven by something else than a thread (a
-coroutine on an event loop) gives its :class:`Run` a ``canceller`` instead, which the watchdog
-calls with the exception class (the async runner cancels the coroutine); its Run is made as it
-starts, and found through a context variable.
+coroutine on an event loop) gives its :class:`Run` a :class:`Stopper` instead, which the watchdog
+tells of its soft limit and its stop (a coroutine's runner raises the soft limit on the loop and
+cancels it); its Run is made as it starts, found through a context variable, and ended by whoever
+made it (a coroutine's by its runner, once every thread it started for the delivery has ended).
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from threading import get_ident
@@ -33,8 +35,10 @@ from threading import get_ident
 # Run, Stop and the raising in a thread live in limits/handler_run.py; imported from here as before.
 from django_delayqueue.core.consumer.limits.handler_run import (
     Canceller,
+    CancellerStop,
     Run,
     Stop,
+    Stopper,
     _same_delivery,
     clear_in_thread,
     raise_in_thread,
@@ -44,10 +48,12 @@ from django_delayqueue.core.envelope import Message
 
 __all__ = [
     "Canceller",
+    "CancellerStop",
     "Run",
     "Runs",
     "Slot",
     "Stop",
+    "Stopper",
     "abort_requested",
     "aborted",
     "clear_in_thread",
@@ -206,6 +212,7 @@ class Slot:
             None,
             self.lock,
             thread_ident=self.ident,
+            started_monotonic=self.runs.monotonic(),
         )
         with self.lock:
             self.run = run
@@ -247,9 +254,16 @@ class Slot:
 
 
 class Runs:
-    """The runs of one consumer's handlers, and its handler threads' slots (thread-safe)."""
+    """The runs of one consumer's handlers, and its handler threads' slots (thread-safe).
 
-    def __init__(self, on_start: Callable[[Run], None] | None = None) -> None:
+    ``monotonic`` times the runs it makes (their start), the watchdog's clock."""
+
+    def __init__(
+        self,
+        on_start: Callable[[Run], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.monotonic = monotonic
         self.lock = threading.Lock()  # the runs', and every run's (see Run)
         self._runs: dict[tuple[str, str], Run] = {}  # by (physical queue, token)
         # Handler threads' slots, by thread ident: replaced whole (read without the lock).
@@ -332,11 +346,11 @@ class Runs:
     # --- runs made as their handler starts (coroutines) -----------------------------------------
 
     def begin(
-        self, message: Message, logical_queue: str, canceller: Canceller | None = None
+        self, message: Message, logical_queue: str, stopper: Stopper | None = None
     ) -> tuple[Run, contextvars.Token[Run | None]]:
-        """A run of ``message`` on the calling thread (or, with ``canceller``, the calling
+        """A run of ``message`` on the calling thread (or, with ``stopper``, the calling
         asyncio task), registered; end it with :meth:`end`."""
-        run = Run(message, logical_queue, canceller, self.lock)
+        run = Run(message, logical_queue, stopper, self.lock, started_monotonic=self.monotonic())
         return run, self.start(run)
 
     def start(self, run: Run) -> contextvars.Token[Run | None]:
@@ -365,10 +379,17 @@ class Runs:
             except BaseException:  # a stop landing here, late: its handler has ended anyway
                 continue
         if token is not None:
-            try:
-                _current.reset(token)
-            except ValueError:  # another context (an async runner's): nothing to restore
-                _current.set(None)
+            self.no_longer_current(token)
+
+    @staticmethod
+    def no_longer_current(token: contextvars.Token[Run | None]) -> None:
+        """The run :meth:`start` made current (``token``) is no longer this context's: its
+        handler's code is over, though its run may go on (a coroutine's, held by its runner
+        until the threads it started have ended: the runner ends it)."""
+        try:
+            _current.reset(token)
+        except ValueError:  # another context (an async runner's): nothing to restore
+            _current.set(None)
 
     def all(self) -> list[Run]:
         return list(self._runs.values())  # one C call: atomic

@@ -59,7 +59,7 @@ def stop_at_time_limit(
     message: Message, seconds: float, aborted: str | None
 ) -> tuple[Settlement, str]:
     """How a handler still running at its time limit (``seconds``) is stopped, and the log line
-    that says so, the same for a thread (the watchdog) and a coroutine (its watcher): retried
+    that says so, the same for a thread and a coroutine (the one watchdog decides both): retried
     with :func:`time_limit_reason`; or, once aborted (``aborted``: the abort's own reason, ""
     for none), as the abort, to the dead letters: an abort wins over a limit that comes in its
     grace, so that the log, the journal and the dead letters tell one story."""

@@ -1,7 +1,7 @@
 """Handlers that could not be stopped, handed from the threads that find them to the loop's.
 
-The watchdog (time limits, the end of an abort's grace) and the coroutines' watcher run on
-threads of their own; when a handler does not end after its stop they report it to
+The watchdog (time limits, the end of an abort's grace) runs on a thread of its own; when a
+handler (a thread, or a coroutine's delivery) does not end after its stop it reports it to
 :class:`Unstoppable`, and the loop's thread, at the top of each turn, takes the reports
 (:meth:`Unstoppable.take`), asks for this process to be replaced
 (``Consumer.replacement_needed``, a hook) and stops. Apart from :mod:`.loop` because it is a
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from django_delayqueue.core.consumer.limits.runs import Run
 from django_delayqueue.core.consumer.limits.stopped import StoppedHandler
 from django_delayqueue.core.envelope import Message
-from django_delayqueue.core.observability.log_fields import id_fields
+from django_delayqueue.core.observability.log_fields import id_fields, message_fields
 
 logger = logging.getLogger(__name__)
 
@@ -33,36 +33,34 @@ class Unstoppable:
         self._abandon = abandon
         self._nudge = nudge
         self._lock = threading.Lock()
-        # Runs of handler threads (from the watchdog) and coroutines (from their watcher).
-        self._runs: list[Run] = []
-        self._coroutines: list[StoppedHandler] = []
+        self._runs: list[Run] = []  # from the watchdog: handler threads' and coroutines'
 
     def run_found(self, run: Run) -> None:
-        """On the watchdog's thread: ``run`` did not end after its stop. Its outcome, should it
-        come, is dropped, and it stays in flight, extended while it runs (given up on as at a
-        stop); the loop's thread asks for a replacement and stops."""
-        if run.canceller is not None:
-            return  # a coroutine: the coroutines' watcher reports it (coroutines_found)
-        self._abandon(run.message)
+        """On the watchdog's thread: ``run`` did not end after its stop. A handler thread's
+        outcome, should it come, is dropped, and it stays in flight, extended while it runs
+        (given up on as at a stop); a coroutine's delivery stays running, its outcome recorded
+        should it end (it never ends beside its retry: only once every thread it started has
+        ended). The loop's thread asks for a replacement and stops."""
+        if run.stopper is None:
+            self._abandon(run.message)
+        else:
+            logger.error(
+                "queue %s: the coroutine handler of message %s did not end when cancelled (it "
+                "catches CancelledError, blocks the event loop, or a thread it started still "
+                "runs): this process must be replaced for it to stop",
+                run.message.queue,
+                run.message.id,
+                extra=message_fields(run.message),
+            )
         with self._lock:
             self._runs.append(run)
-        self._nudge()
-
-    def coroutines_found(self, stopped: list[StoppedHandler]) -> None:
-        """From the coroutines' watcher: handlers that ignored their cancellation (or a loop
-        blocked past a limit)."""
-        with self._lock:
-            self._coroutines.extend(stopped)
         self._nudge()
 
     def take(self) -> list[StoppedHandler]:
         """On the loop's thread: what was reported since the last take."""
         with self._lock:
             found, self._runs = self._runs, []
-            coroutines, self._coroutines = self._coroutines, []
-        if not found and not coroutines:
-            return []
-        return [run.stopped_handler() for run in found] + coroutines
+        return [run.stopped_handler() for run in found]
 
 
 def log_unstoppable(stopped: list[StoppedHandler]) -> None:

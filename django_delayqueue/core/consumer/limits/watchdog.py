@@ -1,21 +1,31 @@
-"""The watchdog: time limits and aborts enforced on a consumer's running handlers.
+"""The watchdog: time limits and aborts enforced on a consumer's running deliveries, threads and
+coroutines alike.
 
-A thread of its own that sleeps until the next thing to do (a soft or hard limit, the end of an
-abort's grace, the end of a stop's wait), so limits are kept to the millisecond without polling
-while nothing has one; it never talks to Redis (the aborts are read by :class:`AbortPoller`,
-:mod:`.limits.aborts`). For each run (:mod:`.limits.runs`):
+One thread of its own that sleeps until the next thing to do (a soft or hard limit, the end of
+an abort's grace, the end of a stop's wait), so limits are kept to the millisecond without
+polling while nothing has one; it never talks to Redis (the aborts are read by
+:class:`AbortPoller`, :mod:`.limits.aborts`). Nothing on the coroutines' event loop can keep
+their time (one that blocks the loop in sync code stops every timer on it), so this thread keeps
+theirs too. For each run (:mod:`.limits.runs`), whatever runs it (how it is told is its Run's:
+an exception raised in its thread, or its stopper: a coroutine's soft limit raised on its loop,
+its stop a cancel):
 
 - past ``soft_time_limit``: ``SoftTimeLimitExceeded`` raised in it, once;
-- past ``time_limit``: ``TimeLimitExceeded`` raised in it; its outcome is a retry with
-  ``time_limit_reason`` (whatever it did after);
+- past ``time_limit``: ``TimeLimitExceeded`` raised in it (a coroutine cancelled); its outcome is
+  a retry with ``time_limit_reason`` (whatever it did after);
 - an abort learnt, and ``abort_grace_seconds`` over: ``Aborted`` raised in it; its message goes
   to the dead letters with ``abort_reason``. The abort wins over a limit that comes in its
   grace: the soft limit is not raised after it, and the time limit ends the grace there, with
   the abort's stop (``Aborted``, dead letters), so that the handler, the log, the journal, the
   dead letters and a task's record all tell of the abort;
-- still inside its handler ``STOP_WAIT_SECONDS`` after a stop (blocked in C: a socket read, a
-  sleep): unstoppable. ``on_unstoppable`` gets its :class:`StoppedHandler` (the consumer then
-  gives up on it, calls ``replacement_needed`` on its loop thread and stops).
+- still running its stop wait after a stop (:data:`STOP_WAIT_SECONDS` for a thread, blocked in
+  C: a socket read, a sleep; its run's ``stop_wait_seconds`` for a coroutine, one that catches
+  ``CancelledError``, blocks the loop, or whose threads still run): unstoppable.
+  ``on_unstoppable`` gets its Run (the consumer then gives up on it, calls
+  ``replacement_needed`` on its loop thread and stops).
+
+``also`` is looked at with the runs, each time: the coroutines' event loop's liveness (its ping
+and the "blocked loop" warning, :mod:`.handlers.loop_liveness`), which says when to look again.
 """
 
 from __future__ import annotations
@@ -23,7 +33,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 
 from django_delayqueue.core.consumer.handlers.contracts import RunningHandler
@@ -35,8 +44,10 @@ from django_delayqueue.core.settings import QueueSettings
 
 logger = logging.getLogger(__name__)
 
-# How long a stopped handler gets to end before it counts as unstoppable: a handler running
-# Python gets the exception within the interpreter's switch interval (5 ms).
+# How long a stopped handler thread gets to end before it counts as unstoppable: a handler
+# running Python gets the exception within the interpreter's switch interval (5 ms). A run
+# with a stop wait of its own (``Run.stop_wait_seconds``: a coroutine's, which ends through its
+# event loop) gets that instead (see handlers/coroutines.py: STOP_WAIT_SECONDS).
 STOP_WAIT_SECONDS = 0.5
 IDLE_WAIT_SECONDS = 1.0  # the longest sleep (a run that started meanwhile pokes it anyway)
 
@@ -48,6 +59,8 @@ class Watchdog:
     ``running`` (``Consumer.running_handlers``) says which handler threads still run their
     message: a thread's run that is not among them has ended (its thread is past the handler
     even if a stop landing at the very end kept it from leaving its run), and is left alone.
+    Any other run (a coroutine's) runs for as long as it is among ``runs``: its runner ends it
+    with its delivery.
     """
 
     def __init__(
@@ -55,14 +68,17 @@ class Watchdog:
         runs: Runs,
         settings_of: Callable[[str], QueueSettings | None],
         on_unstoppable: Callable[[Run], None],
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
         running: Callable[[], list[RunningHandler]] | None = None,
+        also: Callable[[float], float] | None = None,
     ) -> None:
         self.runs = runs
         self._running = running
         self._settings_of = settings_of
         self._on_unstoppable = on_unstoppable
-        self._monotonic = monotonic
+        # The runs' clock unless told (their start is timed on it), read as it is used.
+        self._monotonic = monotonic or (lambda: runs.monotonic())
+        self._also = also
         self._wake = threading.Event()
         self._wake_at = 0.0  # when the thread looks next (it sleeps until then)
         self._stopped = threading.Event()
@@ -105,7 +121,7 @@ class Watchdog:
         """Act on every run that is due; returns when (``monotonic``) to look again."""
         now = self._monotonic()
         self._watch_limited()
-        next_at = math.inf
+        next_at = math.inf if self._also is None else self._also(now)
         runs = self.runs.all()
         if not runs:
             return next_at
@@ -114,7 +130,7 @@ class Watchdog:
             live = {(r.message.queue, r.message.token) for r in self._running()}
         for run in runs:
             key = (run.message.queue, run.message.token)
-            if live is not None and run.canceller is None and key not in live:
+            if live is not None and run.stopper is None and key not in live:
                 continue  # its thread is past its handler
             settings = self._settings_of(run.message.queue)
             if settings is None:
@@ -141,22 +157,21 @@ class Watchdog:
             return math.inf
         stop = run.stop
         if stop is not None:  # stopped: did it end?
-            if now - stop.sent_at < STOP_WAIT_SECONDS:
-                return stop.sent_at + STOP_WAIT_SECONDS
+            ends_by = stop.sent_at + _stop_wait(run)
+            if now < ends_by:
+                return ends_by
             run.unstoppable = True
             self._on_unstoppable(run)
             return math.inf
         elapsed = now - run.started_monotonic
         if run.abort_reason is not None and run.abort_seen_at is not None:
             return self._check_aborted(run, s, now, elapsed)
-        if run.canceller is not None:
-            return math.inf  # a coroutine: its time limits are kept by the coroutines runner
         due = math.inf
         if s.time_limit is not None:
             if elapsed >= s.time_limit:
                 settlement, reason = stop_at_time_limit(run.message, s.time_limit, None)
                 run.send_stop(settlement, reason, TimeLimitExceeded, now)
-                return now + STOP_WAIT_SECONDS
+                return now + _stop_wait(run)
             due = min(due, run.started_monotonic + s.time_limit)
         soft = s.soft_time_limit
         if soft is not None and not run.soft_sent:
@@ -169,10 +184,10 @@ class Watchdog:
 
     def _check_aborted(self, run: Run, s: QueueSettings, now: float, elapsed: float) -> float:
         """An aborted run: stopped as aborted at the end of its grace, or at its time limit if
-        that comes first (a coroutine's time limit is its runner's, which does the same)."""
+        that comes first."""
         assert run.abort_reason is not None and run.abort_seen_at is not None
         grace_ends = run.abort_seen_at + s.abort_grace_seconds
-        limit = s.time_limit if run.canceller is None else None
+        limit = s.time_limit
         limit_at = math.inf if limit is None else run.started_monotonic + limit
         soft = s.soft_time_limit
         if soft is not None and elapsed >= soft:
@@ -191,4 +206,10 @@ class Watchdog:
             )
             settlement, reason = "dead", abort_reason(run.abort_reason)
         run.send_stop(settlement, reason, Aborted, now)
-        return now + STOP_WAIT_SECONDS
+        return now + _stop_wait(run)
+
+
+def _stop_wait(run: Run) -> float:
+    """How long ``run``'s stop may take: its own (a coroutine's), else a thread's."""
+    wait = run.stop_wait_seconds
+    return STOP_WAIT_SECONDS if wait is None else wait
