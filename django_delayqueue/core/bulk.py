@@ -1,7 +1,8 @@
 """Scheduling many messages at once: pipelined chunks, each one schedule (or replace) script call.
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue`, which provides ``clock``,
-``prepare`` and the two bound scripts.
+A part of :class:`~django_delayqueue.core.queue.Queue`, given the queue's
+:class:`~.queue_place.QueuePlace` and its :class:`~.scheduling.Scheduling` (whose ``prepare``
+checks each message and whose bound scripts store them).
 """
 
 from __future__ import annotations
@@ -16,35 +17,19 @@ from django_delayqueue.core.scripts.calls import is_out_of_memory, script_error
 from django_delayqueue.core.uniqueness import window_ms_of
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.clock import Clock
-    from django_delayqueue.core.scripts.fast_path import BoundScript
+    from django_delayqueue.core.queue_place import QueuePlace
+    from django_delayqueue.core.scheduling import Scheduling
 
 DEFAULT_CHUNK = 500  # messages per schedule script call: ~ms of Redis time, never a long block
 NOT_STORED = "Redis is out of memory (used_memory above maxmemory): not stored, send it again"
 
 
 class BulkScheduling:
-    clock: Clock
-    logical_name: str
-    _schedule_one: BoundScript
-    _replace_one: BoundScript
-    _schedule_unique: BoundScript
-    announce_args: tuple[int, str]
+    """Schedules many messages at once, in pipelined chunks of one script call each."""
 
-    if TYPE_CHECKING:
-
-        def prepare(
-            self,
-            payload: Any,
-            *,
-            delay: Any = None,
-            at: Any = None,
-            id: str | None = None,
-            now_ms: int | None = None,
-            key: str | None = None,
-        ) -> Prepared: ...
-
-        def confirm_replicas(self, what: str, result: Any = None) -> None: ...
+    def __init__(self, place: QueuePlace, scheduling: Scheduling) -> None:
+        self.place = place
+        self.scheduling = scheduling
 
     def schedule_many(
         self,
@@ -67,7 +52,7 @@ class BulkScheduling:
         sent.
         """
         # One producer span for the call: every message of it carries its context.
-        with tracing.producing(self.logical_name) as span:
+        with tracing.producing(self.place.logical_name) as span:
             total = self._schedule_items(items, chunk_size, replace)
             if span.is_recording():
                 span.set_attribute(
@@ -79,7 +64,8 @@ class BulkScheduling:
         self, items: Iterable[Mapping[str, Any]], chunk_size: int, replace: bool
     ) -> BulkResult:
         total = BulkResult()
-        now = self.clock.now_ms()
+        now = self.place.clock.now_ms()
+        prepare = self.scheduling.prepare
         pending: list[Prepared] = []
         flags: list[bool] = []
         windows: list[int] = []
@@ -92,7 +78,7 @@ class BulkScheduling:
                     )
                 window = window_ms_of(item.get("unique_for"), item.get("id"))
                 pending.append(
-                    self.prepare(
+                    prepare(
                         item.get("payload"),
                         delay=item.get("delay"),
                         at=item.get("at"),
@@ -110,7 +96,7 @@ class BulkScheduling:
                 self._send_prepared(pending, chunk_size, flags, indexes, total, windows)
                 pending, flags, windows, indexes = [], [], [], []
         self._send_prepared(pending, chunk_size, flags, indexes, total, windows)
-        _confirm(self, total)
+        _confirm(self.place, total)
         return total
 
     def schedule_prepared(
@@ -131,7 +117,7 @@ class BulkScheduling:
         result = BulkResult()
         indexes = list(range(len(prepared)))
         self._send_prepared(prepared, chunk_size, flags, indexes, result, unique_ms)
-        _confirm(self, result)
+        _confirm(self.place, result)
         return result
 
     def _send_prepared(
@@ -156,15 +142,17 @@ class BulkScheduling:
             while end < len(prepared) and (flags[end], windowed[end]) == (replace, unique):
                 end += 1
             chunks = [range(i, min(i + chunk_size, end)) for i in range(start, end, chunk_size)]
-            now = self.clock.now_ms()
+            now = self.place.clock.now_ms()
             if unique:
                 assert windows is not None
                 self._send_windowed(prepared, now, chunks, replace, windows, indexes, result)
                 start = end
                 continue
-            script = self._replace_one if replace else self._schedule_one
+            scripts = self.scheduling
+            script = scripts.replace_one if replace else scripts.schedule_one
+            announce_args = self.place.announce_args
             calls = (
-                [now, *self.announce_args, *(part for i in chunk for part in prepared[i])]
+                [now, *announce_args, *(part for i in chunk for part in prepared[i])]
                 for chunk in chunks
             )
             for chunk, reply in _stored_chunks(script, calls, chunks, prepared, indexes, result):
@@ -186,16 +174,19 @@ class BulkScheduling:
     ) -> None:
         """One run of items with uniqueness windows: schedule_unique.lua per chunk."""
         mode = "replace" if replace else "schedule"
+        announce_args = self.place.announce_args
         calls = (
             [
                 now,
-                *self.announce_args,
+                *announce_args,
                 mode,
                 *(part for i in chunk for part in (*prepared[i], windows[i])),
             ]
             for chunk in chunks
         )
-        chunked = _stored_chunks(self._schedule_unique, calls, chunks, prepared, indexes, result)
+        chunked = _stored_chunks(
+            self.scheduling.schedule_unique, calls, chunks, prepared, indexes, result
+        )
         for _chunk, reply in chunked:
             # {stored, then triples: position, state, window end (0: the id was taken)}
             ends = [int(reply[n]) for n in range(3, len(reply), 3)]
@@ -234,12 +225,12 @@ def _stored_chunks(
         yield chunk, reply
 
 
-def _confirm(queue: BulkScheduling, result: BulkResult) -> None:
+def _confirm(place: QueuePlace, result: BulkResult) -> None:
     """With MIN_REPLICAS, wait for the replicas to have what was stored; nothing to wait for
     when a full Redis refused everything (its probe write would be refused too)."""
     stored = result.scheduled + result.replaced
     if stored or result.already_present or not result.not_scheduled:
-        queue.confirm_replicas(f"{stored} scheduled message(s)", result)
+        place.confirm_replicas(f"{stored} scheduled message(s)", result)
 
 
 def _safe_id(item: Mapping[str, Any]) -> str | None:

@@ -1,9 +1,9 @@
 """The consumer's transitions of a queue: promote, claim, ack, nack, reap, release, extend.
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
-``keys``, ``settings``, ``clock`` and ``announce_args``). Each transition the consumer sends
-in its pipelines has a ``*_call`` method that builds it (a ScriptCall, from the script's
-contract) and a method that runs it alone.
+A part of :class:`~django_delayqueue.core.queue.Queue`, given the queue's
+:class:`~.queue_place.QueuePlace` (its settings read there at each call: staff change them at
+run time). Each transition the consumer sends in its pipelines has a ``*_call`` method that
+builds it (a ScriptCall, from the script's contract) and a method that runs it alone.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.due_times import retry_ms
 from django_delayqueue.core.envelope import (
     ENVELOPE_FORMAT,
@@ -27,7 +26,6 @@ from django_delayqueue.core.errors import (
     DelayQueueError,
     NewerEnvelope,
 )
-from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.progress import encode_progress
 from django_delayqueue.core.results import PromoteResult, ReapResult
@@ -43,10 +41,9 @@ from django_delayqueue.core.scripts.contracts import (
     REAP,
     RELEASE,
 )
-from django_delayqueue.core.settings import QueueSettings
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.clock import Clock
+    from django_delayqueue.core.queue_place import QueuePlace
 
 logger = logging.getLogger(__name__)
 
@@ -70,24 +67,22 @@ NEWER_LONGEST_WAIT_MS = 60_000
 
 
 class Delivery:
-    client: RedisClient
-    name: str
-    keys: QueueKeys
-    settings: QueueSettings
-    clock: Clock
-    announce_args: tuple[int, str]
-    shard_count: int  # how many shards the queue has (1: not sharded): each keeps a share
-    # The envelope formats this queue object said it left messages of (logged once each).
-    newer_said: set[int]
+    """The consumer's transitions of one queue's messages."""
+
+    def __init__(self, place: QueuePlace) -> None:
+        self.place = place
+        # The envelope formats this part said it left messages of (logged once each).
+        self.newer_said: set[int] = set()
 
     def promote_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
-        return PROMOTE.call(self.keys, now_ms=now_ms, limit=limit or self.settings.promote_batch)
+        place = self.place
+        return PROMOTE.call(place.keys, now_ms=now_ms, limit=limit or place.settings.promote_batch)
 
     def promote(self, now_ms: int | None = None, limit: int | None = None) -> PromoteResult:
         """Move due pending and retry messages to ready (at most ``limit`` from each)."""
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        now = self.place.clock.now_ms() if now_ms is None else now_ms
         call = self.promote_call(now, limit)
-        return self.promote_result(call.run(self.client))
+        return self.promote_result(call.run(self.place.client))
 
     @staticmethod
     def promote_result(raw: Sequence[Any]) -> PromoteResult:
@@ -109,19 +104,20 @@ class Delivery:
         when it is the claim recorded (and, with ``replay_only``, nothing new).
         ``reads_format``: the newest envelope format the claiming consumer reads (the messages
         it reads wait for no newer consumer any more: claim.lua)."""
-        deadline = now_ms + int(self.settings.visibility_timeout * 1000)
-        settings = self.settings
+        place = self.place
+        settings, keys = place.settings, place.keys
+        deadline = now_ms + int(settings.visibility_timeout * 1000)
         count = count or settings.claim_batch
         # '' without a limit: the claim pays one comparison (see core/flow_limits.py).
         limits = ""
         if settings.flow_limited or settings.key_limited:
-            limits = settings.claim_limits(self.keys.shard, self.shard_count)
+            limits = settings.claim_limits(keys.shard, place.shard_count)
         # The same bound as the claim_batch setting: one claim is one bounded script call.
         if not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim count must be between 1 and {MAX_CLAIM}, not {count}")
         if receipt is None:
             return CLAIM.call(
-                self.keys,
+                keys,
                 now_ms=now_ms,
                 deadline_ms=deadline,
                 most_ids=count,
@@ -129,7 +125,7 @@ class Delivery:
                 reads_format=reads_format,
             )
         return CLAIM.call(
-            self.keys,
+            keys,
             now_ms=now_ms,
             deadline_ms=deadline,
             most_ids=count,
@@ -150,9 +146,9 @@ class Delivery:
         """Claim up to ``count`` ready messages; corrupt ones go to garbage, those of an
         envelope format newer than ``reads_format`` wait for a consumer that reads it
         (:meth:`leave_for_newer`): neither reaches the caller."""
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        now = self.place.clock.now_ms() if now_ms is None else now_ms
         call = self.claim_call(now, count, reads_format=reads_format)
-        return self.claimed(call.run(self.client), now, reads_format)
+        return self.claimed(call.run(self.place.client), now, reads_format)
 
     def claimed(
         self, raw: Sequence[Any], now_ms: int, reads_format: int = ENVELOPE_FORMAT
@@ -160,6 +156,7 @@ class Delivery:
         """Turn a claim script's reply into messages, burying the corrupt ones and leaving
         those of a format newer than ``reads_format`` for a consumer that reads it (a limit's
         "come back at" after the quadruples is read by :func:`claim_hold`)."""
+        name = self.place.name
         messages: list[Message] = []
         corrupt: list[tuple[Message, str]] = []
         newer: list[tuple[Message, int]] = []
@@ -170,18 +167,18 @@ class Delivery:
             try:  # whatever one envelope holds, it costs only its own message
                 parts = decode_envelope_parts(raw[i + 1], reads_format)
             except NewerEnvelope as e:  # not corrupt: a newer consumer delivers it
-                stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
+                stub = Message(message_id, name, None, 0, 0, attempt, token, now_ms)
                 newer.append((stub, e.format))
                 continue
             except Exception as e:  # CorruptEnvelope, or anything decode_envelope missed
-                stub = Message(message_id, self.name, None, 0, 0, attempt, token, now_ms)
+                stub = Message(message_id, name, None, 0, 0, attempt, token, now_ms)
                 reason = str(e) if isinstance(e, CorruptEnvelope) else f"corrupt: {e!r}"
                 corrupt.append((stub, reason))
                 continue
             messages.append(
                 Message(
                     message_id,
-                    self.name,
+                    name,
                     parts.payload,
                     parts.due_ms,
                     parts.scheduled_ms,
@@ -196,13 +193,11 @@ class Delivery:
                 )
             )
         if corrupt:
-            logger.warning(
-                "queue %s: %d corrupt envelope(s) sent to garbage", self.name, len(corrupt)
-            )
+            logger.warning("queue %s: %d corrupt envelope(s) sent to garbage", name, len(corrupt))
             for m, reason in corrupt:  # one line each, with its fields, for a log search
                 logger.warning(
                     "queue %s: message %s (attempt %d) to the dead letters: %s",
-                    self.name,
+                    name,
                     m.id,
                     m.attempt,
                     reason,
@@ -211,14 +206,14 @@ class Delivery:
             try:
                 self.nack_many([(m, None, reason) for m, reason in corrupt], bury=True)
             except DelayQueueError as e:  # the good ones are claimed: deliver them anyway
-                logger.error("queue %s: could not bury corrupt envelopes: %s", self.name, e)
+                logger.error("queue %s: could not bury corrupt envelopes: %s", name, e)
         if newer:
             try:
                 self.leave_for_newer(newer, reads_format)
             except DelayQueueError as e:  # they come back after their visibility timeout
                 logger.error(
                     "queue %s: could not leave %d message(s) for a newer consumer: %s",
-                    self.name,
+                    name,
                     len(newer),
                     e,
                 )
@@ -234,15 +229,16 @@ class Delivery:
         message: 1 left, 2 dead (aborted while claimed), 0 stale."""
         if not messages:
             return []
+        place = self.place
         call = DEFER.call(
-            self.keys,
-            now_ms=self.clock.now_ms(),
+            place.keys,
+            now_ms=place.clock.now_ms(),
             first_wait_ms=NEWER_FIRST_WAIT_MS,
             longest_wait_ms=NEWER_LONGEST_WAIT_MS,
             reads_format=reads_format,
             triples=[part for m, format in messages for part in (m.id, m.token, format)],
         )
-        results = [int(x) for x in call.run(self.client)]
+        results = [int(x) for x in call.run(place.client)]
         for format in sorted({format for _, format in messages}):
             count = sum(1 for _, f in messages if f == format)
             first = format not in self.newer_said
@@ -252,7 +248,7 @@ class Delivery:
                 "queue %s: %d message(s) written in envelope format %d wait for a consumer that "
                 "reads it: this one reads formats up to %d. Left in retry (no attempt used), "
                 "not dead-lettered; upgrade this consumer%s",
-                self.name,
+                place.name,
                 count,
                 format,
                 reads_format,
@@ -268,10 +264,11 @@ class Delivery:
         return int(raw[-1]) if len(raw) % 4 else None
 
     def ack_call(self, messages: Iterable[Message]) -> ScriptCall:
-        horizon, channel = self.announce_args
+        place = self.place
+        horizon, channel = place.announce_args
         return ACK.call(
-            self.keys,
-            now_ms=self.clock.now_ms(),  # it decides where a successor goes: see ack.lua
+            place.keys,
+            now_ms=place.clock.now_ms(),  # it decides where a successor goes: see ack.lua
             horizon_ms=horizon,
             wake_channel=channel,
             pairs=[part for m in messages for part in (m.id, m.token)],
@@ -282,7 +279,7 @@ class Delivery:
         if not messages:
             return 0
         call = self.ack_call(messages)
-        return call.run(self.client)
+        return call.run(self.place.client)
 
     def nack_call(
         self,
@@ -290,7 +287,8 @@ class Delivery:
         now_ms: int,
         bury: bool = False,
     ) -> ScriptCall:
-        s = self.settings
+        place = self.place
+        s = place.settings
         quadruples: list[Any] = []
         for message, delay, reason in failures:
             if bury:
@@ -304,9 +302,9 @@ class Delivery:
             else:
                 retry_at = now_ms + retry_ms(delay, s.backoff_max)
             quadruples += (message.id, message.token, retry_at, storable_text(reason, 2000))
-        horizon, channel = self.announce_args
+        horizon, channel = place.announce_args
         return NACK.call(
-            self.keys,
+            place.keys,
             now_ms=now_ms,
             max_attempts=s.max_attempts,
             horizon_ms=horizon,
@@ -328,9 +326,9 @@ class Delivery:
     ) -> list[int]:
         if not failures:
             return []
-        call = self.nack_call(failures, self.clock.now_ms(), bury)
+        call = self.nack_call(failures, self.place.clock.now_ms(), bury)
         # The codes only: what follows them is the reasons of aborted ones (nack_aborted_reasons).
-        return [int(x) for x in call.run(self.client)[: len(failures)]]
+        return [int(x) for x in call.run(self.place.client)[: len(failures)]]
 
     def bury(self, message: Message, reason: str) -> bool:
         """Send an in-flight message straight to garbage with ``reason``."""
@@ -338,10 +336,11 @@ class Delivery:
         return result in (NACK_DEAD, NACK_ABORTED)
 
     def reap_call(self, now_ms: int, limit: int | None = None) -> ScriptCall:
-        s = self.settings
-        horizon, channel = self.announce_args
+        place = self.place
+        s = place.settings
+        horizon, channel = place.announce_args
         return REAP.call(
-            self.keys,
+            place.keys,
             now_ms=now_ms,
             limit=limit or s.promote_batch,
             max_attempts=s.max_attempts,
@@ -353,9 +352,9 @@ class Delivery:
 
     def reap(self, now_ms: int | None = None, limit: int | None = None) -> ReapResult:
         """Deliveries past their deadline go to retry, or to garbage on their last attempt."""
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        now = self.place.clock.now_ms() if now_ms is None else now_ms
         call = self.reap_call(now, limit)
-        return self.reap_result(call.run(self.client))
+        return self.reap_result(call.run(self.place.client))
 
     @staticmethod
     def reap_result(raw: Sequence[Any]) -> ReapResult:
@@ -368,35 +367,38 @@ class Delivery:
             return 0
         # A retry keeps the instant it came back to ready if that is still to come (claimed
         # a claim lead early): whoever claims it next holds it until then (release.lua).
+        place = self.place
         call = RELEASE.call(
-            self.keys,
-            now_ms=self.clock.now_ms(),
-            wake_channel=self.keys.wake_channel,
+            place.keys,
+            now_ms=place.clock.now_ms(),
+            wake_channel=place.keys.wake_channel,
             triples=[
                 part
                 for m in messages
                 for part in (m.id, m.token, "" if m.ready_since_ms is None else m.ready_since_ms)
             ],
         )
-        return call.run(self.client)
+        return call.run(place.client)
 
     def extend(self, *messages: Message, seconds: float | None = None) -> int:
         """Push the deadline of running deliveries out by ``seconds`` (default: visibility)."""
         if not messages:
             return 0
-        deadline = self.clock.now_ms() + int((seconds or self.settings.visibility_timeout) * 1000)
+        place = self.place
+        deadline = place.clock.now_ms() + int((seconds or place.settings.visibility_timeout) * 1000)
         call = EXTEND.call(
-            self.keys,
+            place.keys,
             deadline_ms=deadline,
             pairs=[part for m in messages for part in (m.id, m.token)],
         )
-        return call.run(self.client)
+        return call.run(place.client)
 
     def write_progress(self, reports: Iterable[tuple[str, str, float, str]]) -> int:
         """Store the progress ``(id, token, percent, note)`` of running deliveries, each only
         if its token is still the message's in flight (checked reports: see core/progress.py).
         Returns how many were written."""
-        now = self.clock.now_ms()
+        place = self.place
+        now = place.clock.now_ms()
         triples = [
             part
             for message_id, token, percent, note in reports
@@ -404,7 +406,7 @@ class Delivery:
         ]
         if not triples:
             return 0
-        return PROGRESS.call(self.keys, triples=triples).run(self.client)
+        return PROGRESS.call(place.keys, triples=triples).run(place.client)
 
 
 def _claim_tables(raw: Sequence[Any]) -> tuple[Sequence[Any], dict[str, int], list[int]]:

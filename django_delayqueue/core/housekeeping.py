@@ -1,8 +1,9 @@
 """What staff and request code do to waiting and dead messages (cancel, run now, requeue, purge)
 and to running ones (abort).
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``keys``,
-``clock`` and ``journal_maxlen``), kept apart from the producer's and the consumer's paths.
+A part of :class:`~django_delayqueue.core.queue.Queue`, given the queue's
+:class:`~.queue_place.QueuePlace` and the length its journal is capped at; kept apart from the
+producer's and the consumer's paths.
 """
 
 from __future__ import annotations
@@ -10,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import storable_text, to_str
-from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.results import AbortResult
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import ABORT, CANCEL, PURGE, REQUEUE, RUN_NOW
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.clock import Clock
+    from django_delayqueue.core.queue_place import QueuePlace
 
 # How long the result record of a task cancelled or purged here is kept when it has no expiry
 # yet (the Tasks backend's default RESULT_TTL): long enough for its caller to read FAILED, and
@@ -27,11 +26,11 @@ ENDED_RECORD_TTL_SECONDS = 7 * 24 * 3600
 
 
 class Housekeeping:
-    client: RedisClient
-    name: str
-    keys: QueueKeys
-    clock: Clock
-    journal_maxlen: int
+    """Staff's and request code's changes to one queue's waiting, dead and running messages."""
+
+    def __init__(self, place: QueuePlace, journal_maxlen: int) -> None:
+        self.place = place
+        self.journal_maxlen = journal_maxlen  # cap of the journal stream cancels write to
 
     def cancel(self, *ids: str) -> int:
         """Remove waiting messages (pending, retry or ready); returns how many were removed.
@@ -45,35 +44,38 @@ class Housekeeping:
         if not ids:
             return 0
         call = CANCEL.call(
-            self.keys,
-            records=[self.keys.task_result(i) for i in ids],
-            now_ms=self.clock.now_ms(),
+            self.place.keys,
+            records=[self.place.keys.task_result(i) for i in ids],
+            now_ms=self.place.clock.now_ms(),
             journal_max_length=max(0, self.journal_maxlen or 0),
             record_kept_seconds=ENDED_RECORD_TTL_SECONDS,
             ids=ids,
         )
-        return call.run(self.client)
+        return call.run(self.place.client)
 
     def abort(self, message_id: str, reason: str = "") -> AbortResult:
         """Ask the handler running ``message_id`` to stop; its message goes to the dead letters
         with the reason "aborted: <reason>" (see docs/workers.md). Only an in-flight message
         is aborted: the result is falsy, and nothing changes, for any other."""
         call = ABORT.call(
-            self.keys,
-            wake_channel=self.keys.wake_channel,
+            self.place.keys,
+            wake_channel=self.place.keys.wake_channel,
             id=message_id,
             reason=storable_text(reason, 1000),
         )
-        return AbortResult(self.name, message_id, to_str(call.run(self.client) or ""))
+        return AbortResult(self.place.name, message_id, to_str(call.run(self.place.client) or ""))
 
     def run_now(self, *ids: str) -> int:
         """Move waiting messages (pending or retry) to ready, ahead of their due time."""
         if not ids:
             return 0
         call = RUN_NOW.call(
-            self.keys, now_ms=self.clock.now_ms(), wake_channel=self.keys.wake_channel, ids=ids
+            self.place.keys,
+            now_ms=self.place.clock.now_ms(),
+            wake_channel=self.place.keys.wake_channel,
+            ids=ids,
         )
-        return call.run(self.client)
+        return call.run(self.place.client)
 
     def requeue(self, *ids: str, limit: int = 1000) -> int:
         """Dead letters back to ready with fresh attempts (all of them when no ids are given).
@@ -81,15 +83,15 @@ class Housekeeping:
         A requeued task's result record loses its expiry: it is unfinished again.
         """
         if ids:
-            return int(self._requeue_call(ids).run(self.client)[0])
+            return int(self._requeue_call(ids).run(self.place.client)[0])
         return sum(_drain(lambda: self._each_oldest("requeue", limit, self._requeue_call)))
 
     def _requeue_call(self, ids: Sequence[str]) -> ScriptCall:
         return REQUEUE.call(
-            self.keys,
-            records=[self.keys.task_result(i) for i in ids],
-            now_ms=self.clock.now_ms(),
-            wake_channel=self.keys.wake_channel,
+            self.place.keys,
+            records=[self.place.keys.task_result(i) for i in ids],
+            now_ms=self.place.clock.now_ms(),
+            wake_channel=self.place.keys.wake_channel,
             ids=ids,
         )
 
@@ -100,7 +102,7 @@ class Housekeeping:
         ``ENDED_RECORD_TTL_SECONDS`` more when it has none (a task buried by a reap or a claim).
         """
         if ids:
-            return int(self._purge_call(ids).run(self.client)[0])
+            return int(self._purge_call(ids).run(self.place.client)[0])
         return sum(_drain(lambda: self._each_oldest("purge", limit, self._purge_call)))
 
     def _each_oldest(
@@ -112,14 +114,14 @@ class Housekeeping:
         that leaves the dead letters meanwhile is skipped by the script.
         """
         with redis_errors(action):
-            found = self.client.zrange(self.keys.garbage, 0, limit - 1)
+            found = self.place.client.zrange(self.place.keys.garbage, 0, limit - 1)
         chosen = [to_str(i) for i in found if isinstance(i, (bytes, str))]
-        return call(chosen).run(self.client) if chosen else [0, 0]
+        return call(chosen).run(self.place.client) if chosen else [0, 0]
 
     def _purge_call(self, ids: Sequence[str]) -> ScriptCall:
         return PURGE.call(
-            self.keys,
-            records=[self.keys.task_result(i) for i in ids],
+            self.place.keys,
+            records=[self.place.keys.task_result(i) for i in ids],
             record_kept_seconds=ENDED_RECORD_TTL_SECONDS,
             ids=ids,
         )

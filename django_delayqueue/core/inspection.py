@@ -1,7 +1,7 @@
 """The read-only side of a queue: counts, how overdue it is, pages of messages, activity.
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
-``keys`` and ``clock``), kept apart because it changes nothing in Redis.
+A part of :class:`~django_delayqueue.core.queue.Queue`, given the queue's
+:class:`~.queue_place.QueuePlace`; kept apart because it changes nothing in Redis.
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.envelope import decode_envelope_parts, to_str
 from django_delayqueue.core.errors import ConfigurationError, CorruptEnvelope
 from django_delayqueue.core.flow_limits import key_claim_spec
-from django_delayqueue.core.keys import STATES, QueueKeys
+from django_delayqueue.core.keys import STATES
 from django_delayqueue.core.progress import Progress, decode_progress
 from django_delayqueue.core.results import Page, PeekedMessage, Snapshot
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, redis_errors
@@ -29,32 +28,31 @@ from django_delayqueue.core.scripts.contracts import (
 from django_delayqueue.core.timings.reading import read_call as timings_call
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.clock import Clock
-    from django_delayqueue.core.settings import QueueSettings
+    from django_delayqueue.core.queue import Queue
+    from django_delayqueue.core.queue_place import QueuePlace
 
 MAX_PAGE = 1000  # most messages one peek may return
 
 
 class Inspection:
-    client: RedisClient
-    name: str
-    keys: QueueKeys
-    clock: Clock
-    settings: QueueSettings
+    """What one queue holds, read without changing anything."""
+
+    def __init__(self, place: QueuePlace) -> None:
+        self.place = place
 
     def counts_call(self, now_ms: int) -> ScriptCall:
         """counts.lua at ``now_ms``: keyed ready messages their key's limits do not hold back
         count as overdue too (the key limits are the queue's settings)."""
-        return COUNTS.call(self.keys, now_ms=now_ms, key_limits=self._key_limits())
+        return COUNTS.call(self.place.keys, now_ms=now_ms, key_limits=self._key_limits())
 
     def overdue_call(self, now_ms: int) -> ScriptCall:
         """overdue.lua at ``now_ms``: how many pending and retrying messages are due, and how
         many keyed ready messages their key's limits let go now (by counts.lua's rule)."""
-        return OVERDUE.call(self.keys, now_ms=now_ms, key_limits=self._key_limits())
+        return OVERDUE.call(self.place.keys, now_ms=now_ms, key_limits=self._key_limits())
 
     def _key_limits(self) -> str:
         """The flow keys' limits as counts.lua and overdue.lua read them ('': none)."""
-        s = self.settings
+        s = self.place.settings
         return key_claim_spec(s.key_concurrency, s.key_rate_limit) if s.key_limited else ""
 
     def activity_call(
@@ -64,7 +62,7 @@ class Inspection:
         entries), the consumers seen since ``alive_since_ms`` (at most ``most_consumers``
         listed) and the settings published to Redis; its reply is described in the script."""
         return STATS.call(
-            self.keys,
+            self.place.keys,
             most_entries=most_entries,
             alive_since_ms=alive_since_ms,
             most_consumers=most_consumers,
@@ -75,8 +73,8 @@ class Inspection:
         return self.snapshot().counts
 
     def snapshot(self, now_ms: int | None = None) -> Snapshot:
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        return self.snapshot_result(self.counts_call(now).run(self.client), now)
+        now = self.place.clock.now_ms() if now_ms is None else now_ms
+        return self.snapshot_result(self.counts_call(now).run(self.place.client), now)
 
     def snapshot_result(self, raw: Sequence[Any], now_ms: int) -> Snapshot:
         values = [int(x) for x in raw]
@@ -85,7 +83,7 @@ class Inspection:
         overdue = [t for t in (first_pending, first_retry, ready_due) if 0 <= t <= now_ms]
         upcoming = [t for t in (first_pending, first_retry) if t >= 0]
         return Snapshot(
-            self.name,
+            self.place.name,
             counts,
             now_ms - min(overdue) if overdue else None,
             min(upcoming) if upcoming else None,
@@ -97,7 +95,7 @@ class Inspection:
         if not message_ids:
             return {}
         with redis_errors("reading progress"):
-            values = self.client.hmget(self.keys.progress, list(message_ids))
+            values = self.place.client.hmget(self.place.keys.progress, list(message_ids))
         found = {i: decode_progress(v) for i, v in zip(message_ids, values, strict=True)}
         return {i: p for i, p in found.items() if p is not None}
 
@@ -108,7 +106,7 @@ class Inspection:
         if not message_ids:
             return {}
         with redis_errors("reading envelopes"):
-            values = self.client.hmget(self.keys.messages, list(message_ids))
+            values = self.place.client.hmget(self.place.keys.messages, list(message_ids))
         out: dict[str, int] = {}
         for message_id, raw in zip(message_ids, values, strict=True):
             if raw is None:
@@ -125,7 +123,9 @@ class Inspection:
             raise ConfigurationError(f"unknown state {state!r}; use one of {', '.join(STATES)}")
         if not (offset >= 0 and 1 <= limit <= MAX_PAGE):
             raise ConfigurationError(f"peek needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
-        raw = PEEK.call(self.keys, state=state, offset=offset, limit=limit).run(self.client)
+        raw = PEEK.call(self.place.keys, state=state, offset=offset, limit=limit).run(
+            self.place.client
+        )
         rows = [
             PeekedMessage(
                 id=to_str(raw[i]),
@@ -140,7 +140,7 @@ class Inspection:
         return Page(int(raw[0]), rows)
 
 
-def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[Snapshot]:
+def snapshots(queues: Sequence[Queue], now_ms: int | None = None) -> list[Snapshot]:
     """Snapshots of many queues in one round trip (they must share one client)."""
     if not queues:
         return []
@@ -155,7 +155,7 @@ def snapshots(queues: Sequence[Inspection], now_ms: int | None = None) -> list[S
 
 
 def counts_and_activity(
-    queues: Sequence[Inspection],
+    queues: Sequence[Queue],
     alive_since_ms: int,
     most_entries: int,
     most_consumers: int,

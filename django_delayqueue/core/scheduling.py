@@ -1,8 +1,8 @@
 """The producer's side of a queue: one message checked, encoded and stored, in one script call.
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name``,
-``keys``, ``settings``, ``clock``, ``replicas``, the bound schedule and replace scripts and
-``announce_args``); many messages at once are ``bulk.py``'s.
+A part of :class:`~django_delayqueue.core.queue.Queue`, given the queue's
+:class:`~.queue_place.QueuePlace`; it binds the schedule scripts to the queue's keys and owns
+them (``bulk.py``, which sends many messages at once, uses them too).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.client import RedisClient
 from django_delayqueue.core.clock import producer_now_ms
 from django_delayqueue.core.due_times import MAX_DUE_MS, Delay, at_ms, delay_ms_of, round_up_ms
 from django_delayqueue.core.envelope import (
@@ -23,7 +22,6 @@ from django_delayqueue.core.envelope import (
     validate_key,
 )
 from django_delayqueue.core.errors import ConfigurationError, NotReplicated, PayloadError
-from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.observability import tracing
 from django_delayqueue.core.observability.trace_context import current_trace
 from django_delayqueue.core.results import Prepared, ScheduleResult
@@ -35,12 +33,10 @@ from django_delayqueue.core.scripts.contracts import (
     SCHEDULE_UNIQUE,
     SEND_ONCE,
 )
-from django_delayqueue.core.settings import QueueSettings
 from django_delayqueue.core.uniqueness import UniqueFor, window_ms_of
 
 if TYPE_CHECKING:
-    from django_delayqueue.core.clock import Clock
-    from django_delayqueue.core.replication import ReplicaAck
+    from django_delayqueue.core.queue_place import QueuePlace
     from django_delayqueue.core.scripts.fast_path import BoundScript
 
 # How long send_once remembers a token: the outbox sends a row again only when its sender held
@@ -50,17 +46,16 @@ SEND_TOKEN_MEMORY_MS = 3600 * 1000
 
 
 class Scheduling:
-    client: RedisClient
-    name: str
-    logical_name: str
-    keys: QueueKeys
-    settings: QueueSettings
-    clock: Clock
-    replicas: ReplicaAck | None
-    _schedule_one: BoundScript
-    _replace_one: BoundScript
-    _schedule_unique: BoundScript
-    announce_args: tuple[int, str]
+    """Checks, encodes and stores one message at a time (:meth:`schedule` and its steps)."""
+
+    def __init__(self, place: QueuePlace) -> None:
+        self.place = place
+        client, keys = place.client, place.keys
+        # schedule() is the hot path of every producer: its keys are bound once. replace=True
+        # has a script of its own, so that path stays as lean as it was.
+        self.schedule_one: BoundScript = SCHEDULE.bind(client, keys)
+        self.replace_one: BoundScript = REPLACE.bind(client, keys)
+        self.schedule_unique: BoundScript = SCHEDULE_UNIQUE.bind(client, keys)  # unique_for=
 
     def prepare(
         self,
@@ -90,19 +85,20 @@ class Scheduling:
         """
         if delay is not None and at is not None:
             raise PayloadError("give delay= or at=, not both")
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        place = self.place
+        now = place.clock.now_ms() if now_ms is None else now_ms
         if at is not None:
             due = at_ms(at)
         elif delay is None or (delay_ms := delay_ms_of(delay)) == 0:
             due = now
         else:
-            due = round_up_ms(max(now, producer_now_ms(self.clock)) + delay_ms)
+            due = round_up_ms(max(now, producer_now_ms(place.clock)) + delay_ms)
             if due > MAX_DUE_MS:
                 raise PayloadError(f"delay {delay!r} is too long: due times end with year 9999")
         message_id = new_id() if id is None else validate_id(id)
         if key is not None:
             validate_key(key)
-        payload_json = encode_payload(payload, self.settings.max_payload_bytes)
+        payload_json = encode_payload(payload, place.settings.max_payload_bytes)
         envelope = encode_envelope(
             payload_json, due, now, task=task, key=key, trace=current_trace()
         )
@@ -134,9 +130,9 @@ class Scheduling:
         as ``message.key``. With ``replace=True`` the new message's key (or none) replaces the
         old one's, when the new message takes the id's place.
         """
-        with tracing.producing(self.logical_name) as span:
+        with tracing.producing(self.place.logical_name) as span:
             window_ms = window_ms_of(unique_for, id)
-            now = self.clock.now_ms()
+            now = self.place.clock.now_ms()
             prepared = self.prepare(payload, delay=delay, at=at, id=id, now_ms=now, key=key)
             tracing.scheduled(span, prepared.id, prepared.due_ms)
             return self.send_prepared(prepared, now_ms=now, replace=replace, unique_ms=window_ms)
@@ -156,17 +152,18 @@ class Scheduling:
         open, counted from the send.
         """
         message_id, due, envelope = prepared
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        place = self.place
+        now = place.clock.now_ms() if now_ms is None else now_ms
         if unique_ms:
             mode = "replace" if replace else "schedule"
-            if self.replicas is None:
-                reply = self._schedule_unique(
-                    now, *self.announce_args, mode, message_id, due, envelope, unique_ms
+            if place.replicas is None:
+                reply = self.schedule_unique(
+                    now, *place.announce_args, mode, message_id, due, envelope, unique_ms
                 )
             else:
-                horizon, channel = self.announce_args
+                horizon, channel = place.announce_args
                 call = SCHEDULE_UNIQUE.call(
-                    self.keys,
+                    place.keys,
                     now_ms=now,
                     horizon_ms=horizon,
                     wake_channel=channel,
@@ -175,13 +172,13 @@ class Scheduling:
                 )
                 reply = self._run_message_call(call, message_id, due)
             return result_of(reply, message_id, due)
-        if self.replicas is None:  # the fast path: the bound script's arguments, in order
-            script = self._replace_one if replace else self._schedule_one
-            reply = script(now, *self.announce_args, message_id, due, envelope)
+        if place.replicas is None:  # the fast path: the bound script's arguments, in order
+            script = self.replace_one if replace else self.schedule_one
+            reply = script(now, *place.announce_args, message_id, due, envelope)
         else:
-            horizon, channel = self.announce_args
+            horizon, channel = place.announce_args
             call = (REPLACE if replace else SCHEDULE).call(
-                self.keys,
+                place.keys,
                 now_ms=now,
                 horizon_ms=horizon,
                 wake_channel=channel,
@@ -210,11 +207,12 @@ class Scheduling:
         """
         self._check_record(record_key, priority, prepared)
         message_id, due, envelope = prepared
-        horizon, channel = self.announce_args
+        place = self.place
+        horizon, channel = place.announce_args
         call = ENQUEUE_TASK.call(
-            self.keys,
+            place.keys,
             record=record_key,
-            now_ms=self.clock.now_ms() if now_ms is None else now_ms,
+            now_ms=place.clock.now_ms() if now_ms is None else now_ms,
             horizon_ms=horizon,
             wake_channel=channel,
             id=message_id,
@@ -261,11 +259,12 @@ class Scheduling:
         else:
             mode = "replace" if replace else "schedule"
         message_id, due, envelope = prepared
-        horizon, channel = self.announce_args
+        place = self.place
+        horizon, channel = place.announce_args
         call = SEND_ONCE.call(
-            self.keys,
-            record=record_key or self.keys.sent,  # any key of the queue when there is none
-            now_ms=self.clock.now_ms() if now_ms is None else now_ms,
+            place.keys,
+            record=record_key or place.keys.sent,  # any key of the queue when there is none
+            now_ms=place.clock.now_ms() if now_ms is None else now_ms,
             horizon_ms=horizon,
             wake_channel=channel,
             id=message_id,
@@ -284,8 +283,8 @@ class Scheduling:
         return result_of(reply, message_id, due)
 
     def _check_record(self, record_key: str, priority: int, prepared: Prepared) -> None:
-        if not record_key.startswith(self.keys.tag):
-            raise ConfigurationError(f"{record_key!r} is not a key of queue {self.name!r}")
+        if not record_key.startswith(self.place.keys.tag):
+            raise ConfigurationError(f"{record_key!r} is not a key of queue {self.place.name!r}")
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 100:
             raise PayloadError(f"priority must be an integer from -100 to 100, not {priority!r}")
         # Keyed ready messages take turns by key (their own lists, docs/flow-control.md "Keys"),
@@ -299,11 +298,12 @@ class Scheduling:
     def _run_message_call(self, call: ScriptCall, message_id: str, due: int) -> Any:
         """Run a call that stores one message; with ``replicas``, in one pipeline with their
         acknowledgement (core.replication), its NotReplicated carrying the ScheduleResult."""
-        if self.replicas is None:
-            return call.run(self.client)
-        what = f"queue {self.name}: message {message_id}"
+        place = self.place
+        if place.replicas is None:
+            return call.run(place.client)
+        what = f"queue {place.name}: message {message_id}"
         try:
-            return self.replicas.run(self.client, call, self.keys.replicated, what)
+            return place.replicas.run(place.client, call, place.keys.replicated, what)
         except NotReplicated as e:
             reply = e.result
             if isinstance(reply, list) and reply and int(reply[0]) >= 0:

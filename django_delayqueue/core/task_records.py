@@ -1,23 +1,24 @@
 """Writes to a task's result record: the hash beside its message (``QueueKeys.task_result``).
 
-A mixin of :class:`~django_delayqueue.core.queue.Queue` (which provides ``client``, ``name`` and
-``keys``). The record's statuses, field names and the order of its writes are named here, because
-the consumer writes a stopped task's end itself (core/consumer/limits/stopped.py) and the core
-imports nothing above it; what the fields mean is told by the Tasks backend, which re-exports these
-names (django_delayqueue.tasks.payload). How a write lands whatever order writes arrive in is
-``write_record.lua``'s.
+A part of :class:`~django_delayqueue.core.queue.Queue`, given the queue's
+:class:`~.queue_place.QueuePlace`. The record's statuses, field names and the order of its
+writes are named here, because the consumer writes a stopped task's end itself
+(core/consumer/limits/stopped.py) and the core imports nothing above it; what the fields mean is
+told by the Tasks backend, which re-exports these names (django_delayqueue.tasks.payload). How a
+write lands whatever order writes arrive in is ``write_record.lua``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from json.encoder import encode_basestring as _quoted
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.client import RedisClient
-from django_delayqueue.core.keys import QueueKeys
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD, WRITE_RECORDS
+
+if TYPE_CHECKING:
+    from django_delayqueue.core.queue_place import QueuePlace
 
 # A task's status, as its record's ``status`` field holds it.
 READY = "READY"
@@ -52,9 +53,10 @@ def _token_number(token: bytes | str | None) -> int:
 
 
 class TaskRecords:
-    client: RedisClient
-    name: str
-    keys: QueueKeys
+    """Builds the writes of one queue's task result records."""
+
+    def __init__(self, place: QueuePlace) -> None:
+        self.place = place
 
     def record_write_call(
         self,
@@ -85,7 +87,7 @@ class TaskRecords:
         :func:`record_fields` makes it, and ``key`` the record's, built by the caller already."""
         # Built here rather than through Contract.call: a worker builds one per task it runs.
         if key is None:
-            key = self.keys.task_result(message_id)
+            key = self.place.keys.task_result(message_id)
         if fields is None:
             fields = record_fields(absent, in_order, deleted, always)
         if mergeable:
@@ -98,9 +100,9 @@ class TaskRecords:
 
     def load_record_script(self) -> None:
         """Load the scripts of record writes ahead of the first (a NOSCRIPT costs a trip)."""
-        with redis_errors(f"loading scripts on {self.name}"):
-            self.client.script_load(WRITE_RECORD.script.source)
-            self.client.script_load(WRITE_RECORDS.script.source)
+        with redis_errors(f"loading scripts on {self.place.name}"):
+            self.place.client.script_load(WRITE_RECORD.script.source)
+            self.place.client.script_load(WRITE_RECORDS.script.source)
 
 
 def record_fields(

@@ -260,7 +260,7 @@ def test_schedule_many_reports_what_a_full_redis_refused_and_sends_no_more(
     redis_client: redis.Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q = make_queue()
-    real = q._schedule_one.call_many
+    real = q.scheduling.schedule_one.call_many
     pipelines: list[int] = []
 
     def then_full(calls: Any, **kwargs: Any) -> Any:
@@ -269,7 +269,7 @@ def test_schedule_many_reports_what_a_full_redis_refused_and_sends_no_more(
         fill(redis_client)  # memory is full from the second pipeline on
         return replies
 
-    monkeypatch.setattr(q._schedule_one, "call_many", then_full)
+    monkeypatch.setattr(q.scheduling.schedule_one, "call_many", then_full)
     items: list[dict[str, Any]] = [{"payload": i, "id": f"m{i}"} for i in range(200)]
     items.insert(100, {"payload": object(), "id": "bad"})
     try:

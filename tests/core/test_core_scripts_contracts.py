@@ -195,7 +195,7 @@ def test_a_contract_that_cannot_be_followed_is_refused_when_declared() -> None:
 
 def test_a_bound_call_runs_what_the_contract_builds(redis_client: redis.Redis) -> None:
     q = Queue(redis_client, "q", clock=ManualClock())
-    assert q._schedule_one.keys == SCHEDULE.keys_for(q.keys)
+    assert q.scheduling.schedule_one.keys == SCHEDULE.keys_for(q.keys)
     with pytest.raises(TypeError, match=r"cancel\.lua: its keys take"):
         CANCEL.keys_for(q.keys)
     assert q.schedule("x", id="m1").created
