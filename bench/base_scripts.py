@@ -45,6 +45,31 @@ def script_at(ref: str, name: str, marker: str) -> LuaScript | None:
     return LuaScript(f"{name}@base", source, hashlib.sha1(source.encode()).hexdigest())
 
 
+def commit_of(ref: str) -> str | None:
+    """The commit ``ref`` names now (``git rev-parse``); None when it cannot be read."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def checkout_differs(paths: tuple[str, ...] = ("django_delayqueue",)) -> bool | None:
+    """Whether this checkout's ``paths`` differ from its HEAD (None: git cannot tell)."""
+    try:
+        done = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=ROOT, capture_output=True
+        )
+    except OSError:
+        return None
+    return {0: False, 1: True}.get(done.returncode)
+
+
 class PackageAt:
     """``django_delayqueue`` as it was at ``ref`` (``git archive``), in a temporary directory:
     ``root`` goes first on a child's path (beside this checkout's bench app), or is a child's
@@ -53,6 +78,7 @@ class PackageAt:
 
     def __init__(self, ref: str, paths: tuple[str, ...] = ("django_delayqueue",)) -> None:
         self.ref = ref
+        self.commit = commit_of(ref)  # what the ref named when measured ("HEAD" moves)
         self._tmp = tempfile.TemporaryDirectory(prefix="dq-bench-base-")
         self.root: Path | None = Path(self._tmp.name)
         try:

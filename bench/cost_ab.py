@@ -44,7 +44,7 @@ import redis
 from django_delayqueue.core import Queue
 from django_delayqueue.embedded import RedisServerProcess
 
-from .base_scripts import PackageAt
+from .base_scripts import PackageAt, checkout_differs, commit_of
 from .djapp.timing import DONE, FIRST
 from .harness import ROOT, Child, wait_until
 from .tasks_path import CommandCount, _children_cpu, collected_lateness, wait_for_done
@@ -221,13 +221,29 @@ def main(argv: list[str] | None = None) -> int:
         base.close()
         if ours is not None:
             ours.close()
-    out = summary(runs, late, args, load_start)
+    out = {**sides(args), **summary(runs, late, args, load_start)}
     out["consumer_start_cpu_s"] = starts
     print_report(out)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
     log(f"JSON: {args.json}")
     return 0
+
+
+def sides(args: argparse.Namespace) -> dict[str, Any]:
+    """What each side was: its ref as given, and the commit it named (``git rev-parse``: a ref
+    such as HEAD or main moves, so the ref alone does not say what was measured). This
+    checkout's side is its HEAD, with whether its package's files differed from it."""
+    out: dict[str, Any] = {"base": args.base, "base_commit": commit_of(args.base)}
+    if args.ours:
+        out.update(ours=args.ours, ours_commit=commit_of(args.ours))
+    else:
+        out.update(
+            ours="this checkout",
+            ours_commit=commit_of("HEAD"),
+            ours_edited=checkout_differs(),
+        )
+    return out
 
 
 def summary(
@@ -257,8 +273,6 @@ def summary(
     }
     loads = [r["load"] for rs in runs.values() for r in rs]
     return {
-        "base": args.base,
-        "ours": args.ours or "this checkout",
         "count": args.count,
         "runs": args.runs,
         "timed": args.timed,
@@ -289,12 +303,18 @@ ROWS = (
 )
 
 
+def side(out: dict[str, Any], name: str) -> str:
+    """A side as the report names it: its ref, and the commit it named."""
+    commit = out.get(f"{name}_commit")
+    return f"{out[name]} ({commit[:10]})" if commit else str(out[name])
+
+
 def print_report(out: dict[str, Any]) -> None:
     m, late = out["medians"], out["lateness"]
     print(
         f"{out['count']:,} no-op messages due at once, median of {out['runs']} interleaved "
-        f"rounds; ours = {out['ours']}, base = {out['base']}; load average (1 min) during the "
-        f"runs {out['load_1min']['min']:.2f}-{out['load_1min']['max']:.2f} on "
+        f"rounds; ours = {side(out, 'ours')}, base = {side(out, 'base')}; load average "
+        f"(1 min) during the runs {out['load_1min']['min']:.2f}-{out['load_1min']['max']:.2f} on "
         f"{out['cpus']} CPUs"
     )
     print("{:<22} {:>7} {:>10} {:>10} {:>8}".format("figure", "path", "ours", "base", "ours/base"))

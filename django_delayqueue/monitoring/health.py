@@ -14,7 +14,8 @@ A queue whose consumer processes keep dying before they consume (their superviso
 monitoring.start_failures) fails the ``starting`` check, with the error they die of.
 
 - ``OUTBOX_MAX_AGE_SECONDS`` (60): an outbox message (committed while Redis was down) that has
-  waited longer for a relay fails the ``outbox`` check.
+  waited longer for a relay fails the ``outbox`` check, and so does a database that cannot be
+  read, or the outbox table missing from every database (``migrate`` not run).
 - ``HEALTH_MAX_MEMORY_PERCENT`` (None: off): a Redis server that uses this share of its
   ``maxmemory`` or more (or is full) fails the ``memory`` check.
 - ``HEALTH_LATENESS`` (False: off): when True, a running queue whose p99 start lateness over
@@ -143,7 +144,7 @@ def check_health(
         checks["lateness"] = _check(failing)
     if not down:
         checks["envelope_formats"] = _formats_check(all_stats, running)
-    outbox = _outbox_report() if "outbox" in wanted else {}
+    outbox = _outbox_report(asked=only is not None) if "outbox" in wanted else {}
     if outbox:
         checks["outbox"] = outbox
     # Not asked again when the stats could not be read: the probe must answer fast.
@@ -234,15 +235,31 @@ def _server_checks(servers: list[ServerInfo]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _outbox_report() -> dict[str, Any]:
-    """The outbox backlog of each database (none without a table); a database that cannot be
-    read fails the check."""
+def _outbox_report(asked: bool) -> dict[str, Any]:
+    """The outbox backlog of each database; a database that cannot be read fails the check,
+    and so do the databases that may hold the outbox when none has its table (migrations not
+    run: a commit while Redis is down would have nowhere to go). A project without such a
+    database is left out of the full report; ``asked`` (the check named), it fails: a probe of
+    it alone must not pass with nothing checked."""
+    from django_delayqueue.models import OutboxMessage
     from django_delayqueue.outbox.backlog import read_backlogs
+    from django_delayqueue.outbox.relay import outbox_databases
 
     limit = setting("OUTBOX_MAX_AGE_SECONDS", 60.0)
-    backlogs, unreadable = read_backlogs()
+    aliases = outbox_databases()
+    backlogs, unreadable = read_backlogs(aliases)
     if not backlogs and not unreadable:
-        return {}
+        if not aliases and not asked:
+            return {}
+        table = OutboxMessage._meta.db_table
+        missing = {
+            alias: f"the outbox table {table!r} is missing: run migrate" for alias in aliases
+        }
+        if not aliases:
+            missing["(none)"] = (
+                "no database may hold the outbox table (DATABASES, DATABASE_ROUTERS)"
+            )
+        return {**_check(missing), "databases": {}}
     databases = {
         b.database: {"waiting": b.count, "oldest_seconds": round(b.age_seconds(), 3)}
         for b in backlogs

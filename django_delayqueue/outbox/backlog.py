@@ -77,6 +77,10 @@ def _without_table(alias: str) -> bool:
     from django_delayqueue.models import OutboxMessage
 
     connection = connections[alias]
+    if connection.connection is None:
+        # The read failed connecting: asking would connect a second time in the same pass (to
+        # a database dropping connections, a second wait for its timeout), and not answer.
+        return False
     try:
         with connection.cursor() as cursor:
             names = connection.introspection.table_names(cursor)

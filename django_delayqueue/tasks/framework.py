@@ -95,9 +95,11 @@ def backend_named(alias: str) -> Any:
     A worker asks for the backend of every task it runs; the handler's own lookup goes through
     asgiref's ``Local`` (a context variable read, an attribute of a per-thread object), which
     showed on its profile. The answer is the same object the handler gives this thread, kept
-    with the handler's ``_connections`` it came from: a change of ``TASKS`` (the framework's
-    ``setting_changed`` receiver, or :func:`forget_backends`) replaces that, and the next ask
-    looks it up again. Raises what the handler raises for an alias it does not know.
+    with the handler's ``_connections`` it came from and the handler's item changes seen so
+    far: a change of ``TASKS`` (the framework's ``setting_changed`` receiver, or
+    :func:`forget_backends`) replaces the former, ``del task_backends[alias]`` or an
+    assignment the latter, and the next ask looks it up again. Raises what the handler raises
+    for an alias it does not know.
     """
     handler = task_backends
     connections = getattr(handler, "_connections", None)
@@ -105,15 +107,51 @@ def backend_named(alias: str) -> Any:
     if kept is None:
         kept = _kept_backends.by_alias = {}
     found = kept.get(alias)
-    if found is not None and found[0] is handler and found[1] is connections:
-        return found[2]
+    if (
+        found is not None
+        and found[0] is handler
+        and found[1] is connections
+        and found[2] is _item_changes[0]
+    ):
+        return found[3]
+    changes = _item_changes[0]  # read before the lookup: a change during it is seen next time
     backend = handler[alias]
     if connections is None:  # not the handler known here: asked each time
         return backend
     if len(kept) >= 64:
         kept.clear()
-    kept[alias] = (handler, connections, backend)
+    kept[alias] = (handler, connections, changes, backend)
     return backend
 
 
 _kept_backends = threading.local()
+# A new token at each ``del task_backends[alias]`` or ``task_backends[alias] = ...``: the
+# handler sends no signal for them and keeps its ``_connections``, so the backends kept by
+# backend_named would outlive the one the handler now gives.
+_item_changes: list[object] = [object()]
+
+
+def _follow_item_changes(handler_class: type) -> None:
+    """Wrap the handler class's ``__setitem__`` and ``__delitem__`` (once) to renew the token.
+
+    The class, not the instance: Python looks dunder methods up on the type. The wrap adds only
+    a list store to a call made when a backend is replaced, never on a task's run.
+    """
+    for name in ("__setitem__", "__delitem__"):
+        original = getattr(handler_class, name, None)
+        if original is None or getattr(original, "_renews_backend_token", False):
+            continue
+
+        def changed(self: Any, *args: Any, _original: Any = original) -> Any:
+            try:
+                return _original(self, *args)
+            finally:
+                _item_changes[0] = object()
+
+        changed._renews_backend_token = True  # type: ignore[attr-defined]
+        changed.__name__ = name
+        changed.__doc__ = original.__doc__
+        setattr(handler_class, name, changed)
+
+
+_follow_item_changes(type(task_backends))

@@ -500,3 +500,45 @@ def test_an_unreachable_database_fails_the_outbox_check(client, queues):
     assert outbox["failing"]["default"] == f"could not read the outbox: OperationalError: {down}"
     assert full.status_code == 503 and not full.json()["checks"]["outbox"]["ok"]
     assert client.get(URL, {"check": "outbox"}).status_code == 200  # reachable again
+
+
+def test_an_outbox_table_missing_everywhere_fails_the_outbox_check(client, queues):
+    """Migrations not run: no database has the outbox table, so a commit while Redis is down
+    has nowhere to go. The check said nothing (left out) and a probe asking for it alone
+    passed with nothing checked."""
+    from django.db import connection
+
+    from django_delayqueue.models import OutboxMessage
+
+    for q in queues.values():
+        beat(q)
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:  # rolled back with the test's transaction
+        cursor.execute(f"DROP TABLE {connection.ops.quote_name(table)}")
+    asked = client.get(URL, {"check": "outbox"})
+    full = client.get(URL)
+    assert asked.status_code == 503, asked.json()
+    outbox = asked.json()["checks"]["outbox"]
+    assert not outbox["ok"] and outbox["databases"] == {}
+    assert outbox["failing"] == {"default": f"the outbox table {table!r} is missing: run migrate"}
+    assert full.status_code == 503 and full.json()["checks"]["outbox"] == outbox
+
+
+class NoOutbox:
+    """A router that lets no database hold this app's tables."""
+
+    def allow_migrate(self, db, app_label, **hints):
+        return False if app_label == "django_delayqueue" else None
+
+
+def test_no_database_for_the_outbox_fails_a_probe_asking_for_it_alone(client, queues):
+    for q in queues.values():
+        beat(q)
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.NoOutbox"]):
+        asked = client.get(URL, {"check": "outbox"})
+        full = client.get(URL)
+    assert asked.status_code == 503, asked.json()
+    assert asked.json()["checks"]["outbox"]["failing"] == {
+        "(none)": "no database may hold the outbox table (DATABASES, DATABASE_ROUTERS)"
+    }
+    assert full.status_code == 200 and "outbox" not in full.json()["checks"]

@@ -406,3 +406,39 @@ def test_a_database_the_routers_keep_the_outbox_from_sends_on_commit_without_a_r
             assert OutboxMessage.objects.count() == 0
         assert OutboxRelay().relay_once().handled == 0  # the relay leaves that database alone
     assert message_id.encode() in pending(redis_client)
+
+
+def test_the_backlog_of_a_database_that_refuses_connections_is_tried_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that cannot be connected to: its failed read was followed by a second
+    connect (to ask whether the table exists), so a probe waited out its connect timeout twice
+    per pass. One attempt, and the database is said unreadable."""
+    from django.db import connections
+    from django.db.utils import ConnectionHandler
+
+    from django_delayqueue.outbox.backlog import read_backlogs
+
+    # SQLite cannot open a file in a folder that does not exist: every connect fails. Put in
+    # the handler under an alias of its own (not in DATABASES: the test case allows it).
+    gone = str(tmp_path / "gone" / "db.sqlite3")
+    engine = "django.db.backends.sqlite3"
+    down = ConnectionHandler({"default": {"ENGINE": engine, "NAME": gone}})
+    database = down["default"]
+    database.alias = "down"
+    attempts: list[str] = []
+    connect = database.get_new_connection
+
+    def counted(params: dict[str, Any]) -> Any:
+        attempts.append(params["database"])
+        return connect(params)
+
+    monkeypatch.setattr(database, "get_new_connection", counted)
+    connections["down"] = database
+    try:
+        backlogs, unreadable = read_backlogs(["down"])
+    finally:
+        del connections["down"]
+    assert backlogs == [] and list(unreadable) == ["down"]
+    assert unreadable["down"].startswith("OperationalError: unable to open database file")
+    assert attempts == [gone]  # once: not again to look for the table

@@ -59,6 +59,41 @@ def test_a_worker_asks_for_a_task_s_backend_once_until_tasks_change(
         assert 0 < ttl <= 60  # its RESULT_TTL, not the week the one before kept results
 
 
+def test_a_worker_follows_a_backend_removed_or_replaced_in_the_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``del task_backends[alias]`` (or an assignment) changes the handler's backends without
+    a ``setting_changed``: the kept answer must not outlive it."""
+    from django_delayqueue.tasks import DelayQueueBackend
+    from tests.settings import TASKS_SETTING
+
+    handler = framework.task_backends
+    asked: list[str] = []
+    lookup = type(handler).__getitem__
+
+    def counted(self: Any, alias: str) -> Any:
+        asked.append(alias)
+        return lookup(self, alias)
+
+    monkeypatch.setattr(type(handler), "__getitem__", counted)
+    add = examples().add
+    run_all(add, [(1, 2)], asked)
+    old = framework.backend_named("default")
+    del handler["default"]
+    run_all(add, [(3, 4)], asked)
+    assert asked == ["default"]  # looked up again: the handler built a new one
+    assert framework.backend_named("default") is not old
+    assert framework.backend_named("default") is lookup(handler, "default")
+    params = {**TASKS_SETTING["default"], "OPTIONS": {"RESULT_TTL": 60}}
+    handler["default"] = DelayQueueBackend(alias="default", params=params)
+    try:
+        [message_id] = run_all(add, [(5, 6)], asked)
+        ttl = get_queue(QUEUE).client.ttl(get_queue(QUEUE).keys.task_result(message_id))
+        assert 0 < ttl <= 60  # the backend put in its place, not the one kept before
+    finally:
+        del handler["default"]
+
+
 def test_plain_arguments_are_encoded_once_and_come_back_as_they_are(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -141,6 +141,35 @@ def test_a_journal_row_that_keeps_failing_is_dropped_with_an_error(
     assert q.counts()["unack"] == 0
 
 
+def test_a_nack_its_script_refuses_is_dropped_and_left_to_the_reaper(
+    redis_client: redis.Redis, make_queue: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nack.lua refusing its keys (here the retry set is a string): the outcome was kept and
+    sent again every pause, its journal row owed, its message's deadline extended, until the
+    consumer stopped. It is dropped as other refused calls are, logged with the message's id;
+    the message stays in flight, where the reaper finds it (at-least-once)."""
+    q = make_queue(max_attempts=3)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(q, [RETRY, GARBAGE]))
+    redis_client.set(q.keys.retry, "not a zset")
+    redis_client.set(q.keys.garbage, "not a zset")
+    with caplog.at_level(logging.ERROR):
+        flush(redis_client, unrecorded, [q])
+    assert len(unrecorded) == 0 and not unrecorded.journal_due()
+    assert unrecorded.unrecorded_messages("q") == []  # its deadline no longer extended
+    for message_id in ("m0", "m1"):
+        said = [
+            r.getMessage() for r in caplog.records if f"message {message_id}:" in r.getMessage()
+        ]
+        assert len(said) == 1, said
+        assert "nack refused, left in flight for the reaper" in said[0] and "WRONGTYPE" in said[0]
+    redis_client.delete(q.keys.retry, q.keys.garbage)  # repaired
+    assert q.counts()["unack"] == 2  # still in flight: the reaper's once their lease ends
+    assert q.reap(now_ms=T0 + 3_600_000).retried == 2
+    flush(redis_client, unrecorded, [q])
+    assert not redis_client.exists(q.keys.journal)  # no row for a nack that never ran
+
+
 def test_a_failed_queue_waits_its_pause_before_the_next_try(
     redis_client: redis.Redis, make_queue: Any
 ) -> None:

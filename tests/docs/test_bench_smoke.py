@@ -217,3 +217,35 @@ def test_the_async_handlers_bench_runs_both_rows(tmp_path: Path) -> None:
     for row in result["rows"].values():
         assert row["seconds"] > 0 and row["most_threads"] > 0
     assert "all done within" in proc.stdout
+
+
+def test_the_task_runs_bench_s_run_afters_are_all_due_past_60000() -> None:
+    """bench.task_runs' own mode gave task i a run_after of a minute ago plus i ms: past 60,000
+    tasks they were in the future and its claims waited for them."""
+    from datetime import datetime, timezone
+
+    from bench import task_runs
+
+    now = datetime.now(timezone.utc)
+    afters = task_runs.run_afters(60_002, now)
+    assert len(set(afters)) == 60_002  # each its own
+    assert max(afters) < now  # every one already due
+
+
+def test_the_cost_ab_bench_records_the_commit_each_ref_named() -> None:
+    """``--ours HEAD`` recorded "HEAD", which says nothing once HEAD moves: each side now has
+    its ref as given and the commit it named then."""
+    from bench import cost_ab
+
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    parent = subprocess.run(
+        ["git", "rev-parse", "HEAD~1"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    given = cost_ab.sides(cost_ab.parse(["--ours", "HEAD", "--base", "HEAD~1"]))
+    assert given == {"ours": "HEAD", "ours_commit": head, "base": "HEAD~1", "base_commit": parent}
+    checkout = cost_ab.sides(cost_ab.parse(["--base", "no-such-ref"]))
+    assert checkout["ours"] == "this checkout" and checkout["ours_commit"] == head
+    assert checkout["ours_edited"] in (True, False)
+    assert checkout["base"] == "no-such-ref" and checkout["base_commit"] is None

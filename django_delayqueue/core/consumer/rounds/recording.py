@@ -9,7 +9,9 @@ apart: when one call fails only what that call carried is sent again, so an ack 
 repeated because a journal write failed, and one broken queue never holds back another's
 outcomes. A queue whose calls fail is tried again after a pause, not every round; a journal row
 that keeps failing on a script error (say, the journal key holds the wrong type) is dropped
-after a few tries, with an error naming the ids, rather than kept in memory for ever. An outage
+after a few tries, with an error naming the ids, rather than kept in memory for ever; a nack
+the script refuses is dropped at once, logged, its message left in flight for the reaper. An
+outage
 (the whole pipeline fails) keeps everything, the early writes (``write_soon``) included: each
 leaves only once a reply says it ran. When Redis is out of memory the journal rows it
 refuses are dropped at once (the deliveries' acks go on: they free memory) and counted by the
@@ -61,7 +63,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
+from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, is_out_of_memory
 from django_delayqueue.core.scripts.contracts import JOURNAL
 from django_delayqueue.core.timings.recorder import DeliveryTimings
 
@@ -333,6 +335,8 @@ class UnrecordedOutcomes:
             if isinstance(result, Exception):
                 if kind == "journal" and self._journal_refused(q, entries, result):
                     continue
+                if kind in ("retry", "bury") and self._nack_refused(q, entries, result):
+                    continue
                 failed.setdefault(q.name, result)
                 if kind == "journal":
                     self._journal_failed(q, entries, result)
@@ -441,6 +445,29 @@ class UnrecordedOutcomes:
             return False
         for e in entries:
             e.journalled = True
+        return True
+
+    def _nack_refused(self, q: Queue, entries: list[_Entry], error: Any) -> bool:
+        """Whether nack.lua refused the failures for good (a script error, not memory: a key
+        of the wrong type would refuse them for ever): then their outcomes are dropped now,
+        journal rows and all, each logged. Their messages stay in flight, no longer extended:
+        the reaper delivers them again once their lease ends (at-least-once), as it would after
+        a crash. Sent again instead, they stayed here until the consumer stopped."""
+        if not isinstance(error, redis.exceptions.ResponseError) or is_out_of_memory(error):
+            return False  # not the script's fault: sent again with the next round
+        for e in entries:
+            e.recorded = e.journalled = True  # no journal row for a nack that did not run
+            span, e.outcome.span = e.outcome.span, None
+            if span is not None:  # ends with the outcome it had: nothing recorded it
+                span.end()
+            m = e.outcome.message
+            logger.error(
+                "queue %s: message %s: nack refused, left in flight for the reaper: %s",
+                q.name,
+                m.id,
+                error,
+                extra=message_fields(m),
+            )
         return True
 
     def _journal_failed(self, q: Queue, entries: list[_Entry], error: Any) -> None:
