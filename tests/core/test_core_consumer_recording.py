@@ -562,3 +562,24 @@ def test_a_task_s_retry_buried_as_aborted_is_told_once_its_record_says_so(
     assert unrecorded.left() == (0, 0)
     flush(redis_client, unrecorded, [q])
     assert len(told) == 1
+
+
+def test_a_nack_refused_by_a_replica_is_sent_again_once_it_is_promoted(
+    redis_client: redis.Redis, make_queue: Any
+) -> None:
+    """A failover: the server the consumer writes to is a replica for a moment and answers
+    READONLY. That refusal passes; the nack must be kept and land once the server takes
+    writes again, not be dropped to the reaper (which would use the lease, not the backoff)."""
+    q = make_queue(max_attempts=3)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(q, [RETRY]))
+    redis_client.execute_command("REPLICAOF", "127.0.0.1", "1")  # a master that never answers
+    try:
+        flush(redis_client, unrecorded, [q])
+        assert len(unrecorded) == 1  # kept
+    finally:
+        redis_client.execute_command("REPLICAOF", "NO", "ONE")
+    flush(redis_client, unrecorded, [q])  # the nack lands
+    flush(redis_client, unrecorded, [q])  # then its journal row
+    assert len(unrecorded) == 0
+    assert q.counts()["unack"] == 0 and q.counts()["retry"] == 1

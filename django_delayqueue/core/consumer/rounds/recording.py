@@ -72,6 +72,22 @@ logger = logging.getLogger(__name__)
 FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again after this
 JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
 
+# Refusals that pass by themselves (a replica before its promotion, a cluster moving or
+# electing, a script cache just flushed): a nack refused so is sent again, never dropped.
+_PASSING_REFUSALS: tuple[type[Exception], ...] = (
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.NoScriptError,
+)
+_PASSING_PREFIXES = (
+    "READONLY",
+    "MASTERDOWN",
+    "LOADING",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+    "ASK ",
+)
+
 CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
 
 # Told that a task's failed delivery its runner recorded as a retry (READY; it told no one the
@@ -455,6 +471,8 @@ class UnrecordedOutcomes:
         a crash. Sent again instead, they stayed here until the consumer stopped."""
         if not isinstance(error, redis.exceptions.ResponseError) or is_out_of_memory(error):
             return False  # not the script's fault: sent again with the next round
+        if isinstance(error, _PASSING_REFUSALS) or str(error).startswith(_PASSING_PREFIXES):
+            return False  # a failover or a cluster moving slots: the next try lands
         for e in entries:
             e.recorded = e.journalled = True  # no journal row for a nack that did not run
             span, e.outcome.span = e.outcome.span, None
