@@ -583,3 +583,29 @@ def test_a_nack_refused_by_a_replica_is_sent_again_once_it_is_promoted(
     flush(redis_client, unrecorded, [q])  # then its journal row
     assert len(unrecorded) == 0
     assert q.counts()["unack"] == 0 and q.counts()["retry"] == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "CLUSTERDOWN The cluster is down",
+        "MOVED 3999 127.0.0.1:6381",
+        "ASK 3999 127.0.0.1:6381",
+        "BUSY Redis is busy running a script.",
+        "NOREPLICAS Not enough good replicas to write.",
+    ],
+)
+def test_a_nack_refused_for_a_passing_reason_is_kept(make_queue: Any, reply: str) -> None:
+    """redis-py parses these replies into classes of their own and strips their code from the
+    text, so a check of the text alone took a failover's MASTERDOWN or a cluster's MOVED for a
+    broken script and dropped the nack to the reaper."""
+    from redis._parsers import BaseParser
+
+    q = make_queue(max_attempts=3)
+    unrecorded = UnrecordedOutcomes([q], journal_maxlen=100)
+    unrecorded.extend(claimed_outcomes(q, [RETRY]))
+    entries = unrecorded._entries[q.name]
+    assert not unrecorded._nack_refused(q, entries, BaseParser.parse_error(reply))
+    assert len(unrecorded) == 1

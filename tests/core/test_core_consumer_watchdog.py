@@ -5,6 +5,8 @@ then a coroutine's run, kept by the same watchdog.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -17,6 +19,7 @@ from waiting import TIMEOUT, wait_until
 
 from django_delayqueue.core import Message, QueueSettings, SystemClock
 from django_delayqueue.core.consumer.handlers.coroutine_context import RunningCoroutine
+from django_delayqueue.core.consumer.handlers.coroutines import HandlerCoroutines
 from django_delayqueue.core.consumer.handlers.loop_liveness import (
     BLOCKED_WARN_SECONDS,
     PING_SECONDS,
@@ -417,3 +420,49 @@ def test_the_watchdogs_look_warns_once_of_a_loop_that_gives_no_sign_of_life(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "has not run for 2.0s" in lines[0] and "q/m1" in lines[0]
     assert len(loop.pending) == 1  # one ping at a time
+
+
+def test_a_delivery_awaited_on_a_loop_of_the_callers_own_is_cancelled_at_its_limit(
+    mono: Mono,
+) -> None:
+    """``Consumer.adeliver`` awaited on a loop that is not the coroutines runner's: its Run's
+    stopper had no coroutine of the runner to tell, so the stop at its time limit did nothing
+    and, a second later, the run was reported unstoppable (the consumer then stops). Its stop
+    now cancels the task awaiting it, on that task's loop, and nothing is reported."""
+    runs, found = Runs(monotonic=mono), []
+    dog, _ = watchdog(runs, mono, found, time_limit=5)
+    coroutines = HandlerCoroutines(None, runs)  # type: ignore[arg-type]
+    begun, ended = threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    async def deliver() -> None:  # the steps HandlerDelivery.adeliver takes around a handler
+        m = message()
+        stopper = coroutines.stopper(m)
+        run, context = runs.begin(m, "q", stopper)
+        assert not stopper.attach(run)  # not the runner's: ends with its handler
+        begun.set()
+        try:
+            await asyncio.Event().wait()  # a handler that waits for ever
+        except BaseException as e:
+            seen.append(e)
+            raise
+        finally:
+            runs.end(run, context)
+            ended.set()
+
+    thread = threading.Thread(target=_run, args=(deliver,), daemon=True)
+    thread.start()
+    assert begun.wait(TIMEOUT)
+    mono.now += 5
+    dog.check()  # its time limit: stopped
+    assert ended.wait(TIMEOUT)
+    thread.join(TIMEOUT)
+    assert [type(e).__name__ for e in seen] == ["CancelledError"]
+    mono.now += 2  # past any stop wait
+    dog.check()
+    assert found == []
+
+
+def _run(deliver: Callable[[], Any]) -> None:
+    with contextlib.suppress(asyncio.CancelledError):  # the stop, seen by the test already
+        asyncio.run(deliver())

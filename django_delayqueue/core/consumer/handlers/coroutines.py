@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from django_delayqueue.core.consumer.handlers.coroutine_context import (
     RunningCoroutine,
@@ -125,6 +125,31 @@ class CoroutineStop:
         return self.entry is not None and self._runner.attach(self.entry, run)
 
 
+class TaskStop:
+    """The :class:`~.limits.runs.Stopper` of a delivery awaited on a loop that is not this
+    runner's (``Consumer.adeliver`` called by the caller's own code): its stop cancels the task
+    awaiting it, through that task's loop. Its soft limit is not raised: only the runner knows
+    where its handler waits. Its Run ends with its handler (nothing else holds it)."""
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self._task = task
+
+    @property
+    def stop_wait_seconds(self) -> float:
+        return STOP_WAIT_SECONDS
+
+    def soft_limit(self, reason: str) -> None:
+        return None
+
+    def stop(self, exception: type[BaseException], settlement: Settlement, reason: str) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.get_loop().call_soon_threadsafe(task.cancel, reason)
+
+    def attach(self, run: Run) -> bool:
+        return False
+
+
 class HandlerCoroutines:
     """One event loop, on a thread of its own, running the coroutine handlers of a consumer."""
 
@@ -175,10 +200,15 @@ class HandlerCoroutines:
         loop.call_soon_threadsafe(self._begin, entry)
         return self.thread_ident
 
-    def stopper(self, message: Message) -> CoroutineStop:
-        """What the watchdog tells ``message``'s Run through (see :class:`CoroutineStop`)."""
+    def stopper(self, message: Message) -> CoroutineStop | TaskStop:
+        """What the watchdog tells ``message``'s Run through (see :class:`CoroutineStop`); for
+        a delivery this runner does not run (``Consumer.adeliver`` awaited on a loop of the
+        caller's own), the task awaiting it (:class:`TaskStop`)."""
         with self._lock:
-            return CoroutineStop(self, self._running.get((message.queue, message.token)))
+            entry = self._running.get((message.queue, message.token))
+        if entry is None:
+            return TaskStop(asyncio.current_task())
+        return CoroutineStop(self, entry)
 
     def attach(self, entry: RunningCoroutine, run: Run) -> bool:
         """``run`` is ``entry``'s delivery's, ended here with it; a stop sent before it began

@@ -75,17 +75,18 @@ JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script erro
 # Refusals that pass by themselves (a replica before its promotion, a cluster moving or
 # electing, a script cache just flushed): a nack refused so is sent again, never dropped.
 _PASSING_REFUSALS: tuple[type[Exception], ...] = (
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.NoScriptError,
+    redis.exceptions.ReadOnlyError,  # READONLY
+    redis.exceptions.NoScriptError,  # NOSCRIPT
+    redis.exceptions.MasterDownError,  # MASTERDOWN: a demoted node in a Sentinel failover
+    redis.exceptions.TryAgainError,  # TRYAGAIN
+    redis.exceptions.AskError,  # ASK and MOVED (its subclass)
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN
 )
+# Those redis-py parses into a plain ResponseError, its code kept at the start of the text
+# (some of the above too, by an older redis-py or a parser that does not know them).
 _PASSING_PREFIXES = (
-    "READONLY",
-    "MASTERDOWN",
-    "LOADING",
-    "CLUSTERDOWN",
-    "TRYAGAIN",
-    "MOVED",
-    "ASK ",
+    *("BUSY", "NOREPLICAS", "MISCONF", "LOADING", "READONLY", "NOSCRIPT", "MASTERDOWN"),
+    *("TRYAGAIN", "ASK ", "MOVED", "CLUSTERDOWN"),
 )
 
 CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
