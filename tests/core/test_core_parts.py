@@ -18,6 +18,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Iterator
+from typing import Any
 
 import django_delayqueue.core as core
 from django_delayqueue.core.queue import Queue
@@ -100,3 +101,24 @@ def test_the_queue_owns_its_parts_and_they_read_its_current_settings() -> None:
     assert list(q.promote_call(1_000).args) == [1_000, 5]
     q.shard_count = 4  # what ShardedQueue sets on each of its shards
     assert q.place.shard_count == 4
+
+
+def test_a_subclass_override_that_calls_super_stays_in_force(redis_client: Any) -> None:
+    """Queue's methods are its parts' methods, kept on the queue after the first read. A
+    subclass's override reaching the part through super() must not get the part's method kept
+    on the instance, where it would hide the override from every later call."""
+
+    class Counting(Queue):
+        claims = 0
+
+        def claim_call(self, *args: Any, **kwargs: Any) -> Any:
+            self.claims += 1
+            return super().claim_call(*args, **kwargs)
+
+    q = Counting(redis_client, "parts-super")
+    q.claim_call(0, 1)
+    q.claim_call(0, 1)
+    assert q.claims == 2
+    plain = Queue(redis_client, "parts-plain")
+    assert plain.schedule == plain.scheduling.schedule  # the part's own bound method
+    assert "schedule" in vars(plain)  # kept: later reads are plain attribute reads

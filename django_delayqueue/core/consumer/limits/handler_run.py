@@ -36,9 +36,11 @@ class Stopper(Protocol):
     """How a run that is not a handler thread's is told (on the watchdog's thread, under its
     run's lock: quick, never blocking), and how long its stop may take."""
 
-    # Seconds a stopped run may take to end before it counts as unstoppable (None: the
-    # watchdog's STOP_WAIT_SECONDS, a thread's).
-    stop_wait_seconds: float | None
+    @property
+    def stop_wait_seconds(self) -> float | None:
+        """Seconds a stopped run may take to end before it counts as unstoppable (None: the
+        watchdog's STOP_WAIT_SECONDS, a thread's)."""
+        ...
 
     def soft_limit(self, reason: str) -> None:
         """Raise ``SoftTimeLimitExceeded(reason)`` where it runs."""
