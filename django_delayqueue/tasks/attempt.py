@@ -48,6 +48,14 @@ class Attempt(WhileRunning):
         # could change it in place as it runs (a list or dict among its arguments).
         self._from_message = from_message
         self._enqueued = None if flat(from_message) else from_message.enqueued_json()
+        # The parts of every write of this attempt that are its own (see fields), made once:
+        # the start's field set where absent, its time as text, its worker's field.
+        started_at = int(self.started_at)
+        token = message.token
+        self._absent = f'"{STARTED_AT}","{started_at}"'
+        self._attempted = f'"{LAST_ATTEMPTED_AT}","{started_at}"'
+        self._always = f"{_quoted(f'{WORKER_PREFIX}{token}')},{_quoted_worker(worker_id)}"
+        self._order = write_order(token, RUNNING)  # its end's: one more (see write_order)
 
     @property
     def enqueued(self) -> str:
@@ -123,7 +131,7 @@ class Attempt(WhileRunning):
         same write goes again whole. Most records have it: a task's end costs no encoding of
         its arguments again."""
         # Whichever lands last, the status is the latest one's (see write_order).
-        order = write_order(self.message.token, status)
+        order = self._order + (status != RUNNING)
         fields = self.fields(status, error, returned, finished_at, whole)
         return self.queue.record_write_call(
             self.message.id,
@@ -148,16 +156,18 @@ class Attempt(WhileRunning):
         only the values that may need it are escaped (field names and statuses are plain
         names, times whole numbers)."""
         quoted = _quoted
-        started_at = int(self.started_at)
         # Set where absent: [STARTED_AT, started_at] (+ [ENQUEUED, what enqueue wrote]).
-        absent = f'"{STARTED_AT}","{started_at}"'
+        absent = self._absent
         if whole:
             absent += f',"{ENQUEUED}",{quoted(self.enqueued)}'
         # In order: [STATUS, status, LAST_ATTEMPTED_AT, started_at] and the end of an attempt
         # (finished_at, return_value), which goes with its status: a late end of an older
         # attempt must not mark the latest one finished. Not given, they are deleted: a
         # requeued task running again has no end yet (nor the expiry of its last one).
-        in_order = f'"{STATUS}",{quoted(status)},"{LAST_ATTEMPTED_AT}","{started_at}"'
+        in_order = f'"{STATUS}",{quoted(status)},{self._attempted}'
+        if finished_at is not None and returned is not None and error is None:  # a success
+            in_order += f',"{FINISHED_AT}","{int(finished_at)}","{RETURN_VALUE}",{quoted(returned)}'
+            return f"[[{absent}],[{in_order}],[],[{self._always}]]"
         deleted = []
         if finished_at is None:
             deleted.append(f'"{FINISHED_AT}"')
@@ -169,7 +179,7 @@ class Attempt(WhileRunning):
             in_order += f',"{RETURN_VALUE}",{quoted(returned)}'
         # Always, per delivery (its token in the name): set whatever the order, never clashing.
         token = self.message.token
-        always = f"{quoted(f'{WORKER_PREFIX}{token}')},{_quoted_worker(self.worker_id)}"
+        always = self._always
         if error is not None:
             error_json = json.dumps(task_error(error))
             always += f",{quoted(f'{ERROR_PREFIX}{token}')},{quoted(error_json)}"

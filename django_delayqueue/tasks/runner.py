@@ -80,7 +80,7 @@ from django_delayqueue.tasks.results import (
     to_task_result,
 )
 from django_delayqueue.tasks.return_values import _cause, _stored
-from django_delayqueue.tasks.unheard import unheard
+from django_delayqueue.tasks.unheard import log_dropped, only_own_receiver, unheard
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +253,9 @@ class _TaskRun:
         self.end: tuple[str, int, int] = ("", 0, 0)
         # The TaskResult task_started was sent with; None when nothing would have read it.
         self.started: Any = None
+        # Whether the framework's INFO line is dropped (see unheard), found at the start and
+        # taken again for a success's task_finished (INFO too): one walk of the loggers a run.
+        self.info_dropped: bool | None = None
         self.args: list[Any] = []
         self.kwargs: dict[str, Any] = {}
 
@@ -278,7 +281,8 @@ class _TaskRun:
         self.runner._send_soon(queue, attempt)  # RUNNING, if it still runs at the next round
         self.loaded = loaded
         # Its TaskResult built only for what reads it (see django_delayqueue.tasks.unheard).
-        quiet = unheard(framework.task_started, self.backend, RUNNING)
+        self.info_dropped = log_dropped(RUNNING)
+        quiet = self.info_dropped and only_own_receiver(framework.task_started, self.backend)
         if loaded.takes_context or not quiet:
             self.started = to_task_result(record, message.id, self.task)
         if not quiet:
@@ -393,7 +397,10 @@ class _TaskRun:
                     message.id,
                     extra=message_fields(message, queue.name),
                 )
-        if unheard(framework.task_finished, backend, SUCCESSFUL):
+        info_dropped = self.info_dropped
+        if info_dropped is None:  # not started here (never so today): asked whole
+            info_dropped = log_dropped(SUCCESSFUL)
+        if info_dropped and only_own_receiver(framework.task_finished, backend):
             return  # nothing ran here that could have opened or used a connection
         if self.started is None:  # the started TaskResult's copy, or one built whole
             result = to_task_result(self.record, self.message.id, self.task)

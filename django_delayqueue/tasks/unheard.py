@@ -35,11 +35,23 @@ _PLAIN_LOGGERS = (logging.Logger, logging.RootLogger)
 def unheard(signal: Any, backend: Any, status: str) -> bool:
     """Whether sending ``signal`` for ``backend`` with a result of ``status`` would do nothing:
     its only live receiver is the framework's own, and the line it would log is dropped."""
+    return only_own_receiver(signal, backend) and log_dropped(status)
+
+
+def only_own_receiver(signal: Any, backend: Any) -> bool:
+    """Whether the framework's own receiver is the only live one of ``signal`` for
+    ``backend``: the first half of :func:`unheard`."""
+    return framework.signals_logger is not None and _only_own_receiver(signal, type(backend))
+
+
+def log_dropped(status: str) -> bool:
+    """Whether the line the framework's receivers log for a result of ``status`` is dropped:
+    the second half of :func:`unheard`, the same for ``task_started`` and a success's
+    ``task_finished`` (both INFO), so that a run may walk the loggers once for both."""
     log = framework.signals_logger
-    if log is None or not _only_own_receiver(signal, type(backend)):
+    if log is None:
         return False
-    level = logging.INFO if status in (RUNNING, SUCCESSFUL) else logging.ERROR
-    return dropped(log, level)
+    return dropped(log, logging.INFO if status in (RUNNING, SUCCESSFUL) else logging.ERROR)
 
 
 def _only_own_receiver(signal: Any, sender: type) -> bool:

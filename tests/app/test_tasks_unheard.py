@@ -19,6 +19,7 @@ from test_tasks_backend import QUEUE, tasks_on_the_demo_queue  # noqa: F401
 
 from django_delayqueue.conf.queues import get_queue
 from django_delayqueue.tasks import framework, runner
+from django_delayqueue.tasks import unheard as unheard_module
 from django_delayqueue.tasks.payload import RUNNING, SUCCESSFUL
 from django_delayqueue.tasks.unheard import dropped, unheard
 
@@ -288,3 +289,23 @@ def test_a_weak_receiver_gone_is_seen_gone(console: io.StringIO) -> None:
     assert unheard(framework.task_finished, backend, SUCCESSFUL)
     run_and_finish(examples().add, 3, 4)
     assert heard == [framework.SUCCESSFUL]
+
+
+def test_a_quiet_run_walks_the_loggers_once_for_both_signals(
+    console: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """task_started and a success's task_finished log at the same level (INFO): a run asks
+    the logging once for both (issue 37: each walk of the loggers cost a task about 1 us), and
+    still sends neither when the lines would be dropped."""
+    shaped(console)
+    walks: list[int] = []
+    walk = unheard_module.dropped
+
+    def counted(log: logging.Logger, level: int) -> bool:
+        walks.append(level)
+        return walk(log, level)
+
+    monkeypatch.setattr(unheard_module, "dropped", counted)
+    assert run_and_finish(examples().add, 1, 2) == []
+    assert walks == [logging.INFO]
+    assert console.getvalue() == ""

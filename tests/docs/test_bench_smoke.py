@@ -166,6 +166,17 @@ def test_the_tasks_path_bench_checks_the_target_of_issue_37() -> None:
     assert tasks_path.DELIVERY_RATIO_TARGET == cost_ab.RATIO_TARGET == 0.7
 
 
+def test_the_record_writes_bench_times_every_record_written() -> None:
+    """bench.record_writes at a tiny size: write_records.lua ran, every record written (it
+    raises on any other reply), and Redis's time per record printed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.record_writes", "--calls", "2", "--per-call", "5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "us of Redis per record" in proc.stdout and "hset" in proc.stdout
+
+
 def test_the_hung_handler_bench_replaces_the_stuck_process(tmp_path: Path) -> None:
     """bench.hung_limits, short phases: the hung handler is stopped by its time limit in a real
     runqueue, the hung queue's next message runs in another process, every fast one runs."""
