@@ -41,18 +41,17 @@ _R = TypeVar("_R")
 
 class _PartMethod(Generic[_P, _R]):
     """A public method of :class:`Queue` that is one of its parts' (``method`` of the part the
-    queue holds as ``part``): read on a queue, it is that part's bound method, found once per
-    queue and kept on it, so a call costs what a call of the part's own method does (no
-    second call in between, no signature written twice). Its docstring is the part's."""
+    queue holds as ``part``): read on a queue, it is that part's bound method, so its signature
+    and docstring are written once, on the part. Looked up at each read, never kept on the
+    queue: a patch of ``Queue`` or of a part's class (a test's ``mock.patch.object``), or a
+    part replaced, is seen by every queue at once, as with a plain method. Called on the class
+    (``Queue.counts(q)``), it calls the queue's."""
 
     def __init__(self, part: str, method: Callable[Concatenate[Any, _P], _R]) -> None:
         self.part = part
         self.method = method
         self.__doc__ = method.__doc__
-        self.name = method.__name__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+        self.__name__ = method.__name__
 
     @overload
     def __get__(self, queue: None, owner: type) -> _PartMethod[_P, _R]: ...
@@ -63,13 +62,11 @@ class _PartMethod(Generic[_P, _R]):
     def __get__(self, queue: object | None, owner: type) -> Any:
         if queue is None:
             return self  # read on the class (its docstring, a subclass's super())
-        bound = getattr(getattr(queue, self.part), self.method.__name__)
-        # Kept in the queue's own __dict__, which Python reads before this (non-data)
-        # descriptor: later reads are a plain attribute read. Not when a subclass overrides
-        # the method and reached this through super(): kept, it would hide the override.
-        if getattr(type(queue), self.name, None) is self:
-            queue.__dict__[self.name] = bound
-        return bound
+        return getattr(getattr(queue, self.part), self.__name__)
+
+    def __call__(self, queue: Any, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result: _R = getattr(getattr(queue, self.part), self.__name__)(*args, **kwargs)
+        return result
 
 
 class Queue:

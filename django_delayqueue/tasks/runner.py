@@ -253,9 +253,6 @@ class _TaskRun:
         self.end: tuple[str, int, int] = ("", 0, 0)
         # The TaskResult task_started was sent with; None when nothing would have read it.
         self.started: Any = None
-        # Whether the framework's INFO line is dropped (see unheard), found at the start and
-        # taken again for a success's task_finished (INFO too): one walk of the loggers a run.
-        self.info_dropped: bool | None = None
         self.args: list[Any] = []
         self.kwargs: dict[str, Any] = {}
 
@@ -281,8 +278,7 @@ class _TaskRun:
         self.runner._send_soon(queue, attempt)  # RUNNING, if it still runs at the next round
         self.loaded = loaded
         # Its TaskResult built only for what reads it (see django_delayqueue.tasks.unheard).
-        self.info_dropped = log_dropped(RUNNING)
-        quiet = self.info_dropped and only_own_receiver(framework.task_started, self.backend)
+        quiet = log_dropped(RUNNING) and only_own_receiver(framework.task_started, self.backend)
         if loaded.takes_context or not quiet:
             self.started = to_task_result(record, message.id, self.task)
         if not quiet:
@@ -397,10 +393,9 @@ class _TaskRun:
                     message.id,
                     extra=message_fields(message, queue.name),
                 )
-        info_dropped = self.info_dropped
-        if info_dropped is None:  # not started here (never so today): asked whole
-            info_dropped = log_dropped(SUCCESSFUL)
-        if info_dropped and only_own_receiver(framework.task_finished, backend):
+        # Asked again, not taken from the start: the run may be long, and logging may have
+        # changed meanwhile (DEBUG on, a handler added, a test's assertLogs).
+        if unheard(framework.task_finished, backend, SUCCESSFUL):
             return  # nothing ran here that could have opened or used a connection
         if self.started is None:  # the started TaskResult's copy, or one built whole
             result = to_task_result(self.record, self.message.id, self.task)

@@ -195,9 +195,11 @@ def test_a_run_copies_its_task_with_the_record_s_options_only_for_what_reads_the
     # Quiet: only the framework's receivers, and their lines dropped (see unheard).
     monkeypatch.setattr(runner, "only_own_receiver", lambda *args: True)
     monkeypatch.setattr(runner, "log_dropped", lambda *args: True)
+    monkeypatch.setattr(runner, "unheard", lambda *args: True)
     run_one(add, 1, 2)
     assert copies == []  # nothing read the options
     monkeypatch.setattr(runner, "log_dropped", lambda *args: False)
+    monkeypatch.setattr(runner, "unheard", lambda *args: False)
     heard: list[Any] = []
 
     def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:

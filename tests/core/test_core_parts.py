@@ -121,4 +121,16 @@ def test_a_subclass_override_that_calls_super_stays_in_force(redis_client: Any) 
     assert q.claims == 2
     plain = Queue(redis_client, "parts-plain")
     assert plain.schedule == plain.scheduling.schedule  # the part's own bound method
-    assert "schedule" in vars(plain)  # kept: later reads are plain attribute reads
+
+
+def test_a_patch_of_the_queue_class_reaches_a_queue_already_used(
+    redis_client: Any, monkeypatch: Any
+) -> None:
+    """get_queue keeps one Queue per name for the process, so a user's test patches the class
+    after other tests used the queue: the part's method once kept on the instance hid the
+    patch, and the call reached Redis. And Queue.counts(q), an unbound call, works."""
+    q = Queue(redis_client, "parts-patched")
+    assert q.counts()["ready"] == 0
+    assert Queue.counts(q) == q.counts()
+    monkeypatch.setattr(Queue, "counts", lambda self: {"patched": 1})
+    assert q.counts() == {"patched": 1}

@@ -133,6 +133,7 @@ class TaskStop:
 
     def __init__(self, task: asyncio.Task[Any] | None) -> None:
         self._task = task
+        self._run: Run | None = None
 
     @property
     def stop_wait_seconds(self) -> float:
@@ -144,9 +145,17 @@ class TaskStop:
     def stop(self, exception: type[BaseException], settlement: Settlement, reason: str) -> None:
         task = self._task
         if task is not None and not task.done():
-            task.get_loop().call_soon_threadsafe(task.cancel, reason)
+            task.get_loop().call_soon_threadsafe(self._cancel, reason)
+
+    def _cancel(self, reason: str) -> None:
+        """On the task's loop: cancel it only if it still runs this delivery's handler (it may
+        have returned, and gone on to other work, since the watchdog sent the stop)."""
+        task, run = self._task, self._run
+        if task is not None and not task.done() and (run is None or run.inside):
+            task.cancel(reason)
 
     def attach(self, run: Run) -> bool:
+        self._run = run  # read by _cancel; ended with its handler, not by a runner
         return False
 
 
