@@ -34,18 +34,23 @@ def run_all(task: Any, calls: list[tuple[Any, ...]], asked: list[str]) -> list[s
     return ids
 
 
-def test_a_worker_asks_for_a_task_s_backend_once_until_tasks_change(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    handler = framework.task_backends
+def count_backend_lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The aliases the task backends' handler is asked for from now on (in this test)."""
     asked: list[str] = []
-    lookup = type(handler).__getitem__
+    lookup = type(framework.task_backends).__getitem__
 
     def counted(self: Any, alias: str) -> Any:
         asked.append(alias)
         return lookup(self, alias)
 
-    monkeypatch.setattr(type(handler), "__getitem__", counted)
+    monkeypatch.setattr(type(framework.task_backends), "__getitem__", counted)
+    return asked
+
+
+def test_a_worker_asks_for_a_task_s_backend_once_until_tasks_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = count_backend_lookups(monkeypatch)
     add = examples().add
     run_all(add, [(1, 2), (3, 4)], asked)
     assert asked == ["default"]  # the second run is told by the first's answer
@@ -68,14 +73,7 @@ def test_a_worker_follows_a_backend_removed_or_replaced_in_the_handler(
     from tests.settings import TASKS_SETTING
 
     handler = framework.task_backends
-    asked: list[str] = []
-    lookup = type(handler).__getitem__
-
-    def counted(self: Any, alias: str) -> Any:
-        asked.append(alias)
-        return lookup(self, alias)
-
-    monkeypatch.setattr(type(handler), "__getitem__", counted)
+    asked = count_backend_lookups(monkeypatch)
     add = examples().add
     run_all(add, [(1, 2)], asked)
     old = framework.backend_named("default")
@@ -83,7 +81,7 @@ def test_a_worker_follows_a_backend_removed_or_replaced_in_the_handler(
     run_all(add, [(3, 4)], asked)
     assert asked == ["default"]  # looked up again: the handler built a new one
     assert framework.backend_named("default") is not old
-    assert framework.backend_named("default") is lookup(handler, "default")
+    assert framework.backend_named("default") is handler["default"]
     params = {**TASKS_SETTING["default"], "OPTIONS": {"RESULT_TTL": 60}}
     handler["default"] = DelayQueueBackend(alias="default", params=params)
     try:

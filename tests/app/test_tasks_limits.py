@@ -258,15 +258,7 @@ def test_a_task_aborted_after_it_failed_and_before_its_nack_says_aborted(
         try:
             wait_until(lambda: worker.step() == 1)  # claims it; its thread runs it
             wait_until(lambda: examples().always_fails.get_result(result.id).errors)
-            assert dq.abort(QUEUE, result.id, reason="not needed").running
-            wait_until(
-                lambda: (
-                    worker.step() is not None
-                    and redis_client.zscore(KEYS.garbage, result.id) is not None
-                    and not worker._unrecorded.left()[1]  # the record's write went too
-                    and not worker._unrecorded
-                )
-            )
+            abort_and_step_until_buried(worker, result.id, redis_client)
         finally:
             worker._threads.close()
         failed = examples().always_fails.get_result(result.id)
@@ -315,15 +307,7 @@ def test_a_task_whose_retry_is_buried_as_aborted_at_its_nack_sends_task_finished
                     )
                 )
                 before = list(heard)
-                assert dq.abort(QUEUE, result.id, reason="not needed").running
-                wait_until(
-                    lambda: (
-                        worker.step() is not None
-                        and redis_client.zscore(KEYS.garbage, result.id) is not None
-                        and not worker._unrecorded.left()[1]  # the record's write went too
-                        and not worker._unrecorded
-                    )
-                )
+                abort_and_step_until_buried(worker, result.id, redis_client)
             finally:
                 worker._threads.close()
     finally:
@@ -358,3 +342,17 @@ def test_a_stopped_task_aborted_before_the_supervisor_settles_it_says_aborted(
     assert [e.exception_class_path for e in settled.errors] == [ABORTED]
     assert redis_client.hget(KEYS.reasons, result.id) == b"aborted: not needed"
     assert settled.errors[0].traceback.endswith("Aborted: aborted: not needed\n")
+
+
+def abort_and_step_until_buried(worker: Any, message_id: str, redis_client: Any) -> None:
+    """Abort the running task ``message_id`` and step ``worker`` until its nack buried it and
+    every write it owed (the record's too) went."""
+    assert dq.abort(QUEUE, message_id, reason="not needed").running
+    wait_until(
+        lambda: (
+            worker.step() is not None
+            and redis_client.zscore(KEYS.garbage, message_id) is not None
+            and not worker._unrecorded.left()[1]  # the record's write went too
+            and not worker._unrecorded
+        )
+    )
