@@ -69,6 +69,26 @@ class _PartMethod(Generic[_P, _R]):
         return result
 
 
+class _OnPlace(Generic[_R]):
+    """An attribute of :class:`Queue` that lives on its :class:`QueuePlace` under the same name
+    (read and written there), so that the parts, which hold the place, see every change."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, queue: None, owner: type) -> _OnPlace[_R]: ...
+
+    @overload
+    def __get__(self, queue: object, owner: type) -> _R: ...
+
+    def __get__(self, queue: Any, owner: type) -> Any:
+        return self if queue is None else getattr(queue.place, self.name)
+
+    def __set__(self, queue: Any, value: _R) -> None:
+        setattr(queue.place, self.name, value)
+
+
 class Queue:
     """A named queue. Thread-safe as far as the redis-py client is (a pool per client)."""
 
@@ -113,32 +133,11 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} {self.keys.tag}>"
 
-    # Replaced at run time (the admin's overrides, conf/queues.py; a mirror, ShardedQueue):
-    # kept on the place, so that every part reads the current one.
-    @property
-    def settings(self) -> QueueSettings:
-        return self.place.settings
-
-    @settings.setter
-    def settings(self, value: QueueSettings) -> None:
-        self.place.settings = value
-
-    @property
-    def client(self) -> RedisClient:
-        return self.place.client
-
-    @client.setter
-    def client(self, value: RedisClient) -> None:
-        self.place.client = value
-
-    @property
-    def shard_count(self) -> int:
-        """How many shards the queue has (1: not sharded): each keeps a share of its limits."""
-        return self.place.shard_count
-
-    @shard_count.setter
-    def shard_count(self, value: int) -> None:
-        self.place.shard_count = value
+    # Replaced at run time (the admin's overrides, conf/queues.py; a mirror, ShardedQueue; a
+    # test's client): kept on the place, so that every part reads the current one.
+    settings = _OnPlace[QueueSettings]()
+    client = _OnPlace[RedisClient]()
+    shard_count = _OnPlace[int]()  # how many shards the queue has (1: not sharded)
 
     @property
     def journal_maxlen(self) -> int:
