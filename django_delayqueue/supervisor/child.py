@@ -44,6 +44,7 @@ from django_delayqueue.supervisor.protocol import (
     ChildChannel,
 )
 from django_delayqueue.supervisor.settling import forget_inherited_connections
+from django_delayqueue.supervisor.start_marks import StartMarkTable
 from django_delayqueue.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ class ChildSpec:
     # runqueue --alive-file (django_delayqueue.alive); None: none.
     alive_file: str | None = None
     worker_class: type[SupervisedWorker] = SupervisedWorker
+    # The descriptor of its start marks' table (supervisor.start_marks); None: none.
+    start_marks_fd: int | None = None
 
 
 def run_child(spec: ChildSpec, write_fd: int, inherited_fds: Sequence[int]) -> NoReturn:
@@ -201,6 +204,7 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
+    marks = None if spec.start_marks_fd is None else StartMarkTable.open(spec.start_marks_fd)
     try:
         built = spec.worker_class.for_queues(
             spec.queues,
@@ -210,6 +214,7 @@ def _consume(spec: ChildSpec, channel: ChildChannel) -> int:
             alive_file=spec.alive_file,
             channel=channel,
             recycle=RecyclePolicy(spec.max_messages, spec.max_memory_mb),
+            start_marks=marks,
         )
     except ConfigurationError as e:
         channel.send(FATAL, message=str(e), code=1)

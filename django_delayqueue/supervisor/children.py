@@ -14,6 +14,7 @@ from django_delayqueue.supervisor.fresh import RestartCommand
 from django_delayqueue.supervisor.groups import kill_group
 from django_delayqueue.supervisor.liveness import Held
 from django_delayqueue.supervisor.protocol import LineReader
+from django_delayqueue.supervisor.start_marks import MarkTable
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Child:
     # Forked from the supervisor's code while its children are fresh interpreters: a stand-in
     # for a process that had to be replaced when no fresh interpreter could start.
     stand_in: bool = False
+    # What it claimed and has not started (supervisor.start_marks): read once it is reaped.
+    marks: MarkTable | None = None
 
     def note_stopped(self, handlers: list[StoppedHandler], *, reported: bool) -> None:
         """Settle ``handlers`` once this process is gone, each message once: what the process

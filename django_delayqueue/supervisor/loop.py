@@ -55,8 +55,14 @@ from django_delayqueue.supervisor.children import (
 from django_delayqueue.supervisor.groups import kill_group
 from django_delayqueue.supervisor.liveness import SHORTEST_SILENCE_SECONDS, Held
 from django_delayqueue.supervisor.protocol import ALIVE, FAILED, FATAL, READY, RECYCLE, STOPPED
-from django_delayqueue.supervisor.settling import close_connections, settle, settling_client
+from django_delayqueue.supervisor.settling import (
+    close_connections,
+    give_back,
+    settle,
+    settling_client,
+)
 from django_delayqueue.supervisor.start_failures import StartFailures
+from django_delayqueue.supervisor.start_marks import Unstarted
 from django_delayqueue.supervisor.starting import ChildStarter
 
 logger = logging.getLogger(__name__)
@@ -90,6 +96,7 @@ class Supervisor:
         self.slots = [Slot(i) for i in range(options.processes)]
         self.retiring: list[Child] = []  # told to stop (or stopping by themselves)
         self.to_settle: list[StoppedHandler] = []  # their process is gone; Redis was down
+        self.to_give_back: list[Unstarted] = []  # claimed, never started; process gone
         self._settle_at = 0.0  # time.monotonic() of the next try at to_settle
         self.stop_requests = 0
         self.fatal: tuple[str, int] | None = None
@@ -156,7 +163,7 @@ class Supervisor:
         times += [c.answer_by for c in self._children() if c.answer_by is not None]
         if not self.stop_requests:
             times += [s.not_before for s in self.slots if s.current is None and s.successor is None]
-        if self.to_settle:
+        if self.to_settle or self.to_give_back:
             times.append(self._settle_at)
         return max(0.0, min([now + TICK_SECONDS, *times]) - now)
 
@@ -238,6 +245,9 @@ class Supervisor:
         # The supervisor's own pipes, which a forked child closes.
         open_fds = [self._wake_r, self._wake_w]
         open_fds += [c.reader.fd for c in self._children() if c.reader.fd >= 0]
+        open_fds += [
+            c.marks.fd for c in self._children() if c.marks is not None and c.marks.fd >= 0
+        ]
         fresh = self.fresh_children
         stand_in = fresh and slot.fresh_failed is not None and (slot.stuck or slot.current is None)
         if stand_in:
@@ -514,8 +524,16 @@ class Supervisor:
         if slot.successor is child:
             slot.successor = None
         clean = code == 0 and not child.killed
-        if child.stopped:
-            self.to_settle.extend(child.stopped)
+        # What it claimed and never started (its start marks), given back with no attempt
+        # used, whatever way it ended: it is gone, so none of them can start now. A delivery
+        # its last heartbeat listed as running and still marked never reached its handler
+        # (a coroutine its stuck loop never began, a thread waiting for its due time): given
+        # back, not retried.
+        unstarted = self._read_marks(child)
+        marked = {(u.queue, u.token) for u in unstarted}
+        self.to_give_back.extend(unstarted)
+        self.to_settle.extend(s for s in child.stopped if (s.queue, s.token) not in marked)
+        if self.to_settle or self.to_give_back:
             self._settle_left()
         slot.backoff.lived(lived)
         # A child being replaced (a handler it could not stop, or its silence) ends as decided
@@ -564,14 +582,33 @@ class Supervisor:
             child.error or f"{describe_exit(code)} (no exception reported)",
         )
 
+    def _read_marks(self, child: Child) -> list[Unstarted]:
+        """The start marks ``child`` left (it is reaped), its table closed."""
+        if child.marks is None:
+            return []
+        try:
+            return child.marks.read(child.pid)
+        except OSError as e:  # left to their visibility timeout
+            logger.warning("consumer process %d: start marks not read: %s", child.pid, e)
+            return []
+        finally:
+            child.marks.close()
+
     def _settle_left(self, *, final: bool = False) -> None:
-        """Record the outcome of the stopped handlers whose process is gone: at once, then (Redis
-        down) every SETTLE_RETRY_SECONDS, never holding the loop longer than one try; at the
-        end (``final``) one last try, and what is still left is logged and left in flight."""
-        if not self.to_settle or (not final and time.monotonic() < self._settle_at):
+        """Give back what processes that are gone claimed and never started, and record the
+        outcome of the stopped handlers: at once, then (Redis down) every
+        SETTLE_RETRY_SECONDS, never holding the loop longer than one try; at the end
+        (``final``) one last try, and what is still left is logged and left in flight."""
+        if not (self.to_settle or self.to_give_back):
             return
-        self.to_settle = settle(self.to_settle, final=final)
-        self._settle_at = time.monotonic() + SETTLE_RETRY_SECONDS if self.to_settle else 0.0
+        if not final and time.monotonic() < self._settle_at:
+            return
+        if self.to_give_back:
+            self.to_give_back = give_back(self.to_give_back, final=final)
+        if self.to_settle and (final or not self.to_give_back):  # Redis answered (or last try)
+            self.to_settle = settle(self.to_settle, final=final)
+        left = self.to_settle or self.to_give_back
+        self._settle_at = time.monotonic() + SETTLE_RETRY_SECONDS if left else 0.0
         close_connections()
 
 

@@ -23,6 +23,7 @@ from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settl
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.observability.log_fields import id_fields
+from django_delayqueue.supervisor.start_marks import Unstarted
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,69 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
             item.reason,
             SETTLED[outcome],
             extra=id_fields(item.queue, item.message_id, item.attempt),
+        )
+    return []
+
+
+def give_back(unstarted: list[Unstarted], *, final: bool = False) -> list[Unstarted]:
+    """Give back what processes that are gone (reaped) claimed and never started, through
+    release.lua: no attempt used, an aborted one to the dead letters with its abort's reason, a
+    token no longer current skipped. One call per queue and process; returns those to try again
+    (Redis down: that group and every one after it; ``final``: none, they are named in a log
+    line and come back after their visibility timeout, charged)."""
+    groups: dict[tuple[str, int], list[Unstarted]] = {}
+    for item in unstarted:
+        groups.setdefault((item.queue, item.pid), []).append(item)
+    done: set[tuple[str, int]] = set()
+    for (queue, pid), items in groups.items():
+        ids = ", ".join(u.message_id for u in items)
+        try:
+            released = _queues_for(queue)[queue].release(*(u.message() for u in items))
+        except ConfigurationError as e:
+            logger.error(
+                "queue %s: %d unstarted message(s) not given back: %s", queue, len(items), e
+            )
+            done.add((queue, pid))
+            continue
+        except (KeyError, ValueError, TypeError) as e:  # a queue this process cannot name
+            logger.error(
+                "queue %s: %d unstarted message(s) not given back (%r): they come back after "
+                "their visibility timeout: %s",
+                queue,
+                len(items),
+                e,
+                ids,
+            )
+            done.add((queue, pid))
+            continue
+        except (DelayQueueError, redis.RedisError) as e:  # Redis down: the rest waits
+            left = [u for u in unstarted if (u.queue, u.pid) not in done]
+            if final:
+                logger.error(
+                    "Redis unavailable (%s): %d message(s) claimed and never started left in "
+                    "flight, they come back after their visibility timeout (an attempt used): %s",
+                    e,
+                    len(left),
+                    ", ".join(f"{u.queue}/{u.message_id}" for u in left),
+                )
+                return []
+            logger.warning(
+                "Redis unavailable (%s): %d message(s) claimed and never started given back later",
+                e,
+                len(left),
+            )
+            return left
+        done.add((queue, pid))
+        logger.warning(
+            "queue %s: %d message(s) consumer process %d claimed and never started given back "
+            "(no attempt used)%s: %s",
+            queue,
+            released,
+            pid,
+            ""
+            if released == len(items)
+            else f"; {len(items) - released} settled already or aborted (dead-lettered)",
+            ids,
         )
     return []
 

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from django_delayqueue.supervisor.child import (
     SUPERVISOR_SIGNALS,
@@ -28,6 +29,7 @@ from django_delayqueue.supervisor.children import Child, Slot, SupervisorOptions
 from django_delayqueue.supervisor.fresh import child_environment
 from django_delayqueue.supervisor.protocol import LineReader
 from django_delayqueue.supervisor.settling import close_connections
+from django_delayqueue.supervisor.start_marks import MarkTable
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +52,29 @@ class ChildStarter:
     def start(self, slot: Slot, *, fresh: bool, open_fds: Sequence[int]) -> Child:
         """Start one child for ``slot``: a fresh interpreter when ``fresh`` (and this runqueue
         can be run again), else forked. ``open_fds``: the supervisor's own pipes, which a
-        forked child closes."""
-        if fresh and self.options.restart is not None:
-            return self._start_fresh(slot)
-        return self._fork(slot, open_fds)
+        forked child closes (its siblings' start marks among them).
 
-    def _fork(self, slot: Slot, open_fds: Sequence[int]) -> Child:
+        Each child gets a table of start marks (supervisor.start_marks), made here before it
+        starts: without one (it could not be made) it is started all the same, and what it
+        claimed and never started comes back after its visibility timeout, charged."""
+        try:
+            marks: MarkTable | None = MarkTable.create()
+        except OSError as e:
+            logger.warning("no start marks for the next consumer process: %s", e)
+            marks = None
+        try:
+            if fresh and self.options.restart is not None:
+                child = self._start_fresh(slot, marks)
+            else:
+                child = self._fork(slot, open_fds, marks)
+        except BaseException:
+            if marks is not None:
+                marks.close()
+            raise
+        child.marks = marks
+        return child
+
+    def _fork(self, slot: Slot, open_fds: Sequence[int], marks: MarkTable | None) -> Child:
         """Fork one child for ``slot``, with nothing open that it should not inherit."""
         close_connections()
         read_fd, write_fd = os.pipe()
@@ -65,7 +84,7 @@ class ChildStarter:
             pid = os.fork()
             if pid == 0:
                 name = f"{self.name}.{slot.index + 1}-{os.getpid()}"
-                run_child(self._spec(slot, name), write_fd, inherited)
+                run_child(self._spec(slot, name, marks), write_fd, inherited)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_SIGNALS)
         os.close(write_fd)
@@ -80,13 +99,13 @@ class ChildStarter:
         logger.info("consumer process %d started (slot %d)", pid, slot.index + 1)
         return child
 
-    def _start_fresh(self, slot: Slot) -> Child:
+    def _start_fresh(self, slot: Slot, marks: MarkTable | None) -> Child:
         """Start one child for ``slot`` in a fresh interpreter: the command line that started
         this runqueue, told by its environment to run as that child (supervisor.fresh)."""
         restart = self.options.restart
         assert restart is not None
         read_fd, write_fd = os.pipe()
-        env = child_environment(self._spec(slot, ""), write_fd, os.environ)
+        env = child_environment(self._spec(slot, "", marks), write_fd, os.environ)
         # Blocked until the child has its handlers (child._consume): a SIGTERM while it loads
         # Django waits for them instead of killing it, as for a forked child.
         signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
@@ -96,7 +115,7 @@ class ChildStarter:
                 restart.argv,
                 cwd=restart.cwd,
                 env=env,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd,) if marks is None else (write_fd, marks.fd),
                 start_new_session=True,
             )
         except BaseException:
@@ -121,9 +140,9 @@ class ChildStarter:
         )
         return child
 
-    def _spec(self, slot: Slot, name: str) -> ChildSpec:
+    def _spec(self, slot: Slot, name: str, marks: MarkTable | None) -> ChildSpec:
         o = self.options
-        return ChildSpec(
+        spec = ChildSpec(
             queues=o.queues,
             name=name,
             slot=slot.index + 1,
@@ -137,3 +156,4 @@ class ChildStarter:
             alive_file=o.alive_file,
             worker_class=self.worker_class,
         )
+        return spec if marks is None else replace(spec, start_marks_fd=marks.fd)

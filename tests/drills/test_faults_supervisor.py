@@ -616,6 +616,57 @@ def test_a_process_stuck_in_a_call_that_holds_the_gil_is_killed_before_its_lease
         runqueues.close()
 
 
+def test_what_a_silent_process_claimed_and_never_started_comes_back_with_no_attempt_used(
+    tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
+) -> None:
+    """A process stuck in a C call that holds the GIL had claimed messages ahead of its one
+    busy handler thread. Killed for its silence and reaped, its supervisor gives those back at
+    once from the start marks the process left (release.lua): they run in the replacement on
+    the attempt they were claimed at, not after their visibility timeout with an attempt used
+    (before: each such kill charged them one, and three dead-lettered them unrun). The GIL
+    holder itself had started: it is retried, its attempt counted (by the supervisor if a beat
+    named it running, else by its visibility timeout)."""
+    queues = {"drill": {"visibility_timeout": 4}}
+    runqueues = Runqueues(redis_server.url, tmp_path, {"DRILL_QUEUES": json.dumps(queues)})
+    try:
+        q = producer(redis_server.url, "drill")
+        sup = runqueues.start("--processes", "1", concurrency="1", claim_batch="10")
+        (first,) = runqueues.consuming_children(sup, 1)
+        # Quick handlers first: the thread measures their pace and holds messages ahead.
+        warm = [q.schedule({"n": i}).id for i in range(30)]
+        runqueues.wait(lambda: len(read(runqueues.ledger)) == len(warm), 60, "the warm-up")
+        stuck = q.schedule({"do": ["gilgo:30", "ok"]}).id
+        runqueues.wait(
+            lambda: any(d.id == stuck for d in read(runqueues.ledger)), 30, "the holder started"
+        )
+        ahead = [q.schedule({"n": 100 + i}).id for i in range(3)]
+        claimed = runqueues.wait(
+            lambda: [i for i in ahead if redis_client.zscore(q.keys.unack, i) is not None],
+            30,
+            "messages claimed ahead of the busy thread",
+        )
+        assert first in runqueues.children(sup)  # by the process about to fall silent
+        Path(f"{runqueues.ledger}.go").touch()
+        runqueues.wait(
+            lambda: f"consumer process {first} has not answered" in runqueues.log(sup),
+            30,
+            "the silent process killed",
+        )
+        runqueues.wait(lambda: settled(q), 60, "every message settled")
+        assert _stop(runqueues, sup) == 0, runqueues.logs()[-3000:]
+        deliveries = read(runqueues.ledger)
+        attempts = {i: [d.attempt for d in deliveries if d.id == i] for i in [stuck, *ahead]}
+        assert attempts == {stuck: [1, 2], **{i: [1] for i in ahead}}, attempts
+        assert all(d.pid != first for d in deliveries if d.id in claimed)
+        assert not redis_client.hlen(q.keys.attempts)  # every one acknowledged
+        log = runqueues.log(sup)
+        line = next(line for line in log.splitlines() if "never started given back" in line)
+        assert f"consumer process {first} claimed" in line and "(no attempt used)" in line
+        assert all(i in line for i in claimed), line
+    finally:
+        runqueues.close()
+
+
 def test_a_program_a_handler_started_dies_when_its_process_is_replaced(
     tmp_path: Path, redis_server: RedisServerProcess, redis_client: redis.Redis
 ) -> None:

@@ -50,6 +50,7 @@ from django_delayqueue.core.consumer.rounds.waiter import (
     became_due_ms,
     sleep_until_due,
 )
+from django_delayqueue.core.consumer.start_marks import StartMarks
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.tracing import (
     Delivery as DeliverySpan,
@@ -86,6 +87,7 @@ class HandlerDelivery:
         keeper: Keeper,
         unrecorded: UnrecordedOutcomes,
         write_soon: Callable[[Queue, ScriptCall | WhileRunning], None],
+        start_marks: StartMarks,
         *,
         around_handler: Callable[[Message], Outcome],
         around_coroutine_handler: Callable[[Message], Awaitable[Outcome]],
@@ -102,6 +104,8 @@ class HandlerDelivery:
         # replaces them).
         self._unrecorded = unrecorded
         self._write_soon = write_soon
+        # Cleared once a delivery is due, before anything of its run (see start_marks.py).
+        self._started = start_marks.clear
         self._around_handler = around_handler
         self._around_coroutine_handler = around_coroutine_handler
         self.runs_async = runs_async
@@ -120,6 +124,7 @@ class HandlerDelivery:
         # it became due (a retry at its retry time), awaited, never blocking: the loop runs the
         # others.
         await asleep_until_due(self._clock, became_due_ms(message))
+        self._started(message)  # from here a kill of this process charges its attempt
         q = self._queue_named.get(message.queue)
         # 2. Watchdog: a Run, always: dq.abort reaches it (message.aborted, abort_requested()),
         # and the watchdog keeps its limits and its abort's grace as a thread's, telling it
@@ -160,6 +165,7 @@ class HandlerDelivery:
         # handler still starts on time, when the message became due (a retry at its retry time,
         # not its first due time).
         sleep_until_due(self._clock, became_due_ms(message))
+        self._started(message)  # from here a kill of this process charges its attempt
         q = self._queue_named.get(message.queue)
         slot = traced = None
         try:  # at once: a stop landing from here on still frees the slot (finally)

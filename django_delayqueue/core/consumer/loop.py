@@ -45,6 +45,7 @@ from django_delayqueue.core.consumer.rounds.planning import RoundPlanner
 from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
 from django_delayqueue.core.consumer.rounds.waiter import Waiter
+from django_delayqueue.core.consumer.start_marks import NO_START_MARKS, StartMarks
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message, validate_format
 from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, PayloadError
@@ -71,6 +72,8 @@ class Consumer:
     knows); a message of a newer one is left for a consumer that reads it, never dead-lettered.
     An older one pins it to an earlier release's format (a drill of a mixed fleet). Announced
     with its heartbeat, so that producers and the checks know what the live consumers read.
+    ``start_marks``: where it marks what it claimed and has not started (:mod:`.start_marks`:
+    a supervised child's, which its supervisor reads once the process is gone); default none.
     """
 
     announce_within_ms = ANNOUNCE_WITHIN_MS  # longest sleep without reading the pending heads
@@ -94,6 +97,7 @@ class Consumer:
         keeper: Keeper | None = None,
         monotonic: Callable[[], float] | None = None,
         reads_format: int = ENVELOPE_FORMAT,
+        start_marks: StartMarks | None = None,
     ) -> None:
         if not queues:
             raise DelayQueueError("a consumer needs at least one queue")
@@ -116,6 +120,7 @@ class Consumer:
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         # Looked up now, not as a default argument, so a test may patch time.monotonic.
         self._monotonic = monotonic or time.monotonic
+        self._marks = start_marks if start_marks is not None else NO_START_MARKS
         self.delivered = 0  # handlers finished
         # One "out of memory" log line for the whole consumer: outcomes, rounds and ticks.
         self.memory = OutOfMemoryLog(logger, self.name)
@@ -170,6 +175,7 @@ class Consumer:
             self.keeper,
             self._unrecorded,
             self.write_soon,
+            self._marks,
             around_handler=self.around_handler,
             around_coroutine_handler=self.around_coroutine_handler,
             runs_async=self.runs_async,
@@ -190,6 +196,7 @@ class Consumer:
             self._stop,
             self._monotonic,
             max_messages,
+            self._marks,
         )
 
     # --- hooks for subclasses (the Django worker) ---------------------------------------------
@@ -461,7 +468,10 @@ class Consumer:
         aim = plan.aim  # fetch uses it up
         round_started = self._monotonic()
         messages = plan.fetch(now_ms, maintenance=maintenance)
-        self._threads.add(messages)
+        if messages:
+            # Marked before any can start: a mark is cleared before its handler is called.
+            self._marks.mark(messages)
+            self._threads.add(messages)
         # How long threads that asked for more waited: what they hold ahead covers that
         # (rounds/claim_ahead.py).
         self._threads.refilled(round_started)
@@ -539,6 +549,7 @@ class Consumer:
         self._threads.hold()  # first: a lost claim's messages must not start
         replayed = self._round_trip.replay_lost_claims()
         self._plan.claimed_total += len(replayed)  # given back with the unstarted, just below
+        self._marks.mark(replayed)
         self._threads.add(replayed)
         self._plan.release_unstarted()
         finished = self._threads.finished_and_abandoned(self.queues)

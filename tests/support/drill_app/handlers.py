@@ -13,7 +13,9 @@ no timeout that never returns: what a time limit must stop), ``hold:MB`` (keep M
 alive in the process for good: memory a worker leaks), ``gil:S`` (a second in Python, then one
 C call that holds the GIL for S seconds, as a catastrophic regex or some C extensions do: no
 thread of the process runs meanwhile, its heartbeat neither; the second lets a heartbeat name
-the handler first), ``program:S`` (run ``sleep S`` as a subprocess and wait
+the handler first), ``gilgo:S`` (as ``gil:S``, but the C call comes once the file
+``$DRILL_LEDGER.go`` exists, waited for in Python: a test decides when the process falls
+silent), ``program:S`` (run ``sleep S`` as a subprocess and wait
 for it, as ``subprocess.run`` with no timeout; its pid is appended to ``$DRILL_LEDGER.programs``,
 and the ledger has a :class:`ledger.Part` line as it starts, with its pid, and one as the handler
 saw it end), ``spin:S`` (a Python loop on the CPU for S seconds: stoppable at any instruction).
@@ -71,6 +73,7 @@ _KINDS = {
     "reject": REJECT,
     "block": SLOW,  # past its time limit on purpose: stopped, retried
     "gil": SLOW,  # its process killed by its supervisor: retried
+    "gilgo": SLOW,
     "program": SLOW,
 }
 # Every other action in _KINDS fails the attempt (retry); an unknown one does nothing (ack).
@@ -178,6 +181,11 @@ def _act(name: str, arg: str, message: Message, started: int) -> None:
     elif name == "gil":
         time.sleep(1)
         # PyDLL: a C function called without releasing the GIL (ctypes.CDLL would release it).
+        ctypes.PyDLL(None).sleep(int(arg))
+    elif name == "gilgo":
+        go = os.environ["DRILL_LEDGER"] + ".go"
+        while not os.path.exists(go):
+            time.sleep(0.02)
         ctypes.PyDLL(None).sleep(int(arg))
     elif name == "program":
         with subprocess.Popen(["sleep", arg]) as program:

@@ -17,6 +17,7 @@ from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQ
 from django_delayqueue.core.consumer.rounds.parts import Keeper
 from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
 from django_delayqueue.core.consumer.rounds.waiter import MAX_CLAIM_LEAD_MS, Wake
+from django_delayqueue.core.consumer.start_marks import NO_START_MARKS, StartMarks
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
@@ -42,8 +43,10 @@ class RoundPlanner:
         stop: StopRequests,
         monotonic: Callable[[], float],
         max_messages: int | None,
+        start_marks: StartMarks = NO_START_MARKS,
     ) -> None:
         self._queues = queues
+        self._marks = start_marks
         self._clock = clock
         self._keeper = keeper
         self._round_trip = round_trip
@@ -96,7 +99,12 @@ class RoundPlanner:
             unstarted = self._threads.hold_and_take_unstarted(q.name)
             if unstarted:
                 self.claimed_total -= len(unstarted)
-                self._round_trip.give_back(q, unstarted)
+                # Their marks go once they are back, not before: a process killed in between
+                # leaves them to its supervisor (a token no longer current is skipped). Kept
+                # when Redis refused: the supervisor gives them back once this process is gone.
+                if self._round_trip.give_back(q, unstarted):
+                    for m in unstarted:
+                        self._marks.clear(m)
 
     # --- when the next round is due -------------------------------------------------------------
 

@@ -184,14 +184,17 @@ class RoundTrip:
             raise failure
 
     @staticmethod
-    def give_back(q: Queue, unstarted: list[Message]) -> None:
-        """Put messages claimed but never started back in ``q``'s ready list (no attempt used)."""
+    def give_back(q: Queue, unstarted: list[Message]) -> bool:
+        """Put messages claimed but never started back in ``q``'s ready list (no attempt used);
+        False when Redis refused."""
         try:
             q.release(*unstarted)
         except DelayQueueError as e:  # they come back after their visibility timeout
             logger.warning(
                 "queue %s: could not give back %d message(s): %s", q.name, len(unstarted), e
             )
+            return False
+        return True
 
     def replay_lost_claims(self) -> list[Message]:
         """At a stop: ask, replay only, for what the claims whose reply was lost took: their
