@@ -5,7 +5,7 @@ its handler is called (``core.consumer.start_marks``). A supervised child keeps 
 a :class:`MarkTable` its supervisor created before starting it: a file in memory
 (``memfd_create``; elsewhere an unlinked temporary file) that the child maps, named by a file
 descriptor it inherits (a fork) or is passed (a fresh interpreter after SIGHUP:
-``ChildSpec.start_marks_fd`` and ``pass_fds``). Writing a mark is a struct packed into the
+``ChildSpec.start_marks_fd`` and ``pass_fds``). Writing a mark is a few bytes copied into the
 mapping and an index taken from a Python list: no system call, no lock, a few hundred
 nanoseconds. Once the child has exited, whatever way (killed for its silence, ``kill -9``, a
 crash, a clean exit after Redis refused its stop's give-back), and been reaped, the supervisor
@@ -13,12 +13,15 @@ reads what is still marked (:meth:`MarkTable.read`) and gives it back through re
 no attempt used (``supervisor.settling.give_back``); a token no longer current is skipped there.
 
 The table: a header (:data:`MAGIC`, the slot size and count) and :data:`SLOTS` slots of
-:data:`SLOT_SIZE` bytes: a state byte (1: marked), then the ready-since time (ms, -1 for
-none), the attempt, the lengths of the queue, token and id, and their UTF-8 bytes. A mark
-writes its fields first and its state byte last, a clear its state byte alone, so a process
+:data:`SLOT_SIZE` bytes: a state byte (1: marked), the length of the text that follows, and
+that text in UTF-8: ``<ready since ms, or nothing>\\x1f<queue>\\x1f<token>\\x1f<id>`` (the id
+last: whatever it holds, the split finds it whole; the others never hold the separator). Text
+rather than packed numbers because it is what costs a message least to write. A mark writes
+its length and text first and its state byte last, a clear its state byte alone, so a process
 killed in the middle of either leaves a slot the supervisor reads whole or not at all. No free
-slot, or a mark whose names do not fit: no mark (that message is charged as before). A fresh
-interpreter of another release that does not know the header's layout marks nothing.
+slot, or a text longer than a slot holds (an id of some 200 characters): no mark (that
+message is charged as before). A fresh interpreter of another release that does not know the
+header's layout marks nothing.
 """
 
 from __future__ import annotations
@@ -36,14 +39,11 @@ from django_delayqueue.core.envelope import Message
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"DQMARKS1"
+MAGIC = b"DQMARKS2"
 SLOTS = 1024  # marks a process holds at once at most (claimed ahead, waiting, on the loop)
 SLOT_SIZE = 256
 _HEADER = struct.Struct("<8sII")  # MAGIC, slot size, slot count
-_FIELDS = struct.Struct("<qiBBH")  # ready since (ms, -1: none), attempt, queue, token, id lengths
-NAMES_SIZE = SLOT_SIZE - 1 - _FIELDS.size  # the queue's, token's and id's bytes together
-# One slot after its state byte: the fields and the names (padded with zeros).
-_SLOT = struct.Struct(f"<qiBBH{NAMES_SIZE}s")
+TEXT_SIZE = SLOT_SIZE - 2  # after the state byte and the length byte
 TABLE_SIZE = _HEADER.size + SLOTS * SLOT_SIZE
 
 
@@ -54,7 +54,6 @@ class Unstarted:
     queue: str  # physical
     message_id: str
     token: str
-    attempt: int
     ready_since_ms: int | None
     pid: int  # the process that claimed it
 
@@ -66,7 +65,7 @@ class Unstarted:
             None,
             0,
             0,
-            self.attempt,
+            0,  # not read by release.lua
             self.token,
             ready_since_ms=self.ready_since_ms,
         )
@@ -108,18 +107,15 @@ class MarkTable:
         for offset in range(_HEADER.size, TABLE_SIZE, SLOT_SIZE):
             if data[offset] != 1:
                 continue
-            since, attempt, q_len, t_len, i_len, names = _SLOT.unpack_from(data, offset + 1)
+            length = data[offset + 1]
             try:
-                queue = names[:q_len].decode()
-                token = names[q_len : q_len + t_len].decode()
-                message_id = names[q_len + t_len : q_len + t_len + i_len].decode()
-            except UnicodeDecodeError:  # not a mark this release wrote: left to its timeout
+                text = data[offset + 2 : offset + 2 + min(length, TEXT_SIZE)].decode()
+                since, queue, token, message_id = text.split("\x1f", 3)
+                ready_since = int(since) if since else None
+            except ValueError:  # not a mark this release wrote: left to its timeout
                 continue
-            if not (queue and token and message_id) or q_len + t_len + i_len > NAMES_SIZE:
-                continue
-            found.append(
-                Unstarted(queue, message_id, token, attempt, None if since < 0 else since, pid)
-            )
+            if queue and token and message_id:
+                found.append(Unstarted(queue, message_id, token, ready_since, pid))
         return found
 
     def close(self) -> None:
@@ -137,9 +133,9 @@ class StartMarkTable:
 
     def __init__(self, table: mmap.mmap) -> None:
         self._table = table
+        self._view = memoryview(table)  # cheaper to write through than the mmap itself
         self._free = list(range(SLOTS - 1, -1, -1))  # popped from the end: slot 0 first
         self._slots: dict[tuple[str, str], int] = {}  # (queue, token) -> slot
-        self._queue_bytes: dict[str, bytes] = {}
 
     @classmethod
     def open(cls, fd: int) -> StartMarkTable | None:
@@ -160,40 +156,28 @@ class StartMarkTable:
         return cls(table)
 
     def mark(self, messages: Sequence[Message]) -> None:
-        free, slots, table, names_of = self._free, self._slots, self._table, self._queue_bytes
+        free, slots, view = self._free, self._slots, self._view
         for m in messages:
-            if not free:  # full: not marked (charged as without marks)
-                return
-            queue = names_of.get(m.queue)
-            if queue is None:
-                queue = names_of[m.queue] = m.queue.encode()
-            token, message_id = m.token.encode(), m.id.encode()
-            if len(queue) + len(token) + len(message_id) > NAMES_SIZE:
-                continue  # names too long for a slot: not marked
             since = m.ready_since_ms
-            index = free.pop()
-            offset = _HEADER.size + index * SLOT_SIZE
-            try:
-                _SLOT.pack_into(
-                    table,
-                    offset + 1,
-                    -1 if since is None else since,
-                    m.attempt,
-                    len(queue),
-                    len(token),
-                    len(message_id),
-                    queue + token + message_id,
-                )
-            except struct.error:  # a number out of range (a corrupt attempt count)
-                free.append(index)
+            # One f-string of strings: a single allocation (concatenation made three).
+            if since is None:
+                text = f"\x1f{m.queue}\x1f{m.token}\x1f{m.id}".encode()
+            else:
+                text = f"{since}\x1f{m.queue}\x1f{m.token}\x1f{m.id}".encode()
+            length = len(text)
+            if length > TEXT_SIZE or not free:  # too long, or full: not marked (charged)
                 continue
-            table[offset] = 1  # last: a slot is read only once whole
-            slots[(m.queue, m.token)] = index
+            index = free.pop()
+            offset = index * SLOT_SIZE + _HEADER.size
+            view[offset + 1] = length
+            view[offset + 2 : offset + 2 + length] = text
+            view[offset] = 1  # last: a slot is read only once whole
+            slots[m.queue, m.token] = index
 
     def clear(self, message: Message) -> None:
         index = self._slots.pop((message.queue, message.token), None)
         if index is not None:
-            self._table[_HEADER.size + index * SLOT_SIZE] = 0
+            self._view[index * SLOT_SIZE + _HEADER.size] = 0
             self._free.append(index)
 
     def marked(self) -> int:
