@@ -37,8 +37,12 @@ so that the supervisor, having killed a silent process and reaped it, settles th
 it settles a handler a process could not stop (:meth:`Held.stopped_handler`): retried (the
 attempt counts; with "time limit exceeded" once past the limit) or dead-lettered (an abort). A
 message whose token is no longer current is left alone. A handler that started after the last
-beat, and what the process held and did not run (claimed and not started, finished and not
-recorded), come back after their visibility timeout, as for any process killed.
+beat comes back after its visibility timeout, the attempt counted (it may be the GIL holder
+itself, which must never come back uncharged), as does a finished outcome not yet recorded.
+What the process claimed and never started (held ahead of a busy thread, waiting for its due
+time, a coroutine its stuck loop never began) it marked in memory the supervisor reads once it
+is reaped (:mod:`.start_marks`; each mark cleared before its handler is called): given back at
+once with no attempt used (release.lua), a delivery a beat also named running included.
 
 The supervisor's side is in :mod:`.loop` (``Supervisor._kill_silent``).
 """
