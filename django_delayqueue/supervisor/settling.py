@@ -20,8 +20,9 @@ import redis
 from django.db import connections
 
 from django_delayqueue.core.consumer.limits.stopped import StoppedHandler, settle_stopped
-from django_delayqueue.core.errors import ConfigurationError, DelayQueueError
+from django_delayqueue.core.errors import ConfigurationError, DelayQueueError, ScriptFailed
 from django_delayqueue.core.queue import Queue
+from django_delayqueue.core.scripts.calls import is_out_of_memory, passes_by_itself
 from django_delayqueue.observability.log_fields import id_fields
 from django_delayqueue.supervisor.start_marks import Unstarted
 
@@ -41,6 +42,16 @@ SETTLED = {
 }
 
 _settling: tuple[Any, Any] | None = None  # (client, clock), built on first use
+
+
+def refused_for_good(error: BaseException) -> bool:
+    """Whether Redis refused a settling call for good (a script error: a key of one queue
+    holding the wrong type, say), not because it is down, out of memory or failing over: that
+    call is given up (its message comes back after its visibility timeout) and the others go
+    on, instead of every queue's waiting behind it, tried again for ever."""
+    if isinstance(error, redis.ResponseError) and is_out_of_memory(error):
+        return False
+    return isinstance(error, (ScriptFailed, redis.ResponseError)) and not passes_by_itself(error)
 
 
 def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[StoppedHandler]:
@@ -68,8 +79,18 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
                 extra=id_fields(item.queue, item.message_id, item.attempt),
             )
             continue
-        except (DelayQueueError, redis.RedisError) as e:  # Redis down: the rest waits
-            left = stopped[index:]
+        except (DelayQueueError, redis.RedisError) as e:
+            if refused_for_good(e):  # this queue's keys, say: the other queues go on
+                logger.error(
+                    "queue %s: message %s not settled, Redis refused it (%s): it comes back "
+                    "after its visibility timeout",
+                    item.queue,
+                    item.message_id,
+                    e,
+                    extra=id_fields(item.queue, item.message_id, item.attempt),
+                )
+                continue
+            left = stopped[index:]  # Redis down: the rest waits
             if final:
                 logger.error(
                     "Redis unavailable (%s): %d stopped message(s) left in flight, they come "
@@ -125,8 +146,19 @@ def give_back(unstarted: list[Unstarted], *, final: bool = False) -> list[Unstar
             )
             done.add((queue, pid))
             continue
-        except (DelayQueueError, redis.RedisError) as e:  # Redis down: the rest waits
-            left = [u for u in unstarted if (u.queue, u.pid) not in done]
+        except (DelayQueueError, redis.RedisError) as e:
+            if refused_for_good(e):  # this queue's keys, say: the other queues go on
+                logger.error(
+                    "queue %s: %d unstarted message(s) not given back, Redis refused them "
+                    "(%s): they come back after their visibility timeout: %s",
+                    queue,
+                    len(items),
+                    e,
+                    ids,
+                )
+                done.add((queue, pid))
+                continue
+            left = [u for u in unstarted if (u.queue, u.pid) not in done]  # Redis down
             if final:
                 logger.error(
                     "Redis unavailable (%s): %d message(s) claimed and never started left in "

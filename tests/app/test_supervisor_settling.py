@@ -211,3 +211,65 @@ def test_a_stopped_message_its_own_process_settled_is_not_said_to_have_timed_out
     (line,) = [r.getMessage() for r in caplog.records if item.message_id in r.getMessage()]
     assert "visibility timeout had already" not in line
     assert "already settled" in line
+
+
+@pytest.fixture
+def own_settling_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(settling, "_settling", None)
+    yield
+    if settling._settling is not None:
+        settling._settling[0].close()
+
+
+def test_a_queue_redis_refuses_for_good_holds_back_no_other_queue(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch, own_settling_client: None
+) -> None:
+    """A release.lua refused for good on one queue (a key of the wrong type: a script error,
+    not an outage) gives that queue's messages up to their visibility timeout, at once. Before,
+    it was taken for Redis being down: that queue and every one after it were kept and tried
+    again every SETTLE_RETRY_SECONDS for the supervisor's whole life, and no stopped handler
+    of any queue was settled meanwhile (review of the start marks)."""
+    from django_delayqueue.supervisor import loop
+    from django_delayqueue.supervisor.start_marks import Unstarted
+
+    healthy, broken = get_queue("order-close"), get_queue("activation-sms")
+    healthy.schedule_many([{"payload": 1}, {"payload": 2}])
+    unstarted, running = healthy.claim(2)
+    broken.schedule_many([{"payload": 3}])
+    (other,) = broken.claim(1)
+    redis_client.set(broken.keys.aborts, "not a hash")  # release.lua's guard fails there
+
+    sup = Supervisor(SupervisorOptions())
+    sup.to_give_back = [
+        Unstarted(broken.name, other.id, other.token, None, 111),
+        Unstarted(healthy.name, unstarted.id, unstarted.token, None, 222),
+    ]
+    sup.to_settle = [StoppedHandler.of(running, "retry", "time limit exceeded (2 s)")]
+    now = [1000.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
+    sup._settle_left()
+
+    assert healthy.client.lrange(healthy.keys.ready, 0, -1) == [unstarted.id.encode()]
+    assert healthy.client.hget(healthy.keys.attempts, unstarted.id) is None  # no attempt used
+    assert sup.to_give_back == [] and sup.to_settle == []
+    assert healthy.client.zscore(healthy.keys.retry, running.id) is not None  # retried
+    assert broken.client.zscore(broken.keys.unack, other.id) is not None  # left to its lease
+
+
+def test_refusals_that_pass_by_themselves_are_kept_for_another_try() -> None:
+    """A failover's or a moving cluster's refusal is not a refusal for good: kept."""
+    import redis
+
+    from django_delayqueue.core.errors import RedisUnavailable, ScriptFailed
+
+    assert settling.refused_for_good(ScriptFailed("release.lua failed: WRONGTYPE Operation"))
+    assert settling.refused_for_good(redis.ResponseError("ERR Error running script"))
+    for passing in (
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.ResponseError("MASTERDOWN Link with MASTER is down"),
+        redis.ResponseError("BUSY Redis is busy running a script."),
+        ScriptFailed("release.lua failed: READONLY You can't write against a read only replica"),
+        RedisUnavailable("Redis unavailable during release: Connection refused"),
+        redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
+    ):
+        assert not settling.refused_for_good(passing), passing

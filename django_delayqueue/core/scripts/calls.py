@@ -140,6 +140,37 @@ def is_out_of_memory(error: object) -> bool:
     return isinstance(error, redis.exceptions.ResponseError) and _OUT_OF_MEMORY in str(error)
 
 
+# Refusals that pass by themselves (a replica before its promotion, a cluster moving or
+# electing, a script cache just flushed): a write refused so is sent again, never dropped.
+_PASSING_REFUSALS: tuple[type[Exception], ...] = (
+    redis.exceptions.ReadOnlyError,  # READONLY
+    redis.exceptions.NoScriptError,  # NOSCRIPT
+    redis.exceptions.MasterDownError,  # MASTERDOWN: a demoted node in a Sentinel failover
+    redis.exceptions.TryAgainError,  # TRYAGAIN
+    redis.exceptions.AskError,  # ASK and MOVED (its subclass)
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN
+)
+# Those redis-py parses into a plain ResponseError, its code kept at the start of the text
+# (some of the above too, by an older redis-py or a parser that does not know them).
+_PASSING_PREFIXES = (
+    *("BUSY", "NOREPLICAS", "MISCONF", "LOADING", "READONLY", "NOSCRIPT", "MASTERDOWN"),
+    *("TRYAGAIN", "ASK ", "MOVED", "CLUSTERDOWN"),
+)
+
+
+def passes_by_itself(error: BaseException) -> bool:
+    """Whether Redis refused a call for a reason that passes by itself (a failover, a cluster
+    moving slots, a busy script, a flushed script cache), not for good (a script error such as
+    a key of the wrong type): ``error`` as redis-py raised it, or this library's ScriptFailed
+    that wraps it (its cause, or the reply quoted after "failed: ")."""
+    if isinstance(error, ScriptFailed):
+        if error.__cause__ is not None:
+            return passes_by_itself(error.__cause__)
+        _, _, reply = str(error).partition(" failed: ")
+        return reply.startswith(_PASSING_PREFIXES)
+    return isinstance(error, _PASSING_REFUSALS) or str(error).startswith(_PASSING_PREFIXES)
+
+
 def out_of_memory(what: str, error: object) -> RedisOutOfMemory:
     """The error to raise for ``what`` (a script call, say) refused for memory.
 

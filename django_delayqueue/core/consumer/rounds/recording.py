@@ -63,7 +63,12 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
 from django_delayqueue.core.out_of_memory import OutOfMemoryLog
 from django_delayqueue.core.queue import Queue
-from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall, is_out_of_memory
+from django_delayqueue.core.scripts.calls import (
+    ScriptBatch,
+    ScriptCall,
+    is_out_of_memory,
+    passes_by_itself,
+)
 from django_delayqueue.core.scripts.contracts import JOURNAL
 from django_delayqueue.core.timings.recorder import DeliveryTimings
 
@@ -71,23 +76,6 @@ logger = logging.getLogger(__name__)
 
 FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again after this
 JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
-
-# Refusals that pass by themselves (a replica before its promotion, a cluster moving or
-# electing, a script cache just flushed): a nack refused so is sent again, never dropped.
-_PASSING_REFUSALS: tuple[type[Exception], ...] = (
-    redis.exceptions.ReadOnlyError,  # READONLY
-    redis.exceptions.NoScriptError,  # NOSCRIPT
-    redis.exceptions.MasterDownError,  # MASTERDOWN: a demoted node in a Sentinel failover
-    redis.exceptions.TryAgainError,  # TRYAGAIN
-    redis.exceptions.AskError,  # ASK and MOVED (its subclass)
-    redis.exceptions.ClusterDownError,  # CLUSTERDOWN
-)
-# Those redis-py parses into a plain ResponseError, its code kept at the start of the text
-# (some of the above too, by an older redis-py or a parser that does not know them).
-_PASSING_PREFIXES = (
-    *("BUSY", "NOREPLICAS", "MISCONF", "LOADING", "READONLY", "NOSCRIPT", "MASTERDOWN"),
-    *("TRYAGAIN", "ASK ", "MOVED", "CLUSTERDOWN"),
-)
 
 CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
 
@@ -472,7 +460,7 @@ class UnrecordedOutcomes:
         a crash. Sent again instead, they stayed here until the consumer stopped."""
         if not isinstance(error, redis.exceptions.ResponseError) or is_out_of_memory(error):
             return False  # not the script's fault: sent again with the next round
-        if isinstance(error, _PASSING_REFUSALS) or str(error).startswith(_PASSING_PREFIXES):
+        if passes_by_itself(error):
             return False  # a failover or a cluster moving slots: the next try lands
         for e in entries:
             e.recorded = e.journalled = True  # no journal row for a nack that did not run
