@@ -40,7 +40,7 @@ from django_delayqueue.core.envelope import Message
 logger = logging.getLogger(__name__)
 
 MAGIC = b"DQMARKS2"
-SLOTS = 1024  # marks a process holds at once at most (claimed ahead, waiting, on the loop)
+SLOTS = 4096  # marks a process holds at once at most (claimed ahead, waiting, on the loop)
 SLOT_SIZE = 256
 _HEADER = struct.Struct("<8sII")  # MAGIC, slot size, slot count
 TEXT_SIZE = SLOT_SIZE - 2  # after the state byte and the length byte
