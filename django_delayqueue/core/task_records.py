@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from json.encoder import encode_basestring as _quoted
 from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD, WRITE_RECORDS
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ class TaskRecords:
         if fields is None:
             fields = record_fields(absent, in_order, deleted, always)
         if mergeable:
-            write = f"{int(kept_seconds)} {int(order)} {required or ''} {fields}"
-            return ScriptCall(WRITE_RECORDS.script, [key], [write])
+            return merged_record_write(key, int(kept_seconds), int(order), required, fields)
         args = [kept_seconds, order, fields]
         if required is not None:
             args.append(required)
@@ -103,6 +102,26 @@ class TaskRecords:
         with redis_errors(f"loading scripts on {self.place.name}"):
             self.place.client.script_load(WRITE_RECORD.script.source)
             self.place.client.script_load(WRITE_RECORDS.script.source)
+
+
+def merged_record_write(
+    key: str, kept_seconds: int, order: int, required: str | None, fields: str
+) -> ScriptCall:
+    """``record_write_call(..., mergeable=True)`` with every part built already (``fields`` as
+    :func:`record_fields` makes it, the numbers whole): a worker makes one per task it runs,
+    and the keyword call and its checks showed on its profile."""
+    write = f"{kept_seconds} {order} {required or ''} {fields}"
+    return ScriptCall(_records_script(), [key], [write])
+
+
+def _records_script() -> LuaScript:
+    script = _kept_script[0]
+    if script is None:
+        script = _kept_script[0] = WRITE_RECORDS.script
+    return script
+
+
+_kept_script: list[LuaScript | None] = [None]  # write_records.lua, once rendered
 
 
 def record_fields(

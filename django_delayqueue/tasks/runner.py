@@ -238,6 +238,22 @@ def _as_recorded(e: BaseException, abort: Aborted | None) -> BaseException:
 class _TaskRun:
     """One run of a task message: before the call, and what its end writes."""
 
+    # One per task, kept until its round's reply (its success's ``then``): no __dict__.
+    __slots__ = (
+        "_task",
+        "args",
+        "attempt",
+        "backend",
+        "end",
+        "kwargs",
+        "loaded",
+        "message",
+        "queue",
+        "record",
+        "runner",
+        "started",
+    )
+
     def __init__(self, runner: TaskRunner, message: Message, queue: Queue) -> None:
         self.runner, self.message, self.queue = runner, message, queue
         self.record = TaskRecord.from_payload(
@@ -348,9 +364,7 @@ class _TaskRun:
             finished_at = queue.clock.now_ms()
             ttl = _ttl(backend)
             # Sent with the round's other results as one call (consumer.rounds.merged_writes).
-            write = attempt.write(
-                SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, mergeable=True
-            )
+            write = attempt.success_write(returned, ttl, finished_at)
         except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
             # It ran: running it again would repeat its effects for the same bad value. So
             # whatever keeps its result from being stored fails it once, with the error

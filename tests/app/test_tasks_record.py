@@ -515,6 +515,24 @@ def test_an_attempt_s_fields_are_the_text_record_fields_makes_of_its_lists(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("returned", ["null", "7", '{"a": "é\\"x"}'])
+def test_a_success_s_write_is_the_write_of_its_status_with_the_ack(
+    redis_client: redis.Redis, returned: str
+) -> None:
+    """Attempt.success_write, the write every task that returns makes, written out on its own:
+    the same call as the general write of SUCCESSFUL sent with the ack (script, key, text)."""
+    examples().add.enqueue(1, 2)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    attempt = Attempt('w "é"\\1', delivery, q, from_message(delivery, q))
+    finished_at = attempt.started_at + 5
+    general = attempt.write(
+        SUCCESSFUL, returned=returned, ttl=60, finished_at=finished_at, mergeable=True
+    )
+    assert attempt.success_write(returned, 60, finished_at) == general
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_success_whose_record_is_gone_is_written_whole_with_a_later_round_until_it_lands(
     redis_client: redis.Redis,
 ) -> None:
