@@ -114,6 +114,20 @@ def merged_record_write(
     return ScriptCall(_records_script(), [key], [write])
 
 
+def success_fields(
+    started_at: int, finished_at: int, worker_field: str, worker_id: str, returned: str
+) -> str:
+    """A success's fields as write_records.lua reads them in place of :func:`record_fields`'
+    JSON (``success_write`` in includes/record_write.lua): its start (set where absent), its
+    status SUCCESSFUL, last_attempted_at (its start), ``finished_at`` and ``returned`` (the
+    return value's JSON) in order, and ``worker_field`` (``worker:<token>``) set to
+    ``worker_id`` always. Plain text after a "!": the numbers, the worker's field, the worker id's
+    length in bytes, then the worker id and the return value as they are (no escaping: Redis
+    takes them by length and to the end). Every task that returns sends one."""
+    worker_bytes = len(worker_id.encode())
+    return f"!{started_at} {finished_at} {worker_field} {worker_bytes} {worker_id}{returned}"
+
+
 def _records_script() -> LuaScript:
     script = _kept_script[0]
     if script is None:
