@@ -269,8 +269,10 @@ class _TaskRun:
         self.end: tuple[str, int, int] = ("", 0, 0)
         # The TaskResult task_started was sent with; None when nothing would have read it.
         self.started: Any = None
-        self.args: list[Any] = []
-        self.kwargs: dict[str, Any] = {}
+        # The call's arguments: the record's (start() sets them again from the record it
+        # runs with), not a list and a dict of their own thrown away at the start.
+        self.args: list[Any] = self.record.args
+        self.kwargs: dict[str, Any] = self.record.kwargs
 
     def start(self, close_connections: bool = False) -> None:
         """Everything before the call: the record RUNNING, ``task_started``, the arguments."""
