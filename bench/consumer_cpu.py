@@ -1,7 +1,7 @@
 """A ``runqueue`` burst in process: its CPU, its wall time and Redis's CPU per message (issue 37).
 
     python -m bench.consumer_cpu tasks|signal [--count 20000] [--knockout bare|unwritten]
-        [--profile FILE]
+        [--profile FILE] [--gc-stats] [--commands]
 
 Starts a redis-server of its own, migrates and enqueues ``--count`` no-op messages of the path
 in child processes (``bench.djapp.enqueue``, due at once, as ``bench.cost_ab`` sends them),
@@ -14,7 +14,8 @@ it from another tree's directory for its package: it imports from the current di
 ``--knockout`` takes parts of a task's run away, to see what they cost the whole consumer:
 ``bare`` calls the task's function alone (no record, no signals, no result write), and
 ``unwritten`` runs it whole but leaves its result write unsent (its WritesWithAck dropped).
-``--profile`` keeps a cProfile of the burst.
+``--profile`` keeps a cProfile of the burst; ``--commands`` prints Redis's time per command
+a message (a script's EVALSHA includes the commands it runs, which are also listed alone).
 """
 
 from __future__ import annotations
