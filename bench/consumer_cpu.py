@@ -1,7 +1,7 @@
 """A ``runqueue`` burst in process: its CPU, its wall time and Redis's CPU per message (issue 37).
 
     python -m bench.consumer_cpu tasks|signal [--count 20000] [--knockout bare|unwritten]
-        [--profile FILE]
+        [--profile FILE] [--gc-stats] [--commands]
 
 Starts a redis-server of its own, migrates and enqueues ``--count`` no-op messages of the path
 in child processes (``bench.djapp.enqueue``, due at once, as ``bench.cost_ab`` sends them),
@@ -14,7 +14,8 @@ it from another tree's directory for its package: it imports from the current di
 ``--knockout`` takes parts of a task's run away, to see what they cost the whole consumer:
 ``bare`` calls the task's function alone (no record, no signals, no result write), and
 ``unwritten`` runs it whole but leaves its result write unsent (its WritesWithAck dropped).
-``--profile`` keeps a cProfile of the burst.
+``--profile`` keeps a cProfile of the burst; ``--commands`` prints Redis's time per command
+a message (a script's EVALSHA includes the commands it runs, which are also listed alone).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--knockout", choices=("bare", "unwritten"))
     p.add_argument("--profile")
     p.add_argument("--gc-stats", action="store_true", help="print the collections it made")
+    p.add_argument(
+        "--commands", action="store_true", help="print Redis's time per command and message"
+    )
     args = p.parse_args(argv)
     n = args.count
     with RedisServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         system = after.ru_stime - usage.ru_stime
         switches = (after.ru_nvcsw - usage.ru_nvcsw) + (after.ru_nivcsw - usage.ru_nivcsw)
         redis_used = redis_cpu() - redis_before
-        commands = sum(s["calls"] for s in client.info("commandstats").values())
+        stats = client.info("commandstats")
+        commands = sum(s["calls"] for s in stats.values())
         if client.get(DONE) is None:
             raise RuntimeError("the burst ended before its last message ran")
         if profile is not None:
@@ -137,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{switches / n:.2f} context switches), {wall / n * 1e6:.1f} us of wall time, "
         f"{redis_used / n * 1e6:.1f} us of Redis CPU, {commands / n:.2f} Redis commands"
     )
+    if args.commands:
+        for name, s in sorted(stats.items(), key=lambda kv: -kv[1]["usec"]):
+            print(
+                f"  {name.removeprefix('cmdstat_')}: {s['calls'] / n:.3f} calls, "
+                f"{s['usec'] / n:.2f} us a message ({s['usec_per_call']:.2f} us a call)"
+            )
     if args.gc_stats:
         spent = ", ".join(f"{t / n * 1e6:.2f}" for t in gc_time)
         print(f"  garbage collections by generation: {collections}, us a message: {spent}")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from json.encoder import encode_basestring as _quoted
 from typing import TYPE_CHECKING, Any
 
-from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.scripts.calls import LuaScript, ScriptCall, redis_errors
 from django_delayqueue.core.scripts.contracts import WRITE_RECORD, WRITE_RECORDS
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ class TaskRecords:
         if fields is None:
             fields = record_fields(absent, in_order, deleted, always)
         if mergeable:
-            write = f"{int(kept_seconds)} {int(order)} {required or ''} {fields}"
-            return ScriptCall(WRITE_RECORDS.script, [key], [write])
+            return merged_record_write(key, int(kept_seconds), int(order), required, fields)
         args = [kept_seconds, order, fields]
         if required is not None:
             args.append(required)
@@ -103,6 +102,40 @@ class TaskRecords:
         with redis_errors(f"loading scripts on {self.place.name}"):
             self.place.client.script_load(WRITE_RECORD.script.source)
             self.place.client.script_load(WRITE_RECORDS.script.source)
+
+
+def merged_record_write(
+    key: str, kept_seconds: int, order: int, required: str | None, fields: str
+) -> ScriptCall:
+    """``record_write_call(..., mergeable=True)`` with every part built already (``fields`` as
+    :func:`record_fields` makes it, the numbers whole): a worker makes one per task it runs,
+    and the keyword call and its checks showed on its profile."""
+    write = f"{kept_seconds} {order} {required or ''} {fields}"
+    return ScriptCall(_records_script(), [key], [write])
+
+
+def success_fields(
+    started_at: int, finished_at: int, worker_field: str, worker_id: str, returned: str
+) -> str:
+    """A success's fields as write_records.lua reads them in place of :func:`record_fields`'
+    JSON (``success_write`` in includes/record_write.lua): its start (set where absent), its
+    status SUCCESSFUL, last_attempted_at (its start), ``finished_at`` and ``returned`` (the
+    return value's JSON) in order, and ``worker_field`` (``worker:<token>``) set to
+    ``worker_id`` always. Plain text after a "!": the numbers, the worker's field, the worker id's
+    length in bytes, then the worker id and the return value as they are (no escaping: Redis
+    takes them by length and to the end). Every task that returns sends one."""
+    worker_bytes = len(worker_id.encode())
+    return f"!{started_at} {finished_at} {worker_field} {worker_bytes} {worker_id}{returned}"
+
+
+def _records_script() -> LuaScript:
+    script = _kept_script[0]
+    if script is None:
+        script = _kept_script[0] = WRITE_RECORDS.script
+    return script
+
+
+_kept_script: list[LuaScript | None] = [None]  # write_records.lua, once rendered
 
 
 def record_fields(

@@ -15,6 +15,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
+from django_delayqueue.core.task_records import merged_record_write, success_fields
 from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
@@ -37,25 +38,34 @@ class Attempt(WhileRunning):
     """One delivery of a task: the fields it writes to its record; its RUNNING write handed to
     the consumer as itself (see :meth:`call`)."""
 
+    # One per task, kept with its run until the round's reply: its fields in slots, so its
+    # __dict__ (WhileRunning's) is never made: one object fewer for the collector to walk.
+    __slots__ = (
+        "_enqueued",
+        "_from_message",
+        "_order",
+        "ended",
+        "key",
+        "message",
+        "queue",
+        "started_at",
+        "taken",
+        "worker_id",
+    )
+
     def __init__(
         self, worker_id: str, message: Message, queue: Queue, from_message: TaskRecord
     ) -> None:
+        self.ended, self.taken = False, None
         self.worker_id, self.message, self.queue = worker_id, message, queue
         self.key = queue.keys.task_result(message.id)
-        self.started_at = queue.clock.now_ms()
+        self.started_at = int(queue.clock.now_ms())
         # The record's enqueued field, as the message tells it: needed only by a write that
         # finds the record gone (see write), so encoded only then; at once where the task
         # could change it in place as it runs (a list or dict among its arguments).
         self._from_message = from_message
         self._enqueued = None if flat(from_message) else from_message.enqueued_json()
-        # The parts of every write of this attempt that are its own (see fields), made once:
-        # the start's field set where absent, its time as text, its worker's field.
-        started_at = int(self.started_at)
-        token = message.token
-        self._absent = f'"{STARTED_AT}","{started_at}"'
-        self._attempted = f'"{LAST_ATTEMPTED_AT}","{started_at}"'
-        self._always = f"{_quoted(f'{WORKER_PREFIX}{token}')},{_quoted_worker(worker_id)}"
-        self._order = write_order(token, RUNNING)  # its end's: one more (see write_order)
+        self._order = write_order(message.token, RUNNING)  # its end's: one more (write_order)
 
     @property
     def enqueued(self) -> str:
@@ -143,6 +153,21 @@ class Attempt(WhileRunning):
             key=self.key,
         )
 
+    def success_write(self, returned: str, ttl: int, finished_at: int) -> ScriptCall:
+        """The write every task that returns makes, sent with its ack: what ``write(SUCCESSFUL,
+        returned=..., ttl=..., finished_at=..., mergeable=True)`` writes (test_tasks_record
+        compares the records both leave), as write_records.lua's compact success text rather
+        than JSON lists: cheaper to build here and for Redis to read (see
+        :func:`~django_delayqueue.core.task_records.success_fields`)."""
+        fields = success_fields(
+            self.started_at,
+            int(finished_at),
+            f"{WORKER_PREFIX}{self.message.token}",
+            self.worker_id,
+            returned,
+        )
+        return merged_record_write(self.key, int(ttl), self._order + 1, ENQUEUED, fields)
+
     def fields(
         self,
         status: str,
@@ -156,18 +181,21 @@ class Attempt(WhileRunning):
         only the values that may need it are escaped (field names and statuses are plain
         names, times whole numbers)."""
         quoted = _quoted
+        token, started_at = self.message.token, self.started_at
         # Set where absent: [STARTED_AT, started_at] (+ [ENQUEUED, what enqueue wrote]).
-        absent = self._absent
+        absent = f'"{STARTED_AT}","{started_at}"'
         if whole:
             absent += f',"{ENQUEUED}",{quoted(self.enqueued)}'
         # In order: [STATUS, status, LAST_ATTEMPTED_AT, started_at] and the end of an attempt
         # (finished_at, return_value), which goes with its status: a late end of an older
         # attempt must not mark the latest one finished. Not given, they are deleted: a
         # requeued task running again has no end yet (nor the expiry of its last one).
-        in_order = f'"{STATUS}",{quoted(status)},{self._attempted}'
+        in_order = f'"{STATUS}",{quoted(status)},"{LAST_ATTEMPTED_AT}","{started_at}"'
+        # Always, per delivery (its token in the name): set whatever the order, never clashing.
+        always = f"{quoted(f'{WORKER_PREFIX}{token}')},{_quoted_worker(self.worker_id)}"
         if finished_at is not None and returned is not None and error is None:  # a success
             in_order += f',"{FINISHED_AT}","{int(finished_at)}","{RETURN_VALUE}",{quoted(returned)}'
-            return f"[[{absent}],[{in_order}],[],[{self._always}]]"
+            return f"[[{absent}],[{in_order}],[],[{always}]]"
         deleted = []
         if finished_at is None:
             deleted.append(f'"{FINISHED_AT}"')
@@ -177,9 +205,6 @@ class Attempt(WhileRunning):
             deleted.append(f'"{RETURN_VALUE}"')
         else:
             in_order += f',"{RETURN_VALUE}",{quoted(returned)}'
-        # Always, per delivery (its token in the name): set whatever the order, never clashing.
-        token = self.message.token
-        always = self._always
         if error is not None:
             error_json = json.dumps(task_error(error))
             always += f",{quoted(f'{ERROR_PREFIX}{token}')},{quoted(error_json)}"

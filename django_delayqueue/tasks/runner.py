@@ -238,6 +238,22 @@ def _as_recorded(e: BaseException, abort: Aborted | None) -> BaseException:
 class _TaskRun:
     """One run of a task message: before the call, and what its end writes."""
 
+    # One per task, kept until its round's reply (its success's ``then``): no __dict__.
+    __slots__ = (
+        "_task",
+        "args",
+        "attempt",
+        "backend",
+        "end",
+        "kwargs",
+        "loaded",
+        "message",
+        "queue",
+        "record",
+        "runner",
+        "started",
+    )
+
     def __init__(self, runner: TaskRunner, message: Message, queue: Queue) -> None:
         self.runner, self.message, self.queue = runner, message, queue
         self.record = TaskRecord.from_payload(
@@ -253,8 +269,10 @@ class _TaskRun:
         self.end: tuple[str, int, int] = ("", 0, 0)
         # The TaskResult task_started was sent with; None when nothing would have read it.
         self.started: Any = None
-        self.args: list[Any] = []
-        self.kwargs: dict[str, Any] = {}
+        # The call's arguments: the record's (start() sets them again from the record it
+        # runs with), not a list and a dict of their own thrown away at the start.
+        self.args: list[Any] = self.record.args
+        self.kwargs: dict[str, Any] = self.record.kwargs
 
     def start(self, close_connections: bool = False) -> None:
         """Everything before the call: the record RUNNING, ``task_started``, the arguments."""
@@ -348,9 +366,7 @@ class _TaskRun:
             finished_at = queue.clock.now_ms()
             ttl = _ttl(backend)
             # Sent with the round's other results as one call (consumer.rounds.merged_writes).
-            write = attempt.write(
-                SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, mergeable=True
-            )
+            write = attempt.success_write(returned, ttl, finished_at)
         except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
             # It ran: running it again would repeat its effects for the same bad value. So
             # whatever keeps its result from being stored fails it once, with the error

@@ -515,6 +515,63 @@ def test_an_attempt_s_fields_are_the_text_record_fields_makes_of_its_lists(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("state", ["as_enqueued", "started_before", "later_landed", "gone"])
+@pytest.mark.parametrize(("returned", "ttl"), [("null", 60), ('{"a": "é\\"x y"}', 0)])
+def test_a_success_s_compact_write_leaves_the_record_the_general_write_leaves(
+    redis_client: redis.Redis, state: str, returned: str, ttl: int
+) -> None:
+    """Attempt.success_write (write_records.lua's compact success text, the write every task
+    that returns makes) leaves what the general write of SUCCESSFUL leaves, and replies the
+    same: over a record as enqueue left it, one an earlier attempt started, one a later
+    attempt's write reached first (only the worker and an absent start are written), and none
+    (-1, nothing written); with a worker id and a return value that need escaping in JSON."""
+    from django_delayqueue.core.consumer.rounds.merged_writes import merged_writes, record_replies
+
+    examples().add.enqueue(1, 2)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    attempt = Attempt('w "é" 1', delivery, q, from_message(delivery, q))
+    key = attempt.key
+    before = {k: v for k, v in redis_client.hgetall(key).items() if k in (b"enqueued", b"status")}
+    if state == "started_before":
+        before[b"started_at"] = b"123"
+    elif state == "later_landed":
+        before[b"order"] = str(attempt._order + 9).encode()
+    finished_at = attempt.started_at + 5
+
+    def left_by(call: ScriptCall) -> tuple[Any, dict[bytes, bytes], int]:
+        redis_client.delete(key)
+        if state != "gone":
+            redis_client.hset(key, mapping=before)
+        reply = record_replies(call.run(redis_client), 1)[0]
+        return reply, redis_client.hgetall(key), redis_client.ttl(key)
+
+    general = attempt.write(
+        SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, mergeable=True
+    )
+    compact = attempt.success_write(returned, ttl, finished_at)
+    assert compact.script == general.script and compact.keys == general.keys
+    expected = left_by(general)
+    assert expected[0] == {"gone": -1, "later_landed": 0}.get(state, 1)
+    assert left_by(compact) == expected
+    # Both kinds in one call of a round, each written as alone.
+    [(call, _)] = merged_writes([record_entry(general), record_entry(compact)])
+    redis_client.delete(key)
+    if state != "gone":
+        redis_client.hset(key, mapping=before)
+    assert len(record_replies(call.run(redis_client), 2)) == 2
+    assert redis_client.hgetall(key) == expected[1]
+
+
+def record_entry(call: ScriptCall) -> Any:
+    from types import SimpleNamespace
+
+    from django_delayqueue.core.consumer.outcomes import WritesWithAck
+
+    return SimpleNamespace(outcome=SimpleNamespace(writes=WritesWithAck(call)))
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_success_whose_record_is_gone_is_written_whole_with_a_later_round_until_it_lands(
     redis_client: redis.Redis,
 ) -> None:

@@ -6,7 +6,9 @@
 -- ARGV[1] writes: one line per record ("\n" between them; KEYS[1] with the first line, and so
 --   on), each "<seconds kept> <order> <required field or nothing> <fields JSON>", the parts
 --   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline;
---   with one record the argument is its write whole, raw newlines and all.
+--   with one record the argument is its write whole, raw newlines and all. In place of the
+--   JSON, a success's compact text (a "!" first: see success_write in
+--   includes/record_write.lua), the write every task that returns makes.
 -- returns: {codes, errors...}: codes a string of one character per record, in order: "1",
 --   "0" or "-" for what write_record.lua returns for it (1, 0 or -1), or "e" for an error (a
 --   key of the wrong type fails its own write only), which is the next of the error replies
@@ -35,7 +37,8 @@ for _, write in ipairs(writes) do
     failed(redis.error_reply('ERR write_records: a write not understood: ' .. write))
   else
     if required == '' then required = nil end
-    local ok, reply = pcall(record_write, records[i], ttl, order, fields, required)
+    local write_one = string.byte(fields, 1) == 33 and success_write or record_write  -- "!"
+    local ok, reply = pcall(write_one, records[i], ttl, order, fields, required)
     if not ok then
       failed(type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply)))
     elseif type(reply) == 'table' and reply.err then
