@@ -14,7 +14,7 @@ through that client too. (A ``CACHE_ALIAS`` client is django-redis's own, with i
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from django.db import connections
@@ -54,6 +54,27 @@ def refused_for_good(error: BaseException) -> bool:
     return isinstance(error, (ScriptFailed, redis.ResponseError)) and not passes_by_itself(error)
 
 
+_Item = TypeVar("_Item", StoppedHandler, Unstarted)
+
+
+def _outage(error: BaseException, left: list[_Item], what: str, *, final: bool) -> list[_Item]:
+    """Redis is down: ``left`` (``what`` says what they are) waits for the next try, returned;
+    at the ``final`` try none does: they are named in a log line and left in flight, to come
+    back after their visibility timeout (an attempt used)."""
+    if final:
+        logger.error(
+            "Redis unavailable (%s): %d %s left in flight, they come back after their "
+            "visibility timeout (an attempt used): %s",
+            error,
+            len(left),
+            what,
+            ", ".join(f"{x.queue}/{x.message_id}" for x in left),
+        )
+        return []
+    logger.warning("Redis unavailable (%s): %d %s tried again later", error, len(left), what)
+    return list(left)
+
+
 def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[StoppedHandler]:
     """Record the outcome of each of ``stopped`` (their process has been reaped); returns those
     to try again: at the first sign of Redis being down, that one and every one after it
@@ -90,20 +111,7 @@ def settle(stopped: list[StoppedHandler], *, final: bool = False) -> list[Stoppe
                     extra=id_fields(item.queue, item.message_id, item.attempt),
                 )
                 continue
-            left = stopped[index:]  # Redis down: the rest waits
-            if final:
-                logger.error(
-                    "Redis unavailable (%s): %d stopped message(s) left in flight, they come "
-                    "back after their visibility timeout: %s",
-                    e,
-                    len(left),
-                    ", ".join(f"{s.queue}/{s.message_id}" for s in left),
-                )
-                return []
-            logger.warning(
-                "Redis unavailable (%s): %d stopped message(s) settled later", e, len(left)
-            )
-            return list(left)
+            return _outage(e, stopped[index:], "stopped message(s)", final=final)
         logger.warning(
             "queue %s: message %s stopped (%s): %s",
             item.queue,
@@ -158,22 +166,8 @@ def give_back(unstarted: list[Unstarted], *, final: bool = False) -> list[Unstar
                 )
                 done.add((queue, pid))
                 continue
-            left = [u for u in unstarted if (u.queue, u.pid) not in done]  # Redis down
-            if final:
-                logger.error(
-                    "Redis unavailable (%s): %d message(s) claimed and never started left in "
-                    "flight, they come back after their visibility timeout (an attempt used): %s",
-                    e,
-                    len(left),
-                    ", ".join(f"{u.queue}/{u.message_id}" for u in left),
-                )
-                return []
-            logger.warning(
-                "Redis unavailable (%s): %d message(s) claimed and never started given back later",
-                e,
-                len(left),
-            )
-            return left
+            left = [u for u in unstarted if (u.queue, u.pid) not in done]
+            return _outage(e, left, "message(s) claimed and never started", final=final)
         done.add((queue, pid))
         logger.warning(
             "queue %s: %d message(s) consumer process %d claimed and never started given back "
