@@ -20,12 +20,13 @@ import sys
 import redis
 
 from django_delayqueue.core.scripts.contracts import WRITE_RECORDS
+from django_delayqueue.core.task_records import success_fields
 from django_delayqueue.embedded import RedisServerProcess
 
 PASSES = 5
 # A no-op task's success, as tasks/attempt.py writes it (its record has "enqueued" already),
 # and as the general write's JSON lists (--general).
-COMPACT = "!1796592216129 1796592216130 worker:{token} 16 host-1234-5f3a9cnull"
+COMPACT = success_fields(1796592216129, 1796592216130, "worker:{token}", "host-1234-5f3a9c", "null")
 FIELDS = (
     '[["started_at","1796592216129"],["status","SUCCESSFUL","last_attempted_at",'
     '"1796592216129","finished_at","1796592216130","return_value","null"],[],'

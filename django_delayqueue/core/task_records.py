@@ -121,11 +121,15 @@ def success_fields(
     JSON (``success_write`` in includes/record_write.lua): its start (set where absent), its
     status SUCCESSFUL, last_attempted_at (its start), ``finished_at`` and ``returned`` (the
     return value's JSON) in order, and ``worker_field`` (``worker:<token>``) set to
-    ``worker_id`` always. Plain text after a "!": the numbers, the worker's field, the worker id's
-    length in bytes, then the worker id and the return value as they are (no escaping: Redis
-    takes them by length and to the end). Every task that returns sends one."""
-    worker_bytes = len(worker_id.encode())
-    return f"!{started_at} {finished_at} {worker_field} {worker_bytes} {worker_id}{returned}"
+    ``worker_id`` always. Plain text after a "!": the numbers, the worker's field, the return
+    value's length, then the return value and the worker id as they are (no escaping: Redis
+    takes them by length and to the end). The length is the return value's because its JSON
+    is ASCII (tasks/return_values.py), so its characters are its bytes whatever encoding the
+    user's Redis client sends text in; a worker id's bytes depend on it (its name may hold
+    anything). Every task that returns sends one."""
+    # (Not ASCII, from a caller of its own: its length in UTF-8, a Redis client's default.)
+    length = len(returned) if returned.isascii() else len(returned.encode())
+    return f"!{started_at} {finished_at} {worker_field} {length} {returned}{worker_id}"
 
 
 def _records_script() -> LuaScript:

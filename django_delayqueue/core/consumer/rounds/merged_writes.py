@@ -29,8 +29,9 @@ def is_merged(entry: Any) -> bool:
 def merged_writes(entries: list[Any]) -> list[tuple[ScriptCall, list[Any]]]:
     """The calls that send the writes of ``entries`` (one queue's outcomes with writes), and
     the entries each carries: those of a mergeable script as one call, the others one each,
-    in order. A write with a newline of its own (never one the Tasks backend makes: its JSON
-    escapes them) goes alone, as the one line of its call."""
+    in order. A write with a newline of its own (JSON escapes them, but a success's compact
+    text holds its worker id as it is, and a --name may hold one) goes alone, as the one line
+    of its call."""
     calls: list[tuple[ScriptCall, list[Any]]] = []
     merged: dict[str, tuple[list[str], list[str], list[Any]]] = {}
     for e in entries:

@@ -5,8 +5,9 @@
 -- KEYS[1..] records: the result records written (hashes)
 -- ARGV[1] writes: one line per record ("\n" between them; KEYS[1] with the first line, and so
 --   on), each "<seconds kept> <order> <required field or nothing> <fields JSON>", the parts
---   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline;
---   with one record the argument is its write whole, raw newlines and all. In place of the
+--   as write_record.lua's ARGV[1] to ARGV[4] (see there). JSON text holds no raw newline (a
+--   compact text's worker id may: such a write is sent alone); with one record the argument
+--   is its write whole, raw newlines and all. In place of the
 --   JSON, a success's compact text (a "!" first: see success_write in
 --   includes/record_write.lua), the write every task that returns makes.
 -- returns: {codes, errors...}: codes a string of one character per record, in order: "1",

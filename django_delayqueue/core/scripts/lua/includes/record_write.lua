@@ -53,8 +53,8 @@ end
 -- success_write(key, ttl, order, compact, required): record_write for the write every task
 -- that returns makes, its fields as one compact text instead of JSON lists
 -- (core/task_records.py success_fields):
---   "!<started_at> <finished_at> <worker field> <worker id's length> <worker id><return value>"
--- (the length in bytes, the return value its JSON)
+--   "!<started_at> <finished_at> <worker field> <return value's length> <return value><worker id>"
+-- (the return value its JSON, ASCII: its length is its bytes in any client encoding)
 -- the same write as record_write's of [[started_at, <started_at>], [status, SUCCESSFUL,
 -- last_attempted_at, <started_at>, finished_at, <finished_at>, return_value, <return value>],
 -- [], [<worker field>, <worker id>]] (tests/app/test_tasks_record.py compares the records
@@ -66,9 +66,9 @@ local function success_write(key, ttl_text, order_text, compact, required)
     compact, '^!(%d+) (%d+) (%S+) (%d+) ()'
   )
   if not started then return redis.error_reply('ERR a success write not understood') end
-  local worker_end = at + tonumber(length) - 1
-  local worker = string.sub(compact, at, worker_end)
-  local returned = string.sub(compact, worker_end + 1)
+  local returned_end = at + tonumber(length) - 1
+  local returned = string.sub(compact, at, returned_end)
+  local worker = string.sub(compact, returned_end + 1)
   local stored = redis.pcall('HMGET', key, 'order', 'started_at', required or 'order')
   if stored.err then
     guard(key, 'hash')
