@@ -594,6 +594,34 @@ def test_a_success_s_compact_write_leaves_the_record_the_general_write_leaves(
     assert redis_client.hgetall(key) == expected[1]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_success_s_compact_write_to_a_key_of_another_type_fails_that_record_alone(
+    redis_client: redis.Redis,
+) -> None:
+    """In one write_records.lua call of a round, a compact success whose record key holds
+    another type is refused by its own WRONGTYPE error, worded, and changes nothing; the
+    records before and after it are written as alone."""
+    from django_delayqueue.core.consumer.rounds.merged_writes import merged_writes, record_replies
+
+    q = get_queue(QUEUE)
+    for i in range(3):
+        examples().add.enqueue(i, i)
+    attempts = [Attempt("w-1", d, q, from_message(d, q)) for d in q.claim(3)]
+    broken = attempts[1].key
+    redis_client.delete(broken)
+    redis_client.set(broken, "not a record")
+    writes = [a.success_write("[1]", 60, a.started_at + 5) for a in attempts]
+    [(call, _)] = merged_writes([record_entry(w) for w in writes])
+    replies = record_replies(call.run(redis_client), 3)
+    assert replies[0] == 1 and replies[2] == 1
+    assert isinstance(replies[1], redis.exceptions.ResponseError)
+    assert "WRONGTYPE" in str(replies[1]) and "nothing was changed" in str(replies[1])
+    assert redis_client.get(broken) == b"not a record"
+    for a in (attempts[0], attempts[2]):
+        assert redis_client.hget(a.key, "status") == b"SUCCESSFUL"
+        assert redis_client.hget(a.key, "return_value") == b"[1]"
+
+
 def record_entry(call: ScriptCall) -> Any:
     from types import SimpleNamespace
 

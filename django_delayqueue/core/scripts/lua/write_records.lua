@@ -29,23 +29,44 @@ if #records > 1 then
   writes = {}
   for write in string.gmatch(ARGV[1] or '', '[^\n]+') do writes[#writes + 1] = write end
 end
+-- A success's line, read whole: "<ttl> <order> <required> !<started> <finished> <worker field>
+-- <length> " then the return value (length bytes) and the worker id (the rest).
+local SUCCESS = '^(%d+) (%d+) (%S*) !(%d+) (%d+) (%S+) (%d+) ()'
+local function noted(reply)
+  if type(reply) == 'table' and reply.err then
+    failed(reply)
+  else
+    codes[#codes + 1] = (reply == 1 and '1') or (reply == 0 and '0') or '-'
+  end
+end
 local i = 0
 for _, write in ipairs(writes) do
   i = i + 1
   if i > #records then break end
-  local ttl, order, required, fields = string.match(write, '^(%d+) (%d+) (%S*) (.*)$')
-  if not ttl then
-    failed(redis.error_reply('ERR write_records: a write not understood: ' .. write))
-  else
+  local ttl, order, required, started, finished, worker_field, length, at =
+    string.match(write, SUCCESS)
+  if ttl then
     if required == '' then required = nil end
-    local write_one = string.byte(fields, 1) == 33 and success_write or record_write  -- "!"
-    local ok, reply = pcall(write_one, records[i], ttl, order, fields, required)
-    if not ok then
-      failed(type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply)))
-    elseif type(reply) == 'table' and reply.err then
-      failed(reply)
+    local returned_end = at + tonumber(length) - 1
+    noted(success_write(
+      records[i], ttl, order, required, started, finished, worker_field,
+      string.sub(write, returned_end + 1), string.sub(write, at, returned_end)
+    ))
+  else
+    local fields
+    ttl, order, required, fields = string.match(write, '^(%d+) (%d+) (%S*) (.*)$')
+    if not ttl then
+      failed(redis.error_reply('ERR write_records: a write not understood: ' .. write))
+    elseif string.byte(fields, 1) == 33 then  -- "!": a success's text that is not one
+      failed(redis.error_reply('ERR a success write not understood'))
     else
-      codes[#codes + 1] = (reply == 1 and '1') or (reply == 0 and '0') or '-'
+      if required == '' then required = nil end
+      local ok, reply = pcall(record_write, records[i], ttl, order, fields, required)
+      if not ok then
+        failed(type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply)))
+      else
+        noted(reply)
+      end
     end
   end
 end

@@ -50,28 +50,27 @@ local function record_write(key, ttl_text, order_text, fields_json, required)
   return in_order and 1 or 0
 end
 
--- success_write(key, ttl, order, compact, required): record_write for the write every task
--- that returns makes, its fields as one compact text instead of JSON lists
--- (core/task_records.py success_fields):
+-- success_write(key, ttl, order, required, started, finished, worker_field, worker, returned):
+-- record_write for the write every task that returns makes, its fields parsed already from
+-- its compact text (write_records.lua reads the whole line with one string.match):
 --   "!<started_at> <finished_at> <worker field> <return value's length> <return value><worker id>"
--- (the return value its JSON, ASCII: its length is its bytes in any client encoding)
--- the same write as record_write's of [[started_at, <started_at>], [status, SUCCESSFUL,
--- last_attempted_at, <started_at>, finished_at, <finished_at>, return_value, <return value>],
--- [], [<worker field>, <worker id>]] (tests/app/test_tasks_record.py compares the records
--- both leave). A worker sends one per task, and decoding the JSON and building the generic
--- write's tables was about a third of the script's time a record. Returns as record_write
--- does; an error reply when the text is not one.
-local function success_write(key, ttl_text, order_text, compact, required)
-  local started, finished, worker_field, length, at = string.match(
-    compact, '^!(%d+) (%d+) (%S+) (%d+) ()'
-  )
-  if not started then return redis.error_reply('ERR a success write not understood') end
-  local returned_end = at + tonumber(length) - 1
-  local returned = string.sub(compact, at, returned_end)
-  local worker = string.sub(compact, returned_end + 1)
+-- (the return value its JSON, ASCII: its length is its bytes in any client encoding; see
+-- core/task_records.py success_fields): the same write as record_write's of [[started_at,
+-- <started_at>], [status, SUCCESSFUL, last_attempted_at, <started_at>, finished_at,
+-- <finished_at>, return_value, <return value>], [], [<worker field>, <worker id>]]
+-- (tests/app/test_tasks_record.py compares the records both leave). A worker sends one per
+-- task: decoding JSON, building the generic write's tables and parsing the line twice was about
+-- half of the script's time a record. Returns as record_write does; an error reply (returned,
+-- not raised) where the key is not a hash.
+local function success_write(key, ttl_text, order_text, required, started, finished,
+                             worker_field, worker, returned)
   local stored = redis.pcall('HMGET', key, 'order', 'started_at', required or 'order')
   if stored.err then
-    guard(key, 'hash')
+    -- guard() words it (raised: a table, or its text where Redis turned it into one).
+    local ok, worded = pcall(guard, key, 'hash')
+    if not ok then
+      return type(worded) == 'table' and worded.err and worded or redis.error_reply(tostring(worded))
+    end
     return redis.error_reply(stored.err)
   end
   if required and not stored[3] then return -1 end
