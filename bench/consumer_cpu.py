@@ -1,7 +1,7 @@
 """A ``runqueue`` burst in process: its CPU, its wall time and Redis's CPU per message (issue 37).
 
     python -m bench.consumer_cpu tasks|signal [--count 20000] [--knockout bare|unwritten]
-        [--profile FILE] [--gc-stats] [--commands]
+        [--profile FILE] [--gc-stats] [--commands] [--split]
 
 Starts a redis-server of its own, migrates and enqueues ``--count`` no-op messages of the path
 in child processes (``bench.djapp.enqueue``, due at once, as ``bench.cost_ab`` sends them),
@@ -16,6 +16,12 @@ it from another tree's directory for its package: it imports from the current di
 ``unwritten`` runs it whole but leaves its result write unsent (its WritesWithAck dropped).
 ``--profile`` keeps a cProfile of the burst; ``--commands`` prints Redis's time per command
 a message (a script's EVALSHA includes the commands it runs, which are also listed alone).
+``--split`` prints the CPU of each of the consumer's two threads a message (the loop's rounds:
+its round trip, the claims' decoding, the replies and each success's ``then``; the handler
+thread's deliveries) and how long the handler thread waited for its next message: with one
+handler thread the two share the GIL, so a handler thread that waits longer than it runs says
+that the loop is the pipeline's slower stage, and Redis's time in each round trip is not
+overlapped by a handler's (wall time = the process's CPU + Redis's).
 """
 
 from __future__ import annotations
@@ -53,6 +59,58 @@ def knock_out(kind: str) -> None:
         runner.TaskRunner.run = unwritten  # type: ignore[method-assign]
 
 
+class ThreadSplit:
+    """--split: thread CPU of the loop's parts and of the handler thread, a message."""
+
+    RECORDING = "core.consumer.rounds.recording"
+    PARTS = (
+        ("core.consumer.loop", "Consumer", "step", "loop: a round, all of it"),
+        ("core.consumer.rounds.round_trip", "RoundTrip", "run", "loop:  its round trip"),
+        (RECORDING, "UnrecordedOutcomes", "add_to", "loop:   outcomes packed"),
+        ("core.scripts.calls", "ScriptBatch", "run", "loop:   the pipeline sent and read"),
+        ("core.delivery", "Delivery", "claimed", "loop:   claims decoded"),
+        (RECORDING, "UnrecordedOutcomes", "read", "loop:   replies read"),
+        (RECORDING, "UnrecordedOutcomes", "_written", "loop:    writes' then()"),
+        ("core.consumer.delivery", "HandlerDelivery", "deliver", "handler thread: deliveries"),
+    )
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.cpu: dict[str, float] = {}
+        self.waited = 0.0
+        for module, cls_name, name, label in self.PARTS:
+            cls = getattr(importlib.import_module(f"django_delayqueue.{module}"), cls_name)
+            setattr(cls, name, self._timed(getattr(cls, name), label))
+        from django_delayqueue.core.consumer.handlers.threads import HandlerThreads
+
+        taking = HandlerThreads._next
+
+        def next_message(threads: Any, me: Any, ident: int) -> Any:
+            started = time.perf_counter()
+            try:
+                return taking(threads, me, ident)
+            finally:
+                self.waited += time.perf_counter() - started
+
+        HandlerThreads._next = next_message  # type: ignore[method-assign,assignment]
+
+    def _timed(self, method: Any, label: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.cpu[label] = self.cpu.get(label, 0.0) + time.thread_time() - started
+
+        return timed
+
+    def print(self, n: int) -> None:
+        for _, _, _, label in self.PARTS:
+            print(f"  {label}: {self.cpu.get(label, 0.0) / n * 1e6:.1f} us of its thread's CPU")
+        print(f"  handler thread: waited {self.waited / n * 1e6:.1f} us for its next message")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.consumer_cpu", description=__doc__)
     p.add_argument("path", choices=("tasks", "signal"))
@@ -62,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gc-stats", action="store_true", help="print the collections it made")
     p.add_argument(
         "--commands", action="store_true", help="print Redis's time per command and message"
+    )
+    p.add_argument(
+        "--split", action="store_true", help="print the loop's and the handler thread's CPU"
     )
     args = p.parse_args(argv)
     n = args.count
@@ -88,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.knockout:
             knock_out(args.knockout)
+        split = ThreadSplit() if args.split else None
         client = redis.Redis.from_url(server.url)
         client.config_resetstat()
 
@@ -148,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {name.removeprefix('cmdstat_')}: {s['calls'] / n:.3f} calls, "
                 f"{s['usec'] / n:.2f} us a message ({s['usec_per_call']:.2f} us a call)"
             )
+    if split is not None:
+        split.print(n)
     if args.gc_stats:
         spent = ", ".join(f"{t / n * 1e6:.2f}" for t in gc_time)
         print(f"  garbage collections by generation: {collections}, us a message: {spent}")
