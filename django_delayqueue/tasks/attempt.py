@@ -248,7 +248,9 @@ def flat_arguments(args: list[Any], kwargs: dict[str, Any]) -> bool:
     """Whether ``args`` and ``kwargs``' values are all scalars: nothing a task could change in
     place."""
     # At C speed (a worker asks for every task it runs): the set of their types, each known.
-    return _SCALARS.issuperset(map(type, args)) and _SCALARS.issuperset(map(type, kwargs.values()))
+    return _SCALARS.issuperset(map(type, args)) and (
+        not kwargs or _SCALARS.issuperset(map(type, kwargs.values()))
+    )
 
 
 def task_error(error: BaseException) -> dict[str, str]:

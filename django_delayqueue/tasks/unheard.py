@@ -159,12 +159,19 @@ def _debug() -> bool:
     goes through LazyObject's ``__getattribute__`` (about 0.7 us, asked twice a task), while
     the value it caches in the instance's ``__dict__`` is dropped by Django whenever a setting
     is assigned or the settings are swapped (``override_settings``): so what is there is the
-    current value, and anything else asks the settings themselves."""
-    try:
-        cached = object.__getattribute__(settings, "__dict__").get("DEBUG", _UNSET)
-    except AttributeError:  # not the LazySettings known here
-        cached = _UNSET
+    current value, and anything else asks the settings themselves. That ``__dict__`` is the
+    same object for the settings' life (Django clears it in place, never replaces it): kept."""
+    cached = _SETTINGS_DICT.get("DEBUG", _UNSET)
     return bool(settings.DEBUG if cached is _UNSET else cached)
 
 
+def _settings_dict() -> dict[str, Any]:
+    try:
+        found = object.__getattribute__(settings, "__dict__")
+    except AttributeError:  # not the LazySettings known here: always asked
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+_SETTINGS_DICT = _settings_dict()
 _UNSET = object()
