@@ -35,11 +35,13 @@ logger = logging.getLogger(__name__)
 
 
 class Attempt(WhileRunning):
-    """One delivery of a task: the fields it writes to its record; its RUNNING write handed to
-    the consumer as itself (see :meth:`call`)."""
+    """One delivery of a task: the fields it writes to its record; its RUNNING write, as a
+    ``WhileRunning`` (see :meth:`call`). The runner builds one only for a run that needs it
+    (a failure, a history read, a record gone, arguments a task could change in place), and
+    hands the consumer its run instead, which builds one only to send RUNNING."""
 
-    # One per task, kept with its run until the round's reply: its fields in slots, so its
-    # __dict__ (WhileRunning's) is never made: one object fewer for the collector to walk.
+    # Kept with its run until the round's reply: its fields in slots, so its __dict__
+    # (WhileRunning's) is never made: one object fewer for the collector to walk.
     __slots__ = (
         "_enqueued",
         "_from_message",

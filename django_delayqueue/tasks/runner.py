@@ -491,13 +491,13 @@ class _TaskRun(WhileRunning):
 
     def _finished(self, reply: Any = None) -> None:
         """On the consumer's thread, once Redis has the success's write (its ``reply``)."""
-        queue, backend = self.queue, self.backend
-        if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
+        queue, backend, end = self.queue, self.backend, self.end
+        if reply == -1 and end is not None:  # no "enqueued" (gone): nothing written, so whole
             # With the consumer's next round trip, sent again until it lands (an outage,
             # Redis full), as the RUNNING write: never a round trip of its own here, after
             # the ack, whose failure would lose the result.
             try:
-                returned, ttl, finished_at, _ = self.end  # type: ignore[misc]
+                returned, ttl, finished_at, _ = end
                 whole = self.attempt.write(
                     SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
                 )
