@@ -132,6 +132,28 @@ def success_fields(
     return f"!{started_at} {finished_at} {worker_field} {length} {returned}{worker_id}"
 
 
+def success_write(
+    key: str,
+    kept_seconds: int,
+    order: int,
+    started_at: int,
+    finished_at: int,
+    worker_field: str,
+    worker_id: str,
+    returned: str,
+) -> ScriptCall:
+    """``merged_record_write(key, kept_seconds, order, ENQUEUED, success_fields(started_at,
+    finished_at, worker_field, worker_id, returned))``, its text made at once (the same text:
+    tests/app/test_tasks_record.py compares them): every task that returns sends one, and the
+    two calls and two texts showed on a worker's profile."""
+    length = len(returned) if returned.isascii() else len(returned.encode())
+    write = (
+        f"{kept_seconds} {order} {ENQUEUED} "
+        f"!{started_at} {finished_at} {worker_field} {length} {returned}{worker_id}"
+    )
+    return ScriptCall(_records_script(), [key], [write])
+
+
 def _records_script() -> LuaScript:
     script = _kept_script[0]
     if script is None:

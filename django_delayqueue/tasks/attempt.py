@@ -15,7 +15,7 @@ from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall, redis_errors
-from django_delayqueue.core.task_records import merged_record_write, success_fields
+from django_delayqueue.core.task_records import success_write
 from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks.payload import (
     ENQUEUED,
@@ -35,11 +35,13 @@ logger = logging.getLogger(__name__)
 
 
 class Attempt(WhileRunning):
-    """One delivery of a task: the fields it writes to its record; its RUNNING write handed to
-    the consumer as itself (see :meth:`call`)."""
+    """One delivery of a task: the fields it writes to its record; its RUNNING write, as a
+    ``WhileRunning`` (see :meth:`call`). The runner builds one only for a run that needs it
+    (a failure, a history read, a record gone, arguments a task could change in place), and
+    hands the consumer its run instead, which builds one only to send RUNNING."""
 
-    # One per task, kept with its run until the round's reply: its fields in slots, so its
-    # __dict__ (WhileRunning's) is never made: one object fewer for the collector to walk.
+    # Kept with its run until the round's reply: its fields in slots, so its __dict__
+    # (WhileRunning's) is never made: one object fewer for the collector to walk.
     __slots__ = (
         "_enqueued",
         "_from_message",
@@ -54,12 +56,18 @@ class Attempt(WhileRunning):
     )
 
     def __init__(
-        self, worker_id: str, message: Message, queue: Queue, from_message: TaskRecord
+        self,
+        worker_id: str,
+        message: Message,
+        queue: Queue,
+        from_message: TaskRecord,
+        started_at: int | None = None,
     ) -> None:
         self.ended, self.taken = False, None
         self.worker_id, self.message, self.queue = worker_id, message, queue
         self.key = queue.keys.task_result(message.id)
-        self.started_at = int(queue.clock.now_ms())
+        # Given: the run's, which took it before it built this attempt (only if it needed one).
+        self.started_at = int(queue.clock.now_ms()) if started_at is None else started_at
         # The record's enqueued field, as the message tells it: needed only by a write that
         # finds the record gone (see write), so encoded only then; at once where the task
         # could change it in place as it runs (a list or dict among its arguments).
@@ -102,10 +110,7 @@ class Attempt(WhileRunning):
             return from_message
 
     def mark_running(self, record: TaskRecord) -> None:
-        record.status = RUNNING
-        record.started_at = record.started_at or self.started_at
-        record.last_attempted_at = self.started_at
-        record.worker_ids.append(self.worker_id)
+        mark_running(record, self.started_at, self.worker_id)
 
     def call(self) -> ScriptCall:
         """The write of RUNNING (``WhileRunning``): built only if it is sent, by the consumer's
@@ -159,14 +164,16 @@ class Attempt(WhileRunning):
         compares the records both leave), as write_records.lua's compact success text rather
         than JSON lists: cheaper to build here and for Redis to read (see
         :func:`~django_delayqueue.core.task_records.success_fields`)."""
-        fields = success_fields(
+        return success_write(
+            self.key,
+            int(ttl),
+            self._order + 1,
             self.started_at,
             int(finished_at),
             f"{WORKER_PREFIX}{self.message.token}",
             self.worker_id,
             returned,
         )
-        return merged_record_write(self.key, int(ttl), self._order + 1, ENQUEUED, fields)
 
     def fields(
         self,
@@ -211,6 +218,14 @@ class Attempt(WhileRunning):
         return f"[[{absent}],[{in_order}],[{','.join(deleted)}],[{always}]]"
 
 
+def mark_running(record: TaskRecord, started_at: int, worker_id: str) -> None:
+    """``record`` as a delivery started at ``started_at`` on ``worker_id`` leaves it."""
+    record.status = RUNNING
+    record.started_at = record.started_at or started_at
+    record.last_attempted_at = started_at
+    record.worker_ids.append(worker_id)
+
+
 def _quoted_worker(worker_id: str) -> str:
     """``worker_id`` as JSON text: a worker has one, written into every result."""
     quoted = _worker_quoted.get(worker_id)
@@ -228,9 +243,15 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 def flat(record: TaskRecord) -> bool:
     """Whether a record's arguments are all scalars: nothing a task could change in place."""
+    return flat_arguments(record.args, record.kwargs)
+
+
+def flat_arguments(args: list[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``args`` and ``kwargs``' values are all scalars: nothing a task could change in
+    place."""
     # At C speed (a worker asks for every task it runs): the set of their types, each known.
-    return _SCALARS.issuperset(map(type, record.args)) and _SCALARS.issuperset(
-        map(type, record.kwargs.values())
+    return _SCALARS.issuperset(map(type, args)) and (
+        not kwargs or _SCALARS.issuperset(map(type, kwargs.values()))
     )
 
 

@@ -62,15 +62,18 @@ from django_delayqueue.core.errors import (
 )
 from django_delayqueue.core.queue import Queue
 from django_delayqueue.core.scripts.calls import ScriptCall
+from django_delayqueue.core.task_records import success_write
 from django_delayqueue.observability.log_fields import message_fields
 from django_delayqueue.tasks import framework
-from django_delayqueue.tasks.attempt import Attempt, task_error
+from django_delayqueue.tasks.attempt import Attempt, flat_arguments, mark_running, task_error
 from django_delayqueue.tasks.payload import (
     FAILED,
     READY,
-    RUNNING,
     SUCCESSFUL,
+    TASK_KEY,
+    WORKER_PREFIX,
     TaskRecord,
+    write_order,
 )
 from django_delayqueue.tasks.results import (
     finished_result,
@@ -80,7 +83,8 @@ from django_delayqueue.tasks.results import (
     to_task_result,
 )
 from django_delayqueue.tasks.return_values import _cause, _stored
-from django_delayqueue.tasks.unheard import log_dropped, only_own_receiver, unheard
+from django_delayqueue.tasks.unheard import quiet as unheard_quiet
+from django_delayqueue.tasks.unheard import unheard
 
 logger = logging.getLogger(__name__)
 
@@ -235,76 +239,162 @@ def _as_recorded(e: BaseException, abort: Aborted | None) -> BaseException:
     return abort
 
 
-class _TaskRun:
-    """One run of a task message: before the call, and what its end writes."""
+class _TaskRun(WhileRunning):
+    """One run of a task message: before the call, and what its end writes. Handed to the
+    consumer as its own RUNNING write (``WhileRunning``: see :meth:`call`).
 
-    # One per task, kept until its round's reply (its success's ``then``): no __dict__.
+    Most runs are a first attempt of a task with plain arguments that returns, whose signals
+    nobody hears: such a run needs neither its record nor an :class:`Attempt`, only a few of
+    their fields (its start, key and order); so both are built on first use (``record``,
+    ``attempt``): by a run that fails, reads its history, builds a TaskResult, or finds its
+    record gone. A task whose arguments hold a list or a dict builds them at once: it could
+    change them in place as it runs, and its record keeps what enqueue wrote."""
+
+    # One per task, kept until its round's reply (its success's ``then``): its fields in
+    # slots, so its __dict__ (WhileRunning's) is never made.
     __slots__ = (
+        "_attempt",
+        "_marked",
+        "_record",
         "_task",
+        "alias",
         "args",
-        "attempt",
         "backend",
         "end",
+        "ended",
         "kwargs",
         "loaded",
         "message",
+        "path",
         "queue",
-        "record",
         "runner",
         "started",
+        "started_at",
+        "taken",
     )
 
     def __init__(self, runner: TaskRunner, message: Message, queue: Queue) -> None:
         self.runner, self.message, self.queue = runner, message, queue
-        self.record = TaskRecord.from_payload(
-            message.payload, queue.logical_name, message.due_ms, message.scheduled_ms
-        )
-        self.attempt = Attempt(runner.worker_id, message, queue, self.record)
+        self.ended, self.taken = False, None
+        self.started_at = int(queue.clock.now_ms())
+        self._attempt: Attempt | None = None
+        self._record: TaskRecord | None = None
+        self._marked = False  # start() marked it RUNNING: so is the record, once built
         self.backend: Any = None
         # The Task imported (None: not yet, or it could not be); its copy with the record's
         # options (see task), built only for what reads them.
         self.loaded: Any = None
         self._task: Any = None
-        # A success's end: its return value's JSON, the record's expiry, when it finished.
-        self.end: tuple[str, int, int] = ("", 0, 0)
+        # A success's end: its return value's JSON, the record's expiry, when it finished,
+        # and the value a reader gets back (None till then).
+        self.end: tuple[str, int, int, Any] | None = None
         # The TaskResult task_started was sent with; None when nothing would have read it.
         self.started: Any = None
-        # The call's arguments: the record's (start() sets them again from the record it
-        # runs with), not a list and a dict of their own thrown away at the start.
-        self.args: list[Any] = self.record.args
-        self.kwargs: dict[str, Any] = self.record.kwargs
+        payload = message.payload
+        args: Any = None
+        kwargs: Any = None
+        if type(payload) is dict:
+            args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
+        if type(args) is list and type(kwargs) is dict and flat_arguments(args, kwargs):
+            # What from_payload reads of the payload, read the same way (its KeyError too).
+            self.path: str = payload[TASK_KEY]
+            self.alias: str = str(payload.get("backend") or "default")
+            # The call's arguments: the payload's own, plain values (the call unpacks them
+            # into a tuple and a dict of its own: nothing of theirs changes).
+            self.args: list[Any] = args
+            self.kwargs: dict[str, Any] = kwargs
+        else:  # built now (and from_payload raises now for a payload it cannot take)
+            record = self.record
+            self._attempt = self._new_attempt(record)  # its enqueued encoded before the run
+            self.path, self.alias = record.task, record.backend
+            self.args, self.kwargs = record.args, record.kwargs
+
+    @property
+    def record(self) -> TaskRecord:
+        """The record as this run leaves it so far (its message's, or the one read from
+        Redis): RUNNING once started, SUCCESSFUL once it returned. Built on first use."""
+        record = self._record
+        if record is None:
+            record = self._record = self._from_message()
+            if self._marked:
+                mark_running(record, self.started_at, self.runner.worker_id)
+            if self.end is not None:
+                _succeeded_record(record, self.end)
+        return record
+
+    def _from_message(self) -> TaskRecord:
+        message = self.message
+        return TaskRecord.from_payload(
+            message.payload, self.queue.logical_name, message.due_ms, message.scheduled_ms
+        )
+
+    @property
+    def attempt(self) -> Attempt:
+        """This delivery's writes to its record (django_delayqueue.tasks.attempt), built on
+        first use on the handler's thread (the consumer's thread builds one of its own)."""
+        attempt = self._attempt
+        if attempt is None:
+            attempt = self._attempt = self._new_attempt(self._from_message())
+        return attempt
+
+    def _new_attempt(self, from_message: TaskRecord) -> Attempt:
+        """An attempt whose enqueued field is ``from_message``'s (the message's record)."""
+        return Attempt(
+            self.runner.worker_id, self.message, self.queue, from_message, self.started_at
+        )
+
+    def call(self) -> ScriptCall:
+        """The write of RUNNING (``WhileRunning``): built only if it is sent, by the consumer's
+        next round while the task still runs, on its thread (most tasks end first: never).
+        From what was set before the run was handed over, never changed after: its attempt,
+        if it has one by then (always, with arguments the task could change), or one built
+        here of the message's record, not kept (the handler's thread may build its own)."""
+        attempt = self._attempt
+        if attempt is None:
+            attempt = self._new_attempt(self._from_message())
+        return attempt.call()
+
+    def _read(self) -> None:
+        """The record read from Redis, for the history it holds (see Attempt.read)."""
+        from_message = self.record
+        if self._attempt is None:
+            self._attempt = self._new_attempt(from_message)
+        self._record = self._attempt.read(from_message)
 
     def start(self, close_connections: bool = False) -> None:
         """Everything before the call: the record RUNNING, ``task_started``, the arguments."""
         if close_connections:
             close_old_connections()
-        message, queue, attempt = self.message, self.queue, self.attempt
-        record = self.record
+        message, queue = self.message, self.queue
         # First: a task that cannot be imported still ends as its backend says (its
         # RESULT_TTL, task_finished, the errors of its earlier attempts).
         try:
-            self.backend = framework.backend_named(record.backend)
+            self.backend = framework.backend_named(self.alias)
         except Exception:  # an alias gone from TASKS: fails as an import failure does,
             self.backend = _backend_of_queue(queue.logical_name)  # told by its queue's backend
             raise
         if message.attempt > 1:
-            record = self.record = attempt.read(record)
-        loaded = load_task(record.task)
+            self._read()
+        record = self._record
+        loaded = load_task(self.path if record is None else record.task)
         if loaded.takes_context and message.attempt == 1:
-            record = self.record = attempt.read(record)
-        attempt.mark_running(record)
-        self.runner._send_soon(queue, attempt)  # RUNNING, if it still runs at the next round
+            self._read()
+        self._marked = True
+        record = self._record
+        if record is not None:
+            mark_running(record, self.started_at, self.runner.worker_id)
+            # The record's own: the call unpacks them into a tuple and a dict of its own.
+            self.args, self.kwargs = record.args, record.kwargs
+        self.runner._send_soon(queue, self)  # RUNNING, if it still runs at the next round
         self.loaded = loaded
         # Its TaskResult built only for what reads it (see django_delayqueue.tasks.unheard).
-        quiet = log_dropped(RUNNING) and only_own_receiver(framework.task_started, self.backend)
+        quiet = unheard_quiet(framework.task_started, self.backend)
         if loaded.takes_context or not quiet:
-            self.started = to_task_result(record, message.id, self.task)
+            self.started = to_task_result(self.record, message.id, self.task)
         if not quiet:
             _send_robust(framework.task_started, self.backend, self.started)
-        # The record's own: the call unpacks them into a tuple and a dict of its own.
-        self.args, self.kwargs = record.args, record.kwargs
         if loaded.takes_context:
-            self.args = [framework.TaskContext(task_result=self.started), *record.args]
+            self.args = [framework.TaskContext(task_result=self.started), *self.args]
 
     @property
     def task(self) -> Any:
@@ -329,12 +419,13 @@ class _TaskRun:
     def failed(self, e: BaseException, close_connections: bool = False, dead: bool = False) -> None:
         """The record after the run (or its start) raised ``e`` (``dead``: its message goes to
         the dead letters whatever its attempts)."""
-        message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
-        attempt.ended = True  # its RUNNING, if not sent yet, never is: this write says more
+        message, queue = self.message, self.queue
+        self.ended = True  # its RUNNING, if not sent yet, never is: this write says more
         last = dead or isinstance(e, Reject) or message.attempt >= queue.settings.max_attempts
         try:
+            attempt = self.attempt
             if last:  # what nack.lua will do too: no attempts left, or dead on purpose
-                self.runner._failed(attempt, record, e, self.backend, self.task)
+                self.runner._failed(attempt, self.record, e, self.backend, self.task)
             else:  # a retry asked for is not an error
                 error = None if isinstance(e, Retry) else e
                 attempt.write_now(READY, error=error)
@@ -358,15 +449,25 @@ class _TaskRun:
                 close_old_connections()
 
     def _succeeded(self, value: Any) -> WritesWithAck:
-        message, queue, attempt, record = self.message, self.queue, self.attempt, self.record
-        attempt.ended = True  # its RUNNING, if not sent yet, never is: its result says it all
-        backend = self.backend
+        self.ended = True  # its RUNNING, if not sent yet, never is: its result says it all
+        message, queue, backend = self.message, self.queue, self.backend
         try:
             returned, return_value = _stored(value)
-            finished_at = queue.clock.now_ms()
+            finished_at = int(queue.clock.now_ms())
             ttl = _ttl(backend)
-            # Sent with the round's other results as one call (consumer.rounds.merged_writes).
-            write = attempt.success_write(returned, ttl, finished_at)
+            # Sent with the round's other results as one call (consumer.rounds.merged_writes):
+            # what Attempt.success_write makes, of the run's own fields.
+            token = message.token
+            write = success_write(
+                queue.keys.task_result(message.id),
+                ttl,
+                write_order(token, SUCCESSFUL),
+                self.started_at,
+                finished_at,
+                f"{WORKER_PREFIX}{token}",
+                self.runner.worker_id,
+                returned,
+            )
         except Exception as e:  # not JSON, nested too deep for a reader to decode, ...
             # It ran: running it again would repeat its effects for the same bad value. So
             # whatever keeps its result from being stored fails it once, with the error
@@ -374,7 +475,7 @@ class _TaskRun:
             # run it again).
             error = _cause(e)
             try:
-                self.runner._failed(attempt, record, error, backend, self.task)
+                self.runner._failed(self.attempt, self.record, error, backend, self.task)
             except Exception:
                 logger.exception(
                     "queue %s: task %s: result not recorded",
@@ -383,20 +484,20 @@ class _TaskRun:
                     extra=message_fields(message, queue.name),
                 )
             raise Reject(f"task ran, but its result cannot be stored: {e}") from e
-        record.status, record.finished_at = SUCCESSFUL, finished_at
-        record.return_value = return_value
-        self.end = (returned, ttl, finished_at)
-        return WritesWithAck(write, self._finished, supersedes=attempt.taken)
+        end = self.end = (returned, ttl, finished_at, return_value)
+        if self._record is not None:  # else built so when read (record)
+            _succeeded_record(self._record, end)
+        return WritesWithAck(write, self._finished, supersedes=self.taken)
 
     def _finished(self, reply: Any = None) -> None:
         """On the consumer's thread, once Redis has the success's write (its ``reply``)."""
-        queue, backend = self.queue, self.backend
-        if reply == -1:  # the record had no "enqueued" (gone): nothing written, so whole
+        queue, backend, end = self.queue, self.backend, self.end
+        if reply == -1 and end is not None:  # no "enqueued" (gone): nothing written, so whole
             # With the consumer's next round trip, sent again until it lands (an outage,
             # Redis full), as the RUNNING write: never a round trip of its own here, after
             # the ack, whose failure would lose the result.
-            returned, ttl, finished_at = self.end
             try:
+                returned, ttl, finished_at, _ = end
                 whole = self.attempt.write(
                     SUCCESSFUL, returned=returned, ttl=ttl, finished_at=finished_at, whole=True
                 )
@@ -411,7 +512,7 @@ class _TaskRun:
                 )
         # Asked again, not taken from the start: the run may be long, and logging may have
         # changed meanwhile (DEBUG on, a handler added, a test's assertLogs).
-        if unheard(framework.task_finished, backend, SUCCESSFUL):
+        if unheard_quiet(framework.task_finished, backend):
             return  # nothing ran here that could have opened or used a connection
         if self.started is None:  # the started TaskResult's copy, or one built whole
             result = to_task_result(self.record, self.message.id, self.task)
@@ -421,6 +522,11 @@ class _TaskRun:
             _send_robust(framework.task_finished, backend, result)
         finally:
             close_old_connections()  # its receivers' connections closed after them
+
+
+def _succeeded_record(record: TaskRecord, end: tuple[str, int, int, Any]) -> None:
+    """``record`` as a run that ended with ``end`` (``_TaskRun.end``) leaves it."""
+    record.status, record.finished_at, record.return_value = SUCCESSFUL, end[2], end[3]
 
 
 def _ended(value: Any) -> Any:

@@ -38,6 +38,16 @@ def unheard(signal: Any, backend: Any, status: str) -> bool:
     return only_own_receiver(signal, backend) and log_dropped(status)
 
 
+def quiet(signal: Any, backend: Any) -> bool:
+    """:func:`unheard` for ``task_started`` or a success's ``task_finished`` (both INFO): what a
+    worker asks at the start and at the end of every run, in one call rather than four (each
+    ask is the whole check: receivers and logging may change between any two)."""
+    log = framework.signals_logger
+    return (
+        log is not None and _only_own_receiver(signal, type(backend)) and dropped(log, logging.INFO)
+    )
+
+
 def only_own_receiver(signal: Any, backend: Any) -> bool:
     """Whether the framework's own receiver is the only live one of ``signal`` for
     ``backend``: the first half of :func:`unheard`."""
@@ -47,7 +57,7 @@ def only_own_receiver(signal: Any, backend: Any) -> bool:
 def log_dropped(status: str) -> bool:
     """Whether the line the framework's receivers log for a result of ``status`` is dropped:
     the second half of :func:`unheard`, the same for ``task_started`` and a success's
-    ``task_finished`` (both INFO), so that a run may walk the loggers once for both."""
+    ``task_finished`` (both INFO)."""
     log = framework.signals_logger
     if log is None:
         return False
@@ -65,15 +75,15 @@ def _only_own_receiver(signal: Any, sender: type) -> bool:
     receivers = getattr(signal, "receivers", None)
     if not isinstance(receivers, list) or getattr(signal, "_dead_receivers", True):
         return _resolve_only_own(signal, sender)  # not the Signal known here: asked each time
-    key = (id(signal), sender)
-    kept = _kept.get(key)
-    if kept is not None and kept[0] is signal and kept[1] == receivers:
-        return kept[2]
+    # The last sender asked for, per signal: a worker's tasks mostly have one backend class.
+    kept = _kept.get(id(signal))
+    if kept is not None and kept[0] is signal and kept[1] is sender and kept[2] == receivers:
+        return kept[3]
     answer = _resolve_only_own(signal, sender)
     if len(_kept) >= _KEPT:
         _kept.clear()
     # The signal kept with it (its id is never reused meanwhile), and a copy of its list.
-    _kept[key] = (signal, list(receivers), answer)
+    _kept[id(signal)] = (signal, sender, list(receivers), answer)
     return answer
 
 
@@ -92,7 +102,7 @@ def _resolve_only_own(signal: Any, sender: type) -> bool:
 
 
 _KEPT = 64
-_kept: dict[tuple[int, type], tuple[Any, list[Any], bool]] = {}
+_kept: dict[int, tuple[Any, type, list[Any], bool]] = {}
 
 
 def dropped(log: logging.Logger, level: int) -> bool:
@@ -107,14 +117,30 @@ def dropped(log: logging.Logger, level: int) -> bool:
         return True
     if level >= logging.WARNING or logging.getLogRecordFactory() is not logging.LogRecord:
         return False
+    # Written out (the handler's test inline, DEBUG read only where a handler's level lets
+    # the line through): a worker asks twice per task it runs.
     current: logging.Logger | None = log
     found = 0
     while current is not None:
-        if type(current) not in _PLAIN_LOGGERS or current.filters:
+        if current.filters or type(current) not in _PLAIN_LOGGERS:
             return False
         for handler in current.handlers:
             found += 1
-            if level >= handler.level and not _rejects(handler):
+            if level < handler.level:
+                continue
+            # Dropped by it only if it is plain and its first filter is Django's
+            # RequireDebugTrue (the ``console`` handler of Django's default logging), with
+            # DEBUG off.
+            kind, filters = type(handler), handler.filters
+            if (
+                not (
+                    filters
+                    and type(filters[0]) is RequireDebugTrue
+                    and kind.handle is _HANDLE
+                    and kind.filter is _FILTER
+                )
+                or _debug()
+            ):
                 return False
         if not current.propagate:
             break
@@ -124,17 +150,8 @@ def dropped(log: logging.Logger, level: int) -> bool:
     return found > 0 or logging.lastResort is not None
 
 
-def _rejects(handler: logging.Handler) -> bool:
-    """Whether ``handler`` drops every record at its first filter, Django's RequireDebugTrue
-    (the ``console`` handler of Django's default logging) with ``DEBUG`` off."""
-    kind = type(handler)
-    return (
-        kind.handle is logging.Handler.handle
-        and kind.filter is logging.Filterer.filter
-        and bool(handler.filters)
-        and type(handler.filters[0]) is RequireDebugTrue
-        and not _debug()
-    )
+_HANDLE = logging.Handler.handle
+_FILTER = logging.Filterer.filter
 
 
 def _debug() -> bool:
@@ -142,12 +159,19 @@ def _debug() -> bool:
     goes through LazyObject's ``__getattribute__`` (about 0.7 us, asked twice a task), while
     the value it caches in the instance's ``__dict__`` is dropped by Django whenever a setting
     is assigned or the settings are swapped (``override_settings``): so what is there is the
-    current value, and anything else asks the settings themselves."""
-    try:
-        cached = object.__getattribute__(settings, "__dict__").get("DEBUG", _UNSET)
-    except AttributeError:  # not the LazySettings known here
-        cached = _UNSET
+    current value, and anything else asks the settings themselves. That ``__dict__`` is the
+    same object for the settings' life (Django clears it in place, never replaces it): kept."""
+    cached = _SETTINGS_DICT.get("DEBUG", _UNSET)
     return bool(settings.DEBUG if cached is _UNSET else cached)
 
 
+def _settings_dict() -> dict[str, Any]:
+    try:
+        found = object.__getattribute__(settings, "__dict__")
+    except AttributeError:  # not the LazySettings known here: always asked
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+_SETTINGS_DICT = _settings_dict()
 _UNSET = object()

@@ -191,12 +191,11 @@ def test_a_run_copies_its_task_with_the_record_s_options_only_for_what_reads_the
     due = due.replace(microsecond=due.microsecond // 1000 * 1000)  # whole ms, as stored
     add = examples().add.using(run_after=due, priority=3)
     # Quiet: only the framework's receivers, and their lines dropped (see unheard).
-    monkeypatch.setattr(runner, "only_own_receiver", lambda *args: True)
-    monkeypatch.setattr(runner, "log_dropped", lambda *args: True)
+    monkeypatch.setattr(runner, "unheard_quiet", lambda *args: True)
     monkeypatch.setattr(runner, "unheard", lambda *args: True)
     run_one(add, 1, 2)
     assert copies == []  # nothing read the options
-    monkeypatch.setattr(runner, "log_dropped", lambda *args: False)
+    monkeypatch.setattr(runner, "unheard_quiet", lambda *args: False)
     monkeypatch.setattr(runner, "unheard", lambda *args: False)
     heard: list[Any] = []
 

@@ -24,7 +24,7 @@ from redis.retry import Retry
 from test_tasks_backend import KEYS, QUEUE, burst, tasks_on_the_demo_queue  # noqa: F401
 
 from django_delayqueue.conf.queues import get_queue
-from django_delayqueue.core.consumer.outcomes import ACK, Outcome
+from django_delayqueue.core.consumer.outcomes import ACK, Outcome, WhileRunning
 from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
 from django_delayqueue.core.errors import CorruptEnvelope, RedisUnavailable
 from django_delayqueue.core.scripts.calls import ScriptBatch, ScriptCall
@@ -260,7 +260,7 @@ def test_a_task_s_run_writes_its_result_once_with_the_ack_in_five_commands(
     redis_client: redis.Redis,
 ) -> None:
     """A task that ends before the consumer's next round trip: its RUNNING write is never
-    built, never sent (handed over as the attempt, which ended), its result is one
+    built, never sent (handed over as the run, which ended), its result is one
     write_record call of five commands."""
     result = examples().add.enqueue(2, 3)
     q = get_queue(QUEUE)
@@ -269,7 +269,7 @@ def test_a_task_s_run_writes_its_result_once_with_the_ack_in_five_commands(
     early: list[Any] = []
     writes = runner.TaskRunner("w1", lambda queue, call: early.append(call)).run(delivery, q)
     (running,) = early
-    assert isinstance(running, Attempt) and running.ended and running.taken is None
+    assert isinstance(running, WhileRunning) and running.ended and running.taken is None
     assert writes.supersedes is None  # the loop never built it: nothing to leave out
     redis_client.config_resetstat()
     writes.call.run(q.client)
@@ -311,6 +311,60 @@ def test_a_superseded_running_write_leaves_the_same_record_as_one_sent(
     done = examples().add.get_result(result.id)
     assert done.worker_ids == ["w1"] and done.attempts == 1
     assert done.started_at is not None and done.last_attempted_at == done.started_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_still_running_at_the_next_round_gets_its_running_write_whole(
+    redis_client: redis.Redis,
+) -> None:
+    """A quiet first attempt builds neither its record nor an Attempt; the RUNNING write the
+    consumer builds of it while the task runs (here: at once, as a round that came then) is
+    still whole: a record gone (deleted by hand) is rebuilt with what enqueue wrote, its
+    start and its worker, the ones its success then writes too."""
+    result = examples().add.enqueue(4, 5)
+    key = KEYS.task_result(result.id)
+    redis_client.delete(key)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    seen: list[Any] = []
+
+    def round_during_the_run(queue: Any, call: Any) -> None:
+        assert not call.ended  # handed over before the task runs
+        assert call.call().run(queue.client) == 1
+        seen.append(examples().add.get_result(result.id))
+
+    writes = runner.TaskRunner("w1", round_during_the_run).run(delivery, q)
+    (running,) = seen
+    assert running.status == framework.TaskResultStatus.RUNNING
+    assert (running.args, running.kwargs, running.worker_ids) == ([4, 5], {}, ["w1"])
+    assert running.started_at is not None and running.last_attempted_at == running.started_at
+    assert redis_client.hexists(key, "enqueued")
+    assert writes.call.run(q.client) == [b"1"]  # the record is whole again: no -1
+    done = examples().add.get_result(result.id)
+    assert done.status == framework.SUCCESSFUL and done.return_value == 9
+    assert (done.started_at, done.worker_ids) == (running.started_at, ["w1"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_write_built_after_a_task_changed_its_arguments_has_them_as_enqueued(
+    redis_client: redis.Redis,
+) -> None:
+    """Arguments a task could change in place (a list, a dict): its RUNNING write, built by
+    the consumer's thread while (or after) the task changed them, writes them as enqueued.
+    Built of the message's payload then, it wrote what the task left (empty ones)."""
+    result = examples().empties_its_arguments.enqueue([1, 2], options={"a": 3})
+    key = KEYS.task_result(result.id)
+    redis_client.delete(key)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    early: list[Any] = []
+    writes = runner.TaskRunner("w1", lambda queue, call: early.append(call)).run(delivery, q)
+    (running,) = early
+    assert running.call().run(q.client) == 1  # built now: the task emptied its arguments
+    seen = examples().empties_its_arguments.get_result(result.id)
+    assert seen.args == [[1, 2]] and seen.kwargs == {"options": {"a": 3}}
+    assert writes.call.run(q.client) == [b"1"]
+    assert examples().empties_its_arguments.get_result(result.id).return_value == 6
 
 
 @pytest.mark.django_db(transaction=True)
@@ -620,6 +674,31 @@ def test_a_success_s_compact_write_to_a_key_of_another_type_fails_that_record_al
     for a in (attempts[0], attempts[2]):
         assert redis_client.hget(a.key, "status") == b"SUCCESSFUL"
         assert redis_client.hget(a.key, "return_value") == b"[1]"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("worker", ["w1", 'w "é" 1'])
+def test_a_run_s_success_write_is_its_attempt_s(redis_client: redis.Redis, worker: str) -> None:
+    """A run that built no Attempt makes its success's write itself (core's success_write):
+    the same call as its Attempt's success_write, and as merged_record_write of
+    success_fields, for the same start and end (read back from the text)."""
+    from django_delayqueue.core.task_records import (
+        ENQUEUED,
+        merged_record_write,
+        success_fields,
+    )
+
+    examples().add.enqueue(20, 22)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    made = runner.TaskRunner(worker, lambda queue, call: None).run(delivery, q).call
+    text = made.args[0].split(" ")
+    started_at, finished_at = int(text[3].lstrip("!")), int(text[4])
+    ttl = runner._ttl(framework.task_backends["default"])
+    attempt = Attempt(worker, delivery, q, from_message(delivery, q), started_at=started_at)
+    assert made == attempt.success_write("42", ttl, finished_at)
+    fields = success_fields(started_at, finished_at, f"worker:{delivery.token}", worker, "42")
+    assert made == merged_record_write(attempt.key, ttl, attempt._order + 1, ENQUEUED, fields)
 
 
 def record_entry(call: ScriptCall) -> Any:

@@ -305,3 +305,69 @@ def test_debug_turned_on_during_a_run_logs_its_task_finished(console: io.StringI
     with override_settings(DEBUG=True):
         writes.then()
     assert states(console.getvalue()) == [str(framework.SUCCESSFUL)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_debug_turned_on_between_two_runs_is_heard_at_the_next(console: io.StringIO) -> None:
+    """The start's answer is asked again at each run, not kept from the last."""
+    shaped(console)
+    assert run_and_finish(examples().add, 1, 2) == []
+    with override_settings(DEBUG=True):
+        run_and_finish(examples().add, 3, 4)
+    assert states(console.getvalue()) == [str(Status.RUNNING), str(framework.SUCCESSFUL)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_added_during_a_run_gets_its_task_finished(console: io.StringIO) -> None:
+    """Logging changed between a quiet start and the end (a handler of the user's added):
+    the end's line is logged, of the whole record (a quiet run built none till then)."""
+    log = shaped(console)
+    examples().add.enqueue(2, 3)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    writes = runner.TaskRunner("w1").run(delivery, q)  # started while INFO is dropped
+    writes.call.run(q.client)
+    assert writes.then is not None
+    lines: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = lines.append  # type: ignore[method-assign]
+    log.addHandler(handler)
+    try:
+        writes.then()
+    finally:
+        log.removeHandler(handler)
+    assert [r.getMessage().rsplit("=", 1)[-1] for r in lines] == [str(framework.SUCCESSFUL)]
+    assert console.getvalue() == ""  # the console's line still dropped (DEBUG off)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_connected_during_a_quiet_run_gets_the_whole_result(
+    console: io.StringIO,
+) -> None:
+    """A run that started quiet has no record built; a receiver connected before its end
+    gets a TaskResult of the record as the run left it: SUCCESSFUL, its start, end, worker,
+    return value and arguments, as get_result reads them."""
+    shaped(console)
+    result = examples().add.enqueue(2, 5)
+    q = get_queue(QUEUE)
+    (delivery,) = q.claim(1)
+    writes = runner.TaskRunner("w1").run(delivery, q)
+    writes.call.run(q.client)
+    heard: list[Any] = []
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        heard.append(task_result)
+
+    framework.task_finished.connect(on_finished)
+    try:
+        assert writes.then is not None
+        writes.then(1)
+    finally:
+        framework.task_finished.disconnect(on_finished)
+    (sent,) = heard
+    stored = examples().add.get_result(result.id)
+    assert sent.status == framework.SUCCESSFUL and sent.return_value == 7
+    assert (sent.args, sent.kwargs, sent.worker_ids) == ([2, 5], {}, ["w1"])
+    assert sent.id == result.id and sent.task.func is examples().add.func
+    for field in ("started_at", "last_attempted_at", "finished_at", "enqueued_at", "errors"):
+        assert getattr(sent, field) == getattr(stored, field), field
