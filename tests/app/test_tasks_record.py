@@ -677,6 +677,35 @@ def test_a_success_s_compact_write_to_a_key_of_another_type_fails_that_record_al
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_success_s_compact_write_that_redis_refuses_fails_that_record_alone(
+    redis_client: redis.Redis,
+) -> None:
+    """A kept-seconds value Redis's EXPIRE refuses (a RESULT_TTL of sys.maxsize, "for ever")
+    fails its own record only: the round's other results are written and replied to as alone
+    (review: the whole call failed, the later records were never written and the round's
+    tasks were all reported as refused)."""
+    import sys
+
+    from django_delayqueue.core.consumer.rounds.merged_writes import merged_writes, record_replies
+
+    q = get_queue(QUEUE)
+    for i in range(3):
+        examples().add.enqueue(i, i)
+    attempts = [Attempt("w-1", d, q, from_message(d, q)) for d in q.claim(3)]
+    ttls = [60, sys.maxsize, 60]
+    writes = [
+        a.success_write("[1]", t, a.started_at + 5) for a, t in zip(attempts, ttls, strict=True)
+    ]
+    [(call, _)] = merged_writes([record_entry(w) for w in writes])
+    replies = record_replies(call.run(redis_client), 3)
+    assert replies[0] == 1 and replies[2] == 1
+    assert isinstance(replies[1], redis.exceptions.ResponseError)
+    for a in (attempts[0], attempts[2]):
+        assert redis_client.hget(a.key, "status") == b"SUCCESSFUL"
+        assert 0 < redis_client.ttl(a.key) <= 60
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("worker", ["w1", 'w "é" 1'])
 def test_a_run_s_success_write_is_its_attempt_s(redis_client: redis.Redis, worker: str) -> None:
     """A run that built no Attempt makes its success's write itself (core's success_write):

@@ -48,10 +48,17 @@ for _, write in ipairs(writes) do
   if ttl then
     if required == '' then required = nil end
     local returned_end = at + tonumber(length) - 1
-    noted(success_write(
-      records[i], ttl, order, required, started, finished, worker_field,
+    -- In a pcall, as the general write: a command Redis refuses for this record alone (an
+    -- EXPIRE out of its range) fails this record only, not the round's others.
+    local ok, reply = pcall(
+      success_write, records[i], ttl, order, required, started, finished, worker_field,
       string.sub(write, returned_end + 1), string.sub(write, at, returned_end)
-    ))
+    )
+    if not ok then
+      failed(type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply)))
+    else
+      noted(reply)
+    end
   else
     local fields
     ttl, order, required, fields = string.match(write, '^(%d+) (%d+) (%S*) (.*)$')
