@@ -45,6 +45,7 @@ from django_delayqueue.core.consumer.rounds.planning import RoundPlanner
 from django_delayqueue.core.consumer.rounds.recording import UnrecordedOutcomes
 from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
 from django_delayqueue.core.consumer.rounds.waiter import Waiter
+from django_delayqueue.core.consumer.rounds.writes_ahead import WritesAhead
 from django_delayqueue.core.consumer.start_marks import NO_START_MARKS, StartMarks
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.envelope import ENVELOPE_FORMAT, Message, validate_format
@@ -124,8 +125,14 @@ class Consumer:
         self.delivered = 0  # handlers finished
         # One "out of memory" log line for the whole consumer: outcomes, rounds and ticks.
         self.memory = OutOfMemoryLog(logger, self.name)
+        # Tasks' results go beside the round trip (rounds/writes_ahead.py); its thread wakes
+        # the loop for their acks (the waiter is made below: looked up when it wakes).
         self._unrecorded = UnrecordedOutcomes(
-            self.queues, journal_maxlen, self.memory, retry_buried=self.task_retry_buried
+            self.queues,
+            journal_maxlen,
+            self.memory,
+            retry_buried=self.task_retry_buried,
+            writes_ahead=WritesAhead(wake=lambda: self._waiter.nudge()),
         )
         self.keeper: Keeper = keeper if keeper is not None else NoKeeper()
         self.keeper.memory = self.memory
@@ -393,6 +400,7 @@ class Consumer:
             self._waiter.close()
             self.coroutines.close()
             self._threads.close()
+            self._unrecorded.close()
 
     def _loop(self) -> None:
         failures = 0
@@ -433,7 +441,7 @@ class Consumer:
                 # left, the top of the loop returns now (an idle here waited out a whole second
                 # after the last outcome was recorded, with nothing left to nudge it).
                 # (A failure's journal row, sent once its nack replied, goes at once too.)
-                if self._busy() and not self._unrecorded.journal_due():
+                if self._busy() and not self._unrecorded.recording_due():
                     self._waiter.idle(min(1.0, self._stop.grace_left()))
                 continue
             if self._plan.due_now():

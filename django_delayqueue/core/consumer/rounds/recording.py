@@ -58,6 +58,7 @@ from django_delayqueue.core.consumer.rounds.merged_writes import (
     record_replies,
 )
 from django_delayqueue.core.consumer.rounds.replica_acks import confirm_acks as _confirm_acks
+from django_delayqueue.core.consumer.rounds.writes_ahead import WritesAhead
 from django_delayqueue.core.delivery import NACK_ABORTED, NACK_DEAD, nack_aborted_reasons
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.observability.log_fields import message_fields
@@ -75,6 +76,9 @@ from django_delayqueue.core.timings.recorder import DeliveryTimings
 logger = logging.getLogger(__name__)
 
 FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again after this
+# At a stop, how long its last rounds wait for the writes sent ahead to be replied to (their
+# acks follow them); past it, those outcomes are left unrecorded: their messages come back.
+STOP_WAITS_FOR_WRITES_SECONDS = 2.0
 JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
 
 CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
@@ -92,6 +96,12 @@ class _Entry:
     journalled: bool = False  # its journal row was written (or there is no journal)
     journal_failures: int = 0
     written: bool = False  # what the handler left to write with the ack ran (or there is none)
+    ahead: bool = False  # that write is with WritesAhead: its message is acked once it replied
+    # A write sent ahead that Redis took: its reply, for its ``then`` once the ack has landed
+    # (as in a round trip, where the ack goes in the write's pipeline: a task_finished
+    # receiver finds the message gone).
+    then_reply: Any = None
+    then_after_ack: bool = False
 
     @property
     def done(self) -> bool:
@@ -126,8 +136,15 @@ class UnrecordedOutcomes:
         journal_maxlen: int,
         memory: OutOfMemoryLog | None = None,
         retry_buried: RetryBuried | None = None,
+        writes_ahead: WritesAhead | None = None,
     ) -> None:
         self._by_name = {q.name: q for q in queues}
+        # Where handlers' writes (a task's result) go beside the round trip rather than in it
+        # (rounds/writes_ahead.py); None: in the round trip, before their acks.
+        self._writes_ahead = writes_ahead
+        # The writes the last add_to left for send_ahead (its queues' server's), with what
+        # each carries.
+        self._to_send: list[tuple[ScriptCall, tuple[Queue, list[_Entry]]]] = []
         self._retry_buried = retry_buried
         # The early calls (by id) whose landing tells retry_buried: each call kept with what
         # it tells, so an id is never mistaken for a later call's.
@@ -268,6 +285,13 @@ class UnrecordedOutcomes:
         names = {q.name for q in queues}
         flush: Flush = []
         clock = time.monotonic()
+        ahead = self._writes_ahead
+        # Handlers' writes go beside the round trip (then their acks wait for a later round),
+        # except at a stop (force: its last rounds record everything they can, in order).
+        sends_ahead = ahead is not None and not force
+        self._to_send = []
+        if ahead is not None:  # what Redis replied to the writes sent ahead: acked below
+            self._take_ahead(ahead.collect(STOP_WAITS_FOR_WRITES_SECONDS if force else 0.0))
         with self._lock:
             self._take_running(names)
             self._take_handed()
@@ -288,12 +312,23 @@ class UnrecordedOutcomes:
             if not force and self._paused_until.get(name, 0.0) > clock:
                 continue
             q = self._by_name[name]
-            # Before the acks: a task's result before its message goes.
-            writing = [e for e in entries if not e.written and e.outcome.writes is not None]
+            # Before the acks: a task's result before its message goes, in this round trip
+            # (its ack after it, in the same pipeline) or sent ahead (its ack in the round
+            # after Redis replied to it).
+            writing = [
+                e for e in entries if not e.written and not e.ahead and e.outcome.writes is not None
+            ]
+            written_here: set[int] = set()
             for call, carried in merged_writes(writing):
-                flush.append((q, "write", carried, batch.add(call)))
+                if sends_ahead:
+                    self._to_send.append((call, (q, carried)))
+                else:
+                    flush.append((q, "write", carried, batch.add(call)))
+                    written_here.update(id(e) for e in carried)
             todo = [e for e in entries if not e.recorded]
-            acks = [e for e in todo if e.outcome.status == ACK]
+            acks = [
+                e for e in todo if e.outcome.status == ACK and (e.written or id(e) in written_here)
+            ]
             retry = [e for e in todo if e.outcome.status not in (ACK, GARBAGE)]
             bury = [e for e in todo if e.outcome.status == GARBAGE]
             if acks:
@@ -309,11 +344,51 @@ class UnrecordedOutcomes:
                 failures = [(e.outcome.message, None, e.outcome.reason) for e in bury]
                 call = q.nack_call(failures, now_ms, bury=True)
                 flush.append((q, "bury", bury, batch.add(call)))
-            unjournalled = [e for e in entries if e.journal_ready]
+            # An ack's row goes with its ack (one whose write is still to land waits for it).
+            acked = {id(e) for e in acks}
+            unjournalled = [
+                e for e in entries if e.journal_ready and (e.recorded or id(e) in acked)
+            ]
             if unjournalled:
                 call = self._journal_call(q, [e.outcome for e in unjournalled])
                 flush.append((q, "journal", unjournalled, batch.add(call)))
         return flush
+
+    def send_ahead(self, client: Any) -> None:
+        """Hand the writes the last :meth:`add_to` left to WritesAhead (``client``: the server
+        of its queues), as the round trip's own pipeline goes out: Redis writes them after it."""
+        to_send, self._to_send = self._to_send, []
+        if not to_send or self._writes_ahead is None:
+            return
+        for _, (_, carried) in to_send:
+            for e in carried:
+                e.ahead = True
+        self._writes_ahead.send(client, to_send)
+
+    def _take_ahead(self, done: list[tuple[list[Any], Any]]) -> None:
+        """Take in Redis's replies to writes sent ahead (``WritesAhead.collect``), as settle()
+        does a round trip's: written (then their ``then``), or kept to send again."""
+        for calls, results in done:
+            for i, (_, (q, carried)) in enumerate(calls):
+                result = results if isinstance(results, Exception) else results[i]
+                for e in carried:
+                    e.ahead = False
+                if len(carried) == 1 and not is_merged(carried[0]):
+                    self._written(q, carried[0], result, after_ack=True)
+                    continue
+                for e, reply in zip(carried, record_replies(result, len(carried)), strict=True):
+                    self._written(q, e, reply, after_ack=True)
+
+    def recording_due(self) -> bool:
+        """Whether a round is due now to record what waits only for one: a failure's journal
+        row (:meth:`journal_due`), or the acks of writes Redis replied to (sent ahead)."""
+        ahead = self._writes_ahead
+        return (ahead is not None and ahead.replied()) or self.journal_due()
+
+    def close(self) -> None:
+        """End the thread that sends writes ahead (once what it holds is sent)."""
+        if self._writes_ahead is not None:
+            self._writes_ahead.close()
 
     def read(self, flush: Flush, results: Sequence[Any], now_ms: int) -> None:
         """Take in the replies to ``flush`` (``results``: the whole batch's), then, with
@@ -353,6 +428,9 @@ class UnrecordedOutcomes:
                 continue
             for e in entries:
                 e.recorded = True
+                if e.then_after_ack:  # its write was sent ahead: its then() waited for this
+                    e.then_after_ack = False
+                    self._then(q, e, e.then_reply)
             if isinstance(result, list):
                 self._nacked(q, kind, entries, result)
             if kind != "ack":  # a failure counts as what its nack made of it, its span too
@@ -413,9 +491,10 @@ class UnrecordedOutcomes:
                     extra=message_fields(message),
                 )
 
-    def _written(self, q: Queue, entry: _Entry, result: Any) -> None:
-        """A handler's write ran (then its ``then``), or failed: sent again unless the script
-        refused it (a key of the wrong type would refuse it for ever: dropped, logged)."""
+    def _written(self, q: Queue, entry: _Entry, result: Any, after_ack: bool = False) -> None:
+        """A handler's write ran (then its ``then``: ``after_ack``, once its ack has landed),
+        or failed: sent again unless the script refused it (a key of the wrong type would
+        refuse it for ever: dropped, logged)."""
         message_id = entry.outcome.message.id
         if isinstance(result, Exception):
             if self.memory.check(result, f"queue {q.name}: message {message_id}'s write"):
@@ -432,15 +511,26 @@ class UnrecordedOutcomes:
         entry.written = True
         writes = entry.outcome.writes
         if writes is not None and writes.then is not None and not isinstance(result, Exception):
-            try:
-                writes.then(result)
-            except Exception:
-                logger.exception(
-                    "queue %s: message %s: after its write",
-                    q.name,
-                    message_id,
-                    extra=message_fields(entry.outcome.message),
-                )
+            if after_ack and not entry.recorded:
+                entry.then_reply, entry.then_after_ack = result, True
+                return
+            self._then(q, entry, result)
+
+    @staticmethod
+    def _then(q: Queue, entry: _Entry, result: Any) -> None:
+        """Run what the handler left to run once Redis has its write (``WritesWithAck.then``)."""
+        writes = entry.outcome.writes
+        if writes is None or writes.then is None:
+            return
+        try:
+            writes.then(result)
+        except Exception:
+            logger.exception(
+                "queue %s: message %s: after its write",
+                q.name,
+                entry.outcome.message.id,
+                extra=message_fields(entry.outcome.message),
+            )
 
     def _journal_refused(self, q: Queue, entries: list[_Entry], error: Any) -> bool:
         """Whether Redis refused the journal rows for memory: then they are dropped now (kept,

@@ -130,6 +130,9 @@ class RoundTrip:
                     plan.append((q, "reap", batch.add(q.reap_call(now))))
             # 4. at maintenance, the delivery timings counted since the last (core.timings).
             timed = self.outcomes.timings.add_to(batch, queues, now) if maintenance else []
+            # The tasks' results this round took go beside this pipeline, Redis writing them
+            # while this thread reads the round's reply (rounds/writes_ahead.py).
+            self.outcomes.send_ahead(client)
             try:
                 results = batch.run(client, raise_errors=False)
             except DelayQueueError as e:
@@ -232,10 +235,11 @@ class RoundTrip:
 
     def due_by(self, now: int) -> bool:
         """Whether something is known to be due on a queue by ``now`` (or its retry is), or
-        a failure's journal row waits for a round (see recording.py)."""
+        a failure's journal row or the acks of written results wait for a round (see
+        recording.py)."""
         if any(t is not None and t <= now for t in self._next_wake.values()):
             return True
-        return self.outcomes.journal_due()
+        return self.outcomes.recording_due()
 
     def has_ready(self, q: Queue) -> bool:
         """Whether the last round saw messages in ``q``'s ready list that it did not claim
