@@ -3,7 +3,9 @@
 The consumer does not acknowledge each message as its handler returns: the acks, nacks and one
 journal entry per queue ride on the pipeline of the next promote + claim, so recording costs
 no round trip of its own; so do the writes a handler left for its ack (``WritesWithAck``: a
-task's result), sent before the ack, their ``then`` run once Redis has them. An outcome stays
+task's result), sent beside a round trip (:mod:`.writes_ahead`; at a stop, in it, before the
+acks), each message acked only once Redis has its write, the write's ``then`` run once the ack
+has landed. An outcome stays
 here until Redis has both its state change (ack, nack, burial) and its journal row, each tracked
 apart: when one call fails only what that call carried is sent again, so an ack is never
 repeated because a journal write failed, and one broken queue never holds back another's
@@ -78,7 +80,7 @@ logger = logging.getLogger(__name__)
 FAILED_QUEUE_PAUSE_SECONDS = 1.0  # a queue whose calls failed is tried again after this
 # At a stop, how long its last rounds wait for the writes sent ahead to be replied to (their
 # acks follow them); past it, those outcomes are left unrecorded: their messages come back.
-STOP_WAITS_FOR_WRITES_SECONDS = 2.0
+STOP_WAITS_FOR_WRITES_SECONDS = 1.0
 JOURNAL_TRIES = 3  # a journal row whose call failed this often on a script error is dropped
 
 CallKind = Literal["early", "write", "ack", "retry", "bury", "journal"]
@@ -292,6 +294,9 @@ class UnrecordedOutcomes:
         self._to_send = []
         if ahead is not None:  # what Redis replied to the writes sent ahead: acked below
             self._take_ahead(ahead.collect(STOP_WAITS_FOR_WRITES_SECONDS if force else 0.0))
+        # The keys this round's early calls write: a write on one of them goes in the round
+        # trip after them (a write sent ahead is not ordered with the round trip's calls).
+        early_keys: set[Any] = set()
         with self._lock:
             self._take_running(names)
             self._take_handed()
@@ -304,6 +309,7 @@ class UnrecordedOutcomes:
                     self._early[name] = kept
                     for call in kept:
                         flush.append((self._by_name[name], "early", [call], batch.add(call)))
+                        early_keys.update(call.keys)
                     if not kept:
                         del self._early[name]
         for name, entries in self._entries.items():
@@ -320,7 +326,7 @@ class UnrecordedOutcomes:
             ]
             written_here: set[int] = set()
             for call, carried in merged_writes(writing):
-                if sends_ahead:
+                if sends_ahead and early_keys.isdisjoint(call.keys):
                     self._to_send.append((call, (q, carried)))
                 else:
                     flush.append((q, "write", carried, batch.add(call)))
@@ -360,10 +366,10 @@ class UnrecordedOutcomes:
         to_send, self._to_send = self._to_send, []
         if not to_send or self._writes_ahead is None:
             return
+        self._writes_ahead.send(client, to_send)  # if it raises, nothing is marked: sent again
         for _, (_, carried) in to_send:
             for e in carried:
                 e.ahead = True
-        self._writes_ahead.send(client, to_send)
 
     def _take_ahead(self, done: list[tuple[list[Any], Any]]) -> None:
         """Take in Redis's replies to writes sent ahead (``WritesAhead.collect``), as settle()
@@ -375,9 +381,15 @@ class UnrecordedOutcomes:
                     e.ahead = False
                 if len(carried) == 1 and not is_merged(carried[0]):
                     self._written(q, carried[0], result, after_ack=True)
-                    continue
-                for e, reply in zip(carried, record_replies(result, len(carried)), strict=True):
-                    self._written(q, e, reply, after_ack=True)
+                else:
+                    replies = record_replies(result, len(carried))
+                    for e, reply in zip(carried, replies, strict=True):
+                        self._written(q, e, reply, after_ack=True)
+                if not all(e.written for e in carried):
+                    # Kept to send again (Redis full, a broken connection): after a pause, as
+                    # a round trip's failed calls are, not at once round after round (its
+                    # reply makes a round due: recording_due).
+                    self._paused_until[q.name] = time.monotonic() + FAILED_QUEUE_PAUSE_SECONDS
 
     def recording_due(self) -> bool:
         """Whether a round is due now to record what waits only for one: a failure's journal

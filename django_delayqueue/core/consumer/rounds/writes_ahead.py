@@ -6,11 +6,13 @@ task's round (its record's ``HMGET``, ``HSET`` and ``EXPIRE``, about 20 us a tas
 20,000), and the loop waits it out with nothing else to do: the loop is the slower stage of
 the consumer's pipeline, so its handler thread has finished what it holds by then (issue 37,
 ``bench.consumer_cpu --split``). So a round hands the results it took to this part's thread,
-which sends them as one pipeline of its own as the loop sends the round trip's: Redis writes
-them after the round trip's calls, while the loop reads its reply, decodes the claimed messages
-and hands them over. Their messages are acked by a later round, once this thread has read that
-Redis has their results: a result still lands before its ack, and an outcome stays unrecorded
-(its message in flight, extended) until then.
+which sends them as one pipeline of its own as the loop sends the round trip's (as soon as
+the loop's thread waits for Redis and lets it run): Redis writes them while the loop reads its
+reply, decodes the claimed messages and hands them over. The two pipelines are not ordered
+with each other, so a write on a key one of the round's early calls (``write_soon``) writes
+goes in the round trip, after it, as before. Their messages are acked by a later round, once
+this thread has read that Redis has their results: a result still lands before its ack, and an
+outcome stays unrecorded (its message in flight, extended) until then.
 
 One thread per consumer, started with the first results sent ahead; the loop's thread hands it
 calls and takes its replies (:meth:`collect`), and nudges itself a round when a send is done
@@ -53,13 +55,14 @@ class WritesAhead:
         if not calls:
             return
         with self._cond:
-            self._todo.append((client, calls))
-            if self._thread is None or not self._thread.is_alive():
-                self._closed = False
-                self._thread = threading.Thread(
+            self._closed = False
+            if self._thread is None:  # none yet, or it ended (closed): a new one
+                thread = threading.Thread(
                     target=self._serve, name="delayqueue-writes-ahead", daemon=True
                 )
-                self._thread.start()
+                thread.start()  # raises before the job is taken: the caller sends it again
+                self._thread = thread
+            self._todo.append((client, calls))
             self._cond.notify()
 
     def pending(self) -> bool:
@@ -98,6 +101,7 @@ class WritesAhead:
             with self._cond:
                 self._cond.wait_for(lambda: self._todo or self._closed)
                 if not self._todo:
+                    self._thread = None  # under the lock: a later send starts another
                     return
                 jobs, self._todo = self._todo, []
                 self._sending = len(jobs)
