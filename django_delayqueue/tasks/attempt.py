@@ -109,9 +109,6 @@ class Attempt(WhileRunning):
             )
             return from_message
 
-    def mark_running(self, record: TaskRecord) -> None:
-        mark_running(record, self.started_at, self.worker_id)
-
     def call(self) -> ScriptCall:
         """The write of RUNNING (``WhileRunning``): built only if it is sent, by the consumer's
         next round while the task still runs; a task that ends first never builds it (its

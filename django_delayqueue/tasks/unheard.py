@@ -34,34 +34,21 @@ _PLAIN_LOGGERS = (logging.Logger, logging.RootLogger)
 
 def unheard(signal: Any, backend: Any, status: str) -> bool:
     """Whether sending ``signal`` for ``backend`` with a result of ``status`` would do nothing:
-    its only live receiver is the framework's own, and the line it would log is dropped."""
-    return only_own_receiver(signal, backend) and log_dropped(status)
+    its only live receiver is the framework's own, and the line it would log (INFO for RUNNING
+    and SUCCESSFUL, ERROR otherwise) is dropped."""
+    log = framework.signals_logger
+    level = logging.INFO if status in (RUNNING, SUCCESSFUL) else logging.ERROR
+    return log is not None and _only_own_receiver(signal, type(backend)) and dropped(log, level)
 
 
 def quiet(signal: Any, backend: Any) -> bool:
     """:func:`unheard` for ``task_started`` or a success's ``task_finished`` (both INFO): what a
-    worker asks at the start and at the end of every run, in one call rather than four (each
-    ask is the whole check: receivers and logging may change between any two)."""
+    worker asks at the start and at the end of every run, in one call of its own (each ask is
+    the whole check: receivers and logging may change between any two)."""
     log = framework.signals_logger
     return (
         log is not None and _only_own_receiver(signal, type(backend)) and dropped(log, logging.INFO)
     )
-
-
-def only_own_receiver(signal: Any, backend: Any) -> bool:
-    """Whether the framework's own receiver is the only live one of ``signal`` for
-    ``backend``: the first half of :func:`unheard`."""
-    return framework.signals_logger is not None and _only_own_receiver(signal, type(backend))
-
-
-def log_dropped(status: str) -> bool:
-    """Whether the line the framework's receivers log for a result of ``status`` is dropped:
-    the second half of :func:`unheard`, the same for ``task_started`` and a success's
-    ``task_finished`` (both INFO)."""
-    log = framework.signals_logger
-    if log is None:
-        return False
-    return dropped(log, logging.INFO if status in (RUNNING, SUCCESSFUL) else logging.ERROR)
 
 
 def _only_own_receiver(signal: Any, sender: type) -> bool:

@@ -17,7 +17,7 @@ from django_delayqueue.core.consumer.handlers.threads_by_queue import ThreadsByQ
 from django_delayqueue.core.consumer.rounds.parts import Keeper
 from django_delayqueue.core.consumer.rounds.round_trip import RoundTrip
 from django_delayqueue.core.consumer.rounds.waiter import MAX_CLAIM_LEAD_MS, Wake
-from django_delayqueue.core.consumer.start_marks import NO_START_MARKS, StartMarks
+from django_delayqueue.core.consumer.start_marks import StartMarks
 from django_delayqueue.core.consumer.stopping import StopRequests
 from django_delayqueue.core.envelope import Message
 from django_delayqueue.core.queue import Queue
@@ -43,7 +43,7 @@ class RoundPlanner:
         stop: StopRequests,
         monotonic: Callable[[], float],
         max_messages: int | None,
-        start_marks: StartMarks = NO_START_MARKS,
+        start_marks: StartMarks,
     ) -> None:
         self._queues = queues
         self._marks = start_marks
